@@ -1,0 +1,131 @@
+# bdfp4 — build, test and run.
+#
+#   make            build everything into build/ (host code, CUDA kernels, tools)
+#   make test       install missing Debian packages, run the Criterion suite plain and under ASan+UBSan
+#   make run        install missing packages, build, run the main job
+#   make bench      CPU benchmarks (results appended to bench/RESULTS.md by their scripts)
+#   make gpu-test   on a machine with an NVIDIA GPU: kernel checks against the CPU reference
+#
+# BUILD selects the build directory (default build/); SAN=1 builds with ASan+UBSan.
+
+BUILD     ?= build
+SAN       ?=
+CC        ?= gcc
+NVCC      ?= nvcc
+BD_SHARED ?= $(abspath ../shared)
+
+# Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`.
+DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
+	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
+	libinih-dev
+
+WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+	-Wno-missing-field-initializers
+CFLAGS    := -std=gnu11 $(WARN) -O2 -g -ffp-contract=off -fno-fast-math -pthread \
+	-D_GNU_SOURCE -Ilib -I$(BUILD)/gen $(EXTRA_CFLAGS)
+LDLIBS    := -lm -pthread
+ifeq ($(SAN),1)
+CFLAGS    += -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+LDFLAGS   += -fsanitize=address,undefined
+endif
+
+# CUDA: generic kernels are built for Hopper (sm_90a) and the Blackwell targets; files named
+# *_sm90.cu hold Hopper-only code (wgmma, setmaxnreg), *_sm100.cu Blackwell-only code.
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+GENCODE_90  := -gencode=arch=compute_90a,code=sm_90a
+GENCODE_BW  := -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103a,code=sm_103a \
+	-gencode=arch=compute_120a,code=sm_120a
+NVCCFLAGS   := -std=c++17 -O3 -g -lineinfo -Ilib -Ikernels -fmad=false \
+	-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $(EXTRA_NVCCFLAGS)
+
+LIB_SRC   := $(sort $(wildcard lib/*.c))
+CLI_SRC   := $(sort $(wildcard cli/*.c))
+TEST_SRC  := $(sort $(wildcard tests/lib/*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+CU_SRC    := $(sort $(wildcard kernels/*.cu))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o)
+CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
+LIBBD     := $(BUILD)/libbdfp4.a
+LIBBD_CU  := $(BUILD)/libbdfp4_cuda.a
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bin/%)
+
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+ifeq ($(SAN),1)
+HAVE_NVCC :=
+endif
+
+.PHONY: all deps test unit-run run bench gpu-test clean
+.DELETE_ON_ERROR:
+
+all: $(LIBBD) $(BUILD)/bin/bdfp4 $(BENCH_BIN) $(BUILD)/tests/unit $(if $(HAVE_NVCC),$(LIBBD_CU))
+
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(if $(findstring _sm90.cu,$<),$(GENCODE_90),$(if $(findstring _sm100.cu,$<),$(GENCODE_BW),$(GENCODE_90) $(GENCODE_BW))) -MMD -MP -c $< -o $@
+
+$(LIBBD): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIBBD_CU): $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/bdfp4: $(CLI_OBJ) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson $(LDLIBS)
+
+$(BUILD)/bin/%: $(BUILD)/bench/%.o $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson $(LDLIBS)
+
+$(BUILD)/tests/unit: $(TEST_OBJ) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson $(LDLIBS)
+
+# Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED.
+unit-run: $(BUILD)/tests/unit
+	BD_SHARED=$(BD_SHARED) $(BUILD)/tests/unit --jobs 2
+
+test: deps
+	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory unit-run
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/san SAN=1 unit-run
+
+# The main job. Until the serving daemons land (issues 4 and 5), it runs the paper's error
+# analysis on the CPU reference decoder.
+run: deps
+	$(MAKE) --no-print-directory all
+	$(BUILD)/bin/bdfp4 quant-report --ctx 8192 --trials 8
+
+bench: all
+	$(BUILD)/bin/bench_ref
+
+gpu-test:
+	$(MAKE) --no-print-directory all
+	@test -n "$(HAVE_NVCC)" || { echo "gpu-test needs nvcc"; exit 1; }
+	@test -n "$$(ls tests/gpu/*.cu 2>/dev/null)" || { echo "no GPU tests yet"; exit 1; }
+	$(MAKE) --no-print-directory -f tests/gpu/gpu.mk BUILD=$(BUILD)
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%.d)
