@@ -57,7 +57,8 @@ struct bd_decode_stats {
 
 /* Decode attention of one GQA group: G query heads q [G][d] (post-RoPE, FP32, unrotated) over
  * the view. Per configuration: q' = Hq if cfg->hadamard; FP4 pages use the dual-residual (or
- * one-term) FP4 query, S = γ·(g_q1·g_K·⟨ŝq1, ŝk⟩ + g_q2·g_K·⟨ŝq2, ŝk⟩) with ŝ = s·x̂; BF16, FP8
+ * one-term) FP4 query, S = ((⟨ŝq1, ŝk⟩·g_q1 + ⟨ŝq2, ŝk⟩·g_q2)·g_K)·γ in that FP32 order, with
+ * ŝ = s·x̂ (kernels apply the scales in the same order); BF16, FP8
  * and channel-blocked pages use q' rounded to BF16; the BF16 tokens use q' rounded to BF16 and
  * FP32 P. P is quantized per cfg->p_quant (§6).
  * ret_o: [G][d] (dv = d; in the value space, which is never rotated); ret_lse: [G] log2-domain
