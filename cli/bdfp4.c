@@ -1,0 +1,42 @@
+/* bdfp4.c — the bdfp4 tool: one binary, subcommands dispatched by name. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+struct subcommand {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *summary;
+};
+
+static const struct subcommand commands[] = {
+	{ "quant-report", cmd_quant_report,
+	  "logit and probability error split of every KV configuration (paper §3, Eq. 2)" },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: bdfp4 COMMAND [OPTIONS]   (bdfp4 COMMAND --help for its options)\n\n"
+		   "commands:\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (strcmp(argv[1], commands[i].name) == 0)
+			return commands[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "bdfp4: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return 2;
+}
