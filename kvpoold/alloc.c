@@ -1,0 +1,787 @@
+/* alloc.c — kvpoold's page, slot and request bookkeeping (kvpool.h).
+ *
+ * Pages: a state and a refcount each, a LIFO free stack (fresh pools hand out 0, 1, 2, ...).
+ * Requests: an open-addressing table (linear probing, backward-shift deletion) of records, each
+ * with its page references as a sorted array. Every operation validates first, then applies,
+ * so an error leaves the pool untouched; the only allocation an operation makes (a record or
+ * a larger page array) happens before the first change.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpool.h"
+
+enum { PAGE_FREE = 0, PAGE_RESERVED = 1, PAGE_USED = 2 };
+
+struct req {
+	uint64_t id, owner;
+	int32_t *pages; /* sorted page references */
+	uint32_t n_pages, cap;
+	int32_t reserved; /* -1: none */
+	int32_t slot;     /* -1: none */
+};
+
+struct bd_kvpool_alloc {
+	size_t n_pages, n_slots, max_requests;
+	uint32_t max_ppr;
+
+	uint8_t *state;
+	uint32_t *ref;
+	uint8_t *mark; /* scratch, all zero between operations */
+	int32_t *free_pages;
+	size_t n_free;
+
+	uint64_t *slot_holder; /* request id, 0: free */
+	int32_t *free_slots;
+	size_t n_free_slots;
+
+	struct req **tab; /* power-of-two size ≥ 2·max_requests */
+	size_t tab_mask, n_reqs;
+
+	char err[200];
+};
+
+static int fail(struct bd_kvpool_alloc *a, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(struct bd_kvpool_alloc *a, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(a->err, sizeof(a->err), fmt, ap);
+	va_end(ap);
+	return -code;
+}
+
+static int ok(struct bd_kvpool_alloc *a)
+{
+	a->err[0] = 0;
+	return 0;
+}
+
+int bd_kvpool_alloc_new(size_t n_pages, size_t n_slots, uint32_t max_pages_per_request,
+			size_t max_requests, struct bd_kvpool_alloc **ret)
+{
+	struct bd_kvpool_alloc *a;
+	size_t tab = 16;
+
+	if (!ret || n_pages < 1 || n_pages > INT32_MAX || n_slots > INT32_MAX ||
+	    max_pages_per_request < 1 || max_requests < 1 || max_requests > (1u << 24))
+		return -EINVAL;
+	while (tab < 2 * max_requests)
+		tab *= 2;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->n_pages = n_pages;
+	a->n_slots = n_slots;
+	a->max_requests = max_requests;
+	a->max_ppr = max_pages_per_request;
+	a->state = calloc(n_pages, 1);
+	a->ref = calloc(n_pages, sizeof(*a->ref));
+	a->mark = calloc(n_pages, 1);
+	a->free_pages = malloc(n_pages * sizeof(int32_t));
+	a->slot_holder = calloc(n_slots ? n_slots : 1, sizeof(uint64_t));
+	a->free_slots = malloc((n_slots ? n_slots : 1) * sizeof(int32_t));
+	a->tab = calloc(tab, sizeof(*a->tab));
+	a->tab_mask = tab - 1;
+	if (!a->state || !a->ref || !a->mark || !a->free_pages || !a->slot_holder ||
+	    !a->free_slots || !a->tab) {
+		bd_kvpool_alloc_free(a);
+		return -ENOMEM;
+	}
+	/* the top of the stack is the lowest id */
+	for (size_t i = 0; i < n_pages; i++)
+		a->free_pages[i] = (int32_t)(n_pages - 1 - i);
+	a->n_free = n_pages;
+	for (size_t i = 0; i < n_slots; i++)
+		a->free_slots[i] = (int32_t)(n_slots - 1 - i);
+	a->n_free_slots = n_slots;
+	*ret = a;
+	return 0;
+}
+
+void bd_kvpool_alloc_free(struct bd_kvpool_alloc *a)
+{
+	if (!a)
+		return;
+	if (a->tab)
+		for (size_t i = 0; i <= a->tab_mask; i++)
+			if (a->tab[i]) {
+				free(a->tab[i]->pages);
+				free(a->tab[i]);
+			}
+	free(a->tab);
+	free(a->state);
+	free(a->ref);
+	free(a->mark);
+	free(a->free_pages);
+	free(a->slot_holder);
+	free(a->free_slots);
+	free(a);
+}
+
+const char *bd_kvpool_alloc_error(const struct bd_kvpool_alloc *a)
+{
+	return a ? a->err : "";
+}
+
+/* ---- request table ---------------------------------------------------------------------- */
+
+static size_t hash64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return (size_t)x;
+}
+
+static struct req *lookup(const struct bd_kvpool_alloc *a, uint64_t id)
+{
+	for (size_t i = hash64(id) & a->tab_mask;; i = (i + 1) & a->tab_mask) {
+		if (!a->tab[i])
+			return NULL;
+		if (a->tab[i]->id == id)
+			return a->tab[i];
+	}
+}
+
+static void insert(struct bd_kvpool_alloc *a, struct req *r)
+{
+	size_t i = hash64(r->id) & a->tab_mask;
+
+	while (a->tab[i])
+		i = (i + 1) & a->tab_mask;
+	a->tab[i] = r;
+	a->n_reqs++;
+}
+
+static void remove_req(struct bd_kvpool_alloc *a, struct req *r)
+{
+	size_t i = hash64(r->id) & a->tab_mask;
+
+	while (a->tab[i] != r)
+		i = (i + 1) & a->tab_mask;
+	a->tab[i] = NULL;
+	/* backward shift: move later entries of the cluster into the hole when their home
+	 * slot is not between the hole and them */
+	for (size_t j = (i + 1) & a->tab_mask; a->tab[j]; j = (j + 1) & a->tab_mask) {
+		size_t home = hash64(a->tab[j]->id) & a->tab_mask;
+
+		if (((j - home) & a->tab_mask) >= ((j - i) & a->tab_mask)) {
+			a->tab[i] = a->tab[j];
+			a->tab[j] = NULL;
+			i = j;
+		}
+	}
+	a->n_reqs--;
+	free(r->pages);
+	free(r);
+}
+
+/* The record of id, created under owner when absent (not inserted yet: *fresh says so, the
+ * caller inserts it once nothing can fail any more). */
+static int get_req(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, struct req **ret,
+		   bool *fresh)
+{
+	struct req *r;
+
+	*fresh = false;
+	if (id == 0)
+		return fail(a, BD_POOL_ERR_INVALID, "request id 0 is reserved");
+	r = lookup(a, id);
+	if (r) {
+		if (r->owner != owner)
+			return fail(a, BD_POOL_ERR_OWNER,
+				    "request %llu belongs to owner %llu, not %llu",
+				    (unsigned long long)id, (unsigned long long)r->owner,
+				    (unsigned long long)owner);
+		*ret = r;
+		return 0;
+	}
+	if (a->n_reqs >= a->max_requests)
+		return fail(a, BD_POOL_ERR_EXHAUSTED, "all %zu request records are in use",
+			    a->max_requests);
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return fail(a, BD_POOL_ERR_EXHAUSTED, "out of memory for a request record");
+	r->id = id;
+	r->owner = owner;
+	r->reserved = -1;
+	r->slot = -1;
+	*fresh = true;
+	*ret = r;
+	return 0;
+}
+
+static void drop_fresh(struct req *r, bool fresh)
+{
+	if (fresh) {
+		free(r->pages);
+		free(r);
+	}
+}
+
+static int find_known(struct bd_kvpool_alloc *a, uint64_t id, struct req **ret)
+{
+	if (id == 0)
+		return fail(a, BD_POOL_ERR_INVALID, "request id 0 is reserved");
+	*ret = lookup(a, id);
+	if (!*ret)
+		return fail(a, BD_POOL_ERR_UNKNOWN_REQUEST, "unknown request %llu",
+			    (unsigned long long)id);
+	return 0;
+}
+
+/* room for `more` page references; the only allocation of a page operation */
+static int reserve_room(struct bd_kvpool_alloc *a, struct req *r, uint32_t more)
+{
+	uint32_t need = r->n_pages + more, cap = r->cap ? r->cap : 8;
+	int32_t *p;
+
+	if (need <= r->cap)
+		return 0;
+	while (cap < need)
+		cap *= 2;
+	p = realloc(r->pages, cap * sizeof(int32_t));
+	if (!p)
+		return fail(a, BD_POOL_ERR_EXHAUSTED, "out of memory for page references");
+	r->pages = p;
+	r->cap = cap;
+	return 0;
+}
+
+static long find_page(const struct req *r, int32_t page)
+{
+	long lo = 0, hi = (long)r->n_pages - 1;
+
+	while (lo <= hi) {
+		long mid = (lo + hi) / 2;
+
+		if (r->pages[mid] == page)
+			return mid;
+		if (r->pages[mid] < page)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return -1;
+}
+
+static void add_page(struct req *r, int32_t page)
+{
+	uint32_t i = r->n_pages;
+
+	while (i > 0 && r->pages[i - 1] > page) {
+		r->pages[i] = r->pages[i - 1];
+		i--;
+	}
+	r->pages[i] = page;
+	r->n_pages++;
+}
+
+/* Drops one reference of r to page; returns 1 when the page became free. */
+static int drop_page(struct bd_kvpool_alloc *a, struct req *r, int32_t page)
+{
+	long i = find_page(r, page);
+
+	memmove(&r->pages[i], &r->pages[i + 1], (r->n_pages - (size_t)i - 1) * sizeof(int32_t));
+	r->n_pages--;
+	if (r->reserved == page)
+		r->reserved = -1;
+	if (--a->ref[page])
+		return 0;
+	a->state[page] = PAGE_FREE;
+	a->free_pages[a->n_free++] = page;
+	return 1;
+}
+
+/* ---- pages -------------------------------------------------------------------------------- */
+
+static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, uint32_t n,
+		      int state, int32_t *ret)
+{
+	struct req *r;
+	bool fresh;
+	int e;
+
+	if (n == 0 || n > a->max_ppr)
+		return fail(a, BD_POOL_ERR_RANGE, "page count %u is outside 1..%u", n, a->max_ppr);
+	e = get_req(a, id, owner, &r, &fresh);
+	if (e < 0)
+		return e;
+	if (state == PAGE_RESERVED && r->reserved >= 0) {
+		e = fail(a, BD_POOL_ERR_STATE, "request %llu already has page %d reserved",
+			 (unsigned long long)id, r->reserved);
+		goto out;
+	}
+	if (r->n_pages + (uint64_t)n > a->max_ppr) {
+		e = fail(a, BD_POOL_ERR_RANGE,
+			 "request %llu holds %u pages; %u more exceed the %u of the longest",
+			 (unsigned long long)id, r->n_pages, n, a->max_ppr);
+		goto out;
+	}
+	if (n > a->n_free) {
+		e = fail(a, BD_POOL_ERR_EXHAUSTED, "%u pages wanted, %zu free", n, a->n_free);
+		goto out;
+	}
+	e = reserve_room(a, r, n);
+	if (e < 0)
+		goto out;
+	if (fresh)
+		insert(a, r);
+	for (uint32_t i = 0; i < n; i++) {
+		int32_t p = a->free_pages[--a->n_free];
+
+		a->state[p] = (uint8_t)state;
+		a->ref[p] = 1;
+		add_page(r, p);
+		ret[i] = p;
+	}
+	if (state == PAGE_RESERVED)
+		r->reserved = ret[0];
+	return ok(a);
+out:
+	drop_fresh(r, fresh);
+	return e;
+}
+
+int bd_kvpool_page_alloc(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner, uint32_t n,
+			 int32_t *ret_pages)
+{
+	if (!a || !ret_pages)
+		return -BD_POOL_ERR_INVALID;
+	return take_pages(a, req, owner, n, PAGE_USED, ret_pages);
+}
+
+int bd_kvpool_page_reserve(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
+			   int32_t *ret_page)
+{
+	if (!a || !ret_page)
+		return -BD_POOL_ERR_INVALID;
+	return take_pages(a, req, owner, 1, PAGE_RESERVED, ret_page);
+}
+
+int bd_kvpool_page_commit(struct bd_kvpool_alloc *a, uint64_t req, int32_t page)
+{
+	struct req *r;
+	int e;
+
+	if (!a)
+		return -BD_POOL_ERR_INVALID;
+	e = find_known(a, req, &r);
+	if (e < 0)
+		return e;
+	if (page < 0 || (size_t)page >= a->n_pages)
+		return fail(a, BD_POOL_ERR_RANGE, "page %d is outside 0..%zu", page,
+			    a->n_pages - 1);
+	if (r->reserved != page)
+		return fail(a, find_page(r, page) < 0 ? BD_POOL_ERR_NOT_HELD : BD_POOL_ERR_STATE,
+			    "page %d is not the reserved page of request %llu", page,
+			    (unsigned long long)req);
+	a->state[page] = PAGE_USED;
+	r->reserved = -1;
+	return ok(a);
+}
+
+/* Checks a page list against r: ids in range, no repeats; `held` says whether every page must
+ * be held by r (free) or not held and USED (ref). Leaves a->mark clear. */
+static int check_list(struct bd_kvpool_alloc *a, const struct req *r, uint64_t id,
+		      const int32_t *pages, size_t n, bool held)
+{
+	size_t i;
+	int e = 0;
+
+	for (i = 0; i < n && !e; i++) {
+		int32_t p = pages[i];
+
+		if (p < 0 || (size_t)p >= a->n_pages) {
+			e = fail(a, BD_POOL_ERR_RANGE, "page %d is outside 0..%zu", p,
+				 a->n_pages - 1);
+			break;
+		}
+		if (a->mark[p]) {
+			e = fail(a, BD_POOL_ERR_INVALID, "page %d is listed twice", p);
+			break;
+		}
+		a->mark[p] = 1;
+		if (held) {
+			if (a->state[p] == PAGE_FREE)
+				e = fail(a, BD_POOL_ERR_DOUBLE_FREE, "page %d is already free", p);
+			else if (!r || find_page(r, p) < 0)
+				e = fail(a, BD_POOL_ERR_NOT_HELD,
+					 "page %d is not held by request %llu", p,
+					 (unsigned long long)id);
+		} else {
+			if (a->state[p] != PAGE_USED)
+				e = fail(a, BD_POOL_ERR_STATE, "page %d is %s, not in use", p,
+					 a->state[p] == PAGE_FREE ? "free" : "reserved");
+			else if (r && find_page(r, p) >= 0)
+				e = fail(a, BD_POOL_ERR_INVALID,
+					 "request %llu already holds page %d",
+					 (unsigned long long)id, p);
+			else if (a->ref[p] == UINT32_MAX)
+				e = fail(a, BD_POOL_ERR_RANGE, "page %d has too many holders", p);
+		}
+	}
+	/* every mark ends clear; clearing one never set is harmless */
+	for (size_t k = 0; k < n; k++)
+		if (pages[k] >= 0 && (size_t)pages[k] < a->n_pages)
+			a->mark[pages[k]] = 0;
+	return e;
+}
+
+int bd_kvpool_page_free(struct bd_kvpool_alloc *a, uint64_t req, const int32_t *pages, size_t n,
+			uint64_t *ret_freed)
+{
+	uint64_t freed = 0;
+	struct req *r;
+	int e;
+
+	if (!a || (n && !pages))
+		return -BD_POOL_ERR_INVALID;
+	e = find_known(a, req, &r);
+	if (e < 0)
+		return e;
+	if (n == 0 || n > a->max_ppr)
+		return fail(a, BD_POOL_ERR_RANGE, "page count %zu is outside 1..%u", n, a->max_ppr);
+	e = check_list(a, r, req, pages, n, true);
+	if (e < 0)
+		return e;
+	for (size_t i = 0; i < n; i++)
+		freed += (uint64_t)drop_page(a, r, pages[i]);
+	if (ret_freed)
+		*ret_freed = freed;
+	return ok(a);
+}
+
+int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
+		       const int32_t *pages, size_t n)
+{
+	struct req *r;
+	bool fresh;
+	int e;
+
+	if (!a || (n && !pages))
+		return -BD_POOL_ERR_INVALID;
+	if (n == 0 || n > a->max_ppr)
+		return fail(a, BD_POOL_ERR_RANGE, "page count %zu is outside 1..%u", n, a->max_ppr);
+	e = get_req(a, req, owner, &r, &fresh);
+	if (e < 0)
+		return e;
+	if (r->n_pages + (uint64_t)n > a->max_ppr) {
+		e = fail(a, BD_POOL_ERR_RANGE,
+			 "request %llu holds %u pages; %zu more exceed the %u of the longest",
+			 (unsigned long long)req, r->n_pages, n, a->max_ppr);
+		goto out;
+	}
+	e = check_list(a, fresh ? NULL : r, req, pages, n, false);
+	if (e < 0)
+		goto out;
+	e = reserve_room(a, r, (uint32_t)n);
+	if (e < 0)
+		goto out;
+	if (fresh)
+		insert(a, r);
+	for (size_t i = 0; i < n; i++) {
+		a->ref[pages[i]]++;
+		add_page(r, pages[i]);
+	}
+	return ok(a);
+out:
+	drop_fresh(r, fresh);
+	return e;
+}
+
+/* ---- slots -------------------------------------------------------------------------------- */
+
+int bd_kvpool_slot_assign(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
+			  int32_t *ret_slot)
+{
+	struct req *r;
+	bool fresh;
+	int e;
+
+	if (!a || !ret_slot)
+		return -BD_POOL_ERR_INVALID;
+	e = get_req(a, req, owner, &r, &fresh);
+	if (e < 0)
+		return e;
+	if (r->slot >= 0) {
+		e = fail(a, BD_POOL_ERR_STATE, "request %llu already has slot %d",
+			 (unsigned long long)req, r->slot);
+		goto out;
+	}
+	if (!a->n_free_slots) {
+		e = fail(a, BD_POOL_ERR_EXHAUSTED, "all %zu slots are in use", a->n_slots);
+		goto out;
+	}
+	if (fresh)
+		insert(a, r);
+	r->slot = a->free_slots[--a->n_free_slots];
+	a->slot_holder[r->slot] = req;
+	*ret_slot = r->slot;
+	return ok(a);
+out:
+	drop_fresh(r, fresh);
+	return e;
+}
+
+static void put_slot(struct bd_kvpool_alloc *a, struct req *r)
+{
+	a->slot_holder[r->slot] = 0;
+	a->free_slots[a->n_free_slots++] = r->slot;
+	r->slot = -1;
+}
+
+int bd_kvpool_slot_release(struct bd_kvpool_alloc *a, uint64_t req, int32_t slot)
+{
+	struct req *r;
+	int e;
+
+	if (!a)
+		return -BD_POOL_ERR_INVALID;
+	e = find_known(a, req, &r);
+	if (e < 0)
+		return e;
+	if (slot < 0 || (size_t)slot >= a->n_slots)
+		return fail(a, BD_POOL_ERR_RANGE, "slot %d is outside 0..%zu", slot,
+			    a->n_slots ? a->n_slots - 1 : 0);
+	if (!a->slot_holder[slot])
+		return fail(a, BD_POOL_ERR_DOUBLE_FREE, "slot %d is already free", slot);
+	if (r->slot != slot)
+		return fail(a, BD_POOL_ERR_NOT_HELD, "slot %d is not held by request %llu", slot,
+			    (unsigned long long)req);
+	put_slot(a, r);
+	return ok(a);
+}
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+static uint64_t release(struct bd_kvpool_alloc *a, struct req *r)
+{
+	uint64_t freed = 0;
+
+	while (r->n_pages)
+		freed += (uint64_t)drop_page(a, r, r->pages[r->n_pages - 1]);
+	if (r->slot >= 0)
+		put_slot(a, r);
+	remove_req(a, r);
+	return freed;
+}
+
+int bd_kvpool_request_release(struct bd_kvpool_alloc *a, uint64_t req, uint64_t *ret_freed)
+{
+	struct req *r;
+	uint64_t freed;
+	int e;
+
+	if (!a)
+		return -BD_POOL_ERR_INVALID;
+	e = find_known(a, req, &r);
+	if (e < 0)
+		return e;
+	freed = release(a, r);
+	if (ret_freed)
+		*ret_freed = freed;
+	return ok(a);
+}
+
+int bd_kvpool_owner_reclaim(struct bd_kvpool_alloc *a, uint64_t owner, uint64_t *ret_requests,
+			    uint64_t *ret_freed)
+{
+	uint64_t n = 0, freed = 0, *ids;
+	size_t k = 0;
+
+	if (!a)
+		return -BD_POOL_ERR_INVALID;
+	/* ids first: a removal shifts entries of the table around */
+	ids = malloc((a->n_reqs ? a->n_reqs : 1) * sizeof(*ids));
+	if (ids) {
+		for (size_t i = 0; i <= a->tab_mask; i++)
+			if (a->tab[i] && a->tab[i]->owner == owner)
+				ids[k++] = a->tab[i]->id;
+		for (size_t i = 0; i < k; i++) {
+			freed += release(a, lookup(a, ids[i]));
+			n++;
+		}
+		free(ids);
+	} else {
+		/* no memory for the list: restart the scan after each removal */
+		for (size_t i = 0; i <= a->tab_mask; i++)
+			if (a->tab[i] && a->tab[i]->owner == owner) {
+				freed += release(a, a->tab[i]);
+				n++;
+				i = (size_t)-1;
+			}
+	}
+	if (ret_requests)
+		*ret_requests = n;
+	if (ret_freed)
+		*ret_freed = freed;
+	return ok(a);
+}
+
+/* ---- queries ------------------------------------------------------------------------------ */
+
+void bd_kvpool_alloc_counts(const struct bd_kvpool_alloc *a, struct bd_kvpool_counts *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	ret->pages_total = a->n_pages;
+	ret->pages_free = a->n_free;
+	for (size_t p = 0; p < a->n_pages; p++) {
+		ret->pages_used += a->state[p] == PAGE_USED;
+		ret->pages_reserved += a->state[p] == PAGE_RESERVED;
+		ret->pages_shared += a->ref[p] > 1;
+	}
+	ret->slots_total = a->n_slots;
+	ret->slots_free = a->n_free_slots;
+	ret->requests = a->n_reqs;
+	for (size_t i = 0; i <= a->tab_mask; i++)
+		if (a->tab[i] && (a->tab[i]->n_pages || a->tab[i]->slot >= 0))
+			ret->requests_holding++;
+	ret->max_pages_per_request = a->max_ppr;
+}
+
+static int by_pages(const void *x, const void *y)
+{
+	const struct bd_pool_holder *a = x, *b = y;
+
+	if (a->pages != b->pages)
+		return a->pages > b->pages ? -1 : 1;
+	return (a->request_id > b->request_id) - (a->request_id < b->request_id);
+}
+
+static int by_id(const void *x, const void *y)
+{
+	const struct bd_pool_holder *a = x, *b = y;
+
+	return (a->request_id > b->request_id) - (a->request_id < b->request_id);
+}
+
+size_t bd_kvpool_alloc_holders(const struct bd_kvpool_alloc *a, bool largest_first,
+			       struct bd_pool_holder *ret, size_t cap)
+{
+	struct bd_pool_holder *all;
+	size_t n = 0;
+
+	if (!a || !ret || !cap || !a->n_reqs)
+		return 0;
+	all = malloc(a->n_reqs * sizeof(*all));
+	if (!all)
+		return 0;
+	for (size_t i = 0; i <= a->tab_mask; i++) {
+		const struct req *r = a->tab[i];
+
+		if (!r)
+			continue;
+		all[n++] = (struct bd_pool_holder){
+			.request_id = r->id,
+			.owner = r->owner,
+			.pages = r->n_pages,
+			.reserved = r->reserved >= 0,
+			.slot = r->slot,
+		};
+	}
+	qsort(all, n, sizeof(*all), largest_first ? by_pages : by_id);
+	if (n > cap)
+		n = cap;
+	memcpy(ret, all, n * sizeof(*all));
+	free(all);
+	return n;
+}
+
+long bd_kvpool_alloc_pages_of(const struct bd_kvpool_alloc *a, uint64_t req, int32_t *ret,
+			      size_t cap)
+{
+	const struct req *r = a ? lookup(a, req) : NULL;
+
+	if (!r || req == 0)
+		return -BD_POOL_ERR_UNKNOWN_REQUEST;
+	for (size_t i = 0; i < r->n_pages && i < cap; i++)
+		ret[i] = r->pages[i];
+	return r->n_pages;
+}
+
+int bd_kvpool_alloc_check(struct bd_kvpool_alloc *a)
+{
+	uint32_t *count;
+	size_t n_reqs = 0, n_free = 0, n_slot_held = 0;
+	int e = 0;
+
+	if (!a)
+		return -EINVAL;
+	count = calloc(a->n_pages, sizeof(*count));
+	if (!count)
+		return -ENOMEM;
+	for (size_t i = 0; i <= a->tab_mask && !e; i++) {
+		const struct req *r = a->tab[i];
+
+		if (!r)
+			continue;
+		n_reqs++;
+		if (r->id == 0 || lookup(a, r->id) != r)
+			e = fail(a, EFAULT, "request %llu is not reachable from its hash",
+				 (unsigned long long)r->id);
+		for (uint32_t k = 0; k < r->n_pages && !e; k++) {
+			int32_t p = r->pages[k];
+
+			if (p < 0 || (size_t)p >= a->n_pages || (k && r->pages[k - 1] >= p))
+				e = fail(a, EFAULT, "request %llu: page list unsorted or bad",
+					 (unsigned long long)r->id);
+			else
+				count[p]++;
+		}
+		if (!e && r->reserved >= 0 &&
+		    (find_page(r, r->reserved) < 0 || a->state[r->reserved] != PAGE_RESERVED))
+			e = fail(a, EFAULT, "request %llu: reserved page %d not reserved",
+				 (unsigned long long)r->id, r->reserved);
+		if (!e && r->slot >= 0) {
+			n_slot_held++;
+			if ((size_t)r->slot >= a->n_slots || a->slot_holder[r->slot] != r->id)
+				e = fail(a, EFAULT, "request %llu: slot %d not recorded",
+					 (unsigned long long)r->id, r->slot);
+		}
+	}
+	if (!e && n_reqs != a->n_reqs)
+		e = fail(a, EFAULT, "%zu records counted, %zu found", a->n_reqs, n_reqs);
+	for (size_t p = 0; p < a->n_pages && !e; p++) {
+		if (count[p] != a->ref[p])
+			e = fail(a, EFAULT, "page %zu: refcount %u, %u holders", p, a->ref[p],
+				 count[p]);
+		else if ((a->ref[p] == 0) != (a->state[p] == PAGE_FREE))
+			e = fail(a, EFAULT, "page %zu: state %d with refcount %u", p,
+				 a->state[p], a->ref[p]);
+		else if (a->state[p] == PAGE_RESERVED && a->ref[p] != 1)
+			e = fail(a, EFAULT, "page %zu: reserved and shared", p);
+		else if (a->mark[p])
+			e = fail(a, EFAULT, "page %zu: scratch mark left set", p);
+		n_free += a->ref[p] == 0;
+	}
+	/* the free stack holds each free page once */
+	for (size_t i = 0; i < a->n_free && !e; i++) {
+		int32_t p = a->free_pages[i];
+
+		if (p < 0 || (size_t)p >= a->n_pages || a->ref[p] || count[p] == UINT32_MAX)
+			e = fail(a, EFAULT, "free stack entry %zu (page %d) is wrong", i, p);
+		else
+			count[p] = UINT32_MAX;
+	}
+	if (!e && n_free != a->n_free)
+		e = fail(a, EFAULT, "%zu free pages, free stack of %zu", n_free, a->n_free);
+	if (!e) {
+		size_t held = 0;
+
+		for (size_t s = 0; s < a->n_slots; s++)
+			held += a->slot_holder[s] != 0;
+		if (held != n_slot_held || held + a->n_free_slots != a->n_slots)
+			e = fail(a, EFAULT, "slots: %zu held by records, %zu marked, %zu free",
+				 n_slot_held, held, a->n_free_slots);
+	}
+	free(count);
+	return e;
+}

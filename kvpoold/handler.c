@@ -1,0 +1,311 @@
+/* handler.c — one PoolRequest frame in, one PoolReply frame out (kvpool.h).
+ *
+ * The frame comes from any process that can reach the allocation socket, so it is treated as
+ * hostile: size first, then protobuf-c's own checks, then the allocator's. protobuf-c refuses
+ * truncated and malformed wire data and keeps unknown fields aside; a oneof that names no known
+ * operation reads as NOT_SET and gets POOL_ERR_UNKNOWN_TYPE.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpool.h"
+#include "kvpool.pb-c.h"
+
+#define MAX_TOP 64 /* largest holders a stats reply lists */
+
+const char *bd_kvpool_format_name(enum bd_page_format fmt)
+{
+	switch (fmt) {
+	case BD_PAGE_BF16: return "bf16";
+	case BD_PAGE_FP8: return "fp8";
+	case BD_PAGE_NVFP4_CH: return "nvfp4-ch";
+	case BD_PAGE_NVFP4: return "nvfp4";
+	case BD_PAGE_MXFP4: return "mxfp4";
+	default: return "?";
+	}
+}
+
+static int pack(const Bdfp4__PoolReply *rep, uint8_t **ret, size_t *ret_len)
+{
+	size_t n = bdfp4__pool_reply__get_packed_size(rep);
+	uint8_t *b = malloc(n ? n : 1);
+
+	if (!b)
+		return -ENOMEM;
+	*ret_len = bdfp4__pool_reply__pack(rep, b);
+	*ret = b;
+	return 0;
+}
+
+int bd_kvpool_error_reply(struct bd_kvpool_handler *h, int code, const char *text,
+			  uint8_t **ret_reply, size_t *ret_len)
+{
+	Bdfp4__PoolReply rep = BDFP4__POOL_REPLY__INIT;
+
+	if (!h || !ret_reply || !ret_len)
+		return -EINVAL;
+	h->served++;
+	h->errors++;
+	rep.error = (Bdfp4__PoolError)code;
+	rep.message = (char *)(text ? text : "");
+	rep.slot = -1;
+	return pack(&rep, ret_reply, ret_len);
+}
+
+/* The stats reply; its arrays live in `mem` (freed by the caller after packing). */
+static int fill_stats(struct bd_kvpool_handler *h, uint32_t top, Bdfp4__PoolStats *st,
+		      void **mem)
+{
+	const struct bd_kvpool_info *in = h->info;
+	struct bd_kvpool_counts c;
+	size_t n_dev = in ? in->n_devices : 0, n_att = in ? in->n_attachments : 0, n_top;
+	struct bd_pool_holder *hold;
+	Bdfp4__Holder *hm, **hp;
+	Bdfp4__DeviceStats *dm, **dp;
+	Bdfp4__Attachment *am, **ap;
+	uint8_t *m;
+
+	if (top == 0)
+		top = h->default_top;
+	if (top > MAX_TOP)
+		top = MAX_TOP;
+	m = calloc(1, top * (sizeof(*hold) + sizeof(*hm) + sizeof(*hp)) +
+			      n_dev * (sizeof(*dm) + sizeof(*dp)) +
+			      n_att * (sizeof(*am) + sizeof(*ap)) + 1);
+	if (!m)
+		return -ENOMEM;
+	*mem = m;
+	hold = (struct bd_pool_holder *)m;
+	hm = (Bdfp4__Holder *)(hold + top);
+	dm = (Bdfp4__DeviceStats *)(hm + top);
+	am = (Bdfp4__Attachment *)(dm + n_dev);
+	hp = (Bdfp4__Holder **)(am + n_att);
+	dp = (Bdfp4__DeviceStats **)(hp + top);
+	ap = (Bdfp4__Attachment **)(dp + n_dev);
+
+	bd_kvpool_alloc_counts(h->alloc, &c);
+	st->pages_total = c.pages_total;
+	st->pages_free = c.pages_free;
+	st->pages_used = c.pages_used;
+	st->pages_reserved = c.pages_reserved;
+	st->pages_shared = c.pages_shared;
+	st->slots_total = c.slots_total;
+	st->slots_free = c.slots_free;
+	st->requests = c.requests;
+	st->requests_holding = c.requests_holding;
+	st->served = h->served;
+	st->errors = h->errors;
+	if (in) {
+		st->backend = (char *)in->backend;
+		st->kv_config = (char *)in->kv_config;
+		st->page_format = (char *)in->page_format;
+		st->tp = in->tp;
+		st->max_seq_len = in->max_seq_len;
+		st->page_bytes = in->page_bytes;
+		st->slot_bytes = in->slot_bytes;
+	}
+	n_top = bd_kvpool_alloc_holders(h->alloc, true, hold, top);
+	for (size_t i = 0; i < n_top; i++) {
+		bdfp4__holder__init(&hm[i]);
+		hm[i].request_id = hold[i].request_id;
+		hm[i].owner = hold[i].owner;
+		hm[i].pages = hold[i].pages;
+		hm[i].reserved = hold[i].reserved;
+		hm[i].slot = hold[i].slot;
+		hp[i] = &hm[i];
+	}
+	st->n_largest = n_top;
+	st->largest = hp;
+	for (size_t i = 0; i < n_dev; i++) {
+		const struct bd_pool_device *d = &in->devices[i];
+
+		bdfp4__device_stats__init(&dm[i]);
+		dm[i].rank = d->rank;
+		dm[i].device = d->device;
+		dm[i].attached = d->attached;
+		dm[i].arena_bytes = d->arena_bytes;
+		dm[i].page_region_bytes = d->page_region_bytes;
+		dm[i].slot_region_bytes = d->slot_region_bytes;
+		dp[i] = &dm[i];
+	}
+	st->n_devices = n_dev;
+	st->devices = dp;
+	for (size_t i = 0; i < n_att; i++) {
+		const struct bd_pool_attachment *t = &in->attachments[i];
+
+		bdfp4__attachment__init(&am[i]);
+		am[i].rank = t->rank;
+		am[i].pid = t->pid;
+		am[i].uid = t->uid;
+		am[i].gid = t->gid;
+		ap[i] = &am[i];
+	}
+	st->n_attachments = n_att;
+	st->attachments = ap;
+	return 0;
+}
+
+/* Every request record, by id; arrays in *mem. */
+static int fill_requests(struct bd_kvpool_handler *h, Bdfp4__PoolReply *rep, void **mem)
+{
+	struct bd_kvpool_counts c;
+	struct bd_pool_holder *hold;
+	Bdfp4__Holder *hm, **hp;
+	size_t n;
+
+	bd_kvpool_alloc_counts(h->alloc, &c);
+	*mem = calloc(c.requests + 1, sizeof(*hold) + sizeof(*hm) + sizeof(*hp));
+	if (!*mem)
+		return -ENOMEM;
+	hold = *mem;
+	hm = (Bdfp4__Holder *)(hold + c.requests + 1);
+	hp = (Bdfp4__Holder **)(hm + c.requests + 1);
+	n = bd_kvpool_alloc_holders(h->alloc, false, hold, c.requests);
+	for (size_t i = 0; i < n; i++) {
+		bdfp4__holder__init(&hm[i]);
+		hm[i].request_id = hold[i].request_id;
+		hm[i].owner = hold[i].owner;
+		hm[i].pages = hold[i].pages;
+		hm[i].reserved = hold[i].reserved;
+		hm[i].slot = hold[i].slot;
+		hp[i] = &hm[i];
+	}
+	rep->n_requests = n;
+	rep->requests = hp;
+	return 0;
+}
+
+static int oom(char *text, size_t len, bool *own)
+{
+	snprintf(text, len, "kvpoold is out of memory");
+	*own = true;
+	return -BD_POOL_ERR_EXHAUSTED;
+}
+
+int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t len,
+		     uint8_t **ret_reply, size_t *ret_len)
+{
+	Bdfp4__PoolReply rep = BDFP4__POOL_REPLY__INIT;
+	Bdfp4__PoolStats st = BDFP4__POOL_STATS__INIT;
+	Bdfp4__PoolRequest *req;
+	struct bd_kvpool_alloc *a;
+	int32_t *pages = NULL, one;
+	void *mem = NULL;
+	char text[200];
+	bool own_text = false; /* text says why, not the allocator */
+	int e = 0, r;
+
+	if (!h || !h->alloc || (!frame && len) || !ret_reply || !ret_len)
+		return -EINVAL;
+	a = h->alloc;
+	if (len > h->max_frame) {
+		snprintf(text, sizeof(text), "frame of %zu bytes exceeds the limit of %zu", len,
+			 h->max_frame);
+		return bd_kvpool_error_reply(h, BD_POOL_ERR_OVERSIZE, text, ret_reply, ret_len);
+	}
+	req = bdfp4__pool_request__unpack(NULL, len, frame);
+	if (!req)
+		return bd_kvpool_error_reply(h, BD_POOL_ERR_MALFORMED,
+					     "the frame is not a PoolRequest", ret_reply, ret_len);
+	rep.slot = -1;
+	switch (req->op_case) {
+	case BDFP4__POOL_REQUEST__OP_PAGE_ALLOC: {
+		const Bdfp4__PageAlloc *m = req->page_alloc;
+		struct bd_kvpool_counts c;
+
+		/* the count is checked before sizing the reply's array by it */
+		bd_kvpool_alloc_counts(a, &c);
+		if (m->n == 0 || m->n > c.max_pages_per_request) {
+			e = -BD_POOL_ERR_RANGE;
+			snprintf(text, sizeof(text), "page count %u is outside 1..%u", m->n,
+				 c.max_pages_per_request);
+			own_text = true;
+			break;
+		}
+		pages = malloc(m->n * sizeof(*pages));
+		if (!pages) {
+			e = oom(text, sizeof(text), &own_text);
+			break;
+		}
+		e = bd_kvpool_page_alloc(a, m->request_id, m->owner, m->n, pages);
+		if (!e) {
+			rep.n_pages = m->n;
+			rep.pages = pages;
+		}
+		break;
+	}
+	case BDFP4__POOL_REQUEST__OP_PAGE_RESERVE:
+		e = bd_kvpool_page_reserve(a, req->page_reserve->request_id,
+					   req->page_reserve->owner, &one);
+		if (!e) {
+			rep.n_pages = 1;
+			rep.pages = &one;
+		}
+		break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_COMMIT:
+		e = bd_kvpool_page_commit(a, req->page_commit->request_id, req->page_commit->page);
+		break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_FREE:
+		e = bd_kvpool_page_free(a, req->page_free->request_id, req->page_free->pages,
+					req->page_free->n_pages, &rep.pages_freed);
+		break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_REF:
+		e = bd_kvpool_page_ref(a, req->page_ref->request_id, req->page_ref->owner,
+				       req->page_ref->pages, req->page_ref->n_pages);
+		break;
+	case BDFP4__POOL_REQUEST__OP_SLOT_ASSIGN:
+		e = bd_kvpool_slot_assign(a, req->slot_assign->request_id, req->slot_assign->owner,
+					  &rep.slot);
+		break;
+	case BDFP4__POOL_REQUEST__OP_SLOT_RELEASE:
+		e = bd_kvpool_slot_release(a, req->slot_release->request_id,
+					   req->slot_release->slot);
+		break;
+	case BDFP4__POOL_REQUEST__OP_REQUEST_RELEASE:
+		e = bd_kvpool_request_release(a, req->request_release->request_id,
+					      &rep.pages_freed);
+		if (!e)
+			rep.requests_released = 1;
+		break;
+	case BDFP4__POOL_REQUEST__OP_OWNER_RECLAIM:
+		e = bd_kvpool_owner_reclaim(a, req->owner_reclaim->owner, &rep.requests_released,
+					    &rep.pages_freed);
+		break;
+	case BDFP4__POOL_REQUEST__OP_STATS:
+		/* counted before filling, so the reply includes itself */
+		h->served++;
+		r = fill_stats(h, req->stats->top, &st, &mem);
+		h->served--;
+		if (!r)
+			rep.stats = &st;
+		else
+			e = oom(text, sizeof(text), &own_text);
+		break;
+	case BDFP4__POOL_REQUEST__OP_REQUESTS:
+		if (fill_requests(h, &rep, &mem) < 0)
+			e = oom(text, sizeof(text), &own_text);
+		break;
+	default:
+		e = -BD_POOL_ERR_UNKNOWN_TYPE;
+		snprintf(text, sizeof(text), "unknown or missing operation (case %d)",
+			 (int)req->op_case);
+		own_text = true;
+		break;
+	}
+	if (e < 0 && !own_text)
+		snprintf(text, sizeof(text), "%s", bd_kvpool_alloc_error(a));
+	if (e < 0) {
+		bdfp4__pool_request__free_unpacked(req, NULL);
+		free(pages);
+		free(mem);
+		return bd_kvpool_error_reply(h, -e, text, ret_reply, ret_len);
+	}
+	h->served++;
+	r = pack(&rep, ret_reply, ret_len);
+	bdfp4__pool_request__free_unpacked(req, NULL);
+	free(pages);
+	free(mem);
+	return r;
+}

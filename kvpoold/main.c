@@ -1,0 +1,928 @@
+/* kvpoold — the KV pool daemon (issue 4, DESIGN.md).
+ *
+ * Owns every byte of KV memory on the node (one arena per TP rank: FP4 pages of every layer and
+ * the BF16 slots) and the record of who holds what. It never computes. One event loop polls the
+ * allocation socket (ZeroMQ REP), the attach socket (Unix SOCK_SEQPACKET) and its clients, and a
+ * signalfd, with a periodic tick for sd_notify STATUS/WATCHDOG and handshake timeouts.
+ *
+ * Configuration: [pool] of /etc/bdfp4/bdfp4.conf, every key overridable by a flag of the same
+ * name (--max-seq-len=N for max_seq_len). Exit: 0 after SIGTERM/SIGINT, 1 on a fatal error.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+#include <zmq.h>
+
+#include "bd_config.h"
+#include "bd_ipc.h"
+#include "bd_kvcfg.h"
+#include "bd_pool.h"
+#include "kvpool.h"
+#include "kvpool.pb-c.h"
+
+#define SECTION "pool"
+#define ZMQ_HARD_MAX (16 << 20) /* frames above this drop the peer instead of an error reply */
+
+struct key {
+	const char *name, *def, *help;
+};
+
+static const struct key keys[] = {
+	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
+	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)" },
+	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
+	{ "backend", "cpu", "memory backend: cpu (memfd) or cuda (VMM, one GPU per rank)" },
+	{ "tp", "2", "tensor-parallel ranks, one arena each" },
+	{ "kv_config", "bitdecoding-nvfp4", "KV configuration (NUMERICS.md 9): page format" },
+	{ "layers", "30", "model layers" },
+	{ "kv_heads", "3", "model KV heads (all ranks)" },
+	{ "kv_heads_per_rank", "0", "KV heads in one rank's pages (0: ceil(kv_heads / tp))" },
+	{ "head_dim", "64", "head dim d (latent d_c for MLA)" },
+	{ "d_rope", "0", "MLA positional dim (0: GQA)" },
+	{ "max_seq_len", "8192", "tokens of the longest request; the pool must hold one" },
+	{ "slots", "16", "BF16 slots (running requests)" },
+	{ "memory_bytes", "512M", "arena budget per device (K/M/G suffixes); 0: use the fraction" },
+	{ "gpu_memory_fraction", "0", "budget as a fraction of device memory (cpu: of RAM / tp)" },
+	{ "pages", "0", "fixed page count (0: as many as the budget holds)" },
+	{ "chunk_bytes", "1G", "largest arena chunk (one fd each)" },
+	{ "max_requests", "4096", "request records" },
+	{ "max_frame_bytes", "65536", "largest allocation frame; larger ones get an error reply" },
+	{ "max_clients", "64", "attach connections" },
+	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
+	{ "attach_timeout_ms", "5000", "time a new connection has to send its attach request" },
+	{ "stats_top", "8", "largest holders in stats" },
+	{ NULL, NULL, NULL },
+};
+
+struct client {
+	int fd;
+	bool attached;
+	int rank;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	int64_t deadline_ms; /* for the attach request */
+};
+
+struct opts {
+	const char *socket, *endpoint, *backend, *kv_config;
+	gid_t group;
+	int tp, layers, kv_heads, heads_per_rank, head_dim, d_rope;
+	uint32_t max_seq_len;
+	size_t slots, pages, max_requests, max_frame, max_clients;
+	uint64_t memory_bytes, chunk_bytes;
+	double fraction;
+	int status_ms, attach_ms, stats_top;
+};
+
+struct ctx {
+	struct bd_config *cfg;
+	struct opts o;
+	const struct bd_kvcfg *kvcfg;
+	const struct bd_kvpool_mem_ops *mem;
+	struct bd_kvpool_plan plan;
+	struct bd_kvpool_arena *arenas; /* [tp] */
+	int n_arenas;
+
+	struct bd_kvpool_alloc *alloc;
+	struct bd_kvpool_handler handler;
+	struct bd_kvpool_info info;
+	struct bd_pool_device *devices;
+	struct bd_pool_attachment *attachments;
+
+	void *zctx, *rep;
+	int listen_fd, sig_fd;
+	bool socket_bound;
+	struct client *clients;
+	size_t n_clients;
+
+	uint64_t watchdog_usec;
+	int64_t next_status, next_watchdog;
+	bool stop;
+};
+
+static bool journal;
+
+static void log_msg(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void log_msg(int prio, const char *fmt, ...)
+{
+	static const char *const names[] = { "emerg", "alert", "crit", "error",
+					     "warning", "notice", "info", "debug" };
+	va_list ap;
+
+	if (journal)
+		fprintf(stderr, "<%d>", prio);
+	else
+		fprintf(stderr, "kvpoold: %s: ", names[prio & 7]);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+#define log_err(...) log_msg(3, __VA_ARGS__)
+#define log_warn(...) log_msg(4, __VA_ARGS__)
+#define log_info(...) log_msg(6, __VA_ARGS__)
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvpoold [--config PATH | --no-config] [--KEY=VALUE ...]\n"
+		   "Keys of [pool] (flags spell _ as -):\n");
+	for (const struct key *k = keys; k->name; k++)
+		fprintf(f, "  %-22s %s (default %s)\n", k->name, k->help,
+			*k->def ? k->def : "\"\"");
+}
+
+static int get_int(struct ctx *c, const char *key, int64_t min, int64_t max, int64_t *ret)
+{
+	int64_t def;
+	int e;
+
+	for (const struct key *k = keys; k->name; k++)
+		if (!strcmp(k->name, key)) {
+			def = strtoll(k->def, NULL, 0);
+			e = bd_config_get_i64(c->cfg, SECTION, key, def, min, max, ret);
+			if (e < 0)
+				log_err("%s = '%s': %s (allowed %lld..%lld)", key,
+					bd_config_get(c->cfg, SECTION, key),
+					e == -ERANGE ? "out of range" : "not an integer",
+					(long long)min, (long long)max);
+			return e;
+		}
+	return -EINVAL;
+}
+
+static const char *get_str(struct ctx *c, const char *key)
+{
+	const char *v = bd_config_get(c->cfg, SECTION, key);
+
+	if (v)
+		return v;
+	for (const struct key *k = keys; k->name; k++)
+		if (!strcmp(k->name, key))
+			return k->def;
+	return "";
+}
+
+static int get_bytes(struct ctx *c, const char *key, uint64_t *ret)
+{
+	uint64_t def = 0;
+	int e;
+
+	for (const struct key *k = keys; k->name; k++)
+		if (!strcmp(k->name, key))
+			bd_config_parse_bytes(k->def, &def);
+	e = bd_config_get_bytes(c->cfg, SECTION, key, def, 0, UINT64_MAX / 2, ret);
+	if (e < 0)
+		log_err("%s = '%s': not a byte size", key, bd_config_get(c->cfg, SECTION, key));
+	return e;
+}
+
+static int parse_args(struct ctx *c, int argc, char **argv)
+{
+	struct option lo[64];
+	char names[64][32];
+	const char **fkey = calloc((size_t)argc + 1, sizeof(char *));
+	const char **fval = calloc((size_t)argc + 1, sizeof(char *));
+	const char *config = BD_CONFIG_DEFAULT_PATH;
+	bool explicit_config = false, no_config = false;
+	size_t n = 0, nf = 0;
+	int opt, e = 0, line = 0;
+
+	if (!fkey || !fval) {
+		free(fkey);
+		free(fval);
+		return -ENOMEM;
+	}
+	for (const struct key *k = keys; k->name; k++, n++) {
+		snprintf(names[n], sizeof(names[n]), "%s", k->name);
+		for (char *p = names[n]; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		lo[n] = (struct option){ names[n], required_argument, NULL, 256 + (int)n };
+	}
+	lo[n++] = (struct option){ "config", required_argument, NULL, 'c' };
+	lo[n++] = (struct option){ "no-config", no_argument, NULL, 'n' };
+	lo[n++] = (struct option){ "help", no_argument, NULL, 'h' };
+	lo[n] = (struct option){ 0 };
+
+	while ((opt = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
+		if (opt >= 256) {
+			fkey[nf] = keys[opt - 256].name;
+			fval[nf++] = optarg;
+		} else if (opt == 'c') {
+			config = optarg;
+			explicit_config = true;
+		} else if (opt == 'n') {
+			no_config = true;
+		} else if (opt == 'h') {
+			usage(stdout);
+			e = 1;
+			goto out;
+		} else {
+			usage(stderr);
+			e = -EINVAL;
+			goto out;
+		}
+	}
+	if (optind < argc) {
+		log_err("unexpected argument '%s'", argv[optind]);
+		e = -EINVAL;
+		goto out;
+	}
+	if (!no_config) {
+		e = bd_config_load(c->cfg, config, &line);
+		if (e == -ENOENT && !explicit_config) {
+			e = 0; /* no file: defaults and flags */
+		} else if (e == -EINVAL) {
+			log_err("%s:%d: syntax error", config, line);
+			goto out;
+		} else if (e < 0) {
+			log_err("%s: %s", config, strerror(-e));
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < nf && !e; i++)
+		e = bd_config_set(c->cfg, SECTION, fkey[i], fval[i]);
+out:
+	free(fkey);
+	free(fval);
+	return e;
+}
+
+static int resolve_group(const char *s, gid_t *ret)
+{
+	struct group *g;
+	char *end;
+	long v;
+
+	if (!*s) {
+		*ret = (gid_t)-1;
+		return 0;
+	}
+	v = strtol(s, &end, 10);
+	if (!*end && v >= 0 && v < INT_MAX) {
+		*ret = (gid_t)v;
+		return 0;
+	}
+	g = getgrnam(s);
+	if (!g)
+		return -ENOENT;
+	*ret = g->gr_gid;
+	return 0;
+}
+
+static int read_opts(struct ctx *c)
+{
+	static const char *known[64];
+	struct opts *o = &c->o;
+	int64_t v;
+	const char *bad;
+	size_t i = 0;
+
+	for (const struct key *k = keys; k->name; k++)
+		known[i++] = k->name;
+	known[i] = NULL;
+	bad = bd_config_unknown_key(c->cfg, SECTION, known);
+	if (bad) {
+		log_err("unknown key '%s' in [%s]", bad, SECTION);
+		return -EINVAL;
+	}
+	o->socket = get_str(c, "socket");
+	o->endpoint = get_str(c, "endpoint");
+	o->backend = get_str(c, "backend");
+	o->kv_config = get_str(c, "kv_config");
+	if (resolve_group(get_str(c, "group"), &o->group) < 0) {
+		log_err("group '%s' does not exist", get_str(c, "group"));
+		return -EINVAL;
+	}
+#define INT(key, min, max, dst)                                                  \
+	do {                                                                     \
+		if (get_int(c, key, min, max, &v) < 0)                           \
+			return -EINVAL;                                          \
+		dst = v;                                                         \
+	} while (0)
+	INT("tp", 1, 64, o->tp);
+	INT("layers", 1, 4096, o->layers);
+	INT("kv_heads", 1, 4096, o->kv_heads);
+	INT("kv_heads_per_rank", 0, 4096, o->heads_per_rank);
+	INT("head_dim", 32, 1024, o->head_dim);
+	INT("d_rope", 0, 1024, o->d_rope);
+	INT("max_seq_len", 1, 1 << 30, o->max_seq_len);
+	INT("slots", 1, 1 << 20, o->slots);
+	INT("pages", 0, INT32_MAX, o->pages);
+	INT("max_requests", 1, 1 << 24, o->max_requests);
+	INT("max_frame_bytes", 64, 16 << 20, o->max_frame);
+	INT("max_clients", 1, 4096, o->max_clients);
+	INT("status_interval_ms", 10, 3600000, o->status_ms);
+	INT("attach_timeout_ms", 10, 3600000, o->attach_ms);
+	INT("stats_top", 0, 64, o->stats_top);
+#undef INT
+	if (get_bytes(c, "memory_bytes", &o->memory_bytes) < 0 ||
+	    get_bytes(c, "chunk_bytes", &o->chunk_bytes) < 0)
+		return -EINVAL;
+	if (bd_config_get_double(c->cfg, SECTION, "gpu_memory_fraction", 0, 0, 1, &o->fraction) <
+	    0) {
+		log_err("gpu_memory_fraction must be a number in [0, 1]");
+		return -EINVAL;
+	}
+	if (o->chunk_bytes == 0) {
+		log_err("chunk_bytes must be positive");
+		return -EINVAL;
+	}
+	if (!o->heads_per_rank)
+		o->heads_per_rank = (o->kv_heads + o->tp - 1) / o->tp;
+	c->kvcfg = bd_kvcfg_find(o->kv_config);
+	if (!c->kvcfg) {
+		log_err("unknown kv_config '%s'", o->kv_config);
+		return -EINVAL;
+	}
+	c->mem = bd_kvpool_mem_find(o->backend);
+	if (!c->mem) {
+		log_err("unknown backend '%s' (cpu or cuda)", o->backend);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static int setup_memory(struct ctx *c)
+{
+	struct bd_kvpool_params p = { 0 };
+	char err[512];
+	uint64_t budget = c->o.memory_bytes;
+	int e;
+
+	e = c->mem->supported(c->o.tp, err, sizeof(err));
+	if (e < 0) {
+		log_err("backend %s: %s", c->mem->name, err);
+		return e;
+	}
+	e = c->mem->granularity(0, &p.granularity, err, sizeof(err));
+	if (e < 0) {
+		log_err("backend %s: %s", c->mem->name, err);
+		return e;
+	}
+	if (!c->o.pages && !budget) {
+		uint64_t total;
+
+		if (c->o.fraction <= 0) {
+			log_err("no pool budget: set memory_bytes, gpu_memory_fraction or pages");
+			return -EINVAL;
+		}
+		/* ranks share one budget on the CPU, each has its own device on CUDA */
+		e = c->mem->device_memory(0, &total, err, sizeof(err));
+		if (e < 0) {
+			log_err("backend %s: %s", c->mem->name, err);
+			return e;
+		}
+		budget = (uint64_t)((double)total * c->o.fraction);
+		if (c->mem == &bd_kvpool_mem_cpu)
+			budget /= (uint64_t)c->o.tp;
+	}
+	p.fmt = c->kvcfg->page_fmt;
+	p.n_layers = c->o.layers;
+	p.n_kv_heads = c->o.heads_per_rank;
+	p.d = c->o.head_dim;
+	p.d_rope = c->o.d_rope;
+	p.max_seq_len = c->o.max_seq_len;
+	p.n_slots = c->o.slots;
+	p.budget_bytes = budget;
+	p.n_pages = c->o.pages;
+	p.chunk_bytes = c->o.chunk_bytes;
+	e = bd_kvpool_plan(&p, &c->plan, err, sizeof(err));
+	if (e < 0) {
+		log_err("%s", err);
+		return e;
+	}
+	c->arenas = calloc((size_t)c->o.tp, sizeof(*c->arenas));
+	c->devices = calloc((size_t)c->o.tp, sizeof(*c->devices));
+	if (!c->arenas || !c->devices)
+		return -ENOMEM;
+	for (int r = 0; r < c->o.tp; r++) {
+		e = c->mem->arena_create(r, &c->plan, &c->arenas[r], err, sizeof(err));
+		if (e < 0) {
+			log_err("arena of rank %d: %s", r, err);
+			return e;
+		}
+		c->n_arenas = r + 1;
+		c->devices[r] = (struct bd_pool_device){
+			.rank = r,
+			.device = c->arenas[r].device,
+			.arena_bytes = c->arenas[r].bytes,
+			.page_region_bytes = c->plan.layout.arena_bytes,
+			.slot_region_bytes = c->plan.n_slots * c->plan.layout.slot_bytes,
+		};
+	}
+	e = bd_kvpool_alloc_new(c->plan.n_pages, c->plan.n_slots, c->plan.max_pages_per_request,
+				c->o.max_requests, &c->alloc);
+	if (e < 0) {
+		log_err("allocator: %s", strerror(-e));
+		return e;
+	}
+	log_info("backend %s, %d rank(s): %zu pages of %zu bytes (x%d layers, %s), %zu slots of "
+		 "%zu bytes, %zu bytes per rank in %zu chunk(s)",
+		 c->mem->name, c->o.tp, c->plan.n_pages, c->plan.layout.page_bytes, c->o.layers,
+		 bd_kvpool_format_name(p.fmt), c->plan.n_slots, c->plan.layout.slot_bytes,
+		 c->plan.arena_bytes, c->plan.n_chunks);
+	return 0;
+}
+
+/* ---- attach socket ------------------------------------------------------------------------- */
+
+static void refresh_info(struct ctx *c)
+{
+	size_t k = 0;
+
+	for (int r = 0; r < c->n_arenas; r++)
+		c->devices[r].attached = 0;
+	for (size_t i = 0; i < c->n_clients; i++) {
+		const struct client *cl = &c->clients[i];
+
+		if (!cl->attached)
+			continue;
+		c->devices[cl->rank].attached++;
+		c->attachments[k++] = (struct bd_pool_attachment){
+			.rank = cl->rank, .pid = cl->pid, .uid = cl->uid, .gid = cl->gid
+		};
+	}
+	c->info.n_attachments = k;
+}
+
+static void drop_client(struct ctx *c, size_t i, const char *why)
+{
+	struct client *cl = &c->clients[i];
+
+	if (cl->attached)
+		log_info("rank %d detached (pid %d): %s", cl->rank, (int)cl->pid, why);
+	else
+		log_info("connection of pid %d dropped: %s", (int)cl->pid, why);
+	close(cl->fd);
+	c->clients[i] = c->clients[--c->n_clients];
+	refresh_info(c);
+}
+
+/* Answers with an error and drains what the peer sent (unread data would turn our close into
+ * a reset that hides the answer); the caller closes. */
+static void attach_refuse(int fd, int code, const char *text)
+{
+	Bdfp4__AttachReply rep = BDFP4__ATTACH_REPLY__INIT;
+	uint8_t buf[512];
+
+	rep.error = (Bdfp4__PoolError)code;
+	rep.message = (char *)text;
+	rep.version = BD_POOL_PROTO_VERSION;
+	if (bdfp4__attach_reply__get_packed_size(&rep) <= sizeof(buf))
+		bd_ipc_send(fd, buf, bdfp4__attach_reply__pack(&rep, buf), NULL, 0);
+	while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0)
+		;
+}
+
+static void on_accept(struct ctx *c)
+{
+	for (;;) {
+		int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		struct client cl = { .fd = fd, .rank = -1 };
+		int ok;
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warn("accept: %s", strerror(errno));
+			return;
+		}
+		if (bd_ipc_peer_cred(fd, &cl.pid, &cl.uid, &cl.gid) < 0) {
+			close(fd);
+			continue;
+		}
+		ok = bd_ipc_peer_allowed(fd, getuid(), c->o.group);
+		if (ok <= 0) {
+			log_warn("refused pid %d uid %u gid %u: not in the pool's group",
+				 (int)cl.pid, (unsigned)cl.uid, (unsigned)cl.gid);
+			attach_refuse(fd, BD_POOL_ERR_DENIED, "peer uid/gid not allowed");
+			close(fd);
+			continue;
+		}
+		if (c->n_clients >= c->o.max_clients) {
+			log_warn("refused pid %d: %zu connections already", (int)cl.pid,
+				 c->n_clients);
+			attach_refuse(fd, BD_POOL_ERR_EXHAUSTED, "too many connections");
+			close(fd);
+			continue;
+		}
+		cl.deadline_ms = now_ms() + c->o.attach_ms;
+		c->clients[c->n_clients++] = cl;
+	}
+}
+
+static void send_attach(struct ctx *c, struct client *cl)
+{
+	Bdfp4__AttachReply rep = BDFP4__ATTACH_REPLY__INIT;
+	const struct bd_kvpool_arena *ar = &c->arenas[cl->rank];
+	uint64_t sizes[BD_POOL_MAX_CHUNKS];
+	int fds[BD_POOL_MAX_CHUNKS];
+	uint8_t buf[2048];
+	int e;
+
+	for (size_t i = 0; i < ar->n_chunks; i++) {
+		sizes[i] = ar->chunks[i].bytes;
+		fds[i] = ar->chunks[i].fd;
+	}
+	rep.version = BD_POOL_PROTO_VERSION;
+	rep.backend = (char *)c->mem->name;
+	rep.rank = cl->rank;
+	rep.device = ar->device;
+	rep.tp = (uint32_t)c->o.tp;
+	rep.kv_config = (char *)c->kvcfg->name;
+	rep.page_format = c->plan.layout.fmt;
+	rep.n_layers = (uint32_t)c->plan.layout.n_layers;
+	rep.n_kv_heads = (uint32_t)c->plan.layout.n_kv_heads;
+	rep.head_dim = (uint32_t)c->plan.layout.d;
+	rep.d_rope = (uint32_t)c->plan.layout.d_rope;
+	rep.n_pages = c->plan.n_pages;
+	rep.n_slots = c->plan.n_slots;
+	rep.page_bytes = c->plan.layout.page_bytes;
+	rep.slot_bytes = c->plan.layout.slot_bytes;
+	rep.pages_offset = c->plan.pages_offset;
+	rep.slots_offset = c->plan.slots_offset;
+	rep.arena_bytes = ar->bytes;
+	rep.n_chunk_bytes = ar->n_chunks;
+	rep.chunk_bytes = sizes;
+	rep.max_seq_len = c->o.max_seq_len;
+	e = bd_ipc_send(cl->fd, buf, bdfp4__attach_reply__pack(&rep, buf), fds,
+			(int)ar->n_chunks);
+	if (e < 0) {
+		log_warn("attach reply to pid %d: %s", (int)cl->pid, strerror(-e));
+		return;
+	}
+	cl->attached = true;
+	refresh_info(c);
+	log_info("rank %d attached by pid %d (uid %u)", cl->rank, (int)cl->pid, (unsigned)cl->uid);
+}
+
+/* Returns false when the client was dropped. */
+static bool on_client(struct ctx *c, size_t i)
+{
+	struct client *cl = &c->clients[i];
+	Bdfp4__AttachRequest *req;
+	uint8_t buf[512];
+	int fds[BD_IPC_MAX_FDS], n_fds = 0;
+	ssize_t n;
+
+	n = bd_ipc_recv(cl->fd, buf, sizeof(buf), fds, BD_IPC_MAX_FDS, &n_fds);
+	for (int k = 0; k < n_fds; k++)
+		close(fds[k]); /* clients have no business sending fds */
+	if (n == -EAGAIN)
+		return true;
+	if (n <= 0) {
+		drop_client(c, i, n == 0 ? "connection closed" : strerror((int)-n));
+		return false;
+	}
+	if (cl->attached) {
+		drop_client(c, i, "unexpected message after attach");
+		return false;
+	}
+	req = bdfp4__attach_request__unpack(NULL, (size_t)n, buf);
+	if (!req) {
+		attach_refuse(cl->fd, BD_POOL_ERR_MALFORMED, "not an AttachRequest");
+		drop_client(c, i, "malformed attach request");
+		return false;
+	}
+	if (req->version != BD_POOL_PROTO_VERSION) {
+		char t[96];
+
+		snprintf(t, sizeof(t), "protocol version %u, kvpoold speaks %d", req->version,
+			 BD_POOL_PROTO_VERSION);
+		attach_refuse(cl->fd, BD_POOL_ERR_VERSION, t);
+		bdfp4__attach_request__free_unpacked(req, NULL);
+		drop_client(c, i, "version mismatch");
+		return false;
+	}
+	if (req->rank < 0 || req->rank >= c->o.tp) {
+		char t[96];
+
+		snprintf(t, sizeof(t), "rank %d: the pool has ranks 0..%d", req->rank, c->o.tp - 1);
+		attach_refuse(cl->fd, BD_POOL_ERR_NO_DEVICE, t);
+		bdfp4__attach_request__free_unpacked(req, NULL);
+		drop_client(c, i, "no such rank");
+		return false;
+	}
+	cl->rank = req->rank;
+	bdfp4__attach_request__free_unpacked(req, NULL);
+	send_attach(c, cl);
+	if (!cl->attached) {
+		drop_client(c, i, "attach reply failed");
+		return false;
+	}
+	return true;
+}
+
+/* ---- allocation socket --------------------------------------------------------------------- */
+
+static int ipc_path_fixup(struct ctx *c, const char *endpoint)
+{
+	const char *path;
+
+	if (strncmp(endpoint, "ipc://", 6))
+		return 0;
+	path = endpoint + 6;
+	if (chmod(path, 0660) < 0 ||
+	    (c->o.group != (gid_t)-1 && chown(path, (uid_t)-1, c->o.group) < 0)) {
+		log_err("%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+static void on_rep(struct ctx *c)
+{
+	for (;;) {
+		zmq_msg_t m;
+		uint8_t *out = NULL;
+		size_t out_len = 0;
+		int more = 0, e;
+		size_t more_len = sizeof(more);
+
+		zmq_msg_init(&m);
+		if (zmq_msg_recv(&m, c->rep, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&m);
+			return;
+		}
+		zmq_getsockopt(c->rep, ZMQ_RCVMORE, &more, &more_len);
+		refresh_info(c);
+		if (more) {
+			/* a REP must read the whole request before it may answer */
+			while (more) {
+				zmq_msg_close(&m);
+				zmq_msg_init(&m);
+				if (zmq_msg_recv(&m, c->rep, 0) < 0)
+					break;
+				zmq_getsockopt(c->rep, ZMQ_RCVMORE, &more, &more_len);
+			}
+			e = bd_kvpool_error_reply(&c->handler, BD_POOL_ERR_MALFORMED,
+						  "multi-part message", &out, &out_len);
+		} else {
+			e = bd_kvpool_handle(&c->handler, zmq_msg_data(&m), zmq_msg_size(&m), &out,
+					     &out_len);
+		}
+		zmq_msg_close(&m);
+		if (e < 0) {
+			/* no memory for a reply: an empty frame still unblocks the peer */
+			zmq_send(c->rep, "", 0, 0);
+			continue;
+		}
+		if (zmq_send(c->rep, out, out_len, 0) < 0)
+			log_warn("reply: %s", zmq_strerror(zmq_errno()));
+		free(out);
+	}
+}
+
+static int setup_sockets(struct ctx *c)
+{
+	int zero = 0;
+	int64_t maxmsg = ZMQ_HARD_MAX;
+	sigset_t ss;
+	char dir[PATH_MAX], *slash;
+
+	sigemptyset(&ss);
+	sigaddset(&ss, SIGTERM);
+	sigaddset(&ss, SIGINT);
+	sigaddset(&ss, SIGHUP);
+	c->sig_fd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (c->sig_fd < 0) {
+		log_err("signalfd: %s", strerror(errno));
+		return -errno;
+	}
+	/* the runtime directory, when systemd has not made it */
+	snprintf(dir, sizeof(dir), "%s", c->o.socket);
+	slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = 0;
+		if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+			log_err("%s: %s", dir, strerror(errno));
+			return -errno;
+		}
+	}
+	c->listen_fd = bd_ipc_listen(c->o.socket, 0660, c->o.group, 64);
+	if (c->listen_fd < 0) {
+		log_err("attach socket %s: %s", c->o.socket, strerror(-c->listen_fd));
+		return c->listen_fd;
+	}
+	c->socket_bound = true;
+	c->zctx = zmq_ctx_new();
+	c->rep = c->zctx ? zmq_socket(c->zctx, ZMQ_REP) : NULL;
+	if (!c->rep || zmq_setsockopt(c->rep, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_setsockopt(c->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+	    zmq_bind(c->rep, c->o.endpoint) < 0) {
+		log_err("allocation endpoint %s: %s", c->o.endpoint, zmq_strerror(zmq_errno()));
+		return -EIO;
+	}
+	return ipc_path_fixup(c, c->o.endpoint);
+}
+
+/* ---- loop ---------------------------------------------------------------------------------- */
+
+static void notify_status(struct ctx *c)
+{
+	struct bd_kvpool_counts k;
+	size_t attached = 0;
+
+	bd_kvpool_alloc_counts(c->alloc, &k);
+	for (size_t i = 0; i < c->n_clients; i++)
+		attached += c->clients[i].attached;
+	sd_notifyf(0, "STATUS=pages %zu/%zu used (%zu reserved), slots %zu/%zu, %zu requests, "
+		      "%zu attached",
+		   k.pages_total - k.pages_free, k.pages_total, k.pages_reserved,
+		   k.slots_total - k.slots_free, k.slots_total, k.requests, attached);
+}
+
+static void on_tick(struct ctx *c, int64_t now)
+{
+	if (now >= c->next_status) {
+		notify_status(c);
+		c->next_status = now + c->o.status_ms;
+	}
+	if (c->watchdog_usec && now >= c->next_watchdog) {
+		sd_notify(0, "WATCHDOG=1");
+		c->next_watchdog = now + (int64_t)(c->watchdog_usec / 2000);
+	}
+	for (size_t i = 0; i < c->n_clients;)
+		if (!c->clients[i].attached && now >= c->clients[i].deadline_ms)
+			drop_client(c, i, "no attach request in time");
+		else
+			i++;
+}
+
+static int run(struct ctx *c)
+{
+	zmq_pollitem_t *items = calloc(3 + c->o.max_clients, sizeof(*items));
+
+	if (!items)
+		return -ENOMEM;
+	while (!c->stop) {
+		int64_t now = now_ms(), wait = c->next_status - now;
+		size_t n_cl = c->n_clients;
+		int r;
+
+		if (c->watchdog_usec && c->next_watchdog - now < wait)
+			wait = c->next_watchdog - now;
+		for (size_t i = 0; i < n_cl; i++)
+			if (!c->clients[i].attached && c->clients[i].deadline_ms - now < wait)
+				wait = c->clients[i].deadline_ms - now;
+		if (wait < 0)
+			wait = 0;
+		items[0] = (zmq_pollitem_t){ .socket = c->rep, .events = ZMQ_POLLIN };
+		items[1] = (zmq_pollitem_t){ .fd = c->listen_fd, .events = ZMQ_POLLIN };
+		items[2] = (zmq_pollitem_t){ .fd = c->sig_fd, .events = ZMQ_POLLIN };
+		for (size_t i = 0; i < n_cl; i++)
+			items[3 + i] = (zmq_pollitem_t){ .fd = c->clients[i].fd,
+							 .events = ZMQ_POLLIN };
+		r = zmq_poll(items, 3 + (int)n_cl, (long)wait);
+		if (r < 0) {
+			if (zmq_errno() == EINTR)
+				continue;
+			log_err("zmq_poll: %s", zmq_strerror(zmq_errno()));
+			free(items);
+			return -EIO;
+		}
+		if (items[2].revents) {
+			struct signalfd_siginfo si;
+
+			while (read(c->sig_fd, &si, sizeof(si)) == sizeof(si)) {
+				if (si.ssi_signo == SIGHUP) {
+					log_info("SIGHUP ignored: restart to reconfigure");
+					continue;
+				}
+				log_info("signal %u: stopping", si.ssi_signo);
+				c->stop = true;
+			}
+			if (c->stop)
+				break;
+		}
+		if (items[0].revents)
+			on_rep(c);
+		/* clients from the back, so a drop (which moves the last one into i) is safe */
+		for (size_t i = n_cl; i-- > 0;)
+			if (items[3 + i].revents)
+				on_client(c, i);
+		if (items[1].revents)
+			on_accept(c);
+		on_tick(c, now_ms());
+	}
+	free(items);
+	return 0;
+}
+
+static void cleanup(struct ctx *c)
+{
+	for (size_t i = 0; i < c->n_clients; i++)
+		close(c->clients[i].fd);
+	free(c->clients);
+	if (c->listen_fd >= 0)
+		close(c->listen_fd);
+	if (c->socket_bound)
+		unlink(c->o.socket);
+	if (c->rep)
+		zmq_close(c->rep);
+	if (c->zctx)
+		zmq_ctx_term(c->zctx);
+	if (c->sig_fd >= 0)
+		close(c->sig_fd);
+	for (int r = 0; r < c->n_arenas; r++)
+		c->mem->arena_destroy(&c->arenas[r]);
+	free(c->arenas);
+	free(c->devices);
+	free(c->attachments);
+	bd_kvpool_alloc_free(c->alloc);
+	bd_config_free(c->cfg);
+}
+
+int main(int argc, char **argv)
+{
+	struct ctx c = { .listen_fd = -1, .sig_fd = -1 };
+	sigset_t ss;
+	int e;
+
+	journal = getenv("JOURNAL_STREAM") != NULL;
+	/* block the signals the loop reads from its signalfd, before anything can race them */
+	sigemptyset(&ss);
+	sigaddset(&ss, SIGTERM);
+	sigaddset(&ss, SIGINT);
+	sigaddset(&ss, SIGHUP);
+	sigprocmask(SIG_BLOCK, &ss, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	c.cfg = bd_config_new();
+	if (!c.cfg)
+		return 1;
+	e = parse_args(&c, argc, argv);
+	if (e == 1) {
+		bd_config_free(c.cfg);
+		return 0;
+	}
+	if (e < 0 || read_opts(&c) < 0)
+		goto fail;
+	c.clients = calloc(c.o.max_clients, sizeof(*c.clients));
+	c.attachments = calloc(c.o.max_clients, sizeof(*c.attachments));
+	if (!c.clients || !c.attachments)
+		goto fail;
+	if (setup_memory(&c) < 0)
+		goto fail;
+	c.info = (struct bd_kvpool_info){
+		.backend = c.mem->name,
+		.kv_config = c.kvcfg->name,
+		.page_format = bd_kvpool_format_name(c.plan.layout.fmt),
+		.tp = (uint32_t)c.o.tp,
+		.max_seq_len = c.o.max_seq_len,
+		.page_bytes = c.plan.layout.page_bytes * (size_t)c.o.layers,
+		.slot_bytes = c.plan.layout.slot_bytes,
+		.devices = c.devices,
+		.n_devices = (size_t)c.n_arenas,
+		.attachments = c.attachments,
+	};
+	c.handler = (struct bd_kvpool_handler){
+		.alloc = c.alloc,
+		.info = &c.info,
+		.max_frame = c.o.max_frame,
+		.default_top = (uint32_t)c.o.stats_top,
+	};
+	if (setup_sockets(&c) < 0)
+		goto fail;
+	if (sd_watchdog_enabled(0, &c.watchdog_usec) <= 0)
+		c.watchdog_usec = 0;
+	c.next_status = now_ms();
+	c.next_watchdog = now_ms();
+	log_info("listening on %s (attach) and %s (allocation)", c.o.socket, c.o.endpoint);
+	sd_notify(0, "READY=1");
+	e = run(&c);
+	sd_notify(0, "STOPPING=1");
+	cleanup(&c);
+	return e < 0 ? 1 : 0;
+fail:
+	cleanup(&c);
+	return 1;
+}

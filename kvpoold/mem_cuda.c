@@ -1,0 +1,280 @@
+/* mem_cuda.c — the CUDA memory backend: VMM arenas exported as POSIX fds (kvpool.h).
+ *
+ * Each chunk is one cuMemCreate allocation of physical memory on the device (a multiple of the
+ * recommended granularity, a few large chunks rather than one per page), exported with
+ * cuMemExportToShareableHandle; the daemon never maps it. libcuda is opened at run time with
+ * dlopen, so kvpoold has no link-time dependency on the driver and starts with the CPU backend
+ * on machines without one. Compiled only where cuda.h exists (BD_HAVE_CUDA_H); elsewhere the
+ * backend reports itself unsupported.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvpool.h"
+
+#ifdef BD_HAVE_CUDA_H
+#include <cuda.h>
+#include <dlfcn.h>
+
+static struct {
+	void *lib;
+	int inited;
+	__typeof__(cuInit) *init;
+	__typeof__(cuDeviceGetCount) *device_count;
+	__typeof__(cuDeviceGet) *device_get;
+	__typeof__(cuDeviceTotalMem) *total_mem;
+	__typeof__(cuGetErrorString) *error_string;
+	__typeof__(cuMemGetAllocationGranularity) *granularity;
+	__typeof__(cuMemCreate) *create;
+	__typeof__(cuMemRelease) *release;
+	__typeof__(cuMemExportToShareableHandle) *export_handle;
+	__typeof__(cuDevicePrimaryCtxRetain) *ctx_retain;
+	__typeof__(cuCtxSetCurrent) *ctx_set;
+} cu;
+
+static const char *cu_str(CUresult r)
+{
+	const char *s = NULL;
+
+	if (cu.error_string && cu.error_string(r, &s) == CUDA_SUCCESS && s)
+		return s;
+	return "unknown CUDA error";
+}
+
+/* Opens libcuda.so.1 and runs cuInit once; 0 or -errno with the reason. */
+static int cu_load(char *err, size_t errlen)
+{
+	CUresult r;
+
+	if (cu.inited)
+		return 0;
+	if (!cu.lib) {
+		cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+		if (!cu.lib) {
+			snprintf(err, errlen, "no CUDA driver: %s", dlerror());
+			return -ENODEV;
+		}
+	}
+#define SYM(field, name)                                                                  \
+	do {                                                                              \
+		*(void **)&cu.field = dlsym(cu.lib, name);                                \
+		if (!cu.field) {                                                          \
+			snprintf(err, errlen, "libcuda.so.1 lacks %s", name);             \
+			return -ENOSYS;                                                   \
+		}                                                                         \
+	} while (0)
+	SYM(init, "cuInit");
+	SYM(device_count, "cuDeviceGetCount");
+	SYM(device_get, "cuDeviceGet");
+	SYM(total_mem, "cuDeviceTotalMem_v2");
+	SYM(error_string, "cuGetErrorString");
+	SYM(granularity, "cuMemGetAllocationGranularity");
+	SYM(create, "cuMemCreate");
+	SYM(release, "cuMemRelease");
+	SYM(export_handle, "cuMemExportToShareableHandle");
+	SYM(ctx_retain, "cuDevicePrimaryCtxRetain");
+	SYM(ctx_set, "cuCtxSetCurrent");
+#undef SYM
+	r = cu.init(0);
+	if (r != CUDA_SUCCESS) {
+		snprintf(err, errlen, "cuInit: %s", cu_str(r));
+		return -ENODEV;
+	}
+	cu.inited = 1;
+	return 0;
+}
+
+static void prop_of(CUmemAllocationProp *p, int device)
+{
+	memset(p, 0, sizeof(*p));
+	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p->location.id = device;
+}
+
+static int cuda_supported(int n_devices, char *err, size_t errlen)
+{
+	int count = 0, e;
+	CUresult r;
+
+	if (n_devices < 1) {
+		snprintf(err, errlen, "no devices asked for");
+		return -EINVAL;
+	}
+	e = cu_load(err, errlen);
+	if (e < 0)
+		return e;
+	r = cu.device_count(&count);
+	if (r != CUDA_SUCCESS) {
+		snprintf(err, errlen, "cuDeviceGetCount: %s", cu_str(r));
+		return -ENODEV;
+	}
+	if (count < n_devices) {
+		snprintf(err, errlen, "%d CUDA devices, %d wanted (one per TP rank)", count,
+			 n_devices);
+		return -ENODEV;
+	}
+	return 0;
+}
+
+static int cuda_device_memory(int device, uint64_t *ret, char *err, size_t errlen)
+{
+	CUdevice dev;
+	size_t bytes;
+	CUresult r;
+	int e = cu_load(err, errlen);
+
+	if (e < 0)
+		return e;
+	r = cu.device_get(&dev, device);
+	if (r == CUDA_SUCCESS)
+		r = cu.total_mem(&bytes, dev);
+	if (r != CUDA_SUCCESS) {
+		snprintf(err, errlen, "device %d: %s", device, cu_str(r));
+		return -ENODEV;
+	}
+	*ret = bytes;
+	return 0;
+}
+
+static int cuda_granularity(int device, size_t *ret, char *err, size_t errlen)
+{
+	CUmemAllocationProp prop;
+	size_t g = 0;
+	CUresult r;
+	int e = cu_load(err, errlen);
+
+	if (e < 0)
+		return e;
+	prop_of(&prop, device);
+	r = cu.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+	if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1))) {
+		snprintf(err, errlen, "cuMemGetAllocationGranularity(device %d): %s", device,
+			 r != CUDA_SUCCESS ? cu_str(r) : "not a power of two");
+		return -ENODEV;
+	}
+	*ret = g;
+	return 0;
+}
+
+static void cuda_arena_destroy(struct bd_kvpool_arena *a)
+{
+	if (!a)
+		return;
+	for (size_t i = 0; i < a->n_chunks; i++) {
+		if (a->chunks[i].fd >= 0)
+			close(a->chunks[i].fd);
+		if (a->chunks[i].handle && cu.release)
+			cu.release((CUmemGenericAllocationHandle)a->chunks[i].handle);
+	}
+	a->n_chunks = 0;
+	a->bytes = 0;
+}
+
+static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
+			     struct bd_kvpool_arena *ret, char *err, size_t errlen)
+{
+	CUmemAllocationProp prop;
+	CUcontext ctx;
+	CUresult r;
+	int e;
+
+	if (!plan || !ret || plan->n_chunks < 1 || plan->n_chunks > BD_POOL_MAX_CHUNKS)
+		return -EINVAL;
+	e = cu_load(err, errlen);
+	if (e < 0)
+		return e;
+	memset(ret, 0, sizeof(*ret));
+	ret->device = device;
+	prop_of(&prop, device);
+	for (size_t i = 0; i < plan->n_chunks; i++) {
+		size_t bytes = i + 1 < plan->n_chunks ? plan->chunk_bytes : plan->last_chunk_bytes;
+		CUmemGenericAllocationHandle h = 0;
+		int fd = -1;
+
+		r = cu.create(&h, bytes, &prop, 0);
+		if (r == CUDA_ERROR_INVALID_CONTEXT) {
+			/* some drivers want a current context: the device's primary one */
+			CUdevice dev;
+
+			r = cu.device_get(&dev, device);
+			if (r == CUDA_SUCCESS)
+				r = cu.ctx_retain(&ctx, dev);
+			if (r == CUDA_SUCCESS)
+				r = cu.ctx_set(ctx);
+			if (r == CUDA_SUCCESS)
+				r = cu.create(&h, bytes, &prop, 0);
+		}
+		if (r != CUDA_SUCCESS) {
+			snprintf(err, errlen, "cuMemCreate(%zu bytes on device %d): %s", bytes,
+				 device, cu_str(r));
+			e = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+			goto fail;
+		}
+		r = cu.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+		if (r != CUDA_SUCCESS) {
+			cu.release(h);
+			snprintf(err, errlen, "cuMemExportToShareableHandle: %s", cu_str(r));
+			e = -EIO;
+			goto fail;
+		}
+		ret->chunks[i] = (struct bd_kvpool_chunk){ .fd = fd, .bytes = bytes, .handle = h };
+		ret->n_chunks = i + 1;
+		ret->bytes += bytes;
+	}
+	return 0;
+fail:
+	cuda_arena_destroy(ret);
+	return e;
+}
+
+#else /* no cuda.h at build time */
+
+static int cuda_supported(int n_devices, char *err, size_t errlen)
+{
+	(void)n_devices;
+	snprintf(err, errlen, "kvpoold was built without CUDA headers");
+	return -ENOSYS;
+}
+
+static int cuda_device_memory(int device, uint64_t *ret, char *err, size_t errlen)
+{
+	(void)device;
+	(void)ret;
+	return cuda_supported(1, err, errlen);
+}
+
+static int cuda_granularity(int device, size_t *ret, char *err, size_t errlen)
+{
+	(void)device;
+	(void)ret;
+	return cuda_supported(1, err, errlen);
+}
+
+static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
+			     struct bd_kvpool_arena *ret, char *err, size_t errlen)
+{
+	(void)device;
+	(void)plan;
+	(void)ret;
+	return cuda_supported(1, err, errlen);
+}
+
+static void cuda_arena_destroy(struct bd_kvpool_arena *a)
+{
+	(void)a;
+}
+
+#endif
+
+const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda = {
+	.name = "cuda",
+	.supported = cuda_supported,
+	.device_memory = cuda_device_memory,
+	.granularity = cuda_granularity,
+	.arena_create = cuda_arena_create,
+	.arena_destroy = cuda_arena_destroy,
+};

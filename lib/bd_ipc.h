@@ -1,0 +1,55 @@
+/* bd_ipc.h — Unix-socket helpers: listening and connecting SOCK_SEQPACKET sockets, packets with
+ * file descriptors (SCM_RIGHTS) and peer credentials (SO_PEERCRED, SO_PEERGROUPS).
+ *
+ * kvpoold hands its arena fds to workers through these (DESIGN.md "Backends"); a packet is one
+ * protobuf message, so no framing is needed on top. Every fd these functions create or receive
+ * is close-on-exec.
+ */
+#ifndef BD_IPC_H
+#define BD_IPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most fds one packet carries (the kernel's SCM_MAX_FD is 253). */
+#define BD_IPC_MAX_FDS 64
+
+/* Creates a listening SOCK_SEQPACKET socket bound at path (a stale socket file there is
+ * replaced; any other kind of file is not), with file mode `mode` and group `gid` (unchanged
+ * when gid is (gid_t)-1). The socket is non-blocking. Returns the fd, or -EINVAL (NULL path or
+ * one longer than sun_path), -EEXIST (path is not a socket), or the -errno of the failed call. */
+int bd_ipc_listen(const char *path, mode_t mode, gid_t gid, int backlog);
+
+/* Connects a blocking SOCK_SEQPACKET socket to path. Returns the fd or -errno (-ENOENT when
+ * nothing listens there, -ECONNREFUSED, -EACCES, -EINVAL for a bad path). */
+int bd_ipc_connect(const char *path);
+
+/* Sends one packet of len bytes (1..) with n_fds (0..BD_IPC_MAX_FDS) descriptors attached. The
+ * descriptors stay open in the caller. Never raises SIGPIPE. Returns 0, -EINVAL, -EMSGSIZE, or
+ * the -errno of sendmsg (-EAGAIN on a full non-blocking socket, -EPIPE when the peer is gone). */
+int bd_ipc_send(int sock, const void *buf, size_t len, const int *fds, int n_fds);
+
+/* Receives one packet into buf (cap bytes) and up to max_fds descriptors into ret_fds, their
+ * number into *ret_n_fds. Returns the packet length (0: the peer closed the connection), or
+ * -EINVAL, -EMSGSIZE (the packet was longer than cap, or carried more than max_fds
+ * descriptors: every descriptor received is closed and *ret_n_fds is 0), or the -errno of
+ * recvmsg (-EAGAIN when nothing is pending on a non-blocking socket). */
+ssize_t bd_ipc_recv(int sock, void *buf, size_t cap, int *ret_fds, int max_fds, int *ret_n_fds);
+
+/* The peer's pid, uid and gid as of connect(). Returns 0 or -errno. */
+int bd_ipc_peer_cred(int sock, pid_t *ret_pid, uid_t *ret_uid, gid_t *ret_gid);
+
+/* True when the peer of sock may use a daemon run as self_uid and restricted to group `allowed`
+ * ((gid_t)-1: no group): root, self_uid, a peer whose gid is `allowed`, or whose supplementary
+ * groups (SO_PEERGROUPS) include it. Returns 1 (allowed), 0 (denied) or -errno. */
+int bd_ipc_peer_allowed(int sock, uid_t self_uid, gid_t allowed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
