@@ -23,7 +23,7 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-protot
 	-Wno-missing-field-initializers
 CFLAGS    := -std=gnu11 $(WARN) -O2 -g -ffp-contract=off -fno-fast-math -pthread \
 	-D_GNU_SOURCE -Ilib -I$(BUILD)/gen $(EXTRA_CFLAGS)
-LDLIBS    := -lm -pthread
+LDLIBS    := -lpcre2-8 -lm -pthread
 ifeq ($(SAN),1)
 CFLAGS    += -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 LDFLAGS   += -fsanitize=address,undefined

@@ -1,12 +1,10 @@
 /* tokenizer.c — byte-level BPE from GGUF metadata or tokenizer.json, decoding, streaming and
  * the chat template (bd_tokenizer.h).
  *
- * PCRE2 is loaded with dlopen() on first use (as systemd does for its optional libraries), so
- * linking the library needs no extra -l flag; libpcre2-8.so.0 is part of every Debian system.
- * Programs that link this file need -ljansson (tokenizer.json).
+ * Programs that link this file need -lpcre2-8 (pre-tokenizer regexes) and -ljansson
+ * (tokenizer.json).
  */
 #include <ctype.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,58 +31,6 @@ __attribute__((format(printf, 3, 4))) static int fail(char *err, int code, const
 		va_end(ap);
 	}
 	return code;
-}
-
-/* ---- PCRE2, loaded at run time ----------------------------------------------------------- */
-
-static struct {
-	typeof(pcre2_compile_8) *compile;
-	typeof(pcre2_jit_compile_8) *jit_compile;
-	typeof(pcre2_code_free_8) *code_free;
-	typeof(pcre2_match_data_create_from_pattern_8) *md_create;
-	typeof(pcre2_match_data_free_8) *md_free;
-	typeof(pcre2_match_8) *match;
-	typeof(pcre2_get_ovector_pointer_8) *ovector;
-	typeof(pcre2_get_error_message_8) *error_message;
-	int err;
-} pc;
-static pthread_once_t pc_once = PTHREAD_ONCE_INIT;
-
-static void pc_load(void)
-{
-	void *h = dlopen("libpcre2-8.so.0", RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		pc.err = -ELIBACC;
-		return;
-	}
-	/* The handle stays open for the life of the process: compiled patterns point into it. */
-	void **syms[] = {
-		(void **)&pc.compile, (void **)&pc.jit_compile, (void **)&pc.code_free,
-		(void **)&pc.md_create, (void **)&pc.md_free, (void **)&pc.match,
-		(void **)&pc.ovector, (void **)&pc.error_message,
-	};
-	static const char *const names[] = {
-		"pcre2_compile_8", "pcre2_jit_compile_8", "pcre2_code_free_8",
-		"pcre2_match_data_create_from_pattern_8", "pcre2_match_data_free_8",
-		"pcre2_match_8", "pcre2_get_ovector_pointer_8", "pcre2_get_error_message_8",
-	};
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-		*syms[i] = dlsym(h, names[i]);
-		if (!*syms[i]) {
-			pc.err = -ELIBBAD;
-			return;
-		}
-	}
-}
-
-static int pc_init(char *err)
-{
-	pthread_once(&pc_once, pc_load);
-	if (pc.err == -ELIBACC)
-		return fail(err, pc.err, "cannot load libpcre2-8.so.0 (Debian package libpcre2-8-0)");
-	if (pc.err)
-		return fail(err, pc.err, "libpcre2-8.so.0 lacks a function this file uses");
-	return 0;
 }
 
 /* ---- growable arrays --------------------------------------------------------------------- */
@@ -357,16 +303,16 @@ static int compile_re(struct bd_tokenizer *t, const char *pat, size_t len, char 
 {
 	int ec;
 	PCRE2_SIZE eo;
-	pcre2_code *re = pc.compile((PCRE2_SPTR)pat, len,
+	pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len,
 				    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
 	if (!re) {
 		PCRE2_UCHAR msg[128];
-		pc.error_message(ec, msg, sizeof(msg));
+		pcre2_get_error_message(ec, msg, sizeof(msg));
 		return fail(err, ec == PCRE2_ERROR_NOMEMORY ? -ENOMEM : -EIO,
 			    "PCRE2 rejects a pre-tokenizer regex at %zu: %s", (size_t)eo,
 			    (const char *)msg);
 	}
-	pc.jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter serves when JIT is missing */
+	pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter serves when JIT is missing */
 	t->re[t->n_re++] = re;
 	return 0;
 }
@@ -837,7 +783,7 @@ void bd_tokenizer_free(struct bd_tokenizer *t)
 	if (!t)
 		return;
 	for (int i = 0; i < t->n_re; i++)
-		pc.code_free(t->re[i]);
+		pcre2_code_free(t->re[i]);
 	free(t->text);
 	free(t->text_off);
 	free(t->bytes);
@@ -1054,9 +1000,7 @@ static int build(const struct spec *sp, struct bd_tokenizer **ret, char *err)
 		return fail(err, -EBADMSG, "the vocabulary holds %zu tokens", sp->n_vocab);
 	if (sp->n_merges > UINT32_MAX / 4)
 		return fail(err, -EBADMSG, "%zu merges are too many", sp->n_merges);
-	int r = pc_init(err);
-	if (r < 0)
-		return r;
+	int r;
 	struct bd_tokenizer *t = calloc(1, sizeof(*t));
 	if (!t)
 		return fail(err, -ENOMEM, "out of memory");
@@ -1746,12 +1690,12 @@ static int pretok(struct enc *e, int level, const char *s, size_t n)
 		return bpe(e, s, n);
 	size_t at = 0, gap = 0;
 	while (at < n) {
-		int rc = pc.match(e->t->re[level], (PCRE2_SPTR)s, n, at, 0, e->md, NULL);
+		int rc = pcre2_match(e->t->re[level], (PCRE2_SPTR)s, n, at, 0, e->md, NULL);
 		if (rc == PCRE2_ERROR_NOMATCH)
 			break;
 		if (rc < 0)
 			return rc == PCRE2_ERROR_NOMEMORY ? -ENOMEM : -EIO;
-		PCRE2_SIZE *ov = pc.ovector(e->md);
+		PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
 		size_t a = ov[0], b = ov[1];
 		if (b <= a) { /* the patterns have no empty match; guard anyway */
 			at = a + 1;
@@ -1819,13 +1763,13 @@ static int enc_template(struct enc *e, const char *s, size_t n)
 static int enc_init(struct enc *e, const struct bd_tokenizer *t, struct ivec *out)
 {
 	*e = (struct enc){ .t = t, .out = out };
-	e->md = pc.md_create(t->re[0], NULL);
+	e->md = pcre2_match_data_create_from_pattern(t->re[0], NULL);
 	return e->md ? 0 : -ENOMEM;
 }
 
 static void enc_done(struct enc *e)
 {
-	pc.md_free(e->md);
+	pcre2_match_data_free(e->md);
 	free(e->lit.p);
 	free(e->id);
 	free(e->prev);
