@@ -13,6 +13,7 @@ struct subcommand {
 static const struct subcommand commands[] = {
 	{ "quant-report", cmd_quant_report,
 	  "logit and probability error split of every KV configuration (paper §3, Eq. 2)" },
+	{ "generate", cmd_generate, "complete a prompt on the CPU with the FP4 KV cache" },
 };
 
 static void usage(FILE *f)

@@ -5,5 +5,6 @@
 #define BDFP4_CLI_H
 
 int cmd_quant_report(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 #endif

@@ -1,0 +1,428 @@
+/* generate.c — `bdfp4 generate`: complete a prompt with the CPU model and the bdfp4 KV cache,
+ * streaming the tokens as they are sampled. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bd_kvcfg.h"
+#include "bd_model.h"
+#include "bd_sampler.h"
+#include "bd_tokenizer.h"
+#include "cli.h"
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define MAX_STOPS 16
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: bdfp4 generate [OPTIONS] PROMPT\n"
+		"\n"
+		"Complete PROMPT with the model on the CPU, its KV cache held as CONFIG says\n"
+		"(NUMERICS.md section 9), printing tokens as they come.\n"
+		"\n"
+		"  --model PATH       GGUF model (default: $BD_MODEL, else the embedded\n"
+		"                     " DEFAULT_MODEL ")\n"
+		"  --kv CONFIG        KV cache configuration (default bitdecoding-nvfp4):\n"
+		"                     ");
+	for (int i = 0; i < BD_KVCFG_COUNT; i++)
+		fprintf(f, "%s%s", bd_kvcfg_get(i)->name, i + 1 < BD_KVCFG_COUNT ? " " : "\n");
+	fprintf(f,
+		"  --max-tokens N     generate at most N tokens (default 256)\n"
+		"  --temperature T    sampling temperature, 0 = greedy (default 0)\n"
+		"  --top-k K          keep the K most likely tokens, 0 = all (default 0)\n"
+		"  --top-p P          keep the most likely tokens up to mass P in (0, 1]\n"
+		"                     (default 1)\n"
+		"  --seed S           PRNG seed (default 0)\n"
+		"  --chat             wrap PROMPT in the model's chat template as a user turn\n"
+		"  --stop STRING      stop before STRING appears (repeatable, up to %d)\n"
+		"  --stats            print prefill time, decode speed and peak memory to stderr\n"
+		"  -h, --help         this text\n",
+		MAX_STOPS);
+}
+
+static int bad_usage(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "bdfp4 generate: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	return 2;
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *ret)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return false;
+	*ret = v;
+	return true;
+}
+
+static bool parse_float(const char *s, float *ret)
+{
+	char *end;
+	errno = 0;
+	float v = strtof(s, &end);
+	if (errno || end == s || *end || !isfinite(v))
+		return false;
+	*ret = v;
+	return true;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* The embedded model: found next to the binary's repository (BUILD/bin/bdfp4 lies two or
+ * three levels below it), else relative to the working directory. */
+static void default_model(char *buf, size_t cap)
+{
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+	if (n > 0) {
+		exe[n] = '\0';
+		for (int up = 0; up < 4; up++) {
+			char *slash = strrchr(exe, '/');
+			if (!slash)
+				break;
+			*slash = '\0';
+			snprintf(buf, cap, "%s/%s", exe, DEFAULT_MODEL);
+			if (access(buf, R_OK) == 0)
+				return;
+		}
+	}
+	snprintf(buf, cap, "%s", DEFAULT_MODEL);
+}
+
+static long peak_rss_kib(void)
+{
+	struct rusage ru;
+	return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+}
+
+/* Resident memory now (the model file is unmapped by then: weights, tokenizer, KV cache). */
+static long rss_now_kib(void)
+{
+	long size, resident = -1;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (f) {
+		if (fscanf(f, "%ld %ld", &size, &resident) != 2)
+			resident = -1;
+		fclose(f);
+	}
+	return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+struct stream {
+	const struct bd_tokenizer *tok;
+	struct bd_tok_stream st;
+	char *piece;      /* [piece_cap] */
+	size_t piece_cap;
+	char *text;       /* everything generated, for the stop strings */
+	size_t len, cap, shown;
+	const char *stops[MAX_STOPS];
+	int n_stops;
+	int err;
+	int n_tokens;
+	double t_first, t_last;
+	long *rss_kib; /* set at every token: the cache is still alive then */
+};
+
+static int append(struct stream *s, const char *p, size_t n)
+{
+	if (s->len + n + 1 > s->cap) {
+		size_t cap = (s->len + n + 1) * 2;
+		char *t = realloc(s->text, cap);
+		if (!t)
+			return -ENOMEM;
+		s->text = t;
+		s->cap = cap;
+	}
+	memcpy(s->text + s->len, p, n);
+	s->len += n;
+	s->text[s->len] = '\0';
+	return 0;
+}
+
+/* Print what is final: up to a stop string, holding back a tail that may start one. */
+static bool show(struct stream *s, bool final)
+{
+	bool hit = false;
+	size_t upto = bd_stop_scan(s->text, s->len, s->stops, s->n_stops, &hit);
+	if (final && !hit)
+		upto = s->len;
+	if (upto > s->shown) {
+		fwrite(s->text + s->shown, 1, upto - s->shown, stdout);
+		fflush(stdout);
+		s->shown = upto;
+	}
+	return hit;
+}
+
+static int on_token(void *ctx, int32_t t)
+{
+	struct stream *s = ctx;
+	size_t n = 0;
+	int r;
+
+	s->t_last = now_s();
+	if (s->rss_kib)
+		*s->rss_kib = rss_now_kib();
+	if (s->n_tokens++ == 0)
+		s->t_first = s->t_last;
+	if ((r = bd_tokenizer_stream_push(s->tok, &s->st, t, s->piece, s->piece_cap, &n)) < 0 ||
+	    (r = append(s, s->piece, n)) < 0) {
+		s->err = r;
+		return 1;
+	}
+	return show(s, false) ? 1 : 0;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+	enum {
+		O_MODEL = 256, O_KV, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_CHAT, O_STOP, O_STATS
+	};
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, O_MODEL },
+		{ "kv", required_argument, NULL, O_KV },
+		{ "max-tokens", required_argument, NULL, O_MAX },
+		{ "temperature", required_argument, NULL, O_TEMP },
+		{ "top-k", required_argument, NULL, O_TOPK },
+		{ "top-p", required_argument, NULL, O_TOPP },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "chat", no_argument, NULL, O_CHAT },
+		{ "stop", required_argument, NULL, O_STOP },
+		{ "stats", no_argument, NULL, O_STATS },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *model_path = NULL, *kv = "bitdecoding-nvfp4";
+	struct bd_sampler_params sp = bd_sampler_params_greedy();
+	long max_tokens = 256, v;
+	bool chat = false, stats = false;
+	struct stream s = { 0 };
+	int c;
+
+	optind = 0; /* glibc: full reinitialization, argv[0] is the subcommand */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		switch (c) {
+		case O_MODEL:
+			model_path = optarg;
+			break;
+		case O_KV:
+			if (!bd_kvcfg_find(optarg))
+				return bad_usage("unknown KV configuration '%s'", optarg);
+			kv = optarg;
+			break;
+		case O_MAX:
+			if (!parse_long(optarg, 1, INT_MAX, &v))
+				return bad_usage("--max-tokens wants an integer ≥ 1, not '%s'",
+						 optarg);
+			max_tokens = v;
+			break;
+		case O_TEMP:
+			if (!parse_float(optarg, &sp.temperature) || sp.temperature < 0.0f)
+				return bad_usage("--temperature wants a number ≥ 0, not '%s'",
+						 optarg);
+			break;
+		case O_TOPK:
+			if (!parse_long(optarg, 0, INT_MAX, &v))
+				return bad_usage("--top-k wants an integer ≥ 0, not '%s'", optarg);
+			sp.top_k = (int)v;
+			break;
+		case O_TOPP:
+			if (!parse_float(optarg, &sp.top_p) || !(sp.top_p > 0.0f) ||
+			    sp.top_p > 1.0f)
+				return bad_usage("--top-p wants a number in (0, 1], not '%s'",
+						 optarg);
+			break;
+		case O_SEED: {
+			char *end;
+			errno = 0;
+			unsigned long long u = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-')
+				return bad_usage("--seed wants an unsigned integer, not '%s'",
+						 optarg);
+			sp.seed = u;
+			break;
+		}
+		case O_CHAT:
+			chat = true;
+			break;
+		case O_STOP:
+			if (s.n_stops == MAX_STOPS)
+				return bad_usage("too many --stop strings (the limit is 16)%s", "");
+			if (!optarg[0])
+				return bad_usage("--stop wants a non-empty string%s", "");
+			s.stops[s.n_stops++] = optarg;
+			break;
+		case O_STATS:
+			stats = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case ':':
+			return bad_usage("option '%s' needs a value", argv[optind - 1]);
+		default:
+			return bad_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc - 1)
+		return bad_usage(optind >= argc ? "no PROMPT given%s"
+						: "one PROMPT only (quote it)%s", "");
+	const char *prompt = argv[optind];
+
+	char pathbuf[PATH_MAX + 64];
+	if (!model_path) {
+		model_path = getenv("BD_MODEL");
+		if (!model_path || !*model_path) {
+			default_model(pathbuf, sizeof(pathbuf));
+			model_path = pathbuf;
+		}
+	}
+	if (access(model_path, R_OK) != 0) {
+		fprintf(stderr,
+			"bdfp4 generate: cannot read the model %s: %s\n"
+			"  (`make model` fetches the embedded one; or pass --model PATH / set "
+			"BD_MODEL)\n",
+			model_path, strerror(errno));
+		return 1;
+	}
+
+	int rc = 1, r;
+	struct bd_gguf *g = NULL;
+	struct bd_model *m = NULL;
+	struct bd_tokenizer *tok = NULL;
+	int32_t *ids = NULL, *out = NULL, *stop_ids = NULL;
+	size_t n_ids = 0;
+	int n_stop = 0, n_out = 0;
+	long rss_end = -1;
+	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
+	double t0 = now_s();
+
+	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
+		fprintf(stderr, "bdfp4 generate: %s: %s\n", model_path,
+			gerr[0] ? gerr : strerror(-r));
+		goto out;
+	}
+	if ((r = bd_model_from_gguf(g, &m, err)) < 0) {
+		fprintf(stderr, "bdfp4 generate: %s: %s\n", model_path, err);
+		goto out;
+	}
+	if ((r = bd_tokenizer_new_from_gguf(g, &tok, terr)) < 0) {
+		fprintf(stderr, "bdfp4 generate: %s: tokenizer: %s\n", model_path, terr);
+		goto out;
+	}
+	bd_gguf_free(g);
+	g = NULL;
+	double t_load = now_s() - t0;
+
+	if (chat) {
+		struct bd_chat_msg msg = { .role = "user", .content = prompt };
+		r = bd_tokenizer_chat_apply(tok, &msg, 1, true, &ids, &n_ids, terr);
+		if (r < 0) {
+			fprintf(stderr, "bdfp4 generate: --chat: %s\n", terr);
+			goto out;
+		}
+	} else if ((r = bd_tokenizer_encode(tok, prompt, strlen(prompt), BD_TOK_ADD_SPECIAL, &ids,
+					    &n_ids)) < 0) {
+		fprintf(stderr, "bdfp4 generate: cannot tokenize the prompt: %s\n", strerror(-r));
+		goto out;
+	}
+	if (n_ids == 0) {
+		fprintf(stderr, "bdfp4 generate: the prompt is empty\n");
+		goto out;
+	}
+	if (n_ids > (size_t)m->hp.n_ctx_train || (long)n_ids + max_tokens > m->hp.n_ctx_train) {
+		fprintf(stderr, "bdfp4 generate: prompt (%zu tokens) + --max-tokens %ld exceed the "
+				"model's context of %d tokens\n",
+			n_ids, max_tokens, m->hp.n_ctx_train);
+		goto out;
+	}
+
+	int32_t nv = bd_tokenizer_n_vocab(tok);
+	stop_ids = malloc(sizeof(*stop_ids) * (size_t)nv);
+	out = malloc(sizeof(*out) * (size_t)max_tokens);
+	s.piece_cap = bd_tokenizer_stream_cap(tok);
+	s.piece = malloc(s.piece_cap);
+	if (!stop_ids || !out || !s.piece) {
+		fprintf(stderr, "bdfp4 generate: out of memory\n");
+		goto out;
+	}
+	for (int32_t i = 0; i < nv; i++)
+		if (bd_tokenizer_is_eog(tok, i))
+			stop_ids[n_stop++] = i;
+	s.tok = tok;
+	bd_tokenizer_stream_init(&s.st, BD_TOK_SKIP_SPECIAL);
+
+	struct bd_gen_params gp = {
+		.kv = kv,
+		.max_tokens = (int)max_tokens,
+		.sampling = &sp,
+		.stop_ids = stop_ids,
+		.n_stop_ids = n_stop,
+		.on_token = on_token,
+		.cb_ctx = &s,
+	};
+	double t_gen = now_s();
+	s.rss_kib = &rss_end;
+	r = bd_generate(m, ids, (int)n_ids, &gp, out, &n_out, err);
+	if (r < 0) {
+		fprintf(stderr, "\nbdfp4 generate: %s\n", err);
+		goto out;
+	}
+	if (s.err < 0) {
+		fprintf(stderr, "\nbdfp4 generate: decoding the output failed: %s\n",
+			strerror(-s.err));
+		goto out;
+	}
+	size_t tail = 0;
+	if (bd_tokenizer_stream_flush(&s.st, s.piece, s.piece_cap, &tail) == 0 && tail &&
+	    append(&s, s.piece, tail) < 0)
+		goto out;
+	show(&s, true);
+	if (s.shown == 0 || s.text[s.shown - 1] != '\n')
+		fputc('\n', stdout);
+	fflush(stdout);
+
+	if (stats) {
+		double prefill = s.n_tokens ? s.t_first - t_gen : now_s() - t_gen;
+		double dec = s.t_last - s.t_first;
+		fprintf(stderr,
+			"[stats] kv %s: model load %.2f s; prompt %zu tokens, prefill + first "
+			"token %.3f s; %d tokens streamed",
+			kv, t_load, n_ids, prefill, s.n_tokens);
+		if (s.n_tokens > 1 && dec > 0.0)
+			fprintf(stderr, ", decode %.2f tokens/s", (s.n_tokens - 1) / dec);
+		fprintf(stderr, "; RSS at the last token %.1f MiB, peak %.1f MiB\n",
+			(double)rss_end / 1024.0, (double)peak_rss_kib() / 1024.0);
+	}
+	rc = 0;
+out:
+	bd_gguf_free(g);
+	bd_model_free(m);
+	bd_tokenizer_free(tok);
+	free(ids);
+	free(out);
+	free(stop_ids);
+	free(s.piece);
+	free(s.text);
+	return rc;
+}

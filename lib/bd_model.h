@@ -1,0 +1,229 @@
+/* bd_model.h — the decoder forward pass on the CPU with the bdfp4 KV cache (issue 3).
+ *
+ * A model is a Llama, Qwen2 or Qwen3 decoder whose weights were dequantized to FP32 at load
+ * (bd_gguf.h reads them); matrix products go through OpenBLAS. One request is a bd_seq: its
+ * KV cache is the bdfp4 cache of one NUMERICS.md §9 configuration — a BF16 slot (16 sink and
+ * 128 recent tokens per layer and KV head, K' = H(k − μ_k) as the configuration says) and
+ * 128-token pages promoted from the slot as they fill (NUMERICS.md §8), in an arena reached
+ * through a small allocator interface (bd_kvmem) that the pool daemon replaces later.
+ *
+ * Prefill runs BF16-style causal attention over the prompt (FP32 compute over BF16-rounded
+ * post-RoPE K and V), then writes the prompt's KV through the same write path decoding uses
+ * (bd_kv_write_token, bd_page_promote). Decode attention is bd_ref_decode_gqa() per
+ * (layer, KV head) group with the G query heads of that group.
+ *
+ * Shapes: E = n_embd, F = n_ff, Hq query heads, Hkv KV heads, G = Hq / Hkv, d head dim,
+ * V = n_vocab, L = n_layers. Query head j reads KV head j / G. Matrices are row-major
+ * [out][in] (a GGUF tensor with ne = {in, out}), so y = W x.
+ *
+ * Errors are -errno: -EINVAL a bad argument (NULL, a token id outside the vocabulary, an
+ * unknown configuration, a sequence in the wrong state), -ENOTSUP a model shape the cache
+ * cannot hold, -ENOSPC the sequence or its arena is full, -EDOM a non-finite value met on the
+ * way, -ENOMEM, and the loader's codes (bd_gguf.h). A failure after a forward pass began to
+ * write the cache leaves the sequence unusable: every later call on it returns -EIO.
+ * Functions taking ret_err (NULL or BD_MODEL_ERR_MAX bytes) put a one-line message there on
+ * failure.
+ */
+#ifndef BD_MODEL_H
+#define BD_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bd_attn.h"
+#include "bd_gguf.h"
+#include "bd_kvcfg.h"
+#include "bd_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BD_MODEL_ERR_MAX 256
+
+/* ---- weights ------------------------------------------------------------------------------ */
+
+/* One decoder block. Every pointer is FP32; optional ones are NULL when the architecture has
+ * none (biases: Qwen2 only; q/k norms: Qwen3 only). */
+struct bd_model_layer {
+	float *attn_norm;       /* [E] RMSNorm weight before attention */
+	float *wq;              /* [Hq·d][E] */
+	float *wk;              /* [Hkv·d][E] */
+	float *wv;              /* [Hkv·d][E] */
+	float *wo;              /* [E][Hq·d] */
+	float *bq, *bk, *bv;    /* [Hq·d], [Hkv·d], [Hkv·d] or NULL */
+	float *q_norm, *k_norm; /* [d] per-head RMSNorm weights before RoPE, or NULL */
+	float *ffn_norm;        /* [E] RMSNorm weight before the MLP */
+	float *w_gate;          /* [F][E] */
+	float *w_up;            /* [F][E] */
+	float *w_down;          /* [E][F] */
+};
+
+/* A loaded model. Immutable after load, so any number of sequences (and threads, one per
+ * sequence) may use it at once. */
+struct bd_model {
+	struct bd_model_hparams hp;
+	float *tok_embd;              /* [V][E] token embeddings */
+	float *output_norm;           /* [E] final RMSNorm weight */
+	float *output;                /* [V][E] LM head; == tok_embd when hp.tied_embeddings */
+	struct bd_model_layer *layers; /* [L] */
+	void *mem;                    /* one allocation holding every tensor above */
+	size_t mem_bytes;
+};
+
+/* Allocate a model of shape hp with every weight zero (norm weights included) and the
+ * optional tensors hp asks for (biases when hp->attn_bias, q/k norms when hp->qk_norm, a
+ * separate LM head unless hp->tied_embeddings). Loaders and tests fill the weights in.
+ * Requires positive sizes (n_ctx_train included), Hq a multiple of Hkv, head_dim_v ==
+ * head_dim, n_rot even in 2..head_dim, finite rope_base > 0 and norm_eps > 0, a known
+ * rope_style. Returns 0, -EINVAL, -ENOMEM; *ret only on success. */
+int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret);
+
+/* Build a model from a parsed GGUF file: hyperparameters by bd_gguf_model_hparams(), every
+ * tensor (token_embd, output_norm, output unless tied, blk.N.{attn_norm, attn_q, attn_k,
+ * attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}, blk.N.attn_{q,k,v}.bias for
+ * Qwen2, blk.N.attn_{q,k}_norm for Qwen3) checked for its shape and dequantized to FP32.
+ * The model does not keep g. Returns 0, the hparams errors, -EBADMSG (a tensor missing or of
+ * the wrong shape), -ENOTSUP (a tensor type the dequantizer lacks, or a value head dim unlike
+ * the key head dim), -ENOMEM; *ret only on success. */
+int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret_err);
+
+/* Open, parse and load a GGUF file (bd_gguf_open + bd_model_from_gguf; the file is unmapped
+ * before returning). Returns 0 or the errors of both. */
+int bd_model_load(const char *path, struct bd_model **ret, char *ret_err);
+
+/* Release a model. NULL is a no-op. */
+void bd_model_free(struct bd_model *m);
+
+/* ---- building blocks (exported for tests and the other backends) ---------------------------- */
+
+/* RMSNorm: y_i = x_i / sqrt(mean(x²) + eps) · w_i, the mean accumulated in double (as
+ * llama.cpp does); x and y may alias. Returns 0, -EINVAL (NULL, n < 1, eps not > 0). */
+int bd_rmsnorm(const float *x, const float *w, int n, float eps, float *ret_y);
+
+/* RoPE in place on n_heads heads of head_dim channels, x [n_heads][head_dim], position pos.
+ * Channel pair i (0 ≤ i < n_rot/2) turns by pos·θ_i, θ_i = base^(−2i/n_rot), computed in
+ * double: (a, b) → (a·cos − b·sin, a·sin + b·cos). NORM pairs channels (2i, 2i+1), NEOX
+ * pairs (i, i + n_rot/2); channels ≥ n_rot are left alone.
+ * Returns 0, -EINVAL (NULL, n_rot odd, > head_dim or < 2, pos < 0, base not > 0). */
+int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+	    enum bd_rope_style style);
+
+/* ---- KV memory: "give me a page id / slot memory" ----------------------------------------- */
+
+struct bd_kvmem;
+
+/* The allocator a sequence draws its pages and slot from. The private arena below implements
+ * it in process; the pool client implements it over kvpoold. Pages index the arena laid out
+ * by `lay` (bd_layout_page); a slot is lay->slot_bytes. */
+struct bd_kvmem_ops {
+	int (*page_alloc)(struct bd_kvmem *mem, int32_t *ret_page); /* 0 or -ENOSPC */
+	void (*page_free)(struct bd_kvmem *mem, int32_t page);
+	int (*slot_alloc)(struct bd_kvmem *mem, void **ret_slot);   /* 0 or -ENOMEM/-ENOSPC */
+	void (*slot_free)(struct bd_kvmem *mem, void *slot);
+};
+
+struct bd_kvmem {
+	const struct bd_kvmem_ops *ops;
+	struct bd_layout lay; /* geometry of the arena and of every slot */
+	void *arena;          /* lay.arena_bytes */
+	void *priv;           /* the implementation's state */
+};
+
+/* A private in-process arena of lay->n_pages pages (allocated zeroed, 256-byte aligned) and
+ * heap slots. Returns 0, -EINVAL, -ENOMEM. Free with bd_kvmem_private_free() once every
+ * sequence using it is freed. */
+int bd_kvmem_private_new(const struct bd_layout *lay, struct bd_kvmem **ret);
+void bd_kvmem_private_free(struct bd_kvmem *mem);
+
+/* ---- sequences (one request's state) ------------------------------------------------------- */
+
+/* Called once per (layer, position) that a forward pass computes, after RoPE and before the
+ * KV write: q [Hq][d], k [Hkv][d] post-RoPE FP32 keys (before k − μ and H), v [Hkv][d].
+ * Calibration (NUMERICS.md §7) averages k and replays softmax on q through it. */
+typedef void (*bd_kv_hook)(void *ctx, int layer, int pos, const float *q, const float *k,
+			   const float *v);
+
+struct bd_seq_opts {
+	int max_tokens;          /* capacity: prompt + generated tokens, 1..hp.n_ctx_train */
+	const float *mu_k;       /* [L][Hkv][d] calibrated post-RoPE key means (copied), or NULL:
+				  * μ_k = 0 (no calibration yet; NUMERICS.md §3) */
+	const float *fp8_scales; /* [L][Hkv][2] {s_K, s_V} for `fp8` pages (copied), or NULL: taken
+				  * from the first promoted page, amax / 448 per (layer, KV head) */
+	const struct bd_decode_params *dp; /* decode tiling and τ, or NULL: the defaults */
+	struct bd_kvmem *mem;    /* pages and slot from here (its layout must match the model and
+				  * configuration), or NULL: a private arena sized for max_tokens */
+	bd_kv_hook hook;         /* or NULL */
+	void *hook_ctx;
+};
+
+struct bd_seq;
+
+/* Start a sequence of model m with KV configuration cfg (bd_kvcfg_find). Needs d a multiple
+ * of 32 and ≤ 1024 (a power of two when cfg rotates keys) and head_dim_v == head_dim.
+ * Returns 0, -EINVAL (NULL, max_tokens out of range, a mem whose layout does not match),
+ * -ENOTSUP (a head dim the cache cannot hold), -ENOMEM; *ret only on success. */
+int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
+	       const struct bd_seq_opts *opts, struct bd_seq **ret, char *ret_err);
+
+/* Release a sequence, returning its pages and slot to its kvmem. NULL is a no-op. */
+void bd_seq_free(struct bd_seq *s);
+
+/* Tokens held by the sequence (prompt and decoded), its capacity, and the decode statistics
+ * (probability blocks, zero blocks; bd_attn.h) its decode steps have accumulated. */
+int bd_seq_n_tokens(const struct bd_seq *s);
+int bd_seq_capacity(const struct bd_seq *s);
+struct bd_decode_stats bd_seq_stats(const struct bd_seq *s);
+
+/* Prefill an empty sequence with tokens [n] (ids < V): BF16-style causal attention over the
+ * prompt, then the prompt's KV written through the cache's write path (sink, pages promoted
+ * as they fill, recent). ret_logits: [V] logits of the last position, or NULL.
+ * Returns 0, -EINVAL (NULL, n < 1, a bad token id, a non-empty sequence, another model's
+ * sequence: nothing changes), -ENOSPC (n > capacity: nothing changes; or a shared kvmem out of
+ * pages), -ENOMEM, -EDOM (non-finite activations: if caught before the cache was written the
+ * sequence stays empty and usable), -EIO (the sequence failed before). */
+int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *tokens, int n,
+		     float *ret_logits);
+
+/* Decode one token at position bd_seq_n_tokens(s): its KV goes through the write path, each
+ * (layer, KV head) group attends through bd_ref_decode_gqa(), and a page that this token
+ * completes is promoted after the last layer. ret_logits: [V] or NULL.
+ * Returns 0, -EINVAL (NULL, bad token id: nothing changes), -ENOSPC (full: nothing changes;
+ * or a shared kvmem out of pages), -EDOM, -ENOMEM, -EIO (the sequence failed before). */
+int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token,
+		    float *ret_logits);
+
+/* ---- generation -------------------------------------------------------------------------- */
+
+struct bd_sampler_params; /* bd_sampler.h */
+
+/* Called with each generated token as it is sampled (stream it); a nonzero return stops the
+ * generation after that token (stop strings are matched by the caller, who owns the text). */
+typedef int (*bd_token_cb)(void *ctx, int32_t token);
+
+struct bd_gen_params {
+	const char *kv;            /* KV configuration name (NUMERICS.md §9) */
+	int max_tokens;            /* ≥ 1 tokens to generate at most */
+	const struct bd_sampler_params *sampling; /* NULL: greedy */
+	const int32_t *stop_ids;   /* [n_stop_ids] end-of-generation ids: generation stops after
+				    * sampling one (it is returned, not streamed), or NULL */
+	int n_stop_ids;
+	const float *mu_k;         /* as bd_seq_opts */
+	bd_token_cb on_token;      /* or NULL */
+	void *cb_ctx;
+};
+
+/* Generate from a prompt: a sequence of the configuration sized prompt + max_tokens, prefill,
+ * then sample and decode until max_tokens, a stop id or on_token's stop. ret_tokens:
+ * [max_tokens] the generated ids (a final stop id included); *ret_n their count.
+ * Returns 0, -EINVAL (unknown configuration, max_tokens < 1, empty prompt, a bad token id,
+ * prompt + max_tokens beyond the training context), -ENOTSUP, -ENOMEM, -EDOM; on failure
+ * ret_err says why. */
+int bd_generate(const struct bd_model *m, const int32_t *prompt, int n_prompt,
+		const struct bd_gen_params *p, int32_t *ret_tokens, int *ret_n, char *ret_err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

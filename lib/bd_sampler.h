@@ -1,0 +1,65 @@
+/* bd_sampler.h — choosing the next token from logits, and matching stop strings.
+ *
+ * Sampling order (llama.cpp's and Hugging Face's): top-k on the logits, softmax at temperature
+ * T over what is left (in double), top-p (the smallest set of most likely tokens whose mass
+ * reaches p), renormalize, draw with a seeded PRNG (xoshiro256**, seeded through splitmix64,
+ * so a seed gives the same tokens on every machine). Temperature 0 or top-k 1 is greedy: the
+ * argmax, lowest id on ties, and draws nothing.
+ */
+#ifndef BD_SAMPLER_H
+#define BD_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct bd_sampler_params {
+	float temperature; /* ≥ 0; 0 is greedy */
+	int top_k;         /* ≥ 0; 0 keeps every token */
+	float top_p;       /* in (0, 1]; 1 keeps every token */
+	uint64_t seed;
+};
+
+/* Greedy defaults: temperature 0, top_k 0, top_p 1, seed 0. */
+struct bd_sampler_params bd_sampler_params_greedy(void);
+
+struct bd_sampler;
+
+/* A sampler over n_vocab logits. Returns 0, -EINVAL (NULL, n_vocab < 1, temperature negative
+ * or non-finite, top_k < 0, top_p outside (0, 1]), -ENOMEM; *ret only on success. */
+int bd_sampler_new(const struct bd_sampler_params *p, int n_vocab, struct bd_sampler **ret);
+
+/* Release a sampler. NULL is a no-op. */
+void bd_sampler_free(struct bd_sampler *s);
+
+/* The distribution the next draw uses: ret_probs [n_vocab], zero outside the kept set, summing
+ * to 1 (greedy: 1 at the argmax). Does not advance the PRNG. logits: [n_vocab].
+ * Returns 0, -EINVAL (NULL), -EDOM (a NaN or +inf logit; -inf is a token never chosen, but not
+ * every one). */
+int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs);
+
+/* Choose the next token from logits [n_vocab] (advancing the PRNG unless greedy).
+ * Returns 0 and *ret_token, -EINVAL, -EDOM (as bd_sampler_probs). */
+int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_token);
+
+/* Index of the largest of x[n] (the first one on ties; NaN never wins), or -EINVAL for
+ * NULL or n < 1. */
+int bd_argmax(const float *x, int n);
+
+/* Stop strings over generated text: text[len] is everything generated so far. Returns how many
+ * leading bytes are final — safe to show — and sets *ret_hit. With a hit (a stop string
+ * occurs), that is the start of the earliest occurrence, and the text from there on is dropped.
+ * Without one, it is len minus the longest tail of text that is a proper prefix of some stop
+ * string (held back until later text decides). stops: [n_stops] NUL-terminated, empty ones
+ * ignored; NULL with n_stops 0 is fine. */
+size_t bd_stop_scan(const char *text, size_t len, const char *const *stops, int n_stops,
+		    bool *ret_hit);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
