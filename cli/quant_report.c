@@ -41,6 +41,7 @@
 #include "bd_kvcfg.h"
 #include "bd_layout.h"
 #include "bd_qerr.h"
+#include "bd_rand.h"
 #include "cli.h"
 
 #define N_NEEDLES 4
@@ -52,70 +53,6 @@ struct opts {
 };
 
 /* ---- random numbers ----------------------------------------------------------------------- */
-
-struct rng {
-	uint64_t s[4];
-	bool have_spare;
-	double spare;
-};
-
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static void rng_init(struct rng *r, uint64_t seed, uint64_t stream)
-{
-	uint64_t x = seed ^ splitmix64(&stream);
-
-	for (int i = 0; i < 4; i++)
-		r->s[i] = splitmix64(&x);
-	r->have_spare = false;
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-	return (x << k) | (x >> (64 - k));
-}
-
-/* xoshiro256** (Blackman, Vigna) */
-static uint64_t rng_u64(struct rng *r)
-{
-	uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-
-	s[2] ^= s[0];
-	s[3] ^= s[1];
-	s[1] ^= s[2];
-	s[0] ^= s[3];
-	s[2] ^= t;
-	s[3] = rotl(s[3], 45);
-	return res;
-}
-
-/* uniform in [0, 1) */
-static double rng_uniform(struct rng *r)
-{
-	return (double)(rng_u64(r) >> 11) * 0x1p-53;
-}
-
-/* standard normal, Box–Muller; u1 in (0, 1] keeps log finite */
-static double rng_normal(struct rng *r)
-{
-	if (r->have_spare) {
-		r->have_spare = false;
-		return r->spare;
-	}
-	double u1 = 1.0 - rng_uniform(r), u2 = rng_uniform(r);
-	double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
-
-	r->spare = rad * sin(th);
-	r->have_spare = true;
-	return rad * cos(th);
-}
 
 /* ---- the synthetic problem ----------------------------------------------------------------- */
 
@@ -140,7 +77,7 @@ static int problem_gen(struct problem *p, const struct opts *o, int trial)
 	int n = o->ctx, d = o->d, G = o->G, needles[N_NEEDLES];
 	double *bias = NULL, *sig = NULL, *acc = NULL;
 	int *perm = NULL;
-	struct rng r;
+	struct bd_rng r;
 	int ret = -ENOMEM;
 
 	memset(p, 0, sizeof(*p));
@@ -158,20 +95,20 @@ static int problem_gen(struct problem *p, const struct opts *o, int trial)
 	if (!p->k || !p->v || !p->q || !p->mu || !bias || !sig || !acc || !perm)
 		goto out;
 
-	rng_init(&r, o->seed, (uint64_t)trial);
+	bd_rng_seed(&r, o->seed, (uint64_t)trial);
 	for (int c = 0; c < d; c++) {
-		bias[c] = (rng_u64(&r) & 1 ? 1.0 : -1.0) * (1.0 + 2.0 * rng_uniform(&r));
+		bias[c] = (bd_rng_u64(&r) & 1 ? 1.0 : -1.0) * (1.0 + 2.0 * bd_rng_uniform(&r));
 		sig[c] = 1.0;
 		perm[c] = c;
 	}
 	/* outlier channels: the first d/32 of a partial Fisher–Yates shuffle */
 	for (int i = 0; i < d / 32; i++) {
-		int j = i + (int)(rng_uniform(&r) * (double)(d - i));
+		int j = i + (int)(bd_rng_uniform(&r) * (double)(d - i));
 		int t = perm[i];
 
 		perm[i] = perm[j];
 		perm[j] = t;
-		bias[perm[i]] *= 10.0 + 10.0 * rng_uniform(&r);
+		bias[perm[i]] *= 10.0 + 10.0 * bd_rng_uniform(&r);
 		sig[perm[i]] = 2.0;
 	}
 
@@ -182,13 +119,13 @@ static int problem_gen(struct problem *p, const struct opts *o, int trial)
 		float *kt = p->k + (size_t)t * (size_t)d;
 
 		for (int c = 0; c < d; c++) {
-			kt[c] = (float)(bias[c] + sig[c] * rng_normal(&r));
+			kt[c] = (float)(bias[c] + sig[c] * bd_rng_normal(&r));
 			acc[c] += kt[c];
 			amax_k = fmax(amax_k, fabs(kt[c]));
 		}
 	}
 	for (size_t i = 0; i < (size_t)n * (size_t)d; i++) {
-		p->v[i] = (float)rng_normal(&r);
+		p->v[i] = (float)bd_rng_normal(&r);
 		amax_v = fmax(amax_v, fabs(p->v[i]));
 	}
 	for (int c = 0; c < d; c++)
@@ -200,7 +137,7 @@ static int problem_gen(struct problem *p, const struct opts *o, int trial)
 		bool dup;
 
 		do {
-			needles[j] = (int)(rng_uniform(&r) * n);
+			needles[j] = (int)(bd_rng_uniform(&r) * n);
 			dup = false;
 			for (int i = 0; i < j; i++)
 				dup |= needles[i] == needles[j] && n > N_NEEDLES;
@@ -211,9 +148,9 @@ static int problem_gen(struct problem *p, const struct opts *o, int trial)
 		double var = 0.0, spread, a;
 
 		for (int c = 0; c < d; c++)
-			acc[c] = sig[c] * rng_normal(&r);
+			acc[c] = sig[c] * bd_rng_normal(&r);
 		for (int j = 0; j < N_NEEDLES; j++) {
-			double w = 0.25 + 0.75 * rng_uniform(&r);
+			double w = 0.25 + 0.75 * bd_rng_uniform(&r);
 			const float *kn = p->k + (size_t)needles[j] * (size_t)d;
 
 			for (int c = 0; c < d; c++)
@@ -221,7 +158,7 @@ static int problem_gen(struct problem *p, const struct opts *o, int trial)
 		}
 		for (int c = 0; c < d; c++)
 			var += acc[c] * acc[c] * sig[c] * sig[c];
-		spread = 1.5 + 1.5 * rng_uniform(&r);
+		spread = 1.5 + 1.5 * bd_rng_uniform(&r);
 		a = spread * sqrt((double)d) / sqrt(var);
 		for (int c = 0; c < d; c++)
 			q[c] = (float)(a * acc[c]);

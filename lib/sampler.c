@@ -4,12 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bd_rand.h"
 #include "bd_sampler.h"
 
 struct bd_sampler {
 	struct bd_sampler_params p;
 	int n;
-	uint64_t rng[4]; /* xoshiro256** state */
+	struct bd_rng rng;
 	int32_t *idx;    /* [n] candidate ids, most likely first once sorted */
 	double *prob;    /* [n] unnormalized probabilities of idx[] */
 };
@@ -17,37 +18,6 @@ struct bd_sampler {
 struct bd_sampler_params bd_sampler_params_greedy(void)
 {
 	return (struct bd_sampler_params){ .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
-}
-
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-	return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-	uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-	s[2] ^= s[0];
-	s[3] ^= s[1];
-	s[1] ^= s[2];
-	s[0] ^= s[3];
-	s[2] ^= t;
-	s[3] = rotl(s[3], 45);
-	return r;
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double uniform(uint64_t s[4])
-{
-	return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53;
 }
 
 int bd_sampler_new(const struct bd_sampler_params *p, int n_vocab, struct bd_sampler **ret)
@@ -68,7 +38,7 @@ int bd_sampler_new(const struct bd_sampler_params *p, int n_vocab, struct bd_sam
 	s->n = n_vocab;
 	uint64_t x = p->seed;
 	for (int i = 0; i < 4; i++)
-		s->rng[i] = splitmix64(&x);
+		s->rng.s[i] = bd_splitmix64(&x);
 	*ret = s;
 	return 0;
 }
@@ -206,7 +176,7 @@ int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_to
 	}
 	if ((r = candidates(s, logits, &m, &total)) < 0)
 		return r;
-	double u = uniform(s->rng) * total, cum = 0.0;
+	double u = bd_rng_uniform(&s->rng) * total, cum = 0.0;
 	int pick = -1;
 	for (int i = 0; i < m; i++) {
 		if (s->prob[i] <= 0.0)
