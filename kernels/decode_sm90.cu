@@ -1,0 +1,1197 @@
+/* decode_sm90.cu — paged decode attention for Hopper: NVFP4 pages (paper §4 as an exact FP16
+ * emulation of the FP4 MMA), BF16 pages (the in-house baseline), the BF16 sink+recent partial,
+ * the LSE combine, and the plan/run launchers of bd_kernels.h.
+ *
+ * One CTA (4 warps) per (split, KV head, request); split n_splits is the BF16 partial, and the
+ * last CTA of each (request, KV head) to finish does the LSE combine. A page (128 tokens, one
+ * tile) streams into shared memory through the bulk copy engine, STAGES deep; warp w owns keys
+ * 32w..32w+31 of every page:
+ *   S^T = K̃ Q̃^T (keys on M): the dual-residual query terms sit in adjacent columns, so one MMA
+ *   per key tile computes both and a thread adds the halves in FP32;
+ *   the P block maxima come from the butterfly reduction of S, the tile max from four warps;
+ *   P̃ (E2M1 × E4M3, underflow-aware) goes through movmatrix into the B operand of
+ *   O^T = Ṽ^T P̃^T, V blocked along tokens; g_K and g_V are applied once per page.
+ * The k index of O^T may order the warp's 32 tokens freely (V and P scales are applied per
+ * element before the MMA): thread t owns V word t of each channel row, and the rows of S^T
+ * follow that order (see the main loop), which makes every FP4 word expand whole.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bd_kcommon.cuh"
+#include "bd_kernels.h"
+
+namespace bdk {
+
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int MAXIDS = 128;    /* page ids of one split held in shared memory (4 CTAs per SM) */
+constexpr int AUX_BYTES = 2048;
+constexpr int PARTIAL_ROWS = BD_SINK_TOKENS + BD_RECENT_TOKENS; /* 144 */
+
+/* RN(1/x) of the positive E4M3 values by mantissa: normal (1 + m/8)·2^(e−7) → c_rcp[m]·2^(7−e),
+ * subnormal m·2^-9 → c_rcp[8 + m] (= RN(1/m)·2^9; 0 for m = 0, where the reference takes inv 0).
+ * Filled from the host's IEEE divisions, so inv equals the reference's 1.0f / s_P exactly. */
+__constant__ float c_rcp[16];
+
+__device__ __forceinline__ float e4m3_rcp(uint32_t code)
+{
+	const uint32_t e = (code >> 3) & 0xfu, m = code & 7u;
+	if (e == 0)
+		return c_rcp[8 + m];
+	return __uint_as_float(__float_as_uint(c_rcp[m]) + ((7u - e) << 23));
+}
+
+struct DecodeParams {
+	const float *q;
+	const uint8_t *arena; /* layer base */
+	const int32_t *bt;
+	const int32_t *seq_lens;
+	void *const *slots;
+	float *ws_o;   /* [B][Hkv][NS+1][G][D] */
+	float *ws_lse; /* [B][Hkv][NS+1][G] */
+	int *counters; /* [B][Hkv] partials written this run, zero between runs */
+	float *out;    /* [B][Hq][D] */
+	float *lse;    /* [B][Hq] or NULL */
+	int *status;
+	int bt_stride;
+	int Hq, Hkv, G, NS;
+	int sink, hadamard, underflow, nterms;
+	float gamma, c, log2c, tau_c, inv_sqrt_d;
+	uint32_t head_bytes, k_codes_off, k_scales_off, v_codes_off, v_scales_off, gscale_off;
+	uint64_t page_bytes;
+	int n_pages;
+	uint64_t slot_head_off; /* (layer·Hkv)·slot_head_bytes: add h·slot_head_bytes */
+	uint64_t slot_head_bytes;
+	uint32_t sink_k_off, sink_v_off, recent_k_off, recent_v_off;
+};
+
+__device__ __forceinline__ void flag(const DecodeParams &p, int bits)
+{
+	if (p.status)
+		atomicOr(p.status, bits);
+}
+
+/* Split boundaries: bd_attn.h's chunk rule over n_full page tiles. */
+__device__ __forceinline__ void split_range(int n_full, int NS, int s, int *pb, int *pe)
+{
+	int chunk = (n_full + NS - 1) / NS;
+	if (chunk < 1)
+		chunk = 1;
+	long long b = (long long)s * chunk, e = b + chunk;
+	*pb = (int)(b < n_full ? b : n_full);
+	*pe = (int)(e < n_full ? e : n_full);
+}
+
+/* Validated context length and full-page count of request b. */
+__device__ __forceinline__ int request_len(const DecodeParams &p, int b, int *n_full)
+{
+	int len = p.seq_lens[b];
+	int nf = len >= 1 ? (len - 1) / BD_PAGE_TOKENS : 0;
+	if (len < 1 || nf > p.bt_stride) {
+		if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+			flag(p, BD_KSTATUS_BAD_LEN);
+		len = 0;
+		nf = 0;
+	}
+	*n_full = nf;
+	return len;
+}
+
+__device__ __forceinline__ int32_t checked_page(const DecodeParams &p, int32_t id)
+{
+	if (id < 0 || id >= p.n_pages) {
+		flag(p, BD_KSTATUS_BAD_PAGE);
+		return 0; /* readable memory; the request's result is then wrong, and flagged */
+	}
+	return id;
+}
+
+__device__ __forceinline__ size_t partial_index(const DecodeParams &p, int b, int h, int s)
+{
+	return ((size_t)b * p.Hkv + h) * (size_t)(p.NS + 1) + s;
+}
+
+/* Final per-CTA step shared by every path: warps' (m, ℓ, o) → normalized partial.
+ * red: [WARPS][8][D] floats of o per warp, rm/rl: [WARPS][8] m and ℓ; all warps share m in the
+ * FP4 path (then rm holds equal values) and differ in the BF16 paths. */
+template <int D>
+__device__ __forceinline__ void write_partial(const DecodeParams &p, int b, int h, int s,
+					      const float *red, const float *rm, const float *rl,
+					      float log2c)
+{
+	const size_t pi = partial_index(p, b, h, s);
+	for (int e = threadIdx.x; e < p.G * D; e += THREADS) {
+		const int hd = e / D, ch = e % D;
+		float M = -INFINITY;
+		for (int w = 0; w < WARPS; w++)
+			M = fmaxf(M, rm[w * 8 + hd]);
+		float l = 0.0f, o = 0.0f;
+		if (M != -INFINITY) {
+			for (int w = 0; w < WARPS; w++) {
+				if (rm[w * 8 + hd] == -INFINITY)
+					continue;
+				float sc = exp2f(rm[w * 8 + hd] - M);
+				l = l + sc * rl[w * 8 + hd];
+				o = o + sc * red[(w * 8 + hd) * D + ch];
+			}
+		}
+		float *dst = p.ws_o + (pi * p.G + hd) * D;
+		if (l == 0.0f) {
+			dst[ch] = 0.0f;
+			if (ch == 0)
+				p.ws_lse[pi * p.G + hd] = -INFINITY;
+		} else {
+			dst[ch] = o / l;
+			if (ch == 0)
+				p.ws_lse[pi * p.G + hd] = M + log2f(l) - log2c;
+		}
+	}
+}
+
+/* Load query head hd of request b (lane-strided) and rotate it if the configuration does. */
+template <int D>
+__device__ __forceinline__ void load_query(const DecodeParams &p, int b, int h, int hd,
+					   float (&x)[D / 32])
+{
+	const int lane = threadIdx.x & 31;
+	const float *qh = p.q + ((size_t)b * p.Hq + (size_t)h * p.G + hd) * D;
+#pragma unroll
+	for (int i = 0; i < D / 32; i++)
+		x[i] = qh[lane + 32 * i];
+	if (p.hadamard)
+		fwht_warp<D>(x, p.inv_sqrt_d);
+}
+
+/* ---- the BF16 partial: sink + recent tokens of one (request, KV head) ----------------------- */
+
+/* Rows of the BF16 region of a request: the sink rows then a contiguous run of recent rows. */
+struct Bf16Rows {
+	int cnt, nsink, r0;
+};
+
+__device__ __forceinline__ Bf16Rows bf16_rows(const DecodeParams &p, int len, int n_full)
+{
+	Bf16Rows r;
+	r.nsink = p.sink ? (len < BD_SINK_TOKENS ? len : BD_SINK_TOKENS) : 0;
+	int t_recent = n_full * BD_PAGE_TOKENS;
+	if (p.sink && t_recent < BD_SINK_TOKENS)
+		t_recent = BD_SINK_TOKENS;
+	int nrec = len - t_recent;
+	if (nrec < 0)
+		nrec = 0;
+	r.r0 = t_recent - n_full * BD_PAGE_TOKENS;
+	r.cnt = r.nsink + nrec;
+	return r;
+}
+
+/* One warp's online softmax over BF16 key tiles of 16 (S^T = K q'^T, P in FP32 split into two
+ * BF16 terms hi + lo for P·V, so P keeps 16 bits): heads 2t, 2t+1 of the thread. */
+template <int D>
+struct Bf16State {
+	float m[2], l[2];
+	float o[D / 16][4];
+};
+
+template <int D, int ROWB>
+__device__ __forceinline__ void bf16_tile16(const uint8_t *Ks, const uint8_t *Vs, int key0,
+					    int nvalid, const uint32_t (&qb)[D / 16][2], float gamma,
+					    Bf16State<D> &st)
+{
+	const int lane = threadIdx.x & 31, g = lane >> 2;
+	float sacc[4] = { 0.f, 0.f, 0.f, 0.f };
+	const int mrow = ((lane >> 3) & 1) * 8 + (lane & 7), mcol = (lane >> 4) * 8;
+#pragma unroll
+	for (int kk = 0; kk < D / 16; kk++) {
+		uint32_t a[4];
+		ldmatrix_x4(a, Ks + (size_t)(key0 + mrow) * ROWB + (16 * kk + mcol) * 2);
+		mma_bf16(sacc, a, qb[kk][0], qb[kk][1]);
+	}
+	float S[2][2]; /* [hs][r] */
+#pragma unroll
+	for (int r = 0; r < 2; r++)
+#pragma unroll
+		for (int hs = 0; hs < 2; hs++)
+			S[hs][r] = (g + 8 * r < nvalid) ? gamma * sacc[2 * r + hs] : -INFINITY;
+	float alpha[2];
+	uint32_t bhi[2], blo[2];
+	float P[2][2];
+#pragma unroll
+	for (int hs = 0; hs < 2; hs++) {
+		float mx = fmaxf(S[hs][0], S[hs][1]);
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+		float mn = fmaxf(st.m[hs], mx); /* finite: the tile has a valid key */
+		alpha[hs] = st.m[hs] == -INFINITY ? 0.0f : exp2f(st.m[hs] - mn);
+		float sum = 0.0f;
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			P[hs][r] = S[hs][r] == -INFINITY ? 0.0f : exp2f(S[hs][r] - mn);
+			sum = sum + P[hs][r];
+		}
+		st.l[hs] = alpha[hs] * st.l[hs] + sum;
+		st.m[hs] = mn;
+	}
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		uint32_t hi = f2_to_bf2(P[0][r], P[1][r]);
+		float lo0 = P[0][r] - bf16_lo_f(hi), lo1 = P[1][r] - bf16_hi_f(hi);
+		bhi[r] = movmatrix_t(hi);
+		blo[r] = movmatrix_t(f2_to_bf2(lo0, lo1));
+	}
+	const int vrow = (lane >> 4) * 8 + (lane & 7), vcol = ((lane >> 3) & 1) * 8;
+#pragma unroll
+	for (int mc = 0; mc < D / 16; mc++) {
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			st.o[mc][e] = st.o[mc][e] * alpha[e & 1];
+		uint32_t a[4];
+		ldmatrix_x4_t(a, Vs + (size_t)(key0 + vrow) * ROWB + (16 * mc + vcol) * 2);
+		mma_bf16(st.o[mc], a, bhi[0], bhi[1]);
+		mma_bf16(st.o[mc], a, blo[0], blo[1]);
+	}
+}
+
+/* Build the B fragments of q' rounded to BF16 (column g = head g) from qbf [8][D] in smem. */
+template <int D>
+__device__ __forceinline__ void bf16_qfrag(const __nv_bfloat16 *qbf, int G, uint32_t (&qb)[D / 16][2])
+{
+	const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+	for (int kk = 0; kk < D / 16; kk++) {
+		if (g < G) {
+			qb[kk][0] = *(const uint32_t *)(qbf + g * D + 16 * kk + 2 * t);
+			qb[kk][1] = *(const uint32_t *)(qbf + g * D + 16 * kk + 2 * t + 8);
+		} else {
+			qb[kk][0] = qb[kk][1] = 0;
+		}
+	}
+}
+
+/* q' of the group's heads, rounded to BF16, into qbf [8][D] (warp w: heads w, w+4). */
+template <int D>
+__device__ __forceinline__ void bf16_query(const DecodeParams &p, int b, int h, __nv_bfloat16 *qbf)
+{
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	for (int hd = warp; hd < p.G; hd += WARPS) {
+		float x[D / 32];
+		load_query<D>(p, b, h, hd, x);
+#pragma unroll
+		for (int i = 0; i < D / 32; i++)
+			qbf[hd * D + lane + 32 * i] = __float2bfloat16_rn(x[i]);
+	}
+}
+
+/* Per-warp state → shared (o, m, ℓ per head) for write_partial. red must not alias live data. */
+template <int D>
+__device__ __forceinline__ void bf16_state_to_smem(Bf16State<D> &st, float *red, float *rm, float *rl)
+{
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+	for (int hs = 0; hs < 2; hs++) {
+		float l = st.l[hs];
+		l = l + __shfl_xor_sync(0xffffffffu, l, 4);
+		l = l + __shfl_xor_sync(0xffffffffu, l, 8);
+		l = l + __shfl_xor_sync(0xffffffffu, l, 16);
+		if (g == 0) {
+			rm[warp * 8 + 2 * t + hs] = st.m[hs];
+			rl[warp * 8 + 2 * t + hs] = l;
+		}
+	}
+#pragma unroll
+	for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			red[(warp * 8 + 2 * t + (e & 1)) * D + 16 * mc + g + 8 * (e >> 1)] = st.o[mc][e];
+}
+
+/* The BF16 partial CTA: the sink and recent rows in chunks of 64 through shared memory
+ * (K chunk [64][ROWB], V chunk [64][ROWB], then q' [8][D] BF16), warp w taking key tile w of
+ * each chunk with its own online softmax. */
+constexpr int PCHUNK = 64;
+
+template <int D, int ROWB>
+__device__ void bf16_partial(const DecodeParams &p, int b, int h, uint8_t *smem, float *rm,
+			     float *rl)
+{
+	const int tid = threadIdx.x, warp = tid >> 5;
+	int n_full;
+	const int len = request_len(p, b, &n_full);
+	Bf16Rows rows = bf16_rows(p, len, n_full);
+	const uint8_t *slot = (const uint8_t *)p.slots[b];
+	if (rows.cnt > 0 && (slot == nullptr || ((uintptr_t)slot & 15) != 0)) {
+		if (tid == 0)
+			flag(p, BD_KSTATUS_BAD_SLOT);
+		rows.cnt = 0;
+	}
+	uint8_t *Ks = smem, *Vs = smem + (size_t)PCHUNK * ROWB;
+	__nv_bfloat16 *qbf = (__nv_bfloat16 *)(smem + (size_t)2 * PCHUNK * ROWB);
+	const uint8_t *sh = slot + p.slot_head_off + (size_t)h * p.slot_head_bytes;
+	constexpr int CPR = 2 * D / 16; /* 16-byte pieces per row */
+
+	bf16_query<D>(p, b, h, qbf);
+	__syncthreads();
+	uint32_t qb[D / 16][2];
+	bf16_qfrag<D>(qbf, p.G, qb);
+
+	Bf16State<D> st;
+	st.m[0] = st.m[1] = -INFINITY;
+	st.l[0] = st.l[1] = 0.0f;
+#pragma unroll
+	for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			st.o[mc][e] = 0.0f;
+	for (int k0 = 0; k0 < rows.cnt; k0 += PCHUNK) {
+		const int n = rows.cnt - k0 < PCHUNK ? rows.cnt - k0 : PCHUNK;
+		for (int e = tid; e < 2 * n * CPR; e += THREADS) {
+			const int which = e / (n * CPR), rem = e % (n * CPR);
+			const int kr = rem / CPR, c = rem % CPR, k = k0 + kr;
+			size_t off;
+			if (k < rows.nsink)
+				off = (which ? p.sink_v_off : p.sink_k_off) + (size_t)k * 2 * D;
+			else
+				off = (which ? p.recent_v_off : p.recent_k_off) +
+				      (size_t)(rows.r0 + k - rows.nsink) * 2 * D;
+			cp_async16((which ? Vs : Ks) + (size_t)kr * ROWB + c * 16, sh + off + c * 16);
+		}
+		cp_async_commit();
+		/* zero the rows that pad the last key tile: P = 0 must not meet NaN garbage in V */
+		const int n16 = (n + 15) & ~15;
+		for (int e = tid; e < (n16 - n) * (ROWB / 16); e += THREADS) {
+			int r = n + e / (ROWB / 16), c = e % (ROWB / 16);
+			((uint4 *)(Ks + (size_t)r * ROWB))[c] = make_uint4(0, 0, 0, 0);
+			((uint4 *)(Vs + (size_t)r * ROWB))[c] = make_uint4(0, 0, 0, 0);
+		}
+		cp_async_wait<0>();
+		__syncthreads();
+		if (warp * 16 < n)
+			bf16_tile16<D, ROWB>(Ks, Vs, warp * 16, n - warp * 16, qb, p.gamma, st);
+		__syncthreads(); /* the chunk is free for the next one (or the reduction) */
+	}
+	float *red = (float *)smem;
+	bf16_state_to_smem<D>(st, red, rm, rl);
+	__syncthreads();
+	write_partial<D>(p, b, h, p.NS, red, rm, rl, 0.0f);
+}
+
+/* ---- the LSE combine, fused: the last CTA of a (request, KV head) to finish does it ---------- */
+
+/* bd_lse_combine over the NS+1 partials of (b, h): o = Σ w_s o_s / Σ w_s, w_s = exp2(lse_s − M),
+ * M and the weights in FP64 as the reference (weights kept as FP32 in shared memory). Called
+ * by every thread of the CTA; smem: (NS+1)·G floats. */
+template <int D>
+__device__ void combine_group(const DecodeParams &p, int b, int h, float *smem)
+{
+	const int NS1 = p.NS + 1, G = p.G, tid = threadIdx.x;
+	const size_t base = partial_index(p, b, h, 0);
+	__shared__ double Ms[8], Ws[8];
+	float *w = smem; /* [NS1][G] */
+	for (int e = tid; e < NS1 * G; e += THREADS)
+		w[e] = __ldcg(p.ws_lse + base * G + e);
+	__syncthreads();
+	if (tid < G) {
+		double M = -INFINITY;
+		for (int s = 0; s < NS1; s++)
+			M = fmax(M, (double)w[s * G + tid]);
+		Ms[tid] = M;
+	}
+	__syncthreads();
+	for (int e = tid; e < NS1 * G; e += THREADS) {
+		const double M = Ms[e % G];
+		const float l = w[e];
+		w[e] = (M == -INFINITY || l == -INFINITY) ? 0.0f : (float)exp2((double)l - M);
+	}
+	__syncthreads();
+	if (tid < G) {
+		double ws = 0.0;
+		for (int s = 0; s < NS1; s++)
+			ws += (double)w[s * G + tid];
+		Ws[tid] = ws;
+	}
+	__syncthreads();
+	/* The partials come from L2 (latency, not bandwidth bound): warp w sums partials
+	 * s ≡ w (mod 4) with float4 loads, 16 in flight per thread; then the four warps' sums
+	 * are added in shared memory (after the weights). */
+	const int warp = tid >> 5, lane = tid & 31;
+	const int nv = G * D / 4; /* float4 per partial, ≤ 256 */
+	float4 *part = (float4 *)(w + ((NS1 * G + 3) & ~3)); /* [WARPS][nv] */
+	for (int v0 = lane; v0 < nv; v0 += 32 * 4) {
+		float4 acc[4];
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+		for (int s0 = warp; s0 < NS1; s0 += WARPS * 4) {
+			float4 v[4][4];
+			float wt[4][4];
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int s = s0 + WARPS * j;
+#pragma unroll
+				for (int k = 0; k < 4; k++) {
+					const int vi = v0 + 32 * k;
+					const bool ok = s < NS1 && vi < nv;
+					v[j][k] = ok ? __ldcg((const float4 *)(p.ws_o + (base + s) * G * D) + vi) :
+						       make_float4(0.f, 0.f, 0.f, 0.f);
+					wt[j][k] = ok ? w[s * G + vi * 4 / D] : 0.0f;
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+#pragma unroll
+				for (int k = 0; k < 4; k++) {
+					acc[k].x += wt[j][k] * v[j][k].x;
+					acc[k].y += wt[j][k] * v[j][k].y;
+					acc[k].z += wt[j][k] * v[j][k].z;
+					acc[k].w += wt[j][k] * v[j][k].w;
+				}
+		}
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			if (v0 + 32 * k < nv)
+				part[warp * nv + v0 + 32 * k] = acc[k];
+	}
+	__syncthreads();
+	float *out = p.out + ((size_t)b * p.Hq + (size_t)h * G) * D;
+	for (int vi = tid; vi < nv; vi += THREADS) {
+		float4 r = part[vi];
+		for (int ww = 1; ww < WARPS; ww++) {
+			const float4 q4 = part[ww * nv + vi];
+			r.x += q4.x;
+			r.y += q4.y;
+			r.z += q4.z;
+			r.w += q4.w;
+		}
+		const double ws = Ws[vi * 4 / D];
+		const float inv = ws > 0.0 ? (float)(1.0 / ws) : 0.0f;
+		((float4 *)out)[vi] = make_float4(r.x * inv, r.y * inv, r.z * inv, r.w * inv);
+	}
+	if (p.lse && tid < G)
+		p.lse[(size_t)b * p.Hq + (size_t)h * G + tid] =
+			Ws[tid] > 0.0 ? (float)(Ms[tid] + log2(Ws[tid])) : -INFINITY;
+}
+
+/* After a CTA wrote its partial: count it; the last of the NS+1 CTAs of (b, h) combines. */
+template <int D>
+__device__ __forceinline__ void finish_group(const DecodeParams &p, int b, int h, uint8_t *smem)
+{
+	__shared__ int last;
+	__threadfence(); /* this CTA's partial is visible device-wide before it is counted */
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		int *cnt = p.counters + (size_t)b * p.Hkv + h;
+		last = atomicAdd(cnt, 1) == p.NS;
+		if (last)
+			*cnt = 0; /* every CTA of this group has counted: ready for the next run */
+	}
+	__syncthreads();
+	if (last) {
+		__threadfence();
+		combine_group<D>(p, b, h, (float *)smem);
+	}
+}
+
+/* ---- the FP4 page path ----------------------------------------------------------------------- */
+
+/* MODE 0: one query term, G ≤ 8 (column g = head g; a thread holds heads 2t, 2t+1).
+ * MODE 1: two terms, G ≤ 4 (column g = head g/2, term g%2; a thread holds head t).
+ * MODE 2: two terms, G ≤ 8, two column tiles (heads t and 4 + t). */
+template <int MODE>
+struct ModeT {
+	static constexpr int NTS = MODE == 2 ? 2 : 1; /* column tiles of the S MMA */
+	static constexpr int HS = MODE == 1 ? 1 : 2;  /* heads per thread */
+	__device__ static int head(int hs, int t)
+	{
+		return MODE == 0 ? 2 * t + hs : 4 * hs + t;
+	}
+};
+
+template <int D>
+struct Fp4Cfg {
+	static constexpr int HB = D == 128 ? 18432 : 9216; /* page-head bytes (NVFP4) */
+	static constexpr int STAGES = D == 128 ? 3 : 5;   /* 4 CTAs per SM */
+	static constexpr int STAGE_BYTES = HB * STAGES;
+	static constexpr int PART_BYTES = 2 * PCHUNK * 2 * D + 8 * D * 2; /* BF16 chunk + q' */
+	static constexpr int MAIN = STAGE_BYTES > PART_BYTES ? STAGE_BYTES : PART_BYTES;
+	/* layout: main | page ids | gbuf[STAGES][16] | red[2][WARPS][8] | rm, rl | bars */
+	static constexpr int AUX_OFF = MAIN;
+	static constexpr int GBUF_OFF = AUX_OFF + MAXIDS * 4;
+	static constexpr int RED_OFF = GBUF_OFF + STAGES * 16;
+	static constexpr int RM_OFF = RED_OFF + 2 * WARPS * 2 * 8 * 4; /* block maxima */
+	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
+	static constexpr int BAR_OFF = RL_OFF + WARPS * 8 * 4;
+	static constexpr int SMEM = BAR_OFF + STAGES * 8;
+};
+
+template <int D, int MODE>
+__global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_decode_kernel(const DecodeParams p)
+{
+	using C = Fp4Cfg<D>;
+	using M = ModeT<MODE>;
+	constexpr int NTS = M::NTS, HS = M::HS, KSTEPS = D / 16, W = D / 32, MC = D / 16;
+	constexpr int STAGES = C::STAGES;
+	extern __shared__ __align__(128) uint8_t smem[];
+	uint8_t *aux = smem + C::AUX_OFF;
+	float *gbuf = (float *)(smem + C::GBUF_OFF);
+	float *red = (float *)(smem + C::RED_OFF);
+	float *rm = (float *)(smem + C::RM_OFF);
+	float *rl = (float *)(smem + C::RL_OFF);
+	uint64_t *bar = (uint64_t *)(smem + C::BAR_OFF);
+
+	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+	if (s == p.NS) {
+		bf16_partial<D, 2 * D>(p, b, h, smem, rm, rl);
+		finish_group<D>(p, b, h, smem);
+		return;
+	}
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+	int n_full, pb, pe;
+	(void)request_len(p, b, &n_full);
+	split_range(n_full, p.NS, s, &pb, &pe);
+	const int np = pe - pb;
+	const int32_t *bt = p.bt + (size_t)b * p.bt_stride + pb;
+	int32_t *ids = (int32_t *)aux;
+	for (int i = tid; i < np && i < MAXIDS; i += THREADS)
+		ids[i] = checked_page(p, bt[i]);
+	if (tid == 0) {
+		for (int i = 0; i < STAGES; i++)
+			mbar_init(&bar[i], 1);
+		mbar_fence_init();
+	}
+	__syncthreads();
+
+	const uint32_t hb = p.head_bytes;
+	auto issue = [&](int i, int stg) {
+		int32_t id = i < MAXIDS ? ids[i] : checked_page(p, bt[i]);
+		const uint8_t *src = p.arena + (size_t)id * p.page_bytes;
+		mbar_arrive_tx(&bar[stg], hb + 16u);
+		bulk_g2s(smem + (size_t)stg * hb, src + (size_t)h * hb, hb, &bar[stg]);
+		bulk_g2s(gbuf + stg * 4, src + p.gscale_off + (size_t)(h & ~1) * 8, 16, &bar[stg]);
+	};
+	/* the last stage's buffer holds the query while the first pages stream in */
+	if (tid == 0)
+		for (int i = 0; i < STAGES - 1 && i < np; i++)
+			issue(i, i);
+
+	/* ---- prologue: rotated, dual-residual FP4 query (NUMERICS.md §5) ---- */
+	__half *sq = (__half *)(smem + (size_t)(STAGES - 1) * hb); /* [2][8][D] ŝ = s·x̂ */
+	float *qg = (float *)(sq + 2 * 8 * D);                     /* [2][8] */
+	for (int hd = warp; hd < p.G; hd += WARPS) {
+		float x[W], xs[2][W], gq[2];
+		uint32_t codes[2][W], scode[2][W];
+		load_query<D>(p, b, h, hd, x);
+		query_quant_warp<D>(x, p.nterms, xs, codes, scode, gq);
+#pragma unroll
+		for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+			for (int i = 0; i < W; i++)
+				sq[(tt * 8 + hd) * D + lane + 32 * i] = __float2half_rn(xs[tt][i]);
+		if (lane == 0) {
+			qg[hd] = gq[0];
+			qg[8 + hd] = gq[1];
+		}
+	}
+	__syncthreads();
+	uint32_t qf[NTS][KSTEPS][2];
+	float k1[HS], k2[HS];
+#pragma unroll
+	for (int nt = 0; nt < NTS; nt++) {
+		const int hd = MODE == 0 ? g : 4 * nt + (g >> 1);
+		const int term = MODE == 0 ? 0 : (g & 1);
+		const __half *src = sq + (term * 8 + hd) * D;
+#pragma unroll
+		for (int kk = 0; kk < KSTEPS; kk++) {
+			const int c0 = t * (D / 4) + 8 * (kk >> 1) + 2 * (kk & 1);
+			if (hd < p.G) {
+				qf[nt][kk][0] = (uint32_t)__half_as_ushort(src[c0]) |
+						((uint32_t)__half_as_ushort(src[c0 + 4]) << 16);
+				qf[nt][kk][1] = (uint32_t)__half_as_ushort(src[c0 + 1]) |
+						((uint32_t)__half_as_ushort(src[c0 + 5]) << 16);
+			} else {
+				qf[nt][kk][0] = qf[nt][kk][1] = 0;
+			}
+		}
+	}
+#pragma unroll
+	for (int hs = 0; hs < HS; hs++) {
+		const int hd = M::head(hs, t);
+		/* the K operand carries 2^-14 (fp4x2_h2); fold it back with g_q, exactly */
+		k1[hs] = hd < p.G ? 16384.0f * qg[hd] : 0.0f;
+		k2[hs] = hd < p.G ? 16384.0f * qg[8 + hd] : 0.0f;
+	}
+	fence_proxy_async();
+	__syncthreads();
+	if (tid == 0 && STAGES - 1 < np)
+		issue(STAGES - 1, STAGES - 1);
+
+	/* ---- main loop over the split's pages ---- */
+	/* Token order (the k index of O^T = Ṽ^T P̃^T may mix tokens freely, since the V and P
+	 * scales are applied per element before the MMA): thread t owns V word t of a channel row
+	 * (tokens 8t..8t+7 of the warp's 32), pairs (2ks, 2ks+4) and (2ks+1, 2ks+5) of it feed
+	 * k-step ks. So S^T tile ks row g is token 8(g>>1) + 2ks + 4(g&1), row g + 8 the next one,
+	 * and all four logits of a thread lie in one P block: tokens 0–15 for g < 4, 16–31 else. */
+	const int krow = 32 * warp + 8 * (g >> 1) + 4 * (g & 1);
+	const bool sink0 = p.sink && pb == 0 && warp == 0 && g < 4;
+	float m_run[HS], l_run[HS], o[MC][4], gv2_prev = 1.0f;
+#pragma unroll
+	for (int hs = 0; hs < HS; hs++) {
+		m_run[hs] = -INFINITY;
+		l_run[hs] = 0.0f;
+	}
+#pragma unroll
+	for (int mc = 0; mc < MC; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			o[mc][e] = 0.0f;
+
+	for (int i = 0; i < np; i++) {
+		const int stg = i % STAGES;
+		mbar_wait(&bar[stg], (uint32_t)(i / STAGES) & 1u);
+		const uint8_t *base = smem + (size_t)stg * hb;
+		const uint8_t *kc = base + p.k_codes_off, *ks = base + p.k_scales_off;
+		const uint8_t *vc = base + p.v_codes_off, *vs = base + p.v_scales_off;
+		const float gk = gbuf[stg * 4 + (h & 1) * 2], gv = gbuf[stg * 4 + (h & 1) * 2 + 1];
+
+		/* S^T = K̃ Q̃^T for the warp's two key tiles */
+		float sacc[2][NTS][4];
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+			for (int nt = 0; nt < NTS; nt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					sacc[mt][nt][e] = 0.0f;
+			const int r0 = krow + 2 * mt;
+			uint32_t w0[W], w1[W], s0, s1;
+			if constexpr (D == 128) {
+				uint4 a = *(const uint4 *)(kc + r0 * (D / 2) + t * 16);
+				uint4 bq = *(const uint4 *)(kc + (r0 + 1) * (D / 2) + t * 16);
+				w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;
+				w1[0] = bq.x; w1[1] = bq.y; w1[2] = bq.z; w1[3] = bq.w;
+				s0 = *(const uint16_t *)(ks + r0 * (D / 16) + 2 * t);
+				s1 = *(const uint16_t *)(ks + (r0 + 1) * (D / 16) + 2 * t);
+			} else {
+				uint2 a = *(const uint2 *)(kc + r0 * (D / 2) + t * 8);
+				uint2 bq = *(const uint2 *)(kc + (r0 + 1) * (D / 2) + t * 8);
+				w0[0] = a.x; w0[1] = a.y;
+				w1[0] = bq.x; w1[1] = bq.y;
+				s0 = ks[r0 * (D / 16) + t];
+				s1 = ks[(r0 + 1) * (D / 16) + t];
+			}
+			/* E4M3 scales of the thread's blocks as FP16 pairs, broadcast per block */
+			const uint32_t h0 = e4m3x2_to_h2(D == 128 ? s0 : __byte_perm(s0, 0, 0x0000));
+			const uint32_t h1 = e4m3x2_to_h2(D == 128 ? s1 : __byte_perm(s1, 0, 0x0000));
+			const uint32_t s0lo = h2_lo(h0), s0hi = h2_hi(h0), s1lo = h2_lo(h1), s1hi = h2_hi(h1);
+#pragma unroll
+			for (int wi = 0; wi < W; wi++) {
+				/* word wi of the thread's channels lies in block (D == 128 ? wi/2 : 0) */
+				const uint32_t sc0 = (D == 128 && (wi >> 1)) ? s0hi : s0lo;
+				const uint32_t sc1 = (D == 128 && (wi >> 1)) ? s1hi : s1lo;
+				uint32_t a0[4], a1[4];
+				fp4x8_h2(w0[wi], a0);
+				fp4x8_h2(w1[wi], a1);
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					a0[j] = hmul2(a0[j], sc0);
+					a1[j] = hmul2(a1[j], sc1);
+				}
+#pragma unroll
+				for (int hh = 0; hh < 2; hh++) {
+					const uint32_t a[4] = { a0[2 * hh], a1[2 * hh], a0[2 * hh + 1],
+								a1[2 * hh + 1] };
+#pragma unroll
+					for (int nt = 0; nt < NTS; nt++)
+						mma_f16(sacc[mt][nt], a, qf[nt][2 * wi + hh][0],
+							qf[nt][2 * wi + hh][1]);
+				}
+			}
+		}
+
+		/* logits (bd_attn.h order): ((acc1·g_q1 + acc2·g_q2)·g_K)·γ; the sink's page copy
+		 * (keys 0–15 of the request's first page: block 0 of warp 0) is masked */
+		const bool masked = sink0 && i == 0;
+		float S[2][HS][2], bm[HS];
+#pragma unroll
+		for (int hs = 0; hs < HS; hs++) {
+			float v = -INFINITY;
+#pragma unroll
+			for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+				for (int r = 0; r < 2; r++) {
+					float dot;
+					if constexpr (MODE == 0) {
+						dot = sacc[mt][0][2 * r + hs] * k1[hs];
+					} else {
+						dot = sacc[mt][hs][2 * r] * k1[hs];
+						dot = dot + sacc[mt][hs][2 * r + 1] * k2[hs];
+					}
+					S[mt][hs][r] = masked ? -INFINITY : (dot * gk) * p.gamma;
+					v = fmaxf(v, S[mt][hs][r]);
+				}
+			}
+			/* the P block maximum: the 16 logits of the block sit in lanes of one half */
+			v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+			v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+			bm[hs] = v;
+		}
+		if (g == 0 || g == 4) {
+#pragma unroll
+			for (int hs = 0; hs < HS; hs++)
+				red[(((i & 1) * WARPS + warp) * 2 + (g >> 2)) * 8 + M::head(hs, t)] = bm[hs];
+		}
+		fence_proxy_async(); /* this thread's reads of page i-1's stage precede its refill */
+		__syncthreads();
+		if (tid == 0 && i >= 1 && i - 1 + STAGES < np)
+			issue(i - 1 + STAGES, (i - 1) % STAGES);
+
+		float m_new[HS], alpha[HS];
+#pragma unroll
+		for (int hs = 0; hs < HS; hs++) {
+			const int hd = M::head(hs, t);
+			float mx = red[((i & 1) * WARPS * 2) * 8 + hd];
+#pragma unroll
+			for (int w = 1; w < 2 * WARPS; w++)
+				mx = fmaxf(mx, red[((i & 1) * WARPS * 2 + w) * 8 + hd]);
+			m_new[hs] = fmaxf(m_run[hs], mx);
+			alpha[hs] = m_run[hs] == -INFINITY ? 0.0f : exp2f(m_run[hs] - m_new[hs]);
+		}
+
+		/* P, ℓ and the thread's NVFP4 P block (NUMERICS.md §6) */
+		float Pt[2][2][2]; /* [mt][hs][r], P̃ = s_P·P̂ (zero for a missing second head) */
+#pragma unroll
+		for (int hs = 0; hs < HS; hs++) {
+			const float pmax = exp2f(bm[hs] - m_new[hs]);
+			const float cp = __fmul_rn(p.c, pmax);
+			/* κ = 2 below τ/c (x/2 is x·0.5 exactly), else κ = 6 */
+			const uint32_t sp = e4m3_encode((p.underflow && pmax <= p.tau_c) ?
+								__fmul_rn(cp, 0.5f) :
+								__fdiv_rn(cp, 6.0f));
+			const float spv = e4m3_decode(sp);
+			const float inv = e4m3_rcp(sp);
+			float lsum = 0.0f;
+#pragma unroll
+			for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+				for (int r = 0; r < 2; r++) {
+					const float sv = S[mt][hs][r];
+					const float P = sv == -INFINITY ?
+								0.0f :
+								exp2f(__fadd_rn(__fsub_rn(sv, m_new[hs]), p.log2c));
+					lsum = lsum + P;
+					Pt[mt][hs][r] = __fmul_rn(spv, e2m1_round_pos(__fmul_rn(P, inv)));
+				}
+			}
+			l_run[hs] = alpha[hs] * l_run[hs] + lsum;
+			m_run[hs] = m_new[hs];
+		}
+		if constexpr (HS == 1) {
+#pragma unroll
+			for (int mt = 0; mt < 2; mt++)
+				Pt[mt][1][0] = Pt[mt][1][1] = 0.0f;
+		}
+
+		/* O^T += Ṽ^T P̃^T. o is kept in units of this page's g_V·2^14 (the K and V operands
+		 * carry 2^-14): rescaling it by α·g_prev/g_cur first lets the MMAs accumulate the
+		 * page's sum into it, and g_V is applied once per page as NUMERICS.md §6 says. */
+		uint32_t bfr[2][2];
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+			for (int r = 0; r < 2; r++)
+				bfr[mt][r] = movmatrix_t(f2_to_h2(Pt[mt][0][r], Pt[mt][1][r]));
+		/* a garbage page (flagged id) must not turn o into inf: g ≥ FLT_MIN for real pages */
+		const float gv2 = fmaxf(16384.0f * gv, FLT_MIN);
+		const float rg = __fdividef(gv2_prev, gv2);
+		float fct[2];
+#pragma unroll
+		for (int hs = 0; hs < 2; hs++)
+			fct[hs] = alpha[HS == 2 ? hs : 0] * rg;
+		gv2_prev = gv2;
+		const uint8_t *vcw = vc + 16 * warp + 4 * t;      /* word t of the warp's tokens */
+		const uint8_t *vsw = vs + 2 * warp + (t >> 1);    /* its V block's scale */
+#pragma unroll
+		for (int mc = 0; mc < MC; mc++) {
+			const int c0 = 16 * mc + g, c1 = c0 + 8;
+			const uint32_t x0 = *(const uint32_t *)(vcw + c0 * 64);
+			const uint32_t x1 = *(const uint32_t *)(vcw + c1 * 64);
+			const uint32_t sc0 = e4m3x2_to_h2(__byte_perm((uint32_t)vsw[c0 * 8], 0, 0x0000));
+			const uint32_t sc1 = e4m3x2_to_h2(__byte_perm((uint32_t)vsw[c1 * 8], 0, 0x0000));
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				o[mc][e] = o[mc][e] * fct[e & 1];
+			uint32_t a0[4], a1[4];
+			fp4x8_h2(x0, a0);
+			fp4x8_h2(x1, a1);
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				a0[j] = hmul2(a0[j], sc0);
+				a1[j] = hmul2(a1[j], sc1);
+			}
+#pragma unroll
+			for (int ks2 = 0; ks2 < 2; ks2++) {
+				const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1], a1[2 * ks2 + 1] };
+				mma_f16(o[mc], a, bfr[ks2][0], bfr[ks2][1]);
+			}
+		}
+	}
+
+	/* ---- the four warps' partial sums (same m) → this split's normalized partial ---- */
+	__syncthreads(); /* all stages consumed: reuse them */
+	float *redo = (float *)smem;
+#pragma unroll
+	for (int hs = 0; hs < 2; hs++) {
+		float l = hs < HS ? l_run[hs] : 0.0f;
+		l = l + __shfl_xor_sync(0xffffffffu, l, 4);
+		l = l + __shfl_xor_sync(0xffffffffu, l, 8);
+		l = l + __shfl_xor_sync(0xffffffffu, l, 16);
+		const int hd = MODE == 0 ? 2 * t + hs : 4 * hs + t;
+		if (g == 0) {
+			rm[warp * 8 + hd] = hs < HS ? m_run[hs] : -INFINITY;
+			rl[warp * 8 + hd] = l;
+		}
+	}
+#pragma unroll
+	for (int mc = 0; mc < MC; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int hd = MODE == 0 ? 2 * t + (e & 1) : 4 * (e & 1) + t;
+			redo[(warp * 8 + hd) * D + 16 * mc + g + 8 * (e >> 1)] = o[mc][e] * gv2_prev;
+		}
+	__syncthreads();
+	write_partial<D>(p, b, h, s, redo, rm, rl, p.log2c);
+	finish_group<D>(p, b, h, smem);
+}
+
+/* ---- the BF16 page path (the in-house baseline) ----------------------------------------------- */
+
+template <int D>
+struct Bf16Cfg {
+	static constexpr int ROWB = 2 * D + 16; /* padded rows: conflict-free ldmatrix */
+	static constexpr int STAGES = 3;
+	static constexpr int STAGE_BYTES = 2 * BD_PAGE_TOKENS * ROWB;
+	static constexpr int PART_BYTES = 2 * PARTIAL_ROWS * ROWB;
+	static constexpr int MAIN = STAGES * STAGE_BYTES > PART_BYTES ? STAGES * STAGE_BYTES : PART_BYTES;
+	static constexpr int MAXIDS_BF = 512;
+	static constexpr int AUX_OFF = MAIN;                     /* q' BF16 [8][D] */
+	static constexpr int IDS_OFF = AUX_OFF + AUX_BYTES;      /* page ids */
+	static constexpr int RM_OFF = IDS_OFF + MAXIDS_BF * 4;
+	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
+	static constexpr int SMEM = RL_OFF + WARPS * 8 * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodeParams p)
+{
+	using C = Bf16Cfg<D>;
+	constexpr int ROWB = C::ROWB, STAGES = C::STAGES, CPR = 2 * D / 16;
+	extern __shared__ __align__(128) uint8_t smem[];
+	uint8_t *aux = smem + C::AUX_OFF;
+	int32_t *ids = (int32_t *)(smem + C::IDS_OFF);
+	float *rm = (float *)(smem + C::RM_OFF);
+	float *rl = (float *)(smem + C::RL_OFF);
+	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+	if (s == p.NS) {
+		bf16_partial<D, ROWB>(p, b, h, smem, rm, rl);
+		finish_group<D>(p, b, h, smem);
+		return;
+	}
+	const int tid = threadIdx.x, warp = tid >> 5;
+	int n_full, pb, pe;
+	(void)request_len(p, b, &n_full);
+	split_range(n_full, p.NS, s, &pb, &pe);
+	const int np = pe - pb;
+	const int32_t *bt = p.bt + (size_t)b * p.bt_stride + pb;
+	for (int i = tid; i < np && i < C::MAXIDS_BF; i += THREADS)
+		ids[i] = checked_page(p, bt[i]);
+	__syncthreads();
+	/* every thread copies 16-byte pieces of the page-head's K and V rows into padded rows */
+	auto issue = [&](int i, int stg) {
+		if (i < np) {
+			const int32_t id = i < C::MAXIDS_BF ? ids[i] : checked_page(p, bt[i]);
+			const uint8_t *src = p.arena + (size_t)id * p.page_bytes + (size_t)h * p.head_bytes;
+			uint8_t *dst = smem + (size_t)stg * C::STAGE_BYTES;
+			for (int e = tid; e < 2 * BD_PAGE_TOKENS * CPR; e += THREADS) {
+				const int which = e / (BD_PAGE_TOKENS * CPR), rem = e % (BD_PAGE_TOKENS * CPR);
+				const int r = rem / CPR, c = rem % CPR;
+				cp_async16(dst + (size_t)(which * BD_PAGE_TOKENS + r) * ROWB + c * 16,
+					   src + (which ? p.v_codes_off : p.k_codes_off) + (size_t)r * 2 * D + c * 16);
+			}
+		}
+		cp_async_commit(); /* an empty group keeps the count */
+	};
+	for (int i = 0; i < STAGES - 1; i++)
+		issue(i, i);
+	__nv_bfloat16 *qbf = (__nv_bfloat16 *)aux;
+	bf16_query<D>(p, b, h, qbf);
+	__syncthreads();
+	uint32_t qb[D / 16][2];
+	bf16_qfrag<D>(qbf, p.G, qb);
+
+	Bf16State<D> st;
+	st.m[0] = st.m[1] = -INFINITY;
+	st.l[0] = st.l[1] = 0.0f;
+#pragma unroll
+	for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			st.o[mc][e] = 0.0f;
+	for (int i = 0; i < np; i++) {
+		cp_async_wait<STAGES - 2>();
+		__syncthreads(); /* page i landed for everyone; page i-1's stage is free */
+		issue(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+		const uint8_t *Ks = smem + (size_t)(i % STAGES) * C::STAGE_BYTES;
+		const uint8_t *Vs = Ks + (size_t)BD_PAGE_TOKENS * ROWB;
+		bf16_tile16<D, ROWB>(Ks, Vs, 32 * warp, 16, qb, p.gamma, st);
+		bf16_tile16<D, ROWB>(Ks, Vs, 32 * warp + 16, 16, qb, p.gamma, st);
+	}
+	cp_async_wait<0>();
+	__syncthreads();
+	float *red = (float *)smem;
+	bf16_state_to_smem<D>(st, red, rm, rl);
+	__syncthreads();
+	write_partial<D>(p, b, h, s, red, rm, rl, 0.0f);
+	finish_group<D>(p, b, h, smem);
+}
+
+/* ---- host side ------------------------------------------------------------------------------- */
+
+typedef void (*kern_t)(DecodeParams);
+
+static kern_t pick_kernel(int kind, int d, int mode, int *ret_smem)
+{
+	if (kind == 2) {
+		*ret_smem = d == 128 ? Bf16Cfg<128>::SMEM : Bf16Cfg<64>::SMEM;
+		return d == 128 ? bf16_decode_kernel<128> : bf16_decode_kernel<64>;
+	}
+	*ret_smem = d == 128 ? Fp4Cfg<128>::SMEM : Fp4Cfg<64>::SMEM;
+	if (d == 128)
+		return mode == 0 ? fp4_decode_kernel<128, 0> :
+		       mode == 1 ? fp4_decode_kernel<128, 1> : fp4_decode_kernel<128, 2>;
+	return mode == 0 ? fp4_decode_kernel<64, 0> :
+	       mode == 1 ? fp4_decode_kernel<64, 1> : fp4_decode_kernel<64, 2>;
+}
+
+/* G ≤ 4 always uses the stacked layout (one head per thread); with one query term the
+ * second term's columns are zero. G > 4 with one term fits one column tile (two heads per
+ * thread); with two terms it takes two. */
+static int plan_mode(const struct bd_decode_plan *pl)
+{
+	return pl->G <= 4 ? 1 : pl->nterms == 1 ? 0 : 2;
+}
+
+/* c_rcp from the host's IEEE divisions (once per process and device) */
+static int rcp_table_init(void)
+{
+	float t[16];
+	for (int m = 0; m < 8; m++) {
+		t[m] = 1.0f / (1.0f + (float)m / 8.0f);
+		t[8 + m] = m == 0 ? 0.0f : (1.0f / (float)m) * 512.0f;
+	}
+	return cuda_err(cudaMemcpyToSymbol(c_rcp, t, sizeof(t)));
+}
+
+} // namespace bdk
+
+using namespace bdk;
+
+extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
+				   const struct bd_layout *lay, const struct bd_decode_params *dp,
+				   int B, int Hq, int max_tokens, int n_splits)
+{
+	struct bd_decode_plan pl;
+	struct bd_decode_params dflt = bd_decode_params_default();
+
+	if (!ret || !cfg || !lay || B < 1 || Hq < 1 || max_tokens < 1 || n_splits < 0)
+		return -EINVAL;
+	dflt.tile_keys = BD_KERNEL_TILE_KEYS;
+	if (!dp)
+		dp = &dflt;
+	if (dp->tile_keys != BD_KERNEL_TILE_KEYS || !isfinite(dp->c) || !(dp->c > 0.0f) ||
+	    !isfinite(dp->tau) || !(dp->tau >= 0.0f) || !isfinite(dp->softmax_scale) ||
+	    dp->softmax_scale < 0.0f)
+		return -EINVAL;
+	if (lay->fmt != cfg->page_fmt || lay->n_kv_heads < 1 || Hq % lay->n_kv_heads != 0)
+		return -EINVAL;
+	if (lay->d_rope != 0 || (lay->d != 64 && lay->d != 128))
+		return -EOPNOTSUPP;
+	if (cfg->page_fmt == BD_PAGE_NVFP4) {
+		if (cfg->query_terms != 1 && cfg->query_terms != 2)
+			return -EOPNOTSUPP;
+		if (cfg->p_quant != BD_P_NVFP4_MAX6 && cfg->p_quant != BD_P_NVFP4_UNDERFLOW)
+			return -EOPNOTSUPP;
+	} else if (cfg->page_fmt == BD_PAGE_BF16) {
+		if (cfg->p_quant != BD_P_FP32)
+			return -EOPNOTSUPP;
+	} else {
+		return -EOPNOTSUPP;
+	}
+	memset(&pl, 0, sizeof(pl));
+	pl.B = B;
+	pl.Hq = Hq;
+	pl.Hkv = lay->n_kv_heads;
+	pl.G = Hq / lay->n_kv_heads;
+	pl.d = lay->d;
+	if (pl.G < 1 || pl.G > BD_KERNEL_MAX_G)
+		return -EOPNOTSUPP;
+	pl.kind = cfg->page_fmt == BD_PAGE_NVFP4 ? 1 : 2;
+	pl.nterms = pl.kind == 1 ? cfg->query_terms : 0;
+	pl.sink = cfg->sink;
+	pl.hadamard = cfg->hadamard;
+	pl.underflow = cfg->p_quant == BD_P_NVFP4_UNDERFLOW;
+	pl.c = pl.underflow ? dp->c : 1.0f;
+	pl.log2c = pl.underflow ? log2f(dp->c) : 0.0f;
+	pl.tau = dp->tau;
+	{
+		float scale = dp->softmax_scale != 0.0f ? dp->softmax_scale :
+							  1.0f / sqrtf((float)lay->d);
+		pl.gamma = 1.4426950408889634f * scale; /* as attn_ref.c's γ */
+	}
+	/* the kernels assume the NVFP4 / BF16 geometry of bd_layout_init */
+	{
+		size_t hb = pl.kind == 1 ? (size_t)lay->d * 144 : (size_t)lay->d * 512;
+		if (lay->head_bytes != hb || lay->gscale_off % 16 != 0 ||
+		    lay->gscale_off + 16 * (size_t)((lay->n_kv_heads + 1) / 2) > lay->page_bytes ||
+		    lay->page_bytes % 128 != 0 || lay->k_codes_off % 16 || lay->v_codes_off % 16)
+			return -EINVAL;
+	}
+	pl.max_tokens = max_tokens;
+	pl.bt_stride = (max_tokens - 1) / BD_PAGE_TOKENS;
+	pl.tile_keys = BD_KERNEL_TILE_KEYS;
+	pl.lay = *lay;
+
+	kern_t k = pick_kernel(pl.kind, pl.d, plan_mode(&pl), &pl.smem_bytes);
+	int dev = 0, sms = 0, occ = 0;
+	BDK_TRY(cudaGetDevice(&dev));
+	BDK_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+	BDK_TRY(cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				     pl.smem_bytes));
+	{
+		int r = rcp_table_init();
+		if (r < 0)
+			return r;
+	}
+	BDK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, (const void *)k, THREADS,
+							      (size_t)pl.smem_bytes));
+	if (occ < 1)
+		return -EOPNOTSUPP;
+
+	const int pages = pl.bt_stride;
+	if (n_splits > 1024)
+		return -EINVAL;
+	if (n_splits > 0) {
+		pl.n_splits = n_splits;
+	} else if (pages <= 1) {
+		pl.n_splits = 1;
+	} else {
+		/* split-KV by bytes: whole waves of equal splits, each split's start (prologue and
+		 * pipeline fill, about 6 pages) counted as work, and the combine's latency per split
+		 * (about a quarter page) */
+		const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
+		const int min_ns = pl.kind == 1 ? (pages + MAXIDS - 1) / MAXIDS : 1;
+		long long best = -1;
+		int best_ns = min_ns;
+		for (int ns = min_ns; ns <= pages && ns <= 1024; ns++) {
+			long long waves = (work * ns + slots - 1) / slots;
+			long long per = (pages + ns - 1) / ns;
+			long long cost = 4 * waves * (per + 6) + ns;
+			if (best < 0 || cost < best) {
+				best = cost;
+				best_ns = ns;
+			}
+		}
+		pl.n_splits = best_ns;
+	}
+	pl.grid_ctas = B * pl.Hkv * (pl.n_splits + 1);
+	{
+		size_t parts = (size_t)B * pl.Hkv * (size_t)(pl.n_splits + 1) * pl.G;
+		size_t o_bytes = parts * (size_t)pl.d * sizeof(float);
+		pl.ws_lse_off = (o_bytes + BD_KERNEL_ALIGN - 1) / BD_KERNEL_ALIGN * BD_KERNEL_ALIGN;
+		pl.ws_cnt_off = (pl.ws_lse_off + parts * sizeof(float) + BD_KERNEL_ALIGN - 1) /
+				BD_KERNEL_ALIGN * BD_KERNEL_ALIGN;
+		pl.ws_bytes = pl.ws_cnt_off + (size_t)B * pl.Hkv * sizeof(int);
+	}
+	*ret = pl;
+	return 0;
+}
+
+extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_decode_args *a,
+			     void *stream)
+{
+	if (!pl || !a || pl->kind < 1 || pl->kind > 2)
+		return -EINVAL;
+	if (!a->q || !a->arena || !a->block_table || !a->seq_lens || !a->slots || !a->out ||
+	    !a->workspace)
+		return -EINVAL;
+	if (((uintptr_t)a->q & 15) || ((uintptr_t)a->out & 15) || ((uintptr_t)a->arena & 127) ||
+	    ((uintptr_t)a->workspace & (BD_KERNEL_ALIGN - 1)) || ((uintptr_t)a->block_table & 3) ||
+	    ((uintptr_t)a->seq_lens & 3) || ((uintptr_t)a->slots & 7) || ((uintptr_t)a->lse & 3) ||
+	    ((uintptr_t)a->status & 3))
+		return -EINVAL;
+	if (a->layer < 0 || a->layer >= pl->lay.n_layers || a->bt_stride < pl->bt_stride ||
+	    a->bt_stride < 0)
+		return -EINVAL;
+
+	DecodeParams p;
+	memset(&p, 0, sizeof(p));
+	p.q = a->q;
+	p.arena = (const uint8_t *)a->arena + (size_t)a->layer * pl->lay.layer_stride;
+	p.bt = a->block_table;
+	p.seq_lens = a->seq_lens;
+	p.slots = a->slots;
+	p.ws_o = (float *)a->workspace;
+	p.ws_lse = (float *)((uint8_t *)a->workspace + pl->ws_lse_off);
+	p.counters = (int *)((uint8_t *)a->workspace + pl->ws_cnt_off);
+	p.out = a->out;
+	p.lse = a->lse;
+	p.status = a->status;
+	p.bt_stride = a->bt_stride;
+	p.Hq = pl->Hq;
+	p.Hkv = pl->Hkv;
+	p.G = pl->G;
+	p.NS = pl->n_splits;
+	p.sink = pl->sink;
+	p.hadamard = pl->hadamard;
+	p.underflow = pl->underflow;
+	p.nterms = pl->nterms;
+	p.gamma = pl->gamma;
+	p.c = pl->c;
+	p.log2c = pl->log2c;
+	p.tau_c = pl->tau / pl->c;
+	p.inv_sqrt_d = 1.0f / sqrtf((float)pl->d); /* bd_fwht's scale, the same expression */
+	p.head_bytes = (uint32_t)pl->lay.head_bytes;
+	p.k_codes_off = (uint32_t)pl->lay.k_codes_off;
+	p.k_scales_off = (uint32_t)pl->lay.k_scales_off;
+	p.v_codes_off = (uint32_t)pl->lay.v_codes_off;
+	p.v_scales_off = (uint32_t)pl->lay.v_scales_off;
+	p.gscale_off = (uint32_t)pl->lay.gscale_off;
+	p.page_bytes = pl->lay.page_bytes;
+	p.n_pages = (int)pl->lay.n_pages;
+	p.slot_head_bytes = pl->lay.slot_head_bytes;
+	p.slot_head_off = (uint64_t)a->layer * (uint64_t)pl->Hkv * pl->lay.slot_head_bytes;
+	p.sink_k_off = (uint32_t)pl->lay.slot_sink_k_off;
+	p.sink_v_off = (uint32_t)pl->lay.slot_sink_v_off;
+	p.recent_k_off = (uint32_t)pl->lay.slot_recent_k_off;
+	p.recent_v_off = (uint32_t)pl->lay.slot_recent_v_off;
+
+	int smem;
+	kern_t k = pick_kernel(pl->kind, pl->d, plan_mode(pl), &smem);
+	cudaStream_t st = (cudaStream_t)stream;
+	dim3 grid(pl->n_splits + 1, pl->Hkv, pl->B);
+	k<<<grid, THREADS, smem, st>>>(p);
+	BDK_TRY(cudaGetLastError());
+	return 0;
+}
+
+extern "C" int bd_decode_workspace_init(const struct bd_decode_plan *pl, void *workspace,
+					void *stream)
+{
+	if (!pl || !workspace || ((uintptr_t)workspace & (BD_KERNEL_ALIGN - 1)))
+		return -EINVAL;
+	BDK_TRY(cudaMemsetAsync((uint8_t *)workspace + pl->ws_cnt_off, 0,
+				(size_t)pl->B * pl->Hkv * sizeof(int), (cudaStream_t)stream));
+	return 0;
+}
