@@ -141,12 +141,19 @@ GPU_LIB_OBJ  := $(addprefix $(BUILD)/lib/,fp4.o layout.o kvcfg.o attn_ref.o)
 GPU_LDLIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lm -pthread
 GPU_CHECK    := $(BUILD)/bin/gpu_check
 GPU_BENCH    := $(BUILD)/bin/bench_kernels
+# The check on real KV: `make gpu-capture` (here, where the model runtime builds: OpenBLAS,
+# PCRE2, the model file) writes SmolLM2's K/V/q for a prompt cut from GPU_CAPTURE_TEXT into
+# GPU_CAPTURE_OUT; gpu-test checks every configuration on it when the file is there (carry
+# that file to a GPU machine that cannot build the capture).
 GPU_SANITIZE ?= 1
 GPU_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer) compute-sanitizer)
 
 $(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 
 $(GPU_CHECK): $(BUILD)/tests/gpu/gpu_check.o $(LIBBD_CU) $(GPU_LIB_OBJ)
+GPU_CAPTURE  := $(BUILD)/bin/gpu_capture
+GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
+GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(GPU_LDLIBS)
 
@@ -156,8 +163,18 @@ $(GPU_BENCH): $(BUILD)/bench/kernels/bench_kernels.o $(LIBBD_CU) $(GPU_LIB_OBJ)
 
 gpu-test: $(GPU_CHECK) $(GPU_BENCH)
 	@test -n "$(HAVE_NVCC)" || { echo "gpu-test needs nvcc"; exit 1; }
-	BD_SHARED=$(BD_SHARED) $(GPU_CHECK)
+	BD_SHARED=$(BD_SHARED) BD_GPU_CAPTURE=$(wildcard $(GPU_CAPTURE_OUT)) $(GPU_CHECK)
 ifeq ($(GPU_SANITIZE),1)
+$(GPU_CAPTURE): $(BUILD)/tests/gpu/gpu_capture.o $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson -lopenblas $(POOL_LDLIBS) $(LDLIBS)
+
+.PHONY: gpu-capture
+gpu-capture: $(GPU_CAPTURE)
+	@test -f $(MODEL_FILE) || $(MAKE) --no-print-directory model
+	@mkdir -p $(dir $(GPU_CAPTURE_OUT))
+	$(GPU_CAPTURE) $(MODEL_FILE) $(GPU_CAPTURE_TEXT) $(GPU_CAPTURE_OUT)
+
 	$(GPU_SANITIZER) --tool memcheck --error-exitcode 1 $(GPU_CHECK) --small
 	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(GPU_CHECK) --small
 endif

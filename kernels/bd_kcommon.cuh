@@ -275,6 +275,16 @@ __device__ __forceinline__ void fp4x8_h2(uint32_t w, uint32_t (&out)[4])
 	out[3] = uo & 0xff00ff00u;
 }
 
+/* 2^x by the SFU alone (ex2.approx.ftz: relative error about 2^-22, as exp2f, whose extra
+ * instructions only rescue subnormal results; those P < 2^-126 weigh nothing next to the tile
+ * maximum's 1). 2^-inf = 0. */
+__device__ __forceinline__ float ex2_ftz(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
 {
 	uint32_t d;
@@ -527,6 +537,90 @@ __device__ __forceinline__ void query_quant_warp(const float (&x)[D / 32], int n
 			codes[1][i] = 0;
 			scode[1][i] = 0;
 		}
+	}
+}
+
+/* ---- MXFP4 helpers (UE8M0 scales, NUMERICS.md §2, §5, §6) ----------------------------------- */
+
+/* 2^n exactly in FP32 for -149 ≤ n ≤ 127 (subnormals below -126), 0 below. */
+__device__ __forceinline__ float pow2f(int n)
+{
+	if (n >= -126)
+		return __uint_as_float((uint32_t)(n + 127) << 23);
+	return n >= -149 ? __uint_as_float(1u << (n + 149)) : 0.0f;
+}
+
+/* UE8M0 code e (0..254) as the FP32 2^(e − 127), exactly: code 0 is the subnormal 2^-127. */
+__device__ __forceinline__ float ue8m0_f32(uint32_t e)
+{
+	return __uint_as_float(e != 0u ? e << 23 : 0x00400000u);
+}
+
+/* The OCP block exponent of amax ≥ 0: floor(log2 amax) − 2, −127 for 0, clamped to ±127
+ * (bd_mxfp4_quantize_block's e_ocp with the standard rule). */
+__device__ __forceinline__ int mx_e_ocp(float amax)
+{
+	if (amax == 0.0f)
+		return -127;
+	int e;
+	(void)frexpf(amax, &e);
+	return clamp_e8((e - 1) - 2);
+}
+
+/* One MXFP4 query term of the lane-strided vector x (block i = x[i] over the 32 lanes):
+ * codes, unbiased exponents e[i], and the dequantized values 2^e·x̂ in deq (FP32, exact). */
+template <int D>
+__device__ __forceinline__ void mx_qterm_warp(const float (&x)[D / 32], uint32_t (&codes)[D / 32],
+					      int (&e)[D / 32], float (&deq)[D / 32])
+{
+#pragma unroll
+	for (int i = 0; i < D / 32; i++) {
+		e[i] = mx_e_ocp(warp_max(fabsf(x[i]), 16));
+		/* 2^-e is a normal float for e in −127..125 (amax < 2^128) */
+		codes[i] = e2m1_encode(__fmul_rn(x[i], pow2f(-e[i])));
+		deq[i] = __fmul_rn(pow2f(e[i]), e2m1_decode(codes[i]));
+	}
+}
+
+/* Dual-residual (or one-term) MXFP4 query of one head (bd_query_quantize, BD_FP4_MXFP4):
+ * codes and biased UE8M0 codes per term and block, and for the tensor cores the FP16 operand
+ * x̂·2^(e − r_t) in hq[t][i] with r_t the term's largest block exponent (so the largest block
+ * keeps x̂ ≤ 6 and 24 binades below it stay exact), 2^r_t in g[t] (0 for a missing term). */
+template <int D>
+__device__ __forceinline__ void mx_query_quant_warp(const float (&x)[D / 32], int nterms,
+						    float (&hq)[2][D / 32], uint32_t (&codes)[2][D / 32],
+						    uint32_t (&scode)[2][D / 32], float (&g)[2])
+{
+	float r[D / 32], deq[D / 32];
+	int e[D / 32];
+	mx_qterm_warp<D>(x, codes[0], e, deq);
+#pragma unroll
+	for (int t = 0; t < 2; t++) {
+		if (t == 1) {
+			if (nterms != 2) {
+#pragma unroll
+				for (int i = 0; i < D / 32; i++) {
+					hq[1][i] = 0.0f;
+					codes[1][i] = scode[1][i] = 0;
+				}
+				g[1] = 0.0f;
+				break;
+			}
+#pragma unroll
+			for (int i = 0; i < D / 32; i++)
+				r[i] = __fsub_rn(x[i], deq[i]);
+			mx_qterm_warp<D>(r, codes[1], e, deq);
+		}
+		int rt = -127;
+#pragma unroll
+		for (int i = 0; i < D / 32; i++)
+			rt = max(rt, e[i]);
+#pragma unroll
+		for (int i = 0; i < D / 32; i++) {
+			hq[t][i] = __fmul_rn(pow2f(e[i] - rt), e2m1_decode(codes[t][i]));
+			scode[t][i] = (uint32_t)(e[i] + 127);
+		}
+		g[t] = pow2f(rt);
 	}
 }
 

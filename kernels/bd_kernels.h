@@ -51,7 +51,7 @@ struct bd_decode_plan {
 	int n_splits;          /* page splits per (request, KV head), ≤ 1024; split s covers tiles
 				* [s·c, min((s+1)·c, n_tiles)), c = ceil(n_tiles / n_splits) */
 	int tile_keys;         /* BD_KERNEL_TILE_KEYS */
-	int kind;              /* internal: 1 FP4 (NVFP4 pages), 2 BF16 pages */
+	int kind;              /* internal: 1 NVFP4 pages, 2 BF16 pages, 3 MXFP4 pages */
 	int nterms;            /* FP4 query terms, 1 or 2 */
 	int sink, hadamard, underflow; /* cfg flags the kernels use */
 	float gamma;           /* log2(e) · softmax scale */
@@ -66,14 +66,15 @@ struct bd_decode_plan {
 
 /* Plan a decode step of B requests with Hq query heads over an arena laid out by lay (one
  * layer of it per run), configuration cfg (NVFP4 pages: every §9 configuration that has them;
+ * MXFP4 pages: bitdecoding-mxfp4, P in MXFP4 blocks of 32 keys by the OCP rule, c = 1;
  * "bf16": the BF16 paged baseline). dp: NULL for bd_decode_params_default() except tile_keys,
  * which the kernels fix at 128 (a dp with another tile_keys is -EINVAL); dp->n_splits is
  * ignored. n_splits: 0 chooses the splits from the batch shape and max_tokens so that the grid
  * fills the device in whole waves (split-KV sized by bytes); > 0 forces that many (tests).
  * Shapes: Hq = G·lay->n_kv_heads, 1 ≤ G ≤ 8, lay->d ∈ {64, 128}, B ≥ 1, max_tokens ≥ 1.
  * Queries the current CUDA device (SM count, occupancy) and raises the kernels' shared-memory
- * limit. Returns 0, -EINVAL, -EOPNOTSUPP (MXFP4, FP8 or channel-blocked pages, MLA, other d or
- * G), -ENODEV, -EIO. */
+ * limit. Returns 0, -EINVAL, -EOPNOTSUPP (FP8 or channel-blocked pages, MLA, other d or G),
+ * -ENODEV, -EIO. */
 int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
 			const struct bd_layout *lay, const struct bd_decode_params *dp, int B,
 			int Hq, int max_tokens, int n_splits);
@@ -125,6 +126,14 @@ int bd_promote_run(const struct bd_layout *lay, const struct bd_kvcfg *cfg, void
  * bd_query_quantize on the CPU. Synchronous. Returns 0, -EINVAL, -EIO. */
 int bd_kernels_query_quantize(const float *q, int n, int d, int hadamard, int nterms,
 			      uint8_t *ret_codes, uint8_t *ret_scales, float *ret_g);
+
+/* Test hook: the MXFP4 query preparation of the decode prologue (bitdecoding-mxfp4): q' = Hq
+ * if hadamard, then nterms MXFP4 terms (UE8M0 scales, blocks of 32, OCP rule, g = 1). q: [n][d]
+ * FP32 device; ret_codes: [n][2][d/2] packed E2M1; ret_scales: [n][2][d/32] UE8M0 codes (term
+ * 2 zeroed when nterms = 1). Same bytes as bd_fwht and bd_query_quantize(BD_FP4_MXFP4).
+ * Synchronous. Returns 0, -EINVAL, -EIO. */
+int bd_kernels_query_quantize_mx(const float *q, int n, int d, int hadamard, int nterms,
+				 uint8_t *ret_codes, uint8_t *ret_scales);
 
 /* Test hook: E4M3 encoders on the device. For every FP32 bit pattern of a finite value
  * compare the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) with the device's software

@@ -1,6 +1,6 @@
-/* decode_sm90.cu — paged decode attention for Hopper: NVFP4 pages (paper §4 as an exact FP16
- * emulation of the FP4 MMA), BF16 pages (the in-house baseline), the BF16 sink+recent partial,
- * the LSE combine, and the plan/run launchers of bd_kernels.h.
+/* decode_sm90.cu — paged decode attention for Hopper: NVFP4 and MXFP4 pages (paper §4 as an
+ * exact FP16 emulation of the FP4 MMA), BF16 pages (the in-house baseline), the BF16
+ * sink+recent partial, the LSE combine, and the plan/run launchers of bd_kernels.h.
  *
  * One CTA (4 warps) per (split, KV head, request); split n_splits is the BF16 partial, and the
  * last CTA of each (request, KV head) to finish does the LSE combine. A page (128 tokens, one
@@ -526,7 +526,12 @@ struct Fp4Cfg {
 	static constexpr int SMEM = BAR_OFF + STAGES * 8;
 };
 
-template <int D, int MODE>
+/* MX: MXFP4 pages (UE8M0 scales, blocks of 32; NUMERICS.md §2, §6). A warp's 32 tokens are
+ * then exactly one V block per channel and one P block per head, so both scales leave the
+ * PV MMA: it multiplies bare x̂_V by bare P̂, and 2^(e_V + e_P) scales its FP32 output. K keeps
+ * its scales inside the MMA (a k-step mixes the four threads' blocks), as FP16 powers of two
+ * relative to the row's largest block exponent, which the logit's FP32 factor restores. */
+template <int D, int MODE, bool MX>
 __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_decode_kernel(const DecodeParams p)
 {
 	using C = Fp4Cfg<D>;
@@ -584,7 +589,10 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 		float x[W], xs[2][W], gq[2];
 		uint32_t codes[2][W], scode[2][W];
 		load_query<D>(p, b, h, hd, x);
-		query_quant_warp<D>(x, p.nterms, xs, codes, scode, gq);
+		if constexpr (MX)
+			mx_query_quant_warp<D>(x, p.nterms, xs, codes, scode, gq);
+		else
+			query_quant_warp<D>(x, p.nterms, xs, codes, scode, gq);
 #pragma unroll
 		for (int tt = 0; tt < 2; tt++)
 #pragma unroll
@@ -619,9 +627,11 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 	for (int hs = 0; hs < HS; hs++) {
 		const int hd = M::head(hs, t);
-		/* the K operand carries 2^-14 (fp4x2_h2); fold it back with g_q, exactly */
-		k1[hs] = hd < p.G ? 16384.0f * qg[hd] : 0.0f;
-		k2[hs] = hd < p.G ? 16384.0f * qg[8 + hd] : 0.0f;
+		/* the K operand carries 2^-14 (fp4x2_h2); fold it back with g_q, exactly (MXFP4:
+		 * the row factor restores it, all but the 1/2 taken here) */
+		const float kq = MX ? 0.5f : 16384.0f;
+		k1[hs] = hd < p.G ? kq * qg[hd] : 0.0f;
+		k2[hs] = hd < p.G ? kq * qg[8 + hd] : 0.0f;
 	}
 	fence_proxy_async();
 	__syncthreads();
@@ -656,8 +666,9 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 		const uint8_t *vc = base + p.v_codes_off, *vs = base + p.v_scales_off;
 		const float gk = gbuf[stg * 4 + (h & 1) * 2], gv = gbuf[stg * 4 + (h & 1) * 2 + 1];
 
-		/* S^T = K̃ Q̃^T for the warp's two key tiles */
-		float sacc[2][NTS][4];
+		/* S^T = K̃ Q̃^T for the warp's two key tiles; kf[mt][r]: the FP32 factor of row r
+		 * of tile mt (g_K, or for MXFP4 2^(r_row − 127), r_row the row's largest UE8M0) */
+		float sacc[2][NTS][4], kf[2][2];
 #pragma unroll
 		for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
@@ -666,26 +677,53 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				for (int e = 0; e < 4; e++)
 					sacc[mt][nt][e] = 0.0f;
 			const int r0 = krow + 2 * mt;
-			uint32_t w0[W], w1[W], s0, s1;
+			uint32_t w0[W], w1[W], s0 = 0, s1 = 0;
 			if constexpr (D == 128) {
 				uint4 a = *(const uint4 *)(kc + r0 * (D / 2) + t * 16);
 				uint4 bq = *(const uint4 *)(kc + (r0 + 1) * (D / 2) + t * 16);
 				w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;
 				w1[0] = bq.x; w1[1] = bq.y; w1[2] = bq.z; w1[3] = bq.w;
-				s0 = *(const uint16_t *)(ks + r0 * (D / 16) + 2 * t);
-				s1 = *(const uint16_t *)(ks + (r0 + 1) * (D / 16) + 2 * t);
+				if constexpr (!MX) {
+					s0 = *(const uint16_t *)(ks + r0 * (D / 16) + 2 * t);
+					s1 = *(const uint16_t *)(ks + (r0 + 1) * (D / 16) + 2 * t);
+				}
 			} else {
 				uint2 a = *(const uint2 *)(kc + r0 * (D / 2) + t * 8);
 				uint2 bq = *(const uint2 *)(kc + (r0 + 1) * (D / 2) + t * 8);
 				w0[0] = a.x; w0[1] = a.y;
 				w1[0] = bq.x; w1[1] = bq.y;
-				s0 = ks[r0 * (D / 16) + t];
-				s1 = ks[(r0 + 1) * (D / 16) + t];
+				if constexpr (!MX) {
+					s0 = ks[r0 * (D / 16) + t];
+					s1 = ks[(r0 + 1) * (D / 16) + t];
+				}
 			}
-			/* E4M3 scales of the thread's blocks as FP16 pairs, broadcast per block */
-			const uint32_t h0 = e4m3x2_to_h2(D == 128 ? s0 : __byte_perm(s0, 0, 0x0000));
-			const uint32_t h1 = e4m3x2_to_h2(D == 128 ? s1 : __byte_perm(s1, 0, 0x0000));
-			const uint32_t s0lo = h2_lo(h0), s0hi = h2_hi(h0), s1lo = h2_lo(h1), s1hi = h2_hi(h1);
+			uint32_t s0lo, s0hi, s1lo, s1hi;
+			if constexpr (MX) {
+				/* the thread's channels are one MXFP4 block (D = 128: block t; 64: t/2) */
+				const int sb = D == 128 ? t : (t >> 1);
+				const int e0 = ks[r0 * (D / 32) + sb], e1 = ks[(r0 + 1) * (D / 32) + sb];
+				int m0 = max(e0, __shfl_xor_sync(0xffffffffu, e0, 1));
+				int m1 = max(e1, __shfl_xor_sync(0xffffffffu, e1, 1));
+				m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+				m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+				/* FP16 2^(e − m + 15), at least 2^-14: blocks 24 binades under the row's
+				 * largest stay exact, lower ones round (their weight is < 2^-24) */
+				const uint32_t b0 = (uint32_t)(max(e0 - m0 + 15, -14) + 15) << 10;
+				const uint32_t b1 = (uint32_t)(max(e1 - m1 + 15, -14) + 15) << 10;
+				s0lo = s0hi = b0 | (b0 << 16);
+				s1lo = s1hi = b1 | (b1 << 16);
+				kf[mt][0] = ue8m0_f32((uint32_t)m0); /* × the 1/2 in k1, k2 */
+				kf[mt][1] = ue8m0_f32((uint32_t)m1);
+			} else {
+				/* E4M3 scales of the thread's blocks as FP16 pairs, broadcast per block */
+				const uint32_t h0 = e4m3x2_to_h2(D == 128 ? s0 : __byte_perm(s0, 0, 0x0000));
+				const uint32_t h1 = e4m3x2_to_h2(D == 128 ? s1 : __byte_perm(s1, 0, 0x0000));
+				s0lo = h2_lo(h0);
+				s0hi = h2_hi(h0);
+				s1lo = h2_lo(h1);
+				s1hi = h2_hi(h1);
+				kf[mt][0] = kf[mt][1] = gk;
+			}
 #pragma unroll
 			for (int wi = 0; wi < W; wi++) {
 				/* word wi of the thread's channels lies in block (D == 128 ? wi/2 : 0) */
@@ -729,13 +767,16 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 						dot = sacc[mt][hs][2 * r] * k1[hs];
 						dot = dot + sacc[mt][hs][2 * r + 1] * k2[hs];
 					}
-					S[mt][hs][r] = masked ? -INFINITY : (dot * gk) * p.gamma;
+					S[mt][hs][r] = masked ? -INFINITY : (dot * kf[mt][r]) * p.gamma;
 					v = fmaxf(v, S[mt][hs][r]);
 				}
 			}
-			/* the P block maximum: the 16 logits of the block sit in lanes of one half */
+			/* the P block maximum: the 16 logits of the block sit in lanes of one half
+			 * (MXFP4: the 32 of the warp) */
 			v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
 			v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+			if constexpr (MX)
+				v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
 			bm[hs] = v;
 		}
 		if (g == 0 || g == 4) {
@@ -757,32 +798,43 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 			for (int w = 1; w < 2 * WARPS; w++)
 				mx = fmaxf(mx, red[((i & 1) * WARPS * 2 + w) * 8 + hd]);
 			m_new[hs] = fmaxf(m_run[hs], mx);
-			alpha[hs] = m_run[hs] == -INFINITY ? 0.0f : exp2f(m_run[hs] - m_new[hs]);
+			alpha[hs] = m_run[hs] == -INFINITY ? 0.0f : ex2_ftz(m_run[hs] - m_new[hs]);
 		}
 
-		/* P, ℓ and the thread's NVFP4 P block (NUMERICS.md §6) */
-		float Pt[2][2][2]; /* [mt][hs][r], P̃ = s_P·P̂ (zero for a missing second head) */
+		/* P, ℓ and the thread's NVFP4 (MXFP4) P block (NUMERICS.md §6) */
+		float Pt[2][2][2]; /* [mt][hs][r], P̃ = s_P·P̂ (MXFP4: P̂; zero for a missing head) */
+		float sph[2];      /* MXFP4: 2^(e_P + 14), the P scale and the V operand's 2^-14 */
 #pragma unroll
 		for (int hs = 0; hs < HS; hs++) {
-			const float pmax = exp2f(bm[hs] - m_new[hs]);
-			const float cp = __fmul_rn(p.c, pmax);
-			/* κ = 2 below τ/c (x/2 is x·0.5 exactly), else κ = 6 */
-			const uint32_t sp = e4m3_encode((p.underflow && pmax <= p.tau_c) ?
-								__fmul_rn(cp, 0.5f) :
-								__fdiv_rn(cp, 6.0f));
-			const float spv = e4m3_decode(sp);
-			const float inv = e4m3_rcp(sp);
+			const float pmax = ex2_ftz(bm[hs] - m_new[hs]);
+			float spv, inv;
+			if constexpr (MX) {
+				/* OCP: e = floor(log2 p_max) − 2 from the exponent bits, −127 for zero
+				 * or subnormal p_max (where the CPU's clamp lands too); c = 1 */
+				const int e = max((int)((__float_as_uint(pmax) >> 23) & 0xffu) - 129, -127);
+				spv = 1.0f;
+				inv = __uint_as_float((uint32_t)(127 - e) << 23);
+				sph[hs] = __uint_as_float((uint32_t)(e + 14 + 127) << 23);
+			} else {
+				const float cp = __fmul_rn(p.c, pmax);
+				/* κ = 2 below τ/c (x/2 is x·0.5 exactly), else κ = 6 */
+				const uint32_t sp = e4m3_encode((p.underflow && pmax <= p.tau_c) ?
+									__fmul_rn(cp, 0.5f) :
+									__fdiv_rn(cp, 6.0f));
+				spv = e4m3_decode(sp);
+				inv = e4m3_rcp(sp);
+			}
 			float lsum = 0.0f;
 #pragma unroll
 			for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
 				for (int r = 0; r < 2; r++) {
-					const float sv = S[mt][hs][r];
-					const float P = sv == -INFINITY ?
-								0.0f :
-								exp2f(__fadd_rn(__fsub_rn(sv, m_new[hs]), p.log2c));
+					/* m_new is finite (a tile has unmasked keys); masked S = −inf → P = 0 */
+					const float P = ex2_ftz(__fadd_rn(__fsub_rn(S[mt][hs][r], m_new[hs]),
+									  p.log2c));
 					lsum = lsum + P;
-					Pt[mt][hs][r] = __fmul_rn(spv, e2m1_round_pos(__fmul_rn(P, inv)));
+					const float ph = e2m1_round_pos(__fmul_rn(P, inv));
+					Pt[mt][hs][r] = MX ? ph : __fmul_rn(spv, ph);
 				}
 			}
 			l_run[hs] = alpha[hs] * l_run[hs] + lsum;
@@ -792,6 +844,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 			for (int mt = 0; mt < 2; mt++)
 				Pt[mt][1][0] = Pt[mt][1][1] = 0.0f;
+			sph[1] = 0.0f;
 		}
 
 		/* O^T += Ṽ^T P̃^T. o is kept in units of this page's g_V·2^14 (the K and V operands
@@ -803,9 +856,10 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 			for (int r = 0; r < 2; r++)
 				bfr[mt][r] = movmatrix_t(f2_to_h2(Pt[mt][0][r], Pt[mt][1][r]));
-		/* a garbage page (flagged id) must not turn o into inf: g ≥ FLT_MIN for real pages */
-		const float gv2 = fmaxf(16384.0f * gv, FLT_MIN);
-		const float rg = __fdividef(gv2_prev, gv2);
+		/* a garbage page (flagged id) must not turn o into inf: g ≥ FLT_MIN for real pages
+		 * (MXFP4 keeps o in absolute units) */
+		const float gv2 = MX ? 1.0f : fmaxf(16384.0f * gv, FLT_MIN);
+		const float rg = MX ? 1.0f : __fdividef(gv2_prev, gv2);
 		float fct[2];
 #pragma unroll
 		for (int hs = 0; hs < 2; hs++)
@@ -818,6 +872,27 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 			const int c0 = 16 * mc + g, c1 = c0 + 8;
 			const uint32_t x0 = *(const uint32_t *)(vcw + c0 * 64);
 			const uint32_t x1 = *(const uint32_t *)(vcw + c1 * 64);
+			if constexpr (MX) {
+				/* V scales [d][4]: channel c's block of the warp's tokens is byte 4c + w */
+				const float sv0 = ue8m0_f32(vs[c0 * 4 + warp]);
+				const float sv1 = ue8m0_f32(vs[c1 * 4 + warp]);
+				uint32_t a0[4], a1[4];
+				fp4x8_h2(x0, a0);
+				fp4x8_h2(x1, a1);
+				float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll
+				for (int ks2 = 0; ks2 < 2; ks2++) {
+					const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1],
+								a1[2 * ks2 + 1] };
+					mma_f16(acc, a, bfr[ks2][0], bfr[ks2][1]);
+				}
+				/* element e: channel c0 (e < 2) or c1, head column e & 1 */
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					o[mc][e] = __fmaf_rn(acc[e], (e < 2 ? sv0 : sv1) * sph[e & 1],
+							     o[mc][e] * fct[e & 1]);
+				continue;
+			}
 			const uint32_t sc0 = e4m3x2_to_h2(__byte_perm((uint32_t)vsw[c0 * 8], 0, 0x0000));
 			const uint32_t sc1 = e4m3x2_to_h2(__byte_perm((uint32_t)vsw[c1 * 8], 0, 0x0000));
 #pragma unroll
@@ -968,11 +1043,18 @@ static kern_t pick_kernel(int kind, int d, int mode, int *ret_smem)
 		return d == 128 ? bf16_decode_kernel<128> : bf16_decode_kernel<64>;
 	}
 	*ret_smem = d == 128 ? Fp4Cfg<128>::SMEM : Fp4Cfg<64>::SMEM;
+	if (kind == 3) {
+		if (d == 128)
+			return mode == 0 ? fp4_decode_kernel<128, 0, true> :
+			       mode == 1 ? fp4_decode_kernel<128, 1, true> : fp4_decode_kernel<128, 2, true>;
+		return mode == 0 ? fp4_decode_kernel<64, 0, true> :
+		       mode == 1 ? fp4_decode_kernel<64, 1, true> : fp4_decode_kernel<64, 2, true>;
+	}
 	if (d == 128)
-		return mode == 0 ? fp4_decode_kernel<128, 0> :
-		       mode == 1 ? fp4_decode_kernel<128, 1> : fp4_decode_kernel<128, 2>;
-	return mode == 0 ? fp4_decode_kernel<64, 0> :
-	       mode == 1 ? fp4_decode_kernel<64, 1> : fp4_decode_kernel<64, 2>;
+		return mode == 0 ? fp4_decode_kernel<128, 0, false> :
+		       mode == 1 ? fp4_decode_kernel<128, 1, false> : fp4_decode_kernel<128, 2, false>;
+	return mode == 0 ? fp4_decode_kernel<64, 0, false> :
+	       mode == 1 ? fp4_decode_kernel<64, 1, false> : fp4_decode_kernel<64, 2, false>;
 }
 
 /* G ≤ 4 always uses the stacked layout (one head per thread); with one query term the
@@ -1023,6 +1105,11 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 			return -EOPNOTSUPP;
 		if (cfg->p_quant != BD_P_NVFP4_MAX6 && cfg->p_quant != BD_P_NVFP4_UNDERFLOW)
 			return -EOPNOTSUPP;
+	} else if (cfg->page_fmt == BD_PAGE_MXFP4) {
+		if (cfg->query_terms != 1 && cfg->query_terms != 2)
+			return -EOPNOTSUPP;
+		if (cfg->p_quant != BD_P_MXFP4)
+			return -EOPNOTSUPP;
 	} else if (cfg->page_fmt == BD_PAGE_BF16) {
 		if (cfg->p_quant != BD_P_FP32)
 			return -EOPNOTSUPP;
@@ -1037,8 +1124,8 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 	pl.d = lay->d;
 	if (pl.G < 1 || pl.G > BD_KERNEL_MAX_G)
 		return -EOPNOTSUPP;
-	pl.kind = cfg->page_fmt == BD_PAGE_NVFP4 ? 1 : 2;
-	pl.nterms = pl.kind == 1 ? cfg->query_terms : 0;
+	pl.kind = cfg->page_fmt == BD_PAGE_NVFP4 ? 1 : cfg->page_fmt == BD_PAGE_MXFP4 ? 3 : 2;
+	pl.nterms = pl.kind != 2 ? cfg->query_terms : 0;
 	pl.sink = cfg->sink;
 	pl.hadamard = cfg->hadamard;
 	pl.underflow = cfg->p_quant == BD_P_NVFP4_UNDERFLOW;
@@ -1052,7 +1139,7 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 	}
 	/* the kernels assume the NVFP4 / BF16 geometry of bd_layout_init */
 	{
-		size_t hb = pl.kind == 1 ? (size_t)lay->d * 144 : (size_t)lay->d * 512;
+		size_t hb = (size_t)lay->d * (pl.kind == 1 ? 144 : pl.kind == 3 ? 136 : 512);
 		if (lay->head_bytes != hb || lay->gscale_off % 16 != 0 ||
 		    lay->gscale_off + 16 * (size_t)((lay->n_kv_heads + 1) / 2) > lay->page_bytes ||
 		    lay->page_bytes % 128 != 0 || lay->k_codes_off % 16 || lay->v_codes_off % 16)
@@ -1091,7 +1178,7 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 		 * pipeline fill, about 6 pages) counted as work, and the combine's latency per split
 		 * (about a quarter page) */
 		const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
-		const int min_ns = pl.kind == 1 ? (pages + MAXIDS - 1) / MAXIDS : 1;
+		const int min_ns = pl.kind != 2 ? (pages + MAXIDS - 1) / MAXIDS : 1;
 		long long best = -1;
 		int best_ns = min_ns;
 		for (int ns = min_ns; ns <= pages && ns <= 1024; ns++) {
@@ -1121,7 +1208,7 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_decode_args *a,
 			     void *stream)
 {
-	if (!pl || !a || pl->kind < 1 || pl->kind > 2)
+	if (!pl || !a || pl->kind < 1 || pl->kind > 3)
 		return -EINVAL;
 	if (!a->q || !a->arena || !a->block_table || !a->seq_lens || !a->slots || !a->out ||
 	    !a->workspace)

@@ -231,6 +231,35 @@ __global__ void qquant_kernel(const float *q, int n, int hadamard, int nterms, f
 	}
 }
 
+/* The MXFP4 query of the decode prologue (mx_query_quant_warp), one warp per head: codes
+ * [n][2][D/2], UE8M0 scale codes [n][2][D/32]. */
+template <int D>
+__global__ void qquant_mx_kernel(const float *q, int n, int hadamard, int nterms, float inv_sqrt_d,
+				 uint8_t *codes, uint8_t *scales)
+{
+	const int hd = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	if (hd >= n)
+		return;
+	float x[D / 32], hq[2][D / 32], g[2];
+	uint32_t c[2][D / 32], sc[2][D / 32];
+	for (int i = 0; i < D / 32; i++)
+		x[i] = q[(size_t)hd * D + lane + 32 * i];
+	if (hadamard)
+		fwht_warp<D>(x, inv_sqrt_d);
+	mx_query_quant_warp<D>(x, nterms, hq, c, sc, g);
+	for (int t = 0; t < 2; t++) {
+		for (int i = 0; i < D / 32; i++) {
+			const int e = lane + 32 * i;
+			uint32_t hi = __shfl_down_sync(0xffffffffu, c[t][i], 1);
+			if ((e & 1) == 0)
+				codes[((size_t)hd * 2 + t) * (D / 2) + e / 2] =
+					(uint8_t)((c[t][i] & 0xfu) | ((hi & 0xfu) << 4));
+			if (lane == 0)
+				scales[((size_t)hd * 2 + t) * (D / 32) + i] = (uint8_t)sc[t][i];
+		}
+	}
+}
+
 __global__ void e4m3_exhaustive_kernel(unsigned long long *mismatch, unsigned int *first)
 {
 	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
@@ -323,6 +352,23 @@ extern "C" int bd_kernels_query_quantize(const float *q, int n, int d, int hadam
 		qquant_kernel<128><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales, ret_g);
 	else
 		qquant_kernel<64><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales, ret_g);
+	BDK_TRY(cudaGetLastError());
+	BDK_TRY(cudaDeviceSynchronize());
+	return 0;
+}
+
+extern "C" int bd_kernels_query_quantize_mx(const float *q, int n, int d, int hadamard, int nterms,
+					    uint8_t *ret_codes, uint8_t *ret_scales)
+{
+	if (!q || n < 1 || (d != 64 && d != 128) || (nterms != 1 && nterms != 2) || !ret_codes ||
+	    !ret_scales)
+		return -EINVAL;
+	const float inv = 1.0f / sqrtf((float)d);
+	const int blocks = (n + 3) / 4;
+	if (d == 128)
+		qquant_mx_kernel<128><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales);
+	else
+		qquant_mx_kernel<64><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales);
 	BDK_TRY(cudaGetLastError());
 	BDK_TRY(cudaDeviceSynchronize());
 	return 0;

@@ -1,7 +1,8 @@
 /* bench_kernels.c — decode kernel benchmark on the GPU (issue 6): Qwen3-4B attention shape by
  * default (32 query / 8 KV heads, d = 128), one layer, contexts N and batches B from the command
- * line, three kernels: the full recipe (bitdecoding-nvfp4), vanilla FP4 (nvfp4-base) and the
- * BF16 paged baseline (bf16).
+ * line, three kernels by default: the full recipe (bitdecoding-nvfp4), vanilla FP4 (nvfp4-base)
+ * and the BF16 paged baseline (bf16); --cfg takes any configuration the kernels plan (also
+ * bitdecoding-mxfp4).
  *
  * Pages hold valid quantized data: 64 distinct random page-layers made by the promotion kernel,
  * replicated over the arena; BF16 slots hold random values. Before timing, request 0's output

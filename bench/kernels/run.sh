@@ -3,7 +3,11 @@
 # the torch cuDNN reference, each step under its own time limit, logs under $OUT (or ./out).
 #
 #   bench/kernels/run.sh [steps]     steps: any of build check san sass bench ncu torch (default all)
-# Environment: BENCH_ARGS (bench_kernels arguments), SDPA_ARGS (sdpa_ref.py arguments).
+# Environment: BUILD (build directory; binaries already in $BUILD/bin that load here are used
+# as they are, so a session can build them beside the sources and carry them), BENCH_ARGS
+# (bench_kernels arguments), SDPA_ARGS (sdpa_ref.py arguments), BD_GPU_CAPTURE (the real-KV
+# file of `make gpu-capture`; default $BUILD/gpu-data/smollm2_kv.bin when it exists).
+# With both check and san, the sanitizers run beside the check (both only verify).
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -13,33 +17,56 @@ JOBS=$(nproc)
 rc=0
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 step() { echo "=== $1 ($(date +%T))"; }
+cap=${BD_GPU_CAPTURE:-$BUILD/gpu-data/smollm2_kv.bin}
+[ -f "$cap" ] && export BD_GPU_CAPTURE="$cap"
 
 if has build; then
 	step build
 	{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
 	  nvcc --version | tail -1; gcc --version | head -1; } 2>&1 | tee "$OUT/build.log"
-	timeout 400 make --no-print-directory BUILD="$BUILD" -j"$JOBS" \
-		EXTRA_NVCCFLAGS="-Xptxas -v" "$BUILD/bin/gpu_check" "$BUILD/bin/bench_kernels" \
-		>>"$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
-	grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B2 "spill" |
-		grep -A2 "decode_kernel\|promote_kernel\|combine" | grep -v "^--" | sed 's/ptxas info *: //' | head -40
+	"$BUILD/bin/bench_kernels" --usage >/dev/null 2>&1
+	if [ $? = 2 ] && [ -x "$BUILD/bin/gpu_check" ]; then
+		echo "using the binaries in $BUILD/bin" | tee -a "$OUT/build.log"
+	else
+		timeout 400 make --no-print-directory BUILD="$BUILD" -j"$JOBS" \
+			EXTRA_NVCCFLAGS="-Xptxas -v" "$BUILD/bin/gpu_check" "$BUILD/bin/bench_kernels" \
+			>>"$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+	fi
 fi
-if has check; then
-	step check
-	timeout 420 "$BUILD/bin/gpu_check" 2>&1 | tee "$OUT/check.log" | grep -E "FAIL|PASS|e4m3|query|promote|FATAL" | head -60
-	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-	grep -E "^  decode" "$OUT/check.log" | awk '{print $3, $4, $5, $7, $8, $9, $10, $11}' | sort -k8 -g | tail -8
-fi
-if has san; then
-	step sanitizers
+san_run() {
 	SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 	for tool in memcheck racecheck; do
-		timeout 200 "$SAN" --tool $tool --error-exitcode 1 "$BUILD/bin/gpu_check" --small \
+		timeout 240 "$SAN" --tool $tool --error-exitcode 1 "$BUILD/bin/gpu_check" --small \
 			>"$OUT/san_$tool.log" 2>&1
-		r=$?
-		echo "compute-sanitizer $tool: exit $r"; tail -4 "$OUT/san_$tool.log"
-		[ $r = 0 ] || rc=1
+		echo $? >"$OUT/san_$tool.rc"
 	done
+}
+san_report() {
+	for tool in memcheck racecheck; do
+		r=$(cat "$OUT/san_$tool.rc" 2>/dev/null || echo missing)
+		echo "compute-sanitizer $tool: exit $r"; tail -3 "$OUT/san_$tool.log"
+		[ "$r" = 0 ] || rc=1
+	done
+}
+if has check; then
+	step "check${BD_GPU_CAPTURE:+ (real KV: $BD_GPU_CAPTURE)}"
+	san_pid=
+	if has san; then
+		san_run & san_pid=$!
+	fi
+	timeout 420 "$BUILD/bin/gpu_check" 2>&1 | tee "$OUT/check.log" | grep -E "FAIL|PASS|e4m3|query|promote|FATAL" | head -60
+	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	grep -E "^  real KV" "$OUT/check.log" | awk '{print $3, $9, $10, $12, $13}' | sort -k5 -g | tail -4
+	grep -E "^  decode" "$OUT/check.log" | awk '{print $3, $4, $5, $7, $8, $9, $10, $11}' | sort -k8 -g | tail -6
+	if [ -n "$san_pid" ]; then
+		wait "$san_pid"
+		step sanitizers
+		san_report
+	fi
+elif has san; then
+	step sanitizers
+	san_run
+	san_report
 fi
 if has sass; then
 	step sass

@@ -12,6 +12,11 @@
  *   - decode: configurations × d ∈ {64, 128} × G ∈ {1, 3, 4, 8} over a batch of lengths 1, 15,
  *     16, 17, 127, 128, 129, 4095 (partial last pages, sink masking, empty splits), auto and
  *     forced splits, a long context; outputs poisoned with NaN first; relative error ≤ 1e-3;
+ *   - MXFP4 (bitdecoding-mxfp4): the device's MXFP4 query bytes vs bd_query_quantize, and
+ *     decode like NVFP4;
+ *   - real KV: SmolLM2's post-RoPE K/V/q for a prompt cut from a Debian text file, captured
+ *     on the CPU by `make gpu-capture` (tests/gpu/gpu_capture.c) into the file named by
+ *     BD_GPU_CAPTURE, through the same write path, every configuration and captured layer;
  *   - the launchers' refusals of bad arguments.
  * Exits non-zero on any failure. `--small` runs one small decode and one promotion (for
  * compute-sanitizer).
@@ -129,6 +134,7 @@ struct problem {
 	uint8_t *slots;  /* host slots, B × slot_bytes */
 	int32_t *bt;     /* [B][bt_stride] */
 	float *q;        /* [B][Hq][d] */
+	float *q_all;    /* captured problems: [n_layers][B][Hq][d], q is one layer of it */
 	/* device copies */
 	void *d_arena, *d_slots, **d_slot_ptrs;
 	int32_t *d_bt, *d_lens;
@@ -155,7 +161,9 @@ static void problem_free(struct problem *P)
 	free(P->arena);
 	free(P->slots);
 	free(P->bt);
-	free(P->q);
+	if (!P->q_all)
+		free(P->q);
+	free(P->q_all);
 	cudaFree(P->d_arena);
 	cudaFree(P->d_slots);
 	cudaFree(P->d_slot_ptrs);
@@ -165,8 +173,72 @@ static void problem_free(struct problem *P)
 	memset(P, 0, sizeof(*P));
 }
 
+/* KV captured from the real model (gpu_capture.c's file format). */
+struct capture {
+	int n_cap, Hq, Hkv, d, n_tok, n_q;
+	int32_t *layers, *qpos;
+	float *k, *v, *q; /* [n_cap][n_tok][Hkv][d] ×2, [n_cap][n_q][Hq][d] */
+};
+
+static void capture_free(struct capture *c)
+{
+	free(c->layers);
+	free(c->qpos);
+	free(c->k);
+	free(c->v);
+	free(c->q);
+	memset(c, 0, sizeof(*c));
+}
+
+/* Returns 0, or -1 when the file is missing or malformed (message printed). */
+static int capture_load(const char *path, struct capture *c)
+{
+	FILE *f = fopen(path, "rb");
+	char magic[8];
+	int32_t h[6];
+
+	memset(c, 0, sizeof(*c));
+	if (!f) {
+		printf("  capture %s: cannot open\n", path);
+		return -1;
+	}
+	if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "BDKVCAP1", 8) != 0 ||
+	    fread(h, sizeof(h), 1, f) != 1 || h[0] < 1 || h[0] > 64 || h[1] < 1 || h[2] < 1 ||
+	    h[1] % h[2] != 0 || (h[3] != 64 && h[3] != 128) || h[4] < 1 || h[4] > (1 << 20) ||
+	    h[5] < 1 || h[5] > 64)
+		goto bad;
+	c->n_cap = h[0];
+	c->Hq = h[1];
+	c->Hkv = h[2];
+	c->d = h[3];
+	c->n_tok = h[4];
+	c->n_q = h[5];
+	const size_t nkv = (size_t)c->n_cap * c->n_tok * c->Hkv * c->d;
+	const size_t nq = (size_t)c->n_cap * c->n_q * c->Hq * c->d;
+	c->layers = xmalloc(sizeof(int32_t) * (size_t)c->n_cap);
+	c->qpos = xmalloc(sizeof(int32_t) * (size_t)c->n_q);
+	c->k = xmalloc(sizeof(float) * nkv);
+	c->v = xmalloc(sizeof(float) * nkv);
+	c->q = xmalloc(sizeof(float) * nq);
+	if (fread(c->layers, sizeof(int32_t), (size_t)c->n_cap, f) != (size_t)c->n_cap ||
+	    fread(c->qpos, sizeof(int32_t), (size_t)c->n_q, f) != (size_t)c->n_q ||
+	    fread(c->k, sizeof(float), nkv, f) != nkv || fread(c->v, sizeof(float), nkv, f) != nkv ||
+	    fread(c->q, sizeof(float), nq, f) != nq)
+		goto bad;
+	for (int j = 0; j < c->n_q; j++)
+		if (c->qpos[j] < 0 || c->qpos[j] >= c->n_tok)
+			goto bad;
+	fclose(f);
+	return 0;
+bad:
+	printf("  capture %s: malformed\n", path);
+	fclose(f);
+	capture_free(c);
+	return -1;
+}
+
 static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, int G, int Hkv,
-			  int n_layers, const int *lens, int B, uint64_t seed)
+			  int n_layers, const int *lens, int B, uint64_t seed, const struct capture *cap)
 {
 	struct rng r = { seed };
 	size_t total_pages = 0;
@@ -216,6 +288,17 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 	float *mu = xmalloc(sizeof(float) * (size_t)d * n_layers * Hkv);
 	int *outl = xmalloc(sizeof(int) * 6 * (size_t)n_layers * Hkv);
 	for (int lh = 0; lh < n_layers * Hkv; lh++) {
+		if (cap) {
+			/* μ_k as calibration makes it: the mean of the layer's captured keys */
+			const int l = lh / Hkv, h = lh % Hkv;
+			for (int c = 0; c < d; c++) {
+				double acc = 0.0;
+				for (int t = 0; t < cap->n_tok; t++)
+					acc += cap->k[(((size_t)l * cap->n_tok + t) * Hkv + h) * d + c];
+				mu[lh * d + c] = (float)(acc / cap->n_tok);
+			}
+			continue;
+		}
 		for (int c = 0; c < d; c++) {
 			bias[lh * d + c] = 2.0f * rng_gauss(&r);
 			/* μ_k as calibrated: close to the bias, not equal */
@@ -231,7 +314,13 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 			for (int l = 0; l < n_layers; l++)
 				for (int h = 0; h < Hkv; h++) {
 					int lh = l * Hkv + h;
-					gen_kv(&r, d, bias + lh * d, outl + lh * 6, k, v);
+					if (cap) {
+						const size_t o = (((size_t)l * cap->n_tok + pos) * Hkv + h) * d;
+						memcpy(k, cap->k + o, sizeof(float) * (size_t)d);
+						memcpy(v, cap->v + o, sizeof(float) * (size_t)d);
+					} else {
+						gen_kv(&r, d, bias + lh * d, outl + lh * 6, k, v);
+					}
 					CKR(bd_kv_write_token(&P->lay, cfg, slot, l, h, pos, k, v,
 							      mu + lh * d));
 				}
@@ -246,6 +335,17 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 	free(mu);
 	free(outl);
 
+	if (cap) {
+		/* request b decodes at the capture's query position b (lens[b] = qpos[b] + 1) */
+		const size_t qn = (size_t)P->Hq * d;
+		P->q_all = xmalloc(sizeof(float) * (size_t)n_layers * B * qn);
+		for (int l = 0; l < n_layers; l++)
+			for (int b = 0; b < B; b++)
+				memcpy(P->q_all + ((size_t)l * B + b) * qn,
+				       cap->q + ((size_t)l * cap->n_q + b) * qn, sizeof(float) * qn);
+		P->q = P->q_all;
+		return;
+	}
 	/* queries: gaussian with a few large channels; scaled so that attention is peaked */
 	P->q = xmalloc(sizeof(float) * (size_t)B * P->Hq * d);
 	for (size_t i = 0; i < (size_t)B * P->Hq * d; i++)
@@ -409,7 +509,7 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 		check(false, "unknown configuration %s", cfgname);
 		return;
 	}
-	problem_build(&P, cfg, d, G, Hkv, n_layers, lens, B, seed);
+	problem_build(&P, cfg, d, G, Hkv, n_layers, lens, B, seed, NULL);
 	double t1 = now_s();
 	problem_upload(&P);
 	for (int i = 0; i < nsp; i++) {
@@ -427,21 +527,61 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 	problem_free(&P);
 }
 
+/* Every captured layer of the real model's KV under configuration cfgname: one request per
+ * captured query position, auto and forced splits. */
+static void capture_case(const char *cfgname, const struct capture *cap)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgname);
+	const int sp[2] = { 0, 3 };
+	struct problem P;
+	int *lens = xmalloc(sizeof(int) * (size_t)cap->n_q);
+
+	if (!cfg) {
+		check(false, "unknown configuration %s", cfgname);
+		free(lens);
+		return;
+	}
+	for (int j = 0; j < cap->n_q; j++)
+		lens[j] = cap->qpos[j] + 1;
+	problem_build(&P, cfg, cap->d, cap->Hq / cap->Hkv, cap->Hkv, cap->n_cap, lens, cap->n_q, 0,
+		      cap);
+	problem_upload(&P);
+	for (int l = 0; l < cap->n_cap; l++) {
+		const size_t qn = (size_t)P.B * P.Hq * P.d;
+		P.q = P.q_all + (size_t)l * qn;
+		CK(cudaMemcpy(P.d_q, P.q, sizeof(float) * qn, cudaMemcpyHostToDevice));
+		for (int i = 0; i < 2; i++) {
+			struct run_stats st;
+			problem_run(&P, sp[i], l, &st);
+			bool ok = st.max_rel <= TOL && st.max_lse <= 1e-3;
+			check(ok, "real KV %-18s layer %2d splits=%3d: rel %.3g (req %d head %d) lse %.3g",
+			      cfgname, cap->layers[l], st.n_splits, st.max_rel, st.worst_b, st.worst_h,
+			      st.max_lse);
+			printf("  real KV %-18s d=%3d G=%d Hkv=%d B=%d layer %2d maxlen=%5d splits=%3d  rel %.3e  call %.3e  lse %.3e  %s\n",
+			       cfgname, P.d, P.G, P.Hkv, P.B, cap->layers[l], P.max_len, st.n_splits,
+			       st.max_rel, st.call_rel, st.max_lse, ok ? "ok" : "FAIL");
+		}
+	}
+	problem_free(&P);
+	free(lens);
+}
+
 /* ---- bad input checks ----------------------------------------------------------------------- */
 
 static void refusal_checks(void)
 {
-	struct bd_layout lay, lmx;
+	struct bd_layout lay, lmx, l8;
 	struct bd_decode_plan pl;
 	const struct bd_kvcfg *bd = bd_kvcfg_find("bitdecoding-nvfp4");
-	const struct bd_kvcfg *mx = bd_kvcfg_find("bitdecoding-mxfp4");
+	const struct bd_kvcfg *f8 = bd_kvcfg_find("fp8");
 	struct bd_decode_params dp = bd_decode_params_default();
 
 	CKR(bd_layout_init(&lay, BD_PAGE_NVFP4, 1, 2, 128, 0, 4));
 	CKR(bd_layout_init(&lmx, BD_PAGE_MXFP4, 1, 2, 128, 0, 4));
+	CKR(bd_layout_init(&l8, f8->page_fmt, 1, 2, 128, 0, 4));
 	memset(&pl, 0x5a, sizeof(pl));
-	check(bd_decode_plan_init(&pl, mx, &lmx, NULL, 1, 8, 1000, 0) == -EOPNOTSUPP,
-	      "plan: MXFP4 decode must be -EOPNOTSUPP");
+	check(bd_decode_plan_init(&pl, f8, &l8, NULL, 1, 8, 1000, 0) == -EOPNOTSUPP,
+	      "plan: FP8 pages must be -EOPNOTSUPP");
 	check(bd_decode_plan_init(&pl, bd, &lay, NULL, 1, 18, 1000, 0) == -EOPNOTSUPP,
 	      "plan: G = 9 must be -EOPNOTSUPP");
 	check(bd_decode_plan_init(&pl, bd, &lay, NULL, 1, 7, 1000, 0) == -EINVAL,
@@ -503,7 +643,7 @@ static void status_checks(void)
 	void *ws;
 	int *d_status, status = 0;
 
-	problem_build(&P, cfg, 128, 4, 2, 1, lens, 2, 77);
+	problem_build(&P, cfg, 128, 4, 2, 1, lens, 2, 77, NULL);
 	P.bt[0] = 1 << 20; /* request 0, page 0 */
 	P.lens[1] = 0;
 	problem_upload(&P);
@@ -642,6 +782,30 @@ static void query_checks(void)
 				      d, had, nt, bad, n);
 				printf("  query quantization d=%3d hadamard=%d terms=%d: %d/%d heads differ\n", d,
 				       had, nt, bad, n);
+
+				/* MXFP4 (UE8M0 scales, blocks of 32, g = 1) */
+				CKR(bd_kernels_query_quantize_mx(dq, n, d, had, nt, dc, ds));
+				CK(cudaMemcpy(codes, dc, (size_t)n * d, cudaMemcpyDeviceToHost));
+				CK(cudaMemcpy(scales, ds, (size_t)n * 2 * (d / 32), cudaMemcpyDeviceToHost));
+				bad = 0;
+				for (int i = 0; i < n; i++) {
+					float x[1024];
+					struct bd_qquant qq;
+					memcpy(x, q + (size_t)i * d, sizeof(float) * (size_t)d);
+					if (had)
+						CKR(bd_fwht(x, d));
+					CKR(bd_query_quantize(x, d, BD_FP4_MXFP4, nt, &qq));
+					for (int t = 0; t < nt; t++)
+						if (memcmp(codes + ((size_t)i * 2 + t) * (d / 2), qq.codes[t],
+							   (size_t)d / 2) ||
+						    memcmp(scales + ((size_t)i * 2 + t) * (d / 32), qq.scales[t],
+							   (size_t)d / 32))
+							bad++;
+				}
+				check(bad == 0, "MXFP4 query quantization d=%d hadamard=%d terms=%d: %d of %d heads differ",
+				      d, had, nt, bad, n);
+				printf("  MXFP4 query quantization d=%3d hadamard=%d terms=%d: %d/%d heads differ\n",
+				       d, had, nt, bad, n);
 			}
 		}
 		CK(cudaFree(dq));
@@ -798,6 +962,7 @@ int main(int argc, char **argv)
 		const int lens[3] = { 300, 17, 129 };
 		const int sp[1] = { 2 };
 		decode_case("bitdecoding-nvfp4", 128, 4, 2, lens, 3, 1, sp, 1, 11, true);
+		decode_case("bitdecoding-mxfp4", 64, 8, 1, lens, 3, 1, sp, 1, 13, true);
 		decode_case("bf16", 64, 2, 2, lens, 3, 1, sp, 1, 12, true);
 		promote_checks(true);
 		printf("%s: %d checks passed, %d failed\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail);
@@ -810,11 +975,29 @@ int main(int argc, char **argv)
 	query_checks();
 	promote_checks(false);
 
-	static const char *cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "+pscale", "+keyquant", "bf16" };
+	static const char *cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "+dual", "+pscale",
+				      "+keyquant", "bitdecoding-mxfp4", "bf16" };
+	const int ncfg = (int)(sizeof(cfgs) / sizeof(cfgs[0]));
 	static const int lens[8] = { 1, 15, 16, 17, 127, 128, 129, 4095 };
 	static const int Gs[4] = { 1, 3, 4, 8 };
 	uint64_t seed = 1000;
-	for (int ci = 0; ci < 5; ci++)
+
+	/* real KV first: the model's captured K/V/q through every configuration */
+	{
+		const char *path = getenv("BD_GPU_CAPTURE");
+		struct capture cap;
+		if (!path || !*path) {
+			printf("  real KV: BD_GPU_CAPTURE not set (make gpu-capture writes it): skipped\n");
+		} else if (capture_load(path, &cap) < 0) {
+			check(false, "real KV: cannot load %s", path);
+		} else {
+			for (int ci = 0; ci < ncfg; ci++)
+				capture_case(cfgs[ci], &cap);
+			capture_free(&cap);
+		}
+	}
+
+	for (int ci = 0; ci < ncfg; ci++)
 		for (int d = 64; d <= 128; d *= 2)
 			for (int gi = 0; gi < 4; gi++) {
 				/* auto splits, a few splits, and more splits than pages (empty ones) */
@@ -829,6 +1012,7 @@ int main(int argc, char **argv)
 		const int sp[2] = { 0, 3 };
 		decode_case("bitdecoding-nvfp4", 128, 4, 2, ll, 3, 1, sp, 2, seed++, true);
 		decode_case("nvfp4-base", 128, 8, 1, ll, 3, 1, sp, 1, seed++, true);
+		decode_case("bitdecoding-mxfp4", 128, 4, 2, ll, 3, 1, sp, 2, seed++, true);
 		decode_case("bf16", 128, 4, 1, ll, 3, 1, sp, 1, seed++, true);
 	}
 	printf("%s: %d checks passed, %d failed (%.1fs)\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail,
