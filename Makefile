@@ -2,8 +2,10 @@
 #
 #   make            build everything into build/ (host code, CUDA kernels, tools)
 #   make test       install missing Debian packages, run the Criterion suite plain and under ASan+UBSan
-#   make run        install missing packages, build, run the main job
+#   make run        install missing packages, build, run the main job: kvpoold, the router and
+#                   two workers on the CPU backend answer PROMPT="..." (a default question)
 #   make bench      CPU benchmarks (results appended to bench/RESULTS.md by their scripts)
+#   make bench-serve  serving throughput and TTFT at concurrency 1, 4, 16 (bench/RESULTS.md)
 #   make gpu-test   on a machine with an NVIDIA GPU: kernel checks against the CPU reference
 #
 # BUILD selects the build directory (default build/); SAN=1 builds with ASan+UBSan.
@@ -14,10 +16,11 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-# Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`.
+# Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
+# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
-	libinih-dev
+	libinih-dev python3-zmq python3-protobuf protobuf-compiler
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -70,7 +73,7 @@ ifeq ($(SAN),1)
 HAVE_NVCC :=
 endif
 
-.PHONY: all deps test unit-run run bench gpu-test clean model fuzz fuzz-pool
+.PHONY: all deps test unit-run run bench bench-serve gpu-test clean model fuzz fuzz-pool fuzz-st
 .DELETE_ON_ERROR:
 
 all: $(LIBBD) $(BUILD)/bin/bdfp4 $(BENCH_BIN) $(BUILD)/tests/unit $(if $(HAVE_NVCC),$(LIBBD_CU))
@@ -116,44 +119,58 @@ $(BUILD)/tests/unit: $(TEST_OBJ) $(KVPD_LIB) $(LIBBD)
 
 # Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED
 # and the daemons they start (kvpoold, kvpoolctl) through BD_BIN.
+# With SAN=1, LeakSanitizer ignores the leaks of Criterion's own runner (tests/lsan.supp).
 unit-run: $(BUILD)/tests/unit $(KVPD_BIN)
-	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) $(BUILD)/tests/unit --jobs 2
+	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) \
+	$(if $(filter 1,$(SAN)),LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0) \
+	$(BUILD)/tests/unit --jobs 2
 
 test: deps model
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory unit-run
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/san SAN=1 unit-run
 
-# The main job. Until the serving daemons land (issues 4 and 5), it runs the paper's error
-# analysis on the CPU reference decoder.
-run: deps
+# The main job: kvpoold, the router and two tensor-parallel workers on the CPU backend with
+# bitdecoding-nvfp4 pages, in a private runtime dir (under $XDG_RUNTIME_DIR, else
+# $(BUILD)/run); a chat prompt streamed through `bdfp4 client`, the pool's stats, then every
+# daemon stopped with SIGTERM and checked for exit 0 (deploy/run-local.sh).
+PROMPT ?= What is the capital of France, and what is it famous for?
+run: deps model
 	$(MAKE) --no-print-directory all
-	$(BUILD)/bin/bdfp4 quant-report --ctx 8192 --trials 8
+	deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "$(PROMPT)" $(or $(XDG_RUNTIME_DIR),$(BUILD)/run)
 
 bench: all
 	$(BUILD)/bin/bench_ref
+
+# Serving throughput and time to first token at concurrency 1, 4 and 16 and the pool's peak
+# use, from bench/loadgen against the whole system (as `make run` starts it); the table is
+# appended to bench/RESULTS.md.
+bench-serve: deps model
+	$(MAKE) --no-print-directory all
+	BD_LOADGEN="--levels 1,4,16 --max-tokens 128 --results bench/RESULTS.md" \
+		deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "" $(or $(XDG_RUNTIME_DIR),$(BUILD)/run)
 
 # gpu-test needs only gcc, nvcc and the CUDA runtime (no Criterion, no jansson): the pure-C
 # reference objects, the CUDA kernels, the check and benchmark programs; then the kernel checks
 # against the CPU reference and compute-sanitizer memcheck and racecheck on a small case
 # (GPU_SANITIZE=0 skips those). bench/kernels/run.sh runs the benchmark.
-GPU_LIB_OBJ  := $(addprefix $(BUILD)/lib/,fp4.o layout.o kvcfg.o attn_ref.o)
-GPU_LDLIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lm -pthread
-GPU_CHECK    := $(BUILD)/bin/gpu_check
-GPU_BENCH    := $(BUILD)/bin/bench_kernels
 # The check on real KV: `make gpu-capture` (here, where the model runtime builds: OpenBLAS,
 # PCRE2, the model file) writes SmolLM2's K/V/q for a prompt cut from GPU_CAPTURE_TEXT into
 # GPU_CAPTURE_OUT; gpu-test checks every configuration on it when the file is there (carry
 # that file to a GPU machine that cannot build the capture).
+GPU_LIB_OBJ  := $(addprefix $(BUILD)/lib/,fp4.o layout.o kvcfg.o attn_ref.o)
+GPU_LDLIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lm -pthread
+GPU_CHECK    := $(BUILD)/bin/gpu_check
+GPU_BENCH    := $(BUILD)/bin/bench_kernels
 GPU_SANITIZE ?= 1
 GPU_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer) compute-sanitizer)
+GPU_CAPTURE  := $(BUILD)/bin/gpu_capture
+GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
+GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 
 $(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 
 $(GPU_CHECK): $(BUILD)/tests/gpu/gpu_check.o $(LIBBD_CU) $(GPU_LIB_OBJ)
-GPU_CAPTURE  := $(BUILD)/bin/gpu_capture
-GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
-GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(GPU_LDLIBS)
 
@@ -161,10 +178,6 @@ $(GPU_BENCH): $(BUILD)/bench/kernels/bench_kernels.o $(LIBBD_CU) $(GPU_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(GPU_LDLIBS)
 
-gpu-test: $(GPU_CHECK) $(GPU_BENCH)
-	@test -n "$(HAVE_NVCC)" || { echo "gpu-test needs nvcc"; exit 1; }
-	BD_SHARED=$(BD_SHARED) BD_GPU_CAPTURE=$(wildcard $(GPU_CAPTURE_OUT)) $(GPU_CHECK)
-ifeq ($(GPU_SANITIZE),1)
 $(GPU_CAPTURE): $(BUILD)/tests/gpu/gpu_capture.o $(LIBBD)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ -ljansson -lopenblas $(POOL_LDLIBS) $(LDLIBS)
@@ -175,6 +188,10 @@ gpu-capture: $(GPU_CAPTURE)
 	@mkdir -p $(dir $(GPU_CAPTURE_OUT))
 	$(GPU_CAPTURE) $(MODEL_FILE) $(GPU_CAPTURE_TEXT) $(GPU_CAPTURE_OUT)
 
+gpu-test: $(GPU_CHECK) $(GPU_BENCH)
+	@test -n "$(HAVE_NVCC)" || { echo "gpu-test needs nvcc"; exit 1; }
+	BD_SHARED=$(BD_SHARED) BD_GPU_CAPTURE=$(wildcard $(GPU_CAPTURE_OUT)) $(GPU_CHECK)
+ifeq ($(GPU_SANITIZE),1)
 	$(GPU_SANITIZER) --tool memcheck --error-exitcode 1 $(GPU_CHECK) --small
 	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(GPU_CHECK) --small
 endif
@@ -202,6 +219,15 @@ model:
 		exit 1; \
 	fi && mv $(MODEL_FILE).part $(MODEL_FILE)
 
+# The default calibration of the embedded model (NUMERICS.md section 7: mu_k and tau) at the
+# default context, next to the model in models/; eval-kl and generate use it when present and
+# made for the model. `make calib CALIB_CTX=8192` makes the one for another context.
+CALIB_CTX  ?= 2048
+CALIB_FILE := $(MODEL_FILE:.gguf=).ctx$(CALIB_CTX).calib
+
+calib: model $(BUILD)/bin/bdfp4
+	$(BUILD)/bin/bdfp4 calibrate --model $(MODEL_FILE) --ctx $(CALIB_CTX) -o $(CALIB_FILE)
+
 # libFuzzer target for the GGUF parser, started from tests/fuzz/corpus (needs clang and
 # libclang-rt-dev); `make fuzz FUZZ_TIME=600` fuzzes longer. New inputs go to $(BUILD)/fuzz.
 FUZZ_TIME ?= 60
@@ -212,6 +238,16 @@ fuzz:
 		tests/fuzz/fuzz_gguf.c lib/gguf.c lib/ggml_quants.c -lm
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=16384 \
 		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus tests/fuzz/corpus
+
+# libFuzzer target for the safetensors parser, started from tests/fuzz/st-corpus (written by
+# tests/fuzz/make_st_seeds.py with the reference implementation): `make fuzz-st FUZZ_TIME=600`.
+fuzz-st:
+	@mkdir -p $(BUILD)/fuzz/st-corpus
+	clang -std=gnu11 -g -O1 -ffp-contract=off -D_GNU_SOURCE -Ilib $(WARN) \
+		-fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/fuzz_safetensors \
+		tests/fuzz/fuzz_safetensors.c lib/safetensors.c lib/ggml_quants.c -ljansson -lm
+	$(BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_TIME) -max_len=16384 \
+		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/st-corpus tests/fuzz/st-corpus
 
 # ---- kvpoold, kvpoolctl and their protocol (issue 4) ------------------------------------
 # The CUDA backend is compiled where cuda.h exists; libcuda is dlopen'ed at run time, so the
@@ -256,6 +292,41 @@ fuzz-pool: $(PROTO_C)
 		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/pool-corpus
 
 -include $(KVPD_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(BUILD)/kvpoold/main.d $(BUILD)/kvpoold/kvpoolctl.d
+
+# ---- router, client library, bdfp4 client (issue 5) -------------------------------------
+# routerd: the client API's ROUTER frontend, admission, continuous batching, step plans. The
+# client library (lib/client.c) and `bdfp4 client` speak proto/serve.proto over ZeroMQ, so the
+# tool and the benchmarks link ZeroMQ and protobuf-c too.
+ROUTER_SRC := $(sort $(wildcard router/*.c))
+ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
+ROUTER_BIN := $(BUILD)/bin/routerd
+all: $(ROUTER_BIN)
+unit-run: $(ROUTER_BIN) $(BUILD)/bin/bdfp4
+$(ROUTER_OBJ) $(BUILD)/lib/client.o $(BUILD)/cli/client.o \
+	$(filter $(BUILD)/tests/lib/test_serve%.o $(BUILD)/tests/lib/test_client.o,$(TEST_OBJ)) \
+	$(BENCH_SRC:bench/%.c=$(BUILD)/bench/%.o): | $(PROTO_H)
+$(BUILD)/bin/bdfp4 $(BENCH_BIN): LDLIBS += $(POOL_LDLIBS)
+
+$(ROUTER_BIN): $(ROUTER_OBJ) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson $(POOL_LDLIBS) $(LDLIBS)
+
+-include $(ROUTER_OBJ:.o=.d)
+
+# ---- workerd (issue 5) -----------------------------------------------------------------
+# One tensor-parallel rank: its model shard, kvpoold's arena, the router's step plans.
+WORKERD_SRC := $(sort $(wildcard workerd/*.c))
+WORKERD_OBJ := $(WORKERD_SRC:%.c=$(BUILD)/%.o)
+WORKERD_BIN := $(BUILD)/bin/workerd
+all: $(WORKERD_BIN)
+unit-run: $(WORKERD_BIN)
+$(WORKERD_OBJ) $(BUILD)/tests/lib/test_workerd.o: | $(PROTO_H)
+
+$(WORKERD_BIN): $(WORKERD_OBJ) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson -lopenblas $(POOL_LDLIBS) $(LDLIBS)
+
+-include $(WORKERD_OBJ:.o=.d)
 
 clean:
 	rm -rf build

@@ -14,6 +14,9 @@ static const struct subcommand commands[] = {
 	{ "quant-report", cmd_quant_report,
 	  "logit and probability error split of every KV configuration (paper §3, Eq. 2)" },
 	{ "generate", cmd_generate, "complete a prompt on the CPU with the FP4 KV cache" },
+	{ "calibrate", cmd_calibrate, "calibrate μ_k and τ of a model for a context (§7)" },
+	{ "eval-kl", cmd_eval_kl, "teacher-forced KL of every KV configuration on real text (§10)" },
+	{ "client", cmd_client, "send a prompt to the router and stream the answer" },
 };
 
 static void usage(FILE *f)

@@ -4,7 +4,29 @@
 #ifndef BDFP4_CLI_H
 #define BDFP4_CLI_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 int cmd_quant_report(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_client(int argc, char **argv);
+
+int cmd_calibrate(int argc, char **argv);
+int cmd_eval_kl(int argc, char **argv);
+
+/* Calibration lookup shared by calibrate, eval-kl and generate (cli/calibrate.c). */
+struct bd_model_hparams;
+struct bd_calib;
+#define CLI_DEFAULT_CTX 2048 /* context of `make calib` and of eval-kl without --ctx */
+/* The model path: opt, else $BD_MODEL, else the embedded model next to the binary. */
+void cli_model_path(const char *opt, char *buf, size_t cap);
+/* MODEL-without-.gguf.ctxN.calib: where `make calib` writes and the tools look. */
+void cli_calib_default_path(const char *model_path, int n_ctx, char *buf, size_t cap);
+/* The calibration to use: explicit_path (any error is fatal), else the default file for
+ * auto_ctx if present (a mismatch warns and runs uncalibrated). want_ctx: the context the
+ * file must have, 0 for any. *ret NULL: uncalibrated. Returns 0, or -1 after printing why. */
+int cli_calib_setup(const char *tool, const char *explicit_path, const char *model_path,
+		    const struct bd_model_hparams *hp, int want_ctx, int auto_ctx, bool quiet,
+		    struct bd_calib **ret);
 
 #endif

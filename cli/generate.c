@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bd_calib.h"
 #include "bd_kvcfg.h"
 #include "bd_model.h"
 #include "bd_sampler.h"
@@ -43,9 +44,13 @@ static void usage(FILE *f)
 		"  --seed S           PRNG seed (default 0)\n"
 		"  --chat             wrap PROMPT in the model's chat template as a user turn\n"
 		"  --stop STRING      stop before STRING appears (repeatable, up to %d)\n"
+		"  --calib FILE       calibration of μ_k and τ (`bdfp4 calibrate`; default: the\n"
+		"                     model's MODEL.ctx%d.calib of `make calib`, if present and\n"
+		"                     made for this model)\n"
+		"  --no-calib         μ_k = 0 and τ = 21/1024\n"
 		"  --stats            print prefill time, decode speed and peak memory to stderr\n"
 		"  -h, --help         this text\n",
-		MAX_STOPS);
+		MAX_STOPS, CLI_DEFAULT_CTX);
 }
 
 static int bad_usage(const char *fmt, const char *arg)
@@ -84,28 +89,6 @@ static double now_s(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* The embedded model: found next to the binary's repository (BUILD/bin/bdfp4 lies two or
- * three levels below it), else relative to the working directory. */
-static void default_model(char *buf, size_t cap)
-{
-	char exe[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-
-	if (n > 0) {
-		exe[n] = '\0';
-		for (int up = 0; up < 4; up++) {
-			char *slash = strrchr(exe, '/');
-			if (!slash)
-				break;
-			*slash = '\0';
-			snprintf(buf, cap, "%s/%s", exe, DEFAULT_MODEL);
-			if (access(buf, R_OK) == 0)
-				return;
-		}
-	}
-	snprintf(buf, cap, "%s", DEFAULT_MODEL);
 }
 
 static long peak_rss_kib(void)
@@ -192,10 +175,68 @@ static int on_token(void *ctx, int32_t t)
 	return show(s, false) ? 1 : 0;
 }
 
+/* bd_generate() with decode parameters: the calibrated τ reaches the decoder only through
+ * bd_seq_opts, as struct bd_gen_params has no decode parameters. Same loop: prefill, then
+ * sample and decode until max_tokens, a stop id or the callback's stop. */
+static int generate_tokens(const struct bd_model *m, const int32_t *prompt, int n_prompt,
+			   const struct bd_gen_params *p, const struct bd_decode_params *dp,
+			   int32_t *ret_tokens, int *ret_n, char *err)
+{
+	struct bd_seq_opts so = { .max_tokens = n_prompt + p->max_tokens, .mu_k = p->mu_k,
+				  .dp = dp };
+	struct bd_seq *seq = NULL;
+	struct bd_sampler *smp = NULL;
+	float *logits = NULL;
+	int r, n = 0;
+
+	if ((r = bd_sampler_new(p->sampling, m->hp.n_vocab, &smp)) < 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "bad sampling parameters");
+		goto out;
+	}
+	if ((r = bd_seq_new(m, bd_kvcfg_find(p->kv), &so, &seq, err)) < 0)
+		goto out;
+	if (!(logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab))) {
+		r = -ENOMEM;
+		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
+		goto out;
+	}
+	if ((r = bd_model_prefill(m, seq, prompt, n_prompt, logits)) < 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "prefill failed (%s)", strerror(-r));
+		goto out;
+	}
+	for (;;) {
+		int32_t t;
+		bool stop = false;
+		if ((r = bd_sampler_sample(smp, logits, &t)) < 0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "sampling failed: non-finite logits");
+			goto out;
+		}
+		ret_tokens[n++] = t;
+		for (int i = 0; i < p->n_stop_ids; i++)
+			stop = stop || p->stop_ids[i] == t;
+		if (stop || (p->on_token && p->on_token(p->cb_ctx, t) != 0) ||
+		    n >= p->max_tokens)
+			break;
+		if ((r = bd_model_decode(m, seq, t, logits)) < 0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "decode step %d failed (%s)", n,
+				 strerror(-r));
+			goto out;
+		}
+	}
+	r = 0;
+out:
+	*ret_n = n;
+	free(logits);
+	bd_seq_free(seq);
+	bd_sampler_free(smp);
+	return r;
+}
+
 int cmd_generate(int argc, char **argv)
 {
 	enum {
-		O_MODEL = 256, O_KV, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_CHAT, O_STOP, O_STATS
+		O_MODEL = 256, O_KV, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_CHAT, O_STOP, O_STATS,
+		O_CALIB, O_NOCALIB
 	};
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, O_MODEL },
@@ -208,13 +249,15 @@ int cmd_generate(int argc, char **argv)
 		{ "chat", no_argument, NULL, O_CHAT },
 		{ "stop", required_argument, NULL, O_STOP },
 		{ "stats", no_argument, NULL, O_STATS },
+		{ "calib", required_argument, NULL, O_CALIB },
+		{ "no-calib", no_argument, NULL, O_NOCALIB },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *model_path = NULL, *kv = "bitdecoding-nvfp4";
+	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL;
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
 	long max_tokens = 256, v;
-	bool chat = false, stats = false;
+	bool chat = false, stats = false, no_calib = false;
 	struct stream s = { 0 };
 	int c;
 
@@ -275,6 +318,12 @@ int cmd_generate(int argc, char **argv)
 		case O_STATS:
 			stats = true;
 			break;
+		case O_CALIB:
+			calib_path = optarg;
+			break;
+		case O_NOCALIB:
+			no_calib = true;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -289,14 +338,11 @@ int cmd_generate(int argc, char **argv)
 						: "one PROMPT only (quote it)%s", "");
 	const char *prompt = argv[optind];
 
+	if (calib_path && no_calib)
+		return bad_usage("--calib and --no-calib exclude each other%s", "");
 	char pathbuf[PATH_MAX + 64];
-	if (!model_path) {
-		model_path = getenv("BD_MODEL");
-		if (!model_path || !*model_path) {
-			default_model(pathbuf, sizeof(pathbuf));
-			model_path = pathbuf;
-		}
-	}
+	cli_model_path(model_path, pathbuf, sizeof(pathbuf));
+	model_path = pathbuf;
 	if (access(model_path, R_OK) != 0) {
 		fprintf(stderr,
 			"bdfp4 generate: cannot read the model %s: %s\n"
@@ -310,6 +356,7 @@ int cmd_generate(int argc, char **argv)
 	struct bd_gguf *g = NULL;
 	struct bd_model *m = NULL;
 	struct bd_tokenizer *tok = NULL;
+	struct bd_calib *cal = NULL;
 	int32_t *ids = NULL, *out = NULL, *stop_ids = NULL;
 	size_t n_ids = 0;
 	int n_stop = 0, n_out = 0;
@@ -333,6 +380,14 @@ int cmd_generate(int argc, char **argv)
 	bd_gguf_free(g);
 	g = NULL;
 	double t_load = now_s() - t0;
+	if (!no_calib && cli_calib_setup("generate", calib_path, model_path, &m->hp, 0,
+					 CLI_DEFAULT_CTX, !stats, &cal) < 0)
+		goto out;
+	struct bd_decode_params dp = bd_decode_params_default();
+	if (cal) {
+		dp.tau = cal->tau;
+		dp.c = cal->c;
+	}
 
 	if (chat) {
 		struct bd_chat_msg msg = { .role = "user", .content = prompt };
@@ -378,12 +433,13 @@ int cmd_generate(int argc, char **argv)
 		.sampling = &sp,
 		.stop_ids = stop_ids,
 		.n_stop_ids = n_stop,
+		.mu_k = cal ? cal->mu_k : NULL,
 		.on_token = on_token,
 		.cb_ctx = &s,
 	};
 	double t_gen = now_s();
 	s.rss_kib = &rss_end;
-	r = bd_generate(m, ids, (int)n_ids, &gp, out, &n_out, err);
+	r = generate_tokens(m, ids, (int)n_ids, &gp, &dp, out, &n_out, err);
 	if (r < 0) {
 		fprintf(stderr, "\nbdfp4 generate: %s\n", err);
 		goto out;
@@ -416,6 +472,7 @@ int cmd_generate(int argc, char **argv)
 	}
 	rc = 0;
 out:
+	bd_calib_free(cal);
 	bd_gguf_free(g);
 	bd_model_free(m);
 	bd_tokenizer_free(tok);

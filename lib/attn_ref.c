@@ -6,9 +6,16 @@
  * split of contiguous tiles, decode scales applied per tile after the FP32 inner sums, P quantized
  * per block of keys inside a tile, the BF16 sink and recent tokens as one more partial, and the
  * log-sum-exp combine. Only the FP32 summation order may differ from a kernel.
+ *
+ * Speed without changing a bit: the heads of a GQA group (MLA: all heads) walk the tiles in
+ * lockstep, so each page is expanded once per call rather than once per head; codes are
+ * expanded through exact tables (E2M1 values, E4M3 / UE8M0 scales); and the per-key logit and
+ * per-channel P·V sums run over many keys or channels at once, each sum still the same sequence
+ * of FP32 operations in the same order.
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,24 +43,50 @@ struct dctx {
 	int n_tiles;
 };
 
-/* Scratch buffers, allocated once per call. */
-struct ws {
-	float *pk, *pv;   /* the loaded page-head: [128][d], [128][dv] */
-	int32_t loaded;   /* page id in pk/pv, −1 for none */
-	float pg[2];      /* its {g_K, g_V} */
-	float *qrot;      /* [d] q' (rotated when cfg->hadamard) */
-	float *qbf;       /* [d] q' rounded to BF16 */
-	float *sq;        /* [2][d] expanded FP4 query terms s·x̂, without g */
-	float qg[2];      /* their decode scales */
+/* One query head's prepared query and partial results. */
+struct head {
+	float *qrot;  /* [d] q' (rotated when cfg->hadamard) */
+	float *qbf;   /* [d] q' rounded to BF16 */
+	float *sq;    /* [2][d] expanded FP4 query terms s·x̂, without g */
+	float qg[2];  /* their decode scales */
 	int nterms;
-	float *qr;        /* [dr] BF16 positional query (MLA) */
-	float *S, *P, *Pt; /* [bk] logits, probabilities, quantized probabilities */
-	bool *masked;     /* [bk] */
-	float *o_s;       /* [n_splits + 1][d] partial outputs */
-	float *lse_s;     /* [n_splits + 1] */
-	float *o;         /* [d] combined output of one head */
-	float *bS;        /* [16 + 128] logits of the BF16 tokens */
+	float *qr;    /* [dr] BF16 positional query (MLA) */
+	float *o_s;   /* [n_splits + 1][d] partial outputs */
+	float *lse_s; /* [n_splits + 1] */
+	float m, l;   /* running max and sum of the split being computed */
 };
+
+/* Scratch of one call. A page is expanded once per call and shared by every head of the group,
+ * which the heads then walk in lockstep (tile by tile); each head's arithmetic is unchanged. */
+struct ws {
+	int nh;
+	struct head *h;    /* [nh] */
+	float *pk;         /* the loaded page-head's K: [128][d] token-major */
+	float *pkT;        /* the same, channel-major [d][128]: logits vectorize over keys */
+	float *pv;         /* [128][dv] token-major */
+	int32_t loaded;    /* page id in pk/pv, −1 for none */
+	float pg[2];       /* its {g_K, g_V} */
+	float *S, *P, *Pt; /* [bk] logits, probabilities, quantized probabilities */
+	float *dot[2];     /* [bk] inner sums of the query terms */
+	bool *masked;      /* [bk] */
+	float *acc;        /* [d] P̃·V of one tile */
+	float *bS;         /* [16 + 128] logits of the BF16 tokens */
+};
+
+/* Exact decode tables: E2M1 code → value, E4M3 and UE8M0 code → scale. Products s·x̂ of two
+ * table entries equal those of the bd_*_decode() functions bit for bit. */
+static float lut_e2m1[16], lut_e4m3[256], lut_ue8m0[256];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+static void lut_init(void)
+{
+	for (int i = 0; i < 16; i++)
+		lut_e2m1[i] = bd_e2m1_decode((uint8_t)i);
+	for (int i = 0; i < 256; i++) {
+		lut_e4m3[i] = bd_e4m3_decode((uint8_t)i);
+		lut_ue8m0[i] = bd_ue8m0_decode((uint8_t)i);
+	}
+}
 
 static bool all_finite(const float *x, size_t n)
 {
@@ -135,43 +168,63 @@ static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_
 
 static void ws_free(struct ws *w)
 {
+	for (int i = 0; w->h && i < w->nh; i++) {
+		struct head *h = &w->h[i];
+		free(h->qrot);
+		free(h->qbf);
+		free(h->sq);
+		free(h->qr);
+		free(h->o_s);
+		free(h->lse_s);
+	}
+	free(w->h);
 	free(w->pk);
+	free(w->pkT);
 	free(w->pv);
-	free(w->qrot);
-	free(w->qbf);
-	free(w->sq);
-	free(w->qr);
 	free(w->S);
 	free(w->P);
 	free(w->Pt);
+	free(w->dot[0]);
+	free(w->dot[1]);
 	free(w->masked);
-	free(w->o_s);
-	free(w->lse_s);
-	free(w->o);
+	free(w->acc);
 	free(w->bS);
+	*w = (struct ws){ .loaded = -1 };
 }
 
-static int ws_alloc(struct ws *w, const struct dctx *x)
+static int ws_alloc(struct ws *w, const struct dctx *x, int nh)
 {
-	size_t d = (size_t)x->d, np = (size_t)x->dp->n_splits + 1;
+	size_t d = (size_t)x->d, np = (size_t)x->dp->n_splits + 1, bk = (size_t)x->bk;
 
 	*w = (struct ws){ .loaded = -1 };
+	w->h = calloc((size_t)nh, sizeof(*w->h));
+	if (!w->h)
+		return -ENOMEM;
+	w->nh = nh;
+	bool ok = true;
+	for (int i = 0; i < nh && ok; i++) {
+		struct head *h = &w->h[i];
+		h->qrot = malloc(sizeof(float) * d);
+		h->qbf = malloc(sizeof(float) * d);
+		h->sq = malloc(sizeof(float) * 2 * d);
+		h->qr = malloc(sizeof(float) * ((size_t)x->dr + 1));
+		h->o_s = np <= SIZE_MAX / sizeof(float) / d ? malloc(sizeof(float) * np * d) : NULL;
+		h->lse_s = malloc(sizeof(float) * np);
+		ok = h->qrot && h->qbf && h->sq && h->qr && h->o_s && h->lse_s;
+	}
 	w->pk = malloc(sizeof(float) * BD_PAGE_TOKENS * d);
+	w->pkT = malloc(sizeof(float) * BD_PAGE_TOKENS * d);
 	w->pv = malloc(sizeof(float) * BD_PAGE_TOKENS * (size_t)x->dv);
-	w->qrot = malloc(sizeof(float) * d);
-	w->qbf = malloc(sizeof(float) * d);
-	w->sq = malloc(sizeof(float) * 2 * d);
-	w->qr = malloc(sizeof(float) * ((size_t)x->dr + 1));
-	w->S = malloc(sizeof(float) * (size_t)x->bk);
-	w->P = malloc(sizeof(float) * (size_t)x->bk);
-	w->Pt = malloc(sizeof(float) * (size_t)x->bk);
-	w->masked = malloc(sizeof(bool) * (size_t)x->bk);
-	w->o_s = np <= SIZE_MAX / sizeof(float) / d ? malloc(sizeof(float) * np * d) : NULL;
-	w->lse_s = malloc(sizeof(float) * np);
-	w->o = malloc(sizeof(float) * d);
+	w->S = malloc(sizeof(float) * bk);
+	w->P = malloc(sizeof(float) * bk);
+	w->Pt = malloc(sizeof(float) * bk);
+	w->dot[0] = malloc(sizeof(float) * bk);
+	w->dot[1] = malloc(sizeof(float) * bk);
+	w->masked = malloc(sizeof(bool) * bk);
+	w->acc = malloc(sizeof(float) * d);
 	w->bS = malloc(sizeof(float) * (BD_SINK_TOKENS + BD_RECENT_TOKENS));
-	if (!w->pk || !w->pv || !w->qrot || !w->qbf || !w->sq || !w->qr || !w->S || !w->P ||
-	    !w->Pt || !w->masked || !w->o_s || !w->lse_s || !w->o || !w->bS) {
+	if (!ok || !w->pk || !w->pkT || !w->pv || !w->S || !w->P || !w->Pt || !w->dot[0] ||
+	    !w->dot[1] || !w->masked || !w->acc || !w->bS) {
 		ws_free(w);
 		return -ENOMEM;
 	}
@@ -181,91 +234,198 @@ static int ws_alloc(struct ws *w, const struct dctx *x)
 /* Step 1–2: q' = Hq (if rotating), its BF16 rounding, and for FP4 pages the expanded FP4 query
  * terms ŝq_t = s·x̂ (without g_t) of the dual-residual (or one-term) quantization (§5). q_r, when
  * given, is the MLA positional query, rounded to BF16 and never quantized. */
-static int prep_query(const struct dctx *x, struct ws *w, const float *q, const float *q_r)
+static int prep_query(const struct dctx *x, struct head *h, const float *q, const float *q_r)
 {
 	int d = x->d, r;
 
-	memcpy(w->qrot, q, sizeof(float) * (size_t)d);
+	memcpy(h->qrot, q, sizeof(float) * (size_t)d);
 	if (x->cfg->hadamard) {
-		r = bd_fwht(w->qrot, d);
+		r = bd_fwht(h->qrot, d);
 		if (r < 0)
 			return r;
 	}
 	for (int c = 0; c < d; c++)
-		w->qbf[c] = round_bf16(w->qrot[c]);
+		h->qbf[c] = round_bf16(h->qrot[c]);
 	for (int c = 0; c < x->dr; c++)
-		w->qr[c] = round_bf16(q_r[c]);
+		h->qr[c] = round_bf16(q_r[c]);
 
-	w->nterms = 0;
+	h->nterms = 0;
 	if (!x->fp4_query)
 		return 0;
 
 	struct bd_qquant qq;
-	r = bd_query_quantize(w->qrot, d, x->qfmt, x->cfg->query_terms, &qq);
+	r = bd_query_quantize(h->qrot, d, x->qfmt, x->cfg->query_terms, &qq);
 	if (r < 0)
 		return r;
-	w->nterms = qq.nterms;
+	h->nterms = qq.nterms;
 	for (int t = 0; t < qq.nterms; t++) {
-		float *sq = w->sq + (size_t)t * (size_t)d;
+		float *sq = h->sq + (size_t)t * (size_t)d;
 		for (int c = 0; c < d; c++) {
-			float xh = bd_e2m1_decode(bd_fp4_get(qq.codes[t], (size_t)c));
+			float xh = lut_e2m1[bd_fp4_get(qq.codes[t], (size_t)c)];
 			if (x->qfmt == BD_FP4_NVFP4)
-				sq[c] = bd_e4m3_decode(qq.scales[t][c / BD_NVFP4_BLOCK]) * xh;
+				sq[c] = lut_e4m3[qq.scales[t][c / BD_NVFP4_BLOCK]] * xh;
 			else
-				sq[c] = bd_ue8m0_decode(qq.scales[t][c / BD_MXFP4_BLOCK]) * xh;
+				sq[c] = lut_ue8m0[qq.scales[t][c / BD_MXFP4_BLOCK]] * xh;
 		}
-		w->qg[t] = qq.g[t];
+		h->qg[t] = qq.g[t];
 	}
 	return 0;
 }
 
-/* Make page id `page` the loaded one: expanded s·x̂ values and {g_K, g_V}. */
-static int load_page(const struct dctx *x, struct ws *w, int32_t page)
+/* Token-major FP4 rows [128][cols] (blocks along the row): ret [128][cols] = s·x̂. */
+static void expand_fp4_rows(const uint8_t *codes, const uint8_t *scales, int block,
+			    const float *slut, size_t cols, float *ret)
+{
+	size_t nb = cols / (size_t)block;
+
+	for (size_t t = 0; t < BD_PAGE_TOKENS; t++) {
+		const uint8_t *cr = codes + t * cols / 2;
+		float *out = ret + t * cols;
+		for (size_t b = 0; b < nb; b++) {
+			float s = slut[scales[t * nb + b]];
+			for (size_t i = b * (size_t)block; i < (b + 1) * (size_t)block; i += 2) {
+				uint8_t byte = cr[i / 2];
+				out[i] = s * lut_e2m1[byte & 0xf];
+				out[i + 1] = s * lut_e2m1[byte >> 4];
+			}
+		}
+	}
+}
+
+/* Channel-major FP4 V (blocks along tokens: channel c's token t in nibble t%2 of byte
+ * c·64 + t/2) expanded to token-major ret [128][cols]. */
+static void expand_fp4_cols(const uint8_t *codes, const uint8_t *scales, int block,
+			    const float *slut, size_t cols, float *ret)
+{
+	size_t nb = BD_PAGE_TOKENS / (size_t)block;
+
+	for (size_t c = 0; c < cols; c++) {
+		const uint8_t *cc = codes + c * (BD_PAGE_TOKENS / 2);
+		for (size_t b = 0; b < nb; b++) {
+			float s = slut[scales[c * nb + b]];
+			for (size_t t = b * (size_t)block; t < (b + 1) * (size_t)block; t += 2) {
+				uint8_t byte = cc[t / 2];
+				ret[t * cols + c] = s * lut_e2m1[byte & 0xf];
+				ret[(t + 1) * cols + c] = s * lut_e2m1[byte >> 4];
+			}
+		}
+	}
+}
+
+static void expand_bf16(const uint8_t *src, size_t n, float *ret)
+{
+	for (size_t i = 0; i < n; i++) {
+		bd_bf16 h;
+		memcpy(&h, src + i * sizeof(h), sizeof(h));
+		ret[i] = bd_bf16_to_f32(h);
+	}
+}
+
+static void expand_e4m3(const uint8_t *src, size_t n, float *ret)
+{
+	for (size_t i = 0; i < n; i++)
+		ret[i] = lut_e4m3[src[i]];
+}
+
+/* Make page id `page` the loaded one: K and V expanded to s·x̂ (the values bd_page_read_head()
+ * gives with ret_g, without the page decode scale) and {g_K, g_V}. Decoded here through the
+ * exact tables rather than through bd_page_read_head(), once per group of heads. */
+static void load_page(const struct dctx *x, struct ws *w, int32_t page)
 {
 	if (w->loaded == page)
-		return 0;
-	const uint8_t *base = bd_layout_page(x->lay, (void *)x->kv->arena, x->kv->layer, page);
-	int r = bd_page_read_head(x->lay, base, x->kv->kv_head, w->pk, w->pv, w->pg);
-	if (r < 0) {
-		w->loaded = -1;
-		return r;
+		return;
+	const struct bd_layout *lay = x->lay;
+	const uint8_t *base = bd_layout_page(lay, (void *)x->kv->arena, x->kv->layer, page);
+	const uint8_t *head = base + (size_t)x->kv->kv_head * lay->head_bytes;
+	size_t d = (size_t)lay->d, dv = (size_t)lay->dv;
+	const float *slut = lay->fmt == BD_PAGE_MXFP4 ? lut_ue8m0 : lut_e4m3;
+
+	memcpy(w->pg, base + lay->gscale_off + (size_t)x->kv->kv_head * 2 * sizeof(float),
+	       sizeof(w->pg));
+	if (lay->fmt == BD_PAGE_BF16 || lay->fmt == BD_PAGE_MXFP4)
+		w->pg[0] = w->pg[1] = 1.0f;
+	if (x->mla)
+		w->pg[1] = 1.0f;
+
+	switch (lay->fmt) {
+	case BD_PAGE_NVFP4:
+	case BD_PAGE_MXFP4:
+		expand_fp4_rows(head + lay->k_codes_off, head + lay->k_scales_off, lay->block, slut, d,
+				w->pk);
+		if (!x->mla)
+			expand_fp4_cols(head + lay->v_codes_off, head + lay->v_scales_off,
+					lay->block, slut, dv, w->pv);
+		break;
+	case BD_PAGE_NVFP4_CH:
+		expand_fp4_rows(head + lay->k_codes_off, head + lay->k_scales_off, lay->block, slut, d,
+				w->pk);
+		expand_fp4_rows(head + lay->v_codes_off, head + lay->v_scales_off, lay->block, slut,
+				dv, w->pv);
+		break;
+	case BD_PAGE_FP8:
+		expand_e4m3(head + lay->k_codes_off, BD_PAGE_TOKENS * d, w->pk);
+		expand_e4m3(head + lay->v_codes_off, BD_PAGE_TOKENS * dv, w->pv);
+		break;
+	case BD_PAGE_BF16:
+	default:
+		expand_bf16(head + lay->k_codes_off, BD_PAGE_TOKENS * d, w->pk);
+		break;
 	}
+	if (x->mla || lay->fmt == BD_PAGE_BF16)
+		expand_bf16(head + lay->v_codes_off, BD_PAGE_TOKENS * dv, w->pv);
+	for (size_t t = 0; t < BD_PAGE_TOKENS; t++)
+		for (size_t c = 0; c < d; c++)
+			w->pkT[c * BD_PAGE_TOKENS + t] = w->pk[t * d + c];
 	w->loaded = page;
-	return 0;
 }
 
-/* Logit of row `row` of the loaded page (§5): FP32 inner sums over channels in ascending order,
- * then the query decode scales, the page's g_K, and γ, in that order. */
-static float page_logit(const struct dctx *x, const struct ws *w, int row)
+/* acc[i] = acc[i] + a·x[i] for i < n (n a multiple of 16), each element one FP32 multiply and
+ * one add, as a scalar loop would do them; written in blocks of 16 so that the compiler
+ * vectorizes it at -O2 without changing any result. */
+static void axpy16(float *restrict acc, const float *restrict x, float a, int n)
 {
-	const float *k = w->pk + (size_t)row * (size_t)x->d;
-	float dot;
+	for (int i = 0; i < n; i += 16)
+		for (int j = 0; j < 16; j++)
+			acc[i + j] = acc[i + j] + a * x[i + j];
+}
 
-	if (x->fp4_query) {
-		float acc[2] = { 0.0f, 0.0f };
-		for (int t = 0; t < w->nterms; t++) {
-			const float *sq = w->sq + (size_t)t * (size_t)x->d;
-			for (int c = 0; c < x->d; c++)
-				acc[t] = acc[t] + sq[c] * k[c];
-		}
-		dot = acc[0] * w->qg[0];
-		if (w->nterms == 2)
-			dot = dot + acc[1] * w->qg[1];
-	} else {
-		dot = 0.0f;
-		for (int c = 0; c < x->d; c++)
-			dot = dot + w->qbf[c] * k[c];
+/* Logits of rows row0..row0+bk−1 of the loaded page for head h into w->S (§5): per key, FP32
+ * inner sums over channels in ascending order, then the query decode scales, the page's g_K,
+ * and γ, in that order. Sums run over keys in parallel (channel-major K); each key's sum is the
+ * same sequence of FP32 operations as a key-by-key loop. */
+static void page_logits(const struct dctx *x, struct ws *w, const struct head *h, int row0)
+{
+	int d = x->d, bk = x->bk;
+	int nt = x->fp4_query ? h->nterms : 1;
+
+	for (int t = 0; t < nt; t++) {
+		const float *qv = x->fp4_query ? h->sq + (size_t)t * (size_t)d : h->qbf;
+		float *acc = w->dot[t];
+		for (int i = 0; i < bk; i++)
+			acc[i] = 0.0f;
+		for (int c = 0; c < d; c++)
+			axpy16(acc, w->pkT + (size_t)c * BD_PAGE_TOKENS + row0, qv[c], bk);
 	}
-
-	if (!x->mla)
-		return (dot * w->pg[0]) * x->gamma;
-
-	/* MLA: the positional part is BF16 in the V rows of the page, scaled by nothing */
-	const float *kr = w->pv + (size_t)row * (size_t)x->dv;
-	float accr = 0.0f;
-	for (int c = 0; c < x->dr; c++)
-		accr = accr + w->qr[c] * kr[c];
-	return (dot * w->pg[0] + accr) * x->gamma;
+	for (int i = 0; i < bk; i++) {
+		float dot;
+		if (x->fp4_query) {
+			dot = w->dot[0][i] * h->qg[0];
+			if (h->nterms == 2)
+				dot = dot + w->dot[1][i] * h->qg[1];
+		} else {
+			dot = w->dot[0][i];
+		}
+		if (!x->mla) {
+			w->S[i] = (dot * w->pg[0]) * x->gamma;
+			continue;
+		}
+		/* MLA: the positional part is BF16 in the V rows of the page, scaled by nothing */
+		const float *kr = w->pv + (size_t)(row0 + i) * (size_t)x->dv;
+		float accr = 0.0f;
+		for (int c = 0; c < x->dr; c++)
+			accr = accr + h->qr[c] * kr[c];
+		w->S[i] = (dot * w->pg[0] + accr) * x->gamma;
+	}
 }
 
 /* Quantize the tile's probabilities P[bk] into Pt[bk] per cfg->p_quant (§6), counting
@@ -317,7 +477,7 @@ static int quantize_p(const struct dctx *x, struct ws *w, float m_new, uint64_t 
 		/* p_max is the unscaled block maximum, exp2(max S_b − m); c enters via ps */
 		float pmax = smax == -INFINITY ? 0.0f : exp2f(smax - m_new);
 		bd_p_quantize_block_nvfp4(w->P + b, pmax, &ps, phat, &code);
-		float sp = bd_e4m3_decode(code);
+		float sp = lut_e4m3[code];
 		for (int i = 0; i < BD_NVFP4_BLOCK; i++)
 			w->Pt[b + i] = sp * phat[i];
 		if (smax != -INFINITY) {
@@ -328,84 +488,116 @@ static int quantize_p(const struct dctx *x, struct ws *w, float m_new, uint64_t 
 	return 0;
 }
 
-/* Step 3: one split of the page path, tiles [tb, te), online softmax in the exp2 domain.
- * ret_o [d] normalized, ret_lse its log2 LSE (−inf and o = 0 when the split saw no key). */
-static int page_split(const struct dctx *x, struct ws *w, int tb, int te, float *ret_o,
-		      float *ret_lse, uint64_t st[2])
+/* One tile (rows row0.. of the loaded page) of head h's online softmax (§6): logits, running
+ * max, P, ℓ, P quantization and o ← α·o + P̃·V. w->masked is set by the caller. */
+static int tile_step(const struct dctx *x, struct ws *w, struct head *h, float *o, int row0,
+		     uint64_t st[2])
 {
 	int d = x->d, bk = x->bk;
-	float m = -INFINITY, l = 0.0f;
-	float *o = ret_o;
 
-	memset(o, 0, sizeof(float) * (size_t)d);
-	for (int j = tb; j < te; j++) {
-		int t0 = j * bk;
-		int row0 = t0 % BD_PAGE_TOKENS;
-		int r = load_page(x, w, x->kv->block_table[t0 / BD_PAGE_TOKENS]);
-		if (r < 0)
-			return r;
-
-		float m_tile = -INFINITY;
-		for (int i = 0; i < bk; i++) {
-			/* sink tokens are read from BF16; their page copy is masked (§8) */
-			w->masked[i] = x->cfg->sink && t0 + i < BD_SINK_TOKENS;
-			w->S[i] = w->masked[i] ? -INFINITY : page_logit(x, w, row0 + i);
-			if (!w->masked[i] && !isfinite(w->S[i]))
-				return -EDOM; /* the logit overflowed FP32 */
-			m_tile = fmaxf(m_tile, w->S[i]);
-		}
-		float m_new = fmaxf(m, m_tile);
-		if (m_new == -INFINITY)
-			continue;
-		float alpha = m == -INFINITY ? 0.0f : exp2f(m - m_new);
-
-		float sum = 0.0f;
-		for (int i = 0; i < bk; i++) {
-			w->P[i] = w->masked[i] ? 0.0f : exp2f(w->S[i] - m_new + x->log2c);
-			sum = sum + w->P[i];
-		}
-		l = alpha * l + sum; /* ℓ uses the unquantized P */
-
-		r = quantize_p(x, w, m_new, st);
-		if (r < 0)
-			return r;
-
-		for (int c = 0; c < d; c++) {
-			float acc = 0.0f;
-			if (x->mla) {
-				/* C̃ dequantized per element (g_C), P̃ in FP16 */
-				for (int i = 0; i < bk; i++)
-					if (!w->masked[i])
-						acc = acc + w->Pt[i] *
-								    (w->pk[(size_t)(row0 + i) * (size_t)d + c] *
-								     w->pg[0]);
-				o[c] = alpha * o[c] + acc;
-			} else {
-				/* g_V applied once per tile, after the FP32 sum of P̃·ŝv */
-				for (int i = 0; i < bk; i++)
-					if (!w->masked[i])
-						acc = acc + w->Pt[i] *
-								    w->pv[(size_t)(row0 + i) * (size_t)x->dv + c];
-				o[c] = alpha * o[c] + acc * w->pg[1];
-			}
-		}
-		m = m_new;
+	page_logits(x, w, h, row0);
+	float m_tile = -INFINITY;
+	for (int i = 0; i < bk; i++) {
+		if (w->masked[i])
+			w->S[i] = -INFINITY; /* sink tokens are read from BF16 (§8) */
+		else if (!isfinite(w->S[i]))
+			return -EDOM; /* the logit overflowed FP32 */
+		m_tile = fmaxf(m_tile, w->S[i]);
 	}
-
-	if (l == 0.0f) {
-		memset(o, 0, sizeof(float) * (size_t)d);
-		*ret_lse = -INFINITY;
+	float m_new = fmaxf(h->m, m_tile);
+	if (m_new == -INFINITY)
 		return 0;
+	float alpha = h->m == -INFINITY ? 0.0f : exp2f(h->m - m_new);
+
+	float sum = 0.0f;
+	for (int i = 0; i < bk; i++) {
+		w->P[i] = w->masked[i] ? 0.0f : exp2f(w->S[i] - m_new + x->log2c);
+		sum = sum + w->P[i];
 	}
+	h->l = alpha * h->l + sum; /* ℓ uses the unquantized P */
+
+	int r = quantize_p(x, w, m_new, st);
+	if (r < 0)
+		return r;
+
+	/* per channel, the FP32 sum over the tile's keys in key order, then the scales */
+	float *acc = w->acc;
 	for (int c = 0; c < d; c++)
-		o[c] = o[c] / l;
-	*ret_lse = m + log2f(l) - x->log2c;
+		acc[c] = 0.0f;
+	for (int i = 0; i < bk; i++) {
+		if (w->masked[i])
+			continue;
+		const float p = w->Pt[i];
+		if (x->mla) {
+			/* C̃ dequantized per element (g_C), P̃ in FP16 */
+			const float *kr = w->pk + (size_t)(row0 + i) * (size_t)d;
+			const float gk = w->pg[0];
+			for (int c = 0; c < d; c++)
+				acc[c] = acc[c] + p * (kr[c] * gk);
+		} else {
+			axpy16(acc, w->pv + (size_t)(row0 + i) * (size_t)x->dv, p, d);
+		}
+	}
+	if (x->mla) {
+		for (int c = 0; c < d; c++)
+			o[c] = alpha * o[c] + acc[c];
+	} else {
+		/* g_V applied once per tile, after the FP32 sum of P̃·ŝv */
+		for (int c = 0; c < d; c++)
+			o[c] = alpha * o[c] + acc[c] * w->pg[1];
+	}
+	h->m = m_new;
 	return 0;
 }
 
-/* Step 4: the BF16 partial over the sink rows (with cfg->sink) and the recent rows, plain FP32
- * softmax in the exp2 domain. Values are the slot's V rows (GQA) or its latent K rows (MLA). */
-static void bf16_partial(const struct dctx *x, struct ws *w, float *ret_o, float *ret_lse)
+/* Step 3: split s of the page path, tiles [tb, te), for every head of the group; each head's
+ * normalized output goes to its o_s[s], its log2 LSE to lse_s[s] (−inf and o = 0 when the split
+ * saw no key). */
+static int page_split(const struct dctx *x, struct ws *w, int s, int tb, int te, uint64_t st[2])
+{
+	int d = x->d, bk = x->bk;
+
+	for (int k = 0; k < w->nh; k++) {
+		struct head *h = &w->h[k];
+		memset(h->o_s + (size_t)s * (size_t)d, 0, sizeof(float) * (size_t)d);
+		h->m = -INFINITY;
+		h->l = 0.0f;
+	}
+	for (int j = tb; j < te; j++) {
+		int t0 = j * bk;
+		int row0 = t0 % BD_PAGE_TOKENS;
+		load_page(x, w, x->kv->block_table[t0 / BD_PAGE_TOKENS]);
+		for (int i = 0; i < bk; i++)
+			/* sink tokens are read from BF16; their page copy is masked (§8) */
+			w->masked[i] = x->cfg->sink && t0 + i < BD_SINK_TOKENS;
+		for (int k = 0; k < w->nh; k++) {
+			struct head *h = &w->h[k];
+			int r = tile_step(x, w, h, h->o_s + (size_t)s * (size_t)d, row0, st);
+			if (r < 0)
+				return r;
+		}
+	}
+
+	for (int k = 0; k < w->nh; k++) {
+		struct head *h = &w->h[k];
+		float *o = h->o_s + (size_t)s * (size_t)d;
+		if (h->l == 0.0f) {
+			memset(o, 0, sizeof(float) * (size_t)d);
+			h->lse_s[s] = -INFINITY;
+			continue;
+		}
+		for (int c = 0; c < d; c++)
+			o[c] = o[c] / h->l;
+		h->lse_s[s] = h->m + log2f(h->l) - x->log2c;
+	}
+	return 0;
+}
+
+/* Step 4: the BF16 partial of head h over the sink rows (with cfg->sink) and the recent rows,
+ * plain FP32 softmax in the exp2 domain. Values are the slot's V rows (GQA) or its latent K
+ * rows (MLA). */
+static void bf16_partial(const struct dctx *x, struct ws *w, const struct head *h, float *ret_o,
+			 float *ret_lse)
 {
 	const struct bd_kv_view *kv = x->kv;
 	void *slot = (void *)kv->slot;
@@ -446,11 +638,11 @@ static void bf16_partial(const struct dctx *x, struct ws *w, float *ret_o, float
 	for (int i = 0; i < cnt; i++) {
 		float acc = 0.0f;
 		for (int c = 0; c < d; c++)
-			acc = acc + w->qbf[c] * bd_bf16_to_f32(krows[i][c]);
+			acc = acc + h->qbf[c] * bd_bf16_to_f32(krows[i][c]);
 		if (x->mla) {
 			float accr = 0.0f;
 			for (int c = 0; c < x->dr; c++)
-				accr = accr + w->qr[c] * bd_bf16_to_f32(vrows[i][c]);
+				accr = accr + h->qr[c] * bd_bf16_to_f32(vrows[i][c]);
 			w->bS[i] = (acc + accr) * x->gamma;
 		} else {
 			w->bS[i] = x->gamma * acc;
@@ -475,15 +667,19 @@ static void bf16_partial(const struct dctx *x, struct ws *w, float *ret_o, float
 	*ret_lse = m + log2f(l);
 }
 
-/* Steps 1–5 for one query head: the combined output (still in the cache's value space) in
- * w->o and its LSE. */
-static int decode_head(const struct dctx *x, struct ws *w, const float *q, const float *q_r,
-		       float *ret_lse, uint64_t st[2])
+/* Steps 1–5 for the w->nh query heads q [nh][d] (q_r [nh][dr] for MLA, else NULL): combined
+ * outputs (still in the cache's value space) in ret_o [nh][d], LSEs in ret_lse [nh]. */
+static int decode_group(const struct dctx *x, struct ws *w, const float *q, const float *q_r,
+			float *ret_o, float *ret_lse, uint64_t st[2])
 {
-	int ns = x->dp->n_splits, d = x->d;
-	int r = prep_query(x, w, q, q_r);
-	if (r < 0)
-		return r;
+	int ns = x->dp->n_splits, d = x->d, r;
+
+	for (int k = 0; k < w->nh; k++) {
+		r = prep_query(x, &w->h[k], q + (size_t)k * (size_t)d,
+			       q_r ? q_r + (size_t)k * (size_t)x->dr : NULL);
+		if (r < 0)
+			return r;
+	}
 
 	/* 64-bit: n_tiles + ns and s·chunk may exceed INT_MAX when n_splits is large */
 	long long chunk = ((long long)x->n_tiles + ns - 1) / ns;
@@ -495,16 +691,19 @@ static int decode_head(const struct dctx *x, struct ws *w, const float *q, const
 			tb = x->n_tiles;
 		if (te > x->n_tiles)
 			te = x->n_tiles;
-		r = page_split(x, w, (int)tb, (int)te, w->o_s + (size_t)s * (size_t)d, &w->lse_s[s],
-			       st);
+		r = page_split(x, w, s, (int)tb, (int)te, st);
 		if (r < 0)
 			return r;
 	}
-	bf16_partial(x, w, w->o_s + (size_t)ns * (size_t)d, &w->lse_s[ns]);
-	for (int s = 0; s <= ns; s++)
-		if (!isfinite(w->lse_s[s]) && w->lse_s[s] != -INFINITY)
-			return -EDOM; /* a BF16 logit overflowed FP32 */
-	bd_lse_combine(w->o_s, w->lse_s, ns + 1, d, w->o, ret_lse);
+	for (int k = 0; k < w->nh; k++) {
+		struct head *h = &w->h[k];
+		bf16_partial(x, w, h, h->o_s + (size_t)ns * (size_t)d, &h->lse_s[ns]);
+		for (int s = 0; s <= ns; s++)
+			if (!isfinite(h->lse_s[s]) && h->lse_s[s] != -INFINITY)
+				return -EDOM; /* a BF16 logit overflowed FP32 */
+		bd_lse_combine(h->o_s, h->lse_s, ns + 1, d, ret_o + (size_t)k * (size_t)d,
+			       &ret_lse[k]);
+	}
 	return 0;
 }
 
@@ -524,7 +723,7 @@ int bd_ref_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		      float *ret_lse, struct bd_decode_stats *stats)
 {
 	struct dctx x;
-	struct ws w;
+	struct ws w = { .loaded = -1 };
 	uint64_t st[2] = { 0, 0 };
 	int r;
 
@@ -535,6 +734,7 @@ int bd_ref_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		return r;
 	if (!all_finite(q, (size_t)G * (size_t)x.d))
 		return -EDOM;
+	pthread_once(&lut_once, lut_init);
 	float *out = malloc(sizeof(float) * (size_t)G * (size_t)x.d);
 	float *lse = malloc(sizeof(float) * (size_t)G);
 	if (!out || !lse) {
@@ -542,16 +742,12 @@ int bd_ref_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		free(lse);
 		return -ENOMEM;
 	}
-	r = ws_alloc(&w, &x);
+	r = ws_alloc(&w, &x, G);
 	if (r < 0)
 		goto out;
-
-	for (int h = 0; h < G; h++) {
-		r = decode_head(&x, &w, q + (size_t)h * (size_t)x.d, NULL, &lse[h], st);
-		if (r < 0)
-			goto out;
-		memcpy(out + (size_t)h * (size_t)x.d, w.o, sizeof(float) * (size_t)x.d);
-	}
+	r = decode_group(&x, &w, q, NULL, out, lse, st);
+	if (r < 0)
+		goto out;
 
 	/* outputs only on success */
 	memcpy(ret_o, out, sizeof(float) * (size_t)G * (size_t)x.d);
@@ -573,7 +769,7 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		      const float *mu, float *ret_o, float *ret_lse, struct bd_decode_stats *stats)
 {
 	struct dctx x;
-	struct ws w;
+	struct ws w = { .loaded = -1 };
 	uint64_t st[2] = { 0, 0 };
 	int r;
 
@@ -586,6 +782,7 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 	if (!all_finite(q_c, (size_t)H * d) || !all_finite(q_r, (size_t)H * (size_t)x.dr) ||
 	    (mu && !all_finite(mu, d)))
 		return -EDOM;
+	pthread_once(&lut_once, lut_init);
 	float *out = malloc(sizeof(float) * (size_t)H * d);
 	float *lse = malloc(sizeof(float) * (size_t)H);
 	if (!out || !lse) {
@@ -593,25 +790,24 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		free(lse);
 		return -ENOMEM;
 	}
-	r = ws_alloc(&w, &x);
+	r = ws_alloc(&w, &x, H);
+	if (r < 0)
+		goto out;
+	r = decode_group(&x, &w, q_c, q_r, out, lse, st);
 	if (r < 0)
 		goto out;
 
 	for (int h = 0; h < H; h++) {
-		r = decode_head(&x, &w, q_c + (size_t)h * d, q_r + (size_t)h * (size_t)x.dr, &lse[h],
-				st);
-		if (r < 0)
-			goto out;
 		/* o' lives in the rotated, smoothed latent space H(c − μ): map back, o = H o' + μ
 		 * (H is symmetric and orthonormal, so its own inverse) */
+		float *oh = out + (size_t)h * d;
 		if (cfg->hadamard) {
-			r = bd_fwht(w.o, x.d);
+			r = bd_fwht(oh, x.d);
 			if (r < 0)
 				goto out;
 		}
-		float *oh = out + (size_t)h * d;
 		for (size_t c = 0; c < d; c++)
-			oh[c] = cfg->smoothing && mu ? w.o[c] + mu[c] : w.o[c];
+			oh[c] = cfg->smoothing && mu ? oh[c] + mu[c] : oh[c];
 	}
 
 	memcpy(ret_o, out, sizeof(float) * (size_t)H * d);

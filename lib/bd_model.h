@@ -60,13 +60,33 @@ struct bd_model_layer {
 	float *w_down;          /* [E][F] */
 };
 
-/* A loaded model. Immutable after load, so any number of sequences (and threads, one per
- * sequence) may use it at once. */
+/* The part of a model one tensor-parallel rank holds (issue 5; Megatron-style split). KV
+ * heads are dealt out as evenly as they go, the first ranks taking one more (SmolLM2's 3 over
+ * TP = 2: rank 0 heads {0, 1}, rank 1 head {2}); each rank has the G query heads of its KV
+ * heads and a contiguous block of MLP columns, again the first ranks taking one more. Rank 0
+ * holds the final norm and the LM head; every rank holds the token embeddings. A whole model
+ * is the shard rank 0 of tp 1. */
+struct bd_model_shard {
+	int rank, tp;
+	int kv_head0, n_kv_heads; /* global KV heads kv_head0 .. kv_head0 + n_kv_heads − 1 */
+	int head0, n_heads;       /* global query heads: kv_head0·G, n_kv_heads·G of them */
+	int ff0, n_ff;            /* global MLP columns ff0 .. ff0 + n_ff − 1 */
+	bool lm_head;             /* output_norm and output are held (rank 0) */
+};
+
+/* A loaded model, or one rank's shard of it. Immutable after load, so any number of sequences
+ * (and threads, one per sequence) may use it at once. hp is always the whole model's; a
+ * shard's tensors have its local sizes Hq' = shard.n_heads, Hkv' = shard.n_kv_heads and
+ * F' = shard.n_ff in place of Hq, Hkv and F in the shapes of struct bd_model_layer (wq holds
+ * the rows of its query heads, wo the columns, w_gate and w_up the rows of its MLP columns,
+ * w_down the columns). */
 struct bd_model {
 	struct bd_model_hparams hp;
+	struct bd_model_shard shard;
 	float *tok_embd;              /* [V][E] token embeddings */
-	float *output_norm;           /* [E] final RMSNorm weight */
-	float *output;                /* [V][E] LM head; == tok_embd when hp.tied_embeddings */
+	float *output_norm;           /* [E] final RMSNorm weight, NULL without the LM head */
+	float *output;                /* [V][E] LM head; == tok_embd when hp.tied_embeddings;
+				       * NULL without the LM head */
 	struct bd_model_layer *layers; /* [L] */
 	void *mem;                    /* one allocation holding every tensor above */
 	size_t mem_bytes;
@@ -95,6 +115,36 @@ int bd_model_load(const char *path, struct bd_model **ret, char *ret_err);
 
 /* Release a model. NULL is a no-op. */
 void bd_model_free(struct bd_model *m);
+
+/* ---- tensor parallelism (issue 5) ---------------------------------------------------------- */
+
+/* The shard of rank `rank` (0..tp−1) of tp ranks for a model of shape hp (struct
+ * bd_model_shard says how heads and columns are dealt). Returns 0, -EINVAL (NULL, hp out of
+ * range as bd_model_alloc checks, rank outside 0..tp−1, tp < 1, or tp larger than Hkv or F:
+ * every rank needs a KV head and MLP columns). */
+int bd_model_shard_plan(const struct bd_model_hparams *hp, int rank, int tp,
+			struct bd_model_shard *ret);
+
+/* Rank `rank` of tp of a parsed GGUF file, or of a file (bd_model_from_gguf and
+ * bd_model_load for the shard only: the rows and columns of its heads and MLP columns are
+ * cut out of each dequantized tensor). Returns 0, the errors of those two and of
+ * bd_model_shard_plan. */
+int bd_model_from_gguf_shard(const struct bd_gguf *g, int rank, int tp, struct bd_model **ret,
+			     char *ret_err);
+int bd_model_load_shard(const char *path, int rank, int tp, struct bd_model **ret,
+			char *ret_err);
+
+/* Copy rank `rank` of tp out of a whole model in memory (tests build random models this way).
+ * Returns 0, -EINVAL (NULL, full is itself a shard, the plan's errors), -ENOMEM. */
+int bd_model_shard_of(const struct bd_model *full, int rank, int tp, struct bd_model **ret);
+
+/* The all-reduce a shard's forward pass calls after its attention-output and MLP-down
+ * products: buf [n] FP32 partial sums, replaced in place by their sum over the ranks, the
+ * same bytes on every rank (bd_allreduce.h's bd_allreduce_model_cb over shared memory on the
+ * CPU; NCCL on the GPU). Returns 0 or -errno. Every rank of a step makes the same calls with
+ * the same n, in the same order: a rank that meets an error in a layer keeps calling with NaN
+ * partial sums, so that its peers fail the same step instead of waiting. */
+typedef int (*bd_model_allreduce_fn)(void *ctx, float *buf, size_t n);
 
 /* ---- building blocks (exported for tests and the other backends) ---------------------------- */
 
@@ -137,11 +187,46 @@ struct bd_kvmem {
 int bd_kvmem_private_new(const struct bd_layout *lay, struct bd_kvmem **ret);
 void bd_kvmem_private_free(struct bd_kvmem *mem);
 
+/* KV memory allocated by someone else (issue 5: the router allocates pages and slots through
+ * kvpoold and names them in each step plan; a worker only reads and writes them). pages: an
+ * arena laid out by lay (lay->n_pages pages); slots: n_slots slots of lay->slot_bytes back to
+ * back. The memory is not owned and must outlive the kvmem. What a sequence draws is what was
+ * queued before the call that draws it (bd_kvmem_ext_provide: the slot bd_seq_new takes, the
+ * pages its promotions take, in order); freeing gives nothing back (the allocator's owner
+ * releases). Not thread-safe: queue and draw from one thread.
+ * Returns 0, -EINVAL (NULL, n_slots < 1, a layout without pages), -ENOMEM. */
+int bd_kvmem_ext_new(const struct bd_layout *lay, void *pages, void *slots, size_t n_slots,
+		     struct bd_kvmem **ret);
+
+/* The same over the arena of a kvpoold attachment (bd_pool.h, CPU backend: its layout, pages
+ * and slots). Returns 0, -EINVAL (NULL, nothing mapped: a CUDA arena), -ENOMEM. */
+struct bd_pool_attach;
+int bd_kvmem_pool_new(const struct bd_pool_attach *a, struct bd_kvmem **ret);
+
+/* Frees an ext kvmem (not the memory it points at). NULL is a no-op. */
+void bd_kvmem_ext_free(struct bd_kvmem *mem);
+
+#define BD_KVMEM_EXT_MAX_QUEUE 4096 /* pages one provide call may queue */
+
+/* Queue slot id `slot` (−1: none) for the next slot_alloc and pages[0..n) for the next n
+ * page_allocs, replacing what was queued and not drawn. Returns 0, -EINVAL (NULL, not an ext
+ * kvmem, n outside 0..BD_KVMEM_EXT_MAX_QUEUE, pages NULL with n > 0), -ERANGE (an id outside
+ * the arena: nothing is queued). A draw with nothing queued fails with -ENOSPC. */
+int bd_kvmem_ext_provide(struct bd_kvmem *mem, int32_t slot, const int32_t *pages, int n);
+
+/* Queued pages not drawn yet (a plan that named more pages than its promotions used), or
+ * -EINVAL. */
+int bd_kvmem_ext_pending(const struct bd_kvmem *mem);
+
+/* The id of a slot pointer of this kvmem, or -1 (NULL, not one of its slots). */
+int32_t bd_kvmem_ext_slot_id(const struct bd_kvmem *mem, const void *slot);
+
 /* ---- sequences (one request's state) ------------------------------------------------------- */
 
 /* Called once per (layer, position) that a forward pass computes, after RoPE and before the
- * KV write: q [Hq][d], k [Hkv][d] post-RoPE FP32 keys (before k − μ and H), v [Hkv][d].
- * Calibration (NUMERICS.md §7) averages k and replays softmax on q through it. */
+ * KV write: q [Hq][d], k [Hkv][d] post-RoPE FP32 keys (before k − μ and H), v [Hkv][d] (a
+ * shard's own heads: Hq', Hkv'). Calibration (NUMERICS.md §7) averages k and replays softmax
+ * on q through it. */
 typedef void (*bd_kv_hook)(void *ctx, int layer, int pos, const float *q, const float *k,
 			   const float *v);
 
@@ -156,14 +241,20 @@ struct bd_seq_opts {
 				  * configuration), or NULL: a private arena sized for max_tokens */
 	bd_kv_hook hook;         /* or NULL */
 	void *hook_ctx;
+	bd_model_allreduce_fn allreduce; /* required by a shard of tp > 1, else ignored */
+	void *allreduce_ctx;
 };
 
 struct bd_seq;
 
 /* Start a sequence of model m with KV configuration cfg (bd_kvcfg_find). Needs d a multiple
  * of 32 and ≤ 1024 (a power of two when cfg rotates keys) and head_dim_v == head_dim.
- * Returns 0, -EINVAL (NULL, max_tokens out of range, a mem whose layout does not match),
- * -ENOTSUP (a head dim the cache cannot hold), -ENOMEM; *ret only on success. */
+ * A shard's sequence holds its own KV heads only, in heads 0..Hkv'−1 of the layout: a mem
+ * may then have more heads than Hkv' (kvpoold sizes every rank for ceil(Hkv / tp)); mu_k and
+ * fp8_scales stay indexed by the global KV head.
+ * Returns 0, -EINVAL (NULL, max_tokens out of range, a mem whose layout does not match, a
+ * shard of tp > 1 without an all-reduce), -ENOTSUP (a head dim the cache cannot hold),
+ * -ENOMEM; *ret only on success. */
 int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 	       const struct bd_seq_opts *opts, struct bd_seq **ret, char *ret_err);
 
@@ -176,9 +267,26 @@ int bd_seq_n_tokens(const struct bd_seq *s);
 int bd_seq_capacity(const struct bd_seq *s);
 struct bd_decode_stats bd_seq_stats(const struct bd_seq *s);
 
+/* Pages the next promotions of s go into, in order, instead of pages drawn from its kvmem
+ * (issue 5: the router allocates them and names them in the step plan). They stay the
+ * caller's: bd_seq_free does not give them back to the kvmem. Replaces what was given and not
+ * taken. Returns 0, -EINVAL (NULL, n < 0, pages NULL with n > 0, more pages than s can still
+ * promote: nothing changes), -ERANGE (an id outside the arena: nothing changes). */
+int bd_seq_give_pages(struct bd_seq *s, const int32_t *pages, int n);
+
+/* Given pages not taken yet (a plan that named more pages than were filled), or -EINVAL. */
+int bd_seq_given_pages(const struct bd_seq *s);
+
+/* The sequence's BF16 slot (NULL for NULL), and its block table: the pages promoted so far in
+ * token order, *ret_pages valid until the next call on s. Returns the page count or -EINVAL. */
+void *bd_seq_slot(const struct bd_seq *s);
+int bd_seq_block_table(const struct bd_seq *s, const int32_t **ret_pages);
+
 /* Prefill an empty sequence with tokens [n] (ids < V): BF16-style causal attention over the
  * prompt, then the prompt's KV written through the cache's write path (sink, pages promoted
- * as they fill, recent). ret_logits: [V] logits of the last position, or NULL.
+ * as they fill, recent). ret_logits: [V] logits of the last position, or NULL (NULL is
+ * required from a shard without the LM head: -EINVAL otherwise, nothing changes). A shard's
+ * all-reduce errors are returned as they come (-EPIPE, -ETIMEDOUT: the sequence stays empty).
  * Returns 0, -EINVAL (NULL, n < 1, a bad token id, a non-empty sequence, another model's
  * sequence: nothing changes), -ENOSPC (n > capacity: nothing changes; or a shared kvmem out of
  * pages), -ENOMEM, -EDOM (non-finite activations: if caught before the cache was written the
@@ -188,11 +296,29 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 
 /* Decode one token at position bd_seq_n_tokens(s): its KV goes through the write path, each
  * (layer, KV head) group attends through bd_ref_decode_gqa(), and a page that this token
- * completes is promoted after the last layer. ret_logits: [V] or NULL.
+ * completes is promoted after the last layer. ret_logits: [V] or NULL (required NULL from a
+ * shard without the LM head, as for prefill). An all-reduce error fails the sequence.
  * Returns 0, -EINVAL (NULL, bad token id: nothing changes), -ENOSPC (full: nothing changes;
  * or a shared kvmem out of pages), -EDOM, -ENOMEM, -EIO (the sequence failed before). */
 int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token,
 		    float *ret_logits);
+
+/* Decode one token for each of n distinct sequences of m at once (continuous batching): every
+ * weight product takes the n rows together (one matrix–matrix product per weight, so the
+ * weights are read once per step, not once per row), each row attends through its own cache
+ * as bd_model_decode does, a shard makes one all-reduce per product for all rows, and pages
+ * the rows complete are promoted row by row in order (the order a shared kvmem hands pages
+ * out). tokens [n]; ret_logits [n][V] or NULL (NULL required without the LM head); ret_status
+ * [n]: what bd_model_decode would have returned for the row. A row refused up front (-EINVAL
+ * for a NULL or another model's sequence or a bad token, -EIO, -ENOSPC) is left as it was;
+ * the others run, and a row that fails on the way fails alone (its sequence then -EIO); its
+ * logits row is not written. Results match bd_model_decode row by row up to FP32 rounding (a
+ * matrix–matrix product adds in another order than a matrix–vector one); n = 1 is
+ * bd_model_decode exactly. Returns 0 (see ret_status); -EINVAL (NULL, n < 1, a sequence twice,
+ * rows with different all-reduces: nothing runs); -ENOMEM; or an all-reduce error, with which
+ * every row that ran fails. */
+int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
+			  const int32_t *tokens, int n, float *ret_logits, int *ret_status);
 
 /* ---- generation -------------------------------------------------------------------------- */
 
@@ -214,7 +340,8 @@ struct bd_gen_params {
 	void *cb_ctx;
 };
 
-/* Generate from a prompt: a sequence of the configuration sized prompt + max_tokens, prefill,
+/* Generate from a prompt (a whole model: -EINVAL for a shard of tp > 1): a sequence of the
+ * configuration sized prompt + max_tokens, prefill,
  * then sample and decode until max_tokens, a stop id or on_token's stop. ret_tokens:
  * [max_tokens] the generated ids (a final stop id included); *ret_n their count.
  * Returns 0, -EINVAL (unknown configuration, max_tokens < 1, empty prompt, a bad token id,

@@ -67,14 +67,19 @@ static float *carve(float *base, size_t *cursor, size_t n)
 static size_t lay_out(struct bd_model *m, float *base)
 {
 	const struct bd_model_hparams *hp = &m->hp;
-	size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, V = (size_t)hp->n_vocab;
-	size_t qd = (size_t)hp->n_heads * (size_t)hp->head_dim;
-	size_t kd = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+	const struct bd_model_shard *sh = &m->shard;
+	size_t E = (size_t)hp->n_embd, F = (size_t)sh->n_ff, V = (size_t)hp->n_vocab;
+	size_t qd = (size_t)sh->n_heads * (size_t)hp->head_dim;
+	size_t kd = (size_t)sh->n_kv_heads * (size_t)hp->head_dim;
 	size_t d = (size_t)hp->head_dim, cur = 0;
 
 	m->tok_embd = carve(base, &cur, V * E);
-	m->output_norm = carve(base, &cur, E);
-	m->output = hp->tied_embeddings ? m->tok_embd : carve(base, &cur, V * E);
+	m->output_norm = NULL;
+	m->output = NULL;
+	if (sh->lm_head) {
+		m->output_norm = carve(base, &cur, E);
+		m->output = hp->tied_embeddings ? m->tok_embd : carve(base, &cur, V * E);
+	}
 	for (int l = 0; l < hp->n_layers; l++) {
 		struct bd_model_layer ly = { 0 };
 		ly.attn_norm = carve(base, &cur, E);
@@ -101,14 +106,38 @@ static size_t lay_out(struct bd_model *m, float *base)
 	return cur;
 }
 
-int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret)
+/* a, b: the share of n that rank gets when n is dealt over tp ranks, first ranks first */
+static void deal(int n, int tp, int rank, int *ret_first, int *ret_count)
 {
-	if (!hp || !ret || !hp_ok(hp))
+	int base = n / tp, extra = n % tp;
+	*ret_count = base + (rank < extra ? 1 : 0);
+	*ret_first = rank * base + (rank < extra ? rank : extra);
+}
+
+int bd_model_shard_plan(const struct bd_model_hparams *hp, int rank, int tp,
+			struct bd_model_shard *ret)
+{
+	if (!hp || !ret || !hp_ok(hp) || tp < 1 || rank < 0 || rank >= tp ||
+	    tp > hp->n_kv_heads || tp > hp->n_ff)
 		return -EINVAL;
+	struct bd_model_shard sh = { .rank = rank, .tp = tp, .lm_head = rank == 0 };
+	int G = hp->n_heads / hp->n_kv_heads;
+	deal(hp->n_kv_heads, tp, rank, &sh.kv_head0, &sh.n_kv_heads);
+	sh.head0 = sh.kv_head0 * G;
+	sh.n_heads = sh.n_kv_heads * G;
+	deal(hp->n_ff, tp, rank, &sh.ff0, &sh.n_ff);
+	*ret = sh;
+	return 0;
+}
+
+static int alloc_shard(const struct bd_model_hparams *hp, const struct bd_model_shard *sh,
+		       struct bd_model **ret)
+{
 	struct bd_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
 	m->hp = *hp;
+	m->shard = *sh;
 	m->layers = calloc((size_t)hp->n_layers, sizeof(*m->layers));
 	size_t n = lay_out(m, NULL);
 	if (!m->layers || n > SIZE_MAX / sizeof(float)) {
@@ -127,6 +156,14 @@ int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret)
 	return 0;
 }
 
+int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret)
+{
+	struct bd_model_shard sh;
+	if (!hp || !ret || bd_model_shard_plan(hp, 0, 1, &sh) < 0)
+		return -EINVAL;
+	return alloc_shard(hp, &sh, ret);
+}
+
 void bd_model_free(struct bd_model *m)
 {
 	if (!m)
@@ -138,9 +175,12 @@ void bd_model_free(struct bd_model *m)
 
 /* ---- GGUF loading ------------------------------------------------------------------------- */
 
-/* Dequantize tensor `name` of shape {cols, ≥ rows} (rows = 0: a vector of cols) into dst. */
-static int load_tensor(const struct bd_gguf *g, const char *name, uint64_t cols, uint64_t rows,
-		       bool rows_at_least, float *dst, char *ret_err)
+/* Dequantize rows r0 .. r0+nr−1, columns c0 .. c0+nc−1 of tensor `name`, of shape
+ * {cols, rows} (rows = 0: a vector of cols; rows_at_least: the tensor may have more rows),
+ * into dst [nr][nc]. A column slice goes row by row through a scratch row. */
+static int load_slice(const struct bd_gguf *g, const char *name, uint64_t cols, uint64_t rows,
+		      bool rows_at_least, uint64_t r0, uint64_t nr, uint64_t c0, uint64_t nc,
+		      float *dst, char *ret_err)
 {
 	const struct bd_gguf_tensor *t = bd_gguf_find_tensor(g, name);
 	if (!t)
@@ -154,7 +194,20 @@ static int load_tensor(const struct bd_gguf *g, const char *name, uint64_t cols,
 			    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
 			    (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
 			    (unsigned long long)cols, (unsigned long long)want1);
-	int r = bd_gguf_tensor_rows_f32(t, 0, want1, dst);
+	int r = 0;
+	if (c0 == 0 && nc == cols) {
+		r = bd_gguf_tensor_rows_f32(t, r0, nr, dst);
+	} else {
+		float *row = malloc(sizeof(float) * cols);
+		if (!row)
+			return fail(ret_err, -ENOMEM, "out of memory");
+		for (uint64_t i = 0; i < nr && r == 0; i++) {
+			r = bd_gguf_tensor_rows_f32(t, r0 + i, 1, row);
+			if (r == 0)
+				memcpy(dst + i * nc, row + c0, sizeof(float) * nc);
+		}
+		free(row);
+	}
 	if (r == -ENOTSUP)
 		return fail(ret_err, r, "tensor %s has type %s, which cannot be dequantized", name,
 			    bd_ggml_type_name(t->type) ? bd_ggml_type_name(t->type) : "?");
@@ -163,9 +216,11 @@ static int load_tensor(const struct bd_gguf *g, const char *name, uint64_t cols,
 	return 0;
 }
 
-int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret_err)
+int bd_model_from_gguf_shard(const struct bd_gguf *g, int rank, int tp, struct bd_model **ret,
+			     char *ret_err)
 {
 	struct bd_model_hparams hp;
+	struct bd_model_shard sh;
 	struct bd_model *m = NULL;
 	char gerr[BD_GGUF_ERR_MAX];
 	int r;
@@ -178,51 +233,66 @@ int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret
 	if (hp.head_dim_v != hp.head_dim)
 		return fail(ret_err, -ENOTSUP, "value head dim %d differs from key head dim %d",
 			    hp.head_dim_v, hp.head_dim);
-	if ((r = bd_model_alloc(&hp, &m)) < 0)
-		return r == -ENOMEM ? fail(ret_err, r, "out of memory for the weights")
-				    : fail(ret_err, r, "hyperparameters out of range");
+	if (bd_model_shard_plan(&hp, rank, tp, &sh) < 0) {
+		if (!hp_ok(&hp))
+			return fail(ret_err, -EINVAL, "hyperparameters out of range");
+		return fail(ret_err, -EINVAL,
+			    "rank %d of %d: the model's %d KV heads and %d MLP columns cannot be "
+			    "split that way", rank, tp, hp.n_kv_heads, hp.n_ff);
+	}
+	if ((r = alloc_shard(&hp, &sh, &m)) < 0)
+		return fail(ret_err, r, "out of memory for the weights");
 
 	uint64_t E = (uint64_t)hp.n_embd, F = (uint64_t)hp.n_ff, V = (uint64_t)hp.n_vocab;
-	uint64_t qd = (uint64_t)hp.n_heads * (uint64_t)hp.head_dim;
-	uint64_t kd = (uint64_t)hp.n_kv_heads * (uint64_t)hp.head_dim;
 	uint64_t d = (uint64_t)hp.head_dim;
+	uint64_t qd = (uint64_t)hp.n_heads * d, kd = (uint64_t)hp.n_kv_heads * d;
+	uint64_t q0 = (uint64_t)sh.head0 * d, nq = (uint64_t)sh.n_heads * d;
+	uint64_t k0 = (uint64_t)sh.kv_head0 * d, nk = (uint64_t)sh.n_kv_heads * d;
+	uint64_t f0 = (uint64_t)sh.ff0, nf = (uint64_t)sh.n_ff;
 	char name[96];
 
+/* whole tensor; rows r0.. of a matrix; columns c0.. of a matrix or a vector */
 #define LOAD(nm, cols, rows, atleast, dst)                                                 \
 	do {                                                                               \
-		if ((r = load_tensor(g, nm, cols, rows, atleast, dst, ret_err)) < 0)       \
+		if ((r = load_slice(g, nm, cols, rows, atleast, 0, (rows) ? (rows) : 1, 0,  \
+				    cols, dst, ret_err)) < 0)                              \
 			goto out;                                                          \
 	} while (0)
-#define LOADL(suffix, cols, rows, dst)                                                     \
+#define LOADL(suffix, cols, rows, r0, nr, c0, nc, dst)                                     \
 	do {                                                                               \
 		snprintf(name, sizeof(name), "blk.%d.%s", l, suffix);                      \
-		LOAD(name, cols, rows, false, dst);                                        \
+		if ((r = load_slice(g, name, cols, rows, false, r0, nr, c0, nc, dst,        \
+				    ret_err)) < 0)                                         \
+			goto out;                                                          \
 	} while (0)
 
+	/* the embedding is read as V rows even when the tensor pads the vocabulary */
 	LOAD("token_embd.weight", E, V, true, m->tok_embd);
-	LOAD("output_norm.weight", E, 0, false, m->output_norm);
-	if (!hp.tied_embeddings)
-		LOAD("output.weight", E, V, true, m->output);
+	if (sh.lm_head) {
+		LOAD("output_norm.weight", E, 0, false, m->output_norm);
+		if (!hp.tied_embeddings)
+			LOAD("output.weight", E, V, true, m->output);
+	}
 	for (int l = 0; l < hp.n_layers; l++) {
 		struct bd_model_layer *ly = &m->layers[l];
-		LOADL("attn_norm.weight", E, 0, ly->attn_norm);
-		LOADL("attn_q.weight", E, qd, ly->wq);
-		LOADL("attn_k.weight", E, kd, ly->wk);
-		LOADL("attn_v.weight", E, kd, ly->wv);
-		LOADL("attn_output.weight", qd, E, ly->wo);
+		LOADL("attn_norm.weight", E, 0, 0, 1, 0, E, ly->attn_norm);
+		LOADL("attn_q.weight", E, qd, q0, nq, 0, E, ly->wq);
+		LOADL("attn_k.weight", E, kd, k0, nk, 0, E, ly->wk);
+		LOADL("attn_v.weight", E, kd, k0, nk, 0, E, ly->wv);
+		LOADL("attn_output.weight", qd, E, 0, E, q0, nq, ly->wo);
 		if (hp.attn_bias) {
-			LOADL("attn_q.bias", qd, 0, ly->bq);
-			LOADL("attn_k.bias", kd, 0, ly->bk);
-			LOADL("attn_v.bias", kd, 0, ly->bv);
+			LOADL("attn_q.bias", qd, 0, 0, 1, q0, nq, ly->bq);
+			LOADL("attn_k.bias", kd, 0, 0, 1, k0, nk, ly->bk);
+			LOADL("attn_v.bias", kd, 0, 0, 1, k0, nk, ly->bv);
 		}
 		if (hp.qk_norm) {
-			LOADL("attn_q_norm.weight", d, 0, ly->q_norm);
-			LOADL("attn_k_norm.weight", d, 0, ly->k_norm);
+			LOADL("attn_q_norm.weight", d, 0, 0, 1, 0, d, ly->q_norm);
+			LOADL("attn_k_norm.weight", d, 0, 0, 1, 0, d, ly->k_norm);
 		}
-		LOADL("ffn_norm.weight", E, 0, ly->ffn_norm);
-		LOADL("ffn_gate.weight", E, F, ly->w_gate);
-		LOADL("ffn_up.weight", E, F, ly->w_up);
-		LOADL("ffn_down.weight", F, E, ly->w_down);
+		LOADL("ffn_norm.weight", E, 0, 0, 1, 0, E, ly->ffn_norm);
+		LOADL("ffn_gate.weight", E, F, f0, nf, 0, E, ly->w_gate);
+		LOADL("ffn_up.weight", E, F, f0, nf, 0, E, ly->w_up);
+		LOADL("ffn_down.weight", F, E, 0, E, f0, nf, ly->w_down);
 	}
 #undef LOADL
 #undef LOAD
@@ -231,6 +301,88 @@ int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret
 out:
 	bd_model_free(m);
 	return r;
+}
+
+int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret_err)
+{
+	return bd_model_from_gguf_shard(g, 0, 1, ret, ret_err);
+}
+
+int bd_model_load_shard(const char *path, int rank, int tp, struct bd_model **ret,
+			char *ret_err)
+{
+	struct bd_gguf *g = NULL;
+	char gerr[BD_GGUF_ERR_MAX];
+	int r;
+
+	clear_err(ret_err);
+	if (!path || !ret)
+		return fail(ret_err, -EINVAL, "no path or no result pointer");
+	if ((r = bd_gguf_open(path, &g, gerr)) < 0)
+		return gerr[0] ? fail(ret_err, r, "%s", gerr)
+			       : fail(ret_err, r, "%s: %s", path, strerror(-r));
+	r = bd_model_from_gguf_shard(g, rank, tp, ret, ret_err);
+	bd_gguf_free(g);
+	return r;
+}
+
+/* Copy rows r0.. (nr of them) and columns c0.. (nc) of src [][cols] into dst [nr][nc]. */
+static void copy_block(const float *src, size_t cols, size_t r0, size_t nr, size_t c0,
+		       size_t nc, float *dst)
+{
+	for (size_t i = 0; i < nr; i++)
+		memcpy(dst + i * nc, src + (r0 + i) * cols + c0, sizeof(float) * nc);
+}
+
+int bd_model_shard_of(const struct bd_model *full, int rank, int tp, struct bd_model **ret)
+{
+	struct bd_model_shard sh;
+	struct bd_model *m;
+	int r;
+
+	if (!full || !ret || full->shard.tp != 1 ||
+	    bd_model_shard_plan(&full->hp, rank, tp, &sh) < 0)
+		return -EINVAL;
+	if ((r = alloc_shard(&full->hp, &sh, &m)) < 0)
+		return r;
+	const struct bd_model_hparams *hp = &full->hp;
+	size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, V = (size_t)hp->n_vocab;
+	size_t d = (size_t)hp->head_dim;
+	size_t qd = (size_t)hp->n_heads * d, kd = (size_t)hp->n_kv_heads * d;
+	size_t q0 = (size_t)sh.head0 * d, nq = (size_t)sh.n_heads * d;
+	size_t k0 = (size_t)sh.kv_head0 * d, nk = (size_t)sh.n_kv_heads * d;
+	size_t f0 = (size_t)sh.ff0, nf = (size_t)sh.n_ff;
+
+	memcpy(m->tok_embd, full->tok_embd, sizeof(float) * V * E);
+	if (sh.lm_head) {
+		memcpy(m->output_norm, full->output_norm, sizeof(float) * E);
+		if (!hp->tied_embeddings)
+			memcpy(m->output, full->output, sizeof(float) * V * E);
+	}
+	for (int l = 0; l < hp->n_layers; l++) {
+		const struct bd_model_layer *a = &full->layers[l];
+		struct bd_model_layer *b = &m->layers[l];
+		memcpy(b->attn_norm, a->attn_norm, sizeof(float) * E);
+		copy_block(a->wq, E, q0, nq, 0, E, b->wq);
+		copy_block(a->wk, E, k0, nk, 0, E, b->wk);
+		copy_block(a->wv, E, k0, nk, 0, E, b->wv);
+		copy_block(a->wo, qd, 0, E, q0, nq, b->wo);
+		if (hp->attn_bias) {
+			copy_block(a->bq, qd, 0, 1, q0, nq, b->bq);
+			copy_block(a->bk, kd, 0, 1, k0, nk, b->bk);
+			copy_block(a->bv, kd, 0, 1, k0, nk, b->bv);
+		}
+		if (hp->qk_norm) {
+			memcpy(b->q_norm, a->q_norm, sizeof(float) * d);
+			memcpy(b->k_norm, a->k_norm, sizeof(float) * d);
+		}
+		memcpy(b->ffn_norm, a->ffn_norm, sizeof(float) * E);
+		copy_block(a->w_gate, E, f0, nf, 0, E, b->w_gate);
+		copy_block(a->w_up, E, f0, nf, 0, E, b->w_up);
+		copy_block(a->w_down, F, 0, E, f0, nf, b->w_down);
+	}
+	*ret = m;
+	return 0;
 }
 
 int bd_model_load(const char *path, struct bd_model **ret, char *ret_err)
@@ -243,7 +395,8 @@ int bd_model_load(const char *path, struct bd_model **ret, char *ret_err)
 	if (!path || !ret)
 		return fail(ret_err, -EINVAL, "no path or no result pointer");
 	if ((r = bd_gguf_open(path, &g, gerr)) < 0)
-		return fail(ret_err, r, "%s: %s", path, gerr[0] ? gerr : strerror(-r));
+		return gerr[0] ? fail(ret_err, r, "%s", gerr)
+			       : fail(ret_err, r, "%s: %s", path, strerror(-r));
 	r = bd_model_from_gguf(g, ret, ret_err);
 	bd_gguf_free(g);
 	return r;
@@ -406,8 +559,11 @@ struct bd_seq {
 	const struct bd_layout *lay; /* &mem->lay */
 	void *slot;
 	int32_t *block_table; /* [max_pages] */
+	uint8_t *drawn;       /* [max_pages]: the page came from mem (freed with the sequence) */
 	int n_full;           /* pages promoted */
 	int max_pages;
+	int32_t *given;       /* [max_pages] pages handed in by bd_seq_give_pages */
+	int n_given, given_next;
 	int n_tokens, max_tokens;
 	bool failed;
 	float *mu;            /* [L][Hkv][d] or NULL */
@@ -416,8 +572,8 @@ struct bd_seq {
 	struct bd_decode_stats stats;
 	bd_kv_hook hook;
 	void *hook_ctx;
-	/* decode scratch */
-	float *x, *xn, *q, *k, *v, *o, *att, *gate, *up;
+	bd_model_allreduce_fn allreduce; /* NULL: one rank */
+	void *allreduce_ctx;
 };
 
 int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
@@ -445,12 +601,23 @@ int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 	s->dp = opts->dp ? *opts->dp : bd_decode_params_default();
 	s->hook = opts->hook;
 	s->hook_ctx = opts->hook_ctx;
-	int r;
+	if (m->shard.tp > 1) {
+		s->allreduce = opts->allreduce;
+		s->allreduce_ctx = opts->allreduce_ctx;
+	}
+	int r, Hl = m->shard.n_kv_heads;
 
+	if (m->shard.tp > 1 && !opts->allreduce) {
+		bd_seq_free(s);
+		return fail(ret_err, -EINVAL, "rank %d of %d needs an all-reduce", m->shard.rank,
+			    m->shard.tp);
+	}
 	if (opts->mem) {
 		const struct bd_layout *l = &opts->mem->lay;
-		if (l->fmt != cfg->page_fmt || l->n_layers != hp->n_layers ||
-		    l->n_kv_heads != hp->n_kv_heads || l->d != d || l->d_rope != 0) {
+		/* a shard's heads sit first in pages sized for ceil(Hkv / tp) heads */
+		bool heads_ok = m->shard.tp > 1 ? l->n_kv_heads >= Hl : l->n_kv_heads == Hl;
+		if (l->fmt != cfg->page_fmt || l->n_layers != hp->n_layers || !heads_ok ||
+		    l->d != d || l->d_rope != 0) {
 			bd_seq_free(s);
 			return fail(ret_err, -EINVAL, "the KV memory's layout does not match the "
 						      "model and the %s configuration", cfg->name);
@@ -459,8 +626,7 @@ int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 	} else {
 		struct bd_layout lay;
 		size_t np = s->max_pages > 0 ? (size_t)s->max_pages : 1;
-		if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, hp->n_kv_heads, d, 0,
-					np)) < 0 ||
+		if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, Hl, d, 0, np)) < 0 ||
 		    (r = bd_kvmem_private_new(&lay, &s->mem)) < 0) {
 			bd_seq_free(s);
 			return fail(ret_err, r == -ENOMEM ? r : -ENOTSUP,
@@ -475,31 +641,30 @@ int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 		return fail(ret_err, r, "no BF16 slot for the sequence (%d)", r);
 	}
 
-	size_t L = (size_t)hp->n_layers, H = (size_t)hp->n_kv_heads, D = (size_t)d;
-	size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, qd = (size_t)hp->n_heads * D;
+	size_t L = (size_t)hp->n_layers, H = (size_t)Hl, D = (size_t)d;
+	size_t Hg = (size_t)hp->n_kv_heads, h0 = (size_t)m->shard.kv_head0;
+	size_t HL = (size_t)s->lay->n_kv_heads;
 	s->block_table = calloc((size_t)s->max_pages + 1, sizeof(*s->block_table));
-	s->x = malloc(sizeof(float) * E);
-	s->xn = malloc(sizeof(float) * E);
-	s->q = malloc(sizeof(float) * qd);
-	s->k = malloc(sizeof(float) * H * D);
-	s->v = malloc(sizeof(float) * H * D);
-	s->o = malloc(sizeof(float) * qd);
-	s->att = malloc(sizeof(float) * E);
-	s->gate = malloc(sizeof(float) * F);
-	s->up = malloc(sizeof(float) * F);
-	bool ok = s->block_table && s->x && s->xn && s->q && s->k && s->v && s->o && s->att &&
-		  s->gate && s->up;
+	s->drawn = calloc((size_t)s->max_pages + 1, 1);
+	s->given = calloc((size_t)s->max_pages + 1, sizeof(*s->given));
+	bool ok = s->block_table && s->drawn && s->given;
+	/* mu_k and fp8_scales come indexed by the global KV head: keep this rank's heads */
 	if (ok && opts->mu_k) {
 		s->mu = malloc(sizeof(float) * L * H * D);
 		ok = s->mu != NULL;
-		if (ok)
-			memcpy(s->mu, opts->mu_k, sizeof(float) * L * H * D);
+		for (size_t l = 0; ok && l < L; l++)
+			memcpy(s->mu + l * H * D, opts->mu_k + (l * Hg + h0) * D,
+			       sizeof(float) * H * D);
 	}
 	if (ok && opts->fp8_scales) {
-		s->fp8 = malloc(sizeof(float) * L * H * 2);
+		/* [L][layout heads][2], as bd_page_promote reads them; heads past ours unused */
+		s->fp8 = malloc(sizeof(float) * L * HL * 2);
 		ok = s->fp8 != NULL;
-		if (ok)
-			memcpy(s->fp8, opts->fp8_scales, sizeof(float) * L * H * 2);
+		for (size_t i = 0; ok && i < L * HL * 2; i++)
+			s->fp8[i] = 1.0f;
+		for (size_t l = 0; ok && l < L; l++)
+			memcpy(s->fp8 + l * HL * 2, opts->fp8_scales + (l * Hg + h0) * 2,
+			       sizeof(float) * H * 2);
 	}
 	if (!ok) {
 		bd_seq_free(s);
@@ -515,24 +680,18 @@ void bd_seq_free(struct bd_seq *s)
 		return;
 	if (s->mem) {
 		for (int i = 0; i < s->n_full; i++)
-			s->mem->ops->page_free(s->mem, s->block_table[i]);
+			if (s->drawn[i])
+				s->mem->ops->page_free(s->mem, s->block_table[i]);
 		if (s->slot)
 			s->mem->ops->slot_free(s->mem, s->slot);
 		if (s->own_mem)
 			bd_kvmem_private_free(s->mem);
 	}
 	free(s->block_table);
+	free(s->drawn);
+	free(s->given);
 	free(s->mu);
 	free(s->fp8);
-	free(s->x);
-	free(s->xn);
-	free(s->q);
-	free(s->k);
-	free(s->v);
-	free(s->o);
-	free(s->att);
-	free(s->gate);
-	free(s->up);
 	free(s);
 }
 
@@ -550,6 +709,25 @@ struct bd_decode_stats bd_seq_stats(const struct bd_seq *s)
 {
 	struct bd_decode_stats z = { 0 };
 	return s ? s->stats : z;
+}
+
+void *bd_seq_slot(const struct bd_seq *s)
+{
+	return s ? s->slot : NULL;
+}
+
+int bd_seq_block_table(const struct bd_seq *s, const int32_t **ret_pages)
+{
+	if (!s || !ret_pages)
+		return -EINVAL;
+	*ret_pages = s->block_table;
+	return s->n_full;
+}
+
+/* Sum a shard's partial products over the ranks (one rank: nothing to do). */
+static int reduce(const struct bd_seq *s, float *buf, size_t n)
+{
+	return s->allreduce ? s->allreduce(s->allreduce_ctx, buf, n) : 0;
 }
 
 /* FP8 scales of the first page when none were given: amax / 448 of each (layer, KV head)'s
@@ -587,14 +765,38 @@ static int promote(struct bd_seq *s)
 			return -ENOMEM;
 		fp8_scales_from_slot(s);
 	}
-	if ((r = s->mem->ops->page_alloc(s->mem, &page)) < 0)
+	bool drawn = s->given_next >= s->n_given;
+	if (!drawn)
+		page = s->given[s->given_next++];
+	else if ((r = s->mem->ops->page_alloc(s->mem, &page)) < 0)
 		return r;
 	if ((r = bd_page_promote(s->lay, s->cfg, s->fp8, s->slot, s->mem->arena, page)) < 0) {
-		s->mem->ops->page_free(s->mem, page);
+		if (drawn)
+			s->mem->ops->page_free(s->mem, page);
 		return r;
 	}
+	s->drawn[s->n_full] = drawn;
 	s->block_table[s->n_full++] = page;
 	return 0;
+}
+
+int bd_seq_give_pages(struct bd_seq *s, const int32_t *pages, int n)
+{
+	if (!s || n < 0 || (n > 0 && !pages) || n > s->max_pages - s->n_full)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (pages[i] < 0 || (size_t)pages[i] >= s->lay->n_pages)
+			return -ERANGE;
+	if (n > 0)
+		memcpy(s->given, pages, sizeof(*pages) * (size_t)n);
+	s->n_given = n;
+	s->given_next = 0;
+	return 0;
+}
+
+int bd_seq_given_pages(const struct bd_seq *s)
+{
+	return s ? s->n_given - s->given_next : -EINVAL;
 }
 
 static const float *mu_of(const struct bd_seq *s, int l, int h)
@@ -602,14 +804,14 @@ static const float *mu_of(const struct bd_seq *s, int l, int h)
 	if (!s->mu)
 		return NULL;
 	size_t d = (size_t)s->lay->d;
-	return s->mu + ((size_t)l * (size_t)s->lay->n_kv_heads + (size_t)h) * d;
+	return s->mu + ((size_t)l * (size_t)s->m->shard.n_kv_heads + (size_t)h) * d;
 }
 
 /* Write one position's K and V of layer l (k, v: [Hkv][d]) into the slot. */
 static int write_kv(struct bd_seq *s, int l, int pos, const float *k, const float *v)
 {
 	size_t d = (size_t)s->lay->d;
-	for (int h = 0; h < s->lay->n_kv_heads; h++) {
+	for (int h = 0; h < s->m->shard.n_kv_heads; h++) {
 		int r = bd_kv_write_token(s->lay, s->cfg, s->slot, l, h, pos, k + (size_t)h * d,
 					  v + (size_t)h * d, mu_of(s, l, h));
 		if (r < 0)
@@ -631,7 +833,8 @@ static int qkv(const struct bd_model *m, const struct bd_model_layer *ly, struct
 	       const float *xn, int rows, int pos0, float *q, float *k, float *v)
 {
 	const struct bd_model_hparams *hp = &m->hp;
-	int E = hp->n_embd, d = hp->head_dim, qd = hp->n_heads * d, kd = hp->n_kv_heads * d;
+	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads;
+	int E = hp->n_embd, d = hp->head_dim, qd = Hq * d, kd = Hkv * d;
 
 	matmul(xn, rows, E, ly->wq, qd, ly->bq, q);
 	matmul(xn, rows, E, ly->wk, kd, ly->bk, k);
@@ -639,17 +842,16 @@ static int qkv(const struct bd_model *m, const struct bd_model_layer *ly, struct
 	for (int r = 0; r < rows; r++) {
 		float *qr = q + (size_t)r * (size_t)qd, *kr = k + (size_t)r * (size_t)kd;
 		if (hp->qk_norm) {
-			for (int h = 0; h < hp->n_heads; h++)
+			for (int h = 0; h < Hq; h++)
 				bd_rmsnorm(qr + (size_t)h * (size_t)d, ly->q_norm, d, hp->norm_eps,
 					   qr + (size_t)h * (size_t)d);
-			for (int h = 0; h < hp->n_kv_heads; h++)
+			for (int h = 0; h < Hkv; h++)
 				bd_rmsnorm(kr + (size_t)h * (size_t)d, ly->k_norm, d, hp->norm_eps,
 					   kr + (size_t)h * (size_t)d);
 		}
-		int rc = bd_rope(qr, hp->n_heads, d, hp->n_rot, pos0 + r, hp->rope_base,
-				 hp->rope_style);
+		int rc = bd_rope(qr, Hq, d, hp->n_rot, pos0 + r, hp->rope_base, hp->rope_style);
 		if (rc == 0)
-			rc = bd_rope(kr, hp->n_kv_heads, d, hp->n_rot, pos0 + r, hp->rope_base,
+			rc = bd_rope(kr, Hkv, d, hp->n_rot, pos0 + r, hp->rope_base,
 				     hp->rope_style);
 		if (rc < 0)
 			return rc;
@@ -660,11 +862,12 @@ static int qkv(const struct bd_model *m, const struct bd_model_layer *ly, struct
 	return 0;
 }
 
-/* x += W_down(silu(W_gate xn) · W_up xn) for rows rows; gate, up: [rows][F]. */
-static void mlp(const struct bd_model *m, const struct bd_model_layer *ly, float *x, float *xn,
-		int rows, float *gate, float *up, float *tmp)
+/* x += W_down(silu(W_gate xn) · W_up xn) for rows rows; gate, up: [rows][F'] (a shard's
+ * columns: the down product is partial until the all-reduce). Returns 0 or its error. */
+static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd_model_layer *ly,
+	       float *x, float *xn, int rows, float *gate, float *up, float *tmp)
 {
-	int E = m->hp.n_embd, F = m->hp.n_ff;
+	int E = m->hp.n_embd, F = m->shard.n_ff;
 	size_t n = (size_t)rows * (size_t)E;
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, ly->ffn_norm, E, m->hp.norm_eps,
@@ -674,8 +877,12 @@ static void mlp(const struct bd_model *m, const struct bd_model_layer *ly, float
 	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
 		gate[i] = silu(gate[i]) * up[i];
 	matmul(gate, rows, F, ly->w_down, E, NULL, tmp);
+	int r = reduce(s, tmp, n);
+	if (r < 0)
+		return r;
 	for (size_t i = 0; i < n; i++)
 		x[i] += tmp[i];
+	return 0;
 }
 
 /* Final norm and LM head of one hidden row: ret_logits [V]. */
@@ -693,14 +900,15 @@ static float bf16_round(float x)
 
 /* Causal attention of the prompt for one layer: q [n][Hq·d], k and v [n][Hkv·d] already
  * BF16-rounded; ret_o [n][Hq·d]. S: scratch [PREFILL_CHUNK][n]. */
-static void prefill_attention(const struct bd_model_hparams *hp, const float *q, const float *k,
+static void prefill_attention(const struct bd_model *m, const float *q, const float *k,
 			      const float *v, int n, float *S, float *ret_o)
 {
-	int d = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
-	int ldq = hp->n_heads * d, ldk = hp->n_kv_heads * d;
+	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads;
+	int d = m->hp.head_dim, G = Hq / Hkv;
+	int ldq = Hq * d, ldk = Hkv * d;
 	float scale = 1.0f / sqrtf((float)d), inv[PREFILL_CHUNK];
 
-	for (int h = 0; h < hp->n_heads; h++) {
+	for (int h = 0; h < Hq; h++) {
 		const float *kh = k + (size_t)(h / G) * (size_t)d;
 		const float *vh = v + (size_t)(h / G) * (size_t)d;
 		for (int i0 = 0; i0 < n; i0 += PREFILL_CHUNK) {
@@ -741,16 +949,16 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 		return -EINVAL;
 	if (s->failed)
 		return -EIO;
-	if (s->n_tokens != 0 || check_tokens(m, tokens, n) < 0)
+	if (s->n_tokens != 0 || check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
 		return -EINVAL;
 	if (n > s->max_tokens)
 		return -ENOSPC;
 
 	const struct bd_model_hparams *hp = &m->hp;
-	size_t N = (size_t)n, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+	size_t N = (size_t)n, E = (size_t)hp->n_embd, F = (size_t)m->shard.n_ff;
 	size_t L = (size_t)hp->n_layers;
-	size_t qd = (size_t)hp->n_heads * (size_t)hp->head_dim;
-	size_t kd = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+	size_t qd = (size_t)m->shard.n_heads * (size_t)hp->head_dim;
+	size_t kd = (size_t)m->shard.n_kv_heads * (size_t)hp->head_dim;
 	size_t chunk = (size_t)PREFILL_CHUNK * N;
 	int r = -ENOMEM;
 
@@ -779,11 +987,15 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 			kr[i] = bf16_round(kl[i]);
 			vr[i] = bf16_round(vl[i]);
 		}
-		prefill_attention(hp, q, kr, vr, n, S, o);
+		prefill_attention(m, q, kr, vr, n, S, o);
 		matmul(o, n, (int)qd, ly->wo, (int)E, NULL, tmp);
+		/* all-reduce failures leave the cache unwritten: the sequence stays empty */
+		if ((r = reduce(s, tmp, N * E)) < 0)
+			goto out;
 		for (size_t i = 0; i < N * E; i++)
 			x[i] += tmp[i];
-		mlp(m, ly, x, xn, n, gate, up, tmp);
+		if ((r = mlp(m, s, ly, x, xn, n, gate, up, tmp)) < 0)
+			goto out;
 	}
 	for (size_t i = 0; i < N * E; i++) {
 		if (!isfinite(x[i])) {
@@ -826,9 +1038,32 @@ out:
 	return r;
 }
 
-int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token, float *ret_logits)
+/* Per-head norms (Qwen3), RoPE at pos and the hook for one row of q [Hq'][d] and k [Hkv'][d]. */
+static int qk_row(const struct bd_model *m, const struct bd_model_layer *ly, struct bd_seq *s,
+		  int pos, float *qr, float *kr, const float *vr)
 {
-	if (!m || !s || s->m != m)
+	const struct bd_model_hparams *hp = &m->hp;
+	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads, d = hp->head_dim;
+	if (hp->qk_norm) {
+		for (int h = 0; h < Hq; h++)
+			bd_rmsnorm(qr + (size_t)h * (size_t)d, ly->q_norm, d, hp->norm_eps,
+				   qr + (size_t)h * (size_t)d);
+		for (int h = 0; h < Hkv; h++)
+			bd_rmsnorm(kr + (size_t)h * (size_t)d, ly->k_norm, d, hp->norm_eps,
+				   kr + (size_t)h * (size_t)d);
+	}
+	int rc = bd_rope(qr, Hq, d, hp->n_rot, pos, hp->rope_base, hp->rope_style);
+	if (rc == 0)
+		rc = bd_rope(kr, Hkv, d, hp->n_rot, pos, hp->rope_base, hp->rope_style);
+	if (rc == 0 && s->hook)
+		s->hook(s->hook_ctx, (int)(ly - m->layers), pos, qr, kr, vr);
+	return rc;
+}
+
+/* Why row s cannot decode token now (0: it can). Nothing is changed. */
+static int decode_refusal(const struct bd_model *m, const struct bd_seq *s, int32_t token)
+{
+	if (!s || s->m != m)
 		return -EINVAL;
 	if (s->failed)
 		return -EIO;
@@ -836,49 +1071,168 @@ int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token, f
 		return -EINVAL;
 	if (s->n_tokens >= s->max_tokens)
 		return -ENOSPC;
+	return 0;
+}
+
+int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
+			  const int32_t *tokens, int n, float *ret_logits, int *ret_status)
+{
+	if (!m || !seqs || !tokens || !ret_status || n < 1 || (ret_logits && !m->output))
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < i; j++)
+			if (seqs[i] && seqs[i] == seqs[j])
+				return -EINVAL;
 
 	const struct bd_model_hparams *hp = &m->hp;
-	int E = hp->n_embd, d = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
-	int qd = hp->n_heads * d, pos = s->n_tokens, r;
+	int Hkv = m->shard.n_kv_heads, G = m->shard.n_heads / Hkv;
+	size_t E = (size_t)hp->n_embd, d = (size_t)hp->head_dim, F = (size_t)m->shard.n_ff;
+	size_t qd = (size_t)m->shard.n_heads * d, kd = (size_t)Hkv * d, V = (size_t)hp->n_vocab;
+	struct bd_seq *s0 = NULL;
+	int nb = 0, r = -ENOMEM;
 
-	memcpy(s->x, m->tok_embd + (size_t)token * (size_t)E, sizeof(float) * (size_t)E);
+	/* refused rows change nothing; the rest must share one all-reduce */
+	for (int i = 0; i < n; i++) {
+		ret_status[i] = decode_refusal(m, seqs[i], tokens[i]);
+		if (ret_status[i] < 0)
+			continue;
+		if (!s0) {
+			s0 = seqs[i];
+		} else if (seqs[i]->allreduce != s0->allreduce ||
+			   seqs[i]->allreduce_ctx != s0->allreduce_ctx) {
+			return -EINVAL;
+		}
+		nb++;
+	}
+	if (nb == 0)
+		return 0;
+
+	size_t NB = (size_t)nb;
+	int *idx = malloc(sizeof(int) * NB), *err = calloc(NB, sizeof(int));
+	float *x = malloc(sizeof(float) * NB * E), *xn = malloc(sizeof(float) * NB * E);
+	float *q = malloc(sizeof(float) * NB * qd), *o = malloc(sizeof(float) * NB * qd);
+	float *k = malloc(sizeof(float) * NB * kd), *v = malloc(sizeof(float) * NB * kd);
+	float *att = malloc(sizeof(float) * NB * E);
+	float *gate = malloc(sizeof(float) * NB * F), *up = malloc(sizeof(float) * NB * F);
+	float *lg = ret_logits && nb > 1 ? malloc(sizeof(float) * NB * V) : NULL;
+	if (!idx || !err || !x || !xn || !q || !o || !k || !v || !att || !gate || !up ||
+	    (ret_logits && nb > 1 && !lg)) {
+		for (int i = 0; i < n; i++)
+			if (ret_status[i] == 0)
+				ret_status[i] = -ENOMEM;
+		goto out;
+	}
+	nb = 0;
+	for (int i = 0; i < n; i++)
+		if (ret_status[i] == 0)
+			idx[nb++] = i;
+
+	/* A row's local error does not stop the layers: it goes on with NaN partial sums so that
+	 * the ranks make the same all-reduce calls (bd_model_allreduce_fn). */
+	for (size_t b = 0; b < NB; b++)
+		memcpy(x + b * E, m->tok_embd + (size_t)tokens[idx[b]] * E, sizeof(float) * E);
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct bd_model_layer *ly = &m->layers[l];
-		bd_rmsnorm(s->x, ly->attn_norm, E, hp->norm_eps, s->xn);
-		if ((r = qkv(m, ly, s, s->xn, 1, pos, s->q, s->k, s->v)) < 0)
-			goto failed;
-		if ((r = write_kv(s, l, pos, s->k, s->v)) < 0)
-			goto failed;
-		for (int h = 0; h < hp->n_kv_heads; h++) {
-			struct bd_kv_view kv = {
-				.lay = s->lay,
-				.arena = s->mem->arena,
-				.block_table = s->block_table,
-				.slot = s->slot,
-				.layer = l,
-				.kv_head = h,
-				.n_tokens = pos + 1,
-			};
-			size_t off = (size_t)h * (size_t)G * (size_t)d;
-			r = bd_ref_decode_gqa(s->cfg, &s->dp, &kv, s->q + off, G, s->o + off, NULL,
-					      &s->stats);
-			if (r < 0)
-				goto failed;
+		for (size_t b = 0; b < NB; b++)
+			bd_rmsnorm(x + b * E, ly->attn_norm, (int)E, hp->norm_eps, xn + b * E);
+		matmul(xn, nb, (int)E, ly->wq, (int)qd, ly->bq, q);
+		matmul(xn, nb, (int)E, ly->wk, (int)kd, ly->bk, k);
+		matmul(xn, nb, (int)E, ly->wv, (int)kd, ly->bv, v);
+		for (size_t b = 0; b < NB; b++) {
+			struct bd_seq *s = seqs[idx[b]];
+			int pos = s->n_tokens, rc;
+			float *qb = q + b * qd, *kb = k + b * kd, *vb = v + b * kd, *ob = o + b * qd;
+			if (!err[b] && (rc = qk_row(m, ly, s, pos, qb, kb, vb)) < 0)
+				err[b] = rc;
+			if (!err[b] && (rc = write_kv(s, l, pos, kb, vb)) < 0)
+				err[b] = rc;
+			for (int h = 0; h < Hkv && !err[b]; h++) {
+				struct bd_kv_view kv = {
+					.lay = s->lay,
+					.arena = s->mem->arena,
+					.block_table = s->block_table,
+					.slot = s->slot,
+					.layer = l,
+					.kv_head = h,
+					.n_tokens = pos + 1,
+				};
+				size_t off = (size_t)h * (size_t)G * d;
+				rc = bd_ref_decode_gqa(s->cfg, &s->dp, &kv, qb + off, G, ob + off, NULL,
+						       &s->stats);
+				if (rc < 0)
+					err[b] = rc;
+			}
+			if (err[b])
+				for (size_t i = 0; i < qd; i++)
+					ob[i] = NAN;
 		}
-		matmul(s->o, 1, qd, ly->wo, E, NULL, s->att);
-		for (int i = 0; i < E; i++)
-			s->x[i] += s->att[i];
-		mlp(m, ly, s->x, s->xn, 1, s->gate, s->up, s->att);
+		matmul(o, nb, (int)qd, ly->wo, (int)E, NULL, att);
+		if ((r = reduce(s0, att, NB * E)) < 0)
+			goto fail_all;
+		for (size_t i = 0; i < NB * E; i++)
+			x[i] += att[i];
+		if ((r = mlp(m, s0, ly, x, xn, nb, gate, up, att)) < 0)
+			goto fail_all;
 	}
-	if ((pos + 1) % BD_PAGE_TOKENS == 0 && (r = promote(s)) < 0)
-		goto failed;
-	s->n_tokens = pos + 1;
-	if (ret_logits)
-		lm_head(m, s->x, s->xn, ret_logits);
-	return 0;
-failed:
-	s->failed = true;
-	return r;
+	/* a token that completes a page promotes it, row by row in order (the order in which a
+	 * shared kvmem hands out pages) */
+	for (size_t b = 0; b < NB; b++) {
+		struct bd_seq *s = seqs[idx[b]];
+		int pos = s->n_tokens, rc = err[b];
+		if (rc == 0 && (pos + 1) % BD_PAGE_TOKENS == 0)
+			rc = promote(s);
+		if (rc < 0) {
+			s->failed = true;
+			ret_status[idx[b]] = rc;
+			continue;
+		}
+		s->n_tokens = pos + 1;
+	}
+	if (ret_logits) {
+		if (nb == 1) {
+			if (ret_status[idx[0]] == 0)
+				lm_head(m, x, xn, ret_logits + (size_t)idx[0] * V);
+		} else {
+			for (size_t b = 0; b < NB; b++)
+				bd_rmsnorm(x + b * E, m->output_norm, (int)E, hp->norm_eps,
+					   xn + b * E);
+			matmul(xn, nb, (int)E, m->output, (int)V, NULL, lg);
+			for (size_t b = 0; b < NB; b++)
+				if (ret_status[idx[b]] == 0)
+					memcpy(ret_logits + (size_t)idx[b] * V, lg + b * V,
+					       sizeof(float) * V);
+		}
+	}
+	r = 0;
+	goto out;
+fail_all:
+	for (size_t b = 0; b < NB; b++) {
+		seqs[idx[b]]->failed = true;
+		ret_status[idx[b]] = r;
+	}
+out:
+	free(idx);
+	free(err);
+	free(x);
+	free(xn);
+	free(q);
+	free(o);
+	free(k);
+	free(v);
+	free(att);
+	free(gate);
+	free(up);
+	free(lg);
+	return r < 0 ? r : 0;
+}
+
+int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token, float *ret_logits)
+{
+	int st;
+	if (!m || !s || s->m != m)
+		return -EINVAL;
+	int r = bd_model_decode_batch(m, &s, &token, 1, ret_logits, &st);
+	return r < 0 ? r : st;
 }
 
 /* ---- generation ---------------------------------------------------------------------------- */
@@ -902,6 +1256,9 @@ int bd_generate(const struct bd_model *m, const int32_t *prompt, int n_prompt,
 	clear_err(ret_err);
 	if (!m || !prompt || !p || !ret_tokens || !ret_n || !p->kv)
 		return fail(ret_err, -EINVAL, "missing argument");
+	if (m->shard.tp > 1)
+		return fail(ret_err, -EINVAL, "rank %d of %d cannot generate alone",
+			    m->shard.rank, m->shard.tp);
 	const struct bd_kvcfg *cfg = bd_kvcfg_find(p->kv);
 	if (!cfg)
 		return fail(ret_err, -EINVAL, "unknown KV configuration '%s'", p->kv);

@@ -1,0 +1,419 @@
+/* loadgen.c — a load generator for the serving system (issue 5): it talks to the router like
+ * any client (lib/bd_client.h) and measures throughput and time to first token at several
+ * concurrency levels, and the pool's peak use (kvpoold stats sampled while the load runs).
+ *
+ *   loadgen --router EP --pool EP [--levels 1,4,16] [--requests N] [--max-tokens 128]
+ *           [--results bench/RESULTS.md] [--note TEXT]
+ *
+ * Each level runs `c` closed-loop clients (one thread and one connection each): a client sends
+ * a chat prompt (from a fixed list, different per request), reads the stream to its end, and
+ * sends the next, until the level's requests are done (default 2·c, at least 4). Greedy, EOS
+ * ignored, so every request generates exactly T tokens. TTFT is measured at the client, from
+ * the send to the first token.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bd_client.h"
+#include "bd_pool.h"
+
+#define MAX_LEVELS 8
+#define MAX_REQ 4096
+
+static const char *const prompts[] = {
+	"What is the capital of France?",
+	"Explain photosynthesis in two sentences.",
+	"Write a short poem about the sea.",
+	"List three uses of a paperclip.",
+	"What causes the seasons on Earth?",
+	"Give me a tip for learning to cook.",
+	"Why do cats purr?",
+	"Describe a sunset to someone who cannot see.",
+	"What is the difference between weather and climate?",
+	"Suggest a name for a friendly robot.",
+	"How does a bicycle stay upright?",
+	"What is a prime number?",
+	"Tell me a fun fact about octopuses.",
+	"How do vaccines work, briefly?",
+	"What should I pack for a weekend hike?",
+	"Summarize the plot of Cinderella.",
+};
+
+struct opts {
+	const char *router, *pool, *results, *note;
+	int levels[MAX_LEVELS], n_levels, requests, max_tokens;
+};
+
+struct sample {
+	double ttft, total;
+	uint32_t tokens;
+	bool ok;
+};
+
+struct level {
+	const struct opts *o;
+	int conc, n_req;
+	atomic_int next;
+	struct sample s[MAX_REQ];
+	atomic_int failed;
+	char first_error[256];
+	pthread_mutex_t mu;
+};
+
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void note_error(struct level *L, const char *msg)
+{
+	pthread_mutex_lock(&L->mu);
+	if (!L->first_error[0])
+		snprintf(L->first_error, sizeof(L->first_error), "%s", msg);
+	pthread_mutex_unlock(&L->mu);
+	L->failed++;
+}
+
+static void *client_main(void *arg)
+{
+	struct level *L = arg;
+	struct bd_client *c;
+
+	if (bd_client_new(L->o->router, &c) < 0) {
+		note_error(L, "cannot create a client");
+		return NULL;
+	}
+	for (;;) {
+		int i = L->next++;
+		struct bd_client_gen g = { .chat = true, .stream = true, .ignore_eos = true,
+					   .max_tokens = (uint32_t)L->o->max_tokens };
+		struct bd_client_event ev;
+		struct sample *s;
+		uint64_t tag;
+		double t0;
+
+		if (i >= L->n_req)
+			break;
+		s = &L->s[i];
+		g.prompt = prompts[i % (int)(sizeof(prompts) / sizeof(prompts[0]))];
+		t0 = now_s();
+		if (bd_client_generate_start(c, &g, &tag) < 0) {
+			note_error(L, "send failed");
+			continue;
+		}
+		for (;;) {
+			int e = bd_client_next(c, 120000, &ev);
+
+			if (e < 0) {
+				note_error(L, e == -ETIMEDOUT ? "no answer in 120 s" : strerror(-e));
+				break;
+			}
+			if (ev.tag != tag)
+				continue;
+			if (ev.kind == BD_CLIENT_ERROR) {
+				note_error(L, ev.message);
+				break;
+			}
+			if (ev.kind != BD_CLIENT_CHUNK)
+				continue;
+			if (ev.n_tokens && s->tokens == 0)
+				s->ttft = now_s() - t0;
+			s->tokens += (uint32_t)ev.n_tokens;
+			if (ev.finish != BD_FINISH_NONE) {
+				s->total = now_s() - t0;
+				s->ok = ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP;
+				if (!s->ok)
+					note_error(L, ev.message);
+				break;
+			}
+		}
+	}
+	bd_client_free(c);
+	return NULL;
+}
+
+/* Samples the pool's used pages and slots until *stop. */
+struct sampler {
+	const char *ep;
+	atomic_bool stop;
+	uint64_t pages_peak, slots_peak, pages_total, slots_total;
+	bool ok;
+};
+
+static void *sampler_main(void *arg)
+{
+	struct sampler *sp = arg;
+	struct bd_pool_conn *pc;
+
+	if (!sp->ep || bd_pool_conn_new(sp->ep, 2000, &pc) < 0)
+		return NULL;
+	while (!sp->stop) {
+		struct bd_pool_stats *st;
+
+		if (bd_pool_stats(pc, 1, &st) == 0) {
+			uint64_t pu = st->pages_total - st->pages_free;
+			uint64_t su = st->slots_total - st->slots_free;
+
+			sp->pages_total = st->pages_total;
+			sp->slots_total = st->slots_total;
+			sp->pages_peak = pu > sp->pages_peak ? pu : sp->pages_peak;
+			sp->slots_peak = su > sp->slots_peak ? su : sp->slots_peak;
+			sp->ok = true;
+			bd_pool_stats_free(st);
+		}
+		usleep(20000);
+	}
+	bd_pool_conn_free(pc);
+	return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+	int i = (int)(p * (n - 1) + 0.5);
+
+	return n ? v[i < n ? i : n - 1] : 0;
+}
+
+struct row {
+	int conc, n_req, ok;
+	double wall, tok_s, req_s, ttft_mean, ttft_p50, ttft_p90, lat_mean;
+	uint64_t tokens, pages_peak, pages_total, slots_peak, slots_total;
+	char error[256];
+};
+
+static int run_level(const struct opts *o, int conc, struct row *r)
+{
+	static struct level L;
+	pthread_t th[256], sth;
+	struct sampler sp = { .ep = o->pool };
+	double t0, ttft[MAX_REQ], sum_ttft = 0, sum_lat = 0;
+	int n_ok = 0;
+
+	memset(&L, 0, sizeof(L));
+	pthread_mutex_init(&L.mu, NULL);
+	L.o = o;
+	L.conc = conc;
+	L.n_req = o->requests ? o->requests : (2 * conc > 4 ? 2 * conc : 4);
+	if (L.n_req > MAX_REQ)
+		L.n_req = MAX_REQ;
+	pthread_create(&sth, NULL, sampler_main, &sp);
+	t0 = now_s();
+	for (int i = 0; i < conc; i++)
+		pthread_create(&th[i], NULL, client_main, &L);
+	for (int i = 0; i < conc; i++)
+		pthread_join(th[i], NULL);
+	memset(r, 0, sizeof(*r));
+	r->wall = now_s() - t0;
+	sp.stop = true;
+	pthread_join(sth, NULL);
+	for (int i = 0; i < L.n_req; i++) {
+		if (!L.s[i].ok)
+			continue;
+		ttft[n_ok++] = L.s[i].ttft;
+		sum_ttft += L.s[i].ttft;
+		sum_lat += L.s[i].total;
+		r->tokens += L.s[i].tokens;
+	}
+	qsort(ttft, (size_t)n_ok, sizeof(double), cmp_double);
+	r->conc = conc;
+	r->n_req = L.n_req;
+	r->ok = n_ok;
+	r->tok_s = (double)r->tokens / r->wall;
+	r->req_s = n_ok / r->wall;
+	r->ttft_mean = n_ok ? sum_ttft / n_ok : 0;
+	r->ttft_p50 = pct(ttft, n_ok, 0.5);
+	r->ttft_p90 = pct(ttft, n_ok, 0.9);
+	r->lat_mean = n_ok ? sum_lat / n_ok : 0;
+	r->pages_peak = sp.pages_peak;
+	r->pages_total = sp.pages_total;
+	r->slots_peak = sp.slots_peak;
+	r->slots_total = sp.slots_total;
+	snprintf(r->error, sizeof(r->error), "%s", L.first_error);
+	return L.failed ? -EIO : 0;
+}
+
+static void machine(char *buf, size_t cap)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[512], model[256] = "unknown CPU";
+	struct utsname u;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+			snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
+			model[strcspn(model, "\n")] = 0;
+			break;
+		}
+	if (f)
+		fclose(f);
+	uname(&u);
+	/* other work on the machine skews CPU numbers: say how busy it was */
+	f = fopen("/proc/loadavg", "r");
+	line[0] = 0;
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		fclose(f);
+	}
+	line[strcspn(line, " ")] = 0;
+	snprintf(buf, cap, "%s, %ld CPUs, %s %s, load average %s at the end", model,
+		 sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release, *line ? line : "?");
+}
+
+static void commit(char *buf, size_t cap)
+{
+	FILE *p = popen("git rev-parse --short HEAD 2>/dev/null; git status --porcelain "
+			"2>/dev/null | head -1", "r");
+	char line[128];
+
+	snprintf(buf, cap, "unknown");
+	if (!p)
+		return;
+	if (fgets(line, sizeof(line), p)) {
+		line[strcspn(line, "\n")] = 0;
+		snprintf(buf, cap, "%s", line);
+		if (fgets(line, sizeof(line), p))
+			strncat(buf, " (with uncommitted changes)", cap - strlen(buf) - 1);
+	}
+	pclose(p);
+}
+
+static void print_rows(FILE *f, const struct row *rows, int n, const struct opts *o)
+{
+	fprintf(f, "| concurrency | requests ok | tokens/s | requests/s | TTFT mean | TTFT p50 | "
+		   "TTFT p90 | latency mean | pool pages peak | slots peak |\n");
+	fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	for (int i = 0; i < n; i++) {
+		const struct row *r = &rows[i];
+
+		fprintf(f, "| %d | %d/%d | %.1f | %.2f | %.3f s | %.3f s | %.3f s | %.2f s | %llu/%llu "
+			   "| %llu/%llu |\n",
+			r->conc, r->ok, r->n_req, r->tok_s, r->req_s, r->ttft_mean, r->ttft_p50,
+			r->ttft_p90, r->lat_mean, (unsigned long long)r->pages_peak,
+			(unsigned long long)r->pages_total, (unsigned long long)r->slots_peak,
+			(unsigned long long)r->slots_total);
+	}
+	fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); chat prompts from a "
+		   "fixed list of %zu.\n",
+		o->max_tokens, sizeof(prompts) / sizeof(prompts[0]));
+	for (int i = 0; i < n; i++)
+		if (rows[i].error[0])
+			fprintf(f, "Concurrency %d: first error: %s\n", rows[i].conc, rows[i].error);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: loadgen --router EP [--pool EP] [--levels 1,4,16] [--requests N]\n"
+		   "               [--max-tokens T] [--results FILE] [--note TEXT]\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "router", required_argument, NULL, 'r' }, { "pool", required_argument, NULL, 'p' },
+		{ "levels", required_argument, NULL, 'l' },
+		{ "requests", required_argument, NULL, 'n' },
+		{ "max-tokens", required_argument, NULL, 't' },
+		{ "results", required_argument, NULL, 'o' }, { "note", required_argument, NULL, 'N' },
+		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	};
+	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128 };
+	struct row rows[MAX_LEVELS];
+	char mach[512], rev[128], date[64];
+	time_t now = time(NULL);
+	int opt, rc = 0;
+
+	o.levels[0] = 1;
+	o.levels[1] = 4;
+	o.levels[2] = 16;
+	o.n_levels = 3;
+	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		switch (opt) {
+		case 'r':
+			o.router = optarg;
+			break;
+		case 'p':
+			o.pool = optarg;
+			break;
+		case 'l': {
+			char *s = optarg, *end;
+
+			o.n_levels = 0;
+			while (*s && o.n_levels < MAX_LEVELS) {
+				long v = strtol(s, &end, 10);
+
+				if (end == s || v < 1 || v > 256) {
+					fprintf(stderr, "loadgen: bad --levels '%s'\n", optarg);
+					return 2;
+				}
+				o.levels[o.n_levels++] = (int)v;
+				s = *end == ',' ? end + 1 : end;
+			}
+			break;
+		}
+		case 'n':
+			o.requests = atoi(optarg);
+			break;
+		case 't':
+			o.max_tokens = atoi(optarg);
+			break;
+		case 'o':
+			o.results = optarg;
+			break;
+		case 'N':
+			o.note = optarg;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!o.router || o.max_tokens < 1 || o.requests < 0) {
+		usage(stderr);
+		return 2;
+	}
+	for (int i = 0; i < o.n_levels; i++) {
+		fprintf(stderr, "loadgen: concurrency %d ...\n", o.levels[i]);
+		if (run_level(&o, o.levels[i], &rows[i]) < 0)
+			rc = 1;
+	}
+	machine(mach, sizeof(mach));
+	commit(rev, sizeof(rev));
+	strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
+	print_rows(stdout, rows, o.n_levels, &o);
+	if (o.results) {
+		FILE *f = fopen(o.results, "a");
+
+		if (!f) {
+			fprintf(stderr, "loadgen: %s: %s\n", o.results, strerror(errno));
+			return 1;
+		}
+		fprintf(f, "\n## Serving: CPU backend, TP=2, load generator (%s)\n\n", date);
+		fprintf(f, "Machine: %s. Commit: %s.%s%s\n\n", mach, rev, o.note ? " " : "",
+			o.note ? o.note : "");
+		print_rows(f, rows, o.n_levels, &o);
+		fclose(f);
+	}
+	return rc;
+}

@@ -1,0 +1,469 @@
+/* client.c — `bdfp4 client`: send a prompt to the router and stream the answer (issue 5), or
+ * ask it for its health and server info. Talks serve.proto through lib/bd_client.h. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "bd_client.h"
+#include "cli.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: bdfp4 client [OPTIONS] PROMPT\n"
+		"       bdfp4 client [OPTIONS] --health | --info\n"
+		"\n"
+		"Send PROMPT to the router (as a chat user turn) and stream the answer.\n"
+		"\n"
+		"  --router ADDR      router endpoint (default: $BD_ROUTER, else " BD_CLIENT_DEFAULT_ENDPOINT
+		")\n"
+		"  --json             one JSON object per line: each chunk, then the final one\n"
+		"  --raw              send PROMPT as plain text, without the chat template\n"
+		"  --system TEXT      a system message before the user turn\n"
+		"  --max-tokens N     generate at most N tokens (default 256)\n"
+		"  --temperature T    sampling temperature, 0 = greedy (default 0)\n"
+		"  --top-k K, --top-p P, --seed S   sampling (defaults 0, 1, the router's)\n"
+		"  --kv CONFIG        KV configuration (default: the server's)\n"
+		"  --stop STRING      stop before STRING (repeatable, up to %d)\n"
+		"  --no-stream        one reply at the end instead of a chunk per token\n"
+		"  --deadline-ms N    the request's deadline at the router (default: the router's)\n"
+		"  --timeout-ms N     give up when the router is silent this long (default 30000)\n"
+		"  --wait-ready SEC   first wait up to SEC seconds for the router to be serving\n"
+		"  --stats            print token counts, time to first token and speed to stderr\n"
+		"  --health           print the router's health (exit 0 when serving) and exit\n"
+		"  --info             print the router's server info and exit\n"
+		"  -h, --help         this text\n",
+		BD_CLIENT_MAX_STOPS);
+}
+
+static int bad_usage(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "bdfp4 client: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	return 2;
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *ret)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return false;
+	*ret = v;
+	return true;
+}
+
+static bool parse_float(const char *s, float *ret)
+{
+	char *end;
+	float v;
+
+	errno = 0;
+	v = strtof(s, &end);
+	if (errno || end == s || *end || !isfinite(v))
+		return false;
+	*ret = v;
+	return true;
+}
+
+static const char *state_name(int s)
+{
+	static const char *const n[] = { "starting", "serving", "degraded", "stopping" };
+
+	return s >= 0 && s < 4 ? n[s] : "unknown";
+}
+
+static int print_json(json_t *o)
+{
+	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+
+	json_decref(o);
+	if (!s)
+		return -ENOMEM;
+	puts(s);
+	free(s);
+	fflush(stdout);
+	return 0;
+}
+
+static int do_health(struct bd_client *c, int timeout_ms, bool json)
+{
+	struct bd_client_health h;
+	int e = bd_client_health(c, timeout_ms, &h);
+
+	if (e < 0) {
+		fprintf(stderr, "bdfp4 client: health: %s\n",
+			e == -ETIMEDOUT ? "no answer from the router" : strerror(-e));
+		return 1;
+	}
+	if (json) {
+		json_t *ws = json_array();
+
+		for (size_t i = 0; i < h.n_workers; i++)
+			json_array_append_new(
+				ws, json_pack("{s:i, s:i, s:b, s:I, s:I}", "rank", h.workers[i].rank,
+					      "pid", h.workers[i].pid, "alive", h.workers[i].alive,
+					      "last_heartbeat_ms",
+					      (json_int_t)h.workers[i].last_heartbeat_ms, "steps",
+					      (json_int_t)h.workers[i].steps));
+		print_json(json_pack("{s:b, s:s, s:s, s:o}", "healthy", h.healthy, "state",
+				     state_name(h.state), "reason", h.reason, "workers", ws));
+	} else {
+		printf("%s%s%s\n", state_name(h.state), *h.reason ? ": " : "", h.reason);
+		for (size_t i = 0; i < h.n_workers; i++)
+			printf("  rank %d: %s, pid %d, last heartbeat %llu ms ago, %llu steps\n",
+			       h.workers[i].rank, h.workers[i].alive ? "alive" : "absent",
+			       h.workers[i].pid, (unsigned long long)h.workers[i].last_heartbeat_ms,
+			       (unsigned long long)h.workers[i].steps);
+	}
+	return h.healthy ? 0 : 1;
+}
+
+static int do_info(struct bd_client *c, int timeout_ms, bool json)
+{
+	struct bd_client_info s;
+	int e = bd_client_info(c, timeout_ms, &s);
+
+	if (e < 0) {
+		fprintf(stderr, "bdfp4 client: info: %s\n",
+			e == -ETIMEDOUT ? "no answer from the router" : strerror(-e));
+		return 1;
+	}
+	if (json) {
+		print_json(json_pack(
+			"{s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:I, s:I, "
+			"s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}",
+			"version", s.version, "model", s.model, "arch", s.arch, "n_vocab",
+			(int)s.n_vocab, "n_ctx", (int)s.n_ctx, "kv_config", s.kv_config, "tp",
+			(int)s.tp, "backend", s.backend, "max_batch", (int)s.max_batch, "max_queue",
+			(int)s.max_queue, "queued", (int)s.queued, "running", (int)s.running,
+			"requests_total", (json_int_t)s.requests_total, "requests_failed",
+			(json_int_t)s.requests_failed, "tokens_generated",
+			(json_int_t)s.tokens_generated, "steps", (json_int_t)s.steps, "pages_total",
+			(json_int_t)s.pages_total, "pages_free", (json_int_t)s.pages_free,
+			"pages_peak", (json_int_t)s.pages_peak, "slots_total",
+			(json_int_t)s.slots_total, "slots_free", (json_int_t)s.slots_free,
+			"uptime_ms", (json_int_t)s.uptime_ms, "healthy", s.healthy));
+		return 0;
+	}
+	printf("router %s: %s (%s, vocabulary %u, context %u), tp %u, %s backend, kv %s\n",
+	       s.version, s.model, s.arch, s.n_vocab, s.n_ctx, s.tp, s.backend, s.kv_config);
+	printf("  %s; %u running, %u queued (max batch %u, max queue %u)\n",
+	       s.healthy ? "serving" : "not serving", s.running, s.queued, s.max_batch,
+	       s.max_queue);
+	printf("  %llu requests (%llu failed), %llu tokens, %llu steps, %llu preemptions, up %.1f s\n",
+	       (unsigned long long)s.requests_total, (unsigned long long)s.requests_failed,
+	       (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
+	       (unsigned long long)s.preemptions, (double)s.uptime_ms / 1000.0);
+	printf("  pool: %llu/%llu pages free (router peak %llu held), %llu/%llu slots free\n",
+	       (unsigned long long)s.pages_free, (unsigned long long)s.pages_total,
+	       (unsigned long long)s.pages_peak, (unsigned long long)s.slots_free,
+	       (unsigned long long)s.slots_total);
+	return 0;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Polls health until serving or wait_s passes. */
+static int wait_ready(struct bd_client *c, long wait_s)
+{
+	double end = now_s() + (double)wait_s;
+	struct bd_client_health h = { 0 };
+
+	do {
+		if (bd_client_health(c, 1000, &h) == 0 && h.healthy)
+			return 0;
+		usleep(200000);
+	} while (now_s() < end);
+	fprintf(stderr, "bdfp4 client: the router is not serving after %ld s%s%s\n", wait_s,
+		*h.reason ? ": " : "", h.reason);
+	return 1;
+}
+
+static json_t *chunk_json(const struct bd_client_event *ev)
+{
+	json_t *o = json_object(), *toks = json_array();
+
+	for (size_t i = 0; i < ev->n_tokens; i++)
+		json_array_append_new(toks, json_integer(ev->tokens[i]));
+	json_object_set_new(o, "tag", json_integer((json_int_t)ev->tag));
+	json_object_set_new(o, "request_id", json_integer((json_int_t)ev->request_id));
+	json_object_set_new(o, "tokens", toks);
+	json_object_set_new(o, "text", json_stringn(ev->text, ev->text_len));
+	json_object_set_new(o, "finish", json_string(bd_finish_name(ev->finish)));
+	if (ev->error)
+		json_object_set_new(o, "error", json_string(bd_serve_error_name(ev->error)));
+	if (*ev->message)
+		json_object_set_new(o, "message", json_string(ev->message));
+	if (ev->has_usage)
+		json_object_set_new(
+			o, "usage",
+			json_pack("{s:i, s:i, s:I, s:I, s:I, s:i}", "prompt_tokens",
+				  (int)ev->usage.prompt_tokens, "completion_tokens",
+				  (int)ev->usage.completion_tokens, "queue_us",
+				  (json_int_t)ev->usage.queue_us, "ttft_us",
+				  (json_int_t)ev->usage.ttft_us, "total_us",
+				  (json_int_t)ev->usage.total_us, "preemptions",
+				  (int)ev->usage.preemptions));
+	return o;
+}
+
+int cmd_client(int argc, char **argv)
+{
+	enum {
+		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED,
+		O_KV, O_STOP, O_NOSTREAM, O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO
+	};
+	static const struct option opts[] = {
+		{ "router", required_argument, NULL, O_ROUTER },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "raw", no_argument, NULL, O_RAW },
+		{ "system", required_argument, NULL, O_SYSTEM },
+		{ "max-tokens", required_argument, NULL, O_MAX },
+		{ "temperature", required_argument, NULL, O_TEMP },
+		{ "top-k", required_argument, NULL, O_TOPK },
+		{ "top-p", required_argument, NULL, O_TOPP },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "kv", required_argument, NULL, O_KV },
+		{ "stop", required_argument, NULL, O_STOP },
+		{ "no-stream", no_argument, NULL, O_NOSTREAM },
+		{ "deadline-ms", required_argument, NULL, O_DEADLINE },
+		{ "timeout-ms", required_argument, NULL, O_TIMEOUT },
+		{ "wait-ready", required_argument, NULL, O_WAIT },
+		{ "stats", no_argument, NULL, O_STATS },
+		{ "health", no_argument, NULL, O_HEALTH },
+		{ "info", no_argument, NULL, O_INFO },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *router = getenv("BD_ROUTER"), *system_msg = NULL;
+	const char *stops[BD_CLIENT_MAX_STOPS];
+	struct bd_client_gen g = { .max_tokens = 256, .stream = true, .chat = true };
+	struct bd_client_msg msgs[2];
+	bool json = false, stats = false, health = false, info = false, done = false;
+	long v, timeout_ms = 30000, wait_s = 0;
+	struct bd_client *c = NULL;
+	struct bd_client_event ev;
+	uint64_t tag;
+	double t0, t_first = 0;
+	size_t n_tokens = 0;
+	int opt, e, rc = 1;
+
+	g.sampling = bd_sampler_params_greedy();
+	if (!router || !*router)
+		router = BD_CLIENT_DEFAULT_ENDPOINT;
+	optind = 0;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		switch (opt) {
+		case O_ROUTER:
+			router = optarg;
+			break;
+		case O_JSON:
+			json = true;
+			break;
+		case O_RAW:
+			g.chat = false;
+			break;
+		case O_SYSTEM:
+			system_msg = optarg;
+			break;
+		case O_MAX:
+			if (!parse_long(optarg, 1, INT_MAX, &v))
+				return bad_usage("--max-tokens wants an integer >= 1, not '%s'",
+						 optarg);
+			g.max_tokens = (uint32_t)v;
+			break;
+		case O_TEMP:
+			if (!parse_float(optarg, &g.sampling.temperature) ||
+			    g.sampling.temperature < 0)
+				return bad_usage("--temperature wants a number >= 0, not '%s'",
+						 optarg);
+			break;
+		case O_TOPK:
+			if (!parse_long(optarg, 0, INT_MAX, &v))
+				return bad_usage("--top-k wants an integer >= 0, not '%s'", optarg);
+			g.sampling.top_k = (int)v;
+			break;
+		case O_TOPP:
+			if (!parse_float(optarg, &g.sampling.top_p) || !(g.sampling.top_p > 0) ||
+			    g.sampling.top_p > 1)
+				return bad_usage("--top-p wants a number in (0, 1], not '%s'",
+						 optarg);
+			break;
+		case O_SEED: {
+			char *end;
+			unsigned long long u;
+
+			errno = 0;
+			u = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-')
+				return bad_usage("--seed wants an unsigned integer, not '%s'",
+						 optarg);
+			g.sampling.seed = u;
+			break;
+		}
+		case O_KV:
+			g.kv_config = optarg;
+			break;
+		case O_STOP:
+			if (g.n_stops == BD_CLIENT_MAX_STOPS)
+				return bad_usage("too many --stop strings%s", "");
+			if (!*optarg)
+				return bad_usage("--stop wants a non-empty string%s", "");
+			stops[g.n_stops++] = optarg;
+			break;
+		case O_NOSTREAM:
+			g.stream = false;
+			break;
+		case O_DEADLINE:
+			if (!parse_long(optarg, 1, INT_MAX, &v))
+				return bad_usage("--deadline-ms wants an integer >= 1, not '%s'",
+						 optarg);
+			g.deadline_ms = (uint32_t)v;
+			break;
+		case O_TIMEOUT:
+			if (!parse_long(optarg, 1, INT_MAX, &v))
+				return bad_usage("--timeout-ms wants an integer >= 1, not '%s'",
+						 optarg);
+			timeout_ms = v;
+			break;
+		case O_WAIT:
+			if (!parse_long(optarg, 0, 86400, &v))
+				return bad_usage("--wait-ready wants seconds, not '%s'", optarg);
+			wait_s = v;
+			break;
+		case O_STATS:
+			stats = true;
+			break;
+		case O_HEALTH:
+			health = true;
+			break;
+		case O_INFO:
+			info = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case ':':
+			return bad_usage("option '%s' needs a value", argv[optind - 1]);
+		default:
+			return bad_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (!health && !info && optind != argc - 1)
+		return bad_usage(optind >= argc ? "no PROMPT given%s"
+						: "one PROMPT only (quote it)%s", "");
+	if ((health || info) && optind != argc)
+		return bad_usage("--health and --info take no PROMPT%s", "");
+	g.stops = stops;
+
+	e = bd_client_new(router, &c);
+	if (e < 0) {
+		fprintf(stderr, "bdfp4 client: %s: %s\n", router, strerror(-e));
+		return 1;
+	}
+	if (wait_s && wait_ready(c, wait_s)) {
+		bd_client_free(c);
+		return 1;
+	}
+	if (health || info) {
+		rc = health ? do_health(c, (int)timeout_ms, json) : do_info(c, (int)timeout_ms, json);
+		bd_client_free(c);
+		return rc;
+	}
+	if (system_msg) {
+		msgs[0] = (struct bd_client_msg){ "system", system_msg };
+		msgs[1] = (struct bd_client_msg){ "user", argv[optind] };
+		g.messages = msgs;
+		g.n_messages = 2;
+	} else {
+		g.prompt = argv[optind];
+	}
+	t0 = now_s();
+	e = bd_client_generate_start(c, &g, &tag);
+	if (e < 0) {
+		fprintf(stderr, "bdfp4 client: %s\n",
+			e == -EMSGSIZE ? "the request is over the protocol's size limits"
+				       : strerror(-e));
+		bd_client_free(c);
+		return 1;
+	}
+	while (!done) {
+		e = bd_client_next(c, (int)timeout_ms, &ev);
+		if (e < 0) {
+			fprintf(stderr, "\nbdfp4 client: %s\n",
+				e == -ETIMEDOUT ? "the router stopped answering" : strerror(-e));
+			break;
+		}
+		if (ev.tag != tag)
+			continue;
+		if (ev.kind == BD_CLIENT_ERROR) {
+			if (json)
+				print_json(json_pack("{s:I, s:s, s:s, s:s}", "tag", (json_int_t)tag,
+						     "finish", "error", "error",
+						     bd_serve_error_name(ev.error), "message",
+						     ev.message));
+			fprintf(stderr, "bdfp4 client: refused (%s): %s\n",
+				bd_serve_error_name(ev.error), ev.message);
+			break;
+		}
+		if (ev.kind != BD_CLIENT_CHUNK)
+			continue;
+		if (ev.n_tokens && !t_first)
+			t_first = now_s();
+		n_tokens += ev.n_tokens;
+		if (json) {
+			print_json(chunk_json(&ev));
+		} else {
+			fwrite(ev.text, 1, ev.text_len, stdout);
+			fflush(stdout);
+		}
+		if (ev.finish == BD_FINISH_NONE)
+			continue;
+		done = true;
+		if (!json)
+			fputc('\n', stdout);
+		fflush(stdout);
+		if (ev.finish == BD_FINISH_ERROR || ev.finish == BD_FINISH_CANCELLED) {
+			fprintf(stderr, "bdfp4 client: %s (%s): %s\n", bd_finish_name(ev.finish),
+				bd_serve_error_name(ev.error), ev.message);
+			break;
+		}
+		rc = 0;
+		if (stats && ev.has_usage) {
+			double total = now_s() - t0;
+
+			fprintf(stderr,
+				"[stats] %u prompt + %u generated tokens (%s); first token %.3f s, "
+				"total %.3f s",
+				ev.usage.prompt_tokens, ev.usage.completion_tokens,
+				bd_finish_name(ev.finish), (double)ev.usage.ttft_us / 1e6, total);
+			if (n_tokens > 1 && total > (t_first - t0) && t_first > 0)
+				fprintf(stderr, ", %.2f tokens/s after the first",
+					(double)(n_tokens - 1) / (total - (t_first - t0)));
+			fputc('\n', stderr);
+		}
+	}
+	bd_client_free(c);
+	return rc;
+}

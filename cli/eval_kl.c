@@ -1,0 +1,915 @@
+/* eval_kl.c — `bdfp4 eval-kl`: the accuracy proxy of NUMERICS.md §10 (paper appendix A) on the
+ * real model and real text, for every KV configuration of §9.
+ *
+ * Texts: the given files are read whole, joined with blank lines and tokenized as plain text
+ * (no special tokens, no chat template). Trajectory t's prompt is the window of
+ * P = ctx − steps + 1 tokens starting at ⌊t·(M − P)/(T − 1)⌋ of the M tokens, so the windows
+ * spread evenly over the texts (they overlap when M < T·P: a note says so).
+ *
+ * Per trajectory: the reference run (KV `bf16`) prefills the prompt and decodes steps − 1
+ * tokens, each chosen by its sampler from the logits (greedy by default; --temperature and
+ * --seed sample, seed + t for trajectory t), recording the logits ℓ_t of every step. Each
+ * configuration then prefills the same prompt and decodes the same tokens (teacher forcing),
+ * through its real cache write path (bd_kv_write_token, promotion) and decoder
+ * (bd_ref_decode_gqa), with the calibration's μ_k and τ. D_t (bd_eval.h, over the 128 most
+ * likely reference tokens) and the top-1 agreement are taken at all steps, prefill's logits
+ * included; a trajectory's KL is the mean over its steps and a configuration's the mean over
+ * trajectories. paired_t compares each configuration's per-trajectory KL with
+ * bitdecoding-nvfp4's (bd_eval_paired_t; > 0: higher KL than bitdecoding-nvfp4).
+ *
+ * On the model's real KV, also measured: the query share of the logit error, query/(key +
+ * query) of bd_qerr.h's split, summed over every (layer, KV head, query head, page key) at the
+ * decode steps s with s % qerr_every == 0 (the unquantized keys k' = H(k − μ_k) come from the
+ * forward pass through the sequence's hook; the cache is the sequence's own); and the fraction
+ * of probability blocks whose E4M3 scale underflowed to 0 (bd_seq_stats) over all decode steps.
+ *
+ * Runs (the reference of a trajectory, or one configuration on it) are spread over --threads
+ * threads, one sequence each; results do not depend on the thread count. With more than one
+ * thread OpenBLAS is set to one thread per call.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "bd_calib.h"
+#include "bd_eval.h"
+#include "bd_kvcfg.h"
+#include "bd_model.h"
+#include "bd_qerr.h"
+#include "bd_sampler.h"
+#include "bd_tokenizer.h"
+#include "cli.h"
+
+#define BASELINE "bitdecoding-nvfp4"
+
+struct opts {
+	const char *model, *calib, *log;
+	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
+	int n_cfg;
+	int ctx, steps, trajectories, threads, qerr_every;
+	bool json, no_calib;
+	struct bd_sampler_params sp;
+	char **texts;
+	int n_texts;
+};
+
+/* One configuration's results on one trajectory. */
+struct result {
+	double kl, top1;        /* means over the steps */
+	uint64_t p_blocks, p_zero;
+	struct bd_qerr_sums q;  /* over layers, KV heads and query heads */
+	double seconds;
+};
+
+struct traj {
+	const int32_t *prompt; /* [P], inside the token stream */
+	int32_t *y;            /* [steps] the reference's tokens (the last one is not decoded) */
+	float *ref;            /* [steps][V] the reference's logits */
+	bool ref_done;
+	int cfg_left;          /* configurations still to run on it */
+};
+
+enum { ITEM_TODO = 0, ITEM_RUNNING, ITEM_DONE };
+
+struct shared {
+	const struct opts *o;
+	const struct bd_model *m;
+	const float *mu;       /* [L][Hkv][d] or NULL */
+	struct bd_decode_params dp;
+	int P, V;
+	struct traj *tr;       /* [T] */
+	struct result *res;    /* [T][n_cfg] */
+	/* work: item i < T·(n_cfg + 1): trajectory i / (n_cfg + 1), run i % (n_cfg + 1) − 1
+	 * (−1: the reference) */
+	int n_items, *state;
+	int done, err;
+	char errmsg[BD_MODEL_ERR_MAX + 64];
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	FILE *log;
+	bool tty;
+	double t0;
+};
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ---- the runs --------------------------------------------------------------------------------- */
+
+static int run_reference(struct shared *sh, int t, char *err)
+{
+	const struct opts *o = sh->o;
+	struct traj *tr = &sh->tr[t];
+	struct bd_seq *s = NULL;
+	struct bd_sampler *smp = NULL;
+	struct bd_sampler_params sp = o->sp;
+	size_t V = (size_t)sh->V;
+	int r;
+
+	sp.seed = o->sp.seed + (uint64_t)t;
+	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp };
+	if ((r = bd_sampler_new(&sp, sh->V, &smp)) < 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "bad sampling parameters");
+		goto out;
+	}
+	if ((r = bd_seq_new(sh->m, bd_kvcfg_find("bf16"), &so, &s, err)) < 0)
+		goto out;
+	if ((r = bd_model_prefill(sh->m, s, tr->prompt, sh->P, tr->ref)) < 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "reference prefill: %s", strerror(-r));
+		goto out;
+	}
+	for (int k = 0; k < o->steps; k++) {
+		if (k > 0 && (r = bd_model_decode(sh->m, s, tr->y[k - 1], tr->ref + (size_t)k * V)) <
+				     0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "reference decode: %s", strerror(-r));
+			goto out;
+		}
+		if ((r = bd_sampler_sample(smp, tr->ref + (size_t)k * V, &tr->y[k])) < 0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "reference sampling: non-finite logits");
+			goto out;
+		}
+	}
+out:
+	bd_seq_free(s);
+	bd_sampler_free(smp);
+	return r;
+}
+
+/* What the hook of a configuration run keeps: k' = H(k − μ_k) of every position (the
+ * unquantized reference keys of bd_qerr_group) and the last queries of every layer. */
+struct qhook {
+	const struct bd_kvcfg *cfg;
+	const struct bd_model_hparams *hp;
+	const float *mu;
+	int cap;
+	float *kp; /* [L][Hkv][cap][d] */
+	float *q;  /* [L][Hq][d] */
+	int err;
+};
+
+static void qhook(void *ctx, int layer, int pos, const float *q, const float *k, const float *v)
+{
+	struct qhook *h = ctx;
+	int Hkv = h->hp->n_kv_heads, d = h->hp->head_dim;
+	(void)v;
+
+	if (h->err || pos >= h->cap)
+		return;
+	for (int j = 0; j < Hkv; j++) {
+		size_t lh = (size_t)layer * (size_t)Hkv + (size_t)j;
+		const float *mu = h->mu ? h->mu + lh * (size_t)d : NULL;
+		float *dst = h->kp + (lh * (size_t)h->cap + (size_t)pos) * (size_t)d;
+		int r = bd_qerr_transform(h->cfg, k + (size_t)j * (size_t)d, mu, d, dst);
+		if (r < 0)
+			h->err = r;
+	}
+	memcpy(h->q + (size_t)layer * (size_t)h->hp->n_heads * (size_t)d, q,
+	       sizeof(float) * (size_t)h->hp->n_heads * (size_t)d);
+}
+
+/* The logit error split of the decode step that just ran at position pos, every layer and KV
+ * head, added to sum. */
+static int qerr_step(struct qhook *h, const struct bd_kvmem *mem, const struct bd_seq *s, int pos,
+		     struct bd_qerr_sums *sum)
+{
+	const struct bd_model_hparams *hp = h->hp;
+	int d = hp->head_dim, Hkv = hp->n_kv_heads, G = hp->n_heads / Hkv, r;
+	const int32_t *bt = NULL;
+
+	if ((r = bd_seq_block_table(s, &bt)) < 0)
+		return r;
+	float *qp = malloc(sizeof(float) * (size_t)G * (size_t)d);
+	struct bd_qerr_sums *gs = calloc((size_t)G, sizeof(*gs));
+	if (!qp || !gs) {
+		free(qp);
+		free(gs);
+		return -ENOMEM;
+	}
+	for (int l = 0; l < hp->n_layers && r >= 0; l++) {
+		for (int j = 0; j < Hkv && r >= 0; j++) {
+			const float *ql = h->q + ((size_t)l * (size_t)hp->n_heads + (size_t)j * G) *
+							 (size_t)d;
+			for (int g = 0; g < G && r >= 0; g++)
+				r = bd_qerr_transform(h->cfg, ql + (size_t)g * (size_t)d, NULL, d,
+						      qp + (size_t)g * (size_t)d);
+			if (r < 0)
+				break;
+			struct bd_kv_view kv = { .lay = &mem->lay, .arena = mem->arena,
+						 .block_table = bt, .slot = bd_seq_slot(s),
+						 .layer = l, .kv_head = j, .n_tokens = pos + 1 };
+			size_t lh = (size_t)l * (size_t)Hkv + (size_t)j;
+			r = bd_qerr_group(h->cfg, &kv, qp, G, h->kp + lh * (size_t)h->cap * (size_t)d,
+					  0.0f, gs);
+		}
+	}
+	for (int g = 0; g < G && r >= 0; g++)
+		bd_qerr_sums_add(sum, &gs[g]);
+	free(qp);
+	free(gs);
+	return r < 0 ? r : 0;
+}
+
+static int run_config(struct shared *sh, int t, int ci, char *err)
+{
+	const struct opts *o = sh->o;
+	const struct bd_kvcfg *cfg = o->cfg[ci];
+	const struct bd_model_hparams *hp = &sh->m->hp;
+	struct traj *tr = &sh->tr[t];
+	struct result *res = &sh->res[(size_t)t * (size_t)o->n_cfg + (size_t)ci];
+	struct bd_eval_acc acc = { 0 };
+	struct bd_kvmem *mem = NULL;
+	struct bd_seq *s = NULL;
+	struct bd_layout lay;
+	struct qhook qh = { .cfg = cfg, .hp = hp, .mu = sh->mu, .cap = o->ctx };
+	size_t V = (size_t)sh->V;
+	float *logits = malloc(sizeof(float) * V);
+	int r = -ENOMEM;
+
+	qh.kp = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
+		       (size_t)o->ctx * (size_t)hp->head_dim);
+	qh.q = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_heads *
+		      (size_t)hp->head_dim);
+	if (!logits || !qh.kp || !qh.q) {
+		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
+		goto out;
+	}
+	size_t n_pages = o->ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ctx / BD_PAGE_TOKENS) : 1;
+	if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, hp->n_kv_heads, hp->head_dim, 0,
+				n_pages)) < 0 ||
+	    (r = bd_kvmem_private_new(&lay, &mem)) < 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "%s: cannot make a KV arena (%s)", cfg->name,
+			 strerror(-r));
+		goto out;
+	}
+	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+				  .mem = mem, .hook = qhook, .hook_ctx = &qh };
+	if ((r = bd_seq_new(sh->m, cfg, &so, &s, err)) < 0)
+		goto out;
+	for (int k = 0; k < o->steps; k++) {
+		if (k == 0)
+			r = bd_model_prefill(sh->m, s, tr->prompt, sh->P, logits);
+		else
+			r = bd_model_decode(sh->m, s, tr->y[k - 1], logits);
+		if (r < 0 || (r = qh.err) < 0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "%s: step %d: %s", cfg->name, k,
+				 strerror(-r));
+			goto out;
+		}
+		if ((r = bd_eval_add_step(&acc, tr->ref + (size_t)k * V, logits, sh->V)) < 0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "%s: step %d: non-finite logits", cfg->name,
+				 k);
+			goto out;
+		}
+		if (k > 0 && k % o->qerr_every == 0 &&
+		    (r = qerr_step(&qh, mem, s, sh->P + k - 1, &res->q)) < 0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "%s: logit error split: %s", cfg->name,
+				 strerror(-r));
+			goto out;
+		}
+	}
+	struct bd_decode_stats st = bd_seq_stats(s);
+	res->p_blocks = st.p_blocks;
+	res->p_zero = st.p_zero_blocks;
+	bd_eval_means(&acc, &res->kl, &res->top1);
+	r = 0;
+out:
+	bd_seq_free(s);
+	bd_kvmem_private_free(mem);
+	free(logits);
+	free(qh.kp);
+	free(qh.q);
+	return r;
+}
+
+/* ---- scheduling ------------------------------------------------------------------------------- */
+
+static bool item_ready(const struct shared *sh, int i)
+{
+	int per = sh->o->n_cfg + 1, t = i / per, k = i % per;
+	return k == 0 || sh->tr[t].ref_done;
+}
+
+static void log_run(struct shared *sh, int t, int ci, double sec)
+{
+	if (!sh->log)
+		return;
+	if (ci < 0) {
+		fprintf(sh->log, "{\"traj\": %d, \"config\": \"(reference bf16)\", \"seconds\": %.2f}\n",
+			t, sec);
+	} else {
+		const struct result *r = &sh->res[(size_t)t * (size_t)sh->o->n_cfg + (size_t)ci];
+		fprintf(sh->log,
+			"{\"traj\": %d, \"config\": \"%s\", \"kl\": %.9g, \"top1_mismatch\": %.6g, "
+			"\"p_blocks\": %" PRIu64 ", \"p_zero_blocks\": %" PRIu64 ", \"qerr_pairs\": "
+			"%" PRIu64 ", \"key_term\": %.9g, \"query_term\": %.9g, \"cross_term\": "
+			"%.9g, \"seconds\": %.2f}\n",
+			t, sh->o->cfg[ci]->name, r->kl, r->top1, r->p_blocks, r->p_zero, r->q.n,
+			r->q.key_term, r->q.query_term, r->q.cross_term, sec);
+	}
+	fflush(sh->log);
+}
+
+static void *worker(void *arg)
+{
+	struct shared *sh = arg;
+	int per = sh->o->n_cfg + 1;
+	char err[BD_MODEL_ERR_MAX];
+
+	pthread_mutex_lock(&sh->lock);
+	for (;;) {
+		int pick = -1;
+		bool todo = false;
+		for (int i = 0; i < sh->n_items && !sh->err; i++) {
+			if (sh->state[i] != ITEM_TODO)
+				continue;
+			todo = true;
+			if (item_ready(sh, i)) {
+				pick = i;
+				break;
+			}
+		}
+		if (sh->err || !todo)
+			break;
+		if (pick < 0) {
+			pthread_cond_wait(&sh->cv, &sh->lock);
+			continue;
+		}
+		sh->state[pick] = ITEM_RUNNING;
+		pthread_mutex_unlock(&sh->lock);
+
+		int t = pick / per, ci = pick % per - 1, r;
+		double t0 = now_s();
+		err[0] = '\0';
+		r = ci < 0 ? run_reference(sh, t, err) : run_config(sh, t, ci, err);
+		double sec = now_s() - t0;
+		if (r == 0 && ci >= 0)
+			sh->res[(size_t)t * (size_t)sh->o->n_cfg + (size_t)ci].seconds = sec;
+
+		pthread_mutex_lock(&sh->lock);
+		sh->state[pick] = ITEM_DONE;
+		if (r < 0 && !sh->err) {
+			sh->err = r;
+			snprintf(sh->errmsg, sizeof(sh->errmsg), "trajectory %d: %s", t,
+				 err[0] ? err : strerror(-r));
+		}
+		if (r == 0) {
+			log_run(sh, t, ci, sec);
+			sh->done++;
+			if (ci < 0) {
+				sh->tr[t].ref_done = true;
+			} else if (--sh->tr[t].cfg_left == 0) {
+				/* every configuration has run on it: the reference's logits go */
+				free(sh->tr[t].ref);
+				sh->tr[t].ref = NULL;
+			}
+			double el = now_s() - sh->t0;
+			double eta = el / sh->done * (sh->n_items - sh->done);
+			if (sh->tty)
+				fprintf(stderr,
+					"\r[eval-kl] %d/%d runs (trajectory %d, %s, %.0f s); "
+					"elapsed %.0f s, about %.0f s left   ",
+					sh->done, sh->n_items, t,
+					ci < 0 ? "reference" : sh->o->cfg[ci]->name, sec, el, eta);
+			else if (ci >= 0 && sh->tr[t].cfg_left == 0)
+				fprintf(stderr,
+					"[eval-kl] trajectory %d done: %d/%d runs, elapsed %.0f s, "
+					"about %.0f s left\n",
+					t, sh->done, sh->n_items, el, eta);
+		}
+		pthread_cond_broadcast(&sh->cv);
+	}
+	pthread_cond_broadcast(&sh->cv);
+	pthread_mutex_unlock(&sh->lock);
+	return NULL;
+}
+
+/* ---- input --------------------------------------------------------------------------------- */
+
+static int read_texts(const struct opts *o, char **ret, size_t *ret_len)
+{
+	char *buf = NULL;
+	size_t len = 0;
+
+	for (int i = 0; i < o->n_texts; i++) {
+		FILE *f = fopen(o->texts[i], "rb");
+		if (!f) {
+			fprintf(stderr, "bdfp4 eval-kl: cannot read %s: %s\n", o->texts[i],
+				strerror(errno));
+			free(buf);
+			return -1;
+		}
+		char chunk[65536];
+		size_t n;
+		if (i > 0) {
+			char *t = realloc(buf, len + 2);
+			if (!t)
+				goto oom;
+			buf = t;
+			memcpy(buf + len, "\n\n", 2);
+			len += 2;
+		}
+		while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+			char *t = realloc(buf, len + n + 1);
+			if (!t) {
+				fclose(f);
+				goto oom;
+			}
+			buf = t;
+			memcpy(buf + len, chunk, n);
+			len += n;
+		}
+		bool bad = ferror(f);
+		fclose(f);
+		if (bad) {
+			fprintf(stderr, "bdfp4 eval-kl: error reading %s\n", o->texts[i]);
+			free(buf);
+			return -1;
+		}
+	}
+	*ret = buf;
+	*ret_len = len;
+	return 0;
+oom:
+	fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
+	free(buf);
+	return -1;
+}
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+struct row {
+	const char *name;
+	double kl_e3, kl_se_e3, top1, t, qshare, zfrac;
+	bool has_t, has_q, has_z;
+};
+
+static json_t *jnum_or_null(double x, bool ok)
+{
+	return ok && isfinite(x) ? json_real(x) : json_null();
+}
+
+static int print_json(const struct row *rows, int n)
+{
+	json_t *arr = json_array();
+	if (!arr)
+		return -1;
+	for (int i = 0; i < n; i++) {
+		json_t *obj = json_object();
+		if (!obj || json_object_set_new(obj, "config", json_string(rows[i].name)) ||
+		    json_object_set_new(obj, "kl_e3", jnum_or_null(rows[i].kl_e3, true)) ||
+		    json_object_set_new(obj, "top1_mismatch", jnum_or_null(rows[i].top1, true)) ||
+		    json_object_set_new(obj, "paired_t", jnum_or_null(rows[i].t, rows[i].has_t)) ||
+		    json_object_set_new(obj, "query_share",
+					jnum_or_null(rows[i].qshare, rows[i].has_q)) ||
+		    json_object_set_new(obj, "p_zero_block_frac",
+					jnum_or_null(rows[i].zfrac, rows[i].has_z)) ||
+		    json_array_append_new(arr, obj)) {
+			json_decref(obj);
+			json_decref(arr);
+			return -1;
+		}
+	}
+	int r = json_dumpf(arr, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+	fputc('\n', stdout);
+	json_decref(arr);
+	return r;
+}
+
+static void print_table(FILE *f, const struct row *rows, int n)
+{
+	fprintf(f, "| config | KL x1e-3 | s.e. | top-1 mismatch | paired t vs " BASELINE
+		   " | query share | zero P blocks |\n");
+	fprintf(f, "| --- | --- | --- | --- | --- | --- | --- |\n");
+	for (int i = 0; i < n; i++) {
+		const struct row *r = &rows[i];
+		char t[32] = "-", q[32] = "-", z[32] = "-";
+		if (r->has_t && isfinite(r->t))
+			snprintf(t, sizeof(t), "%.2f", r->t);
+		if (r->has_q)
+			snprintf(q, sizeof(q), "%.4f", r->qshare);
+		if (r->has_z)
+			snprintf(z, sizeof(z), "%.4f", r->zfrac);
+		fprintf(f, "| %s | %.4g | %.2g | %.4f | %s | %s | %s |\n", r->name, r->kl_e3,
+			r->kl_se_e3, r->top1, t, q, z);
+	}
+}
+
+/* ---- the command ---------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: bdfp4 eval-kl [OPTIONS] TEXT...\n"
+		"\n"
+		"Teacher-forced KL of KV cache configurations against BF16 KV on prompts cut from\n"
+		"the TEXT files (NUMERICS.md section 10).\n"
+		"\n"
+		"  --model PATH        GGUF model (default: $BD_MODEL, else the embedded one)\n"
+		"  --kv LIST           comma-separated configurations (default: all of them)\n"
+		"  --ctx N             context: prompt + decoded tokens (default %d)\n"
+		"  --steps N           compared steps per trajectory, the prefill's included\n"
+		"                      (default 64)\n"
+		"  --trajectories T    prompts (default 16)\n"
+		"  --temperature T     reference sampler temperature, 0 = greedy (default 0)\n"
+		"  --seed S            reference sampler seed (trajectory t uses S + t; default 0)\n"
+		"  --calib FILE        calibration (default: MODEL.ctxN.calib next to the model if\n"
+		"                      present and matching)\n"
+		"  --no-calib          μ_k = 0 and τ = 21/1024\n"
+		"  --qerr-every N      logit error split every N decode steps (default 16)\n"
+		"  --threads N         runs at once (default: the CPUs online)\n"
+		"  --log FILE          append one JSON line per finished run\n"
+		"  --json              JSON to stdout (the table goes to stderr)\n"
+		"  -h, --help          this text\n",
+		CLI_DEFAULT_CTX);
+}
+
+static int bad_usage(const char *msg, const char *arg)
+{
+	fprintf(stderr, "bdfp4 eval-kl: ");
+	fprintf(stderr, msg, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	return 2;
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *ret)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return false;
+	*ret = (int)v;
+	return true;
+}
+
+static int parse_kv_list(struct opts *o, const char *list)
+{
+	char *copy = strdup(list), *save = NULL;
+	if (!copy)
+		return -1;
+	o->n_cfg = 0;
+	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		const struct bd_kvcfg *c = bd_kvcfg_find(tok);
+		if (!c) {
+			fprintf(stderr, "bdfp4 eval-kl: unknown KV configuration '%s'\n", tok);
+			free(copy);
+			return -1;
+		}
+		for (int i = 0; i < o->n_cfg; i++)
+			if (o->cfg[i] == c)
+				c = NULL;
+		if (c && o->n_cfg < BD_KVCFG_COUNT)
+			o->cfg[o->n_cfg++] = c;
+	}
+	free(copy);
+	return o->n_cfg > 0 ? 0 : -1;
+}
+
+int cmd_eval_kl(int argc, char **argv)
+{
+	enum {
+		O_MODEL = 256, O_KV, O_CTX, O_STEPS, O_TRAJ, O_TEMP, O_SEED, O_CALIB, O_NOCALIB,
+		O_QERR, O_THREADS, O_LOG, O_JSON
+	};
+	static const struct option lopts[] = {
+		{ "model", required_argument, NULL, O_MODEL },
+		{ "kv", required_argument, NULL, O_KV },
+		{ "ctx", required_argument, NULL, O_CTX },
+		{ "steps", required_argument, NULL, O_STEPS },
+		{ "trajectories", required_argument, NULL, O_TRAJ },
+		{ "temperature", required_argument, NULL, O_TEMP },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "calib", required_argument, NULL, O_CALIB },
+		{ "no-calib", no_argument, NULL, O_NOCALIB },
+		{ "qerr-every", required_argument, NULL, O_QERR },
+		{ "threads", required_argument, NULL, O_THREADS },
+		{ "log", required_argument, NULL, O_LOG },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
+			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int c;
+
+	o.threads = ncpu > 0 ? (int)ncpu : 1;
+	for (int i = 0; i < BD_KVCFG_COUNT; i++)
+		o.cfg[o.n_cfg++] = bd_kvcfg_get(i);
+	optind = 0;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
+		switch (c) {
+		case O_MODEL:
+			o.model = optarg;
+			break;
+		case O_KV:
+			if (parse_kv_list(&o, optarg) < 0)
+				return bad_usage("--kv wants a comma-separated list of "
+						 "configurations, not '%s'",
+						 optarg);
+			break;
+		case O_CTX:
+			if (!parse_int(optarg, 2, INT_MAX, &o.ctx))
+				return bad_usage("--ctx wants an integer ≥ 2, not '%s'", optarg);
+			break;
+		case O_STEPS:
+			if (!parse_int(optarg, 1, INT_MAX, &o.steps))
+				return bad_usage("--steps wants an integer ≥ 1, not '%s'", optarg);
+			break;
+		case O_TRAJ:
+			if (!parse_int(optarg, 1, 1 << 20, &o.trajectories))
+				return bad_usage("--trajectories wants an integer ≥ 1, not '%s'",
+						 optarg);
+			break;
+		case O_TEMP: {
+			char *end;
+			o.sp.temperature = strtof(optarg, &end);
+			if (end == optarg || *end || !isfinite(o.sp.temperature) ||
+			    o.sp.temperature < 0.0f)
+				return bad_usage("--temperature wants a number ≥ 0, not '%s'", optarg);
+			break;
+		}
+		case O_SEED: {
+			char *end;
+			errno = 0;
+			o.sp.seed = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-')
+				return bad_usage("--seed wants an unsigned integer, not '%s'", optarg);
+			break;
+		}
+		case O_CALIB:
+			o.calib = optarg;
+			break;
+		case O_NOCALIB:
+			o.no_calib = true;
+			break;
+		case O_QERR:
+			if (!parse_int(optarg, 1, INT_MAX, &o.qerr_every))
+				return bad_usage("--qerr-every wants an integer ≥ 1, not '%s'", optarg);
+			break;
+		case O_THREADS:
+			if (!parse_int(optarg, 1, 1024, &o.threads))
+				return bad_usage("--threads wants an integer in 1..1024, not '%s'",
+						 optarg);
+			break;
+		case O_LOG:
+			o.log = optarg;
+			break;
+		case O_JSON:
+			o.json = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case ':':
+			return bad_usage("option '%s' needs a value", argv[optind - 1]);
+		default:
+			return bad_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind >= argc)
+		return bad_usage("no TEXT file given%s", "");
+	if (o.calib && o.no_calib)
+		return bad_usage("--calib and --no-calib exclude each other%s", "");
+	if (o.steps >= o.ctx)
+		return bad_usage("--steps must be below --ctx%s", "");
+	o.texts = argv + optind;
+	o.n_texts = argc - optind;
+
+	char model_path[PATH_MAX + 64];
+	cli_model_path(o.model, model_path, sizeof(model_path));
+
+	int rc = 1, r;
+	struct bd_gguf *g = NULL;
+	struct bd_model *m = NULL;
+	struct bd_tokenizer *tok = NULL;
+	struct bd_calib *cal = NULL;
+	char *text = NULL;
+	size_t text_len = 0, n_stream = 0;
+	int32_t *stream = NULL;
+	struct shared sh = { .o = &o };
+	pthread_t *th = NULL;
+	struct row *rows = NULL;
+	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
+	double t_start = now_s();
+
+	pthread_mutex_init(&sh.lock, NULL);
+	pthread_cond_init(&sh.cv, NULL);
+	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
+		fprintf(stderr, "bdfp4 eval-kl: %s: %s\n", model_path, gerr[0] ? gerr : strerror(-r));
+		goto out;
+	}
+	if ((r = bd_model_from_gguf(g, &m, err)) < 0) {
+		fprintf(stderr, "bdfp4 eval-kl: %s: %s\n", model_path, err);
+		goto out;
+	}
+	if ((r = bd_tokenizer_new_from_gguf(g, &tok, terr)) < 0) {
+		fprintf(stderr, "bdfp4 eval-kl: %s: tokenizer: %s\n", model_path, terr);
+		goto out;
+	}
+	bd_gguf_free(g);
+	g = NULL;
+	const struct bd_model_hparams *hp = &m->hp;
+	if (o.ctx > hp->n_ctx_train) {
+		fprintf(stderr, "bdfp4 eval-kl: --ctx %d exceeds the model's context of %d\n", o.ctx,
+			hp->n_ctx_train);
+		goto out;
+	}
+	if (!o.no_calib &&
+	    cli_calib_setup("eval-kl", o.calib, model_path, hp, o.ctx, o.ctx, true, &cal) < 0)
+		goto out;
+
+	if (read_texts(&o, &text, &text_len) < 0)
+		goto out;
+	if ((r = bd_tokenizer_encode(tok, text, text_len, 0, &stream, &n_stream)) < 0) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot tokenize the texts: %s\n", strerror(-r));
+		goto out;
+	}
+	sh.P = o.ctx - o.steps + 1;
+	sh.V = hp->n_vocab;
+	int T = o.trajectories;
+	if (n_stream < (size_t)sh.P) {
+		fprintf(stderr,
+			"bdfp4 eval-kl: the texts hold %zu tokens; a prompt needs %d (--ctx %d, "
+			"--steps %d): give more text\n",
+			n_stream, sh.P, o.ctx, o.steps);
+		goto out;
+	}
+	double stride = T > 1 ? (double)(n_stream - (size_t)sh.P) / (double)(T - 1) : 0.0;
+
+	sh.m = m;
+	sh.mu = cal ? cal->mu_k : NULL;
+	sh.dp = bd_decode_params_default();
+	if (cal) {
+		sh.dp.tau = cal->tau;
+		sh.dp.c = cal->c;
+	}
+	sh.n_items = T * (o.n_cfg + 1);
+	sh.tr = calloc((size_t)T, sizeof(*sh.tr));
+	sh.res = calloc((size_t)T * (size_t)o.n_cfg, sizeof(*sh.res));
+	sh.state = calloc((size_t)sh.n_items, sizeof(*sh.state));
+	th = calloc((size_t)o.threads, sizeof(*th));
+	rows = calloc((size_t)o.n_cfg, sizeof(*rows));
+	if (!sh.tr || !sh.res || !sh.state || !th || !rows)
+		goto oom;
+	for (int t = 0; t < T; t++) {
+		sh.tr[t].prompt = stream + (size_t)floor(stride * t);
+		sh.tr[t].cfg_left = o.n_cfg;
+		sh.tr[t].y = malloc(sizeof(int32_t) * (size_t)o.steps);
+		sh.tr[t].ref = malloc(sizeof(float) * (size_t)o.steps * (size_t)sh.V);
+		if (!sh.tr[t].y || !sh.tr[t].ref)
+			goto oom;
+	}
+
+	FILE *info = o.json ? stderr : stdout;
+	char hex[65] = "";
+	if (cal)
+		bd_sha256_hex(cal->model_sha256, hex);
+	fprintf(info, "eval-kl: %s, ctx %d (prompt %d tokens + %d decoded), %d steps compared per "
+		      "trajectory, %d trajectories\n",
+		model_path, o.ctx, sh.P, o.steps - 1, o.steps, T);
+	if (o.sp.temperature == 0.0f || o.sp.top_k == 1)
+		fprintf(info, "reference: bf16 KV, greedy\n");
+	else
+		fprintf(info, "reference: bf16 KV, sampled at temperature %g, seed %" PRIu64 " + t\n",
+			(double)o.sp.temperature, o.sp.seed);
+	if (cal)
+		fprintf(info, "calibration: context %d, tau = %.6g (grid index %d), model sha256 %.16s…\n",
+			cal->n_ctx, (double)cal->tau, cal->tau_index, hex);
+	else
+		fprintf(info, "calibration: none (mu_k = 0, tau = 21/1024)\n");
+	fprintf(info, "texts: %zu tokens from", n_stream);
+	for (int i = 0; i < o.n_texts; i++)
+		fprintf(info, " %s", o.texts[i]);
+	fprintf(info, "; windows every %.0f tokens%s\n", stride,
+		T > 1 && stride < sh.P ? " (they overlap: give more text for disjoint prompts)" : "");
+	fflush(info);
+
+	if (o.log && !(sh.log = fopen(o.log, "a"))) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot open %s: %s\n", o.log, strerror(errno));
+		goto out;
+	}
+	if (o.threads > 1)
+		openblas_set_num_threads(1);
+	sh.tty = isatty(STDERR_FILENO);
+	sh.t0 = now_s();
+	int n_th = 0;
+	for (; n_th < o.threads; n_th++)
+		if (pthread_create(&th[n_th], NULL, worker, &sh) != 0)
+			break;
+	if (n_th == 0) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot start a thread\n");
+		goto out;
+	}
+	for (int i = 0; i < n_th; i++)
+		pthread_join(th[i], NULL);
+	if (sh.tty)
+		fputc('\n', stderr);
+	if (sh.err) {
+		fprintf(stderr, "bdfp4 eval-kl: %s\n", sh.errmsg);
+		goto out;
+	}
+
+	/* aggregate: means over trajectories, paired t against the baseline */
+	int base = -1;
+	for (int i = 0; i < o.n_cfg; i++)
+		if (strcmp(o.cfg[i]->name, BASELINE) == 0)
+			base = i;
+	double *a = malloc(sizeof(double) * (size_t)T), *b = malloc(sizeof(double) * (size_t)T);
+	if (!a || !b) {
+		free(a);
+		free(b);
+		goto oom;
+	}
+	for (int i = 0; i < o.n_cfg; i++) {
+		struct row *rw = &rows[i];
+		struct bd_qerr_sums q = { 0 };
+		uint64_t pb = 0, pz = 0;
+		double s1 = 0.0, s2 = 0.0, tm = 0.0;
+		for (int t = 0; t < T; t++) {
+			const struct result *res = &sh.res[(size_t)t * (size_t)o.n_cfg + (size_t)i];
+			a[t] = res->kl;
+			s1 += res->kl;
+			s2 += res->kl * res->kl;
+			tm += res->top1;
+			pb += res->p_blocks;
+			pz += res->p_zero;
+			bd_qerr_sums_add(&q, &res->q);
+			if (base >= 0)
+				b[t] = sh.res[(size_t)t * (size_t)o.n_cfg + (size_t)base].kl;
+		}
+		rw->name = o.cfg[i]->name;
+		rw->kl_e3 = s1 / T * 1e3;
+		double var = T > 1 ? (s2 - s1 * s1 / T) / (T - 1) : 0.0;
+		rw->kl_se_e3 = T > 1 && var > 0.0 ? sqrt(var / T) * 1e3 : 0.0;
+		rw->top1 = tm / T;
+		rw->has_t = base >= 0 && i != base && bd_eval_paired_t(a, b, T, &rw->t) == 0;
+		rw->has_q = q.key_term + q.query_term > 0.0;
+		rw->qshare = rw->has_q ? q.query_term / (q.key_term + q.query_term) : 0.0;
+		rw->has_z = pb > 0;
+		rw->zfrac = pb ? (double)pz / (double)pb : 0.0;
+	}
+	free(a);
+	free(b);
+
+	FILE *tf = o.json ? stderr : stdout;
+	fprintf(tf, "\nKL: mean over trajectories of the mean over steps of D_t (top-%d BF16 "
+		    "tokens), x1e-3 nats; s.e. over trajectories.\n",
+		BD_EVAL_TOPK);
+	fprintf(tf, "paired t: per-trajectory KL minus " BASELINE "'s, t over %d trajectories "
+		    "(> 0: higher KL).\n",
+		T);
+	fprintf(tf, "query share: query/(key + query) of the logit error split over page keys at "
+		    "every %d-th decode step; zero P blocks: blocks whose E4M3 scale underflowed.\n\n",
+		o.qerr_every);
+	print_table(tf, rows, o.n_cfg);
+	fprintf(tf, "\nwall time %.0f s (%d threads)\n", now_s() - t_start, n_th);
+	if (o.json && print_json(rows, o.n_cfg) < 0) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot write JSON\n");
+		goto out;
+	}
+	rc = 0;
+	goto out;
+oom:
+	fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
+out:
+	if (sh.log)
+		fclose(sh.log);
+	for (int t = 0; sh.tr && t < o.trajectories; t++) {
+		free(sh.tr[t].y);
+		free(sh.tr[t].ref);
+	}
+	free(sh.tr);
+	free(sh.res);
+	free(sh.state);
+	free(th);
+	free(rows);
+	free(stream);
+	free(text);
+	bd_calib_free(cal);
+	bd_gguf_free(g);
+	bd_model_free(m);
+	bd_tokenizer_free(tok);
+	pthread_mutex_destroy(&sh.lock);
+	pthread_cond_destroy(&sh.cv);
+	return rc;
+}

@@ -1,0 +1,677 @@
+/* frontend.c — routerd's client API: ClientRequest frames in, ClientReply frames out
+ * (proto/serve.proto). Every request is validated before anything is allocated; a bad one gets
+ * an ErrorReply and the daemon goes on serving. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "bd_kvcfg.h"
+#include "router.h"
+
+struct envelope {
+	uint8_t ident[256];
+	size_t ident_len;
+	bool delim;
+};
+
+/* Sends one ClientReply to a client. Returns 0 or -EHOSTUNREACH (gone or too slow). */
+static int send_reply(struct bd_router *rt, const uint8_t *ident, size_t ident_len, bool delim,
+		      const Bdfp4__ClientReply *rep)
+{
+	size_t n = bdfp4__client_reply__get_packed_size(rep);
+	uint8_t stackbuf[1024], *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
+	int e = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	bdfp4__client_reply__pack(rep, buf);
+	if (zmq_send(rt->front, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    (delim && zmq_send(rt->front, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
+	    zmq_send(rt->front, buf, n, ZMQ_DONTWAIT) < 0)
+		e = -EHOSTUNREACH;
+	if (buf != stackbuf)
+		free(buf);
+	return e;
+}
+
+static void send_error(struct bd_router *rt, const struct envelope *env, uint64_t tag, int code,
+		       const char *msg)
+{
+	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
+	Bdfp4__ErrorReply er = BDFP4__ERROR_REPLY__INIT;
+
+	er.client_tag = tag;
+	er.error = (Bdfp4__ServeError)code;
+	er.message = (char *)msg;
+	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_ERROR;
+	rep.error = &er;
+	rlog_debug("request %llu refused: %s", (unsigned long long)tag, msg);
+	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
+}
+
+void bd_router_client_gone(struct bd_router *rt, const uint8_t *ident, size_t len)
+{
+	for (size_t i = rt->n_reqs; i-- > 0;) {
+		struct bd_req *r;
+
+		if (i >= rt->n_reqs)
+			continue; /* finishing one may free others (never today; be safe) */
+		r = rt->reqs[i];
+		if (r->ident_len == len && !memcmp(r->ident, ident, len) && !r->finish_pending) {
+			rlog_info("request %llu: client gone, cancelled",
+				  (unsigned long long)r->id);
+			bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+					 BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED,
+					 "client disconnected", false);
+		}
+	}
+}
+
+int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int error,
+			 const char *msg)
+{
+	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
+	Bdfp4__GenerateChunk ch = BDFP4__GENERATE_CHUNK__INIT;
+	Bdfp4__Usage us = BDFP4__USAGE__INIT;
+	Bdfp4__StepLogits *sl = NULL, **psl = NULL;
+	Bdfp4__TopLogit **ptop = NULL;
+	int from = r->stream ? r->n_sent : 0, n = r->n_gen - from, e;
+	size_t text_from = r->stream ? r->shown_sent : 0;
+	char *text;
+	bool final = finish != BDFP4__FINISH_REASON__FINISH_NONE;
+
+	if (!final && n <= 0 && r->shown == text_from)
+		return 0;
+	text = strndup(r->text ? r->text + text_from : "", r->shown - text_from);
+	if (!text)
+		return -ENOMEM;
+	ch.client_tag = r->tag;
+	ch.request_id = r->id;
+	ch.n_token_ids = (size_t)(n > 0 ? n : 0);
+	ch.token_ids = r->toks + r->n_prompt + from;
+	ch.text = text;
+	ch.finish_reason = (Bdfp4__FinishReason)finish;
+	ch.error = (Bdfp4__ServeError)error;
+	ch.message = (char *)(msg ? msg : "");
+	if (r->top_k && n > 0) {
+		sl = calloc((size_t)n, sizeof(*sl));
+		psl = calloc((size_t)n, sizeof(*psl));
+		ptop = calloc((size_t)n * r->top_k, sizeof(*ptop));
+		if (!sl || !psl || !ptop) {
+			e = -ENOMEM;
+			goto out;
+		}
+		for (int i = 0; i < n; i++) {
+			Bdfp4__TopLogit *t = r->top + (size_t)(from + i) * r->top_k;
+			size_t k = 0;
+
+			bdfp4__step_logits__init(&sl[i]);
+			while (k < r->top_k && t[k].token >= 0) {
+				ptop[(size_t)i * r->top_k + k] = &t[k];
+				k++;
+			}
+			sl[i].n_top = k;
+			sl[i].top = ptop + (size_t)i * r->top_k;
+			psl[i] = &sl[i];
+		}
+		ch.n_logits = (size_t)n;
+		ch.logits = psl;
+	}
+	if (final) {
+		int64_t now = bd_router_now_ms();
+
+		us.prompt_tokens = (uint32_t)r->n_prompt;
+		us.completion_tokens = (uint32_t)r->n_gen;
+		us.queue_us = r->t_admit ? (uint64_t)(r->t_admit - r->t_arrival) * 1000 : 0;
+		us.ttft_us = r->t_first ? (uint64_t)(r->t_first - r->t_arrival) * 1000 : 0;
+		us.total_us = (uint64_t)(now - r->t_arrival) * 1000;
+		us.preemptions = r->preemptions;
+		ch.usage = &us;
+	}
+	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_CHUNK;
+	rep.chunk = &ch;
+	e = send_reply(rt, r->ident, r->ident_len, r->delim, &rep);
+	if (e == 0) {
+		r->n_sent = r->n_gen;
+		r->shown_sent = r->shown;
+		r->last_sent = bd_router_now_ms();
+	}
+out:
+	free(text);
+	free(sl);
+	free(psl);
+	free(ptop);
+	return e;
+}
+
+void bd_router_keepalive(struct bd_router *rt, int64_t now)
+{
+	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
+	Bdfp4__Keepalive ka = BDFP4__KEEPALIVE__INIT;
+
+	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_KEEPALIVE;
+	rep.keepalive = &ka;
+	for (size_t i = 0; i < rt->n_reqs; i++) {
+		struct bd_req *r = rt->reqs[i];
+
+		if (r->finish_pending || now - r->last_sent < rt->o.keepalive_ms)
+			continue;
+		if (send_reply(rt, r->ident, r->ident_len, r->delim, &rep) < 0) {
+			uint8_t ident[256];
+			size_t len = r->ident_len;
+
+			memcpy(ident, r->ident, len);
+			bd_router_client_gone(rt, ident, len);
+			i = (size_t)-1; /* the list changed: start over (gone ones are skipped) */
+			continue;
+		}
+		/* one keepalive per connection per period */
+		for (size_t j = 0; j < rt->n_reqs; j++)
+			if (rt->reqs[j]->ident_len == r->ident_len &&
+			    !memcmp(rt->reqs[j]->ident, r->ident, r->ident_len))
+				rt->reqs[j]->last_sent = now;
+	}
+}
+
+/* ---- health and info ------------------------------------------------------------------------ */
+
+void bd_router_fill_health(struct bd_router *rt, Bdfp4__HealthReply *h, Bdfp4__WorkerStatus *ws,
+			   Bdfp4__WorkerStatus **pws)
+{
+	int64_t now = bd_router_now_ms();
+
+	bdfp4__health_reply__init(h);
+	h->state = (Bdfp4__ServingState)rt->state;
+	h->healthy = rt->state == RS_SERVING;
+	h->reason = rt->state == RS_SERVING ? (char *)"" : rt->reason;
+	for (int i = 0; i < rt->o.tp; i++) {
+		bdfp4__worker_status__init(&ws[i]);
+		ws[i].rank = i;
+		ws[i].pid = rt->w[i].connected ? rt->w[i].pid : 0;
+		ws[i].alive = rt->w[i].connected;
+		ws[i].last_heartbeat_ms =
+			rt->w[i].connected ? (uint64_t)(now - rt->w[i].last_seen) : 0;
+		ws[i].steps = rt->w[i].steps;
+		ws[i].backend = rt->w[i].backend;
+		pws[i] = &ws[i];
+	}
+	h->n_workers = (size_t)rt->o.tp;
+	h->workers = pws;
+}
+
+static void on_health(struct bd_router *rt, const struct envelope *env)
+{
+	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
+	Bdfp4__HealthReply h;
+	Bdfp4__WorkerStatus ws[BD_ROUTER_MAX_TP], *pws[BD_ROUTER_MAX_TP];
+
+	bd_router_fill_health(rt, &h, ws, pws);
+	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_HEALTH;
+	rep.health = &h;
+	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
+}
+
+static void on_info(struct bd_router *rt, const struct envelope *env)
+{
+	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
+	Bdfp4__ServerInfo si = BDFP4__SERVER_INFO__INIT;
+	Bdfp4__HealthReply h;
+	Bdfp4__WorkerStatus ws[BD_ROUTER_MAX_TP], *pws[BD_ROUTER_MAX_TP];
+	const struct bd_kvcfg *pool_cfg = bd_kvcfg_find(rt->kv_config);
+	char *names[64];
+	size_t n_names = 0;
+
+	bd_router_pool_refresh(rt);
+	for (int i = 0; i < BD_KVCFG_COUNT && n_names < 64; i++) {
+		const struct bd_kvcfg *k = bd_kvcfg_get(i);
+
+		if (k && pool_cfg && k->page_fmt == pool_cfg->page_fmt)
+			names[n_names++] = (char *)k->name;
+	}
+	bd_router_fill_health(rt, &h, ws, pws);
+	si.version = (char *)BD_ROUTER_VERSION;
+	si.model = rt->model_name;
+	si.arch = rt->arch;
+	si.n_vocab = (uint32_t)rt->n_vocab;
+	si.n_ctx = (uint32_t)rt->n_ctx;
+	si.kv_config = rt->kv_config;
+	si.n_kv_configs = n_names;
+	si.kv_configs = names;
+	si.tp = (uint32_t)rt->o.tp;
+	si.backend = rt->backend;
+	si.max_batch = (uint32_t)rt->o.max_batch;
+	si.max_queue = (uint32_t)rt->o.max_queue;
+	si.max_frame_bytes = (uint32_t)rt->o.max_frame;
+	si.queued = (uint32_t)rt->n_queued;
+	si.running = (uint32_t)rt->n_running;
+	si.requests_total = rt->requests_total;
+	si.requests_failed = rt->requests_failed;
+	si.tokens_generated = rt->tokens_generated;
+	si.steps = rt->steps_done;
+	si.preemptions = rt->preemptions;
+	si.pages_total = rt->pages_total;
+	si.pages_free = rt->pages_free;
+	si.slots_total = rt->slots_total;
+	si.slots_free = rt->slots_free;
+	si.pages_peak = rt->pages_peak;
+	si.uptime_ms = (uint64_t)(bd_router_now_ms() - rt->t_start);
+	si.health = &h;
+	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_INFO;
+	rep.info = &si;
+	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
+}
+
+/* ---- generate ------------------------------------------------------------------------------- */
+
+/* The kv_config a request may name: the pool's, or another of the same page format (the pages
+ * are laid out the same; the write path and decoder differ per sequence). NULL: none. */
+static const char *pick_kv(struct bd_router *rt, const char *name, char *err, size_t cap)
+{
+	const struct bd_kvcfg *pool_cfg = bd_kvcfg_find(rt->kv_config), *k;
+
+	if (!name || !*name)
+		return pool_cfg ? pool_cfg->name : NULL;
+	k = bd_kvcfg_find(name);
+	if (!k) {
+		snprintf(err, cap, "unknown KV configuration '%.64s'", name);
+		return NULL;
+	}
+	if (!pool_cfg || k->page_fmt != pool_cfg->page_fmt) {
+		snprintf(err, cap, "KV configuration '%s' needs other pages than this server's "
+				   "pool holds (%s, %s)", k->name, rt->kv_config, rt->page_format);
+		return NULL;
+	}
+	return k->name;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Checks everything that does not need the tokenizer. Returns 0 or a ServeError with err. */
+static int validate(struct bd_router *rt, const Bdfp4__GenerateRequest *g, char *err, size_t cap)
+{
+	int n_set = (g->prompt && *g->prompt) + (g->n_messages > 0) + (g->n_token_ids > 0);
+	size_t text = 0, content = 0;
+
+	if (g->client_tag == 0) {
+		snprintf(err, cap, "client_tag must be non-zero");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (n_set == 0) {
+		snprintf(err, cap, "empty prompt: set prompt, messages or token_ids");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (n_set > 1) {
+		snprintf(err, cap, "set only one of prompt, messages and token_ids");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (g->max_tokens == 0) {
+		snprintf(err, cap, "max_tokens must be at least 1");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (g->prompt && strlen(g->prompt) > BD_ROUTER_MAX_PROMPT_BYTES) {
+		snprintf(err, cap, "prompt longer than %d bytes", BD_ROUTER_MAX_PROMPT_BYTES);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
+	}
+	if (g->n_messages > BD_ROUTER_MAX_MESSAGES) {
+		snprintf(err, cap, "more than %d messages", BD_ROUTER_MAX_MESSAGES);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
+	}
+	for (size_t i = 0; i < g->n_messages; i++) {
+		content += strlen(g->messages[i]->content);
+		text += strlen(g->messages[i]->content) + strlen(g->messages[i]->role);
+	}
+	if (text > BD_ROUTER_MAX_PROMPT_BYTES) {
+		snprintf(err, cap, "messages longer than %d bytes", BD_ROUTER_MAX_PROMPT_BYTES);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
+	}
+	if (g->n_messages && content == 0) {
+		snprintf(err, cap, "empty prompt: the messages hold no text");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (g->n_token_ids >= (size_t)rt->n_ctx) {
+		snprintf(err, cap, "prompt of %zu tokens; the context holds %d", g->n_token_ids,
+			 rt->n_ctx);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_TOO_LONG;
+	}
+	for (size_t i = 0; i < g->n_token_ids; i++)
+		if (g->token_ids[i] < 0 || g->token_ids[i] >= rt->n_vocab) {
+			snprintf(err, cap, "token id %d at %zu is outside the vocabulary (0..%d)",
+				 g->token_ids[i], i, rt->n_vocab - 1);
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+		}
+	if (g->n_stop > BD_ROUTER_MAX_STOPS) {
+		snprintf(err, cap, "more than %d stop strings", BD_ROUTER_MAX_STOPS);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
+	}
+	for (size_t i = 0; i < g->n_stop; i++) {
+		if (!*g->stop[i]) {
+			snprintf(err, cap, "empty stop string");
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+		}
+		if (strlen(g->stop[i]) > BD_ROUTER_MAX_STOP_BYTES) {
+			snprintf(err, cap, "stop string longer than %d bytes",
+				 BD_ROUTER_MAX_STOP_BYTES);
+			return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
+		}
+	}
+	if (g->n_forced_tokens > g->max_tokens) {
+		snprintf(err, cap, "more forced tokens than max_tokens");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	for (size_t i = 0; i < g->n_forced_tokens; i++)
+		if (g->forced_tokens[i] < 0 || g->forced_tokens[i] >= rt->n_vocab) {
+			snprintf(err, cap, "forced token %d at %zu is outside the vocabulary",
+				 g->forced_tokens[i], i);
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+		}
+	if (g->logits_top_k > BD_ROUTER_MAX_TOP) {
+		snprintf(err, cap, "logits_top_k above %d", BD_ROUTER_MAX_TOP);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (g->sampling) {
+		const Bdfp4__SamplingParams *s = g->sampling;
+
+		if (!isfinite(s->temperature) || s->temperature < 0 || !isfinite(s->top_p) ||
+		    s->top_p < 0 || s->top_p > 1 || s->top_k > (uint32_t)rt->n_vocab) {
+			snprintf(err, cap, "bad sampling parameters (temperature >= 0, top_p in "
+					   "(0, 1], top_k <= vocabulary)");
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+		}
+	}
+	return 0;
+}
+
+/* Tokens of the prompt (malloc'ed) or a ServeError. */
+static int tokenize(struct bd_router *rt, const Bdfp4__GenerateRequest *g, int32_t **ret,
+		    size_t *ret_n, char *err, size_t cap)
+{
+	char terr[BD_TOKENIZER_ERR_MAX] = "";
+	int e;
+
+	if (g->n_token_ids) {
+		*ret = malloc(g->n_token_ids * sizeof(int32_t));
+		if (!*ret)
+			goto nomem;
+		memcpy(*ret, g->token_ids, g->n_token_ids * sizeof(int32_t));
+		*ret_n = g->n_token_ids;
+		return 0;
+	}
+	if (g->n_messages) {
+		struct bd_chat_msg *m = calloc(g->n_messages, sizeof(*m));
+
+		if (!m)
+			goto nomem;
+		for (size_t i = 0; i < g->n_messages; i++)
+			m[i] = (struct bd_chat_msg){ g->messages[i]->role, g->messages[i]->content };
+		e = bd_tokenizer_chat_apply(rt->tok, m, g->n_messages, true, ret, ret_n, terr);
+		free(m);
+		if (e == -ENOMEM)
+			goto nomem;
+		if (e < 0) {
+			snprintf(err, cap, "chat template: %.200s", *terr ? terr : strerror(-e));
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+		}
+		return 0;
+	}
+	e = bd_tokenizer_encode(rt->tok, g->prompt, strlen(g->prompt), BD_TOK_ADD_SPECIAL, ret,
+				ret_n);
+	if (e == -ENOMEM)
+		goto nomem;
+	if (e < 0) {
+		snprintf(err, cap, "cannot tokenize the prompt: %s", strerror(-e));
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	return 0;
+nomem:
+	snprintf(err, cap, "out of memory");
+	return BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
+}
+
+static void on_generate(struct bd_router *rt, const struct envelope *env,
+			const Bdfp4__GenerateRequest *g)
+{
+	char err[256] = "";
+	const char *kv;
+	int32_t *ids = NULL;
+	size_t n_ids = 0;
+	struct bd_req *r;
+	int code, max_tokens;
+	uint64_t pages_needed;
+
+	if (rt->state == RS_STOPPING) {
+		send_error(rt, env, g->client_tag, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN,
+			   "the router is stopping");
+		return;
+	}
+	code = validate(rt, g, err, sizeof(err));
+	if (!code && bd_router_find(rt, env->ident, env->ident_len, g->client_tag)) {
+		snprintf(err, sizeof(err), "client_tag %llu is already live on this connection",
+			 (unsigned long long)g->client_tag);
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	kv = code ? NULL : pick_kv(rt, g->kv_config, err, sizeof(err));
+	if (!code && !kv)
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG;
+	if (!code)
+		code = tokenize(rt, g, &ids, &n_ids, err, sizeof(err));
+	if (!code && n_ids == 0) {
+		snprintf(err, sizeof(err), "empty prompt: it tokenizes to nothing");
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (!code && n_ids >= (size_t)rt->n_ctx) {
+		snprintf(err, sizeof(err), "prompt of %zu tokens; the context holds %d", n_ids,
+			 rt->n_ctx);
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_TOO_LONG;
+	}
+	/* max_tokens is cut to what the context leaves */
+	max_tokens = code ? 0 : (int)(g->max_tokens < (uint32_t)(rt->n_ctx - (int)n_ids)
+					      ? g->max_tokens
+					      : (uint32_t)(rt->n_ctx - (int)n_ids));
+	pages_needed = (uint64_t)((int)n_ids + max_tokens) / BD_PAGE_TOKENS;
+	if (!code && pages_needed > rt->pages_total) {
+		snprintf(err, sizeof(err), "the request needs %llu pages; the pool has %llu",
+			 (unsigned long long)pages_needed, (unsigned long long)rt->pages_total);
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
+	}
+	if (!code && rt->state != RS_SERVING) {
+		snprintf(err, sizeof(err), "not serving: %.200s", rt->reason);
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
+	}
+	if (!code && rt->n_queued >= (size_t)rt->o.max_queue) {
+		snprintf(err, sizeof(err), "the queue is full (%d requests waiting)",
+			 rt->o.max_queue);
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
+	}
+	if (code) {
+		free(ids);
+		send_error(rt, env, g->client_tag, code, err);
+		return;
+	}
+
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		goto nomem;
+	r->slot = -1;
+	r->reserved = -1;
+	r->cap = (int)n_ids + max_tokens;
+	r->toks = malloc((size_t)r->cap * sizeof(int32_t));
+	r->max_pages = r->cap / BD_PAGE_TOKENS + 1;
+	r->pages = malloc((size_t)r->max_pages * sizeof(int32_t));
+	if (!r->toks || !r->pages)
+		goto nomem_r;
+	memcpy(r->toks, ids, n_ids * sizeof(int32_t));
+	free(ids);
+	ids = NULL;
+	r->n_prompt = (int)n_ids;
+	r->max_tokens = max_tokens;
+	r->tag = g->client_tag;
+	memcpy(r->ident, env->ident, env->ident_len);
+	r->ident_len = env->ident_len;
+	r->delim = env->delim;
+	r->kv_config = kv;
+	bdfp4__sampling_params__init(&r->sampling);
+	if (g->sampling) {
+		r->sampling.temperature = g->sampling->temperature;
+		r->sampling.top_k = g->sampling->top_k;
+		r->sampling.top_p = g->sampling->top_p > 0 ? g->sampling->top_p : 1.0f;
+		r->sampling.seed = g->sampling->seed;
+	} else {
+		r->sampling.top_p = 1.0f;
+	}
+	r->stream = g->stream;
+	r->ignore_eos = g->ignore_eos;
+	for (size_t i = 0; i < g->n_stop; i++) {
+		r->stops[i] = strdup(g->stop[i]);
+		if (!r->stops[i])
+			goto nomem_r;
+		r->n_stops++;
+	}
+	if (g->n_forced_tokens) {
+		r->forced = malloc(g->n_forced_tokens * sizeof(int32_t));
+		if (!r->forced)
+			goto nomem_r;
+		memcpy(r->forced, g->forced_tokens, g->n_forced_tokens * sizeof(int32_t));
+		r->n_forced = (int)g->n_forced_tokens;
+	}
+	r->top_k = g->logits_top_k;
+	if (r->top_k) {
+		r->top = calloc((size_t)max_tokens * r->top_k, sizeof(*r->top));
+		if (!r->top)
+			goto nomem_r;
+		for (size_t i = 0; i < (size_t)max_tokens * r->top_k; i++) {
+			bdfp4__top_logit__init(&r->top[i]);
+			r->top[i].token = -1;
+		}
+	}
+	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
+	r->t_arrival = bd_router_now_ms();
+	r->last_sent = r->t_arrival;
+	r->deadline = r->t_arrival + (g->deadline_ms ? (int64_t)g->deadline_ms
+						     : (int64_t)rt->o.deadline_ms);
+	r->id = rt->next_id++;
+	r->order = rt->next_order++;
+	if (!r->sampling.seed)
+		r->sampling.seed = mix64(r->id ^ (uint64_t)r->t_arrival) | 1;
+	if (bd_router_add(rt, r) < 0)
+		goto nomem_r;
+	rlog_debug("request %llu: %d prompt tokens, max %d, %s", (unsigned long long)r->id,
+		   r->n_prompt, r->max_tokens, r->kv_config);
+	return;
+nomem_r:
+	bd_req_free(r);
+nomem:
+	free(ids);
+	send_error(rt, env, g->client_tag, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "out of memory");
+}
+
+static void on_cancel(struct bd_router *rt, const struct envelope *env, uint64_t tag)
+{
+	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
+	Bdfp4__CancelReply cr = BDFP4__CANCEL_REPLY__INIT;
+	struct bd_req *r = bd_router_find(rt, env->ident, env->ident_len, tag);
+
+	cr.client_tag = tag;
+	cr.error = r ? BDFP4__SERVE_ERROR__SERVE_OK : BDFP4__SERVE_ERROR__SERVE_ERR_NOT_FOUND;
+	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_CANCEL;
+	rep.cancel = &cr;
+	if (send_reply(rt, env->ident, env->ident_len, env->delim, &rep) < 0) {
+		bd_router_client_gone(rt, env->ident, env->ident_len);
+		return;
+	}
+	if (r) {
+		rlog_info("request %llu: cancelled by the client", (unsigned long long)r->id);
+		bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+				 BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client",
+				 true);
+	}
+}
+
+static void handle(struct bd_router *rt, const struct envelope *env, const uint8_t *data,
+		   size_t len)
+{
+	Bdfp4__ClientRequest *req;
+
+	if (len > (size_t)rt->o.max_frame) {
+		char m[96];
+
+		snprintf(m, sizeof(m), "frame of %zu bytes; the limit is %d", len, rt->o.max_frame);
+		send_error(rt, env, 0, BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE, m);
+		return;
+	}
+	req = bdfp4__client_request__unpack(NULL, len, data);
+	if (!req) {
+		send_error(rt, env, 0, BDFP4__SERVE_ERROR__SERVE_ERR_MALFORMED,
+			   "the frame is not a ClientRequest");
+		return;
+	}
+	switch (req->msg_case) {
+	case BDFP4__CLIENT_REQUEST__MSG_GENERATE:
+		on_generate(rt, env, req->generate);
+		break;
+	case BDFP4__CLIENT_REQUEST__MSG_CANCEL:
+		on_cancel(rt, env, req->cancel->client_tag);
+		break;
+	case BDFP4__CLIENT_REQUEST__MSG_HEALTH:
+		on_health(rt, env);
+		break;
+	case BDFP4__CLIENT_REQUEST__MSG_INFO:
+		on_info(rt, env);
+		break;
+	default:
+		send_error(rt, env, 0, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_TYPE,
+			   "no request type set (unknown message?)");
+		break;
+	}
+	bdfp4__client_request__free_unpacked(req, NULL);
+}
+
+void bd_router_on_frontend(struct bd_router *rt)
+{
+	for (int budget = 0; budget < 256; budget++) {
+		zmq_msg_t parts[4];
+		int n = 0, more = 1;
+		struct envelope env = { 0 };
+
+		while (more) {
+			zmq_msg_t *m = &parts[n < 4 ? n : 3];
+
+			if (n >= 4)
+				zmq_msg_close(m);
+			zmq_msg_init(m);
+			if (zmq_msg_recv(m, rt->front, n ? 0 : ZMQ_DONTWAIT) < 0) {
+				zmq_msg_close(m);
+				for (int i = 0; i < (n < 4 ? n : 4); i++)
+					zmq_msg_close(&parts[i]);
+				return;
+			}
+			more = zmq_msg_more(m);
+			n++;
+		}
+		/* [identity] payload, or [identity] "" payload from a REQ */
+		env.ident_len = zmq_msg_size(&parts[0]);
+		if (env.ident_len > sizeof(env.ident))
+			env.ident_len = sizeof(env.ident);
+		memcpy(env.ident, zmq_msg_data(&parts[0]), env.ident_len);
+		if (n == 2) {
+			handle(rt, &env, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]));
+		} else if (n == 3 && zmq_msg_size(&parts[1]) == 0) {
+			env.delim = true;
+			handle(rt, &env, zmq_msg_data(&parts[2]), zmq_msg_size(&parts[2]));
+		} else {
+			send_error(rt, &env, 0, BDFP4__SERVE_ERROR__SERVE_ERR_MALFORMED,
+				   "one ClientRequest frame per message");
+		}
+		for (int i = 0; i < (n < 4 ? n : 4); i++)
+			zmq_msg_close(&parts[i]);
+	}
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""bdfp4_client.py — a small Python client of the bdfp4 router, made from proto/serve.proto.
+
+It shows that the client API is not tied to C: the messages come from the same .proto file
+(compiled here with protoc --python_out into a scratch directory) and travel over a ZeroMQ
+DEALER socket exactly as lib/client.c sends them.
+
+    python3 bdfp4_client.py --router ipc:///path/router.sock [--json] [--max-tokens N] PROMPT
+    python3 bdfp4_client.py --router ... --health | --info
+
+Needs: protoc (Debian protobuf-compiler), the protobuf and pyzmq Python packages (Debian
+python3-protobuf, python3-zmq). Exit status: 0 on a finished answer, 1 on an error reply.
+"""
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import zmq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "proto"))
+
+
+def load_messages(proto_dir, out_dir):
+    """Compiles serve.proto into out_dir and imports the generated module."""
+    subprocess.run(["protoc", "--proto_path=" + proto_dir, "--python_out=" + out_dir,
+                    os.path.join(proto_dir, "serve.proto")], check=True)
+    sys.path.insert(0, out_dir)
+    return importlib.import_module("serve_pb2")
+
+
+class Client:
+    """One DEALER connection; requests are named by client tags, as in lib/bd_client.h."""
+
+    def __init__(self, pb, endpoint, timeout_ms=30000):
+        self.pb = pb
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.timeout_ms = timeout_ms
+        self.next_tag = 1
+
+    def close(self):
+        self.sock.close()
+        self.ctx.term()
+
+    def _send(self, req):
+        self.sock.send(req.SerializeToString())
+
+    def _recv(self):
+        """The next reply other than a keepalive; TimeoutError when the router is silent."""
+        while True:
+            if not self.sock.poll(self.timeout_ms):
+                raise TimeoutError("the router stopped answering")
+            rep = self.pb.ClientReply()
+            rep.ParseFromString(self.sock.recv())
+            if rep.WhichOneof("msg") != "keepalive":
+                return rep
+
+    def generate(self, prompt, max_tokens=64, stream=True, chat=True, seed=0, on_chunk=None):
+        """Returns (token ids, text, finish reason name, error name, message, usage)."""
+        pb = self.pb
+        req = pb.ClientRequest()
+        g = req.generate
+        g.client_tag = self.next_tag
+        self.next_tag += 1
+        if chat:
+            m = g.messages.add()
+            m.role = "user"
+            m.content = prompt
+        else:
+            g.prompt = prompt
+        g.max_tokens = max_tokens
+        g.stream = stream
+        g.sampling.seed = seed
+        self._send(req)
+        tokens, text = [], ""
+        while True:
+            rep = self._recv()
+            kind = rep.WhichOneof("msg")
+            if kind == "error" and rep.error.client_tag == g.client_tag:
+                return (tokens, text, "error", pb.ServeError.Name(rep.error.error),
+                        rep.error.message, None)
+            if kind != "chunk" or rep.chunk.client_tag != g.client_tag:
+                continue
+            ch = rep.chunk
+            tokens.extend(ch.token_ids)
+            text += ch.text
+            if on_chunk:
+                on_chunk(ch)
+            if ch.finish_reason != pb.FINISH_NONE:
+                usage = {"prompt_tokens": ch.usage.prompt_tokens,
+                         "completion_tokens": ch.usage.completion_tokens,
+                         "ttft_us": ch.usage.ttft_us, "total_us": ch.usage.total_us}
+                return (tokens, text, pb.FinishReason.Name(ch.finish_reason),
+                        pb.ServeError.Name(ch.error), ch.message, usage)
+
+    def health(self):
+        req = self.pb.ClientRequest()
+        req.health.SetInParent()
+        self._send(req)
+        while True:
+            rep = self._recv()
+            if rep.WhichOneof("msg") == "health":
+                return rep.health
+
+    def info(self):
+        req = self.pb.ClientRequest()
+        req.info.SetInParent()
+        self._send(req)
+        while True:
+            rep = self._recv()
+            if rep.WhichOneof("msg") == "info":
+                return rep.info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--router", default=os.environ.get("BD_ROUTER", "tcp://127.0.0.1:5555"))
+    ap.add_argument("--proto-dir", default=PROTO_DIR)
+    ap.add_argument("--out-dir", help="where protoc writes serve_pb2.py (default: a temp dir)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (0: the router's)")
+    ap.add_argument("--raw", action="store_true", help="no chat template")
+    ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    ap.add_argument("--timeout-ms", type=int, default=30000)
+    ap.add_argument("--health", action="store_true")
+    ap.add_argument("--info", action="store_true")
+    ap.add_argument("prompt", nargs="?")
+    a = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pb = load_messages(a.proto_dir, a.out_dir or tmp)
+        c = Client(pb, a.router, a.timeout_ms)
+        try:
+            if a.health:
+                h = c.health()
+                print(json.dumps({"healthy": h.healthy,
+                                  "state": pb.ServingState.Name(h.state),
+                                  "workers": [w.pid for w in h.workers]}))
+                return 0 if h.healthy else 1
+            if a.info:
+                s = c.info()
+                print(json.dumps({"model": s.model, "kv_config": s.kv_config, "tp": s.tp,
+                                  "n_vocab": s.n_vocab, "n_ctx": s.n_ctx}))
+                return 0
+            if not a.prompt:
+                ap.error("a PROMPT is needed")
+
+            def show(ch):
+                if not a.json:
+                    sys.stdout.write(ch.text)
+                    sys.stdout.flush()
+
+            toks, text, fin, err, msg, usage = c.generate(
+                a.prompt, a.max_tokens, stream=not a.no_stream, chat=not a.raw, seed=a.seed,
+                on_chunk=show)
+            if a.json:
+                print(json.dumps({"tokens": toks, "text": text, "finish": fin, "error": err,
+                                  "message": msg, "usage": usage}))
+            else:
+                sys.stdout.write("\n")
+            if fin in ("error", "FINISH_ERROR", "FINISH_CANCELLED"):
+                sys.stderr.write("bdfp4_client.py: %s: %s\n" % (err, msg))
+                return 1
+            return 0
+        finally:
+            c.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+/* io.c — workerd's I/O thread: the DEALER to the router, heartbeats and the watchdog.
+ *
+ * The compute thread may spend seconds in one step; the router declares a quiet worker dead
+ * outside steps, and systemd a quiet service. So frames go through this thread, which keeps
+ * both clocks on its own: router frames are forwarded to the compute thread over an inproc
+ * PAIR as they come, the compute thread's frames go out as they come.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+#include <zmq.h>
+
+#include "workerd.h"
+
+struct io {
+	struct wd *w;
+	void *dealer, *pair;
+	int64_t last_drop_log;
+};
+
+static void send_heartbeat(struct io *io)
+{
+	Bdfp4__WorkerMessage m = BDFP4__WORKER_MESSAGE__INIT;
+	Bdfp4__WorkerHeartbeat hb = BDFP4__WORKER_HEARTBEAT__INIT;
+	uint8_t buf[64];
+
+	hb.rank = io->w->o.rank;
+	hb.epoch = atomic_load(&io->w->pub_epoch);
+	hb.steps = atomic_load(&io->w->pub_steps);
+	hb.pid = (int32_t)getpid();
+	m.msg_case = BDFP4__WORKER_MESSAGE__MSG_HEARTBEAT;
+	m.heartbeat = &hb;
+	size_t n = bdfp4__worker_message__get_packed_size(&m);
+	if (n > sizeof(buf))
+		return;
+	bdfp4__worker_message__pack(&m, buf);
+	zmq_send(io->dealer, buf, n, ZMQ_DONTWAIT); /* a full queue: the next one will do */
+}
+
+/* Move every pending message of `from` to `to`, one frame each (extra frames of a router
+ * message are dropped: the protocol has one). Returns 1 when the compute thread asked to stop. */
+static int pump(struct io *io, void *from, void *to, bool from_compute)
+{
+	for (;;) {
+		zmq_msg_t msg;
+		zmq_msg_init(&msg);
+		if (zmq_msg_recv(&msg, from, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&msg);
+			return 0;
+		}
+		bool more = zmq_msg_more(&msg);
+		if (!from_compute)
+			atomic_store(&io->w->last_router_ms, wd_now_ms());
+		if (from_compute && zmq_msg_size(&msg) == 0) {
+			zmq_msg_close(&msg);
+			return 1;
+		}
+		if (zmq_msg_send(&msg, to, ZMQ_DONTWAIT) < 0) {
+			/* no connection to the router (ZMQ_IMMEDIATE): say so now and then */
+			int64_t now = wd_now_ms();
+			if (from_compute)
+				atomic_store(&io->w->last_drop_ms, now);
+			if (from_compute && now - io->last_drop_log > 10000) {
+				io->last_drop_log = now;
+				wd_warn("no connection to the router at %s: a frame was dropped",
+					io->w->o.router);
+			}
+			zmq_msg_close(&msg);
+		}
+		while (more) {
+			zmq_msg_t extra;
+			zmq_msg_init(&extra);
+			if (zmq_msg_recv(&extra, from, 0) < 0) {
+				zmq_msg_close(&extra);
+				break;
+			}
+			more = zmq_msg_more(&extra);
+			zmq_msg_close(&extra);
+		}
+	}
+}
+
+static void *io_main(void *arg)
+{
+	struct io *io = arg;
+	struct wd *w = io->w;
+	int64_t next_hb = 0, next_wd = 0;
+
+	for (;;) {
+		int64_t now = wd_now_ms();
+		if (now >= next_hb) {
+			send_heartbeat(io);
+			next_hb = now + atomic_load(&w->heartbeat_ms);
+		}
+		if (w->watchdog_usec && now >= next_wd) {
+			sd_notify(0, "WATCHDOG=1");
+			next_wd = now + (int64_t)(w->watchdog_usec / 2000);
+		}
+		int64_t until = next_hb;
+		if (w->watchdog_usec && next_wd < until)
+			until = next_wd;
+		zmq_pollitem_t it[2] = { { io->dealer, 0, ZMQ_POLLIN, 0 },
+					 { io->pair, 0, ZMQ_POLLIN, 0 } };
+		long timeout = until > now ? (long)(until - now) : 0;
+		if (zmq_poll(it, 2, timeout) < 0) {
+			if (zmq_errno() == EINTR)
+				continue;
+			if (zmq_errno() == ETERM)
+				break;
+			wd_err("I/O thread: poll: %s", zmq_strerror(zmq_errno()));
+			break;
+		}
+		if (it[0].revents & ZMQ_POLLIN)
+			pump(io, io->dealer, io->pair, false);
+		if ((it[1].revents & ZMQ_POLLIN) && pump(io, io->pair, io->dealer, true))
+			break;
+	}
+	zmq_close(io->dealer);
+	zmq_close(io->pair);
+	free(io);
+	return NULL;
+}
+
+int wd_io_start(struct wd *w)
+{
+	struct io *io = calloc(1, sizeof(*io));
+	int linger = 0, ivl = 100, ivl_max = 1000;
+	int64_t maxmsg = WD_MAX_FRAME;
+
+	if (!io)
+		return -ENOMEM;
+	io->w = w;
+	io->dealer = zmq_socket(w->zctx, ZMQ_DEALER);
+	io->pair = zmq_socket(w->zctx, ZMQ_PAIR);
+	if (!io->dealer || !io->pair)
+		goto fail;
+	/* queue nothing while the router is away: a register sent then must not arrive late,
+	 * after a later one formed the group */
+	int immediate = 1;
+	zmq_setsockopt(io->dealer, ZMQ_IMMEDIATE, &immediate, sizeof(immediate));
+	zmq_setsockopt(io->dealer, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_setsockopt(io->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	zmq_setsockopt(io->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+	zmq_setsockopt(io->dealer, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
+	zmq_setsockopt(io->pair, ZMQ_LINGER, &linger, sizeof(linger));
+	if (zmq_connect(io->dealer, w->o.router) < 0) {
+		wd_err("router endpoint '%s': %s", w->o.router, zmq_strerror(zmq_errno()));
+		goto fail;
+	}
+	if (zmq_connect(io->pair, w->io_endpoint) < 0)
+		goto fail;
+	/* sockets move to the new thread; pthread_create is the barrier that makes it legal */
+	if (pthread_create(&w->io, NULL, io_main, io) != 0)
+		goto fail;
+	w->io_started = true;
+	return 0;
+fail:
+	if (io->dealer)
+		zmq_close(io->dealer);
+	if (io->pair)
+		zmq_close(io->pair);
+	free(io);
+	return -EINVAL;
+}
+
+void wd_io_stop(struct wd *w)
+{
+	if (!w->io_started)
+		return;
+	zmq_send(w->pair, "", 0, 0);
+	pthread_join(w->io, NULL);
+	w->io_started = false;
+}
+
+int wd_send(struct wd *w, const Bdfp4__WorkerMessage *m)
+{
+	size_t n = bdfp4__worker_message__get_packed_size(m);
+	uint8_t *buf = malloc(n ? n : 1);
+	int r = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	bdfp4__worker_message__pack(m, buf);
+	if (n == 0 || zmq_send(w->pair, buf, n, 0) < 0)
+		r = n == 0 ? -EINVAL : -zmq_errno();
+	free(buf);
+	return r;
+}
