@@ -511,12 +511,175 @@ static void print_table(FILE *f, const struct row *rows, int n)
 	}
 }
 
+/* Means over T trajectories of res [T][n_cfg], paired t against the baseline, then the table
+ * (stdout, or stderr with --json) and the JSON (stdout). Returns 0 or -1 after a message. */
+static int report(const struct opts *o, const struct result *res, int T)
+{
+	int base = -1;
+	if (o->n_cfg < 1 || o->n_cfg > BD_KVCFG_COUNT || T < 1)
+		return -1;
+	for (int i = 0; i < o->n_cfg; i++)
+		if (strcmp(o->cfg[i]->name, BASELINE) == 0)
+			base = i;
+	double *a = malloc(sizeof(double) * (size_t)T), *b = malloc(sizeof(double) * (size_t)T);
+	struct row *rows = calloc(BD_KVCFG_COUNT, sizeof(*rows));
+	if (!a || !b || !rows) {
+		free(a);
+		free(b);
+		free(rows);
+		fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
+		return -1;
+	}
+	for (int i = 0; i < o->n_cfg; i++) {
+		struct row *rw = &rows[i];
+		struct bd_qerr_sums q = { 0 };
+		uint64_t pb = 0, pz = 0;
+		double s1 = 0.0, s2 = 0.0, tm = 0.0;
+		for (int t = 0; t < T; t++) {
+			const struct result *r = &res[(size_t)t * (size_t)o->n_cfg + (size_t)i];
+			a[t] = r->kl;
+			s1 += r->kl;
+			s2 += r->kl * r->kl;
+			tm += r->top1;
+			pb += r->p_blocks;
+			pz += r->p_zero;
+			bd_qerr_sums_add(&q, &r->q);
+			if (base >= 0)
+				b[t] = res[(size_t)t * (size_t)o->n_cfg + (size_t)base].kl;
+		}
+		rw->name = o->cfg[i]->name;
+		rw->kl_e3 = s1 / T * 1e3;
+		double var = T > 1 ? (s2 - s1 * s1 / T) / (T - 1) : 0.0;
+		rw->kl_se_e3 = T > 1 && var > 0.0 ? sqrt(var / T) * 1e3 : 0.0;
+		rw->top1 = tm / T;
+		rw->has_t = base >= 0 && i != base && bd_eval_paired_t(a, b, T, &rw->t) == 0;
+		rw->has_q = q.key_term + q.query_term > 0.0;
+		rw->qshare = rw->has_q ? q.query_term / (q.key_term + q.query_term) : 0.0;
+		rw->has_z = pb > 0;
+		rw->zfrac = pb ? (double)pz / (double)pb : 0.0;
+	}
+	free(a);
+	free(b);
+
+	FILE *tf = o->json ? stderr : stdout;
+	fprintf(tf, "\nKL: mean over trajectories of the mean over steps of D_t (top-%d BF16 "
+		    "tokens), x1e-3 nats; s.e. over trajectories.\n",
+		BD_EVAL_TOPK);
+	fprintf(tf, "paired t: per-trajectory KL minus " BASELINE "'s, t over %d trajectories "
+		    "(> 0: higher KL).\n",
+		T);
+	fprintf(tf, "query share: query/(key + query) of the logit error split over page keys at "
+		    "every %d-th decode step; zero P blocks: blocks whose E4M3 scale underflowed.\n\n",
+		o->qerr_every);
+	print_table(tf, rows, o->n_cfg);
+	int r = 0;
+	if (o->json && print_json(rows, o->n_cfg) < 0) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot write JSON\n");
+		r = -1;
+	}
+	free(rows);
+	return r;
+}
+
+/* --summarize: the report of the trajectories of a --log file on which every configuration of
+ * the list finished (a run cut short, or runs split over several invocations). */
+static int summarize(const struct opts *o, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot read %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	struct result *res = NULL;
+	unsigned char *have = NULL; /* [n_traj][n_cfg] */
+	int n_traj = 0, rc = -1, lineno = 0;
+	char *line = NULL;
+	size_t cap = 0;
+
+	while (getline(&line, &cap, f) > 0) {
+		json_error_t je;
+		lineno++;
+		json_t *j = json_loads(line, 0, &je);
+		json_t *jt = json_object_get(j, "traj"), *jc = json_object_get(j, "config");
+		if (!j || !json_is_integer(jt) || !json_is_string(jc)) {
+			fprintf(stderr, "bdfp4 eval-kl: %s:%d: not a run record\n", path, lineno);
+			json_decref(j);
+			goto out;
+		}
+		json_int_t t = json_integer_value(jt);
+		int ci = -1;
+		for (int i = 0; i < o->n_cfg; i++)
+			if (strcmp(o->cfg[i]->name, json_string_value(jc)) == 0)
+				ci = i;
+		if (ci < 0 || t < 0 || t >= (1 << 20)) { /* a reference run, or not in the list */
+			json_decref(j);
+			continue;
+		}
+		if (t >= n_traj) {
+			int n = (int)t + 1;
+			struct result *r2 = realloc(res, sizeof(*res) * (size_t)n * (size_t)o->n_cfg);
+			unsigned char *h2 = r2 ? realloc(have, (size_t)n * (size_t)o->n_cfg) : NULL;
+			if (r2)
+				res = r2;
+			if (!r2 || !h2) {
+				json_decref(j);
+				fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
+				goto out;
+			}
+			have = h2;
+			memset(have + (size_t)n_traj * (size_t)o->n_cfg, 0,
+			       (size_t)(n - n_traj) * (size_t)o->n_cfg);
+			n_traj = n;
+		}
+		struct result *r = &res[(size_t)t * (size_t)o->n_cfg + (size_t)ci];
+		*r = (struct result){
+			.kl = json_number_value(json_object_get(j, "kl")),
+			.top1 = json_number_value(json_object_get(j, "top1_mismatch")),
+			.p_blocks = (uint64_t)json_integer_value(json_object_get(j, "p_blocks")),
+			.p_zero = (uint64_t)json_integer_value(json_object_get(j, "p_zero_blocks")),
+			.q = { .n = (uint64_t)json_integer_value(json_object_get(j, "qerr_pairs")),
+			       .key_term = json_number_value(json_object_get(j, "key_term")),
+			       .query_term = json_number_value(json_object_get(j, "query_term")),
+			       .cross_term = json_number_value(json_object_get(j, "cross_term")) },
+		};
+		have[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = 1;
+		json_decref(j);
+	}
+	/* keep the complete trajectories, in order */
+	int T = 0;
+	for (int t = 0; t < n_traj; t++) {
+		bool all = true;
+		for (int i = 0; i < o->n_cfg; i++)
+			all = all && have[(size_t)t * (size_t)o->n_cfg + (size_t)i];
+		if (!all)
+			continue;
+		memmove(res + (size_t)T * (size_t)o->n_cfg, res + (size_t)t * (size_t)o->n_cfg,
+			sizeof(*res) * (size_t)o->n_cfg);
+		T++;
+	}
+	fprintf(o->json ? stderr : stdout,
+		"eval-kl summary of %s: %d trajectories on which all %d configurations ran (of %d "
+		"seen)\n",
+		path, T, o->n_cfg, n_traj);
+	if (T == 0) {
+		fprintf(stderr, "bdfp4 eval-kl: no complete trajectory in %s\n", path);
+		goto out;
+	}
+	rc = report(o, res, T);
+out:
+	free(line);
+	free(res);
+	free(have);
+	fclose(f);
+	return rc;
+}
+
 /* ---- the command ---------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: bdfp4 eval-kl [OPTIONS] TEXT...\n"
+		"usage: bdfp4 eval-kl [OPTIONS] TEXT...\n       bdfp4 eval-kl [--kv LIST] [--json] --summarize LOG\n"
 		"\n"
 		"Teacher-forced KL of KV cache configurations against BF16 KV on prompts cut from\n"
 		"the TEXT files (NUMERICS.md section 10).\n"
@@ -536,6 +699,8 @@ static void usage(FILE *f)
 		"  --threads N         runs at once (default: the CPUs online)\n"
 		"  --log FILE          append one JSON line per finished run\n"
 		"  --json              JSON to stdout (the table goes to stderr)\n"
+		"  --summarize LOG     no runs: the report of the trajectories of a --log file\n"
+		"                      on which every configuration of --kv finished\n"
 		"  -h, --help          this text\n",
 		CLI_DEFAULT_CTX);
 }
@@ -587,7 +752,7 @@ int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
 		O_MODEL = 256, O_KV, O_CTX, O_STEPS, O_TRAJ, O_TEMP, O_SEED, O_CALIB, O_NOCALIB,
-		O_QERR, O_THREADS, O_LOG, O_JSON
+		O_QERR, O_THREADS, O_LOG, O_JSON, O_SUMMARIZE
 	};
 	static const struct option lopts[] = {
 		{ "model", required_argument, NULL, O_MODEL },
@@ -603,12 +768,14 @@ int cmd_eval_kl(int argc, char **argv)
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "log", required_argument, NULL, O_LOG },
 		{ "json", no_argument, NULL, O_JSON },
+		{ "summarize", required_argument, NULL, O_SUMMARIZE },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
 			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *summary = NULL;
 	int c;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
@@ -677,6 +844,9 @@ int cmd_eval_kl(int argc, char **argv)
 		case O_JSON:
 			o.json = true;
 			break;
+		case O_SUMMARIZE:
+			summary = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -686,6 +856,9 @@ int cmd_eval_kl(int argc, char **argv)
 			return bad_usage("unknown option '%s'", argv[optind - 1]);
 		}
 	}
+	if (summary)
+		return optind == argc ? (summarize(&o, summary) < 0 ? 1 : 0)
+				      : bad_usage("--summarize takes no TEXT%s", "");
 	if (optind >= argc)
 		return bad_usage("no TEXT file given%s", "");
 	if (o.calib && o.no_calib)
@@ -708,7 +881,6 @@ int cmd_eval_kl(int argc, char **argv)
 	int32_t *stream = NULL;
 	struct shared sh = { .o = &o };
 	pthread_t *th = NULL;
-	struct row *rows = NULL;
 	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
 	double t_start = now_s();
 
@@ -768,8 +940,7 @@ int cmd_eval_kl(int argc, char **argv)
 	sh.res = calloc((size_t)T * (size_t)o.n_cfg, sizeof(*sh.res));
 	sh.state = calloc((size_t)sh.n_items, sizeof(*sh.state));
 	th = calloc((size_t)o.threads, sizeof(*th));
-	rows = calloc((size_t)o.n_cfg, sizeof(*rows));
-	if (!sh.tr || !sh.res || !sh.state || !th || !rows)
+	if (!sh.tr || !sh.res || !sh.state || !th)
 		goto oom;
 	for (int t = 0; t < T; t++) {
 		sh.tr[t].prompt = stream + (size_t)floor(stride * t);
@@ -829,64 +1000,10 @@ int cmd_eval_kl(int argc, char **argv)
 		goto out;
 	}
 
-	/* aggregate: means over trajectories, paired t against the baseline */
-	int base = -1;
-	for (int i = 0; i < o.n_cfg; i++)
-		if (strcmp(o.cfg[i]->name, BASELINE) == 0)
-			base = i;
-	double *a = malloc(sizeof(double) * (size_t)T), *b = malloc(sizeof(double) * (size_t)T);
-	if (!a || !b) {
-		free(a);
-		free(b);
-		goto oom;
-	}
-	for (int i = 0; i < o.n_cfg; i++) {
-		struct row *rw = &rows[i];
-		struct bd_qerr_sums q = { 0 };
-		uint64_t pb = 0, pz = 0;
-		double s1 = 0.0, s2 = 0.0, tm = 0.0;
-		for (int t = 0; t < T; t++) {
-			const struct result *res = &sh.res[(size_t)t * (size_t)o.n_cfg + (size_t)i];
-			a[t] = res->kl;
-			s1 += res->kl;
-			s2 += res->kl * res->kl;
-			tm += res->top1;
-			pb += res->p_blocks;
-			pz += res->p_zero;
-			bd_qerr_sums_add(&q, &res->q);
-			if (base >= 0)
-				b[t] = sh.res[(size_t)t * (size_t)o.n_cfg + (size_t)base].kl;
-		}
-		rw->name = o.cfg[i]->name;
-		rw->kl_e3 = s1 / T * 1e3;
-		double var = T > 1 ? (s2 - s1 * s1 / T) / (T - 1) : 0.0;
-		rw->kl_se_e3 = T > 1 && var > 0.0 ? sqrt(var / T) * 1e3 : 0.0;
-		rw->top1 = tm / T;
-		rw->has_t = base >= 0 && i != base && bd_eval_paired_t(a, b, T, &rw->t) == 0;
-		rw->has_q = q.key_term + q.query_term > 0.0;
-		rw->qshare = rw->has_q ? q.query_term / (q.key_term + q.query_term) : 0.0;
-		rw->has_z = pb > 0;
-		rw->zfrac = pb ? (double)pz / (double)pb : 0.0;
-	}
-	free(a);
-	free(b);
-
-	FILE *tf = o.json ? stderr : stdout;
-	fprintf(tf, "\nKL: mean over trajectories of the mean over steps of D_t (top-%d BF16 "
-		    "tokens), x1e-3 nats; s.e. over trajectories.\n",
-		BD_EVAL_TOPK);
-	fprintf(tf, "paired t: per-trajectory KL minus " BASELINE "'s, t over %d trajectories "
-		    "(> 0: higher KL).\n",
-		T);
-	fprintf(tf, "query share: query/(key + query) of the logit error split over page keys at "
-		    "every %d-th decode step; zero P blocks: blocks whose E4M3 scale underflowed.\n\n",
-		o.qerr_every);
-	print_table(tf, rows, o.n_cfg);
-	fprintf(tf, "\nwall time %.0f s (%d threads)\n", now_s() - t_start, n_th);
-	if (o.json && print_json(rows, o.n_cfg) < 0) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot write JSON\n");
+	fprintf(o.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", now_s() - t_start,
+		n_th);
+	if (report(&o, sh.res, T) < 0)
 		goto out;
-	}
 	rc = 0;
 	goto out;
 oom:
@@ -902,7 +1019,6 @@ out:
 	free(sh.res);
 	free(sh.state);
 	free(th);
-	free(rows);
 	free(stream);
 	free(text);
 	bd_calib_free(cal);
