@@ -10,7 +10,10 @@
  * the same split boundaries, the same P quantization per block of 16 keys, the same BF16
  * sink+recent partial and LSE combine; only FP32 summation order differs. FP4 codes and E4M3
  * scales are expanded in registers to FP16 (E2M1 × E4M3 products are exact in FP16) and
- * multiplied on the FP16 tensor cores with FP32 accumulation (paper §4 on Hopper).
+ * multiplied on the FP16 tensor cores with FP32 accumulation (paper §4 on Hopper). Channel-
+ * blocked NVFP4 pages (trtllm-nvfp4) are expanded exactly to BF16 s·x̂ rows in shared memory and
+ * go through the BF16 path: BF16 query, FP32 P (split into two BF16 terms for P·V), the page's
+ * g_K on the FP32 logit sum and g_V once per page, as the reference applies them.
  *
  * Errors are -errno, returned before any launch where they can be known on the host:
  * -EINVAL (bad argument, misaligned pointer, block table too narrow), -EOPNOTSUPP (a
@@ -51,8 +54,9 @@ struct bd_decode_plan {
 	int n_splits;          /* page splits per (request, KV head), ≤ 1024; split s covers tiles
 				* [s·c, min((s+1)·c, n_tiles)), c = ceil(n_tiles / n_splits) */
 	int tile_keys;         /* BD_KERNEL_TILE_KEYS */
-	int kind;              /* internal: 1 NVFP4 pages, 2 BF16 pages, 3 MXFP4 pages */
-	int nterms;            /* FP4 query terms, 1 or 2 */
+	int kind;              /* internal: 1 NVFP4 pages, 2 BF16 pages, 3 MXFP4 pages,
+				* 4 channel-blocked NVFP4 pages */
+	int nterms;            /* FP4 query terms, 1 or 2 (0: BF16 query, kinds 2 and 4) */
 	int sink, hadamard, underflow; /* cfg flags the kernels use */
 	float gamma;           /* log2(e) · softmax scale */
 	float c, log2c, tau;   /* probability scaling (c = 1, log2c = 0 without it) */
@@ -67,14 +71,15 @@ struct bd_decode_plan {
 /* Plan a decode step of B requests with Hq query heads over an arena laid out by lay (one
  * layer of it per run), configuration cfg (NVFP4 pages: every §9 configuration that has them;
  * MXFP4 pages: bitdecoding-mxfp4, P in MXFP4 blocks of 32 keys by the OCP rule, c = 1;
- * "bf16": the BF16 paged baseline). dp: NULL for bd_decode_params_default() except tile_keys,
+ * "bf16": the BF16 paged baseline; channel-blocked NVFP4 pages: trtllm-nvfp4, BF16 query and
+ * FP32 P, no sink). dp: NULL for bd_decode_params_default() except tile_keys,
  * which the kernels fix at 128 (a dp with another tile_keys is -EINVAL); dp->n_splits is
  * ignored. n_splits: 0 chooses the splits from the batch shape and max_tokens so that the grid
  * fills the device in whole waves (split-KV sized by bytes); > 0 forces that many (tests).
  * Shapes: Hq = G·lay->n_kv_heads, 1 ≤ G ≤ 8, lay->d ∈ {64, 128}, B ≥ 1, max_tokens ≥ 1.
  * Queries the current CUDA device (SM count, occupancy) and raises the kernels' shared-memory
- * limit. Returns 0, -EINVAL, -EOPNOTSUPP (FP8 or channel-blocked pages, MLA, other d or G),
- * -ENODEV, -EIO. */
+ * limit. Returns 0, -EINVAL, -EOPNOTSUPP (FP8 pages, MLA, other d or G, channel-blocked pages
+ * with a sink or a quantized P), -ENODEV, -EIO. */
 int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
 			const struct bd_layout *lay, const struct bd_decode_params *dp, int B,
 			int Hq, int max_tokens, int n_splits);

@@ -1,5 +1,6 @@
 /* decode_sm90.cu — paged decode attention for Hopper: NVFP4 and MXFP4 pages (paper §4 as an
- * exact FP16 emulation of the FP4 MMA), BF16 pages (the in-house baseline), the BF16
+ * exact FP16 emulation of the FP4 MMA), BF16 pages (the in-house baseline), channel-blocked
+ * NVFP4 pages (trtllm-nvfp4: expanded to BF16 rows, then the BF16 path), the BF16
  * sink+recent partial, the LSE combine, and the plan/run launchers of bd_kernels.h.
  *
  * One CTA (4 warps) per (split, KV head, request); split n_splits is the BF16 partial, and the
@@ -188,17 +189,18 @@ __device__ __forceinline__ Bf16Rows bf16_rows(const DecodeParams &p, int len, in
 }
 
 /* One warp's online softmax over BF16 key tiles of 16 (S^T = K q'^T, P in FP32 split into two
- * BF16 terms hi + lo for P·V, so P keeps 16 bits): heads 2t, 2t+1 of the thread. */
+ * BF16 terms hi + lo for P·V, so P keeps 16 bits): heads 2t, 2t+1 of the thread. With KSCALE
+ * the logits are (dot·kscale)·γ, kscale the page's g_K (channel-blocked NVFP4 pages). */
 template <int D>
 struct Bf16State {
 	float m[2], l[2];
 	float o[D / 16][4];
 };
 
-template <int D, int ROWB>
+template <int D, int ROWB, bool KSCALE = false>
 __device__ __forceinline__ void bf16_tile16(const uint8_t *Ks, const uint8_t *Vs, int key0,
 					    int nvalid, const uint32_t (&qb)[D / 16][2], float gamma,
-					    Bf16State<D> &st)
+					    Bf16State<D> &st, float kscale = 1.0f)
 {
 	const int lane = threadIdx.x & 31, g = lane >> 2;
 	float sacc[4] = { 0.f, 0.f, 0.f, 0.f };
@@ -214,7 +216,11 @@ __device__ __forceinline__ void bf16_tile16(const uint8_t *Ks, const uint8_t *Vs
 	for (int r = 0; r < 2; r++)
 #pragma unroll
 		for (int hs = 0; hs < 2; hs++)
-			S[hs][r] = (g + 8 * r < nvalid) ? gamma * sacc[2 * r + hs] : -INFINITY;
+			if constexpr (KSCALE) /* channel-blocked NVFP4: (dot·g_K)·γ as bd_attn.h */
+				S[hs][r] = (g + 8 * r < nvalid) ? (sacc[2 * r + hs] * kscale) * gamma :
+								  -INFINITY;
+			else
+				S[hs][r] = (g + 8 * r < nvalid) ? gamma * sacc[2 * r + hs] : -INFINITY;
 	float alpha[2];
 	uint32_t bhi[2], blo[2];
 	float P[2][2];
@@ -1032,6 +1038,193 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 	finish_group<D>(p, b, h, smem);
 }
 
+/* ---- the channel-blocked NVFP4 page path (trtllm-nvfp4) --------------------------------------- */
+
+/* K and V are both token-major NVFP4 (16-channel blocks, E4M3 scales, g_K and g_V per page-head),
+ * the query BF16 and P FP32 (NUMERICS.md §9): the BF16 paged path with a tile loader that
+ * expands the codes. Warp w owns tokens 32w..32w+31 of every page, as in the BF16 path, so it
+ * streams its own slice of each page-head (K and V codes and scales, and the decode scales)
+ * into private buffers, STAGES deep, and expands 16 tokens at a time into private BF16 rows:
+ * no CTA barrier in the main loop, and the four warps' expansions overlap each other's MMAs.
+ * Layout of a warp's region: STAGES × raw [K codes 32·D/2][K scales 32·D/16][V codes][V scales]
+ * [g: 16 bytes], then K [16][ROWB] and V [16][ROWB] BF16. */
+template <int D>
+struct ChCfg {
+	static constexpr int ROWB = 2 * D + 16; /* padded rows: conflict-free ldmatrix */
+	static constexpr int STAGES = D == 128 ? 4 : 3;
+	static constexpr int CODES = 32 * D / 2;  /* a warp's K (V) codes per page */
+	static constexpr int SCALES = 32 * D / 16;
+	static constexpr int G_OFF = 2 * (CODES + SCALES);
+	static constexpr int RAW = G_OFF + 16;
+	static constexpr int PIECES = RAW / 16; /* 16-byte copies per stage */
+	static constexpr int TILE_OFF = STAGES * RAW;
+	static constexpr int WARP_BYTES = TILE_OFF + 2 * 16 * ROWB;
+	static constexpr int PART_BYTES = 2 * PCHUNK * ROWB + 8 * D * 2; /* BF16 partial */
+	static constexpr int MAIN = WARPS * WARP_BYTES > PART_BYTES ? WARPS * WARP_BYTES : PART_BYTES;
+	static constexpr int MAXIDS_CH = 512;
+	static constexpr int AUX_OFF = MAIN;                /* q' BF16 [8][D] */
+	static constexpr int IDS_OFF = AUX_OFF + AUX_BYTES; /* page ids */
+	static constexpr int RM_OFF = IDS_OFF + MAXIDS_CH * 4;
+	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
+	static constexpr int SMEM = RL_OFF + WARPS * 8 * 4;
+	static_assert(RAW % 16 == 0 && WARP_BYTES % 16 == 0, "16-byte aligned buffers");
+};
+
+/* Rows r0..r0+15 of a warp's raw token-major NVFP4 (codes [32][D/2], scales [32][D/16]) to
+ * BF16 rows dst [16][ROWB] of s·x̂·2^-14: a word of 8 codes lies in one block; E2M1 × E4M3 is
+ * exact in FP16 (fp4x8_h2), and the exact FP16 values convert exactly to FP32 and BF16. */
+template <int D, int ROWB>
+__device__ __forceinline__ void ch_expand16(const uint8_t *codes, const uint8_t *scales, int r0,
+					    uint8_t *dst)
+{
+	constexpr int WPR = D / 8; /* words per row */
+	const int lane = threadIdx.x & 31;
+#pragma unroll
+	for (int j = 0; j < 16 * WPR / 32; j++) {
+		const int e = lane + 32 * j, row = e / WPR, wi = e % WPR;
+		const uint32_t w = *(const uint32_t *)(codes + (r0 + row) * (D / 2) + 4 * wi);
+		const uint32_t sb = scales[(r0 + row) * (D / 16) + (wi >> 1)];
+		const uint32_t sc = e4m3x2_to_h2(sb | (sb << 8));
+		uint32_t a[4];
+		float f[8];
+		fp4x8_h2(w, a); /* a[J] = (code J, code J + 4) */
+#pragma unroll
+		for (int J = 0; J < 4; J++) {
+			const uint32_t m = hmul2(a[J], sc);
+			f[J] = __half2float(__ushort_as_half((unsigned short)(m & 0xffffu)));
+			f[J + 4] = __half2float(__ushort_as_half((unsigned short)(m >> 16)));
+		}
+		uint4 o;
+		o.x = f2_to_bf2(f[0], f[1]);
+		o.y = f2_to_bf2(f[2], f[3]);
+		o.z = f2_to_bf2(f[4], f[5]);
+		o.w = f2_to_bf2(f[6], f[7]);
+		*(uint4 *)(dst + (size_t)row * ROWB + 16 * wi) = o;
+	}
+}
+
+template <int D>
+__global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(const DecodeParams p)
+{
+	using C = ChCfg<D>;
+	constexpr int ROWB = C::ROWB, STAGES = C::STAGES;
+	extern __shared__ __align__(128) uint8_t smem[];
+	int32_t *ids = (int32_t *)(smem + C::IDS_OFF);
+	float *rm = (float *)(smem + C::RM_OFF);
+	float *rl = (float *)(smem + C::RL_OFF);
+	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+	if (s == p.NS) {
+		bf16_partial<D, ROWB>(p, b, h, smem, rm, rl);
+		finish_group<D>(p, b, h, smem);
+		return;
+	}
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+	int n_full, pb, pe;
+	(void)request_len(p, b, &n_full);
+	split_range(n_full, p.NS, s, &pb, &pe);
+	const int np = pe - pb;
+	const int32_t *bt = p.bt + (size_t)b * p.bt_stride + pb;
+	for (int i = tid; i < np && i < C::MAXIDS_CH; i += THREADS)
+		ids[i] = checked_page(p, bt[i]);
+	__syncthreads();
+
+	uint8_t *wbuf = smem + (size_t)warp * C::WARP_BYTES;
+	uint8_t *Kt = wbuf + C::TILE_OFF, *Vt = Kt + 16 * ROWB;
+	/* the warp's lanes copy its slice of page i into stage i % STAGES; one commit group per
+	 * call (empty past the split's end) keeps the wait counts uniform */
+	auto issue = [&](int i) {
+		if (i < np) {
+			const int32_t id = i < C::MAXIDS_CH ? ids[i] : checked_page(p, bt[i]);
+			const uint8_t *pg = p.arena + (size_t)id * p.page_bytes;
+			const uint8_t *hd = pg + (size_t)h * p.head_bytes;
+			uint8_t *dst = wbuf + (size_t)(i % STAGES) * C::RAW;
+			constexpr int NC = C::CODES / 16, NSC = C::SCALES / 16;
+			for (int e = lane; e < C::PIECES; e += 32) {
+				const uint8_t *src;
+				if (e < NC)
+					src = hd + p.k_codes_off + warp * C::CODES + 16 * e;
+				else if (e < NC + NSC)
+					src = hd + p.k_scales_off + warp * C::SCALES + 16 * (e - NC);
+				else if (e < 2 * NC + NSC)
+					src = hd + p.v_codes_off + warp * C::CODES + 16 * (e - NC - NSC);
+				else if (e < 2 * (NC + NSC))
+					src = hd + p.v_scales_off + warp * C::SCALES + 16 * (e - 2 * NC - NSC);
+				else /* {g_K, g_V} of heads h & ~1 and h | 1 */
+					src = pg + p.gscale_off + (size_t)(h & ~1) * 8;
+				cp_async16(dst + 16 * e, src);
+			}
+		}
+		cp_async_commit();
+	};
+	for (int i = 0; i < STAGES - 1; i++)
+		issue(i);
+
+	/* q' rounded to BF16, then × 2^14 (exact): the expanded K carries 2^-14, so the MMA sums
+	 * the reference's products q'·(s·x̂) themselves */
+	__nv_bfloat16 *qbf = (__nv_bfloat16 *)(smem + C::AUX_OFF);
+	for (int hd = warp; hd < p.G; hd += WARPS) {
+		float x[D / 32];
+		load_query<D>(p, b, h, hd, x);
+#pragma unroll
+		for (int i = 0; i < D / 32; i++)
+			qbf[hd * D + lane + 32 * i] = __float2bfloat16_rn(
+				__bfloat162float(__float2bfloat16_rn(x[i])) * 16384.0f);
+	}
+	__syncthreads();
+	uint32_t qb[D / 16][2];
+	bf16_qfrag<D>(qbf, p.G, qb);
+
+	Bf16State<D> st;
+	st.m[0] = st.m[1] = -INFINITY;
+	st.l[0] = st.l[1] = 0.0f;
+#pragma unroll
+	for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			st.o[mc][e] = 0.0f;
+	/* o is kept in units of the current page's g_V·2^14 (V carries 2^-14): rescaled by
+	 * g_prev/g_cur when a page starts, so the MMAs add the page's P̃·ŝv and g_V is applied
+	 * per page as NUMERICS.md §6 says. Garbage g of a flagged page id is clamped so that o
+	 * stays finite (real pages have g ≥ FLT_MIN). */
+	float gv_prev = 1.0f;
+	for (int i = 0; i < np; i++) {
+		cp_async_wait<STAGES - 2>();
+		__syncwarp(); /* page i landed for the warp; the stage of page i-1 is free */
+		issue(i + STAGES - 1);
+		const uint8_t *raw = wbuf + (size_t)(i % STAGES) * C::RAW;
+		const float *gp = (const float *)(raw + C::G_OFF) + (h & 1) * 2;
+		const float gk = gp[0], gv = fmaxf(gp[1], FLT_MIN);
+		const float rg = i == 0 ? 1.0f : gv_prev / gv;
+		gv_prev = gv;
+#pragma unroll
+		for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				st.o[mc][e] = st.o[mc][e] * rg;
+#pragma unroll 1
+		for (int half = 0; half < 2; half++) {
+			ch_expand16<D, ROWB>(raw, raw + C::CODES, 16 * half, Kt);
+			ch_expand16<D, ROWB>(raw + C::CODES + C::SCALES, raw + 2 * C::CODES + C::SCALES,
+					     16 * half, Vt);
+			__syncwarp();
+			bf16_tile16<D, ROWB, true>(Kt, Vt, 0, 16, qb, p.gamma, st, gk);
+			__syncwarp(); /* the rows are read before the next half overwrites them */
+		}
+	}
+	cp_async_wait<0>();
+	__syncthreads();
+#pragma unroll
+	for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			st.o[mc][e] = (st.o[mc][e] * 16384.0f) * gv_prev;
+	float *red = (float *)smem;
+	bf16_state_to_smem<D>(st, red, rm, rl);
+	__syncthreads();
+	write_partial<D>(p, b, h, s, red, rm, rl, 0.0f);
+	finish_group<D>(p, b, h, smem);
+}
+
 /* ---- host side ------------------------------------------------------------------------------- */
 
 typedef void (*kern_t)(DecodeParams);
@@ -1041,6 +1234,10 @@ static kern_t pick_kernel(int kind, int d, int mode, int *ret_smem)
 	if (kind == 2) {
 		*ret_smem = d == 128 ? Bf16Cfg<128>::SMEM : Bf16Cfg<64>::SMEM;
 		return d == 128 ? bf16_decode_kernel<128> : bf16_decode_kernel<64>;
+	}
+	if (kind == 4) {
+		*ret_smem = d == 128 ? ChCfg<128>::SMEM : ChCfg<64>::SMEM;
+		return d == 128 ? ch_decode_kernel<128> : ch_decode_kernel<64>;
 	}
 	*ret_smem = d == 128 ? Fp4Cfg<128>::SMEM : Fp4Cfg<64>::SMEM;
 	if (kind == 3) {
@@ -1113,6 +1310,10 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 	} else if (cfg->page_fmt == BD_PAGE_BF16) {
 		if (cfg->p_quant != BD_P_FP32)
 			return -EOPNOTSUPP;
+	} else if (cfg->page_fmt == BD_PAGE_NVFP4_CH) {
+		/* trtllm-nvfp4: FP32 P, and no sink (its page copy is not masked on this path) */
+		if (cfg->p_quant != BD_P_FP32 || cfg->sink)
+			return -EOPNOTSUPP;
 	} else {
 		return -EOPNOTSUPP;
 	}
@@ -1124,8 +1325,9 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 	pl.d = lay->d;
 	if (pl.G < 1 || pl.G > BD_KERNEL_MAX_G)
 		return -EOPNOTSUPP;
-	pl.kind = cfg->page_fmt == BD_PAGE_NVFP4 ? 1 : cfg->page_fmt == BD_PAGE_MXFP4 ? 3 : 2;
-	pl.nterms = pl.kind != 2 ? cfg->query_terms : 0;
+	pl.kind = cfg->page_fmt == BD_PAGE_NVFP4 ? 1 : cfg->page_fmt == BD_PAGE_MXFP4 ? 3 :
+		  cfg->page_fmt == BD_PAGE_NVFP4_CH ? 4 : 2;
+	pl.nterms = pl.kind == 1 || pl.kind == 3 ? cfg->query_terms : 0;
 	pl.sink = cfg->sink;
 	pl.hadamard = cfg->hadamard;
 	pl.underflow = cfg->p_quant == BD_P_NVFP4_UNDERFLOW;
@@ -1137,12 +1339,14 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 							  1.0f / sqrtf((float)lay->d);
 		pl.gamma = 1.4426950408889634f * scale; /* as attn_ref.c's γ */
 	}
-	/* the kernels assume the NVFP4 / BF16 geometry of bd_layout_init */
+	/* the kernels assume the NVFP4 / MXFP4 / BF16 geometry of bd_layout_init */
 	{
-		size_t hb = (size_t)lay->d * (pl.kind == 1 ? 144 : pl.kind == 3 ? 136 : 512);
+		size_t hb = (size_t)lay->d *
+			    (pl.kind == 1 || pl.kind == 4 ? 144 : pl.kind == 3 ? 136 : 512);
 		if (lay->head_bytes != hb || lay->gscale_off % 16 != 0 ||
 		    lay->gscale_off + 16 * (size_t)((lay->n_kv_heads + 1) / 2) > lay->page_bytes ||
-		    lay->page_bytes % 128 != 0 || lay->k_codes_off % 16 || lay->v_codes_off % 16)
+		    lay->page_bytes % 128 != 0 || lay->k_codes_off % 16 || lay->v_codes_off % 16 ||
+		    lay->k_scales_off % 16 || lay->v_scales_off % 16)
 			return -EINVAL;
 	}
 	pl.max_tokens = max_tokens;
@@ -1178,7 +1382,7 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 		 * pipeline fill, about 6 pages) counted as work, and the combine's latency per split
 		 * (about a quarter page) */
 		const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
-		const int min_ns = pl.kind != 2 ? (pages + MAXIDS - 1) / MAXIDS : 1;
+		const int min_ns = pl.kind == 1 || pl.kind == 3 ? (pages + MAXIDS - 1) / MAXIDS : 1;
 		long long best = -1;
 		int best_ns = min_ns;
 		for (int ns = min_ns; ns <= pages && ns <= 1024; ns++) {
@@ -1208,7 +1412,7 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_decode_args *a,
 			     void *stream)
 {
-	if (!pl || !a || pl->kind < 1 || pl->kind > 3)
+	if (!pl || !a || pl->kind < 1 || pl->kind > 4)
 		return -EINVAL;
 	if (!a->q || !a->arena || !a->block_table || !a->seq_lens || !a->slots || !a->out ||
 	    !a->workspace)

@@ -2,10 +2,11 @@
  * default (32 query / 8 KV heads, d = 128), one layer, contexts N and batches B from the command
  * line, three kernels by default: the full recipe (bitdecoding-nvfp4), vanilla FP4 (nvfp4-base)
  * and the BF16 paged baseline (bf16); --cfg takes any configuration the kernels plan (also
- * bitdecoding-mxfp4).
+ * bitdecoding-mxfp4 and trtllm-nvfp4).
  *
- * Pages hold valid quantized data: 64 distinct random page-layers made by the promotion kernel,
- * replicated over the arena; BF16 slots hold random values. Before timing, request 0's output
+ * Pages hold valid quantized data: 64 distinct random page-layers made by the promotion kernel
+ * (trtllm-nvfp4: by the CPU's bd_page_promote, the promotion kernel has no channel-blocked
+ * path), replicated over the arena; BF16 slots hold random values. Before timing, request 0's output
  * for two KV heads is checked against the CPU reference (same tiling and splits). Timing: CUDA
  * events around each run, median of the repeats after warm-up, rotating over several copies of
  * the block tables (disjoint pages) so that small problems are not served from L2.
@@ -193,7 +194,16 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 		CK(cudaMalloc((void **)&dst, sizeof(int) * (size_t)S));
 		CK(cudaMemcpy(dptr, hp, sizeof(void *) * (size_t)S, cudaMemcpyHostToDevice));
 		CK(cudaMemcpy(dpg, hpg, sizeof(int32_t) * (size_t)S, cudaMemcpyHostToDevice));
-		CKR(bd_promote_run(&lay, cfg, arena, (void *const *)dptr, dpg, S, dst, NULL));
+		if (cfg->page_fmt == BD_PAGE_NVFP4_CH) {
+			/* one layer: page s of the arena is its first s·page_bytes */
+			uint8_t *hpages = xmalloc(lay.page_bytes * (size_t)S);
+			for (int s = 0; s < S; s++)
+				CKR(bd_page_promote(&lay, cfg, NULL, hs + (size_t)s * lay.slot_bytes, hpages, s));
+			CK(cudaMemcpy(arena, hpages, lay.page_bytes * (size_t)S, cudaMemcpyHostToDevice));
+			free(hpages);
+		} else {
+			CKR(bd_promote_run(&lay, cfg, arena, (void *const *)dptr, dpg, S, dst, NULL));
+		}
 		CK(cudaDeviceSynchronize());
 		for (size_t done = (size_t)S; done < n_pages;) {
 			size_t c = done < n_pages - done ? done : n_pages - done;
@@ -338,7 +348,8 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 	/* bytes a run must read: page-heads (codes, scales), decode scales, BF16 rows, queries */
 	int cnt = (cfg->sink && n_full > 0 ? BD_SINK_TOKENS : 0) + (N - n_full * BD_PAGE_TOKENS);
 	double bytes = (double)B * Hkv *
-			       ((double)n_full * (double)lay.head_bytes + (cfg->page_fmt == BD_PAGE_NVFP4 ? 8.0 * n_full : 0) +
+			       ((double)n_full * (double)lay.head_bytes +
+				(cfg->page_fmt == BD_PAGE_NVFP4 || cfg->page_fmt == BD_PAGE_NVFP4_CH ? 8.0 * n_full : 0) +
 				(double)cnt * 2 * d * 2) +
 		       (double)B * Hq * d * 4 * 2;
 	ret->us = ms * 1e3;

@@ -12,12 +12,15 @@
  *   - decode: configurations × d ∈ {64, 128} × G ∈ {1, 3, 4, 8} over a batch of lengths 1, 15,
  *     16, 17, 127, 128, 129, 4095 (partial last pages, sink masking, empty splits), auto and
  *     forced splits, a long context; outputs poisoned with NaN first; relative error ≤ 1e-3;
+ *     the configurations: the NVFP4 ones, bitdecoding-mxfp4, bf16 and trtllm-nvfp4
+ *     (channel-blocked NVFP4 pages, BF16 query, FP32 P);
  *   - MXFP4 (bitdecoding-mxfp4): the device's MXFP4 query bytes vs bd_query_quantize, and
  *     decode like NVFP4;
  *   - real KV: SmolLM2's post-RoPE K/V/q for a prompt cut from a Debian text file, captured
  *     on the CPU by `make gpu-capture` (tests/gpu/gpu_capture.c) into the file named by
  *     BD_GPU_CAPTURE, through the same write path, every configuration and captured layer;
- *   - the launchers' refusals of bad arguments.
+ *   - the launchers' refusals of bad arguments; a bad page id and a bad length flagged in
+ *     *status with finite outputs (bitdecoding-nvfp4 and trtllm-nvfp4).
  * Exits non-zero on any failure. `--small` runs one small decode and one promotion (for
  * compute-sanitizer).
  */
@@ -596,6 +599,30 @@ static void refusal_checks(void)
 		memset(z, 0x5a, sizeof(z));
 		check(memcmp(z, &pl, sizeof(pl)) == 0, "plan: a refused plan must not be written");
 	}
+	/* channel-blocked NVFP4: trtllm-nvfp4 plans; with a sink or a quantized P it is refused */
+	{
+		const struct bd_kvcfg *tr = bd_kvcfg_find("trtllm-nvfp4");
+		struct bd_kvcfg bad = *tr;
+		struct bd_layout lch;
+		CKR(bd_layout_init(&lch, tr->page_fmt, 1, 2, 128, 0, 4));
+		check(bd_decode_plan_init(&pl, tr, &lch, NULL, 1, 8, 1000, 0) == 0 &&
+			      pl.n_splits >= 1 && pl.nterms == 0,
+		      "plan: trtllm-nvfp4 must plan (BF16 query)");
+		memset(&pl, 0x5a, sizeof(pl));
+		bad.sink = true;
+		check(bd_decode_plan_init(&pl, &bad, &lch, NULL, 1, 8, 1000, 0) == -EOPNOTSUPP,
+		      "plan: channel-blocked pages with a sink must be -EOPNOTSUPP");
+		bad = *tr;
+		bad.p_quant = BD_P_NVFP4_MAX6;
+		check(bd_decode_plan_init(&pl, &bad, &lch, NULL, 1, 8, 1000, 0) == -EOPNOTSUPP,
+		      "plan: channel-blocked pages with NVFP4 P must be -EOPNOTSUPP");
+		check(bd_decode_plan_init(&pl, tr, &lay, NULL, 1, 8, 1000, 0) == -EINVAL,
+		      "plan: trtllm-nvfp4 on a token-blocked NVFP4 layout must be -EINVAL");
+		unsigned char z[sizeof(pl)];
+		memset(z, 0x5a, sizeof(z));
+		check(memcmp(z, &pl, sizeof(pl)) == 0,
+		      "plan: a refused channel-blocked plan must not be written");
+	}
 	CKR(bd_decode_plan_init(&pl, bd, &lay, NULL, 2, 8, 1000, 0));
 	check(pl.n_splits >= 1 && pl.ws_bytes > 0 && pl.tile_keys == 128, "plan: sane plan");
 
@@ -633,9 +660,9 @@ static void refusal_checks(void)
 }
 
 /* A bad page id and a bad length are flagged in *status, and the output stays finite. */
-static void status_checks(void)
+static void status_checks(const char *cfgname)
 {
-	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgname);
 	struct problem P;
 	int lens[2] = { 300, 200 };
 	struct bd_decode_plan pl;
@@ -671,9 +698,9 @@ static void status_checks(void)
 			zero1 = zero1 && out[i] == 0.0f;
 	}
 	check((status & BD_KSTATUS_BAD_PAGE) && (status & BD_KSTATUS_BAD_LEN),
-	      "status: bad page and bad length must be flagged (got %#x)", status);
-	check(finite, "status: outputs of a flagged run must be finite");
-	check(zero1, "status: a request with length 0 must give a zero output");
+	      "status %s: bad page and bad length must be flagged (got %#x)", cfgname, status);
+	check(finite, "status %s: outputs of a flagged run must be finite", cfgname);
+	check(zero1, "status %s: a request with length 0 must give a zero output", cfgname);
 	CK(cudaFree(d_out));
 	CK(cudaFree(ws));
 	CK(cudaFree(d_status));
@@ -964,19 +991,21 @@ int main(int argc, char **argv)
 		decode_case("bitdecoding-nvfp4", 128, 4, 2, lens, 3, 1, sp, 1, 11, true);
 		decode_case("bitdecoding-mxfp4", 64, 8, 1, lens, 3, 1, sp, 1, 13, true);
 		decode_case("bf16", 64, 2, 2, lens, 3, 1, sp, 1, 12, true);
+		decode_case("trtllm-nvfp4", 128, 3, 2, lens, 3, 1, sp, 1, 14, true);
 		promote_checks(true);
 		printf("%s: %d checks passed, %d failed\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail);
 		return n_fail ? 1 : 0;
 	}
 
 	refusal_checks();
-	status_checks();
+	status_checks("bitdecoding-nvfp4");
+	status_checks("trtllm-nvfp4");
 	e4m3_checks();
 	query_checks();
 	promote_checks(false);
 
 	static const char *cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "+dual", "+pscale",
-				      "+keyquant", "bitdecoding-mxfp4", "bf16" };
+				      "+keyquant", "bitdecoding-mxfp4", "bf16", "trtllm-nvfp4" };
 	const int ncfg = (int)(sizeof(cfgs) / sizeof(cfgs[0]));
 	static const int lens[8] = { 1, 15, 16, 17, 127, 128, 129, 4095 };
 	static const int Gs[4] = { 1, 3, 4, 8 };
@@ -1014,6 +1043,7 @@ int main(int argc, char **argv)
 		decode_case("nvfp4-base", 128, 8, 1, ll, 3, 1, sp, 1, seed++, true);
 		decode_case("bitdecoding-mxfp4", 128, 4, 2, ll, 3, 1, sp, 2, seed++, true);
 		decode_case("bf16", 128, 4, 1, ll, 3, 1, sp, 1, seed++, true);
+		decode_case("trtllm-nvfp4", 128, 4, 1, ll, 3, 1, sp, 1, seed++, true);
 	}
 	printf("%s: %d checks passed, %d failed (%.1fs)\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail,
 	       now_s() - t0);
