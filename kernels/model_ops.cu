@@ -600,6 +600,9 @@ __device__ uint64_t radix_select(const float *lg, int V, bool by_mass, float lma
 					suf += t;
 			}
 			const unsigned long long nd = sh.need;
+			/* every lane has read need before the chosen lane rewrites it (the ballot
+			 * orders them too; racecheck models only explicit warp barriers) */
+			__syncwarp();
 			const unsigned ball = __ballot_sync(0xffffffffu, suf >= nd);
 			/* ball ≠ 0: lane 0's suffix is the total, ≥ need by construction */
 			if (lane == 31 - __clz((int)ball)) {
