@@ -384,3 +384,23 @@ ifeq ($(GPU_SANITIZE),1)
 	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(OPS_CHECK) --small
 endif
 gpu-test: $(OPS_CHECK)
+
+# ---- the model on the GPU (issue 7) ----------------------------------------------------
+# tests/gpu/gmodel_check.c: lib/gmodel_cuda.c against the CPU backend on the real model
+# (both weight precisions, bf16 and bitdecoding-nvfp4), batched vs single-row decode with and
+# without graphs, refusals, random-weight Qwen3-4B speed, TP = 2 over NCCL when there are 2
+# GPUs. One invocation, PASS/FAIL/SKIP lines. On the GPU machine OpenBLAS and PCRE2 come from
+# tests/gpu/device-env.sh; the model file must be there (models/ or BD_MODEL).
+GMODEL_CHECK := $(BUILD)/bin/gmodel_check
+GMODEL_LDLIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
+	-lcublasLt -lnccl -lcudart_static -lstdc++ -ldl -lrt -lm -pthread
+
+$(GMODEL_CHECK): $(BUILD)/tests/gpu/gmodel_check.o $(LIBBD_CU) $(LIBBD)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -ljansson -lopenblas -lpcre2-8 $(GMODEL_LDLIBS)
+
+.PHONY: gpu-test-model
+gpu-test-model: $(GMODEL_CHECK)
+	@test -n "$(HAVE_NVCC)" || { echo "gpu-test-model needs nvcc"; exit 1; }
+	@test -f $(or $(BD_MODEL),$(MODEL_FILE)) || $(MAKE) --no-print-directory model
+	$(GMODEL_CHECK) $(or $(BD_MODEL),$(MODEL_FILE))

@@ -1,0 +1,1059 @@
+/* gmodel_check.c — the model on the GPU (bd_gmodel.h, lib/gmodel_cuda.c) against the CPU
+ * backend (bd_model.h), issue 7. `make gpu-test-model` runs it on a machine with an NVIDIA GPU.
+ *
+ *   (a) the real model (SmolLM2-135M, argv[1] or $BD_MODEL, else the embedded default), with
+ *       its calibration file when one sits next to it: a ~40-token and a > 300-token English
+ *       prompt (pages promoted during prefill and during decode), 64 greedy decode steps,
+ *       for the kv configurations bf16 and bitdecoding-nvfp4. The GPU is teacher-forced with
+ *       the CPU's tokens, so every step compares like with like: FP32 weights must pick the
+ *       CPU's token at all 65 positions (prefill + 64 steps; then the free-running sequences
+ *       are equal too), max |Δlogit| is reported per step; BF16 weights report how many of
+ *       the 65 agree. Slot and page bytes after prefill, GPU (FP32) vs CPU: bytes that
+ *       differ are reported (K and V differ by FP32 GEMM rounding: not asserted).
+ *       The CPU reference decodes with the kernels' tiling (B_k = 128) and the GPU plan's
+ *       split count, so only FP32 summation order separates the two attention paths.
+ *   (b) batched decode: 5 rows at different positions in one bd_gmodel_decode == each row
+ *       alone (tokens equal, logits within 1e-4 of the largest |logit|), with and without
+ *       CUDA graphs (graph replays confirmed by bd_gmodel_last_timing).
+ *   (c) refusals: a page id out of range, a slot out of range, a token ≥ V, a slot twice, a
+ *       block table of the wrong length, a bad new page → -EINVAL with every slot and page
+ *       byte unchanged, and the model still usable.
+ *   (d) random-weight Qwen3-4B (BF16, bitdecoding-nvfp4): build time, synthetic fill of 4
+ *       rows at 32K tokens, decode steps at B = 1, 8, 32 replayed from graphs: device time
+ *       per step, upload and launch µs (target: < 50 µs together), tokens/s.
+ *   (e) TP = 2 (2 GPUs, two threads, ncclCommInitAll, NCCL_NVLS_ENABLE=0): shards of the
+ *       real model, FP32, both configurations: the argmax tokens of all 65 positions equal
+ *       TP = 1's. SKIP with one GPU.
+ * Prints PASS/FAIL/SKIP lines with numbers; exits 1 on any FAIL, 2 on a setup error. Writes
+ * nothing. Options: --no-4b skips (d). Without the model file only (d) runs (the rest SKIP).
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "bd_calib.h"
+#include "bd_gguf.h"
+#include "bd_gmodel.h"
+#include "bd_kernels.h"
+#include "bd_model.h"
+#include "bd_sampler.h"
+#include "bd_tokenizer.h"
+
+#define STEPS 64             /* decode steps after each prompt */
+#define NPOS (STEPS + 1)     /* positions compared: the prefill's last and each step's */
+#define NP 16                /* pages of the (a) arenas, per prompt */
+#define MAX_CTX 512          /* max_tokens of the SmolLM2 models */
+
+static int n_pass, n_fail, n_skip;
+
+static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void report(bool ok, const char *fmt, ...)
+{
+	va_list ap;
+	printf("%s: ", ok ? "PASS" : "FAIL");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	fflush(stdout);
+	if (ok)
+		n_pass++;
+	else
+		n_fail++;
+}
+
+static void skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void skip(const char *fmt, ...)
+{
+	va_list ap;
+	printf("SKIP: ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	n_skip++;
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+	printf("FATAL: ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	exit(2);
+}
+
+#define CK(call)                                                                           \
+	do {                                                                               \
+		cudaError_t e_ = (call);                                                   \
+		if (e_ != cudaSuccess)                                                     \
+			die("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
+			    cudaGetErrorString(e_));                                       \
+	} while (0)
+
+static void *xmalloc(size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+	if (!p)
+		die("out of memory (%zu bytes)", n);
+	return p;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+	double m = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)a[i] - (double)b[i]);
+		if (!(d <= m))
+			m = d; /* NaN wins */
+	}
+	return m;
+}
+
+static double max_abs(const float *a, size_t n)
+{
+	double m = 0.0;
+	for (size_t i = 0; i < n; i++)
+		m = fabs((double)a[i]) > m ? fabs((double)a[i]) : m;
+	return m;
+}
+
+static long bytes_differ(const uint8_t *a, const uint8_t *b, size_t n)
+{
+	long c = 0;
+	for (size_t i = 0; i < n; i++)
+		c += a[i] != b[i];
+	return c;
+}
+
+/* ---- prompts ------------------------------------------------------------------------------ */
+
+static const char *short_prompt =
+	"The old lighthouse keeper climbed the narrow stairs every evening to light the lamp, "
+	"and as the sun went down over the grey sea he wrote in his small leather journal about "
+	"the ships he had seen that day and";
+
+static const char *long_prompt =
+	"In the spring of that year the village council decided to rebuild the stone bridge "
+	"that had crossed the river for more than two hundred years. The bridge had survived "
+	"floods, wars and the slow work of frost, but a crack had appeared in the central arch, "
+	"and the engineers who came from the city said that it could not carry the weight of "
+	"the new trucks that brought timber down from the hills. Some people in the village "
+	"wanted a modern bridge of steel and concrete, wide enough for two lanes of traffic and "
+	"a path for bicycles. Others argued that the old bridge was the heart of the village, "
+	"painted by artists and photographed by every visitor, and that it should be repaired "
+	"stone by stone with the same grey granite that the first builders had cut from the "
+	"quarry above the church. The debate lasted for months. There were meetings in the "
+	"school hall that went on past midnight, letters to the regional newspaper, and a "
+	"petition signed by almost everyone who had been born in the valley. The baker refused "
+	"to sell bread to the mayor for a week, and the schoolteacher organised a project in "
+	"which the children measured every stone of the old arch and drew it on large sheets "
+	"of paper. In the end the council reached a compromise: the old bridge would be "
+	"restored for people on foot and on horseback, and a new bridge for the trucks would "
+	"be built half a mile downstream, hidden behind a line of poplar trees. When the work "
+	"was finished the whole village gathered on the old bridge for a celebration, and the "
+	"oldest woman in the valley, who was ninety-seven, cut a ribbon of blue silk while the "
+	"brass band played. Years later, visitors still asked the children to tell the story "
+	"of how the bridge was saved, and the children always began in the same way:";
+
+/* ---- the context of (a), (b), (c), (e) -------------------------------------------------- */
+
+struct ref {
+	int n;
+	int32_t toks[NPOS];  /* CPU argmax: toks[0] after prefill, toks[i] after step i */
+	float *logits;       /* [NPOS][V] */
+	uint8_t *slot;       /* slot bytes after prefill */
+	uint8_t *pages;      /* [L][n/128][page_bytes] after prefill */
+	int32_t tp1[NPOS];   /* GPU TP = 1 FP32 argmax at each position */
+	bool have_tp1;
+};
+
+struct ctx {
+	struct bd_model *m;
+	struct bd_calib *cal;
+	int32_t *prompt[2];
+	int n_prompt[2];
+	struct ref ref[2][2]; /* [configuration][prompt] */
+	int V, L;
+};
+
+static const char *cfg_names[2] = { "bf16", "bitdecoding-nvfp4" };
+
+static struct bd_decode_params dp_for(const struct ctx *c)
+{
+	struct bd_decode_params dp = bd_decode_params_default();
+	if (c->cal) {
+		dp.tau = c->cal->tau;
+		dp.c = c->cal->c;
+	}
+	dp.tile_keys = BD_KERNEL_TILE_KEYS;
+	return dp;
+}
+
+static struct bd_layout make_lay(const struct ctx *c, const struct bd_kvcfg *cfg, int heads,
+				 size_t n_pages)
+{
+	struct bd_layout lay;
+	int r = bd_layout_init(&lay, cfg->page_fmt, c->L, heads, c->m->hp.head_dim, 0, n_pages);
+	if (r < 0)
+		die("bd_layout_init(%s): %d", cfg->name, r);
+	return lay;
+}
+
+/* The CPU reference of configuration ci, prompt pi (teacher = its own greedy tokens). */
+static void cpu_ref(struct ctx *c, int ci, int pi)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfg_names[ci]);
+	struct ref *R = &c->ref[ci][pi];
+	struct bd_layout lay = make_lay(c, cfg, c->m->hp.n_kv_heads, NP);
+	struct bd_kvmem *mem = NULL;
+	struct bd_seq *s = NULL;
+	char err[BD_MODEL_ERR_MAX];
+	int n = c->n_prompt[pi], V = c->V, r;
+
+	/* the GPU plan's split count for one row of this shape */
+	struct bd_decode_params dp = dp_for(c);
+	struct bd_decode_plan plan;
+	if ((r = bd_decode_plan_init(&plan, cfg, &lay, &dp, 1, c->m->hp.n_heads, MAX_CTX, 0)) < 0)
+		die("bd_decode_plan_init: %d", r);
+	dp.n_splits = plan.n_splits;
+
+	if ((r = bd_kvmem_private_new(&lay, &mem)) < 0)
+		die("bd_kvmem_private_new: %d", r);
+	struct bd_seq_opts so = { .max_tokens = n + STEPS, .mu_k = c->cal ? c->cal->mu_k : NULL,
+				  .dp = &dp, .mem = mem };
+	if ((r = bd_seq_new(c->m, cfg, &so, &s, err)) < 0)
+		die("bd_seq_new: %s", err);
+	int32_t pages[NP];
+	int np = (n + STEPS) / BD_PAGE_TOKENS;
+	for (int i = 0; i < NP; i++)
+		pages[i] = i;
+	if ((r = bd_seq_give_pages(s, pages, np)) < 0)
+		die("bd_seq_give_pages: %d", r);
+	R->n = n;
+	R->logits = xmalloc(sizeof(float) * NPOS * (size_t)V);
+	double t0 = now_s();
+	if ((r = bd_model_prefill(c->m, s, c->prompt[pi], n, R->logits)) < 0)
+		die("bd_model_prefill: %d", r);
+	R->toks[0] = bd_argmax(R->logits, V);
+	R->slot = xmalloc(lay.slot_bytes);
+	memcpy(R->slot, bd_seq_slot(s), lay.slot_bytes);
+	int full = n / BD_PAGE_TOKENS;
+	R->pages = xmalloc((size_t)c->L * (size_t)(full ? full : 1) * lay.page_bytes);
+	for (int l = 0; l < c->L; l++)
+		for (int j = 0; j < full; j++)
+			memcpy(R->pages + ((size_t)l * (size_t)full + (size_t)j) * lay.page_bytes,
+			       bd_layout_page(&lay, mem->arena, l, j), lay.page_bytes);
+	for (int i = 1; i < NPOS; i++) {
+		float *lg = R->logits + (size_t)i * (size_t)V;
+		if ((r = bd_model_decode(c->m, s, R->toks[i - 1], lg)) < 0)
+			die("bd_model_decode step %d: %d", i, r);
+		R->toks[i] = bd_argmax(lg, V);
+	}
+	printf("cpu reference %s, prompt of %d tokens: %.1f s (n_splits %d)\n", cfg->name, n,
+	       now_s() - t0, dp.n_splits);
+	bd_seq_free(s);
+	bd_kvmem_private_free(mem);
+}
+
+/* ---- one teacher-forced GPU run ----------------------------------------------------------- */
+
+struct grun {
+	int32_t toks[NPOS]; /* the GPU's argmax at each position */
+	double dl[NPOS];    /* max |Δlogit| vs the CPU */
+	long slot_diff, page_diff;
+	size_t slot_bytes, page_bytes_total;
+	int rc;             /* 0, or the first error */
+	char err[BD_MODEL_ERR_MAX];
+};
+
+/* Slot and page bytes of a prefill, GPU vs the CPU snapshot. */
+static void compare_bytes(struct bd_gmodel *g, const struct bd_layout *lay, const struct ref *R,
+			  int slot, int page0, struct grun *o)
+{
+	uint8_t *buf = xmalloc(lay->slot_bytes > lay->page_bytes ? lay->slot_bytes
+								  : lay->page_bytes);
+	CK(cudaMemcpy(buf, (uint8_t *)bd_gmodel_slots(g) + (size_t)slot * lay->slot_bytes,
+		      lay->slot_bytes, cudaMemcpyDeviceToHost));
+	o->slot_diff = bytes_differ(buf, R->slot, lay->slot_bytes);
+	o->slot_bytes = lay->slot_bytes;
+	int full = R->n / BD_PAGE_TOKENS;
+	o->page_diff = 0;
+	o->page_bytes_total = 0;
+	for (int l = 0; l < lay->n_layers; l++) {
+		for (int j = 0; j < full; j++) {
+			CK(cudaMemcpy(buf, bd_layout_page(lay, bd_gmodel_pages(g), l, page0 + j),
+				      lay->page_bytes, cudaMemcpyDeviceToHost));
+			o->page_diff += bytes_differ(
+				buf, R->pages + ((size_t)l * (size_t)full + (size_t)j) * lay->page_bytes,
+				lay->page_bytes);
+			o->page_bytes_total += lay->page_bytes;
+		}
+	}
+	free(buf);
+}
+
+/* Prefill prompt into `slot` with pages page0.., then 64 steps fed the CPU's tokens.
+ * rank0: the shard holds the LM head (its outputs are compared); cmp: the model's layout,
+ * to compare the slot and pages right after prefill with the CPU's, or NULL. */
+static void gpu_run(struct bd_gmodel *g, const struct ctx *c, const struct ref *R,
+		    const int32_t *prompt, int slot, int page0, bool rank0,
+		    const struct bd_layout *cmp, struct grun *o)
+{
+	int n = R->n, V = c->V, st = 0;
+	int32_t pages[NP], tok = -1;
+	float *lg = rank0 ? xmalloc(sizeof(float) * (size_t)V) : NULL;
+	struct bd_gout out = { .tokens = &tok, .logits = lg };
+	memset(o, 0, sizeof(*o));
+	for (int i = 0; i < NP; i++)
+		pages[i] = page0 + i;
+
+	struct bd_grow row = { .slot = slot, .position = 0, .block_table = NULL, .n_pages = 0,
+			       .new_pages = pages, .n_new = n / BD_PAGE_TOKENS,
+			       .sampling = bd_sampler_params_greedy() };
+	o->rc = bd_gmodel_prefill(g, &row, prompt, n, rank0 ? &out : NULL, o->err);
+	if (o->rc < 0)
+		goto out;
+	if (rank0) {
+		o->toks[0] = tok;
+		o->dl[0] = max_abs_diff(lg, R->logits, (size_t)V);
+	}
+	if (cmp)
+		compare_bytes(g, cmp, R, slot, page0, o);
+	for (int i = 1; i < NPOS; i++) {
+		int pos = n + i - 1;
+		row.position = pos;
+		row.block_table = pages;
+		row.n_pages = pos / BD_PAGE_TOKENS;
+		row.new_pages = pages + row.n_pages;
+		row.n_new = (pos + 1) % BD_PAGE_TOKENS == 0 ? 1 : 0;
+		row.rng_step = (uint64_t)i;
+		tok = -1;
+		o->rc = bd_gmodel_decode(g, &row, &R->toks[i - 1], 1, rank0 ? &out : NULL, &st,
+					 o->err);
+		if (o->rc < 0)
+			goto out;
+		if (st != 0) {
+			o->rc = st;
+			snprintf(o->err, sizeof(o->err), "row status %d at step %d", st, i);
+			goto out;
+		}
+		if (rank0) {
+			o->toks[i] = tok;
+			o->dl[i] = max_abs_diff(lg, R->logits + (size_t)i * (size_t)V, (size_t)V);
+		}
+	}
+out:
+	free(lg);
+}
+
+static void print_dl(const char *what, const double *dl)
+{
+	printf("  %s max |dlogit| per position (prefill, steps 1..64):\n   ", what);
+	for (int i = 0; i < NPOS; i++)
+		printf(" %.1e%s", dl[i], i % 13 == 12 ? "\n   " : "");
+	putchar('\n');
+}
+
+static struct bd_gmodel_opts model_opts(const struct ctx *c, const struct bd_kvcfg *cfg,
+					const struct bd_layout *lay,
+					const struct bd_decode_params *dp, enum bd_gweights w,
+					int max_batch, size_t n_slots, int graphs)
+{
+	struct bd_gmodel_opts o = {
+		.device = 0,
+		.weights = w,
+		.cfg = cfg,
+		.lay = *lay,
+		.n_slots = n_slots,
+		.mu_k = c->cal ? c->cal->mu_k : NULL,
+		.dp = dp,
+		.max_batch = max_batch,
+		.max_tokens = MAX_CTX,
+		.max_prefill = MAX_CTX,
+		.use_graphs = graphs,
+	};
+	return o;
+}
+
+/* (a): one configuration, both prompts, FP32 then BF16 weights. */
+static void real_model_checks(struct ctx *c, int ci)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfg_names[ci]);
+	struct bd_layout lay = make_lay(c, cfg, c->m->hp.n_kv_heads, 2 * NP);
+	struct bd_decode_params dp = dp_for(c);
+	char err[BD_MODEL_ERR_MAX];
+
+	for (int w = 0; w < 2; w++) {
+		enum bd_gweights wt = w == 0 ? BD_GWEIGHTS_F32 : BD_GWEIGHTS_BF16;
+		const char *wn = w == 0 ? "f32" : "bf16";
+		struct bd_gmodel *g = NULL;
+		struct bd_gmodel_opts o = model_opts(c, cfg, &lay, &dp, wt, 1, 2, 1);
+		double t0 = now_s();
+		int r = bd_gmodel_new(c->m, &o, &g, err);
+		report(r == 0, "(a) %s %s-weights model built in %.2f s (%d %s)", cfg->name, wn,
+		       now_s() - t0, r, r ? err : "");
+		if (r < 0)
+			continue;
+		for (int pi = 0; pi < 2; pi++) {
+			struct ref *R = &c->ref[ci][pi];
+			struct grun gr;
+			t0 = now_s();
+			gpu_run(g, c, R, c->prompt[pi], pi, pi * NP, true, w == 0 ? &lay : NULL, &gr);
+			double secs = now_s() - t0;
+			if (gr.rc < 0) {
+				report(false, "(a) %s %s prompt %d tokens: error %d: %s", cfg->name, wn,
+				       R->n, gr.rc, gr.err);
+				continue;
+			}
+			int agree = 0, first = -1;
+			double worst = 0.0;
+			for (int i = 0; i < NPOS; i++) {
+				if (gr.toks[i] == R->toks[i])
+					agree++;
+				else if (first < 0)
+					first = i;
+				worst = gr.dl[i] > worst ? gr.dl[i] : worst;
+			}
+			if (w == 0) {
+				report(agree == NPOS,
+				       "(a) %s f32 prompt %d tokens: GPU tokens equal the CPU's at "
+				       "%d/%d positions (first difference %d), max |dlogit| %.3e, "
+				       "%.2f s", cfg->name, R->n, agree, NPOS, first, worst, secs);
+				memcpy(R->tp1, gr.toks, sizeof(R->tp1));
+				R->have_tp1 = true;
+				printf("INFO: (a) %s f32 prompt %d: after prefill %ld of %zu slot "
+				       "bytes and %ld of %zu page bytes differ from the CPU's\n",
+				       cfg->name, R->n, gr.slot_diff, gr.slot_bytes, gr.page_diff,
+				       gr.page_bytes_total);
+			} else {
+				printf("INFO: (a) %s bf16-weights prompt %d tokens: %d of %d positions "
+				       "agree with the CPU's argmax (first difference %d), max "
+				       "|dlogit| %.3e\n",
+				       cfg->name, R->n, agree, NPOS, first, worst);
+			}
+			print_dl(wn, gr.dl);
+		}
+		bd_gmodel_free(g);
+	}
+}
+
+/* ---- (b) batched == alone, (c) refusals ---------------------------------------------------- */
+
+struct brow {
+	int slot, pos, nbt;
+	int32_t bt[8];
+};
+
+static int next_page;
+
+static void fill_row(struct bd_grow *w, const struct brow *b, int32_t *newp)
+{
+	memset(w, 0, sizeof(*w));
+	w->slot = b->slot;
+	w->position = b->pos;
+	w->block_table = b->bt;
+	w->n_pages = b->nbt;
+	w->sampling = bd_sampler_params_greedy();
+	if ((b->pos + 1) % BD_PAGE_TOKENS == 0) {
+		*newp = next_page;
+		w->new_pages = newp;
+		w->n_new = 1;
+	}
+}
+
+static void advance(struct brow *b)
+{
+	if ((b->pos + 1) % BD_PAGE_TOKENS == 0)
+		b->bt[b->nbt++] = next_page++;
+	b->pos++;
+}
+
+static void snapshot(struct bd_gmodel *g, const struct bd_layout *lay, size_t n_slots,
+		     uint8_t *arena, uint8_t *slots)
+{
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(arena, bd_gmodel_pages(g), lay->arena_bytes, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(slots, bd_gmodel_slots(g), lay->slot_bytes * n_slots,
+		      cudaMemcpyDeviceToHost));
+}
+
+static void refusal_checks(struct bd_gmodel *g, const struct ctx *c, const struct bd_layout *lay,
+			   size_t n_slots, const struct brow *rows, int nrows)
+{
+	uint8_t *a0 = xmalloc(lay->arena_bytes), *a1 = xmalloc(lay->arena_bytes);
+	uint8_t *s0 = xmalloc(lay->slot_bytes * n_slots), *s1 = xmalloc(lay->slot_bytes * n_slots);
+	char err[BD_MODEL_ERR_MAX];
+	int st[2], V = c->V;
+	int32_t tok[2] = { 17, 18 }, newp[2];
+	struct bd_grow w[2];
+	const struct brow *withpage = NULL;
+	for (int i = 0; i < nrows; i++)
+		if (rows[i].nbt > 0 && (rows[i].pos + 1) % BD_PAGE_TOKENS != 0)
+			withpage = &rows[i];
+	if (!withpage)
+		die("no row with a page for the refusal checks");
+
+	snapshot(g, lay, n_slots, a0, s0);
+	int r;
+
+	fill_row(&w[0], withpage, &newp[0]);
+	int32_t bad_bt[8];
+	memcpy(bad_bt, withpage->bt, sizeof(bad_bt));
+	bad_bt[0] = (int32_t)lay->n_pages;
+	w[0].block_table = bad_bt;
+	r = bd_gmodel_decode(g, w, tok, 1, NULL, st, err);
+	report(r == -EINVAL, "(c) decode with block-table page %zu (arena of %zu): %d (%s)",
+	       lay->n_pages, lay->n_pages, r, err);
+
+	fill_row(&w[0], withpage, &newp[0]);
+	w[0].slot = (int32_t)n_slots;
+	r = bd_gmodel_decode(g, w, tok, 1, NULL, st, err);
+	report(r == -EINVAL, "(c) decode with slot %zu of %zu: %d (%s)", n_slots, n_slots, r, err);
+
+	fill_row(&w[0], withpage, &newp[0]);
+	int32_t badtok = V;
+	r = bd_gmodel_decode(g, w, &badtok, 1, NULL, st, err);
+	report(r == -EINVAL, "(c) decode of token %d (V = %d): %d (%s)", V, V, r, err);
+
+	fill_row(&w[0], withpage, &newp[0]);
+	w[1] = w[0];
+	r = bd_gmodel_decode(g, w, tok, 2, NULL, st, err);
+	report(r == -EINVAL, "(c) decode naming one slot twice: %d (%s)", r, err);
+
+	fill_row(&w[0], withpage, &newp[0]);
+	w[0].n_pages = withpage->nbt - 1;
+	r = bd_gmodel_decode(g, w, tok, 1, NULL, st, err);
+	report(r == -EINVAL, "(c) decode with %d pages at position %d: %d (%s)", w[0].n_pages,
+	       withpage->pos, r, err);
+
+	/* a prefill: a bad token, then a bad new page (into a live slot: nothing may change) */
+	int32_t *ptoks = xmalloc(sizeof(int32_t) * BD_PAGE_TOKENS);
+	for (int i = 0; i < BD_PAGE_TOKENS; i++)
+		ptoks[i] = c->prompt[1][i];
+	int32_t pg = 0;
+	struct bd_grow pr = { .slot = withpage->slot, .new_pages = &pg, .n_new = 1,
+			      .sampling = bd_sampler_params_greedy() };
+	ptoks[77] = V;
+	r = bd_gmodel_prefill(g, &pr, ptoks, BD_PAGE_TOKENS, NULL, err);
+	report(r == -EINVAL, "(c) prefill with token %d at 77: %d (%s)", V, r, err);
+	ptoks[77] = c->prompt[1][77];
+	pg = -1;
+	r = bd_gmodel_prefill(g, &pr, ptoks, BD_PAGE_TOKENS, NULL, err);
+	report(r == -EINVAL, "(c) prefill with new page -1: %d (%s)", r, err);
+	pr.n_new = 0;
+	r = bd_gmodel_fill_synthetic(g, &pr, BD_PAGE_TOKENS, 1, err);
+	report(r == -EINVAL, "(c) synthetic fill of 128 tokens with no new page: %d (%s)", r, err);
+	free(ptoks);
+
+	snapshot(g, lay, n_slots, a1, s1);
+	long da = bytes_differ(a0, a1, lay->arena_bytes);
+	long ds = bytes_differ(s0, s1, lay->slot_bytes * n_slots);
+	report(da == 0 && ds == 0, "(c) after the refusals %ld arena and %ld slot bytes changed",
+	       da, ds);
+
+	/* still usable: one good step */
+	fill_row(&w[0], withpage, &newp[0]);
+	r = bd_gmodel_decode(g, w, tok, 1, NULL, st, err);
+	report(r == 0 && st[0] == 0, "(c) a valid decode afterwards: %d, status %d", r, st[0]);
+	free(a0);
+	free(a1);
+	free(s0);
+	free(s1);
+}
+
+static void batched_checks(struct ctx *c, bool graphs)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	const int lens[5] = { 20, 127, 128, 200, 300 };
+	const int NR = 5, NSTEP = 5, V = c->V;
+	const size_t n_slots = 2 * 5;
+	struct bd_layout lay = make_lay(c, cfg, c->m->hp.n_kv_heads, 64);
+	struct bd_decode_params dp = dp_for(c);
+	struct bd_gmodel_opts o = model_opts(c, cfg, &lay, &dp, BD_GWEIGHTS_F32, 8, n_slots,
+					     graphs);
+	struct bd_gmodel *g = NULL;
+	char err[BD_MODEL_ERR_MAX];
+	const char *gn = graphs ? "graphs" : "no graphs";
+	int r;
+
+	if (c->n_prompt[1] < 300)
+		die("the long prompt has %d tokens (< 300)", c->n_prompt[1]);
+	if ((r = bd_gmodel_new(c->m, &o, &g, err)) < 0) {
+		report(false, "(b) model (%s): %d %s", gn, r, err);
+		return;
+	}
+	{
+		struct bd_decode_plan p1, p8;
+		if (bd_decode_plan_init(&p1, cfg, &lay, &dp, 1, c->m->hp.n_heads, MAX_CTX, 0) == 0 &&
+		    bd_decode_plan_init(&p8, cfg, &lay, &dp, 8, c->m->hp.n_heads, MAX_CTX, 0) == 0)
+			printf("INFO: (b) decode splits: %d at B = 1, %d at B = 8 (rows here have "
+			       "at most 2 full pages)\n",
+			       p1.n_splits, p8.n_splits);
+	}
+	next_page = 0;
+	struct brow A[5], B[5];
+	int32_t tokA[5], tokB[5];
+	float *lgA = xmalloc(sizeof(float) * 5 * (size_t)V), *lgB = xmalloc(sizeof(float) * (size_t)V);
+	bool ok = true;
+	for (int i = 0; i < NR; i++) {
+		for (int set = 0; set < 2; set++) {
+			struct brow *b = set ? &B[i] : &A[i];
+			int32_t pages[4];
+			int np = lens[i] / BD_PAGE_TOKENS;
+			memset(b, 0, sizeof(*b));
+			b->slot = i + 5 * set;
+			b->pos = lens[i];
+			for (int j = 0; j < np; j++)
+				b->bt[b->nbt++] = pages[j] = next_page++;
+			struct bd_grow w = { .slot = b->slot, .new_pages = pages, .n_new = np,
+					     .sampling = bd_sampler_params_greedy() };
+			int32_t t = -1;
+			struct bd_gout out = { .tokens = &t };
+			r = bd_gmodel_prefill(g, &w, c->prompt[1], lens[i], &out, err);
+			if (r < 0) {
+				report(false, "(b) prefill %d tokens: %d %s", lens[i], r, err);
+				bd_gmodel_free(g);
+				free(lgA);
+				free(lgB);
+				return;
+			}
+			(set ? tokB : tokA)[i] = t;
+		}
+		ok = ok && tokA[i] == tokB[i];
+	}
+	report(ok, "(b) %s: the two copies of 5 prefills pick the same tokens", gn);
+
+	double worst = 0.0;
+	int bad_tok = 0, n_graph = 0;
+	for (int s = 0; s < NSTEP; s++) {
+		struct bd_grow w[5];
+		int32_t newp[5];
+		int st[5];
+		int32_t feed[5];
+		memcpy(feed, tokA, sizeof(feed));
+		for (int i = 0; i < NR; i++)
+			fill_row(&w[i], &A[i], &newp[i]);
+		/* new pages for the batch come in row order */
+		for (int i = 0, k = 0; i < NR; i++)
+			if (w[i].n_new)
+				newp[i] = next_page + k++;
+		struct bd_gout out = { .tokens = tokA, .logits = lgA };
+		r = bd_gmodel_decode(g, w, feed, NR, &out, st, err);
+		if (r < 0) {
+			report(false, "(b) %s batched step %d: %d %s", gn, s, r, err);
+			break;
+		}
+		struct bd_gmodel_timing tm;
+		bd_gmodel_last_timing(g, &tm);
+		n_graph += tm.graph;
+		for (int i = 0; i < NR; i++)
+			if (w[i].n_new) {
+				A[i].bt[A[i].nbt++] = newp[i];
+				next_page++;
+			}
+		for (int i = 0; i < NR; i++) {
+			A[i].pos++;
+			struct bd_grow wb;
+			int32_t np1, stb;
+			fill_row(&wb, &B[i], &np1);
+			struct bd_gout ob = { .tokens = &tokB[i], .logits = lgB };
+			r = bd_gmodel_decode(g, &wb, &feed[i], 1, &ob, &stb, err);
+			if (r < 0 || stb != 0 || st[i] != 0) {
+				report(false, "(b) %s step %d row %d: %d/%d/%d %s", gn, s, i, r, stb,
+				       st[i], err);
+				goto done;
+			}
+			advance(&B[i]);
+			double rel = max_abs_diff(lgA + (size_t)i * (size_t)V, lgB, (size_t)V) /
+				     fmax(1.0, max_abs(lgB, (size_t)V));
+			worst = rel > worst ? rel : worst;
+			bad_tok += tokA[i] != tokB[i];
+		}
+	}
+	report(bad_tok == 0 && worst <= 1e-4,
+	       "(b) %s: %d steps of 5 rows (positions 20..304, a page completed in the batch): "
+	       "%d token mismatches, max relative logit difference %.2e (tol 1e-4)",
+	       gn, NSTEP, bad_tok, worst);
+	if (graphs)
+		report(n_graph >= NSTEP - 2, "(b) graph replays: %d of %d batched steps", n_graph,
+		       NSTEP);
+	if (graphs)
+		refusal_checks(g, c, &lay, n_slots, A, NR);
+done:
+	bd_gmodel_free(g);
+	free(lgA);
+	free(lgB);
+}
+
+/* ---- (d) random-weight Qwen3-4B ------------------------------------------------------------ */
+
+static void qwen3_4b_checks(void)
+{
+	struct bd_model_hparams hp;
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	const int CTX = 32768, NFILL = 4, BMAX = 32, WARM = 3, TIMED = 10;
+	struct bd_layout lay;
+	char err[BD_MODEL_ERR_MAX];
+	int r;
+
+	if (bd_model_preset("qwen3-4b", &hp) < 0)
+		die("no qwen3-4b preset");
+	size_t n_pages = (size_t)NFILL * (CTX / BD_PAGE_TOKENS) + 16;
+	if ((r = bd_layout_init(&lay, cfg->page_fmt, hp.n_layers, hp.n_kv_heads, hp.head_dim, 0,
+				n_pages)) < 0)
+		die("layout: %d", r);
+	struct bd_gmodel_opts o = {
+		.device = 0,
+		.weights = BD_GWEIGHTS_BF16,
+		.cfg = cfg,
+		.lay = lay,
+		.n_slots = BMAX,
+		.max_batch = BMAX,
+		.max_tokens = CTX + BD_PAGE_TOKENS,
+		.max_prefill = BD_PAGE_TOKENS,
+		.use_graphs = 1,
+	};
+	struct bd_gmodel *g = NULL;
+	double t0 = now_s();
+	r = bd_gmodel_new_random(&hp, NULL, 42, &o, &g, err);
+	double tb = now_s() - t0;
+	report(r == 0 && tb < 30.0, "(d) qwen3-4b random BF16 model built in %.2f s (%d %s)", tb,
+	       r, r ? err : "");
+	if (r < 0)
+		return;
+
+	int32_t *pages = xmalloc(sizeof(int32_t) * (size_t)NFILL * (CTX / BD_PAGE_TOKENS));
+	int npr = CTX / BD_PAGE_TOKENS;
+	t0 = now_s();
+	for (int i = 0; i < NFILL && r == 0; i++) {
+		for (int j = 0; j < npr; j++)
+			pages[i * npr + j] = i * npr + j;
+		struct bd_grow w = { .slot = i, .new_pages = pages + i * npr, .n_new = npr,
+				     .sampling = bd_sampler_params_greedy() };
+		r = bd_gmodel_fill_synthetic(g, &w, CTX, 1000 + (uint64_t)i, err);
+	}
+	report(r == 0, "(d) synthetic fill of %d rows x %d tokens: %.2f s (%d %s)", NFILL, CTX,
+	       now_s() - t0, r, r ? err : "");
+	if (r < 0)
+		goto out;
+	/* rows past the 4th share a filled row's pages (read-only) and copy its slot */
+	for (int i = NFILL; i < BMAX; i++)
+		CK(cudaMemcpy((uint8_t *)bd_gmodel_slots(g) + (size_t)i * lay.slot_bytes,
+			      (uint8_t *)bd_gmodel_slots(g) + (size_t)(i % NFILL) * lay.slot_bytes,
+			      lay.slot_bytes, cudaMemcpyDeviceToDevice));
+	CK(cudaDeviceSynchronize());
+
+	const int Bs[3] = { 1, 8, 32 };
+	int pos = CTX;
+	for (int bi = 0; bi < 3; bi++) {
+		int B = Bs[bi];
+		struct bd_grow w[32];
+		int32_t tok[32], feed[32];
+		int st[32];
+		double dev[16], up[16], la[16];
+		int nt = 0, graphs = 0;
+		for (int i = 0; i < B; i++)
+			tok[i] = 1 + i;
+		for (int s = 0; s < WARM + TIMED; s++, pos++) {
+			for (int i = 0; i < B; i++) {
+				memset(&w[i], 0, sizeof(w[i]));
+				w[i].slot = i;
+				w[i].position = pos;
+				w[i].block_table = pages + (i % NFILL) * npr;
+				w[i].n_pages = npr;
+				w[i].sampling = bd_sampler_params_greedy();
+				feed[i] = tok[i];
+			}
+			struct bd_gout out = { .tokens = tok };
+			r = bd_gmodel_decode(g, w, feed, B, &out, st, err);
+			if (r < 0) {
+				report(false, "(d) B = %d step %d: %d %s", B, s, r, err);
+				goto out;
+			}
+			struct bd_gmodel_timing tm;
+			bd_gmodel_last_timing(g, &tm);
+			if (s >= WARM) {
+				dev[nt] = tm.device_us;
+				up[nt] = tm.upload_us;
+				la[nt++] = tm.launch_us;
+				graphs += tm.graph;
+			}
+		}
+		double md = median(dev, nt), mu = median(up, nt), ml = median(la, nt);
+		printf("INFO: (d) qwen3-4b B = %2d at %d tokens: device %.1f us/step, upload %.1f "
+		       "us, launch %.1f us, %.0f tokens/s, %d/%d steps from graphs\n",
+		       B, CTX, md, mu, ml, (double)B / (md * 1e-6), graphs, nt);
+		report(graphs == nt && mu + ml < 50.0,
+		       "(d) B = %d: metadata upload + launch %.1f us (target < 50 us), graph "
+		       "replays %d/%d", B, mu + ml, graphs, nt);
+	}
+out:
+	free(pages);
+	bd_gmodel_free(g);
+}
+
+/* ---- (e) TP = 2 ------------------------------------------------------------------------------ */
+
+struct tp_arg {
+	struct ctx *c;
+	int rank, ci, pi;
+	ncclComm_t comm;
+	struct bd_model *shard;
+	struct grun gr;
+	int rc;
+	char err[BD_MODEL_ERR_MAX];
+};
+
+static void *tp_thread(void *p)
+{
+	struct tp_arg *a = p;
+	struct ctx *c = a->c;
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfg_names[a->ci]);
+	int hkv = (c->m->hp.n_kv_heads + 1) / 2; /* kvpoold sizes every rank for ceil(Hkv/tp) */
+	struct bd_layout lay = make_lay(c, cfg, hkv, NP);
+	struct bd_decode_params dp = dp_for(c);
+	struct bd_gmodel_opts o = model_opts(c, cfg, &lay, &dp, BD_GWEIGHTS_F32, 1, 1, 1);
+	struct bd_gmodel *g = NULL;
+
+	o.device = a->rank;
+	o.nccl_comm = a->comm;
+	o.ar_timeout_ms = 60000;
+	if (cudaSetDevice(a->rank) != cudaSuccess) {
+		a->rc = -ENODEV;
+		return NULL;
+	}
+	a->rc = bd_gmodel_new(a->shard, &o, &g, a->err);
+	if (a->rc < 0)
+		return NULL;
+	gpu_run(g, c, &c->ref[a->ci][a->pi], c->prompt[a->pi], 0, 0, a->rank == 0, NULL,
+		&a->gr);
+	a->rc = a->gr.rc;
+	if (a->rc < 0)
+		snprintf(a->err, sizeof(a->err), "%s", a->gr.err);
+	bd_gmodel_free(g);
+	return NULL;
+}
+
+static void tp_checks(struct ctx *c)
+{
+	int ndev = 0;
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
+		skip("(e) TP = 2 needs 2 GPUs (%d found)", ndev);
+		return;
+	}
+	setenv("NCCL_NVLS_ENABLE", "0", 1);
+	ncclComm_t comms[2];
+	int devs[2] = { 0, 1 };
+	ncclResult_t nr = ncclCommInitAll(comms, 2, devs);
+	if (nr != ncclSuccess) {
+		report(false, "(e) ncclCommInitAll: %s", ncclGetErrorString(nr));
+		return;
+	}
+	struct bd_model *sh[2] = { NULL, NULL };
+	for (int k = 0; k < 2; k++)
+		if (bd_model_shard_of(c->m, k, 2, &sh[k]) < 0)
+			die("bd_model_shard_of rank %d", k);
+	for (int ci = 0; ci < 2; ci++) {
+		for (int pi = 0; pi < 2; pi++) {
+			struct ref *R = &c->ref[ci][pi];
+			struct tp_arg a[2];
+			pthread_t th[2];
+			if (!R->have_tp1) {
+				skip("(e) %s prompt %d: no TP = 1 result", cfg_names[ci], pi);
+				continue;
+			}
+			for (int k = 0; k < 2; k++) {
+				memset(&a[k], 0, sizeof(a[k]));
+				a[k].c = c;
+				a[k].rank = k;
+				a[k].ci = ci;
+				a[k].pi = pi;
+				a[k].comm = comms[k];
+				a[k].shard = sh[k];
+				pthread_create(&th[k], NULL, tp_thread, &a[k]);
+			}
+			for (int k = 0; k < 2; k++)
+				pthread_join(th[k], NULL);
+			if (a[0].rc < 0 || a[1].rc < 0) {
+				report(false, "(e) %s prompt %d: rank 0 %d (%s), rank 1 %d (%s)",
+				       cfg_names[ci], R->n, a[0].rc, a[0].err, a[1].rc, a[1].err);
+				continue;
+			}
+			int agree = 0, first = -1;
+			double worst = 0.0;
+			for (int i = 0; i < NPOS; i++) {
+				if (a[0].gr.toks[i] == R->tp1[i])
+					agree++;
+				else if (first < 0)
+					first = i;
+				worst = a[0].gr.dl[i] > worst ? a[0].gr.dl[i] : worst;
+			}
+			report(agree == NPOS,
+			       "(e) TP = 2 %s prompt %d tokens: argmax equals TP = 1 at %d/%d "
+			       "positions (first difference %d); max |dlogit| vs the CPU %.3e",
+			       cfg_names[ci], R->n, agree, NPOS, first, worst);
+		}
+	}
+	for (int k = 0; k < 2; k++) {
+		ncclCommDestroy(comms[k]);
+		bd_model_free(sh[k]);
+	}
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static void tokenize(struct bd_tokenizer *tok, const char *text, int32_t **ret, int *ret_n)
+{
+	size_t n = 0;
+	int r = bd_tokenizer_encode(tok, text, strlen(text), 0, ret, &n);
+	if (r < 0)
+		die("tokenize: %d", r);
+	*ret_n = (int)n;
+}
+
+static void load_calib(struct ctx *c, const char *model_path)
+{
+	char path[1024], err[BD_CALIB_ERR_MAX];
+	size_t n = strlen(model_path);
+	if (n > 5 && strcmp(model_path + n - 5, ".gguf") == 0)
+		n -= 5;
+	snprintf(path, sizeof(path), "%.*s.ctx2048.calib", (int)n, model_path);
+	if (access(path, R_OK) != 0) {
+		printf("INFO: no calibration %s: mu_k = 0, tau = 21/1024\n", path);
+		return;
+	}
+	uint8_t sha[BD_SHA256_BYTES];
+	if (bd_sha256_file(model_path, sha) < 0)
+		die("cannot checksum %s", model_path);
+	struct bd_calib_expect want = { .model_sha256 = sha, .n_ctx = 0,
+					.n_layers = c->m->hp.n_layers,
+					.n_kv_heads = c->m->hp.n_kv_heads,
+					.head_dim = c->m->hp.head_dim };
+	int r = bd_calib_load(path, &want, &c->cal, err);
+	if (r < 0) {
+		printf("INFO: calibration %s not used: %s\n", path, err);
+		c->cal = NULL;
+		return;
+	}
+	printf("INFO: calibration %s (tau %.6g, c %g)\n", path, (double)c->cal->tau,
+	       (double)c->cal->c);
+}
+
+int main(int argc, char **argv)
+{
+	const char *model_path = NULL;
+	bool no4b = false;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--no-4b") == 0)
+			no4b = true;
+		else
+			model_path = argv[i];
+	}
+	if (!model_path)
+		model_path = getenv("BD_MODEL");
+	if (!model_path || !*model_path)
+		model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+	struct cudaDeviceProp prop;
+	int ndev = 0;
+	CK(cudaGetDeviceCount(&ndev));
+	CK(cudaGetDeviceProperties(&prop, 0));
+	printf("gmodel_check on %s (%d GPU%s), model %s\n", prop.name, ndev, ndev > 1 ? "s" : "",
+	       model_path);
+	double t_start = now_s();
+
+	if (access(model_path, R_OK) != 0) {
+		/* the speed part needs no checkpoint */
+		skip("(a), (b), (c), (e): no model file %s", model_path);
+		if (!no4b)
+			qwen3_4b_checks();
+		printf("%s: %d passed, %d failed, %d skipped in %.1f s\n", n_fail ? "FAIL" : "PASS",
+		       n_pass, n_fail, n_skip, now_s() - t_start);
+		return n_fail ? 1 : 0;
+	}
+
+	struct ctx c;
+	memset(&c, 0, sizeof(c));
+	char err[BD_MODEL_ERR_MAX];
+	struct bd_gguf *gg = NULL;
+	struct bd_tokenizer *tok = NULL;
+	int r;
+	if ((r = bd_gguf_open(model_path, &gg, err)) < 0 ||
+	    (r = bd_tokenizer_new_from_gguf(gg, &tok, err)) < 0 ||
+	    (r = bd_model_from_gguf(gg, &c.m, err)) < 0)
+		die("loading %s: %d %s", model_path, r, err);
+	bd_gguf_free(gg);
+	c.V = c.m->hp.n_vocab;
+	c.L = c.m->hp.n_layers;
+	tokenize(tok, short_prompt, &c.prompt[0], &c.n_prompt[0]);
+	tokenize(tok, long_prompt, &c.prompt[1], &c.n_prompt[1]);
+	bd_tokenizer_free(tok);
+	printf("INFO: prompts of %d and %d tokens\n", c.n_prompt[0], c.n_prompt[1]);
+	if (c.n_prompt[1] <= 300 || c.n_prompt[1] + STEPS > MAX_CTX)
+		die("the long prompt has %d tokens: want 301..%d", c.n_prompt[1], MAX_CTX - STEPS);
+	load_calib(&c, model_path);
+
+	for (int ci = 0; ci < 2; ci++)
+		for (int pi = 0; pi < 2; pi++)
+			cpu_ref(&c, ci, pi);
+	for (int ci = 0; ci < 2; ci++)
+		real_model_checks(&c, ci);
+	batched_checks(&c, true);
+	batched_checks(&c, false);
+	tp_checks(&c);
+	if (!no4b)
+		qwen3_4b_checks();
+	else
+		skip("(d) qwen3-4b (--no-4b)");
+
+	printf("%s: %d passed, %d failed, %d skipped in %.1f s\n", n_fail ? "FAIL" : "PASS",
+	       n_pass, n_fail, n_skip, now_s() - t_start);
+	for (int ci = 0; ci < 2; ci++)
+		for (int pi = 0; pi < 2; pi++) {
+			free(c.ref[ci][pi].logits);
+			free(c.ref[ci][pi].slot);
+			free(c.ref[ci][pi].pages);
+		}
+	free(c.prompt[0]);
+	free(c.prompt[1]);
+	bd_calib_free(c.cal);
+	bd_model_free(c.m);
+	return n_fail ? 1 : 0;
+}
