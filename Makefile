@@ -361,6 +361,44 @@ gpu-test-pool: $(POOL_CHECK) $(KVPD_BIN)
 
 -include $(BUILD)/tests/gpu/pool_vmm_check.d
 
+# ---- workerd's cuda backend, make run BACKEND=cuda, the GPU serving benchmark (issue 7) ------
+# workerd/gpu.c holds the cuda backend under BD_WORKERD_CUDA: compiled in where nvcc is (never
+# in SAN=1 builds) once the GPU model (lib/gmodel_cuda.c) and the arena import
+# (lib/pool_import_cuda.c) exist; otherwise it is stubs that refuse a cuda pool at start. The
+# CUDA workerd links libbdfp4_cuda.a, cuBLASLt, NCCL and the static CUDA runtime; libbdfp4.a
+# and its libraries come again after libbdfp4_cuda.a, which needs them.
+WD_CUDA := $(if $(and $(HAVE_NVCC),$(wildcard lib/gmodel_cuda.c),$(wildcard lib/pool_import_cuda.c)),1)
+.PHONY: wd-cuda-force
+$(BUILD)/workerd/cuda.flag: wd-cuda-force
+	@mkdir -p $(dir $@)
+	@echo '$(WD_CUDA)' | cmp -s - $@ || echo '$(WD_CUDA)' > $@
+$(BUILD)/workerd/gpu.o: $(BUILD)/workerd/cuda.flag
+ifeq ($(WD_CUDA),1)
+$(BUILD)/workerd/gpu.o: CFLAGS += -DBD_WORKERD_CUDA -Ikernels -isystem $(CUDA_HOME)/include
+$(WORKERD_BIN): $(LIBBD_CU)
+$(WORKERD_BIN): LDLIBS += $(LIBBD) -ljansson -lopenblas $(POOL_LDLIBS) -lpcre2-8 \
+	-L$(CUDA_HOME)/lib64 -lcublasLt -lnccl -lcudart_static -lstdc++ -ldl -lrt -lm -pthread \
+	-Wl,-rpath,$(CUDA_HOME)/lib64
+endif
+# the PlanRow → bd_grow mapping is pure: the unit suite links it (tests/lib/test_wd_plan.c)
+$(BUILD)/tests/unit: $(BUILD)/workerd/growmap.o
+$(BUILD)/tests/lib/test_wd_plan.o: CFLAGS += -Iworkerd
+$(BUILD)/tests/lib/test_wd_plan.o: | $(PROTO_H)
+
+# `make run BACKEND=cuda`: kvpoold on the cuda backend, TP = the GPUs (at most 2), the default
+# model on the GPU(s) (deploy/run-local.sh; BD_GPU_MEM_FRACTION, BD_TP tune it).
+BACKEND ?= cpu
+run bench-serve: export BD_BACKEND = $(BACKEND)
+
+# The serving benchmark on one GPU (bench/serve_gpu.sh): random Qwen3-4B weights, synthetic
+# prefill, bf16 and bitdecoding-nvfp4 pools, concurrency 1..64 at 32K and 64K, B=1 at 128K, a
+# real-prefill run at 8K; tables in $(BD_RESULTS_DIR) (default $(BUILD)/). No deps/model here:
+# the GPU machine has its libraries from tests/gpu/device-env.sh and needs no checkpoint.
+.PHONY: bench-serve-gpu
+bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $(BUILD)/bin/bdfp4
+	@test "$(WD_CUDA)" = 1 || { echo "bench-serve-gpu needs nvcc and the GPU model"; exit 1; }
+	BD_RESULTS_DIR=$(or $(BD_RESULTS_DIR),$(BUILD)) sh bench/serve_gpu.sh $(BUILD)/bin
+
 # ---- model ops on the GPU (issue 7) ----------------------------------------------------
 # tests/gpu/ops_check.c: every kernel of kernels/bd_ops.h against its CPU counterpart
 # (bd_rmsnorm and bd_rope of lib/model.c, bd_kv_write_token, bd_sampler_probs), one

@@ -1,15 +1,21 @@
 /* loadgen.c — a load generator for the serving system (issue 5): it talks to the router like
- * any client (lib/bd_client.h) and measures throughput and time to first token at several
- * concurrency levels, and the pool's peak use (kvpoold stats sampled while the load runs).
+ * any client (lib/bd_client.h) and measures throughput, time to first token and time per
+ * output token at several concurrency levels, and the pool's peak use (kvpoold stats sampled
+ * while the load runs).
  *
  *   loadgen --router EP --pool EP [--levels 1,4,16] [--requests N] [--max-tokens 128]
- *           [--results bench/RESULTS.md] [--note TEXT]
+ *           [--prompt-tokens N] [--ignore-eos] [--results bench/RESULTS.md] [--note TEXT]
+ *           [--kv FILE]
  *
  * Each level runs `c` closed-loop clients (one thread and one connection each): a client sends
- * a chat prompt (from a fixed list, different per request), reads the stream to its end, and
- * sends the next, until the level's requests are done (default 2·c, at least 4). Greedy, EOS
- * ignored, so every request generates exactly T tokens. TTFT is measured at the client, from
- * the send to the first token.
+ * a prompt, reads the stream to its end, and sends the next, until the level's requests are
+ * done (default 2·c, at least 4). The prompt is a chat prompt from a fixed list (different per
+ * request), or with --prompt-tokens N, N token ids drawn uniformly from the vocabulary (seeded
+ * by the request's index: a model without a tokenizer, long contexts). Greedy, EOS ignored
+ * (--ignore-eos says so explicitly; it is the default), so every request generates exactly T
+ * tokens. TTFT is measured at the client, from the send to the first token; TPOT is a
+ * request's (last token − first token) / (T − 1). --kv appends one line of key=value pairs per
+ * level to FILE (bench/serve_gpu.sh reads them).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -48,12 +54,13 @@ static const char *const prompts[] = {
 };
 
 struct opts {
-	const char *router, *pool, *results, *note;
-	int levels[MAX_LEVELS], n_levels, requests, max_tokens;
+	const char *router, *pool, *results, *note, *kv;
+	int levels[MAX_LEVELS], n_levels, requests, max_tokens, prompt_tokens;
+	uint32_t n_vocab; /* of the server, for --prompt-tokens */
 };
 
 struct sample {
-	double ttft, total;
+	double ttft, total, last;
 	uint32_t tokens;
 	bool ok;
 };
@@ -94,6 +101,13 @@ static void *client_main(void *arg)
 		note_error(L, "cannot create a client");
 		return NULL;
 	}
+	int32_t *ids = NULL;
+	if (L->o->prompt_tokens > 0 &&
+	    !(ids = malloc(sizeof(int32_t) * (size_t)L->o->prompt_tokens))) {
+		note_error(L, "out of memory");
+		bd_client_free(c);
+		return NULL;
+	}
 	for (;;) {
 		int i = L->next++;
 		struct bd_client_gen g = { .chat = true, .stream = true, .ignore_eos = true,
@@ -106,7 +120,21 @@ static void *client_main(void *arg)
 		if (i >= L->n_req)
 			break;
 		s = &L->s[i];
-		g.prompt = prompts[i % (int)(sizeof(prompts) / sizeof(prompts[0]))];
+		if (ids) {
+			/* xorshift64 seeded by the level and the request: ids differ per request */
+			uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1) + (uint64_t)L->conc;
+			for (int k = 0; k < L->o->prompt_tokens; k++) {
+				x ^= x << 13;
+				x ^= x >> 7;
+				x ^= x << 17;
+				ids[k] = (int32_t)(x % L->o->n_vocab);
+			}
+			g.chat = false;
+			g.token_ids = ids;
+			g.n_token_ids = (size_t)L->o->prompt_tokens;
+		} else {
+			g.prompt = prompts[i % (int)(sizeof(prompts) / sizeof(prompts[0]))];
+		}
 		t0 = now_s();
 		if (bd_client_generate_start(c, &g, &tag) < 0) {
 			note_error(L, "send failed");
@@ -129,6 +157,8 @@ static void *client_main(void *arg)
 				continue;
 			if (ev.n_tokens && s->tokens == 0)
 				s->ttft = now_s() - t0;
+			if (ev.n_tokens)
+				s->last = now_s() - t0;
 			s->tokens += (uint32_t)ev.n_tokens;
 			if (ev.finish != BD_FINISH_NONE) {
 				s->total = now_s() - t0;
@@ -139,6 +169,7 @@ static void *client_main(void *arg)
 			}
 		}
 	}
+	free(ids);
 	bd_client_free(c);
 	return NULL;
 }
@@ -194,7 +225,7 @@ static double pct(double *v, int n, double p)
 
 struct row {
 	int conc, n_req, ok;
-	double wall, tok_s, req_s, ttft_mean, ttft_p50, ttft_p90, lat_mean;
+	double wall, tok_s, req_s, ttft_mean, ttft_p50, ttft_p90, lat_mean, tpot_mean, tpot_p50;
 	uint64_t tokens, pages_peak, pages_total, slots_peak, slots_total;
 	char error[256];
 };
@@ -204,8 +235,9 @@ static int run_level(const struct opts *o, int conc, struct row *r)
 	static struct level L;
 	pthread_t th[256], sth;
 	struct sampler sp = { .ep = o->pool };
-	double t0, ttft[MAX_REQ], sum_ttft = 0, sum_lat = 0;
-	int n_ok = 0;
+	static double ttft[MAX_REQ], tpot[MAX_REQ];
+	double t0, sum_ttft = 0, sum_lat = 0, sum_tpot = 0;
+	int n_ok = 0, n_tpot = 0;
 
 	memset(&L, 0, sizeof(L));
 	pthread_mutex_init(&L.mu, NULL);
@@ -228,11 +260,18 @@ static int run_level(const struct opts *o, int conc, struct row *r)
 		if (!L.s[i].ok)
 			continue;
 		ttft[n_ok++] = L.s[i].ttft;
+		if (L.s[i].tokens > 1) {
+			tpot[n_tpot] = (L.s[i].last - L.s[i].ttft) / (L.s[i].tokens - 1);
+			sum_tpot += tpot[n_tpot++];
+		}
 		sum_ttft += L.s[i].ttft;
 		sum_lat += L.s[i].total;
 		r->tokens += L.s[i].tokens;
 	}
 	qsort(ttft, (size_t)n_ok, sizeof(double), cmp_double);
+	qsort(tpot, (size_t)n_tpot, sizeof(double), cmp_double);
+	r->tpot_mean = n_tpot ? sum_tpot / n_tpot : 0;
+	r->tpot_p50 = pct(tpot, n_tpot, 0.5);
 	r->conc = conc;
 	r->n_req = L.n_req;
 	r->ok = n_ok;
@@ -274,7 +313,7 @@ static void machine(char *buf, size_t cap)
 		fclose(f);
 	}
 	line[strcspn(line, " ")] = 0;
-	snprintf(buf, cap, "%s, %ld CPUs, %s %s, load average %s at the end", model,
+	snprintf(buf, cap, "%.200s, %ld CPUs, %.32s %.64s, load average %.32s at the end", model,
 		 sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release, *line ? line : "?");
 }
 
@@ -299,30 +338,61 @@ static void commit(char *buf, size_t cap)
 static void print_rows(FILE *f, const struct row *rows, int n, const struct opts *o)
 {
 	fprintf(f, "| concurrency | requests ok | tokens/s | requests/s | TTFT mean | TTFT p50 | "
-		   "TTFT p90 | latency mean | pool pages peak | slots peak |\n");
-	fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+		   "TTFT p90 | TPOT mean | latency mean | pool pages peak | slots peak |\n");
+	fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (int i = 0; i < n; i++) {
 		const struct row *r = &rows[i];
 
-		fprintf(f, "| %d | %d/%d | %.1f | %.2f | %.3f s | %.3f s | %.3f s | %.2f s | %llu/%llu "
-			   "| %llu/%llu |\n",
+		fprintf(f, "| %d | %d/%d | %.1f | %.2f | %.3f s | %.3f s | %.3f s | %.1f ms | %.2f s "
+			   "| %llu/%llu | %llu/%llu |\n",
 			r->conc, r->ok, r->n_req, r->tok_s, r->req_s, r->ttft_mean, r->ttft_p50,
-			r->ttft_p90, r->lat_mean, (unsigned long long)r->pages_peak,
+			r->ttft_p90, r->tpot_mean * 1e3, r->lat_mean, (unsigned long long)r->pages_peak,
 			(unsigned long long)r->pages_total, (unsigned long long)r->slots_peak,
 			(unsigned long long)r->slots_total);
 	}
-	fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); chat prompts from a "
-		   "fixed list of %zu.\n",
-		o->max_tokens, sizeof(prompts) / sizeof(prompts[0]));
+	if (o->prompt_tokens)
+		fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); prompts of %d "
+			   "random token ids.\n", o->max_tokens, o->prompt_tokens);
+	else
+		fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); chat prompts "
+			   "from a fixed list of %zu.\n",
+			o->max_tokens, sizeof(prompts) / sizeof(prompts[0]));
 	for (int i = 0; i < n; i++)
 		if (rows[i].error[0])
 			fprintf(f, "Concurrency %d: first error: %s\n", rows[i].conc, rows[i].error);
 }
 
+/* One level as key=value pairs. fit: the requests the pool holds at once, by pages (each needs
+ * (prompt + T) / 128 of them, the router's admission count) and by slots. */
+static int write_kv(const char *path, const struct opts *o, const struct bd_client_info *info,
+		    const struct row *r)
+{
+	FILE *f = fopen(path, "a");
+	uint64_t per = (uint64_t)(o->prompt_tokens + o->max_tokens) / 128;
+	uint64_t fit = per ? info->pages_total / per : info->slots_total;
+
+	if (!f)
+		return -1;
+	if (fit > info->slots_total)
+		fit = info->slots_total;
+	fprintf(f, "conc=%d requests=%d ok=%d wall_s=%.3f tokens=%llu tok_s=%.2f tok_s_gpu=%.2f "
+		   "ttft_mean_ms=%.2f ttft_p50_ms=%.2f tpot_mean_ms=%.3f tpot_p50_ms=%.3f "
+		   "pages_total=%llu slots_total=%llu fit=%llu pages_peak=%llu slots_peak=%llu "
+		   "prompt_tokens=%d max_tokens=%d tp=%u kv=%s backend=%s\n",
+		r->conc, r->n_req, r->ok, r->wall, (unsigned long long)r->tokens, r->tok_s,
+		r->tok_s / (info->tp ? info->tp : 1), r->ttft_mean * 1e3, r->ttft_p50 * 1e3,
+		r->tpot_mean * 1e3, r->tpot_p50 * 1e3, (unsigned long long)info->pages_total,
+		(unsigned long long)info->slots_total, (unsigned long long)fit,
+		(unsigned long long)r->pages_peak, (unsigned long long)r->slots_peak,
+		o->prompt_tokens, o->max_tokens, info->tp, info->kv_config, info->backend);
+	return fclose(f);
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: loadgen --router EP [--pool EP] [--levels 1,4,16] [--requests N]\n"
-		   "               [--max-tokens T] [--results FILE] [--note TEXT]\n");
+		   "               [--max-tokens T] [--prompt-tokens N] [--ignore-eos]\n"
+		   "               [--results FILE] [--note TEXT] [--kv FILE]\n");
 }
 
 int main(int argc, char **argv)
@@ -333,6 +403,8 @@ int main(int argc, char **argv)
 		{ "requests", required_argument, NULL, 'n' },
 		{ "max-tokens", required_argument, NULL, 't' },
 		{ "results", required_argument, NULL, 'o' }, { "note", required_argument, NULL, 'N' },
+		{ "prompt-tokens", required_argument, NULL, 'P' },
+		{ "ignore-eos", no_argument, NULL, 'E' }, { "kv", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128 };
@@ -381,6 +453,14 @@ int main(int argc, char **argv)
 		case 'N':
 			o.note = optarg;
 			break;
+		case 'P':
+			o.prompt_tokens = atoi(optarg);
+			break;
+		case 'E':
+			break; /* the default: every request generates exactly max_tokens */
+		case 'K':
+			o.kv = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -389,14 +469,35 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!o.router || o.max_tokens < 1 || o.requests < 0) {
+	if (!o.router || o.max_tokens < 1 || o.requests < 0 || o.prompt_tokens < 0) {
 		usage(stderr);
 		return 2;
+	}
+	/* the server's vocabulary (random token ids), pool and tensor-parallel width */
+	struct bd_client_info info = { 0 };
+	{
+		struct bd_client *c;
+
+		if (bd_client_new(o.router, &c) < 0 || bd_client_info(c, 10000, &info) < 0) {
+			fprintf(stderr, "loadgen: no server info from %s\n", o.router);
+			return 1;
+		}
+		bd_client_free(c);
+		o.n_vocab = info.n_vocab;
+		if (o.prompt_tokens && (o.n_vocab < 1 || (uint32_t)o.prompt_tokens >= info.n_ctx)) {
+			fprintf(stderr, "loadgen: --prompt-tokens %d: the server's context is %u\n",
+				o.prompt_tokens, info.n_ctx);
+			return 2;
+		}
 	}
 	for (int i = 0; i < o.n_levels; i++) {
 		fprintf(stderr, "loadgen: concurrency %d ...\n", o.levels[i]);
 		if (run_level(&o, o.levels[i], &rows[i]) < 0)
 			rc = 1;
+		if (o.kv && write_kv(o.kv, &o, &info, &rows[i]) < 0) {
+			fprintf(stderr, "loadgen: %s: %s\n", o.kv, strerror(errno));
+			rc = 1;
+		}
 	}
 	machine(mach, sizeof(mach));
 	commit(rev, sizeof(rev));
@@ -409,7 +510,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "loadgen: %s: %s\n", o.results, strerror(errno));
 			return 1;
 		}
-		fprintf(f, "\n## Serving: CPU backend, TP=2, load generator (%s)\n\n", date);
+		fprintf(f, "\n## Serving: %s backend, TP=%u, %s, load generator (%s)\n\n",
+			info.backend, info.tp, info.kv_config, date);
 		fprintf(f, "Machine: %s. Commit: %s.%s%s\n\n", mach, rev, o.note ? " " : "",
 			o.note ? o.note : "");
 		print_rows(f, rows, o.n_levels, &o);

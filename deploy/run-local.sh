@@ -1,16 +1,26 @@
 #!/bin/sh
-# run-local.sh — the main job of `make run`: the whole serving system on this machine, CPU
-# backend, without systemd. Starts kvpoold, the router and two tensor-parallel workers in a
-# private runtime directory, waits until the router serves, streams the answer to PROMPT with
-# `bdfp4 client`, prints `kvpoolctl stats`, stops every daemon with SIGTERM and checks that each
-# exits 0.
+# run-local.sh — the main job of `make run`: the whole serving system on this machine without
+# systemd. Starts kvpoold, the router and the tensor-parallel workers in a private runtime
+# directory, waits until the router serves, streams the answer to PROMPT with `bdfp4 client`,
+# prints `kvpoolctl stats`, stops every daemon with SIGTERM and checks that each exits 0.
 #
 #   deploy/run-local.sh BIN_DIR MODEL "PROMPT" [RUN_DIR]
 #
 # RUN_DIR (default $XDG_RUNTIME_DIR, else build/run) holds a fresh directory per run with the
 # sockets and the daemons' logs; it is removed at the end unless BD_KEEP_RUN=1.
 # BD_MAX_TOKENS (default 200) and BD_KV (default bitdecoding-nvfp4) tune the run; with
-# BD_LOADGEN="ARGS" set, bench/loadgen runs with ARGS instead of the prompt (make bench-serve).
+# BD_LOADGEN="ARGS" set, bench/loadgen runs with ARGS instead of the prompt (make bench-serve);
+# with BD_RUN_CMD="COMMAND" set, COMMAND runs instead (sh -c), with BD_FRONT_EP, BD_POOL_EP,
+# BD_RUN_DIR (the logs) and BD_WORKER_PIDS exported (bench/serve_gpu.sh).
+#
+# BD_BACKEND=cpu (default) or cuda (`make run BACKEND=cuda`): kvpoold's backend. On cuda the
+# pool takes BD_GPU_MEM_FRACTION (default 0.5) of each GPU, the rest is the model's; rank r runs
+# on GPU r, so TP = BD_TP (default: the GPUs, at most 2) must not exceed the GPUs (NCCL needs a
+# GPU per rank). On the CPU, TP = BD_TP (default 2).
+# Serving benchmarks (cuda): BD_RANDOM_WEIGHTS=PRESET serves seeded random weights of that shape
+# (MODEL is then unused: no tokenizer, token ids only), BD_SYNTHETIC_PREFILL=1 fills prompts with
+# synthetic KV; BD_MAX_SEQ_LEN, BD_SLOTS, BD_MAX_BATCH, BD_MAX_PREFILL, BD_ROUTER_ARGS and
+# BD_WORKER_ARGS tune the system.
 set -u
 
 BIN=$(cd "$1" && pwd)
@@ -19,6 +29,8 @@ PROMPT=$3
 BASE=${4:-${XDG_RUNTIME_DIR:-build/run}}
 MAX_TOKENS=${BD_MAX_TOKENS:-200}
 KV=${BD_KV:-bitdecoding-nvfp4}
+BACKEND=${BD_BACKEND:-cpu}
+PRESET=${BD_RANDOM_WEIGHTS:-}
 
 mkdir -p "$BASE" || exit 1
 RT=$(mktemp -d "$(cd "$BASE" && pwd)/bdfp4.XXXXXX") || exit 1
@@ -33,7 +45,6 @@ FRONT_EP=ipc://$RT/router.sock
 WORKERS_EP=ipc://$RT/router-workers.sock
 
 POOL_PID= ROUTER_PID= W0_PID= W1_PID=
-
 say() { printf '== %s\n' "$*" >&2; }
 
 show_logs() {
@@ -81,17 +92,56 @@ stop() {
 	say "$name stopped (exit 0)"
 }
 
-[ -r "$MODEL" ] || fail "no model at $MODEL (make model)"
+[ -n "$PRESET" ] || [ -r "$MODEL" ] || fail "no model at $MODEL (make model)"
 for b in kvpoold kvpoolctl routerd workerd bdfp4 ${BD_LOADGEN+loadgen}; do
 	[ -x "$BIN/$b" ] || fail "no $BIN/$b (make all)"
 done
 export OPENBLAS_NUM_THREADS=1
 
+# the model's KV geometry: the embedded SmolLM2-135M, or the preset's
+case "$PRESET" in
+"") GEOM="--layers 30 --kv-heads 3 --head-dim 64" ;;
+qwen3-4b) GEOM="--layers 36 --kv-heads 8 --head-dim 128" ;;
+qwen3-30b-a3b-attn) GEOM="--layers 48 --kv-heads 4 --head-dim 128" ;;
+*) fail "BD_RANDOM_WEIGHTS=$PRESET: no such preset (qwen3-4b, qwen3-30b-a3b-attn)" ;;
+esac
+MODEL_ARGS="--model $MODEL"
+[ -n "$PRESET" ] && MODEL_ARGS="--random-weights $PRESET"
+MAX_SEQ=${BD_MAX_SEQ_LEN:-8192}
+SLOTS=${BD_SLOTS:-16}
+WARGS=
+case "$BACKEND" in
+cpu)
+	TP=${BD_TP:-2}
+	[ -z "$PRESET" ] || fail "BD_RANDOM_WEIGHTS needs BD_BACKEND=cuda"
+	MEM="--memory-bytes 256M"
+	;;
+cuda)
+	NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+	[ "$NGPU" -ge 1 ] 2>/dev/null || fail "BD_BACKEND=cuda: no NVIDIA GPU here (nvidia-smi -L lists none)"
+	if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+		n=$(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+		[ "$n" -lt "$NGPU" ] && NGPU=$n
+	fi
+	DEF_TP=$NGPU
+	[ "$DEF_TP" -gt 2 ] && DEF_TP=2
+	TP=${BD_TP:-$DEF_TP}
+	[ "$TP" -le "$NGPU" ] ||
+		fail "TP=$TP on $NGPU GPU(s): each rank needs its own GPU (NCCL cannot run two ranks on one device); set BD_TP=$NGPU"
+	MEM="--memory-bytes 0 --gpu-memory-fraction ${BD_GPU_MEM_FRACTION:-0.5}"
+	WARGS="--max-batch ${BD_MAX_BATCH:-64} --max-prefill ${BD_MAX_PREFILL:-8192}"
+	[ "${BD_SYNTHETIC_PREFILL:-0}" = 1 ] && WARGS="$WARGS --synthetic-prefill"
+	;;
+*) fail "BD_BACKEND=$BACKEND: cpu or cuda" ;;
+esac
+case "$TP" in 1 | 2) ;; *) fail "BD_TP=$TP: 1 or 2" ;; esac
+
 say "runtime directory $RT"
-say "starting kvpoold (CPU backend, TP=2, $KV)"
-"$BIN/kvpoold" --no-config --socket "$POOL_SOCK" --endpoint "$POOL_EP" --backend cpu --tp 2 \
-	--kv-config "$KV" --layers 30 --kv-heads 3 --head-dim 64 --max-seq-len 8192 \
-	--slots 16 --memory-bytes 256M 2>"$RT/kvpoold.log" &
+say "starting kvpoold ($BACKEND backend, TP=$TP, $KV${PRESET:+, $PRESET})"
+# shellcheck disable=SC2086
+"$BIN/kvpoold" --no-config --socket "$POOL_SOCK" --endpoint "$POOL_EP" --backend "$BACKEND" \
+	--tp "$TP" --kv-config "$KV" $GEOM --max-seq-len "$MAX_SEQ" --slots "$SLOTS" $MEM \
+	2>"$RT/kvpoold.log" &
 POOL_PID=$!
 i=0
 until "$BIN/kvpoolctl" --no-config --endpoint "$POOL_EP" --timeout 500 stats >/dev/null 2>&1; do
@@ -102,14 +152,21 @@ until "$BIN/kvpoolctl" --no-config --endpoint "$POOL_EP" --timeout 500 stats >/d
 done
 
 say "starting the router"
+RMAX=
+[ "$BACKEND" = cuda ] && RMAX="--max-batch ${BD_MAX_BATCH:-64}"
+# shellcheck disable=SC2086
 "$BIN/routerd" --no-config --frontend "$FRONT_EP" --workers "$WORKERS_EP" --pool "$POOL_EP" \
-	--model "$MODEL" --tp 2 2>"$RT/routerd.log" &
+	$MODEL_ARGS --tp "$TP" $RMAX ${BD_ROUTER_ARGS:-} 2>"$RT/routerd.log" &
 ROUTER_PID=$!
 
-say "starting workerd rank 0 and rank 1"
-for r in 0 1; do
-	"$BIN/workerd" --no-config --rank $r --tp 2 --model "$MODEL" --pool-socket "$POOL_SOCK" \
-		--router "$WORKERS_EP" --allreduce-dir "$RT" --threads 1 2>"$RT/workerd-$r.log" &
+RANKS=0
+[ "$TP" = 2 ] && RANKS="0 1"
+say "starting workerd rank(s) $RANKS"
+for r in $RANKS; do
+	# shellcheck disable=SC2086
+	"$BIN/workerd" --no-config --rank $r --tp "$TP" $MODEL_ARGS --pool-socket "$POOL_SOCK" \
+		--router "$WORKERS_EP" --allreduce-dir "$RT" --threads 1 $WARGS \
+		${BD_WORKER_ARGS:-} 2>"$RT/workerd-$r.log" &
 	eval W${r}_PID=$!
 done
 
@@ -118,11 +175,15 @@ sleep 0.5
 for p in $POOL_PID $ROUTER_PID $W0_PID $W1_PID; do
 	alive "$p" || fail "a daemon exited at start"
 done
-"$BIN/bdfp4" client --router "$FRONT_EP" --wait-ready 180 --health >/dev/null ||
+"$BIN/bdfp4" client --router "$FRONT_EP" --wait-ready 300 --health >/dev/null ||
 	fail "the router did not start serving"
 "$BIN/bdfp4" client --router "$FRONT_EP" --info
 
-if [ -n "${BD_LOADGEN+x}" ]; then
+if [ -n "${BD_RUN_CMD:-}" ]; then
+	say "running: $BD_RUN_CMD"
+	BD_FRONT_EP=$FRONT_EP BD_POOL_EP=$POOL_EP BD_RUN_DIR=$RT BD_WORKER_PIDS="$W0_PID $W1_PID" \
+		sh -c "$BD_RUN_CMD" || fail "$BD_RUN_CMD"
+elif [ -n "${BD_LOADGEN+x}" ]; then
 	# `make bench-serve`: the load generator instead of one prompt
 	say "loadgen $BD_LOADGEN"
 	# shellcheck disable=SC2086
@@ -143,8 +204,10 @@ stop router "$ROUTER_PID"
 ROUTER_PID=
 stop "workerd rank 0" "$W0_PID"
 W0_PID=
-stop "workerd rank 1" "$W1_PID"
-W1_PID=
+if [ -n "$W1_PID" ]; then
+	stop "workerd rank 1" "$W1_PID"
+	W1_PID=
+fi
 stop kvpoold "$POOL_PID"
 POOL_PID=
 say "done"

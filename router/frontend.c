@@ -398,6 +398,11 @@ static int tokenize(struct bd_router *rt, const Bdfp4__GenerateRequest *g, int32
 	char terr[BD_TOKENIZER_ERR_MAX] = "";
 	int e;
 
+	if (!g->n_token_ids && !rt->tok) {
+		snprintf(err, cap, "model %s has random weights and no tokenizer: send token_ids",
+			 rt->model_name);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
 	if (g->n_token_ids) {
 		*ret = malloc(g->n_token_ids * sizeof(int32_t));
 		if (!*ret)

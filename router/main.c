@@ -27,6 +27,7 @@
 
 #include "bd_config.h"
 #include "bd_gguf.h"
+#include "bd_gmodel.h"
 #include "bd_kvcfg.h"
 #include "router.h"
 
@@ -44,6 +45,9 @@ static const struct key keys[] = {
 	{ "pool", BD_POOL_DEFAULT_ENDPOINT, "kvpoold's allocation endpoint" },
 	{ "model", "/usr/share/bdfp4/models/SmolLM2-135M-Instruct.Q4_1.gguf",
 	  "GGUF model (tokenizer, chat template, context, vocabulary)" },
+	{ "random_weights", "",
+	  "serve a model of seeded random weights of this shape (workerd --random-weights, e.g. "
+	  "qwen3-4b) instead of model: no tokenizer, requests send token_ids" },
 	{ "kv_config", "", "KV configuration (empty: the pool's)" },
 	{ "tp", "2", "tensor-parallel ranks (workers) in the group" },
 	{ "max_batch", "16", "rows (running requests) per step" },
@@ -246,6 +250,7 @@ static int read_opts(struct bd_router *rt)
 	o->workers = get_str(rt, "workers");
 	o->pool = get_str(rt, "pool");
 	o->model = get_str(rt, "model");
+	o->random_weights = get_str(rt, "random_weights");
 	o->kv_config = get_str(rt, "kv_config");
 	if (get_int(rt, "tp", 1, BD_ROUTER_MAX_TP, &o->tp) < 0 ||
 	    get_int(rt, "max_batch", 1, 4096, &o->max_batch) < 0 ||
@@ -285,6 +290,31 @@ static int read_opts(struct bd_router *rt)
 
 /* ---- model and pool ------------------------------------------------------------------------ */
 
+/* A random-weights model (issue 7): the shape of a named preset, no tokenizer (text prompts
+ * are refused, chunks carry token ids only), no end-of-generation token, the context the
+ * pool's max_seq_len allows. */
+static int load_preset(struct bd_router *rt)
+{
+	struct bd_model_hparams hp;
+
+	if (bd_model_preset(rt->o.random_weights, &hp) < 0) {
+		rlog_err("random_weights = '%s': no such model shape (known: qwen3-4b, "
+			 "qwen3-30b-a3b-attn)", rt->o.random_weights);
+		return -EINVAL;
+	}
+	rt->n_vocab = hp.n_vocab;
+	rt->n_ctx = INT_MAX; /* the pool caps it */
+	rt->n_layers = hp.n_layers;
+	snprintf(rt->arch, sizeof(rt->arch), "%s", hp.arch_name);
+	snprintf(rt->model_name, sizeof(rt->model_name), "%s", rt->o.random_weights);
+	rt->eog = calloc((size_t)rt->n_vocab, sizeof(bool));
+	if (!rt->eog)
+		return -ENOMEM;
+	rlog_info("model %s: random weights, %s, %d layers, vocabulary %d, no tokenizer "
+		  "(requests send token_ids)", rt->model_name, rt->arch, rt->n_layers, rt->n_vocab);
+	return 0;
+}
+
 static int load_model(struct bd_router *rt)
 {
 	struct bd_gguf *g = NULL;
@@ -293,6 +323,8 @@ static int load_model(struct bd_router *rt)
 	char *path;
 	int e;
 
+	if (*rt->o.random_weights)
+		return load_preset(rt);
 	e = bd_gguf_open(rt->o.model, &g, gerr);
 	if (e < 0) {
 		if (*gerr)

@@ -46,6 +46,7 @@ struct bd_router_opts {
 	char *frontends[BD_ROUTER_MAX_ENDPOINTS];
 	int n_frontends;
 	const char *workers, *pool, *model, *kv_config;
+	const char *random_weights; /* a bd_model_preset name, or "": model is a GGUF */
 	int tp;
 	int max_batch, max_queue, max_frame, max_prefill_tokens;
 	int deadline_ms, heartbeat_ms, heartbeat_timeout_ms, step_timeout_ms, keepalive_ms;
@@ -134,7 +135,7 @@ struct bd_router {
 	struct bd_config *cfg;
 
 	/* model */
-	struct bd_tokenizer *tok;
+	struct bd_tokenizer *tok;   /* NULL for a random-weights model: token ids only */
 	char model_name[128], arch[16];
 	int n_vocab, n_ctx, n_layers;
 	bool *eog;                  /* [n_vocab] */

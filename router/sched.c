@@ -180,7 +180,7 @@ static void text_final(struct bd_router *rt, struct bd_req *r, int reason)
 
 	if (reason == BDFP4__FINISH_REASON__FINISH_STOP_STRING)
 		return;
-	if (bd_tokenizer_stream_flush(&r->ts, rt->piece, rt->piece_cap, &n) == 0 && n)
+	if (rt->tok && bd_tokenizer_stream_flush(&r->ts, rt->piece, rt->piece_cap, &n) == 0 && n)
 		text_append(r, rt->piece, n);
 	text_scan(r, true);
 }
@@ -194,7 +194,8 @@ static int append_token(struct bd_router *rt, struct bd_req *r, int32_t t)
 	rt->tokens_generated++;
 	if (rt->eog[t] && !r->ignore_eos)
 		return BDFP4__FINISH_REASON__FINISH_STOP;
-	if (bd_tokenizer_stream_push(rt->tok, &r->ts, t, rt->piece, rt->piece_cap, &n) == 0 && n)
+	if (rt->tok &&
+	    bd_tokenizer_stream_push(rt->tok, &r->ts, t, rt->piece, rt->piece_cap, &n) == 0 && n)
 		text_append(r, rt->piece, n);
 	if (text_scan(r, false))
 		return BDFP4__FINISH_REASON__FINISH_STOP_STRING;
@@ -534,7 +535,7 @@ void bd_router_schedule(struct bd_router *rt)
 	if (!rt->n_running && !rt->n_queued && !rt->n_release)
 		return;
 	if (!rt->piece) {
-		rt->piece_cap = bd_tokenizer_stream_cap(rt->tok);
+		rt->piece_cap = rt->tok ? bd_tokenizer_stream_cap(rt->tok) : 16;
 		rt->piece = malloc(rt->piece_cap);
 		if (!rt->piece)
 			return;

@@ -2,8 +2,9 @@
  *
  * Loads its shard of the GGUF model, attaches to kvpoold's arena of its rank, registers with
  * the router and executes the step plans of its group (step.c), joined to the other ranks by
- * the shared-memory all-reduce the RegisterReply names. Configuration: the [worker] section of
- * the INI file, every key also a flag. One event loop on the compute thread (router frames from
+ * the shared-memory all-reduce the RegisterReply names. A pool of the cuda backend (issue 7)
+ * runs the model on the rank's GPU instead (gpu.c), joined by NCCL. Configuration: the
+ * [worker] section of the INI file, every key also a flag. One event loop on the compute thread (router frames from
  * the I/O thread, signals, the pool's attach socket, a 200 ms tick); sd_notify READY/STATUS, the
  * watchdog from the I/O thread. SIGTERM or SIGINT: exit 0. Fatal errors: exit 1; bad flags: 2.
  */
@@ -39,6 +40,7 @@
 
 struct key {
 	const char *name, *def, *help;
+	bool flag; /* boolean: the flag may come without a value (--synthetic-prefill) */
 };
 
 static const struct key keys[] = {
@@ -51,7 +53,20 @@ static const struct key keys[] = {
 	{ "threads", "1", "OpenBLAS threads" },
 	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step" },
 	{ "verbose", "0", "log every step" },
-	{ NULL, NULL, NULL },
+	{ "calib", "", "calibration file of the model (mu_k, tau; bdfp4 calibrate); empty: none" },
+	/* the cuda backend (chosen by the pool) */
+	{ "device", "-1", "cuda: CUDA device of this rank (-1: the pool's device of the rank)" },
+	{ "weights", "bf16", "cuda: weight precision, bf16 or f32" },
+	{ "random_weights", "",
+	  "cuda: no checkpoint, seeded random weights of this shape (qwen3-4b, qwen3-30b-a3b-attn)" },
+	{ "seed", "1", "cuda: seed of the random weights" },
+	{ "synthetic_prefill", "0",
+	  "cuda: fill prompts with synthetic KV and decode only their last token", true },
+	{ "max_batch", "64", "cuda: decode rows per model call (at least the router's max_batch)" },
+	{ "max_tokens", "0", "cuda: longest sequence, tokens (0: the pool's max_seq_len)" },
+	{ "max_prefill", "8192", "cuda: longest prompt one real prefill takes, tokens" },
+	{ "cuda_graphs", "1", "cuda: replay decode steps from CUDA graphs", true },
+	{ NULL, NULL, NULL, false },
 };
 
 static bool journal;
@@ -172,7 +187,8 @@ static int parse_args(struct bd_config *cfg, int argc, char **argv)
 		for (char *p = names[n]; *p; p++)
 			if (*p == '_')
 				*p = '-';
-		lo[n] = (struct option){ names[n], required_argument, NULL, 256 + (int)n };
+		lo[n] = (struct option){ names[n], k->flag ? optional_argument : required_argument,
+					 NULL, 256 + (int)n };
 	}
 	lo[n++] = (struct option){ "config", required_argument, NULL, 'c' };
 	lo[n++] = (struct option){ "no-config", no_argument, NULL, 'n' };
@@ -182,7 +198,7 @@ static int parse_args(struct bd_config *cfg, int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
 		if (opt >= 256) {
 			fkey[nf] = keys[opt - 256].name;
-			fval[nf++] = optarg;
+			fval[nf++] = optarg ? optarg : "1";
 		} else if (opt == 'c') {
 			config = optarg;
 			explicit_config = true;
@@ -229,6 +245,8 @@ static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 	static const char *known[32];
 	size_t i = 0;
 	int verbose;
+	int64_t seed;
+	bool b;
 
 	for (const struct key *k = keys; k->name; k++)
 		known[i++] = k->name;
@@ -245,6 +263,41 @@ static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 	    get_int(cfg, "verbose", 0, 1, &verbose) < 0)
 		return -EINVAL;
 	o->verbose = verbose;
+	if (get_int(cfg, "device", -1, 1023, &o->device) < 0 ||
+	    get_int(cfg, "max_batch", 1, 1024, &o->max_batch) < 0 ||
+	    get_int(cfg, "max_tokens", 0, 1 << 24, &o->max_tokens) < 0 ||
+	    get_int(cfg, "max_prefill", 1, 1 << 24, &o->max_prefill) < 0)
+		return -EINVAL;
+	if (bd_config_get_i64(cfg, SECTION, "seed", 1, 0, INT64_MAX, &seed) < 0) {
+		wd_err("seed = '%s': not an integer in 0..2^63-1", get_str(cfg, "seed"));
+		return -EINVAL;
+	}
+	o->seed = (uint64_t)seed;
+	if (bd_config_get_bool(cfg, SECTION, "synthetic_prefill", false, &b) < 0) {
+		wd_err("synthetic_prefill = '%s': not a boolean", get_str(cfg, "synthetic_prefill"));
+		return -EINVAL;
+	}
+	o->synthetic_prefill = b;
+	if (bd_config_get_bool(cfg, SECTION, "cuda_graphs", true, &b) < 0) {
+		wd_err("cuda_graphs = '%s': not a boolean", get_str(cfg, "cuda_graphs"));
+		return -EINVAL;
+	}
+	o->cuda_graphs = b;
+	o->weights = get_str(cfg, "weights");
+	if (strcmp(o->weights, "bf16") && strcmp(o->weights, "f32")) {
+		wd_err("weights = '%s': bf16 or f32", o->weights);
+		return -EINVAL;
+	}
+	o->random_weights = get_str(cfg, "random_weights");
+	if (*o->random_weights) {
+		struct bd_model_hparams hp;
+		if (bd_model_preset(o->random_weights, &hp) < 0) {
+			wd_err("random_weights = '%s': no such model shape (known: qwen3-4b, "
+			       "qwen3-30b-a3b-attn)", o->random_weights);
+			return -EINVAL;
+		}
+	}
+	o->calib = get_str(cfg, "calib");
 	o->model = get_str(cfg, "model");
 	if (!*o->model) {
 		const char *env = getenv("BD_MODEL");
@@ -266,17 +319,26 @@ static void send_register(struct wd *w)
 {
 	Bdfp4__WorkerMessage m = BDFP4__WORKER_MESSAGE__INIT;
 	Bdfp4__RegisterRequest rq = BDFP4__REGISTER_REQUEST__INIT;
+	uint8_t id[128];
+	size_t id_len = 0;
 
 	rq.version = WD_PROTO_VERSION;
 	rq.rank = w->o.rank;
 	rq.tp = (uint32_t)w->o.tp;
 	rq.pid = (int32_t)getpid();
 	rq.backend = (char *)w->geo->backend;
-	rq.device = -1;
+	rq.device = w->gpu ? w->o.device : -1;
 	rq.model = w->model_name;
-	rq.n_vocab = (uint32_t)w->model->hp.n_vocab;
-	rq.n_layers = (uint32_t)w->model->hp.n_layers;
+	rq.n_vocab = (uint32_t)w->hp.n_vocab;
+	rq.n_layers = (uint32_t)w->hp.n_layers;
 	rq.kv_config = (char *)w->geo->kv_config;
+	/* rank 0 makes the NCCL id of the next epoch; the router relays it to every rank */
+	if (w->gpu && wd_gpu_register_id(w, id, &id_len) < 0) {
+		w->retry_at = wd_now_ms() + 1000;
+		return;
+	}
+	rq.nccl_unique_id.data = id;
+	rq.nccl_unique_id.len = id_len;
 	m.msg_case = BDFP4__WORKER_MESSAGE__MSG_REGISTER_REQUEST;
 	m.register_request = &rq;
 	/* stamped before the send: the I/O thread may note the drop before wd_send returns */
@@ -291,6 +353,8 @@ static void send_register(struct wd *w)
 static void leave_group(struct wd *w)
 {
 	wd_drop_all(w);
+	if (w->gpu)
+		wd_gpu_leave(w);
 	bd_allreduce_close(w->ar);
 	w->ar = NULL;
 	w->epoch = 0;
@@ -333,7 +397,15 @@ static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 	}
 	if (rr->heartbeat_ms >= 10 && rr->heartbeat_ms <= 60000)
 		atomic_store(&w->heartbeat_ms, (int)rr->heartbeat_ms);
-	if (w->o.tp > 1) {
+	if (w->gpu) {
+		int r = wd_gpu_join(w, rr->nccl_unique_id.data, rr->nccl_unique_id.len);
+		if (r == -EIO)
+			return 1;
+		if (r < 0) {
+			w->retry_at = wd_now_ms() + 500;
+			return 0;
+		}
+	} else if (w->o.tp > 1) {
 		char path[512];
 		if (!rr->allreduce_name || !name_ok(rr->allreduce_name)) {
 			wd_err("RegisterReply: bad all-reduce name '%s'",
@@ -382,6 +454,14 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 		break;
 	case BDFP4__ROUTER_MESSAGE__MSG_PLAN:
 		wd_run_plan(w, m->plan);
+		if (w->gpu && w->epoch && wd_gpu_broken(w) && !wd_gpu_dead(w)) {
+			/* NCCL cannot tell a hung peer from a slow one the way the all-reduce
+			 * file locks do: registering again makes the router reset the group */
+			wd_warn("the NCCL communicator of epoch %llu failed: registering again",
+				(unsigned long long)w->epoch);
+			leave_group(w);
+			send_register(w);
+		}
 		break;
 	case BDFP4__ROUTER_MESSAGE__MSG_HEARTBEAT:
 		break;
@@ -414,6 +494,38 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 
 /* ---- start, loop, stop ------------------------------------------------------------------- */
 
+/* μ_k and τ of the calibration file, checked against the model (its file's checksum when it
+ * has one) and this rank's pool shape. */
+static int load_calib(struct wd *w)
+{
+	char err[BD_CALIB_ERR_MAX];
+	uint8_t sha[BD_SHA256_BYTES];
+	struct bd_calib_expect want = { .n_layers = w->hp.n_layers,
+					.n_kv_heads = w->hp.n_kv_heads,
+					.head_dim = w->hp.head_dim };
+	int r;
+
+	w->dp = bd_decode_params_default();
+	if (!*w->o.calib)
+		return 0;
+	if (!*w->o.random_weights) {
+		if ((r = bd_sha256_file(w->o.model, sha)) < 0) {
+			wd_err("cannot checksum %s: %s", w->o.model, strerror(-r));
+			return r;
+		}
+		want.model_sha256 = sha;
+	}
+	if ((r = bd_calib_load(w->o.calib, &want, &w->calib, err)) < 0) {
+		wd_err("calibration %s: %s", w->o.calib, err);
+		return r;
+	}
+	w->dp.tau = w->calib->tau;
+	w->dp.c = w->calib->c;
+	wd_info("calibration %s: context %d, tau %.6g", w->o.calib, w->calib->n_ctx,
+		(double)w->calib->tau);
+	return 0;
+}
+
 static int setup(struct wd *w)
 {
 	char err[BD_MODEL_ERR_MAX], perr[256];
@@ -421,19 +533,29 @@ static int setup(struct wd *w)
 
 	openblas_set_num_threads(w->o.threads);
 	int64_t t0 = wd_now_ms();
-	r = bd_model_load_shard(w->o.model, w->o.rank, w->o.tp, &w->model, err);
-	if (r < 0) {
-		wd_err("model: %s", err);
-		return r;
+	if (*w->o.random_weights) {
+		/* the shape only; the weights are made on the device (cuda backend) */
+		bd_model_preset(w->o.random_weights, &w->hp);
+		snprintf(w->model_name, sizeof(w->model_name), "%s", w->o.random_weights);
+	} else {
+		r = bd_model_load_shard(w->o.model, w->o.rank, w->o.tp, &w->model, err);
+		if (r < 0) {
+			wd_err("model: %s", err);
+			return r;
+		}
+		w->hp = w->model->hp;
+		char tmp[sizeof(w->model_name)];
+		snprintf(tmp, sizeof(tmp), "%s", w->o.model);
+		snprintf(w->model_name, sizeof(w->model_name), "%s", basename(tmp));
+		const struct bd_model_shard *sh = &w->model->shard;
+		wd_info("shard of %s loaded in %lld ms: KV heads %d..%d, query heads %d..%d, MLP "
+			"columns %d..%d%s", w->model_name, (long long)(wd_now_ms() - t0),
+			sh->kv_head0, sh->kv_head0 + sh->n_kv_heads - 1, sh->head0,
+			sh->head0 + sh->n_heads - 1, sh->ff0, sh->ff0 + sh->n_ff - 1,
+			sh->lm_head ? ", LM head" : "");
 	}
-	char tmp[sizeof(w->model_name)];
-	snprintf(tmp, sizeof(tmp), "%s", w->o.model);
-	snprintf(w->model_name, sizeof(w->model_name), "%s", basename(tmp));
-	const struct bd_model_shard *sh = &w->model->shard;
-	wd_info("shard of %s loaded in %lld ms: KV heads %d..%d, query heads %d..%d, MLP columns "
-		"%d..%d%s", w->model_name, (long long)(wd_now_ms() - t0), sh->kv_head0,
-		sh->kv_head0 + sh->n_kv_heads - 1, sh->head0, sh->head0 + sh->n_heads - 1,
-		sh->ff0, sh->ff0 + sh->n_ff - 1, sh->lm_head ? ", LM head" : "");
+	if ((r = load_calib(w)) < 0)
+		return r;
 
 	r = bd_pool_attach(w->o.pool_socket, w->o.rank, perr, sizeof(perr), &w->pool);
 	if (r < 0) {
@@ -442,29 +564,41 @@ static int setup(struct wd *w)
 	}
 	w->geo = bd_pool_attach_geometry(w->pool);
 	const struct bd_layout *lay = &w->geo->layout;
+	struct bd_model_shard sh;
 	w->pool_cfg = bd_kvcfg_find(w->geo->kv_config);
-	if (strcmp(w->geo->backend, "cpu") != 0) {
-		wd_err("the pool's backend is '%s': this workerd runs the CPU backend only",
-		       w->geo->backend);
-		return -ENOTSUP;
+	if ((r = bd_model_shard_plan(&w->hp, w->o.rank, w->o.tp, &sh)) < 0) {
+		wd_err("%s cannot be split over tp = %d", w->model_name, w->o.tp);
+		return r;
 	}
-	if (!w->pool_cfg || w->geo->tp != w->o.tp || lay->n_layers != w->model->hp.n_layers ||
-	    lay->d != w->model->hp.head_dim || lay->d_rope != 0 ||
-	    lay->n_kv_heads < sh->n_kv_heads) {
+	if (!w->pool_cfg || w->geo->tp != w->o.tp || lay->n_layers != w->hp.n_layers ||
+	    lay->d != w->hp.head_dim || lay->d_rope != 0 || lay->n_kv_heads < sh.n_kv_heads) {
 		wd_err("the pool (%s, tp %d, %d layers, %d KV heads of %d per rank) cannot hold "
 		       "this shard (tp %d, %d layers, %d KV heads of %d)", w->geo->kv_config,
 		       w->geo->tp, lay->n_layers, lay->n_kv_heads, lay->d, w->o.tp,
-		       w->model->hp.n_layers, sh->n_kv_heads, w->model->hp.head_dim);
+		       w->hp.n_layers, sh.n_kv_heads, w->hp.head_dim);
 		return -EINVAL;
 	}
-	if ((r = bd_kvmem_pool_new(w->pool, &w->mem)) < 0) {
-		wd_err("pool arena: %s", strerror(-r));
-		return r;
+	if (!strcmp(w->geo->backend, "cuda")) {
+		if ((r = wd_gpu_setup(w)) < 0)
+			return r;
+	} else if (!strcmp(w->geo->backend, "cpu")) {
+		if (*w->o.random_weights || w->o.synthetic_prefill) {
+			wd_err("%s needs a pool of the cuda backend; this pool's is cpu",
+			       *w->o.random_weights ? "random_weights" : "synthetic_prefill");
+			return -ENOTSUP;
+		}
+		if ((r = bd_kvmem_pool_new(w->pool, &w->mem)) < 0) {
+			wd_err("pool arena: %s", strerror(-r));
+			return r;
+		}
+	} else {
+		wd_err("the pool's backend is '%s': workerd runs cpu and cuda", w->geo->backend);
+		return -ENOTSUP;
 	}
-	wd_info("attached to kvpoold: %s, %zu pages, %zu slots", w->geo->kv_config,
-		w->geo->n_pages, w->geo->n_slots);
-	if (w->o.rank == 0 &&
-	    !(w->logits = malloc(sizeof(float) * (size_t)w->model->hp.n_vocab)))
+	wd_info("attached to kvpoold: %s backend, %s, %zu pages, %zu slots", w->geo->backend,
+		w->geo->kv_config, w->geo->n_pages, w->geo->n_slots);
+	if (w->o.rank == 0 && !w->gpu &&
+	    !(w->logits = malloc(sizeof(float) * (size_t)w->hp.n_vocab)))
 		return -ENOMEM;
 
 	w->zctx = zmq_ctx_new();
@@ -491,9 +625,11 @@ static void teardown(struct wd *w)
 		zmq_close(w->pair);
 	if (w->zctx)
 		zmq_ctx_term(w->zctx);
+	wd_gpu_teardown(w);
 	bd_kvmem_ext_free(w->mem);
 	bd_pool_detach(w->pool);
 	bd_model_free(w->model);
+	bd_calib_free(w->calib);
 	free(w->logits);
 	if (w->sig_fd >= 0)
 		close(w->sig_fd);
@@ -516,6 +652,11 @@ static int run(struct wd *w)
 		if (it[1].revents & ZMQ_POLLIN) {
 			unsigned char signo;
 			if (read(w->sig_fd, &signo, 1) == 1) {
+				if (signo == SIGUSR1) {
+					/* the benchmark's cue: timing of the steps since the last */
+					wd_gpu_report(w);
+					continue;
+				}
 				wd_info("signal %u: stopping", signo);
 				return 0;
 			}
@@ -535,6 +676,10 @@ static int run(struct wd *w)
 			zmq_msg_close(&msg);
 			if (fatal)
 				return 1;
+			if (w->gpu && wd_gpu_dead(w)) {
+				wd_err("the GPU model failed: exiting (to be restarted)");
+				return 1;
+			}
 			/* a signal waits at most one frame */
 			struct pollfd pfd = { .fd = w->sig_fd, .events = POLLIN };
 			if (poll(&pfd, 1, 0) > 0)
@@ -595,6 +740,7 @@ int main(int argc, char **argv)
 	sa.sa_flags = SA_RESTART;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGUSR1, &sa, NULL);
 	if (!cfg) {
 		fprintf(stderr, "workerd: out of memory\n");
 		return 1;
@@ -617,6 +763,7 @@ int main(int argc, char **argv)
 	wd_info("ready: rank %d of %d, router %s", w.o.rank, w.o.tp, w.o.router);
 	status = run(&w);
 	sd_notify(0, "STOPPING=1");
+	wd_gpu_report(&w);
 out:
 	teardown(&w);
 	bd_config_free(cfg);

@@ -15,15 +15,9 @@
 
 #include "workerd.h"
 
-#define MSG_MAX 200
-#define TOP_MAX 64
+#define MSG_MAX WD_MSG_MAX
+#define TOP_MAX WD_TOP_MAX
 
-struct row_out {
-	Bdfp4__RowResult rr;
-	char msg[MSG_MAX];
-	Bdfp4__TopLogit top[TOP_MAX];
-	Bdfp4__TopLogit *topp[TOP_MAX];
-};
 
 static struct wd_seq *find(struct wd *w, uint64_t id)
 {
@@ -51,9 +45,10 @@ void wd_drop_all(struct wd *w)
 {
 	while (w->seqs)
 		drop(w, w->seqs->request_id);
+	wd_gtab_clear(&w->gtab);
 }
 
-static Bdfp4__ServeError serve_error(int e)
+Bdfp4__ServeError wd_serve_error(int e)
 {
 	switch (e) {
 	case -EINVAL:
@@ -70,10 +65,7 @@ static Bdfp4__ServeError serve_error(int e)
 	}
 }
 
-static int row_fail(struct row_out *o, Bdfp4__ServeError code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int row_fail(struct row_out *o, Bdfp4__ServeError code, const char *fmt, ...)
+int wd_row_fail(struct wd_row_out *o, Bdfp4__ServeError code, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -85,7 +77,7 @@ static int row_fail(struct row_out *o, Bdfp4__ServeError code, const char *fmt, 
 }
 
 /* The k largest logits, largest first (k ≤ TOP_MAX; ties: the lower id first). */
-static void top_logits(struct row_out *o, const float *lg, int V, uint32_t k)
+static void top_logits(struct wd_row_out *o, const float *lg, int V, uint32_t k)
 {
 	size_t n = 0;
 	if (k > TOP_MAX)
@@ -110,29 +102,29 @@ static void top_logits(struct row_out *o, const float *lg, int V, uint32_t k)
 
 /* Rank 0, after a forward pass of a row that samples: the token and the top logits. */
 static int sample(struct wd *w, struct wd_seq *s, const Bdfp4__PlanRow *row, const float *lg,
-		  struct row_out *o)
+		  struct wd_row_out *o)
 {
 	if (w->o.rank != 0 || !row->sample)
 		return 0;
 	int r = bd_sampler_sample(s->sampler, lg, &o->rr.token);
 	if (r < 0)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
 				"sampling failed: non-finite logits");
 	if (row->logits_top_k)
 		top_logits(o, lg, w->model->hp.n_vocab, row->logits_top_k);
 	return 0;
 }
 
-static int model_fail(struct wd *w, struct row_out *o, int r, const char *what)
+static int model_fail(struct wd *w, struct wd_row_out *o, int r, const char *what)
 {
 	if (r == -EPIPE || r == -ETIMEDOUT)
-		return row_fail(o, serve_error(r), "%s: the all-reduce with the other rank %s", what,
-				r == -EPIPE ? "broke (a rank died or left)" : "timed out");
+		return wd_row_fail(o, wd_serve_error(r), "%s: the all-reduce with the other rank %s",
+				   what, r == -EPIPE ? "broke (a rank died or left)" : "timed out");
 	(void)w;
-	return row_fail(o, serve_error(r), "%s failed: %s", what, strerror(-r));
+	return wd_row_fail(o, wd_serve_error(r), "%s failed: %s", what, strerror(-r));
 }
 
-static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct row_out *o)
+static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
 {
 	const struct bd_model_hparams *hp = &w->model->hp;
 	const char *kv = row->kv_config && *row->kv_config ? row->kv_config
@@ -143,51 +135,52 @@ static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct row_out *
 
 	drop(w, row->request_id); /* preempted and recomputed: start over */
 	if (!cfg)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
 				"unknown KV configuration '%s'", kv);
 	if (cfg->page_fmt != w->geo->layout.fmt)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
 				"KV configuration '%s' needs another page format than the pool's "
 				"'%s'", kv, w->pool_cfg->name);
 	if (row->position != 0 || n < 1)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
 				"prefill of %d tokens at position %d", n, row->position);
 	if (row->capacity < (uint32_t)n || row->capacity > (uint32_t)hp->n_ctx_train ||
 	    row->capacity > w->geo->max_seq_len)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
 				"capacity %u for a %d-token prompt (context %d, pool %u)",
 				row->capacity, n, hp->n_ctx_train, w->geo->max_seq_len);
 	if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
 				"a %d-token prompt fills %d pages; the plan names %zu (and %zu "
 				"promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
 				row->n_block_table);
 	for (struct wd_seq *t = w->seqs; t; t = t->next)
 		if (bd_kvmem_ext_slot_id(w->mem, bd_seq_slot(t->seq)) == row->slot)
-			return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+			return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
 					"slot %d is held by request %llu", row->slot,
 					(unsigned long long)t->request_id);
 	if ((r = bd_kvmem_ext_provide(w->mem, row->slot, NULL, 0)) < 0)
-		return row_fail(o, serve_error(r), "slot %d is outside the pool (%zu slots)",
+		return wd_row_fail(o, wd_serve_error(r), "slot %d is outside the pool (%zu slots)",
 				row->slot, w->geo->n_slots);
 
 	struct wd_seq *s = calloc(1, sizeof(*s));
 	if (!s)
-		return row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED, "out of memory");
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED, "out of memory");
 	s->request_id = row->request_id;
-	struct bd_seq_opts so = { .max_tokens = (int)row->capacity, .mem = w->mem };
+	struct bd_seq_opts so = { .max_tokens = (int)row->capacity, .mem = w->mem,
+				  .mu_k = w->calib ? w->calib->mu_k : NULL, .dp = &w->dp };
 	if (w->ar) {
 		so.allreduce = bd_allreduce_model_cb;
 		so.allreduce_ctx = w->ar;
 	}
 	if ((r = bd_seq_new(w->model, cfg, &so, &s->seq, err)) < 0) {
 		free(s);
-		return row_fail(o, serve_error(r), "sequence: %s", err);
+		return wd_row_fail(o, wd_serve_error(r), "sequence: %s", err);
 	}
 	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
 		bd_seq_free(s->seq);
 		free(s);
-		return row_fail(o, serve_error(r), "a page id is outside the pool (%zu pages)",
+		return wd_row_fail(o, wd_serve_error(r), "a page id is outside the pool (%zu pages)",
 				w->geo->n_pages);
 	}
 	r = bd_model_prefill(w->model, s->seq, (const int32_t *)row->tokens, n,
@@ -208,7 +201,7 @@ static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct row_out *
 		if ((r = bd_sampler_new(&sp, w->model->hp.n_vocab, &s->sampler)) < 0) {
 			bd_seq_free(s->seq);
 			free(s);
-			return row_fail(o, serve_error(r), "bad sampling parameters");
+			return wd_row_fail(o, wd_serve_error(r), "bad sampling parameters");
 		}
 	}
 	s->next = w->seqs;
@@ -222,14 +215,14 @@ static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct row_out *
 
 /* Checks a decode row against the sequence it names and hands it the plan's page. Returns the
  * sequence, or NULL with the row failed (and the sequence dropped). */
-static struct wd_seq *prepare_decode(struct wd *w, const Bdfp4__PlanRow *row, struct row_out *o)
+static struct wd_seq *prepare_decode(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
 {
 	struct wd_seq *s = find(w, row->request_id);
 	const int32_t *bt;
 	int r;
 
 	if (!s) {
-		row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
 			 "no sequence for request %llu on this worker",
 			 (unsigned long long)row->request_id);
 		return NULL;
@@ -250,14 +243,14 @@ static struct wd_seq *prepare_decode(struct wd *w, const Bdfp4__PlanRow *row, st
 		bad = fills ? "this token fills a page and no page was named"
 			    : "a page was named for a token that fills none";
 	if (bad) {
-		row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
 			 "request %llu at position %d (holds %d tokens, %d pages): %s",
 			 (unsigned long long)row->request_id, row->position, held, nbt, bad);
 		drop(w, row->request_id);
 		return NULL;
 	}
 	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
-		row_fail(o, serve_error(r), "page %d is outside the pool (%zu pages)",
+		wd_row_fail(o, wd_serve_error(r), "page %d is outside the pool (%zu pages)",
 			 row->new_pages[0], w->geo->n_pages);
 		drop(w, row->request_id);
 		return NULL;
@@ -267,7 +260,7 @@ static struct wd_seq *prepare_decode(struct wd *w, const Bdfp4__PlanRow *row, st
 
 /* The decode rows that passed their checks, as one batch (bd_model_decode_batch: the weights
  * are read once for all rows). Returns the all-reduce error that broke the batch, or 0. */
-static int run_decode_batch(struct wd *w, const Bdfp4__StepPlan *plan, struct row_out *out,
+static int run_decode_batch(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			    struct wd_seq **seqs, const size_t *rows, int nb)
 {
 	size_t V = (size_t)w->model->hp.n_vocab;
@@ -289,7 +282,7 @@ static int run_decode_batch(struct wd *w, const Bdfp4__StepPlan *plan, struct ro
 out:
 	for (int b = 0; b < nb; b++) {
 		const Bdfp4__PlanRow *row = plan->rows[rows[b]];
-		struct row_out *o = &out[rows[b]];
+		struct wd_row_out *o = &out[rows[b]];
 		int e = r < 0 ? r : st[b];
 		if (e < 0) {
 			model_fail(w, o, e, "decode");
@@ -310,14 +303,73 @@ static bool ar_broken(int e)
 	return e == BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
 }
 
+/* The CPU backend's rows: prefills one by one in plan order, then every decode row in one
+ * batch (the same order on every rank, so the same all-reduce calls). Sets *ret_error and msg
+ * when the all-reduce broke. */
+static void run_cpu_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
+{
+	struct wd_seq **batch = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*batch));
+	size_t *batch_rows = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*batch_rows));
+	bool broken = false;
+
+	if (!batch || !batch_rows) {
+		for (size_t i = 0; i < plan->n_rows; i++)
+			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+				    "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		const Bdfp4__PlanRow *row = plan->rows[i];
+		struct wd_row_out *o = &out[i];
+		if (!row->prefill)
+			continue;
+		if (broken) {
+			/* the other rank is gone: nothing more can be computed in this epoch */
+			wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+				    "the all-reduce broke earlier in this step");
+			drop(w, row->request_id);
+			continue;
+		}
+		run_prefill(w, row, o);
+		if (ar_broken(o->rr.error)) {
+			broken = true;
+			*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+			snprintf(msg, cap, "rank %d: %s", w->o.rank, o->msg);
+		}
+	}
+	int nb = 0;
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		const Bdfp4__PlanRow *row = plan->rows[i];
+		if (row->prefill)
+			continue;
+		if (broken) {
+			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+				    "the all-reduce broke earlier in this step");
+			drop(w, row->request_id);
+			continue;
+		}
+		struct wd_seq *s = prepare_decode(w, row, &out[i]);
+		if (s) {
+			batch[nb] = s;
+			batch_rows[nb++] = i;
+		}
+	}
+	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
+		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+		snprintf(msg, cap, "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
+	}
+out:
+	free(batch);
+	free(batch_rows);
+}
+
 void wd_run_plan(struct wd *w, const Bdfp4__StepPlan *plan)
 {
 	Bdfp4__WorkerMessage m = BDFP4__WORKER_MESSAGE__INIT;
 	Bdfp4__StepResult res = BDFP4__STEP_RESULT__INIT;
-	struct row_out *out = NULL;
+	struct wd_row_out *out = NULL;
 	Bdfp4__RowResult **rows = NULL;
-	struct wd_seq **batch = NULL;
-	size_t *batch_rows = NULL;
 	char msg[MSG_MAX + 32] = "";
 	struct timespec t0, t1;
 
@@ -334,72 +386,38 @@ void wd_run_plan(struct wd *w, const Bdfp4__StepPlan *plan)
 			 (unsigned long long)plan->epoch, (unsigned long long)w->epoch);
 		goto send;
 	}
-	if (w->o.tp > 1 && (!w->ar || bd_allreduce_check(w->ar) < 0)) {
+	if (w->gpu ? wd_gpu_broken(w)
+		   : w->o.tp > 1 && (!w->ar || bd_allreduce_check(w->ar) < 0)) {
 		res.error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
-		snprintf(msg, sizeof(msg), "rank %d: the all-reduce of epoch %llu is broken (a rank "
+		snprintf(msg, sizeof(msg), "rank %d: the %s of epoch %llu is broken (a rank "
 					   "died or left); waiting for a reset", w->o.rank,
+			 w->gpu ? "NCCL communicator" : "all-reduce",
 			 (unsigned long long)w->epoch);
 		goto send;
 	}
-	for (size_t i = 0; i < plan->n_release; i++)
+	for (size_t i = 0; i < plan->n_release; i++) {
 		drop(w, plan->release[i]);
+		wd_gtab_drop(&w->gtab, plan->release[i]);
+	}
 
 	out = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*out));
 	rows = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*rows));
-	batch = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*batch));
-	batch_rows = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*batch_rows));
-	if (!out || !rows || !batch || !batch_rows) {
+	if (!out || !rows) {
 		res.error = BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
 		snprintf(msg, sizeof(msg), "out of memory for %zu rows", plan->n_rows);
 		goto send;
 	}
-	/* prefills one by one in plan order, then every decode row in one batch: the same order
-	 * on every rank, so the same all-reduce calls */
-	bool broken = false;
 	for (size_t i = 0; i < plan->n_rows; i++) {
-		const Bdfp4__PlanRow *row = plan->rows[i];
-		struct row_out *o = &out[i];
+		struct wd_row_out *o = &out[i];
 		bdfp4__row_result__init(&o->rr);
-		o->rr.request_id = row->request_id;
+		o->rr.request_id = plan->rows[i]->request_id;
 		o->rr.token = -1;
 		rows[i] = &o->rr;
-		if (!row->prefill)
-			continue;
-		if (broken) {
-			/* the other rank is gone: nothing more can be computed in this epoch */
-			row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
-				 "the all-reduce broke earlier in this step");
-			drop(w, row->request_id);
-			continue;
-		}
-		run_prefill(w, row, o);
-		if (ar_broken(o->rr.error)) {
-			broken = true;
-			res.error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
-			snprintf(msg, sizeof(msg), "rank %d: %s", w->o.rank, o->msg);
-		}
 	}
-	int nb = 0;
-	for (size_t i = 0; i < plan->n_rows; i++) {
-		const Bdfp4__PlanRow *row = plan->rows[i];
-		if (row->prefill)
-			continue;
-		if (broken) {
-			row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
-				 "the all-reduce broke earlier in this step");
-			drop(w, row->request_id);
-			continue;
-		}
-		struct wd_seq *s = prepare_decode(w, row, &out[i]);
-		if (s) {
-			batch[nb] = s;
-			batch_rows[nb++] = i;
-		}
-	}
-	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
-		res.error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
-		snprintf(msg, sizeof(msg), "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
-	}
+	if (w->gpu)
+		wd_gpu_run_rows(w, plan, out, &res.error, msg, sizeof(msg));
+	else
+		run_cpu_rows(w, plan, out, &res.error, msg, sizeof(msg));
 	res.n_rows = plan->n_rows;
 	res.rows = rows;
 send:
@@ -421,6 +439,4 @@ send:
 		       strerror(-r));
 	free(out);
 	free(rows);
-	free(batch);
-	free(batch_rows);
 }

@@ -60,6 +60,8 @@ struct fake {
 };
 
 static struct fake F[2];
+/* the model the fakes register (a random-weights router names a preset) */
+static const char *fake_model = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 static uint32_t fake_token(uint64_t seed, int pos)
 {
@@ -103,7 +105,7 @@ static void fregister(struct fake *f, void *s)
 	r.pid = getpid();
 	r.backend = (char *)"cpu";
 	r.device = -1;
-	r.model = (char *)"SmolLM2-135M-Instruct.Q4_1.gguf";
+	r.model = (char *)fake_model;
 	m.msg_case = BDFP4__WORKER_MESSAGE__MSG_REGISTER_REQUEST;
 	m.register_request = &r;
 	fsend(s, &m);
@@ -625,6 +627,48 @@ Test(serve_router, concurrent_requests_preempt_and_recompute)
 	for (int i = 0; i < 4; i++)
 		bd_client_free(c[i]);
 	expect_no_violations();
+}
+
+/* --random-weights (issue 7): no GGUF and no tokenizer. The model name, vocabulary and shape are
+ * the preset's (Qwen3-4B: 151936 ids), the context the pool's max_seq_len (1024 here, not the
+ * preset's 40960); text prompts are refused, token ids are served and chunks carry no text. */
+Test(serve_router, random_weights_model_serves_token_ids_only)
+{
+	static const char *const extra[] = { "--random-weights", "qwen3-4b", NULL };
+	struct bd_client *c;
+	struct bd_client_info info;
+	struct result r;
+	struct bd_client_gen g = { .max_tokens = 4, .prompt = "hello" };
+	int32_t ids[3] = { 151935, 49152, 7 }, past = 151936;
+	uint64_t tag;
+
+	fake_model = "qwen3-4b";
+	up("16", "4", extra);
+	c = client();
+	cr_assert_eq(bd_client_info(c, WAIT_MS, &info), 0);
+	cr_expect_str_eq(info.model, "qwen3-4b");
+	cr_expect_str_eq(info.arch, "qwen3");
+	cr_expect_eq(info.n_vocab, 151936);
+	cr_expect_eq(info.n_ctx, 1024);
+
+	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
+	collect(c, tag, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_INVALID_ARGUMENT, "text prompt: %d %s", r.error,
+		     r.message);
+	cr_expect_not_null(strstr(r.message, "token_ids"), "%s", r.message);
+
+	/* ids the GGUF's 49152-token vocabulary would refuse are the preset's */
+	tag = start_ids(c, ids, 3, 5, 42, true);
+	collect(c, tag, &r);
+	cr_assert_eq(r.finish, BD_FINISH_LENGTH, "%d %s", r.error, r.message);
+	expect_tokens(&r, 3, 42, 5);
+	cr_expect_eq(r.text_len, 0);
+	tag = start_ids(c, &past, 1, 5, 42, true);
+	collect(c, tag, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_INVALID_ARGUMENT, "id = vocabulary: %s", r.message);
+	bd_client_free(c);
+	expect_no_violations();
+	cr_expect(sv_pool_idle(&E, WAIT_MS));
 }
 
 Test(serve_router, bad_inputs_get_errors_and_leave_nothing)

@@ -295,6 +295,7 @@ static void form_group(uint64_t epoch, const char *ar_name)
 		cr_assert_eq(rq->n_vocab, 49152);
 		cr_assert_eq(rq->n_layers, 30);
 		cr_assert_str_eq(rq->kv_config, "bitdecoding-nvfp4");
+		cr_assert_eq(rq->nccl_unique_id.len, 0, "no NCCL on the cpu backend");
 		cr_assert_eq(rq->pid, T.w_pid[rq->rank]);
 		memcpy(T.ident[rq->rank], id, il);
 		T.ident_len[rq->rank] = il;
@@ -751,6 +752,73 @@ Test(workerd, unusable_reply_registers_again)
 	struct row_spec ok = { .id = 1, .prefill = true, .n_tokens = 2, .tokens = tok, .slot = 0,
 			       .capacity = 4 };
 	step1(2, 1, &ok, res);
+	for (int r = 0; r < 2; r++)
+		cr_assert_eq(res[r]->rows[0]->error, 0, "%s", res[r]->rows[0]->message);
+	free_results(res);
+}
+
+static bool log_has(const char *path, const char *what)
+{
+	static char buf[65536];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return strstr(buf, what) != NULL;
+}
+
+static pid_t start_worker_args(int rank, const char *const *extra)
+{
+	char r[8];
+	const char *args[32] = { "--no-config", "--rank", r, "--tp", "2", "--model", T.model,
+				 "--pool-socket", T.pool_sock, "--router", T.workers_ep,
+				 "--allreduce-dir", T.dir };
+	size_t n = 13;
+	snprintf(r, sizeof(r), "%d", rank);
+	for (size_t i = 0; extra[i] && n < 31; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	return spawn("workerd", args, T.log[rank], NULL);
+}
+
+/* The cuda backend's flags (issue 7): an unknown --random-weights shape or a --weights other
+ * than bf16/f32 is a bad flag (exit 2 before anything is loaded); --synthetic-prefill and
+ * --random-weights need a pool of the cuda backend, so against this cpu pool they are refused
+ * at start (exit 1) with a message that says so, and no group forms. */
+Test(workerd, cuda_backend_flags_are_checked)
+{
+	static const char *const bad_preset[] = { "--random-weights", "qwen3-5b", NULL };
+	static const char *const bad_weights[] = { "--weights", "fp16", NULL };
+	static const char *const bad_batch[] = { "--max-batch", "0", NULL };
+	static const char *const synth[] = { "--synthetic-prefill", NULL };
+	static const char *const synth_off[] = { "--synthetic-prefill=0", "--max-batch", "8",
+						 "--weights", "f32", NULL };
+
+	T.w_pid[0] = start_worker_args(0, bad_preset);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 2);
+	cr_assert(log_has(T.log[0], "no such model shape"), "log %s", T.log[0]);
+	T.w_pid[0] = start_worker_args(0, bad_weights);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 2);
+	cr_assert(log_has(T.log[0], "bf16 or f32"));
+	T.w_pid[0] = start_worker_args(0, bad_batch);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 2);
+
+	start_pool();
+	T.w_pid[0] = start_worker_args(0, synth);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 1);
+	cr_assert(log_has(T.log[0], "synthetic_prefill needs a pool of the cuda backend"),
+		  "log %s", T.log[0]);
+
+	/* the same flags switched off (or meaningless on the cpu backend) serve as before */
+	T.w_pid[0] = start_worker_args(0, synth_off);
+	start_worker(1);
+	form_group(4, "t-ar-flags");
+	Bdfp4__StepResult *res[2];
+	int32_t tok[2] = { 1, 2 };
+	struct row_spec ok = { .id = 1, .prefill = true, .n_tokens = 2, .tokens = tok, .slot = 0,
+			       .capacity = 4 };
+	step1(4, 1, &ok, res);
 	for (int r = 0; r < 2; r++)
 		cr_assert_eq(res[r]->rows[0]->error, 0, "%s", res[r]->rows[0]->message);
 	free_results(res);

@@ -1,0 +1,356 @@
+/* test_wd_plan.c — workerd's cuda backend, the pure part (workerd/growmap.c): plan rows mapped
+ * to the stateless GPU model's rows (struct bd_grow) and the per-request records every rank
+ * keeps. Suite "wd_plan".
+ *
+ * Expected page splits are worked out by hand from serve.proto's rule: page j holds positions
+ * 128·j .. 128·j + 127, and the token at position p completes page p / 128 when
+ * (p + 1) % 128 == 0.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "growmap.h"
+
+#define INV BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT
+
+TestSuite(wd_plan);
+
+static const struct wd_glimits LIM = {
+	.n_pages = 100, .n_slots = 8, .max_tokens = 4096, .max_prefill = 512, .n_vocab = 1000,
+	.synthetic = false, .kv_config = "bitdecoding-nvfp4",
+};
+
+static int32_t PROMPT[1024];
+
+static void prefill_row(Bdfp4__PlanRow *r, uint64_t id, int n, int32_t slot, int32_t *pages,
+			uint32_t capacity)
+{
+	bdfp4__plan_row__init(r);
+	for (int i = 0; i < n; i++)
+		PROMPT[i] = (i * 7) % 1000;
+	r->request_id = id;
+	r->prefill = true;
+	r->n_tokens = (size_t)n;
+	r->tokens = PROMPT;
+	r->slot = slot;
+	r->n_new_pages = (size_t)(n / 128);
+	r->new_pages = pages;
+	r->capacity = capacity;
+	r->sample = true;
+}
+
+static void decode_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int32_t *tok, int32_t slot,
+		       int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new)
+{
+	bdfp4__plan_row__init(r);
+	r->request_id = id;
+	r->position = pos;
+	r->n_tokens = 1;
+	r->tokens = tok;
+	r->slot = slot;
+	r->block_table = bt;
+	r->n_block_table = n_bt;
+	r->new_pages = newp;
+	r->n_new_pages = n_new;
+	r->sample = true;
+}
+
+/* A real prefill of 300 tokens fills pages 0 and 1 (positions 0..255); the record then holds
+ * 300 tokens, those two pages, one draw, and the sampling parameters of the row. */
+Test(wd_plan, prefill_maps_and_the_record_follows)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	Bdfp4__SamplingParams sp = BDFP4__SAMPLING_PARAMS__INIT;
+	int32_t pages[2] = { 17, 4 };
+	char msg[200];
+
+	prefill_row(&r, 5, 300, 3, pages, 400);
+	sp.temperature = 0.7f;
+	sp.top_k = 40;
+	sp.top_p = 0.0f; /* serve.proto: 0 means 1 */
+	sp.seed = 99;
+	r.sampling = &sp;
+	r.logits_top_k = 200; /* capped at 64 */
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_PREFILL);
+	cr_assert_eq(it.n_tokens, 300);
+	cr_assert_eq(it.tokens, PROMPT);
+	cr_assert_eq(it.g.slot, 3);
+	cr_assert_eq(it.g.position, 0);
+	cr_assert_eq(it.g.n_pages, 0);
+	cr_assert_eq(it.g.n_new, 2);
+	cr_assert_eq(it.g.new_pages, pages);
+	cr_assert_eq(it.g.rng_step, 0);
+	cr_assert_float_eq(it.g.sampling.temperature, 0.7f, 0);
+	cr_assert_eq(it.g.sampling.top_k, 40);
+	cr_assert_float_eq(it.g.sampling.top_p, 1.0f, 0);
+	cr_assert_eq(it.g.sampling.seed, 99);
+	cr_assert_eq(it.top_k, 64);
+	wd_gdone(&t, &it, true);
+
+	struct wd_greq *q = wd_gtab_find(&t, 5);
+	cr_assert_not_null(q);
+	cr_assert_eq(q->n_tokens, 300);
+	cr_assert_eq(q->n_pages, 2);
+	cr_assert(q->pages[0] == 17 && q->pages[1] == 4);
+	cr_assert_eq(q->draws, 1);
+	cr_assert(!q->busy);
+
+	/* the next decode: position 300, block table = the two pages, rng_step 1, the
+	 * request's sampling */
+	int32_t tok = 12;
+	decode_row(&r, 5, 300, &tok, 3, pages, 2, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_DECODE);
+	cr_assert_eq(it.g.position, 300);
+	cr_assert_eq(it.g.n_pages, 2);
+	cr_assert_eq(it.g.rng_step, 1);
+	cr_assert_eq(it.g.sampling.seed, 99);
+	cr_assert_eq(it.token, 12);
+	wd_gdone(&t, &it, true);
+	cr_assert_eq(wd_gtab_find(&t, 5)->n_tokens, 301);
+	cr_assert_eq(wd_gtab_find(&t, 5)->draws, 2);
+	wd_gtab_clear(&t);
+}
+
+/* Decoding through a page boundary: the token at position 383 completes page 2, so that row
+ * must name one new page; the one after has it in its block table. */
+Test(wd_plan, decode_promotes_at_the_page_boundary)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t pages[3] = { 1, 2, 9 }, tok = 3;
+	char msg[200];
+
+	prefill_row(&r, 1, 383, 0, pages, 1000);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gdone(&t, &it, true);
+	cr_assert_eq(wd_gtab_find(&t, 1)->n_pages, 2);
+
+	/* no page named: refused, and the sequence is dropped */
+	decode_row(&r, 1, 383, &tok, 0, pages, 2, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
+	cr_assert_not_null(strstr(msg, "fills a page"), "%s", msg);
+	cr_assert_null(wd_gtab_find(&t, 1));
+
+	/* again, with the page */
+	prefill_row(&r, 1, 383, 0, pages, 1000);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
+	wd_gdone(&t, &it, true);
+	decode_row(&r, 1, 383, &tok, 0, pages, 2, &pages[2], 1);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.g.n_new, 1);
+	cr_assert_eq(it.g.new_pages[0], 9);
+	wd_gdone(&t, &it, true);
+	decode_row(&r, 1, 384, &tok, 0, pages, 3, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.g.n_pages, 3);
+	/* a page named for position 384, which completes none */
+	wd_gdone(&t, &it, true);
+	decode_row(&r, 1, 385, &tok, 0, pages, 3, &pages[0], 1);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
+	cr_assert_not_null(strstr(msg, "fills none"), "%s", msg);
+	wd_gtab_clear(&t);
+}
+
+/* --synthetic-prefill: n − 1 tokens filled, the last decoded at n − 1.
+ *   n = 300: the fill (positions 0..298) completes pages 0 and 1 ((299 − 1 + 1) / 128 = 2);
+ *            position 299 completes none.
+ *   n = 256: the fill (0..254) completes page 0 only; position 255 completes page 1.
+ *   n = 1:   nothing to fill; decode at position 0. */
+Test(wd_plan, synthetic_prefill_splits_fill_and_last_token)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	struct wd_glimits lim = LIM;
+	int32_t pages[8] = { 10, 11, 12, 13, 14, 15, 16, 17 };
+	char msg[200];
+
+	lim.synthetic = true;
+	prefill_row(&r, 1, 300, 0, pages, 400);
+	cr_assert_eq(wd_gmap(&t, &r, &lim, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_FILL_DECODE);
+	cr_assert_eq(it.n_fill, 299);
+	cr_assert_eq(it.fill.n_new, 2);
+	cr_assert_eq(it.fill.new_pages, pages);
+	cr_assert_eq(it.fill.slot, 0);
+	cr_assert_eq(it.g.position, 299);
+	cr_assert_eq(it.g.n_pages, 2);
+	cr_assert_eq(it.g.block_table, pages);
+	cr_assert_eq(it.g.n_new, 0);
+	cr_assert_eq(it.token, PROMPT[299]);
+	wd_gdone(&t, &it, true);
+	cr_assert_eq(wd_gtab_find(&t, 1)->n_tokens, 300);
+	cr_assert_eq(wd_gtab_find(&t, 1)->n_pages, 2);
+
+	prefill_row(&r, 2, 256, 1, pages + 2, 400);
+	cr_assert_eq(wd_gmap(&t, &r, &lim, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.n_fill, 255);
+	cr_assert_eq(it.fill.n_new, 1);
+	cr_assert_eq(it.fill.new_pages[0], 12);
+	cr_assert_eq(it.g.position, 255);
+	cr_assert_eq(it.g.n_pages, 1);
+	cr_assert_eq(it.g.block_table[0], 12);
+	cr_assert_eq(it.g.n_new, 1);
+	cr_assert_eq(it.g.new_pages[0], 13);
+	wd_gdone(&t, &it, true);
+	struct wd_greq *q = wd_gtab_find(&t, 2);
+	cr_assert(q->n_tokens == 256 && q->n_pages == 2 && q->pages[0] == 12 &&
+		  q->pages[1] == 13);
+
+	prefill_row(&r, 3, 1, 2, NULL, 8);
+	cr_assert_eq(wd_gmap(&t, &r, &lim, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.n_fill, 0);
+	cr_assert_eq(it.g.position, 0);
+	cr_assert_eq(it.g.n_pages, 0);
+	cr_assert_eq(it.g.n_new, 0);
+
+	/* a prompt beyond max_prefill is fine synthetic, refused real */
+	struct wd_gitem it2;
+	prefill_row(&r, 4, 600, 3, pages, 700);
+	cr_assert_eq(wd_gmap(&t, &r, &lim, &it2, msg, sizeof(msg)), 0, "%s", msg);
+	prefill_row(&r, 5, 600, 4, pages, 700);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it2, msg, sizeof(msg)), INV);
+	cr_assert_not_null(strstr(msg, "max_prefill"), "%s", msg);
+	cr_assert_null(wd_gtab_find(&t, 5));
+	wd_gtab_clear(&t);
+}
+
+/* One plan of three decode rows whose middle row's block table is not the pages its request
+ * promoted: that row fails with INVALID_ARGUMENT (its record dropped), the others map. */
+Test(wd_plan, inconsistent_row_fails_others_run)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it[3];
+	Bdfp4__PlanRow r[3];
+	int32_t pages[3][2] = { { 1, 2 }, { 3, 4 }, { 5, 6 } }, wrong[2] = { 4, 3 }, tok = 7;
+	char msg[3][200];
+
+	for (int i = 0; i < 3; i++) {
+		prefill_row(&r[i], 10 + (uint64_t)i, 260, i, pages[i], 600);
+		cr_assert_eq(wd_gmap(&t, &r[i], &LIM, &it[i], msg[i], 200), 0, "%s", msg[i]);
+		wd_gdone(&t, &it[i], true);
+	}
+	decode_row(&r[0], 10, 260, &tok, 0, pages[0], 2, NULL, 0);
+	decode_row(&r[1], 11, 260, &tok, 1, wrong, 2, NULL, 0);
+	decode_row(&r[2], 12, 260, &tok, 2, pages[2], 2, NULL, 0);
+	int code[3];
+	for (int i = 0; i < 3; i++)
+		code[i] = wd_gmap(&t, &r[i], &LIM, &it[i], msg[i], 200);
+	cr_assert_eq(code[0], 0, "%s", msg[0]);
+	cr_assert_eq(code[1], INV);
+	cr_assert_not_null(strstr(msg[1], "block table"), "%s", msg[1]);
+	cr_assert_eq(code[2], 0, "%s", msg[2]);
+	cr_assert_null(wd_gtab_find(&t, 11));
+	cr_assert_eq(it[0].g.block_table, pages[0]);
+	cr_assert_eq(it[2].g.slot, 2);
+	wd_gdone(&t, &it[0], true);
+	wd_gdone(&t, &it[2], true);
+	cr_assert_eq(wd_gtab_find(&t, 10)->n_tokens, 261);
+	cr_assert_eq(wd_gtab_find(&t, 12)->n_tokens, 261);
+	cr_assert_eq(t.n, 2);
+	wd_gtab_clear(&t);
+}
+
+/* Every way a row can lie: each refused with its code, and the records of other requests are
+ * left as they were (a refused prefill creates nothing). */
+Test(wd_plan, bad_rows_are_refused)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t pages[4] = { 1, 2, 3, 4 }, far = 100, tok = 5, big = 1000;
+	char msg[200];
+
+	prefill_row(&r, 1, 10, 2, NULL, 64);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
+	wd_gdone(&t, &it, true);
+
+	struct {
+		Bdfp4__PlanRow r;
+		int want;
+		const char *what;
+	} bad[16];
+	Bdfp4__SamplingParams sp = BDFP4__SAMPLING_PARAMS__INIT;
+	int n = 0;
+	sp.top_p = 1.5f;
+	prefill_row(&bad[n].r, 2, 10, 3, NULL, 64);
+	bad[n].r.kv_config = (char *)"bf16";
+	bad[n].want = BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG;
+	bad[n++].what = "another KV configuration than the pool's";
+	prefill_row(&bad[n].r, 2, 10, 2, NULL, 64);
+	bad[n].want = INV;
+	bad[n++].what = "a slot request 1 holds";
+	prefill_row(&bad[n].r, 2, 10, 8, NULL, 64);
+	bad[n].want = INV;
+	bad[n++].what = "a slot outside the pool";
+	prefill_row(&bad[n].r, 2, 10, 3, NULL, 5000);
+	bad[n].want = INV;
+	bad[n++].what = "capacity above max_tokens";
+	prefill_row(&bad[n].r, 2, 10, 3, NULL, 9);
+	bad[n].want = INV;
+	bad[n++].what = "capacity below the prompt";
+	prefill_row(&bad[n].r, 2, 256, 3, pages, 300);
+	bad[n].r.n_new_pages = 1;
+	bad[n].want = INV;
+	bad[n++].what = "one page named for a prompt that fills two";
+	prefill_row(&bad[n].r, 2, 128, 3, &far, 300);
+	bad[n].want = INV;
+	bad[n++].what = "a page outside the pool";
+	prefill_row(&bad[n].r, 2, 1, 3, NULL, 8);
+	bad[n].r.tokens = &big;
+	bad[n].want = INV;
+	bad[n++].what = "a token = the vocabulary size";
+	prefill_row(&bad[n].r, 2, 10, 3, NULL, 64);
+	bad[n].r.sampling = &sp;
+	bad[n].want = INV;
+	bad[n++].what = "top_p above 1";
+	prefill_row(&bad[n].r, 2, 10, 3, NULL, 64);
+	bad[n].r.position = 4;
+	bad[n].want = INV;
+	bad[n++].what = "a prefill not at position 0";
+	decode_row(&bad[n].r, 77, 0, &tok, 3, NULL, 0, NULL, 0);
+	bad[n].want = INV;
+	bad[n++].what = "a decode of an unknown request";
+
+	for (int i = 0; i < n; i++) {
+		int code = wd_gmap(&t, &bad[i].r, &LIM, &it, msg, sizeof(msg));
+		cr_assert_eq(code, bad[i].want, "%s: got %d (%s)", bad[i].what, code, msg);
+		cr_assert_gt(strlen(msg), 0, "%s: no message", bad[i].what);
+		cr_assert_null(wd_gtab_find(&t, 2), "%s: a record was made", bad[i].what);
+		cr_assert_eq(t.n, 1, "%s", bad[i].what);
+		struct wd_greq *q = wd_gtab_find(&t, 1);
+		cr_assert(q && q->n_tokens == 10 && q->slot == 2 && !q->busy, "%s", bad[i].what);
+	}
+
+	/* decodes of request 1 that lie: wrong position, wrong slot; each drops it */
+	decode_row(&r, 1, 11, &tok, 2, NULL, 0, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
+	cr_assert_not_null(strstr(msg, "position"), "%s", msg);
+	cr_assert_null(wd_gtab_find(&t, 1));
+	prefill_row(&r, 1, 10, 2, NULL, 64);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
+	wd_gdone(&t, &it, true);
+	decode_row(&r, 1, 10, &tok, 5, NULL, 0, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
+	cr_assert_not_null(strstr(msg, "slot"), "%s", msg);
+	cr_assert_null(wd_gtab_find(&t, 1));
+
+	/* one request twice in a plan: the second row is refused */
+	prefill_row(&r, 1, 10, 2, NULL, 64);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
+	struct wd_gitem it2;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it2, msg, sizeof(msg)), INV);
+	cr_assert_not_null(strstr(msg, "twice"), "%s", msg);
+	wd_gdone(&t, &it, false); /* the first failed on the device: dropped */
+	cr_assert_null(wd_gtab_find(&t, 1));
+
+	/* a release of an unknown id is ignored */
+	wd_gtab_drop(&t, 12345);
+	cr_assert_eq(t.n, 0);
+	wd_gtab_clear(&t);
+}

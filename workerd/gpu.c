@@ -1,0 +1,658 @@
+/* gpu.c — workerd's cuda backend (issue 7): kvpoold's VMM arena imported on the rank's GPU,
+ * the model there (bd_gmodel.h), NCCL between the ranks, and the step plans run as gmodel
+ * calls.
+ *
+ * The worker allocates no KV of its own: pages and slots are the pool's arena
+ * (bd_pool_cuda_map). The model is stateless per request; growmap.c checks each row against
+ * the small record every rank keeps and turns it into a bd_grow. Prefill rows run one by one
+ * (or, with synthetic_prefill, as a synthetic fill plus a decode of the last prompt token), all
+ * decode rows of a step in one bd_gmodel_decode call (max_batch at a time).
+ *
+ * NCCL (tp > 1): rank 0 makes a unique id for every registration, the router relays it in the
+ * RegisterReply, each rank joins with a non-blocking ncclCommInitRankConfig polled with a
+ * deadline. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless the user set it). A dead peer
+ * shows as -EPIPE or -ETIMEDOUT from the model: the communicator is aborted and the rank
+ * registers again, which makes the router reset the group (a new epoch, a new communicator
+ * handed to the model with bd_gmodel_set_comm). With tp > 1 the model is built when the first
+ * communicator exists; with tp = 1 at start, and NCCL is never called.
+ *
+ * Compiled with BD_WORKERD_CUDA only where nvcc is (the Makefile's HAVE_NVCC); without it the
+ * functions at the end refuse the cuda backend at start.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "workerd.h"
+
+#ifdef BD_WORKERD_CUDA
+
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "bd_gmodel.h"
+#include "bd_pool_cuda.h"
+
+#define NCCL_JOIN_TIMEOUT_MS 60000
+
+struct wd_gpu {
+	void *base;              /* the arena, mapped */
+	struct bd_gmodel *g;     /* NULL until built (tp > 1: at the first join) */
+	ncclComm_t comm;
+	bool broken;             /* the communicator of this epoch failed */
+	bool dead;               /* the model failed for good */
+	struct bd_model_hparams hp; /* what the model is built from (random weights: n_ctx raised) */
+	struct bd_model_shard shard;
+	int max_tokens, max_prefill;
+
+	/* step buffers */
+	struct wd_gitem *items;
+	int *mapped;             /* [cap] 1: items[i] holds a mapped row */
+	int *dec;                /* [cap] the plan rows of the decode batch */
+	size_t cap;
+	struct bd_grow *rows;    /* [max_batch] */
+	int32_t *toks, *out_tok, *top_ids;
+	int *status;
+	float *top_logits;
+
+	/* decode-step timing since the last report */
+	double *ul, *dev;        /* upload + launch, device: µs per step */
+	size_t n_t, cap_t;
+	size_t graph_steps;
+	double rows_sum, upload_sum, launch_sum;
+};
+
+static int cuda_errno(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return 0;
+	case cudaErrorInvalidDevice:
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver:
+		return -ENODEV;
+	case cudaErrorMemoryAllocation:
+		return -ENOMEM;
+	default:
+		return -EIO;
+	}
+}
+
+/* The model on the device, over the arena; comm is the group's (NULL with tp = 1). */
+static int build_model(struct wd *w, ncclComm_t comm)
+{
+	struct wd_gpu *gp = w->gpu;
+	const struct bd_pool_geometry *geo = w->geo;
+	char err[BD_MODEL_ERR_MAX] = "";
+	struct bd_gmodel_opts o = {
+		.device = w->o.device,
+		.weights = strcmp(w->o.weights, "f32") ? BD_GWEIGHTS_BF16 : BD_GWEIGHTS_F32,
+		.cfg = w->pool_cfg,
+		.lay = geo->layout,
+		.pages = (char *)gp->base + geo->pages_offset,
+		.slots = (char *)gp->base + geo->slots_offset,
+		.n_slots = geo->n_slots,
+		.mu_k = w->calib ? w->calib->mu_k : NULL,
+		.dp = &w->dp,
+		.max_batch = w->o.max_batch,
+		.max_tokens = gp->max_tokens,
+		.max_prefill = gp->max_prefill,
+		.nccl_comm = comm,
+		.use_graphs = w->o.cuda_graphs,
+		.ar_timeout_ms = w->o.ar_timeout_ms,
+	};
+	int64_t t0 = wd_now_ms();
+	int r;
+
+	if (*w->o.random_weights)
+		r = bd_gmodel_new_random(&gp->hp, &gp->shard, w->o.seed, &o, &gp->g, err);
+	else
+		r = bd_gmodel_new(w->model, &o, &gp->g, err);
+	if (r < 0) {
+		wd_err("model on device %d: %s (%s)", w->o.device, *err ? err : "failed",
+		       strerror(-r));
+		return r;
+	}
+	/* the host copy served its purpose */
+	bd_model_free(w->model);
+	w->model = NULL;
+	wd_info("%s on device %d in %lld ms: %s weights%s, max batch %d, max tokens %d, max "
+		"prefill %d, graphs %s", w->model_name, w->o.device,
+		(long long)(wd_now_ms() - t0), w->o.weights,
+		*w->o.random_weights ? " (random)" : "", w->o.max_batch, gp->max_tokens,
+		gp->max_prefill, w->o.cuda_graphs ? "on" : "off");
+	return 0;
+}
+
+int wd_gpu_setup(struct wd *w)
+{
+	const struct bd_pool_geometry *geo = w->geo;
+	char err[256] = "";
+	struct wd_gpu *gp;
+	int r;
+
+	if (w->o.device >= 0 && w->o.device != geo->device) {
+		wd_err("device %d: kvpoold put rank %d's arena on device %d (the arena is mapped "
+		       "where it lives)", w->o.device, w->o.rank, geo->device);
+		return -EINVAL;
+	}
+	w->o.device = geo->device;
+	/* NVLink multicast (NVLS) off unless asked for: before the first NCCL call */
+	setenv("NCCL_NVLS_ENABLE", "0", 0);
+	cudaError_t ce = cudaSetDevice(w->o.device);
+	if ((r = cuda_errno(ce)) < 0) {
+		wd_err("CUDA device %d: %s", w->o.device, cudaGetErrorString(ce));
+		return r;
+	}
+	gp = calloc(1, sizeof(*gp));
+	if (!gp)
+		return -ENOMEM;
+	w->gpu = gp;
+	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
+		wd_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
+		gp->base = NULL;
+		return r;
+	}
+	gp->hp = w->hp;
+	gp->max_tokens = w->o.max_tokens ? w->o.max_tokens : (int)geo->max_seq_len;
+	if (gp->max_tokens > (int)geo->max_seq_len)
+		gp->max_tokens = (int)geo->max_seq_len;
+	if (*w->o.random_weights) {
+		/* no checkpoint to hold to: RoPE goes as far as the pool does */
+		if (gp->hp.n_ctx_train < gp->max_tokens)
+			gp->hp.n_ctx_train = gp->max_tokens;
+	} else if (gp->max_tokens > gp->hp.n_ctx_train) {
+		gp->max_tokens = gp->hp.n_ctx_train;
+	}
+	gp->max_prefill = w->o.max_prefill < gp->max_tokens ? w->o.max_prefill : gp->max_tokens;
+	if ((r = bd_model_shard_plan(&gp->hp, w->o.rank, w->o.tp, &gp->shard)) < 0)
+		return r;
+	size_t B = (size_t)w->o.max_batch;
+	gp->rows = calloc(B, sizeof(*gp->rows));
+	gp->toks = calloc(B, sizeof(*gp->toks));
+	gp->out_tok = calloc(B, sizeof(*gp->out_tok));
+	gp->status = calloc(B, sizeof(*gp->status));
+	gp->top_ids = calloc(B * WD_TOP_MAX, sizeof(*gp->top_ids));
+	gp->top_logits = calloc(B * WD_TOP_MAX, sizeof(*gp->top_logits));
+	if (!gp->rows || !gp->toks || !gp->out_tok || !gp->status || !gp->top_ids ||
+	    !gp->top_logits)
+		return -ENOMEM;
+	wd_info("cuda backend: device %d, arena of %zu bytes mapped, tp %d%s", w->o.device,
+		geo->arena_bytes, w->o.tp,
+		w->o.synthetic_prefill ? ", synthetic prefill" : "");
+	if (w->o.tp == 1)
+		return build_model(w, NULL);
+	return 0;
+}
+
+void wd_gpu_teardown(struct wd *w)
+{
+	struct wd_gpu *gp = w->gpu;
+
+	if (!gp)
+		return;
+	if (gp->comm)
+		ncclCommAbort(gp->comm);
+	bd_gmodel_free(gp->g);
+	if (gp->base) {
+		cudaDeviceSynchronize();
+		bd_pool_cuda_unmap(w->pool, gp->base);
+	}
+	free(gp->items);
+	free(gp->mapped);
+	free(gp->dec);
+	free(gp->rows);
+	free(gp->toks);
+	free(gp->out_tok);
+	free(gp->status);
+	free(gp->top_ids);
+	free(gp->top_logits);
+	free(gp->ul);
+	free(gp->dev);
+	free(gp);
+	w->gpu = NULL;
+}
+
+int wd_gpu_register_id(struct wd *w, uint8_t *id, size_t *len)
+{
+	ncclUniqueId uid;
+	ncclResult_t nr;
+
+	*len = 0;
+	if (w->o.tp == 1 || w->o.rank != 0)
+		return 0;
+	if ((nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
+		wd_err("ncclGetUniqueId: %s", ncclGetErrorString(nr));
+		return -EIO;
+	}
+	_Static_assert(sizeof(uid) <= 128, "RegisterRequest carries 128 bytes");
+	memcpy(id, &uid, sizeof(uid));
+	*len = sizeof(uid);
+	return 0;
+}
+
+int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
+{
+	struct wd_gpu *gp = w->gpu;
+	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+	ncclUniqueId uid;
+	ncclComm_t comm = NULL;
+	ncclResult_t nr, st = ncclInProgress;
+	int r;
+
+	if (gp->dead)
+		return -EIO;
+	if (w->o.tp == 1)
+		return gp->g ? 0 : (build_model(w, NULL) < 0 ? -EIO : 0);
+	if (len != sizeof(uid)) {
+		wd_err("RegisterReply: NCCL unique id of %zu bytes (want %zu); registering again",
+		       len, sizeof(uid));
+		return -EINVAL;
+	}
+	memcpy(&uid, id, sizeof(uid));
+	cudaSetDevice(w->o.device);
+	cfg.blocking = 0;
+	int64_t t0 = wd_now_ms();
+	nr = ncclCommInitRankConfig(&comm, w->o.tp, uid, w->o.rank, &cfg);
+	if (nr != ncclSuccess && nr != ncclInProgress) {
+		wd_err("ncclCommInitRankConfig: %s; registering again", ncclGetErrorString(nr));
+		if (comm)
+			ncclCommAbort(comm);
+		return -ECONNREFUSED;
+	}
+	/* non-blocking init: poll, so a rank that never comes cannot hang this one */
+	while (wd_now_ms() - t0 < NCCL_JOIN_TIMEOUT_MS) {
+		if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || st != ncclInProgress)
+			break;
+		usleep(1000);
+	}
+	if (st != ncclSuccess) {
+		wd_err("NCCL communicator of rank %d of %d: %s; registering again", w->o.rank,
+		       w->o.tp, st == ncclInProgress ? "timed out" : ncclGetErrorString(st));
+		ncclCommAbort(comm);
+		return st == ncclInProgress ? -ETIMEDOUT : -ECONNREFUSED;
+	}
+	if (!gp->g) {
+		if (build_model(w, comm) < 0) {
+			ncclCommAbort(comm);
+			gp->dead = true;
+			return -EIO;
+		}
+	} else if ((r = bd_gmodel_set_comm(gp->g, comm)) < 0) {
+		wd_err("the model refused the new communicator: %s", strerror(-r));
+		ncclCommAbort(comm);
+		if (r == -EIO) {
+			gp->dead = true;
+			return -EIO;
+		}
+		return r;
+	}
+	gp->comm = comm;
+	gp->broken = false;
+	wd_info("NCCL communicator of %d ranks joined in %lld ms", w->o.tp,
+		(long long)(wd_now_ms() - t0));
+	return 0;
+}
+
+void wd_gpu_leave(struct wd *w)
+{
+	struct wd_gpu *gp = w->gpu;
+
+	if (!gp)
+		return;
+	/* abort, not destroy: the peer may be dead, and destroy would wait for it */
+	if (gp->comm)
+		ncclCommAbort(gp->comm);
+	gp->comm = NULL;
+	gp->broken = false;
+}
+
+bool wd_gpu_broken(const struct wd *w)
+{
+	return w->gpu && (w->gpu->broken || w->gpu->dead || !w->gpu->g);
+}
+
+bool wd_gpu_dead(const struct wd *w)
+{
+	return w->gpu && w->gpu->dead;
+}
+
+/* ---- steps ---------------------------------------------------------------------------------- */
+
+static int grow_items(struct wd_gpu *gp, size_t n)
+{
+	if (n <= gp->cap)
+		return 0;
+	struct wd_gitem *it = realloc(gp->items, n * sizeof(*it));
+	if (!it)
+		return -ENOMEM;
+	gp->items = it;
+	int *m = realloc(gp->mapped, n * sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	gp->mapped = m;
+	int *d = realloc(gp->dec, n * sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	gp->dec = d;
+	gp->cap = n;
+	return 0;
+}
+
+/* A model error of row o. Communicator errors break the epoch (the rank registers again);
+ * -EIO, and any failure of a tp = 1 model past -EINVAL/-ERANGE/-EDOM/-ENOMEM, is for good. */
+static void model_error(struct wd *w, struct wd_row_out *o, int r, const char *what,
+			const char *err)
+{
+	struct wd_gpu *gp = w->gpu;
+	bool comm = (r == -EPIPE || r == -ETIMEDOUT) && w->o.tp > 1;
+
+	if (comm)
+		gp->broken = true;
+	else if (r == -EIO || r == -EPIPE || r == -ETIMEDOUT || r == -ENODEV)
+		gp->dead = true;
+	wd_row_fail(o, comm ? BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED
+			    : r == -EIO ? BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL : wd_serve_error(r),
+		    "%s: %s", what, err && *err ? err : strerror(-r));
+}
+
+/* Rank 0's outputs of one call of n rows, top_k logits each. */
+static struct bd_gout *gout(struct wd *w, struct bd_gout *go, int top_k)
+{
+	struct wd_gpu *gp = w->gpu;
+
+	if (w->o.rank != 0)
+		return NULL;
+	*go = (struct bd_gout){ .tokens = gp->out_tok, .top_k = top_k,
+				.top_ids = top_k ? gp->top_ids : NULL,
+				.top_logits = top_k ? gp->top_logits : NULL };
+	return go;
+}
+
+/* Row k of a call's outputs into o (rank 0, a row that samples). */
+static void put_result(struct wd *w, const struct wd_gitem *it, int k, int top_k,
+		       struct wd_row_out *o)
+{
+	struct wd_gpu *gp = w->gpu;
+
+	if (w->o.rank != 0 || !it->sample)
+		return;
+	o->rr.token = gp->out_tok[k];
+	uint32_t n = it->top_k < (uint32_t)top_k ? it->top_k : (uint32_t)top_k;
+	for (uint32_t j = 0; j < n; j++) {
+		bdfp4__top_logit__init(&o->top[j]);
+		o->top[j].token = gp->top_ids[(size_t)k * (size_t)top_k + j];
+		o->top[j].logit = gp->top_logits[(size_t)k * (size_t)top_k + j];
+		o->topp[j] = &o->top[j];
+	}
+	o->rr.n_top = n;
+	o->rr.top = n ? o->topp : NULL;
+}
+
+static void note_timing(struct wd *w, int n)
+{
+	struct wd_gpu *gp = w->gpu;
+	struct bd_gmodel_timing t;
+
+	bd_gmodel_last_timing(gp->g, &t);
+	if (gp->n_t == gp->cap_t) {
+		size_t nc = gp->cap_t ? 2 * gp->cap_t : 4096;
+		double *a = realloc(gp->ul, nc * sizeof(double));
+		if (!a)
+			return;
+		gp->ul = a;
+		double *b = realloc(gp->dev, nc * sizeof(double));
+		if (!b)
+			return;
+		gp->dev = b;
+		gp->cap_t = nc;
+	}
+	gp->ul[gp->n_t] = t.upload_us + t.launch_us;
+	gp->dev[gp->n_t++] = t.device_us;
+	gp->graph_steps += t.graph != 0;
+	gp->rows_sum += n;
+	gp->upload_sum += t.upload_us;
+	gp->launch_sum += t.launch_us;
+	if (w->o.verbose)
+		wd_debug("decode of %d rows: upload %.1f us, launch %.1f us%s, device %.1f us", n,
+			 t.upload_us, t.launch_us, t.graph ? " (graph)" : "", t.device_us);
+}
+
+/* The decode rows dec[0..nd) (plan row indices), max_batch per call. */
+static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+			int nd, bool *broken)
+{
+	struct wd_gpu *gp = w->gpu;
+	char err[BD_MODEL_ERR_MAX];
+
+	for (int k0 = 0; k0 < nd; k0 += w->o.max_batch) {
+		int n = nd - k0 < w->o.max_batch ? nd - k0 : w->o.max_batch, top_k = 0, r;
+		struct bd_gout go;
+		for (int k = 0; k < n; k++) {
+			const struct wd_gitem *it = &gp->items[gp->dec[k0 + k]];
+			gp->rows[k] = it->g;
+			gp->toks[k] = it->token;
+			if (it->sample && (int)it->top_k > top_k)
+				top_k = (int)it->top_k;
+		}
+		if (*broken) {
+			r = -EPIPE;
+			snprintf(err, sizeof(err), "the communicator broke earlier in this step");
+		} else {
+			err[0] = 0;
+			r = bd_gmodel_decode(gp->g, gp->rows, gp->toks, n, gout(w, &go, top_k),
+					     gp->status, err);
+			if (r == 0)
+				note_timing(w, n);
+		}
+		for (int k = 0; k < n; k++) {
+			size_t i = (size_t)gp->dec[k0 + k];
+			struct wd_gitem *it = &gp->items[i];
+			int e = r < 0 ? r : gp->status[k];
+			if (e < 0) {
+				model_error(w, &out[i], e, "decode", r < 0 ? err : NULL);
+				wd_gtab_drop(&w->gtab, it->id);
+			} else {
+				put_result(w, it, k, top_k, &out[i]);
+				wd_gdone(&w->gtab, it, true);
+			}
+		}
+		if (r < 0)
+			*broken = true;
+	}
+	(void)plan;
+}
+
+void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+		     Bdfp4__ServeError *ret_error, char *msg, size_t cap)
+{
+	struct wd_gpu *gp = w->gpu;
+	struct wd_glimits lim = {
+		.n_pages = w->geo->n_pages, .n_slots = w->geo->n_slots,
+		.max_tokens = gp->max_tokens, .max_prefill = gp->max_prefill,
+		.n_vocab = gp->hp.n_vocab, .synthetic = w->o.synthetic_prefill,
+		.kv_config = w->pool_cfg->name,
+	};
+	char err[BD_MODEL_ERR_MAX];
+	bool broken = false;
+	int nd = 0, r;
+
+	if (grow_items(gp, plan->n_rows) < 0) {
+		for (size_t i = 0; i < plan->n_rows; i++)
+			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+				    "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		struct wd_row_out *o = &out[i];
+		int code = wd_gmap(&w->gtab, plan->rows[i], &lim, &gp->items[i], o->msg,
+				   sizeof(o->msg));
+		gp->mapped[i] = code == 0;
+		if (code) {
+			o->rr.error = (Bdfp4__ServeError)code;
+			o->rr.message = o->msg;
+		}
+	}
+	/* prefills in plan order (real, or the synthetic fill), then every decode row: the same
+	 * calls on every rank */
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		struct wd_gitem *it = &gp->items[i];
+		struct bd_gout go;
+		if (!gp->mapped[i] || it->kind == WD_G_DECODE)
+			continue;
+		if (broken) {
+			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+				    "the communicator broke earlier in this step");
+			wd_gdone(&w->gtab, it, false);
+			continue;
+		}
+		err[0] = 0;
+		if (it->kind == WD_G_PREFILL) {
+			int top_k = it->sample ? (int)it->top_k : 0;
+			r = bd_gmodel_prefill(gp->g, &it->g, it->tokens, it->n_tokens,
+					      gout(w, &go, top_k), err);
+			if (r == 0) {
+				put_result(w, it, 0, top_k, &out[i]);
+				wd_gdone(&w->gtab, it, true);
+				continue;
+			}
+		} else {
+			/* the fill has no collective: its decode joins the batch */
+			r = it->n_fill ? bd_gmodel_fill_synthetic(gp->g, &it->fill, it->n_fill,
+								  it->id, err)
+				       : 0;
+			if (r == 0) {
+				gp->dec[nd++] = (int)i;
+				continue;
+			}
+		}
+		model_error(w, &out[i], r, it->kind == WD_G_PREFILL ? "prefill" : "synthetic fill",
+			    err);
+		wd_gdone(&w->gtab, it, false);
+		if (gp->broken || gp->dead)
+			broken = true;
+	}
+	for (size_t i = 0; i < plan->n_rows; i++)
+		if (gp->mapped[i] && gp->items[i].kind == WD_G_DECODE)
+			gp->dec[nd++] = (int)i;
+	if (nd)
+		run_decodes(w, plan, out, nd, &broken);
+	if (gp->broken || gp->dead) {
+		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+		snprintf(msg, cap, "rank %d: the %s failed", w->o.rank,
+			 gp->dead ? "GPU model" : "NCCL communicator (a rank died or hung)");
+	}
+}
+
+/* ---- timing --------------------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(const double *v, size_t n, double p)
+{
+	size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+	return n ? v[i < n ? i : n - 1] : 0;
+}
+
+void wd_gpu_report(struct wd *w)
+{
+	struct wd_gpu *gp = w->gpu;
+	size_t n;
+
+	if (!gp)
+		return;
+	n = gp->n_t;
+	double su = 0, sd = 0;
+	for (size_t i = 0; i < n; i++) {
+		su += gp->ul[i];
+		sd += gp->dev[i];
+	}
+	if (n) {
+		qsort(gp->ul, n, sizeof(double), cmp_double);
+		qsort(gp->dev, n, sizeof(double), cmp_double);
+	}
+	double dn = n ? (double)n : 1;
+	/* one line of key=value pairs: bench/serve_gpu.sh reads it */
+	wd_info("decode-timing steps=%zu graph_steps=%zu rows_mean=%.1f upload_mean=%.1f "
+		"launch_mean=%.1f ul_mean=%.1f ul_p50=%.1f ul_p99=%.1f dev_mean=%.1f dev_p50=%.1f "
+		"dev_p99=%.1f", n, gp->graph_steps, gp->rows_sum / dn, gp->upload_sum / dn,
+		gp->launch_sum / dn, su / dn, pct(gp->ul, n, 0.5), pct(gp->ul, n, 0.99), sd / dn,
+		pct(gp->dev, n, 0.5), pct(gp->dev, n, 0.99));
+	gp->n_t = 0;
+	gp->graph_steps = 0;
+	gp->rows_sum = gp->upload_sum = gp->launch_sum = 0;
+}
+
+#else /* !BD_WORKERD_CUDA */
+
+/* A workerd built without nvcc: the cuda backend is a configuration this binary cannot run. */
+int wd_gpu_setup(struct wd *w)
+{
+	wd_err("the pool's backend is cuda, but this workerd was built without CUDA support (no "
+	       "nvcc at build time, or a SAN=1 build): rebuild on a machine with the CUDA toolkit, "
+	       "or run kvpoold --backend cpu");
+	(void)w;
+	return -ENOTSUP;
+}
+
+void wd_gpu_teardown(struct wd *w)
+{
+	(void)w;
+}
+
+int wd_gpu_register_id(struct wd *w, uint8_t *id, size_t *len)
+{
+	(void)w;
+	(void)id;
+	*len = 0;
+	return 0;
+}
+
+int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
+{
+	(void)w;
+	(void)id;
+	(void)len;
+	return -ENOTSUP;
+}
+
+void wd_gpu_leave(struct wd *w)
+{
+	(void)w;
+}
+
+bool wd_gpu_broken(const struct wd *w)
+{
+	(void)w;
+	return false;
+}
+
+bool wd_gpu_dead(const struct wd *w)
+{
+	(void)w;
+	return false;
+}
+
+void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+		     Bdfp4__ServeError *ret_error, char *msg, size_t cap)
+{
+	(void)w;
+	(void)out;
+	(void)plan;
+	*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
+	snprintf(msg, cap, "no cuda backend in this workerd");
+}
+
+void wd_gpu_report(struct wd *w)
+{
+	(void)w;
+}
+
+#endif

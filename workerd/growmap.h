@@ -1,0 +1,95 @@
+/* growmap.h — workerd's CUDA backend, the pure part: serve.proto PlanRows mapped to the calls of
+ * the stateless GPU model (bd_gmodel.h: struct bd_grow), and the small record every rank keeps
+ * per request (issue 7).
+ *
+ * bd_gmodel keeps no per-request state, so the plan is checked here, on the host, against what
+ * the worker saw of the request before: the row's slot, position, block table and new pages
+ * must be the ones its earlier steps made, and every id must lie inside the pool. The checks
+ * depend only on the plan and on records built by the same plans, so every rank refuses the
+ * same rows and makes the same collective calls. No CUDA here: it builds (and is unit-tested)
+ * without a GPU.
+ *
+ * A row maps to one of three forms:
+ *   WD_G_PREFILL      bd_gmodel_prefill of the whole prompt (row->new_pages promoted in order);
+ *   WD_G_FILL_DECODE  --synthetic-prefill: bd_gmodel_fill_synthetic of positions 0..n−2 (the
+ *                     n_fill = n − 1 tokens complete the first (n−1)/128 new pages), then the
+ *                     last prompt token decoded at position n − 1 with the step's decode rows
+ *                     (promoting into the last new page when it completes one);
+ *   WD_G_DECODE       one token at row->position in the step's decode batch.
+ * Pointers in a mapped item point into the plan row (valid while the plan lives).
+ */
+#ifndef BD_WORKERD_GROWMAP_H
+#define BD_WORKERD_GROWMAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bd_gmodel.h"
+#include "serve.pb-c.h"
+
+/* What a rank keeps of a request it serves. */
+struct wd_greq {
+	uint64_t id;
+	int32_t slot;
+	int n_tokens;       /* tokens the cache holds */
+	int capacity;       /* prompt + max_tokens, as the prefill row said */
+	int n_pages;        /* promoted pages, in token order */
+	int32_t *pages;     /* [capacity / 128] */
+	struct bd_sampler_params sp;
+	uint64_t draws;     /* tokens sampled so far: the next draw's rng_step */
+	bool busy;          /* named by a row of the step being mapped or run */
+};
+
+struct wd_gtab {
+	struct wd_greq *r;
+	size_t n, cap;
+};
+
+/* The limits a row is checked against: the pool's and the model's. */
+struct wd_glimits {
+	size_t n_pages, n_slots;  /* the pool's page and slot ids are 0..n−1 */
+	int max_tokens;           /* longest sequence the model was built for (capacity bound) */
+	int max_prefill;          /* longest prompt of one real prefill call */
+	int n_vocab;
+	bool synthetic;           /* --synthetic-prefill */
+	const char *kv_config;    /* the pool's configuration: the only one a row may name */
+};
+
+enum wd_gkind { WD_G_PREFILL = 0, WD_G_FILL_DECODE = 1, WD_G_DECODE = 2 };
+
+/* One plan row, mapped. */
+struct wd_gitem {
+	enum wd_gkind kind;
+	uint64_t id;
+	struct bd_grow g;        /* prefill: the row; decode and fill-decode: the decode row */
+	const int32_t *tokens;   /* prefill: [n_tokens] the prompt */
+	int n_tokens;
+	int32_t token;           /* decode and fill-decode: the token fed at g.position */
+	struct bd_grow fill;     /* fill-decode: the synthetic fill of n_fill tokens */
+	int n_fill;              /* 0: nothing to fill (a one-token prompt) */
+	bool sample;             /* rank 0 samples (row->sample) */
+	uint32_t top_k;          /* logits_top_k, capped at 64 */
+};
+
+/* Empty table / every record dropped (Reset, a new epoch, exit). */
+void wd_gtab_clear(struct wd_gtab *t);
+struct wd_greq *wd_gtab_find(struct wd_gtab *t, uint64_t id);
+/* Drops the record of request id (StepPlan.release); unknown ids are ignored. */
+void wd_gtab_drop(struct wd_gtab *t, uint64_t id);
+
+/* Checks row against lim and the records of t and fills *it. A prefill row (re)creates the
+ * request's record (a preempted request starts over), a decode row names an existing one;
+ * either marks it busy until wd_gdone. Returns 0, or a ServeError code (> 0) with a one-line
+ * reason in msg[cap]: SERVE_ERR_UNKNOWN_KV_CONFIG (a configuration other than the pool's),
+ * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit), SERVE_ERR_RESOURCE_EXHAUSTED
+ * (no memory for the record). A decode row that fails drops its request's record (its cache
+ * is no longer trusted), as the CPU backend drops the sequence. */
+int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,
+	    struct wd_gitem *it, char *msg, size_t cap);
+
+/* After the item ran: ok advances the record (tokens held, pages promoted, one draw when
+ * sampled); !ok drops it. */
+void wd_gdone(struct wd_gtab *t, const struct wd_gitem *it, bool ok);
+
+#endif
