@@ -1058,6 +1058,26 @@ static int all_reduce(struct bd_gmodel *g, float *buf, size_t n, char *ret_err)
 	if (!g->comm)
 		return 0;
 	ncclResult_t q = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g->comm, g->st);
+	/* A non-blocking communicator (workerd joins with config.blocking = 0, so that a rank
+	 * that never comes cannot hang the other) may answer ncclInProgress while it enqueues:
+	 * the next call on it must wait until its async state leaves ncclInProgress. */
+	if (q == ncclInProgress) {
+		double deadline = now_us() + (double)g->timeout_ms * 1e3;
+		ncclResult_t a = ncclInProgress;
+		while (a == ncclInProgress) {
+			if ((q = ncclCommGetAsyncError(g->comm, &a)) != ncclSuccess)
+				break;
+			if (a == ncclInProgress) {
+				if (now_us() > deadline) {
+					q = ncclInProgress;
+					break;
+				}
+				sched_yield();
+			}
+		}
+		if (q == ncclSuccess)
+			q = a;
+	}
 	if (q != ncclSuccess)
 		return fail(ret_err, -EPIPE, "ncclAllReduce: %s", ncclGetErrorString(q));
 	return 0;
