@@ -99,8 +99,12 @@ int bd_model_preset(const char *name, struct bd_model_hparams *ret);
 /* Replace the TP communicator (a new epoch of the worker group after a peer restarted):
  * nccl_comm as in bd_gmodel_opts, the old one is not touched (the caller destroys or aborts
  * it). Clears a failure that came from the communicator (-EPIPE, -ETIMEDOUT of an all-reduce
- * wait) once the device is idle again; other failures stay. Returns 0, -EINVAL (NULL comm on a
- * shard of tp > 1), -EIO (the model failed otherwise, or the device is not idle). */
+ * wait) once the device is idle again; other failures stay. Every captured graph is dropped
+ * (they captured the old communicator's collectives). nccl_comm NULL on a shard of tp > 1
+ * detaches: waits for the stream, drops the graphs (which hold NCCL resources that
+ * ncclCommAbort would otherwise wait for) and leaves the model failed with -EPIPE until a new
+ * communicator is set — call it before aborting the communicator on leaving a group.
+ * Returns 0, -EINVAL (NULL g), -EIO (the model failed otherwise, or the device is not idle). */
 int bd_gmodel_set_comm(struct bd_gmodel *g, void *nccl_comm);
 
 /* Release everything the model made (not the caller's arena). NULL is a no-op. */

@@ -248,6 +248,16 @@ static void dev_free(void *p)
 		cudaFree(p);
 }
 
+static void drop_graphs(struct bd_gmodel *g)
+{
+	for (int i = 0; i < g->n_buckets; i++) {
+		if (g->bk[i].exec)
+			cudaGraphExecDestroy(g->bk[i].exec);
+		g->bk[i].exec = NULL;
+		g->bk[i].runs = 0;
+	}
+}
+
 /* Wait for everything enqueued on the model's stream, polling the device and the
  * communicator, at most timeout_ms. */
 static int wait_stream(struct bd_gmodel *g, char *ret_err)
@@ -271,6 +281,7 @@ static int wait_stream(struct bd_gmodel *g, char *ret_err)
 				ncclCommAbort(g->comm);
 				g->comm = NULL;
 				g->comm_failed = true;
+				drop_graphs(g);
 				return model_fails(g, fail(ret_err, -EPIPE,
 							   "the TP all-reduce failed: %s",
 							   ncclGetErrorString(q != ncclSuccess ? q
@@ -283,6 +294,7 @@ static int wait_stream(struct bd_gmodel *g, char *ret_err)
 				ncclCommAbort(g->comm);
 				g->comm = NULL;
 				g->comm_failed = true;
+				drop_graphs(g);
 			}
 			return model_fails(g, fail(ret_err, -ETIMEDOUT,
 						   "the device did not finish within %d ms",
@@ -1024,20 +1036,22 @@ void bd_gmodel_last_timing(const struct bd_gmodel *g, struct bd_gmodel_timing *r
 	*ret = g->tm;
 }
 
-static void drop_graphs(struct bd_gmodel *g)
-{
-	for (int i = 0; i < g->n_buckets; i++) {
-		if (g->bk[i].exec)
-			cudaGraphExecDestroy(g->bk[i].exec);
-		g->bk[i].exec = NULL;
-		g->bk[i].runs = 0;
-	}
-}
-
 int bd_gmodel_set_comm(struct bd_gmodel *g, void *nccl_comm)
 {
-	if (!g || (g->sh.tp > 1 && !nccl_comm))
+	if (!g)
 		return -EINVAL;
+	if (g->sh.tp > 1 && !nccl_comm) {
+		/* detach before the caller aborts the communicator: graphs that captured its
+		 * collectives hold NCCL resources an abort would wait for */
+		if (g->st)
+			cudaStreamSynchronize(g->st);
+		drop_graphs(g);
+		g->comm = NULL;
+		if (!g->failed)
+			g->failed = -EPIPE;
+		g->comm_failed = true;
+		return 0;
+	}
 	if (g->failed) {
 		if (!g->comm_failed || cudaStreamQuery(g->st) != cudaSuccess)
 			return -EIO;

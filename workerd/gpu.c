@@ -194,6 +194,8 @@ void wd_gpu_teardown(struct wd *w)
 
 	if (!gp)
 		return;
+	if (gp->g && w->o.tp > 1)
+		bd_gmodel_set_comm(gp->g, NULL);
 	if (gp->comm)
 		ncclCommAbort(gp->comm);
 	bd_gmodel_free(gp->g);
@@ -303,7 +305,10 @@ void wd_gpu_leave(struct wd *w)
 
 	if (!gp)
 		return;
-	/* abort, not destroy: the peer may be dead, and destroy would wait for it */
+	/* abort, not destroy: the peer may be dead, and destroy would wait for it; the model
+	 * lets go of it first (its graphs hold the communicator's resources) */
+	if (gp->g && w->o.tp > 1)
+		bd_gmodel_set_comm(gp->g, NULL);
 	if (gp->comm)
 		ncclCommAbort(gp->comm);
 	gp->comm = NULL;
