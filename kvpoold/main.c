@@ -36,11 +36,7 @@
 #define SECTION "pool"
 #define ZMQ_HARD_MAX (16 << 20) /* frames above this drop the peer instead of an error reply */
 
-struct key {
-	const char *name, *def, *help;
-};
-
-static const struct key keys[] = {
+static const struct bd_config_key keys[] = {
 	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
 	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)" },
 	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
@@ -150,11 +146,7 @@ static int64_t now_ms(void)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvpoold [--config PATH | --no-config] [--KEY=VALUE ...]\n"
-		   "Keys of [pool] (flags spell _ as -):\n");
-	for (const struct key *k = keys; k->name; k++)
-		fprintf(f, "  %-22s %s (default %s)\n", k->name, k->help,
-			*k->def ? k->def : "\"\"");
+	bd_config_usage(f, "kvpoold", NULL, SECTION, keys);
 }
 
 static int get_int(struct ctx *c, const char *key, int64_t min, int64_t max, int64_t *ret)
@@ -162,7 +154,7 @@ static int get_int(struct ctx *c, const char *key, int64_t min, int64_t max, int
 	int64_t def;
 	int e;
 
-	for (const struct key *k = keys; k->name; k++)
+	for (const struct bd_config_key *k = keys; k->name; k++)
 		if (!strcmp(k->name, key)) {
 			def = strtoll(k->def, NULL, 0);
 			e = bd_config_get_i64(c->cfg, SECTION, key, def, min, max, ret);
@@ -178,14 +170,7 @@ static int get_int(struct ctx *c, const char *key, int64_t min, int64_t max, int
 
 static const char *get_str(struct ctx *c, const char *key)
 {
-	const char *v = bd_config_get(c->cfg, SECTION, key);
-
-	if (v)
-		return v;
-	for (const struct key *k = keys; k->name; k++)
-		if (!strcmp(k->name, key))
-			return k->def;
-	return "";
+	return bd_config_str(c->cfg, SECTION, keys, key);
 }
 
 static int get_bytes(struct ctx *c, const char *key, uint64_t *ret)
@@ -193,7 +178,7 @@ static int get_bytes(struct ctx *c, const char *key, uint64_t *ret)
 	uint64_t def = 0;
 	int e;
 
-	for (const struct key *k = keys; k->name; k++)
+	for (const struct bd_config_key *k = keys; k->name; k++)
 		if (!strcmp(k->name, key))
 			bd_config_parse_bytes(k->def, &def);
 	e = bd_config_get_bytes(c->cfg, SECTION, key, def, 0, UINT64_MAX / 2, ret);
@@ -204,73 +189,17 @@ static int get_bytes(struct ctx *c, const char *key, uint64_t *ret)
 
 static int parse_args(struct ctx *c, int argc, char **argv)
 {
-	struct option lo[64];
-	char names[64][32];
-	const char **fkey = calloc((size_t)argc + 1, sizeof(char *));
-	const char **fval = calloc((size_t)argc + 1, sizeof(char *));
-	const char *config = BD_CONFIG_DEFAULT_PATH;
-	bool explicit_config = false, no_config = false;
-	size_t n = 0, nf = 0;
-	int opt, e = 0, line = 0;
+	char err[256];
+	int e = bd_config_parse_args(c->cfg, SECTION, keys, BD_CONFIG_DEFAULT_PATH, argc, argv, err,
+				     sizeof(err));
 
-	if (!fkey || !fval) {
-		free(fkey);
-		free(fval);
-		return -ENOMEM;
-	}
-	for (const struct key *k = keys; k->name; k++, n++) {
-		snprintf(names[n], sizeof(names[n]), "%s", k->name);
-		for (char *p = names[n]; *p; p++)
-			if (*p == '_')
-				*p = '-';
-		lo[n] = (struct option){ names[n], required_argument, NULL, 256 + (int)n };
-	}
-	lo[n++] = (struct option){ "config", required_argument, NULL, 'c' };
-	lo[n++] = (struct option){ "no-config", no_argument, NULL, 'n' };
-	lo[n++] = (struct option){ "help", no_argument, NULL, 'h' };
-	lo[n] = (struct option){ 0 };
-
-	while ((opt = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
-		if (opt >= 256) {
-			fkey[nf] = keys[opt - 256].name;
-			fval[nf++] = optarg;
-		} else if (opt == 'c') {
-			config = optarg;
-			explicit_config = true;
-		} else if (opt == 'n') {
-			no_config = true;
-		} else if (opt == 'h') {
-			usage(stdout);
-			e = 1;
-			goto out;
-		} else {
+	if (e == 1) {
+		usage(stdout);
+	} else if (e < 0) {
+		log_err("%s", err);
+		if (e == -EINVAL)
 			usage(stderr);
-			e = -EINVAL;
-			goto out;
-		}
 	}
-	if (optind < argc) {
-		log_err("unexpected argument '%s'", argv[optind]);
-		e = -EINVAL;
-		goto out;
-	}
-	if (!no_config) {
-		e = bd_config_load(c->cfg, config, &line);
-		if (e == -ENOENT && !explicit_config) {
-			e = 0; /* no file: defaults and flags */
-		} else if (e == -EINVAL) {
-			log_err("%s:%d: syntax error", config, line);
-			goto out;
-		} else if (e < 0) {
-			log_err("%s: %s", config, strerror(-e));
-			goto out;
-		}
-	}
-	for (size_t i = 0; i < nf && !e; i++)
-		e = bd_config_set(c->cfg, SECTION, fkey[i], fval[i]);
-out:
-	free(fkey);
-	free(fval);
 	return e;
 }
 
@@ -298,16 +227,11 @@ static int resolve_group(const char *s, gid_t *ret)
 
 static int read_opts(struct ctx *c)
 {
-	static const char *known[64];
 	struct opts *o = &c->o;
 	int64_t v;
 	const char *bad;
-	size_t i = 0;
 
-	for (const struct key *k = keys; k->name; k++)
-		known[i++] = k->name;
-	known[i] = NULL;
-	bad = bd_config_unknown_key(c->cfg, SECTION, known);
+	bad = bd_config_unknown(c->cfg, SECTION, keys);
 	if (bad) {
 		log_err("unknown key '%s' in [%s]", bad, SECTION);
 		return -EINVAL;

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +70,44 @@ int bd_config_get_bool(const struct bd_config *c, const char *section, const cha
 
 /* Parses a byte size as bd_config_get_bytes does. Returns 0, -EINVAL, -ERANGE (overflow). */
 int bd_config_parse_bytes(const char *s, uint64_t *ret);
+
+/* ---- a daemon's command line ----------------------------------------------------------------- */
+
+/* One key of a daemon's section: also the flag --NAME (an underscore spelled as a dash). def is
+ * the value when neither the file nor a flag sets it; flag: a boolean whose flag may come
+ * without a value (--synthetic-prefill means true). A key table ends with a { NULL } entry. */
+struct bd_config_key {
+	const char *name, *def, *help;
+	bool flag;
+};
+
+#define BD_CONFIG_MAX_KEYS 64
+
+/* The command line of a daemon: --config PATH (default default_path: a missing default file is
+ * no error, a missing named one is), --no-config, --help, and --NAME VALUE or --NAME=VALUE for
+ * every key of keys, which override the file's [section]. The file is read first, then the flags
+ * are set in order (the last of a repeated flag wins). Uses getopt_long (optind reset, opterr
+ * off). Returns 0; 1 when --help was given (nothing loaded); -EINVAL for an unknown flag, a
+ * missing value or a stray argument, -EBADMSG for a syntax error in the file, -errno of opening a
+ * named file, -ENOMEM; err (errlen bytes, may be NULL) then says what, with the file name and
+ * line where there is one. */
+int bd_config_parse_args(struct bd_config *c, const char *section,
+			 const struct bd_config_key *keys, const char *default_path, int argc,
+			 char **argv, char *err, size_t errlen);
+
+/* Writes "usage: PROG [--config PATH | --no-config] [--KEY=VALUE ...]", the line about, and one
+ * line per key with its help and default to f. about may be NULL. */
+void bd_config_usage(FILE *f, const char *prog, const char *about, const char *section,
+		     const struct bd_config_key *keys);
+
+/* The value of section.name, else the key's default in keys, else "". */
+const char *bd_config_str(const struct bd_config *c, const char *section,
+			  const struct bd_config_key *keys, const char *name);
+
+/* The first key set in section that keys does not list, or NULL (a typo is refused, not
+ * silently ignored). */
+const char *bd_config_unknown(const struct bd_config *c, const char *section,
+			      const struct bd_config_key *keys);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -306,4 +307,136 @@ int bd_config_get_bool(const struct bd_config *c, const char *section, const cha
 		}
 	}
 	return -EINVAL;
+}
+
+/* ---- a daemon's command line ----------------------------------------------------------------- */
+
+static void say(char *err, size_t errlen, const char *fmt, const char *a, int b)
+{
+	if (err && errlen)
+		snprintf(err, errlen, fmt, a, b);
+}
+
+int bd_config_parse_args(struct bd_config *c, const char *section,
+			 const struct bd_config_key *keys, const char *default_path, int argc,
+			 char **argv, char *err, size_t errlen)
+{
+	struct option lo[BD_CONFIG_MAX_KEYS + 4];
+	char names[BD_CONFIG_MAX_KEYS][40];
+	const char *config = default_path;
+	bool explicit_config = false, no_config = false;
+	size_t n = 0, nf = 0;
+	int opt, e = 0, line = 0;
+
+	if (err && errlen)
+		err[0] = '\0';
+	if (!c || !section || !keys || argc < 1 || !argv)
+		return -EINVAL;
+	for (const struct bd_config_key *k = keys; k->name; k++, n++) {
+		if (n == BD_CONFIG_MAX_KEYS || strlen(k->name) >= sizeof(names[0]))
+			return -EINVAL;
+		snprintf(names[n], sizeof(names[n]), "%s", k->name);
+		for (char *p = names[n]; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		lo[n] = (struct option){ names[n], k->flag ? optional_argument : required_argument,
+					 NULL, 256 + (int)n };
+	}
+	lo[n++] = (struct option){ "config", required_argument, NULL, 'c' };
+	lo[n++] = (struct option){ "no-config", no_argument, NULL, 'n' };
+	lo[n++] = (struct option){ "help", no_argument, NULL, 'h' };
+	lo[n] = (struct option){ 0 };
+
+	const char **fkey = calloc((size_t)argc + 1, sizeof(char *));
+	const char **fval = calloc((size_t)argc + 1, sizeof(char *));
+	if (!fkey || !fval) {
+		free(fkey);
+		free(fval);
+		return -ENOMEM;
+	}
+	optind = 0; /* a full rescan, also when called twice in one process (tests) */
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":c:h", lo, NULL)) != -1) {
+		if (opt >= 256) {
+			fkey[nf] = keys[opt - 256].name;
+			fval[nf++] = optarg ? optarg : "1";
+		} else if (opt == 'c') {
+			config = optarg;
+			explicit_config = true;
+		} else if (opt == 'n') {
+			no_config = true;
+		} else if (opt == 'h') {
+			e = 1;
+			goto out;
+		} else {
+			const char *what = argv[optind - 1 < argc ? optind - 1 : argc - 1];
+			say(err, errlen,
+			    opt == ':' ? "flag %s needs a value" : "unknown flag '%s' (--help lists them)",
+			    what, 0);
+			e = -EINVAL;
+			goto out;
+		}
+	}
+	if (optind < argc) {
+		say(err, errlen, "unexpected argument '%s'", argv[optind], 0);
+		e = -EINVAL;
+		goto out;
+	}
+	if (!no_config && config) {
+		e = bd_config_load(c, config, &line);
+		if (e == -ENOENT && !explicit_config) {
+			e = 0; /* no file: defaults and flags */
+		} else if (e == -EINVAL) {
+			say(err, errlen, "%s:%d: syntax error", config, line);
+			e = -EBADMSG;
+			goto out;
+		} else if (e < 0) {
+			if (err && errlen)
+				snprintf(err, errlen, "%s: %s", config, strerror(-e));
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < nf && !e; i++)
+		e = bd_config_set(c, section, fkey[i], fval[i]);
+out:
+	free(fkey);
+	free(fval);
+	return e;
+}
+
+void bd_config_usage(FILE *f, const char *prog, const char *about, const char *section,
+		     const struct bd_config_key *keys)
+{
+	fprintf(f, "usage: %s [--config PATH | --no-config] [--KEY=VALUE ...]\n", prog);
+	if (about)
+		fprintf(f, "%s\n", about);
+	fprintf(f, "Keys of [%s] (flags spell _ as -):\n", section);
+	for (const struct bd_config_key *k = keys; k->name; k++)
+		fprintf(f, "  --%-22s %s (default %s)\n", k->name, k->help,
+			*k->def ? k->def : "\"\"");
+}
+
+const char *bd_config_str(const struct bd_config *c, const char *section,
+			  const struct bd_config_key *keys, const char *name)
+{
+	const char *v = bd_config_get(c, section, name);
+
+	if (v)
+		return v;
+	for (const struct bd_config_key *k = keys; k && k->name; k++)
+		if (!strcmp(k->name, name))
+			return k->def;
+	return "";
+}
+
+const char *bd_config_unknown(const struct bd_config *c, const char *section,
+			      const struct bd_config_key *keys)
+{
+	const char *known[BD_CONFIG_MAX_KEYS + 1];
+	size_t n = 0;
+
+	for (const struct bd_config_key *k = keys; k->name && n < BD_CONFIG_MAX_KEYS; k++)
+		known[n++] = k->name;
+	known[n] = NULL;
+	return bd_config_unknown_key(c, section, known);
 }

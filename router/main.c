@@ -34,11 +34,7 @@
 #define SECTION "router"
 #define FRONT_HARD_MAX (16 << 20) /* frames above this drop the peer instead of a reply */
 
-struct key {
-	const char *name, *def, *help;
-};
-
-static const struct key keys[] = {
+static const struct bd_config_key keys[] = {
 	{ "frontend", "tcp://127.0.0.1:5555,ipc:///run/bdfp4/router.sock",
 	  "client endpoints (comma-separated, ZeroMQ ROUTER)" },
 	{ "workers", "ipc:///run/bdfp4/router-workers.sock", "worker endpoint (ZeroMQ ROUTER)" },
@@ -99,16 +95,12 @@ void bd_router_log(int prio, const char *fmt, ...)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: routerd [--config PATH | --no-config] [--KEY=VALUE ...]\n"
-		   "Keys of [router] (flags spell _ as -):\n");
-	for (const struct key *k = keys; k->name; k++)
-		fprintf(f, "  %-22s %s (default %s)\n", k->name, k->help,
-			*k->def ? k->def : "\"\"");
+	bd_config_usage(f, "routerd", NULL, SECTION, keys);
 }
 
 static const char *key_def(const char *key)
 {
-	for (const struct key *k = keys; k->name; k++)
+	for (const struct bd_config_key *k = keys; k->name; k++)
 		if (!strcmp(k->name, key))
 			return k->def;
 	return "";
@@ -116,9 +108,7 @@ static const char *key_def(const char *key)
 
 static const char *get_str(struct bd_router *rt, const char *key)
 {
-	const char *v = bd_config_get(rt->cfg, SECTION, key);
-
-	return v ? v : key_def(key);
+	return bd_config_str(rt->cfg, SECTION, keys, key);
 }
 
 static int get_int(struct bd_router *rt, const char *key, int64_t min, int64_t max, int *ret)
@@ -140,88 +130,28 @@ static int get_int(struct bd_router *rt, const char *key, int64_t min, int64_t m
 
 static int parse_args(struct bd_router *rt, int argc, char **argv)
 {
-	struct option lo[64];
-	char names[64][32];
-	const char *config = BD_CONFIG_DEFAULT_PATH;
-	const char **fkey = calloc((size_t)argc + 1, sizeof(char *));
-	const char **fval = calloc((size_t)argc + 1, sizeof(char *));
-	bool explicit_config = false, no_config = false;
-	size_t n = 0, nf = 0;
-	int opt, e = 0, line = 0;
+	char err[256];
+	int e = bd_config_parse_args(rt->cfg, SECTION, keys, BD_CONFIG_DEFAULT_PATH, argc, argv, err,
+				     sizeof(err));
 
-	if (!fkey || !fval) {
-		free(fkey);
-		free(fval);
-		return -ENOMEM;
-	}
-	for (const struct key *k = keys; k->name; k++, n++) {
-		snprintf(names[n], sizeof(names[n]), "%s", k->name);
-		for (char *p = names[n]; *p; p++)
-			if (*p == '_')
-				*p = '-';
-		lo[n] = (struct option){ names[n], required_argument, NULL, 256 + (int)n };
-	}
-	lo[n++] = (struct option){ "config", required_argument, NULL, 'c' };
-	lo[n++] = (struct option){ "no-config", no_argument, NULL, 'n' };
-	lo[n++] = (struct option){ "help", no_argument, NULL, 'h' };
-	lo[n] = (struct option){ 0 };
-	while ((opt = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
-		if (opt >= 256) {
-			fkey[nf] = keys[opt - 256].name;
-			fval[nf++] = optarg;
-		} else if (opt == 'c') {
-			config = optarg;
-			explicit_config = true;
-		} else if (opt == 'n') {
-			no_config = true;
-		} else if (opt == 'h') {
-			usage(stdout);
-			e = 1;
-			goto out;
-		} else {
+	if (e == 1) {
+		usage(stdout);
+	} else if (e < 0) {
+		rlog_err("%s", err);
+		if (e == -EINVAL)
 			usage(stderr);
-			e = -EINVAL;
-			goto out;
-		}
 	}
-	if (optind < argc) {
-		rlog_err("unexpected argument '%s'", argv[optind]);
-		e = -EINVAL;
-		goto out;
-	}
-	if (!no_config) {
-		e = bd_config_load(rt->cfg, config, &line);
-		if (e == -ENOENT && !explicit_config) {
-			e = 0;
-		} else if (e == -EINVAL) {
-			rlog_err("%s:%d: syntax error", config, line);
-			goto out;
-		} else if (e < 0) {
-			rlog_err("%s: %s", config, strerror(-e));
-			goto out;
-		}
-	}
-	for (size_t i = 0; i < nf && !e; i++)
-		e = bd_config_set(rt->cfg, SECTION, fkey[i], fval[i]);
-out:
-	free(fkey);
-	free(fval);
 	return e;
 }
 
 static int read_opts(struct bd_router *rt)
 {
-	static const char *known[64];
 	struct bd_router_opts *o = &rt->o;
 	const char *bad, *fe;
 	char *copy, *save = NULL, *tokn;
 	int owner = 0;
-	size_t i = 0;
 
-	for (const struct key *k = keys; k->name; k++)
-		known[i++] = k->name;
-	known[i] = NULL;
-	bad = bd_config_unknown_key(rt->cfg, SECTION, known);
+	bad = bd_config_unknown(rt->cfg, SECTION, keys);
 	if (bad) {
 		rlog_err("unknown key '%s' in [%s]", bad, SECTION);
 		return -EINVAL;

@@ -38,12 +38,7 @@
 #define GONE_RETRY_MS 1000 /* a register no frame followed: send it again */
 #define REGISTER_RETRY_MS 200  /* a register dropped (no connection): send it again */
 
-struct key {
-	const char *name, *def, *help;
-	bool flag; /* boolean: the flag may come without a value (--synthetic-prefill) */
-};
-
-static const struct key keys[] = {
+static const struct bd_config_key keys[] = {
 	{ "rank", "0", "tensor-parallel rank of this worker (0..tp-1)" },
 	{ "tp", "2", "tensor-parallel ranks" },
 	{ "model", "", "GGUF model (default: $BD_MODEL, else " DEFAULT_MODEL ")" },
@@ -130,23 +125,12 @@ static void set_status(struct wd *w, const char *fmt, ...)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: workerd [--config PATH | --no-config] [--KEY=VALUE ...]\n"
-		   "One tensor-parallel rank: its model shard, kvpoold's arena, the router's plans.\n"
-		   "Keys of [" SECTION "] (flags spell _ as -):\n");
-	for (const struct key *k = keys; k->name; k++)
-		fprintf(f, "  --%-22s %s (default %s)\n", k->name, k->help,
-			*k->def ? k->def : "\"\"");
+	bd_config_usage(f, "workerd", "One tensor-parallel rank: its model shard, kvpoold's arena, the router's plans.", SECTION, keys);
 }
 
 static const char *get_str(const struct bd_config *cfg, const char *key)
 {
-	const char *v = bd_config_get(cfg, SECTION, key);
-	if (v)
-		return v;
-	for (const struct key *k = keys; k->name; k++)
-		if (!strcmp(k->name, key))
-			return k->def;
-	return "";
+	return bd_config_str(cfg, SECTION, keys, key);
 }
 
 static int get_int(const struct bd_config *cfg, const char *key, int64_t min, int64_t max,
@@ -168,90 +152,26 @@ static int get_int(const struct bd_config *cfg, const char *key, int64_t min, in
 /* Returns 0, 1 (--help), or -EINVAL. */
 static int parse_args(struct bd_config *cfg, int argc, char **argv)
 {
-	struct option lo[32];
-	char names[32][32];
-	const char *config = BD_CONFIG_DEFAULT_PATH;
-	bool explicit_config = false, no_config = false;
-	const char **fkey = calloc((size_t)argc + 1, sizeof(char *));
-	const char **fval = calloc((size_t)argc + 1, sizeof(char *));
-	size_t n = 0, nf = 0;
-	int opt, e = 0, line = 0;
+	char err[256];
+	int e = bd_config_parse_args(cfg, SECTION, keys, BD_CONFIG_DEFAULT_PATH, argc, argv, err,
+				     sizeof(err));
 
-	if (!fkey || !fval) {
-		free(fkey);
-		free(fval);
-		return -ENOMEM;
-	}
-	for (const struct key *k = keys; k->name; k++, n++) {
-		snprintf(names[n], sizeof(names[n]), "%s", k->name);
-		for (char *p = names[n]; *p; p++)
-			if (*p == '_')
-				*p = '-';
-		lo[n] = (struct option){ names[n], k->flag ? optional_argument : required_argument,
-					 NULL, 256 + (int)n };
-	}
-	lo[n++] = (struct option){ "config", required_argument, NULL, 'c' };
-	lo[n++] = (struct option){ "no-config", no_argument, NULL, 'n' };
-	lo[n++] = (struct option){ "help", no_argument, NULL, 'h' };
-	lo[n] = (struct option){ 0 };
-
-	while ((opt = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
-		if (opt >= 256) {
-			fkey[nf] = keys[opt - 256].name;
-			fval[nf++] = optarg ? optarg : "1";
-		} else if (opt == 'c') {
-			config = optarg;
-			explicit_config = true;
-		} else if (opt == 'n') {
-			no_config = true;
-		} else if (opt == 'h') {
-			usage(stdout);
-			e = 1;
-			goto out;
-		} else {
+	if (e == 1) {
+		usage(stdout);
+	} else if (e < 0) {
+		wd_err("%s", err);
+		if (e == -EINVAL)
 			usage(stderr);
-			e = -EINVAL;
-			goto out;
-		}
 	}
-	if (optind < argc) {
-		wd_err("unexpected argument '%s'", argv[optind]);
-		e = -EINVAL;
-		goto out;
-	}
-	if (!no_config) {
-		e = bd_config_load(cfg, config, &line);
-		if (e == -ENOENT && !explicit_config) {
-			e = 0;
-		} else if (e == -EINVAL) {
-			wd_err("%s:%d: syntax error", config, line);
-			goto out;
-		} else if (e < 0) {
-			wd_err("%s: %s", config, strerror(-e));
-			e = -EINVAL;
-			goto out;
-		}
-	}
-	for (size_t i = 0; i < nf && !e; i++)
-		e = bd_config_set(cfg, SECTION, fkey[i], fval[i]);
-out:
-	free(fkey);
-	free(fval);
-	return e;
+	return e < 0 ? -EINVAL : e;
 }
 
 static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 {
-	static const char *known[32];
-	size_t i = 0;
 	int verbose;
 	int64_t seed;
 	bool b;
-
-	for (const struct key *k = keys; k->name; k++)
-		known[i++] = k->name;
-	known[i] = NULL;
-	const char *bad = bd_config_unknown_key(cfg, SECTION, known);
+	const char *bad = bd_config_unknown(cfg, SECTION, keys);
 	if (bad) {
 		wd_err("unknown key '%s' in [%s]", bad, SECTION);
 		return -EINVAL;

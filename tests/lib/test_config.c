@@ -151,3 +151,121 @@ Test(config, bad_arguments)
 	cr_expect_null(bd_config_get(C, "s", "k"));
 	bd_config_free(NULL);
 }
+
+/* ---- the daemons' command line (bd_config_parse_args) ------------------------------------ */
+
+static const struct bd_config_key KEYS[] = {
+	{ "socket", "/run/default.sock", "attach socket" },
+	{ "max_batch", "64", "rows per step" },
+	{ "synthetic_prefill", "false", "fill prompts with synthetic KV", true },
+	{ NULL },
+};
+
+/* A config file in a fresh temporary directory; *dir is removed by rm_file. */
+static char *write_file(const char *text)
+{
+	char tmpl[] = "/tmp/bd-cfg-XXXXXX";
+	char *dir = mkdtemp(tmpl), *path = NULL;
+
+	cr_assert_not_null(dir);
+	cr_assert(asprintf(&path, "%s/bdfp4.conf", dir) > 0);
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs(text, f);
+	fclose(f);
+	return path;
+}
+
+static void rm_file(char *path)
+{
+	unlink(path);
+	*strrchr(path, '/') = '\0';
+	rmdir(path);
+	free(path);
+}
+
+static int parse(int argc, const char **argv, char *err)
+{
+	return bd_config_parse_args(C, "worker", KEYS, "/nonexistent/bdfp4.conf", argc,
+				    (char **)argv, err, 256);
+}
+
+Test(config, flags_override_the_file_in_order)
+{
+	char *path = write_file("[worker]\nsocket = /run/file.sock\nmax_batch = 8\n");
+	char err[256];
+	const char *argv[] = { "workerd", "--config", path, "--max-batch", "16", "--max-batch=32",
+			       "--synthetic-prefill" };
+
+	cr_assert_eq(parse(7, argv, err), 0, "%s", err);
+	/* the file's value stays where no flag names it; the last of two flags wins; a boolean
+	 * flag without a value means true; underscores are spelled as dashes */
+	cr_assert_str_eq(bd_config_get(C, "worker", "socket"), "/run/file.sock");
+	cr_assert_str_eq(bd_config_get(C, "worker", "max_batch"), "32");
+	cr_assert_str_eq(bd_config_get(C, "worker", "synthetic_prefill"), "1");
+	bool b = false;
+	cr_assert_eq(bd_config_get_bool(C, "worker", "synthetic_prefill", false, &b), 0);
+	cr_assert(b);
+	rm_file(path);
+}
+
+Test(config, no_config_and_a_missing_default_file)
+{
+	char *path = write_file("[worker]\nsocket = /run/file.sock\n");
+	char err[256];
+	const char *a1[] = { "workerd", "--config", path, "--no-config" };
+	const char *a2[] = { "workerd", "--socket", "/run/flag.sock" };
+
+	cr_assert_eq(parse(4, a1, err), 0, "%s", err);
+	cr_assert_null(bd_config_get(C, "worker", "socket"), "--no-config read the file");
+	/* the default path does not exist: not an error, flags and defaults apply */
+	cr_assert_eq(parse(3, a2, err), 0, "%s", err);
+	cr_assert_str_eq(bd_config_get(C, "worker", "socket"), "/run/flag.sock");
+	cr_assert_str_eq(bd_config_str(C, "worker", KEYS, "max_batch"), "64");
+	cr_assert_str_eq(bd_config_str(C, "worker", KEYS, "no_such_key"), "");
+	rm_file(path);
+}
+
+Test(config, bad_command_lines_are_refused_and_set_nothing)
+{
+	char err[256];
+	const char *unknown[] = { "workerd", "--max-batch", "8", "--bogus", "1" };
+	const char *novalue[] = { "workerd", "--max-batch" };
+	const char *stray[] = { "workerd", "--max-batch", "8", "extra" };
+	const char *missing[] = { "workerd", "--config", "/nonexistent/named.conf" };
+	const char *help[] = { "workerd", "--max-batch", "8", "--help" };
+
+	cr_assert_eq(parse(5, unknown, err), -EINVAL);
+	cr_assert(strstr(err, "--bogus") != NULL, "%s", err);
+	cr_assert_eq(parse(2, novalue, err), -EINVAL);
+	cr_assert(strstr(err, "needs a value") != NULL, "%s", err);
+	cr_assert_eq(parse(4, stray, err), -EINVAL);
+	cr_assert(strstr(err, "'extra'") != NULL, "%s", err);
+	/* a file named on the command line must exist */
+	cr_assert_eq(parse(3, missing, err), -ENOENT);
+	cr_assert(strstr(err, "/nonexistent/named.conf") != NULL, "%s", err);
+	cr_assert_eq(parse(4, help, err), 1);
+	/* no refused or --help command line set a key */
+	cr_assert_null(bd_config_get(C, "worker", "max_batch"));
+}
+
+Test(config, a_syntax_error_names_file_and_line)
+{
+	char *path = write_file("[worker]\nsocket = /run/a.sock\nthis line is not ini\n");
+	char err[256];
+	const char *argv[] = { "workerd", "--config", path };
+
+	cr_assert_eq(parse(3, argv, err), -EBADMSG);
+	char want[300];
+	snprintf(want, sizeof(want), "%s:3:", path);
+	cr_assert(strstr(err, want) != NULL, "%s", err);
+	rm_file(path);
+}
+
+Test(config, unknown_keys_of_a_table)
+{
+	cr_assert_eq(bd_config_load_string(C, "[worker]\nsocket = x\nmax_bach = 3\n", NULL), 0);
+	cr_assert_str_eq(bd_config_unknown(C, "worker", KEYS), "max_bach");
+	cr_assert_eq(bd_config_set(C, "worker2", "anything", "1"), 0);
+	cr_assert_null(bd_config_unknown(C, "worker3", KEYS));
+}
