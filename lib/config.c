@@ -410,10 +410,15 @@ void bd_config_usage(FILE *f, const char *prog, const char *about, const char *s
 	fprintf(f, "usage: %s [--config PATH | --no-config] [--KEY=VALUE ...]\n", prog);
 	if (about)
 		fprintf(f, "%s\n", about);
-	fprintf(f, "Keys of [%s] (flags spell _ as -):\n", section);
-	for (const struct bd_config_key *k = keys; k->name; k++)
-		fprintf(f, "  --%-22s %s (default %s)\n", k->name, k->help,
-			*k->def ? k->def : "\"\"");
+	fprintf(f, "Keys of [%s], each also a flag (the key's _ spelled -):\n", section);
+	for (const struct bd_config_key *k = keys; k->name; k++) {
+		char flag[64];
+		snprintf(flag, sizeof(flag), "%s", k->name);
+		for (char *p = flag; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		fprintf(f, "  --%-22s %s (default %s)\n", flag, k->help, *k->def ? k->def : "\"\"");
+	}
 }
 
 const char *bd_config_str(const struct bd_config *c, const char *section,
