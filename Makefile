@@ -172,7 +172,7 @@ GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
 GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 
 $(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o $(LIB_CU_SRC:%.c=$(BUILD)/%.o): \
-	CFLAGS += -Ikernels -isystem $(CUDA_HOME)/include
+	CFLAGS += -Ikernels -isystem $(CUDA_HOME)/include -DBD_HAVE_CUDA_H
 
 $(GPU_CHECK): $(BUILD)/tests/gpu/gpu_check.o $(LIBBD_CU) $(GPU_LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -264,7 +264,7 @@ $(LIBBD): $(PROTO_OBJ)
 $(BUILD)/tests/unit: LDLIBS += $(POOL_LDLIBS) -ldl
 $(BUILD)/tests/lib/test_pool%.o: CFLAGS += -Ikvpoold
 ifneq ($(wildcard $(CUDA_INC)/cuda.h),)
-$(BUILD)/kvpoold/mem_cuda.o: CFLAGS += -DBD_HAVE_CUDA_H -isystem $(CUDA_INC)
+$(BUILD)/kvpoold/mem_cuda.o $(BUILD)/lib/cudrv.o: CFLAGS += -DBD_HAVE_CUDA_H -isystem $(CUDA_INC)
 endif
 $(BUILD)/lib/pool_client.o $(KVPD_OBJ) $(BUILD)/kvpoold/main.o \
 	$(filter $(BUILD)/tests/lib/test_pool%.o,$(TEST_OBJ)): | $(PROTO_H)

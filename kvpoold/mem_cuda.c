@@ -15,75 +15,23 @@
 #include "kvpool.h"
 
 #ifdef BD_HAVE_CUDA_H
-#include <cuda.h>
-#include <dlfcn.h>
+#include "bd_cudrv.h"
 
-static struct {
-	void *lib;
-	int inited;
-	__typeof__(cuInit) *init;
-	__typeof__(cuDeviceGetCount) *device_count;
-	__typeof__(cuDeviceGet) *device_get;
-	__typeof__(cuDeviceTotalMem) *total_mem;
-	__typeof__(cuGetErrorString) *error_string;
-	__typeof__(cuMemGetAllocationGranularity) *granularity;
-	__typeof__(cuMemCreate) *create;
-	__typeof__(cuMemRelease) *release;
-	__typeof__(cuMemExportToShareableHandle) *export_handle;
-	__typeof__(cuDevicePrimaryCtxRetain) *ctx_retain;
-	__typeof__(cuCtxSetCurrent) *ctx_set;
-} cu;
+static const struct bd_cudrv *cu;
 
 static const char *cu_str(CUresult r)
 {
-	const char *s = NULL;
-
-	if (cu.error_string && cu.error_string(r, &s) == CUDA_SUCCESS && s)
-		return s;
-	return "unknown CUDA error";
+	return bd_cudrv_error(r);
 }
 
-/* Opens libcuda.so.1 and runs cuInit once; 0 or -errno with the reason. */
+/* The driver (bd_cudrv.h), opened once; 0 or -errno with the reason. */
 static int cu_load(char *err, size_t errlen)
 {
-	CUresult r;
+	int e = -ENODEV;
 
-	if (cu.inited)
-		return 0;
-	if (!cu.lib) {
-		cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-		if (!cu.lib) {
-			snprintf(err, errlen, "no CUDA driver: %s", dlerror());
-			return -ENODEV;
-		}
-	}
-#define SYM(field, name)                                                                  \
-	do {                                                                              \
-		*(void **)&cu.field = dlsym(cu.lib, name);                                \
-		if (!cu.field) {                                                          \
-			snprintf(err, errlen, "libcuda.so.1 lacks %s", name);             \
-			return -ENOSYS;                                                   \
-		}                                                                         \
-	} while (0)
-	SYM(init, "cuInit");
-	SYM(device_count, "cuDeviceGetCount");
-	SYM(device_get, "cuDeviceGet");
-	SYM(total_mem, "cuDeviceTotalMem_v2");
-	SYM(error_string, "cuGetErrorString");
-	SYM(granularity, "cuMemGetAllocationGranularity");
-	SYM(create, "cuMemCreate");
-	SYM(release, "cuMemRelease");
-	SYM(export_handle, "cuMemExportToShareableHandle");
-	SYM(ctx_retain, "cuDevicePrimaryCtxRetain");
-	SYM(ctx_set, "cuCtxSetCurrent");
-#undef SYM
-	r = cu.init(0);
-	if (r != CUDA_SUCCESS) {
-		snprintf(err, errlen, "cuInit: %s", cu_str(r));
-		return -ENODEV;
-	}
-	cu.inited = 1;
-	return 0;
+	if (!cu)
+		cu = bd_cudrv_get(&e, err, errlen);
+	return cu ? 0 : e;
 }
 
 static void prop_of(CUmemAllocationProp *p, int device)
@@ -107,7 +55,7 @@ static int cuda_supported(int n_devices, char *err, size_t errlen)
 	e = cu_load(err, errlen);
 	if (e < 0)
 		return e;
-	r = cu.device_count(&count);
+	r = cu->device_count(&count);
 	if (r != CUDA_SUCCESS) {
 		snprintf(err, errlen, "cuDeviceGetCount: %s", cu_str(r));
 		return -ENODEV;
@@ -129,9 +77,9 @@ static int cuda_device_memory(int device, uint64_t *ret, char *err, size_t errle
 
 	if (e < 0)
 		return e;
-	r = cu.device_get(&dev, device);
+	r = cu->device_get(&dev, device);
 	if (r == CUDA_SUCCESS)
-		r = cu.total_mem(&bytes, dev);
+		r = cu->total_mem(&bytes, dev);
 	if (r != CUDA_SUCCESS) {
 		snprintf(err, errlen, "device %d: %s", device, cu_str(r));
 		return -ENODEV;
@@ -150,7 +98,7 @@ static int cuda_granularity(int device, size_t *ret, char *err, size_t errlen)
 	if (e < 0)
 		return e;
 	prop_of(&prop, device);
-	r = cu.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+	r = cu->granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
 	if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1))) {
 		snprintf(err, errlen, "cuMemGetAllocationGranularity(device %d): %s", device,
 			 r != CUDA_SUCCESS ? cu_str(r) : "not a power of two");
@@ -167,8 +115,8 @@ static void cuda_arena_destroy(struct bd_kvpool_arena *a)
 	for (size_t i = 0; i < a->n_chunks; i++) {
 		if (a->chunks[i].fd >= 0)
 			close(a->chunks[i].fd);
-		if (a->chunks[i].handle && cu.release)
-			cu.release((CUmemGenericAllocationHandle)a->chunks[i].handle);
+		if (a->chunks[i].handle && cu)
+			cu->release((CUmemGenericAllocationHandle)a->chunks[i].handle);
 	}
 	a->n_chunks = 0;
 	a->bytes = 0;
@@ -195,18 +143,18 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 		CUmemGenericAllocationHandle h = 0;
 		int fd = -1;
 
-		r = cu.create(&h, bytes, &prop, 0);
+		r = cu->create(&h, bytes, &prop, 0);
 		if (r == CUDA_ERROR_INVALID_CONTEXT) {
 			/* some drivers want a current context: the device's primary one */
 			CUdevice dev;
 
-			r = cu.device_get(&dev, device);
+			r = cu->device_get(&dev, device);
 			if (r == CUDA_SUCCESS)
-				r = cu.ctx_retain(&ctx, dev);
+				r = cu->ctx_retain(&ctx, dev);
 			if (r == CUDA_SUCCESS)
-				r = cu.ctx_set(ctx);
+				r = cu->ctx_set(ctx);
 			if (r == CUDA_SUCCESS)
-				r = cu.create(&h, bytes, &prop, 0);
+				r = cu->create(&h, bytes, &prop, 0);
 		}
 		if (r != CUDA_SUCCESS) {
 			snprintf(err, errlen, "cuMemCreate(%zu bytes on device %d): %s", bytes,
@@ -214,9 +162,9 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 			e = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 			goto fail;
 		}
-		r = cu.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+		r = cu->export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 		if (r != CUDA_SUCCESS) {
-			cu.release(h);
+			cu->release(h);
 			snprintf(err, errlen, "cuMemExportToShareableHandle: %s", cu_str(r));
 			e = -EIO;
 			goto fail;
