@@ -169,12 +169,14 @@ int bd_gmodel_fill_synthetic(struct bd_gmodel *g, const struct bd_grow *row, int
 int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int32_t *tokens,
 		     int n, const struct bd_gout *out, int *ret_status, char *ret_err);
 
-/* Timing of the last decode call, microseconds: host time to build and upload the step's
- * metadata (block tables, lengths, slot pointers, tokens), host time to launch (graph launch
+/* Timing of the last decode call, microseconds: host time to build the step's metadata
+ * (tokens, lengths, slot pointers, the block-table entries that changed since the slot's last
+ * step) in pinned memory that the step's first kernel reads, host time to launch (graph launch
  * or the kernels), and device time of the whole step (events). */
 struct bd_gmodel_timing {
 	double upload_us, launch_us, device_us;
-	int graph;  /* 1 when the step replayed a graph */
+	int graph;        /* 1 when the step replayed a graph */
+	int graph_nodes;  /* nodes of that graph (cudaGraphGetNodes), 0 without one */
 };
 void bd_gmodel_last_timing(const struct bd_gmodel *g, struct bd_gmodel_timing *ret);
 

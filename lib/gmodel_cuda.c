@@ -12,9 +12,21 @@
  * metadata region and CUDA graph are fixed. Padding rows decode token 0 at positions 0..127 of
  * private dummy slots (distinct (slot, position) pairs, no pages), so every kernel sees
  * well-formed rows; their outputs are dropped. A step's metadata (tokens, positions, lengths,
- * block tables, slot pointers, sampling parameters, promotion pages) is one packed region
- * uploaded with one pinned-host→device copy before the graph launch. Promotion of completed
- * pages and top-k run after the graph (their counts change from step to step).
+ * slot pointers, sampling parameters, promotion pages) is a small packed header in mapped
+ * pinned memory that the step's first kernel (inside the graph) copies to the device, so a
+ * step makes no copy call. Block tables stay on the device, one row per slot: the host keeps
+ * a mirror per slot and sends only the entries that changed (a router's table grows by
+ * appended pages; a reused slot differs from its first changed entry on), which the first
+ * kernel patches in before gathering the rows' tables for the decode kernel. Promotion of
+ * completed pages and top-k run after the graph (their counts change from step to step).
+ *
+ * Per layer a decode step is 10 graph nodes plus cuBLASLt's: RMSNorm, the q/k/v product, one
+ * fused kernel for bias, q/k norms, RoPE and the KV write (bd_gaux_qkv_decode, bit for bit the
+ * separate ops), decode attention, the BF16 cast of its output, W_o with the residual added by
+ * the GEMM (β = 1: x = W·a + x, one rounding as x + (W·a)), RMSNorm, gate/up, SwiGLU, W_down
+ * with the residual. With TP > 1 the residual stays a separate add after the all-reduce.
+ * For BF16 weights without TP, skinny GEMMs (≤ 64 rows) take the fastest of cuBLASLt's
+ * heuristic candidates, timed once per shape at its first (eager) use.
  *
  * Prefill runs the whole prompt through the layers keeping every layer's post-RoPE K and V
  * (FP32, [L][n][Hkv'·d]); only once the final activations are known finite is the cache
@@ -61,16 +73,26 @@ struct glayer {
 	void *wdown;                 /* [E][F'] */
 };
 
+#define GEMM_CANDIDATES 8      /* heuristic results timed for a skinny GEMM */
+#define TUNE_MAX_ROWS 64
+
 struct gemm_entry {
 	int M, N, K, ldb;
 	cublasLtMatrixLayout_t a, b, c;
 	cublasLtMatmulAlgo_t algo;
 	bool used, alt; /* alt: the non-pedantic FP32 descriptor (no pedantic algorithm) */
+	bool tuned;     /* the algorithm is final (timed, or not to be timed) */
+	int n_cand;
+	cublasLtMatmulAlgo_t cand[GEMM_CANDIDATES];
 };
 
-/* Offsets of one bucket's packed metadata, from the start of its region. */
+/* Offsets of one bucket's packed metadata. The header [0, hdr) is packed on the host and
+ * copied by the step's first kernel; on the device it is followed by the rows' gathered block
+ * tables (bt), on the host by the block-table patches: spans [B][4] and their values. */
 struct md_layout {
-	size_t tokens, pos, lens, bt, slots, samp, ppages, pslots, bytes;
+	size_t tokens, pos, lens, slots, samp, ppages, pslots, hdr;
+	size_t bt, bytes;             /* device */
+	size_t spans, vals, host_bytes; /* host */
 };
 
 struct bucket {
@@ -80,6 +102,7 @@ struct bucket {
 	struct md_layout ml;
 	void *ws;                  /* its decode workspace (plans place their counters apart) */
 	cudaGraphExec_t exec;
+	int nodes;                 /* of the captured graph */
 	int runs;                  /* eager runs (the graph is captured after one) */
 };
 
@@ -133,7 +156,14 @@ struct bd_gmodel {
 
 	struct bucket bk[MAX_BUCKETS];
 	int n_buckets;
-	void *md_dev, *md_host;
+	void *md_dev, *md_host; /* md_host: mapped pinned memory */
+	void *md_hdev;          /* md_host as the device addresses it */
+	int bt_stride;
+	int32_t *bt_slots;      /* device [n_slots][bt_stride]: each slot's block table */
+	int32_t *bt_mirror;     /* host copy of bt_slots */
+	int *bt_len;            /* [n_slots]: leading entries of bt_slots known equal to the mirror */
+	cudaEvent_t tev0, tev1; /* GEMM candidate timing */
+	bool tuning;            /* an eager decode step: new skinny GEMM shapes are timed */
 	int *res_dev, *res_host; /* [RES_FLAGS + Bmax tokens + Bmax promotion statuses] */
 	int res_n;
 
@@ -350,24 +380,31 @@ static int gemm_find(struct bd_gmodel *g, int M, int N, int K, int ldb, struct g
 		return -ENOMEM;
 	}
 	e->used = true;
-	cublasLtMatmulHeuristicResult_t h;
+	cublasLtMatmulHeuristicResult_t h[GEMM_CANDIDATES];
 	int nres = 0;
-	memset(&h, 0, sizeof(h));
+	/* skinny BF16 products may be timed (gemm_tune): ask for several candidates */
+	int want = g->dt == BD_DT_BF16 && !g->comm && N <= TUNE_MAX_ROWS ? GEMM_CANDIDATES : 1;
+	memset(h, 0, sizeof(h));
 	cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, g->mm, e->a, e->b, e->c, e->c,
-							  g->pref, 1, &h, &nres);
+							  g->pref, want, h, &nres);
 	e->alt = false;
 	if ((s != CUBLAS_STATUS_SUCCESS || nres < 1) && g->mm_alt) {
 		/* FP32 without the pedantic flag: still FP32 products and sums, never TF32 */
 		nres = 0;
 		s = cublasLtMatmulAlgoGetHeuristic(g->lt, g->mm_alt, e->a, e->b, e->c, e->c, g->pref,
-						   1, &h, &nres);
+						   1, h, &nres);
 		e->alt = true;
 	}
-	if (s != CUBLAS_STATUS_SUCCESS || nres < 1 || h.state != CUBLAS_STATUS_SUCCESS) {
+	if (s != CUBLAS_STATUS_SUCCESS || nres < 1 || h[0].state != CUBLAS_STATUS_SUCCESS) {
 		gemm_entry_free(e);
 		return -ENOTSUP;
 	}
-	e->algo = h.algo;
+	e->algo = h[0].algo;
+	e->n_cand = 0;
+	for (int i = 0; i < nres && i < GEMM_CANDIDATES; i++)
+		if (h[i].state == CUBLAS_STATUS_SUCCESS)
+			e->cand[e->n_cand++] = h[i].algo;
+	e->tuned = e->n_cand < 2;
 	e->M = M;
 	e->N = N;
 	e->K = K;
@@ -376,16 +413,62 @@ static int gemm_find(struct bd_gmodel *g, int M, int N, int K, int ldb, struct g
 	return 0;
 }
 
-/* y [N][M] FP32 = x [N][K] (row stride ldb, GEMM dtype) · w [M][K]ᵀ, on the model's stream. */
+/* Pick the fastest of e's candidates by timing each on the stream (outside a capture: this
+ * synchronizes), writing into y (beta 0) or the scratch activations g->tmp (beta 1: y is the
+ * residual stream and must be written once). A candidate that fails is skipped. */
+static void gemm_tune(struct bd_gmodel *g, struct gemm_entry *e, const void *w, const void *x,
+		      float *y, float beta)
+{
+	enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	e->tuned = true;
+	if (cudaStreamIsCapturing(g->st, &cs) != cudaSuccess ||
+	    cs != cudaStreamCaptureStatusNone)
+		return;
+	float *out = y;
+	if (beta != 0.0f) {
+		if ((size_t)e->M * (size_t)e->N > (size_t)g->R * (size_t)g->E)
+			return;
+		out = g->tmp;
+	}
+	const float alpha = 1.0f, zero = 0.0f;
+	float best = 0.0f;
+	int pick = -1;
+	for (int i = 0; i < e->n_cand; i++) {
+		bool ok = true;
+		for (int rep = 0; rep < 4 && ok; rep++) {
+			if (rep == 1)
+				ok = cudaEventRecord(g->tev0, g->st) == cudaSuccess;
+			ok = ok && cublasLtMatmul(g->lt, g->mm, &alpha, w, e->a, x, e->b, &zero, out,
+						  e->c, out, e->c, &e->cand[i], g->lt_ws,
+						  LT_WS_BYTES, g->st) == CUBLAS_STATUS_SUCCESS;
+		}
+		float ms = 0.0f;
+		ok = ok && cudaEventRecord(g->tev1, g->st) == cudaSuccess &&
+		     cudaEventSynchronize(g->tev1) == cudaSuccess &&
+		     cudaEventElapsedTime(&ms, g->tev0, g->tev1) == cudaSuccess;
+		if (ok && (pick < 0 || ms < best)) {
+			best = ms;
+			pick = i;
+		}
+	}
+	(void)cudaGetLastError(); /* a refused candidate leaves no sticky error */
+	if (pick >= 0)
+		e->algo = e->cand[pick];
+}
+
+/* y [N][M] FP32 = x [N][K] (row stride ldb, GEMM dtype) · w [M][K]ᵀ + beta·y, on the model's
+ * stream (beta 1: the residual added in the epilogue, rounded once as y + (x·wᵀ)). */
 static int gemm(struct bd_gmodel *g, const void *w, int M, int K, const void *x, int ldb, int N,
-		float *y, char *ret_err)
+		float *y, float beta, char *ret_err)
 {
 	struct gemm_entry *e;
 	int r = gemm_find(g, M, N, K, ldb, &e);
 	if (r < 0)
 		return fail(ret_err, r == -ENOTSUP ? -EIO : r,
 			    "cuBLASLt has no algorithm for %d x %d x %d", M, N, K);
-	const float alpha = 1.0f, beta = 0.0f;
+	if (!e->tuned && g->tuning)
+		gemm_tune(g, e, w, x, y, beta);
+	const float alpha = 1.0f;
 	cublasStatus_t s = cublasLtMatmul(g->lt, e->alt ? g->mm_alt : g->mm, &alpha, w, e->a, x,
 					  e->b, &beta, y, e->c, y, e->c, &e->algo, g->lt_ws,
 					  LT_WS_BYTES, g->st);
@@ -615,8 +698,6 @@ static struct md_layout md_layout_of(int B, int bt_stride)
 	c = align_up(c + b * 4, 16);
 	m.lens = c;
 	c = align_up(c + b * 4, 16);
-	m.bt = c;
-	c = align_up(c + b * (size_t)bt_stride * 4, 16);
 	m.slots = c;
 	c = align_up(c + b * 8, 16);
 	m.samp = c;
@@ -625,7 +706,12 @@ static struct md_layout md_layout_of(int B, int bt_stride)
 	c = align_up(c + b * 4, 16);
 	m.pslots = c;
 	c = align_up(c + b * 8, 16);
-	m.bytes = align_up(c, DEV_ALIGN);
+	m.hdr = c;
+	m.bt = align_up(c, DEV_ALIGN);
+	m.bytes = align_up(m.bt + b * (size_t)bt_stride * 4, DEV_ALIGN);
+	m.spans = c;
+	m.vals = c + b * 16;
+	m.host_bytes = align_up(m.vals + b * (size_t)bt_stride * 4, DEV_ALIGN);
 	return m;
 }
 
@@ -732,7 +818,26 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 		CU(cudaMemset(bk->ws, 0, bk->plan.ws_bytes ? bk->plan.ws_bytes : DEV_ALIGN));
 		OP(bd_decode_workspace_init(&bk->plan, bk->ws, g->st));
 	}
-	CU(cudaMallocHost(&g->md_host, g->bk[g->n_buckets - 1].ml.bytes));
+	/* mapped: the step's first kernel reads the packed header and patches from here */
+	CU(cudaHostAlloc(&g->md_host, g->bk[g->n_buckets - 1].ml.host_bytes,
+			 cudaHostAllocMapped));
+	CU(cudaHostGetDevicePointer(&g->md_hdev, g->md_host, 0));
+	if (((uintptr_t)g->md_hdev % 16) != 0) {
+		r = fail(ret_err, -EIO, "mapped metadata buffer not 16-byte aligned");
+		goto out;
+	}
+	g->bt_stride = bt_stride;
+	if ((r = dev_alloc((void **)&g->bt_slots,
+			   g->n_slots * (size_t)bt_stride * sizeof(int32_t), ret_err)) < 0)
+		goto out;
+	g->bt_mirror = calloc(g->n_slots * (size_t)bt_stride, sizeof(int32_t));
+	g->bt_len = calloc(g->n_slots, sizeof(int));
+	if (!g->bt_mirror || !g->bt_len) {
+		r = fail(ret_err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	CU(cudaEventCreate(&g->tev0));
+	CU(cudaEventCreate(&g->tev1));
 	g->res_n = RES_FLAGS + 2 * Bmax;
 	if ((r = dev_alloc((void **)&g->res_dev, sizeof(int) * (size_t)g->res_n, ret_err)) < 0)
 		goto out;
@@ -858,7 +963,7 @@ void bd_gmodel_free(struct bd_gmodel *g)
 	void *bufs[] = { g->lt_ws, g->wmem, g->dummy, g->x, g->xn, g->qkv, g->q, g->k, g->v,
 			 g->att, g->attb, g->tmp, g->gu, g->act, g->logits, g->kall, g->vall,
 			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->stage, g->md_dev,
-			 g->res_dev, g->pf_dev, g->pst_dev };
+			 g->res_dev, g->pf_dev, g->pst_dev, g->bt_slots };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		dev_free(bufs[i]);
 	if (g->ly)
@@ -880,10 +985,16 @@ void bd_gmodel_free(struct bd_gmodel *g)
 		cudaEventDestroy(g->ev0);
 	if (g->ev1)
 		cudaEventDestroy(g->ev1);
+	if (g->tev0)
+		cudaEventDestroy(g->tev0);
+	if (g->tev1)
+		cudaEventDestroy(g->tev1);
 	if (g->st)
 		cudaStreamDestroy(g->st);
 	free(g->ly);
 	free(g->seen);
+	free(g->bt_mirror);
+	free(g->bt_len);
 	free(g);
 }
 
@@ -1097,16 +1208,16 @@ static int all_reduce(struct bd_gmodel *g, float *buf, size_t n, char *ret_err)
 	return 0;
 }
 
-/* x += W_down(silu(W_gate xn) · W_up xn) for n rows (xn of ffn_norm made here). */
-static int mlp(struct bd_gmodel *g, const struct glayer *y, int n, char *ret_err)
+/* x += W a for n rows (a [n][ld], K = in columns): without TP the GEMM adds x in its
+ * epilogue (β = 1), else the partial product is all-reduced and added. */
+static int residual_gemm(struct bd_gmodel *g, const void *w, int in, const void *a, int ld,
+			 int n, char *ret_err)
 {
-	int r = 0, E = g->E, F = g->F;
+	int r = 0, E = g->E;
 	size_t nE = (size_t)n * (size_t)E;
-	OP(bd_op_rmsnorm(g->x, y->ffn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt, g->st));
-	if ((r = gemm(g, y->wgu, 2 * F, E, g->xn, E, n, g->gu, ret_err)) < 0)
-		goto out;
-	OP(bd_op_swiglu(g->gu, n, F, g->act, g->dt, g->st));
-	if ((r = gemm(g, y->wdown, E, F, g->act, F, n, g->tmp, ret_err)) < 0)
+	if (!g->comm)
+		return gemm(g, w, E, in, a, ld, n, g->x, 1.0f, ret_err);
+	if ((r = gemm(g, w, E, in, a, ld, n, g->tmp, 0.0f, ret_err)) < 0)
 		goto out;
 	if ((r = all_reduce(g, g->tmp, nE, ret_err)) < 0)
 		goto out;
@@ -1115,21 +1226,29 @@ out:
 	return r;
 }
 
+/* x += W_down(silu(W_gate xn) · W_up xn) for n rows (xn of ffn_norm made here). */
+static int mlp(struct bd_gmodel *g, const struct glayer *y, int n, char *ret_err)
+{
+	int r = 0, E = g->E, F = g->F;
+	OP(bd_op_rmsnorm(g->x, y->ffn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt, g->st));
+	if ((r = gemm(g, y->wgu, 2 * F, E, g->xn, E, n, g->gu, 0.0f, ret_err)) < 0)
+		goto out;
+	OP(bd_op_swiglu(g->gu, n, F, g->act, g->dt, g->st));
+	r = residual_gemm(g, y->wdown, F, g->act, F, n, ret_err);
+out:
+	return r;
+}
+
 /* Attention output att [n][ld] → x += W_o att (+ all-reduce). */
 static int attn_out(struct bd_gmodel *g, const struct glayer *y, int n, int ld, char *ret_err)
 {
-	int r = 0, E = g->E;
-	size_t nE = (size_t)n * (size_t)E;
+	int r = 0;
 	const void *a = g->att;
 	if (g->dt == BD_DT_BF16) {
 		OP(bd_op_cast(g->att, g->attb, BD_DT_BF16, (size_t)n * (size_t)ld, g->st));
 		a = g->attb;
 	}
-	if ((r = gemm(g, y->wo, E, g->qd, a, ld, n, g->tmp, ret_err)) < 0)
-		goto out;
-	if ((r = all_reduce(g, g->tmp, nE, ret_err)) < 0)
-		goto out;
-	OP(bd_op_add(g->x, g->tmp, nE, g->st));
+	r = residual_gemm(g, y->wo, g->qd, a, ld, n, ret_err);
 out:
 	return r;
 }
@@ -1142,7 +1261,7 @@ static int qkv_proj(struct bd_gmodel *g, const struct glayer *y, int n, float *q
 	size_t W = (size_t)g->Wqkv * 4, qb = (size_t)g->qd * 4, kb = (size_t)g->kd * 4;
 	OP(bd_op_rmsnorm(g->x, y->attn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt,
 			 g->st));
-	if ((r = gemm(g, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, ret_err)) < 0)
+	if ((r = gemm(g, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, 0.0f, ret_err)) < 0)
 		goto out;
 	if (y->bqkv)
 		OP(bd_op_bias_add(g->qkv, y->bqkv, BD_DT_F32, n, g->Wqkv, g->st));
@@ -1180,7 +1299,44 @@ static int lm_head(struct bd_gmodel *g, int r0, int n, char *ret_err)
 	int r = 0, E = g->E;
 	OP(bd_op_rmsnorm(g->x + (size_t)r0 * (size_t)E, g->out_norm, BD_DT_F32, n, E,
 			 g->hp.norm_eps, g->xn, g->dt, g->st));
-	r = gemm(g, g->out_w, g->V, E, g->xn, E, n, g->logits, ret_err);
+	r = gemm(g, g->out_w, g->V, E, g->xn, E, n, g->logits, 0.0f, ret_err);
+out:
+	return r;
+}
+
+/* Norm, fused q/k/v product, then one kernel for biases, q/k norms, RoPE (q into g->q with
+ * rows of qdL) and the KV write of layer l (the decode-step form of qkv_proj, qk_rope and
+ * bd_op_kv_write; padded query heads of a shard keep their old, finite values). */
+static int qkv_decode(struct bd_gmodel *g, const struct glayer *y, int l, int n,
+		      const int32_t *pos, void *const *slots, char *ret_err)
+{
+	int r = 0, E = g->E;
+	OP(bd_op_rmsnorm(g->x, y->attn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt,
+			 g->st));
+	if ((r = gemm(g, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, 0.0f, ret_err)) < 0)
+		goto out;
+	struct bd_gaux_qkv a = {
+		.qkv = g->qkv,
+		.bias = y->bqkv,
+		.q_norm = g->hp.qk_norm ? y->q_norm : NULL,
+		.k_norm = g->hp.qk_norm ? y->k_norm : NULL,
+		.mu = y->mu,
+		.pos = pos,
+		.q = g->q,
+		.slots = slots,
+		.n = n,
+		.Hq = g->Hq,
+		.Hkv = g->Hkv,
+		.d = g->d,
+		.ld_qkv = g->Wqkv,
+		.ld_q = g->qdL,
+		.n_rot = g->hp.n_rot,
+		.rope_style = (int)g->hp.rope_style,
+		.layer = l,
+		.rope_base = g->hp.rope_base,
+		.eps = g->hp.norm_eps,
+	};
+	OP(bd_gaux_qkv_decode(&a, &g->lay, g->cfg, g->st));
 out:
 	return r;
 }
@@ -1190,25 +1346,26 @@ static int enqueue_decode(struct bd_gmodel *g, const struct bucket *bk, char *re
 {
 	const struct md_layout *ml = &bk->ml;
 	uint8_t *md = (uint8_t *)g->md_dev + bk->off;
+	const uint8_t *mh = g->md_hdev;
 	const int32_t *tokens = (const int32_t *)(md + ml->tokens);
 	const int32_t *pos = (const int32_t *)(md + ml->pos);
 	const int32_t *lens = (const int32_t *)(md + ml->lens);
-	const int32_t *bt = (const int32_t *)(md + ml->bt);
+	int32_t *bt = (int32_t *)(md + ml->bt);
 	void *const *slots = (void *const *)(md + ml->slots);
 	const struct bd_gsample *samp = (const struct bd_gsample *)(md + ml->samp);
 	int r = 0, B = bk->B;
 	size_t BE = (size_t)B * (size_t)g->E;
 
 	CU(cudaMemsetAsync(g->res_dev, 0, sizeof(int) * (size_t)g->res_n, g->st));
+	OP(bd_gaux_step_stage(mh, md, ml->hdr, (const int32_t *)(mh + ml->spans),
+			      (const int32_t *)(mh + ml->vals), g->bt_slots, bt, g->bt_stride, B,
+			      g->st));
 	OP(bd_op_embed(g->embd, g->dt, g->V, g->E, tokens, B, g->x, g->res_dev + RES_EMBED,
 		       g->st));
 	for (int l = 0; l < g->L; l++) {
 		const struct glayer *y = &g->ly[l];
-		if ((r = qkv_proj(g, y, B, g->q, g->qdL, g->k, g->v, ret_err)) < 0 ||
-		    (r = qk_rope(g, y, B, g->q, g->HqL, g->k, pos, ret_err)) < 0)
+		if ((r = qkv_decode(g, y, l, B, pos, slots, ret_err)) < 0)
 			goto out;
-		OP(bd_op_kv_write(&g->lay, g->cfg, l, slots, pos, g->k, g->v, y->mu, B, g->Hkv,
-				  g->st));
 		struct bd_decode_args a = {
 			.q = g->q,
 			.arena = g->pages,
@@ -1366,6 +1523,71 @@ out:
 	return r;
 }
 
+#define FILL_GROUP 16 /* pages a synthetic fill writes and promotes per round */
+
+/* Pages 0..J−1 of a synthetic fill (new pages from the prefill region): groups of up to
+ * FILL_GROUP pages are written, all layers, into scratch slots laid out like slots (one
+ * synthesis and one KV write per layer for the whole group), then promoted by one
+ * bd_promote_run. Same values, same write and promotion code as the page-by-page path in
+ * the request's slot, so the same page bytes; the slot itself is written by the caller. */
+static int fill_pages(struct bd_gmodel *g, int J, uint64_t seed, char *ret_err)
+{
+	int r = 0, P = J < FILL_GROUP ? J : FILL_GROUP;
+	size_t sb = g->lay.slot_bytes, kd = (size_t)g->kd, rows_max;
+	uint8_t *blk = NULL;
+	void **hp = NULL;
+	size_t o_k, o_v, o_rs, o_ps, bytes;
+	const int32_t *pages = (const int32_t *)((uint8_t *)g->pf_dev + g->pf_pages);
+
+	for (;; P /= 2) {
+		rows_max = (size_t)P * BD_PAGE_TOKENS;
+		o_k = align_up((size_t)P * sb, DEV_ALIGN);
+		o_v = align_up(o_k + rows_max * kd * 4, DEV_ALIGN);
+		o_rs = align_up(o_v + rows_max * kd * 4, DEV_ALIGN);
+		o_ps = align_up(o_rs + rows_max * 8, DEV_ALIGN);
+		bytes = o_ps + (size_t)P * 8;
+		if (cudaMalloc((void **)&blk, bytes) == cudaSuccess)
+			break;
+		(void)cudaGetLastError();
+		blk = NULL;
+		if (P == 1)
+			return fail(ret_err, -ENOMEM, "no device memory for a fill page group");
+	}
+	void *const *rs = (void *const *)(blk + o_rs), *const *ps = (void *const *)(blk + o_ps);
+	hp = malloc((rows_max + (size_t)P) * sizeof(void *));
+	if (!hp) {
+		r = fail(ret_err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < rows_max; i++)
+		hp[i] = blk + (i / BD_PAGE_TOKENS) * sb;
+	for (int i = 0; i < P; i++)
+		hp[rows_max + (size_t)i] = blk + (size_t)i * sb;
+	/* heads past the shard's in a wider layout are promoted too: keep them finite */
+	CU(cudaMemsetAsync(blk, 0, (size_t)P * sb, g->st));
+	CU(cudaMemcpyAsync(blk + o_rs, hp, rows_max * 8, cudaMemcpyHostToDevice, g->st));
+	CU(cudaMemcpyAsync(blk + o_ps, hp + rows_max, (size_t)P * 8, cudaMemcpyHostToDevice,
+			   g->st));
+	float *kb = (float *)(blk + o_k), *vb = (float *)(blk + o_v);
+	for (int j0 = 0; j0 < J; j0 += P) {
+		int cnt = J - j0 < P ? J - j0 : P, rows = cnt * BD_PAGE_TOKENS;
+		int p0 = j0 * BD_PAGE_TOKENS;
+		for (int l = 0; l < g->L; l++) {
+			OP(bd_gaux_synth_kv(kb, vb, rows, g->Hkv, g->d, l, p0, seed, g->st));
+			OP(bd_op_kv_write(&g->lay, g->cfg, l, rs, g->iota + p0, kb, vb, g->ly[l].mu,
+					  rows, g->Hkv, g->st));
+		}
+		OP(bd_promote_run(&g->lay, g->cfg, g->pages, ps, pages + j0, cnt, g->pst_dev + j0,
+				  g->st));
+	}
+out:
+	/* the scratch is in use until the stream drains */
+	cudaStreamSynchronize(g->st);
+	cudaFree(blk);
+	free(hp);
+	return r;
+}
+
 /* Wait, then read the promotion statuses of n_new pages. */
 static int finish_pages(struct bd_gmodel *g, int n_new, char *ret_err)
 {
@@ -1491,10 +1713,27 @@ int bd_gmodel_fill_synthetic(struct bd_gmodel *g, const struct bd_grow *row, int
 	if ((r = check_start_row(g, row, n, ret_err)) < 0)
 		return r;
 	CU(cudaSetDevice(g->device));
-	if ((r = pf_upload(g, row, NULL, 0, ret_err)) < 0 ||
-	    (r = write_cache(g, n, NULL, NULL, 0, seed, ret_err)) < 0 ||
-	    (r = finish_pages(g, row->n_new, ret_err)) < 0)
+	if ((r = pf_upload(g, row, NULL, 0, ret_err)) < 0)
 		goto out;
+	if (n < BD_PAGE_TOKENS) {
+		r = write_span(g, 0, n, NULL, NULL, 0, seed, ret_err);
+	} else {
+		int J = n / BD_PAGE_TOKENS;
+		if ((r = fill_pages(g, J, seed, ret_err)) < 0)
+			goto out;
+		/* the slot as a position-by-position write leaves it: the sink, ring rows of the
+		 * last full page, then the tail (every value a function of (layer, position)) */
+		if ((r = write_span(g, 0, BD_SINK_TOKENS, NULL, NULL, 0, seed, ret_err)) < 0 ||
+		    (r = write_span(g, (J - 1) * BD_PAGE_TOKENS, BD_PAGE_TOKENS, NULL, NULL, 0, seed,
+				    ret_err)) < 0)
+			goto out;
+		if (n > J * BD_PAGE_TOKENS)
+			r = write_span(g, J * BD_PAGE_TOKENS, n - J * BD_PAGE_TOKENS, NULL, NULL, 0,
+				       seed, ret_err);
+	}
+	if (r < 0)
+		goto out;
+	r = finish_pages(g, row->n_new, ret_err);
 out:
 	return model_fails(g, r);
 }
@@ -1548,6 +1787,33 @@ static int check_decode_rows(struct bd_gmodel *g, const struct bd_grow *rows,
 	return r;
 }
 
+/* Row i's block-table patch: the entries of the slot's table from the first one that differs
+ * from the mirror (or that the device does not hold yet) on, appended to vals at *nv. */
+static void pack_table(struct bd_gmodel *g, const struct bd_grow *w, int32_t *span,
+		       int32_t *vals, size_t *nv)
+{
+	size_t bts = (size_t)g->bt_stride;
+	int32_t *mir = g->bt_mirror + (size_t)w->slot * bts;
+	int np = w->n_pages, have = g->bt_len[w->slot] < np ? g->bt_len[w->slot] : np, j0 = 0;
+	if (have > 0 && memcmp(mir, w->block_table, (size_t)have * 4) == 0)
+		j0 = have; /* the usual case: same table, maybe a page longer */
+	else
+		while (j0 < have && mir[j0] == w->block_table[j0])
+			j0++;
+	if (np > j0) {
+		memcpy(vals + *nv, w->block_table + j0, (size_t)(np - j0) * 4);
+		memcpy(mir + j0, w->block_table + j0, (size_t)(np - j0) * 4);
+	}
+	/* entries past np were not touched on either side: still equal */
+	if (np > g->bt_len[w->slot])
+		g->bt_len[w->slot] = np;
+	span[0] = w->slot;
+	span[1] = np;
+	span[2] = j0;
+	span[3] = (int32_t)*nv;
+	*nv += (size_t)(np - j0);
+}
+
 /* The packed metadata of bucket bk for rows (padding rows after n); returns promotions. */
 static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 			 const struct bd_grow *rows, const int32_t *tokens, int n)
@@ -1555,12 +1821,13 @@ static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 	const struct md_layout *ml = &bk->ml;
 	uint8_t *h = g->md_host;
 	int32_t *tk = (int32_t *)(h + ml->tokens), *pos = (int32_t *)(h + ml->pos);
-	int32_t *lens = (int32_t *)(h + ml->lens), *bt = (int32_t *)(h + ml->bt);
+	int32_t *lens = (int32_t *)(h + ml->lens);
+	int32_t *spans = (int32_t *)(h + ml->spans), *vals = (int32_t *)(h + ml->vals);
 	void **slots = (void **)(h + ml->slots);
 	struct bd_gsample *samp = (struct bd_gsample *)(h + ml->samp);
 	int32_t *pp = (int32_t *)(h + ml->ppages);
 	void **ps = (void **)(h + ml->pslots);
-	size_t bts = (size_t)bk->plan.bt_stride;
+	size_t nv = 0;
 	int n_promo = 0;
 
 	for (int i = 0; i < bk->B; i++) {
@@ -1571,8 +1838,7 @@ static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 			pos[i] = w->position;
 			lens[i] = w->position + 1;
 			slots[i] = slot_ptr(g, w->slot);
-			if (w->n_pages > 0)
-				memcpy(bt + (size_t)i * bts, w->block_table, (size_t)w->n_pages * 4);
+			pack_table(g, w, spans + 4 * i, vals, &nv);
 			if (check_sampling(&w->sampling)) { /* else unused: greedy */
 				s.temperature = w->sampling.temperature;
 				s.top_k = w->sampling.top_k;
@@ -1592,6 +1858,8 @@ static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 			lens[i] = pos[i] + 1;
 			slots[i] = (uint8_t *)g->dummy +
 				   (size_t)(j / BD_RECENT_TOKENS) * g->lay.slot_bytes;
+			spans[4 * i] = -1;
+			spans[4 * i + 1] = spans[4 * i + 2] = spans[4 * i + 3] = 0;
 		}
 		samp[i] = s;
 	}
@@ -1603,12 +1871,15 @@ static int capture(struct bd_gmodel *g, struct bucket *bk, char *ret_err)
 {
 	cudaGraph_t graph = NULL;
 	int r = 0;
+	size_t nodes = 0;
 	CU(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
 	r = enqueue_decode(g, bk, ret_err);
 	cudaError_t e = cudaStreamEndCapture(g->st, &graph);
 	if (r < 0)
 		goto out;
 	CU(e);
+	CU(cudaGraphGetNodes(graph, NULL, &nodes));
+	bk->nodes = (int)nodes;
 	CU(cudaGraphInstantiate(&bk->exec, graph, 0));
 out:
 	if (graph)
@@ -1636,18 +1907,20 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 
 	double t0 = now_us();
 	int n_promo = pack_metadata(g, bk, rows, tokens, n);
-	CU(cudaEventRecord(g->ev0, g->st));
-	CU(cudaMemcpyAsync((uint8_t *)g->md_dev + bk->off, g->md_host, bk->ml.bytes,
-			   cudaMemcpyHostToDevice, g->st));
 	double t1 = now_us();
 	bool graph = false;
+	CU(cudaEventRecord(g->ev0, g->st));
 	if (g->use_graphs && !bk->exec && bk->runs > 0 && (r = capture(g, bk, ret_err)) < 0)
 		goto out;
 	if (g->use_graphs && bk->exec) {
 		CU(cudaGraphLaunch(bk->exec, g->st));
 		graph = true;
 	} else {
-		if ((r = enqueue_decode(g, bk, ret_err)) < 0)
+		/* the first eager step of a bucket times its new skinny GEMM shapes */
+		g->tuning = g->dt == BD_DT_BF16 && !g->comm;
+		r = enqueue_decode(g, bk, ret_err);
+		g->tuning = false;
+		if (r < 0)
 			goto out;
 		bk->runs++;
 	}
@@ -1670,6 +1943,7 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 	g->tm.launch_us = t2 - t1;
 	g->tm.device_us = (double)ms * 1e3;
 	g->tm.graph = graph;
+	g->tm.graph_nodes = graph ? bk->nodes : 0;
 
 	const int *res = g->res_host;
 	int k = 0;
@@ -1689,5 +1963,7 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 	}
 	r = copy_out(g, out, n, res + RES_FLAGS, ret_err);
 out:
+	if (r < 0 && r != -EDOM) /* the patches may not have reached the device */
+		memset(g->bt_len, 0, g->n_slots * sizeof(int));
 	return model_fails(g, r);
 }
