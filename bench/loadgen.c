@@ -5,7 +5,7 @@
  *
  *   loadgen --router EP --pool EP [--levels 1,4,16] [--requests N] [--max-tokens 128]
  *           [--prompt-tokens N] [--ignore-eos] [--results bench/RESULTS.md] [--note TEXT]
- *           [--kv FILE]
+ *           [--kv FILE] [--steady N]
  *
  * Each level runs `c` closed-loop clients (one thread and one connection each): a client sends
  * a prompt, reads the stream to its end, and sends the next, until the level's requests are
@@ -16,6 +16,16 @@
  * tokens. TTFT is measured at the client, from the send to the first token; TPOT is a
  * request's (last token − first token) / (T − 1). --kv appends one line of key=value pairs per
  * level to FILE (bench/serve_gpu.sh reads them).
+ *
+ * --steady N measures a level's steady-state decode: the level is one round of n = min(c, fit)
+ * requests sent at once (fit: the requests the pool holds at once; --requests is ignored), no
+ * closed loop. Once every request has its first token (t_a, the last first token), each is
+ * read until it has N more; t_b is when the last one got its N-th, and then all are cancelled
+ * (bd_client_cancel). Steady throughput: the tokens that arrived in (t_a, t_b] / (t_b − t_a);
+ * steady TPOT: n · (t_b − t_a) / those tokens. Every request must still be generating at t_b:
+ * --max-tokens must exceed N by the tokens the first ones get while the last ones wait for
+ * theirs (about n with one prefill a step); a request that ends before it makes the window
+ * invalid (steady_ok=0 in --kv).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -56,6 +66,7 @@ static const char *const prompts[] = {
 struct opts {
 	const char *router, *pool, *results, *note, *kv;
 	int levels[MAX_LEVELS], n_levels, requests, max_tokens, prompt_tokens;
+	int steady;       /* --steady N, 0: off */
 	uint32_t n_vocab; /* of the server, for --prompt-tokens */
 };
 
@@ -63,6 +74,9 @@ struct sample {
 	double ttft, total, last;
 	uint32_t tokens;
 	bool ok;
+	/* --steady: arrival time of every token (now_s()), [max_tokens] */
+	double *times;
+	bool reached; /* has N tokens after t_a */
 };
 
 struct level {
@@ -73,6 +87,10 @@ struct level {
 	atomic_int failed;
 	char first_error[256];
 	pthread_mutex_t mu;
+	/* --steady: requests with a first token, with N after t_a; t_a valid once all_first */
+	atomic_int n_first, n_reached;
+	atomic_bool all_first, window_done;
+	double t_a;
 };
 
 static double now_s(void)
@@ -90,6 +108,46 @@ static void note_error(struct level *L, const char *msg)
 		snprintf(L->first_error, sizeof(L->first_error), "%s", msg);
 	pthread_mutex_unlock(&L->mu);
 	L->failed++;
+}
+
+/* Tokens of s that arrived after t, its first n_tok of them. */
+static uint32_t tokens_after(const struct sample *s, uint32_t n_tok, double t)
+{
+	uint32_t k = 0;
+
+	while (k < n_tok && s->times[k] <= t)
+		k++;
+	return n_tok - k;
+}
+
+/* --steady bookkeeping after a chunk of request s (its times[] updated): the first token of
+ * the last request fixes t_a; N tokens after t_a on every request close the window, and then
+ * each client cancels its request. */
+static void steady_note(struct level *L, struct sample *s, bool first, struct bd_client *c,
+			uint64_t tag, bool *cancelled)
+{
+	uint32_t n_tok = s->tokens < (uint32_t)L->o->max_tokens ? s->tokens
+								: (uint32_t)L->o->max_tokens;
+
+	/* each request's times[0] is written before its increment: the last one sees them all */
+	if (first && atomic_fetch_add(&L->n_first, 1) + 1 == L->n_req) {
+		double ta = 0;
+		for (int i = 0; i < L->n_req; i++)
+			ta = L->s[i].times[0] > ta ? L->s[i].times[0] : ta;
+		L->t_a = ta;
+		atomic_store(&L->all_first, true);
+	}
+	if (atomic_load(&L->all_first) && !s->reached &&
+	    tokens_after(s, n_tok, L->t_a) >= (uint32_t)L->o->steady) {
+		s->reached = true;
+		if (atomic_fetch_add(&L->n_reached, 1) + 1 == L->n_req)
+			atomic_store(&L->window_done, true);
+	}
+	if (!*cancelled && atomic_load(&L->window_done)) {
+		/* the request then ends with a final chunk (cancelled) */
+		if (bd_client_cancel(c, tag) == 0)
+			*cancelled = true;
+	}
 }
 
 static void *client_main(void *arg)
@@ -116,6 +174,7 @@ static void *client_main(void *arg)
 		struct sample *s;
 		uint64_t tag;
 		double t0;
+		bool cancelled = false;
 
 		if (i >= L->n_req)
 			break;
@@ -155,14 +214,22 @@ static void *client_main(void *arg)
 			}
 			if (ev.kind != BD_CLIENT_CHUNK)
 				continue;
-			if (ev.n_tokens && s->tokens == 0)
-				s->ttft = now_s() - t0;
+			double t = now_s();
+			bool first = ev.n_tokens && s->tokens == 0;
+			if (first)
+				s->ttft = t - t0;
 			if (ev.n_tokens)
-				s->last = now_s() - t0;
+				s->last = t - t0;
+			for (size_t k = 0; s->times && k < ev.n_tokens; k++)
+				if (s->tokens + k < (uint32_t)L->o->max_tokens)
+					s->times[s->tokens + k] = t;
 			s->tokens += (uint32_t)ev.n_tokens;
+			if (s->times)
+				steady_note(L, s, first, c, tag, &cancelled);
 			if (ev.finish != BD_FINISH_NONE) {
-				s->total = now_s() - t0;
-				s->ok = ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP;
+				s->total = t - t0;
+				s->ok = ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP ||
+					(ev.finish == BD_FINISH_CANCELLED && cancelled);
 				if (!s->ok)
 					note_error(L, ev.message);
 				break;
@@ -227,10 +294,43 @@ struct row {
 	int conc, n_req, ok;
 	double wall, tok_s, req_s, ttft_mean, ttft_p50, ttft_p90, lat_mean, tpot_mean, tpot_p50;
 	uint64_t tokens, pages_peak, pages_total, slots_peak, slots_total;
+	/* --steady */
+	int steady_n;
+	bool steady_ok;
+	uint64_t steady_tokens;
+	double steady_s;
 	char error[256];
 };
 
-static int run_level(const struct opts *o, int conc, struct row *r)
+/* The steady window of a --steady level (every request reached N tokens after t_a). */
+static void steady_window(const struct level *L, struct row *r)
+{
+	double ta = L->t_a, tb = ta;
+	int N = L->o->steady;
+
+	r->steady_ok = atomic_load(&L->window_done);
+	if (!r->steady_ok)
+		return;
+	for (int i = 0; i < L->n_req; i++) {
+		const struct sample *s = &L->s[i];
+		uint32_t n_tok = s->tokens < (uint32_t)L->o->max_tokens ? s->tokens
+									: (uint32_t)L->o->max_tokens;
+		uint32_t k = n_tok - tokens_after(s, n_tok, ta);
+		/* the N-th token after t_a */
+		if (k + (uint32_t)N - 1 < n_tok && s->times[k + N - 1] > tb)
+			tb = s->times[k + N - 1];
+	}
+	for (int i = 0; i < L->n_req; i++) {
+		const struct sample *s = &L->s[i];
+		uint32_t n_tok = s->tokens < (uint32_t)L->o->max_tokens ? s->tokens
+									: (uint32_t)L->o->max_tokens;
+		r->steady_tokens += tokens_after(s, n_tok, ta) - tokens_after(s, n_tok, tb);
+	}
+	r->steady_s = tb - ta;
+	r->steady_ok = r->steady_s > 0 && r->steady_tokens > 0;
+}
+
+static int run_level(const struct opts *o, int conc, int fit, struct row *r)
 {
 	static struct level L;
 	pthread_t th[256], sth;
@@ -240,10 +340,23 @@ static int run_level(const struct opts *o, int conc, struct row *r)
 	int n_ok = 0, n_tpot = 0;
 
 	memset(&L, 0, sizeof(L));
+	memset(r, 0, sizeof(*r));
 	pthread_mutex_init(&L.mu, NULL);
 	L.o = o;
 	L.conc = conc;
 	L.n_req = o->requests ? o->requests : (2 * conc > 4 ? 2 * conc : 4);
+	if (o->steady) {
+		/* one round, all in the pool at once */
+		L.n_req = conc < fit ? conc : fit;
+		conc = L.n_req;
+		for (int i = 0; i < L.n_req; i++)
+			if (!(L.s[i].times = calloc((size_t)o->max_tokens, sizeof(double)))) {
+				for (int j = 0; j < i; j++)
+					free(L.s[j].times);
+				snprintf(r->error, sizeof(r->error), "out of memory");
+				return -ENOMEM;
+			}
+	}
 	if (L.n_req > MAX_REQ)
 		L.n_req = MAX_REQ;
 	pthread_create(&sth, NULL, sampler_main, &sp);
@@ -252,10 +365,15 @@ static int run_level(const struct opts *o, int conc, struct row *r)
 		pthread_create(&th[i], NULL, client_main, &L);
 	for (int i = 0; i < conc; i++)
 		pthread_join(th[i], NULL);
-	memset(r, 0, sizeof(*r));
 	r->wall = now_s() - t0;
 	sp.stop = true;
 	pthread_join(sth, NULL);
+	if (o->steady) {
+		r->steady_n = L.n_req;
+		steady_window(&L, r);
+		for (int i = 0; i < L.n_req; i++)
+			free(L.s[i].times);
+	}
 	for (int i = 0; i < L.n_req; i++) {
 		if (!L.s[i].ok)
 			continue;
@@ -272,7 +390,7 @@ static int run_level(const struct opts *o, int conc, struct row *r)
 	qsort(tpot, (size_t)n_tpot, sizeof(double), cmp_double);
 	r->tpot_mean = n_tpot ? sum_tpot / n_tpot : 0;
 	r->tpot_p50 = pct(tpot, n_tpot, 0.5);
-	r->conc = conc;
+	r->conc = L.conc;
 	r->n_req = L.n_req;
 	r->ok = n_ok;
 	r->tok_s = (double)r->tokens / r->wall;
@@ -357,34 +475,65 @@ static void print_rows(FILE *f, const struct row *rows, int n, const struct opts
 		fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); chat prompts "
 			   "from a fixed list of %zu.\n",
 			o->max_tokens, sizeof(prompts) / sizeof(prompts[0]));
+	if (o->steady)
+		fprintf(f, "\nSteady state (--steady %d): min(concurrency, fit) requests at once; "
+			   "from the last first token until every request has %d more.\n\n"
+			   "| concurrency | requests | window | tokens/s | TPOT |\n|---:|---:|---:|---:|---:|\n",
+			o->steady, o->steady);
+	for (int i = 0; o->steady && i < n; i++) {
+		const struct row *r = &rows[i];
+
+		if (r->steady_ok)
+			fprintf(f, "| %d | %d | %.3f s | %.1f | %.2f ms |\n", r->conc, r->steady_n,
+				r->steady_s, (double)r->steady_tokens / r->steady_s,
+				r->steady_n * r->steady_s / (double)r->steady_tokens * 1e3);
+		else
+			fprintf(f, "| %d | %d | no window (a request ended first: raise --max-tokens) "
+				   "| | |\n", r->conc, r->steady_n);
+	}
 	for (int i = 0; i < n; i++)
 		if (rows[i].error[0])
 			fprintf(f, "Concurrency %d: first error: %s\n", rows[i].conc, rows[i].error);
 }
 
-/* One level as key=value pairs. fit: the requests the pool holds at once, by pages (each needs
- * (prompt + T) / 128 of them, the router's admission count) and by slots. */
+/* The requests the pool holds at once, by pages (each needs (prompt + T) / 128 of them, the
+ * router's admission count) and by slots. */
+static uint64_t pool_fit(const struct opts *o, const struct bd_client_info *info)
+{
+	uint64_t per = (uint64_t)(o->prompt_tokens + o->max_tokens) / 128;
+	uint64_t fit = per ? info->pages_total / per : info->slots_total;
+
+	return fit > info->slots_total ? info->slots_total : fit;
+}
+
+/* One level as key=value pairs (fit: pool_fit). --steady adds steady_n (requests),
+ * steady_ok (0: no valid window), steady_tokens, steady_s, steady_tok_s_gpu, steady_tpot_ms. */
 static int write_kv(const char *path, const struct opts *o, const struct bd_client_info *info,
 		    const struct row *r)
 {
 	FILE *f = fopen(path, "a");
-	uint64_t per = (uint64_t)(o->prompt_tokens + o->max_tokens) / 128;
-	uint64_t fit = per ? info->pages_total / per : info->slots_total;
+	uint64_t fit = pool_fit(o, info);
+	unsigned tp = info->tp ? info->tp : 1;
 
 	if (!f)
 		return -1;
-	if (fit > info->slots_total)
-		fit = info->slots_total;
 	fprintf(f, "conc=%d requests=%d ok=%d wall_s=%.3f tokens=%llu tok_s=%.2f tok_s_gpu=%.2f "
 		   "ttft_mean_ms=%.2f ttft_p50_ms=%.2f tpot_mean_ms=%.3f tpot_p50_ms=%.3f "
 		   "pages_total=%llu slots_total=%llu fit=%llu pages_peak=%llu slots_peak=%llu "
-		   "prompt_tokens=%d max_tokens=%d tp=%u kv=%s backend=%s\n",
+		   "prompt_tokens=%d max_tokens=%d tp=%u kv=%s backend=%s",
 		r->conc, r->n_req, r->ok, r->wall, (unsigned long long)r->tokens, r->tok_s,
 		r->tok_s / (info->tp ? info->tp : 1), r->ttft_mean * 1e3, r->ttft_p50 * 1e3,
 		r->tpot_mean * 1e3, r->tpot_p50 * 1e3, (unsigned long long)info->pages_total,
 		(unsigned long long)info->slots_total, (unsigned long long)fit,
 		(unsigned long long)r->pages_peak, (unsigned long long)r->slots_peak,
 		o->prompt_tokens, o->max_tokens, info->tp, info->kv_config, info->backend);
+	if (o->steady)
+		fprintf(f, " steady=%d steady_n=%d steady_ok=%d steady_tokens=%llu steady_s=%.4f "
+			   "steady_tok_s_gpu=%.2f steady_tpot_ms=%.3f", o->steady, r->steady_n,
+			r->steady_ok, (unsigned long long)r->steady_tokens, r->steady_s,
+			r->steady_ok ? (double)r->steady_tokens / r->steady_s / tp : 0,
+			r->steady_ok ? r->steady_n * r->steady_s / (double)r->steady_tokens * 1e3 : 0);
+	fputc('\n', f);
 	return fclose(f);
 }
 
@@ -392,7 +541,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: loadgen --router EP [--pool EP] [--levels 1,4,16] [--requests N]\n"
 		   "               [--max-tokens T] [--prompt-tokens N] [--ignore-eos]\n"
-		   "               [--results FILE] [--note TEXT] [--kv FILE]\n");
+		   "               [--results FILE] [--note TEXT] [--kv FILE] [--steady N]\n");
 }
 
 int main(int argc, char **argv)
@@ -405,6 +554,7 @@ int main(int argc, char **argv)
 		{ "results", required_argument, NULL, 'o' }, { "note", required_argument, NULL, 'N' },
 		{ "prompt-tokens", required_argument, NULL, 'P' },
 		{ "ignore-eos", no_argument, NULL, 'E' }, { "kv", required_argument, NULL, 'K' },
+		{ "steady", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128 };
@@ -461,6 +611,9 @@ int main(int argc, char **argv)
 		case 'K':
 			o.kv = optarg;
 			break;
+		case 'S':
+			o.steady = atoi(optarg);
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -469,7 +622,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!o.router || o.max_tokens < 1 || o.requests < 0 || o.prompt_tokens < 0) {
+	if (!o.router || o.max_tokens < 1 || o.requests < 0 || o.prompt_tokens < 0 ||
+	    o.steady < 0 || (o.steady && o.steady >= o.max_tokens)) {
 		usage(stderr);
 		return 2;
 	}
@@ -492,7 +646,7 @@ int main(int argc, char **argv)
 	}
 	for (int i = 0; i < o.n_levels; i++) {
 		fprintf(stderr, "loadgen: concurrency %d ...\n", o.levels[i]);
-		if (run_level(&o, o.levels[i], &rows[i]) < 0)
+		if (run_level(&o, o.levels[i], (int)pool_fit(&o, &info), &rows[i]) < 0)
 			rc = 1;
 		if (o.kv && write_kv(o.kv, &o, &info, &rows[i]) < 0) {
 			fprintf(stderr, "loadgen: %s: %s\n", o.kv, strerror(errno));

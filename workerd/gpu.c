@@ -28,6 +28,7 @@
 
 #ifdef BD_WORKERD_CUDA
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime.h>
@@ -58,11 +59,18 @@ struct wd_gpu {
 	int *status;
 	float *top_logits;
 
-	/* decode-step timing since the last report */
+	/* decode-step timing since the last report; a step is one bd_gmodel_decode call */
 	double *ul, *dev;        /* upload + launch, device: µs per step */
+	double *host;            /* the call's host wall time (entry to return), µs */
 	size_t n_t, cap_t;
 	size_t graph_steps;
-	double rows_sum, upload_sum, launch_sum;
+	double rows_sum, upload_sum, launch_sum, host_sum;
+	/* plans since the last report: wall time from wd_run_plan's entry to the StepResult sent */
+	double *plan;            /* µs per plan */
+	size_t n_p, cap_p;
+	double plan_sum;
+	size_t plan_rows, plan_dec_rows;
+	int last_nd;             /* decode rows of the plan being run */
 };
 
 static int cuda_errno(cudaError_t e)
@@ -214,6 +222,8 @@ void wd_gpu_teardown(struct wd *w)
 	free(gp->top_logits);
 	free(gp->ul);
 	free(gp->dev);
+	free(gp->host);
+	free(gp->plan);
 	free(gp);
 	w->gpu = NULL;
 }
@@ -397,33 +407,71 @@ static void put_result(struct wd *w, const struct wd_gitem *it, int k, int top_k
 	o->rr.top = n ? o->topp : NULL;
 }
 
-static void note_timing(struct wd *w, int n)
+static double mono_us(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+/* Grows *v (capacity *cap doubles) to hold n + 1. */
+static int grow_doubles(double **v, size_t *cap, size_t n)
+{
+	if (n < *cap)
+		return 0;
+	size_t nc = *cap ? 2 * *cap : 4096;
+	double *a = realloc(*v, nc * sizeof(double));
+	if (!a)
+		return -ENOMEM;
+	*v = a;
+	*cap = nc;
+	return 0;
+}
+
+/* One decode call of n rows that took host_us on the host. */
+static void note_timing(struct wd *w, int n, double host_us)
 {
 	struct wd_gpu *gp = w->gpu;
 	struct bd_gmodel_timing t;
+	size_t c = gp->cap_t;
 
 	bd_gmodel_last_timing(gp->g, &t);
+	/* the three arrays share one capacity: grow each from the same old one */
 	if (gp->n_t == gp->cap_t) {
-		size_t nc = gp->cap_t ? 2 * gp->cap_t : 4096;
-		double *a = realloc(gp->ul, nc * sizeof(double));
-		if (!a)
+		size_t c1 = c, c2 = c;
+		if (grow_doubles(&gp->ul, &c, gp->n_t) < 0 || grow_doubles(&gp->dev, &c1, gp->n_t) < 0 ||
+		    grow_doubles(&gp->host, &c2, gp->n_t) < 0)
 			return;
-		gp->ul = a;
-		double *b = realloc(gp->dev, nc * sizeof(double));
-		if (!b)
-			return;
-		gp->dev = b;
-		gp->cap_t = nc;
+		gp->cap_t = c;
 	}
 	gp->ul[gp->n_t] = t.upload_us + t.launch_us;
-	gp->dev[gp->n_t++] = t.device_us;
+	gp->dev[gp->n_t] = t.device_us;
+	gp->host[gp->n_t++] = host_us;
 	gp->graph_steps += t.graph != 0;
 	gp->rows_sum += n;
 	gp->upload_sum += t.upload_us;
 	gp->launch_sum += t.launch_us;
+	gp->host_sum += host_us;
 	if (w->o.verbose)
-		wd_debug("decode of %d rows: upload %.1f us, launch %.1f us%s, device %.1f us", n,
-			 t.upload_us, t.launch_us, t.graph ? " (graph)" : "", t.device_us);
+		wd_debug("decode of %d rows: upload %.1f us, launch %.1f us%s, device %.1f us, "
+			 "host %.1f us", n, t.upload_us, t.launch_us, t.graph ? " (graph)" : "",
+			 t.device_us, host_us);
+}
+
+void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us)
+{
+	struct wd_gpu *gp = w->gpu;
+
+	if (!gp)
+		return;
+	if (grow_doubles(&gp->plan, &gp->cap_p, gp->n_p) == 0) {
+		gp->plan[gp->n_p++] = us;
+		gp->plan_sum += us;
+		gp->plan_rows += n_rows;
+		gp->plan_dec_rows += (size_t)gp->last_nd;
+	}
+	gp->last_nd = 0;
 }
 
 /* The decode rows dec[0..nd) (plan row indices), max_batch per call. */
@@ -448,10 +496,14 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 			snprintf(err, sizeof(err), "the communicator broke earlier in this step");
 		} else {
 			err[0] = 0;
+			double t0 = mono_us();
 			r = bd_gmodel_decode(gp->g, gp->rows, gp->toks, n, gout(w, &go, top_k),
 					     gp->status, err);
-			if (r == 0)
-				note_timing(w, n);
+			double t1 = mono_us();
+			if (r == 0) {
+				note_timing(w, n, t1 - t0);
+				gp->last_nd += n;
+			}
 		}
 		for (int k = 0; k < n; k++) {
 			size_t i = (size_t)gp->dec[k0 + k];
@@ -485,6 +537,7 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 	bool broken = false;
 	int nd = 0, r;
 
+	gp->last_nd = 0;
 	if (grow_items(gp, plan->n_rows) < 0) {
 		for (size_t i = 0; i < plan->n_rows; i++)
 			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
@@ -562,18 +615,21 @@ static int cmp_double(const void *a, const void *b)
 
 static double pct(const double *v, size_t n, double p)
 {
+	if (!n)
+		return 0;
 	size_t i = (size_t)(p * (double)(n - 1) + 0.5);
-	return n ? v[i < n ? i : n - 1] : 0;
+	return v[i < n ? i : n - 1];
 }
 
 void wd_gpu_report(struct wd *w)
 {
 	struct wd_gpu *gp = w->gpu;
-	size_t n;
+	size_t n, np;
 
 	if (!gp)
 		return;
 	n = gp->n_t;
+	np = gp->n_p;
 	double su = 0, sd = 0;
 	for (size_t i = 0; i < n; i++) {
 		su += gp->ul[i];
@@ -582,17 +638,34 @@ void wd_gpu_report(struct wd *w)
 	if (n) {
 		qsort(gp->ul, n, sizeof(double), cmp_double);
 		qsort(gp->dev, n, sizeof(double), cmp_double);
+		qsort(gp->host, n, sizeof(double), cmp_double);
 	}
-	double dn = n ? (double)n : 1;
-	/* one line of key=value pairs: bench/serve_gpu.sh reads it */
+	if (np)
+		qsort(gp->plan, np, sizeof(double), cmp_double);
+	double dn = n ? (double)n : 1, dp = np ? (double)np : 1;
+	/* decode throughput of this rank: rows over the host wall time of the decode calls only
+	 * (a plan's prefill and synthetic fill are outside them) */
+	double dec_tok_s = gp->host_sum > 0 ? gp->rows_sum / (gp->host_sum * 1e-6) : 0;
+	/* one line of key=value pairs: bench/serve_gpu.sh reads it. µs unless named _ms; host_*:
+	 * a decode call's wall time on the host; plan_*: a plan from wd_run_plan's entry (frame
+	 * unpacked) to its StepResult handed to the I/O thread */
 	wd_info("decode-timing steps=%zu graph_steps=%zu rows_mean=%.1f upload_mean=%.1f "
 		"launch_mean=%.1f ul_mean=%.1f ul_p50=%.1f ul_p99=%.1f dev_mean=%.1f dev_p50=%.1f "
-		"dev_p99=%.1f", n, gp->graph_steps, gp->rows_sum / dn, gp->upload_sum / dn,
-		gp->launch_sum / dn, su / dn, pct(gp->ul, n, 0.5), pct(gp->ul, n, 0.99), sd / dn,
-		pct(gp->dev, n, 0.5), pct(gp->dev, n, 0.99));
+		"dev_p99=%.1f dec_rows=%.0f host_mean=%.1f host_p50=%.1f host_p99=%.1f "
+		"host_sum_ms=%.3f dec_tok_s=%.2f plans=%zu plan_rows=%zu plan_dec_rows=%zu "
+		"plan_mean=%.1f plan_p50=%.1f plan_p99=%.1f plan_sum_ms=%.3f",
+		n, gp->graph_steps, gp->rows_sum / dn, gp->upload_sum / dn, gp->launch_sum / dn,
+		su / dn, pct(gp->ul, n, 0.5), pct(gp->ul, n, 0.99), sd / dn, pct(gp->dev, n, 0.5),
+		pct(gp->dev, n, 0.99), gp->rows_sum, gp->host_sum / dn, pct(gp->host, n, 0.5),
+		pct(gp->host, n, 0.99), gp->host_sum * 1e-3, dec_tok_s, np, gp->plan_rows,
+		gp->plan_dec_rows, gp->plan_sum / dp, pct(gp->plan, np, 0.5),
+		pct(gp->plan, np, 0.99), gp->plan_sum * 1e-3);
 	gp->n_t = 0;
+	gp->n_p = 0;
 	gp->graph_steps = 0;
-	gp->rows_sum = gp->upload_sum = gp->launch_sum = 0;
+	gp->rows_sum = gp->upload_sum = gp->launch_sum = gp->host_sum = 0;
+	gp->plan_sum = 0;
+	gp->plan_rows = gp->plan_dec_rows = 0;
 }
 
 #else /* !BD_WORKERD_CUDA */
@@ -658,6 +731,13 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 void wd_gpu_report(struct wd *w)
 {
 	(void)w;
+}
+
+void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us)
+{
+	(void)w;
+	(void)n_rows;
+	(void)us;
 }
 
 #endif

@@ -437,6 +437,13 @@ send:
 	if (r < 0)
 		wd_err("step %llu: result not sent: %s", (unsigned long long)plan->step,
 		       strerror(-r));
+	if (w->gpu) {
+		/* the plan's wall time on this worker, the send included (serve_gpu.sh) */
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		wd_gpu_note_plan(w, plan->n_rows,
+				 (double)(t1.tv_sec - t0.tv_sec) * 1e6 +
+					 (double)(t1.tv_nsec - t0.tv_nsec) * 1e-3);
+	}
 	free(out);
 	free(rows);
 }

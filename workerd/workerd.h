@@ -143,6 +143,9 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 		     Bdfp4__ServeError *ret_error, char *msg, size_t cap);
 /* Logs the decode-step timing since the last report (SIGUSR1, exit) and starts over. */
 void wd_gpu_report(struct wd *w);
+/* A plan of n_rows rows run and its StepResult sent, us µs after wd_run_plan's entry (the
+ * plan's wall time on the worker, for the timing report). No-op without a cuda backend. */
+void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us);
 
 /* main.c */
 void wd_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
