@@ -175,6 +175,8 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
  * or the kernels), and device time of the whole step (events). */
 struct bd_gmodel_timing {
 	double upload_us, launch_us, device_us;
+	double extra_us;  /* host time to launch what follows the graph: the promotion of the
+			   * pages this step completed and the top-k of the logits (0 when none) */
 	int graph;        /* 1 when the step replayed a graph */
 	int graph_nodes;  /* nodes of that graph (cudaGraphGetNodes), 0 without one */
 };

@@ -1924,6 +1924,7 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 			goto out;
 		bk->runs++;
 	}
+	double t1b = now_us();
 	if (n_promo > 0) {
 		uint8_t *md = (uint8_t *)g->md_dev + bk->off;
 		OP(bd_promote_run(&g->lay, g->cfg, g->pages, (void *const *)(md + bk->ml.pslots),
@@ -1940,7 +1941,8 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 	float ms = 0.0f;
 	CU(cudaEventElapsedTime(&ms, g->ev0, g->ev1));
 	g->tm.upload_us = t1 - t0;
-	g->tm.launch_us = t2 - t1;
+	g->tm.launch_us = t1b - t1;
+	g->tm.extra_us = t2 - t1b;
 	g->tm.device_us = (double)ms * 1e3;
 	g->tm.graph = graph;
 	g->tm.graph_nodes = graph ? bk->nodes : 0;
