@@ -119,10 +119,15 @@ static int do_health(struct bd_client *c, int timeout_ms, bool json)
 					      "last_heartbeat_ms",
 					      (json_int_t)h.workers[i].last_heartbeat_ms, "steps",
 					      (json_int_t)h.workers[i].steps));
-		print_json(json_pack("{s:b, s:s, s:s, s:o}", "healthy", h.healthy, "state",
-				     state_name(h.state), "reason", h.reason, "workers", ws));
+		print_json(json_pack("{s:b, s:s, s:s, s:o, s:{s:b, s:s, s:I}}", "healthy",
+				     h.healthy, "state", state_name(h.state), "reason", h.reason,
+				     "workers", ws, "pool", "ok", h.pool_ok, "error", h.pool_error,
+				     "last_ok_ms", (json_int_t)h.pool_last_ok_ms));
 	} else {
 		printf("%s%s%s\n", state_name(h.state), *h.reason ? ": " : "", h.reason);
+		printf("  kvpoold: %s%s%s, last answer %llu ms ago\n",
+		       h.pool_ok ? "answering" : "unreachable", *h.pool_error ? ": " : "",
+		       h.pool_error, (unsigned long long)h.pool_last_ok_ms);
 		for (size_t i = 0; i < h.n_workers; i++)
 			printf("  rank %d: %s, pid %d, last heartbeat %llu ms ago, %llu steps\n",
 			       h.workers[i].rank, h.workers[i].alive ? "alive" : "absent",

@@ -167,9 +167,12 @@ struct bd_client_health {
 	bool healthy;
 	int state;                 /* serve.proto ServingState: 0 starting, 1 serving, 2 degraded,
 				    * 3 stopping */
-	char reason[256];
+	char reason[512];
 	size_t n_workers;
 	struct bd_client_worker workers[8];
+	bool pool_ok;              /* kvpoold answers the router (false: requests get unavailable) */
+	char pool_error[256];      /* why the router takes kvpoold as down, "" while pool_ok */
+	uint64_t pool_last_ok_ms;  /* since kvpoold last answered the router */
 };
 
 /* Health of the router (synchronous; events of live generations that arrive meanwhile are

@@ -389,6 +389,9 @@ static void fill_health(const Bdfp4__HealthReply *h, struct bd_client_health *re
 	ret->healthy = h->healthy;
 	ret->state = (int)h->state;
 	copy_str(ret->reason, sizeof(ret->reason), h->reason);
+	ret->pool_ok = h->pool_ok;
+	copy_str(ret->pool_error, sizeof(ret->pool_error), h->pool_error);
+	ret->pool_last_ok_ms = h->pool_last_ok_ms;
 	for (size_t i = 0; i < h->n_workers && i < 8; i++) {
 		const Bdfp4__WorkerStatus *w = h->workers[i];
 

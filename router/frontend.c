@@ -184,10 +184,31 @@ void bd_router_fill_health(struct bd_router *rt, Bdfp4__HealthReply *h, Bdfp4__W
 {
 	int64_t now = bd_router_now_ms();
 
+	char pool[320];
+
 	bdfp4__health_reply__init(h);
+	bd_router_pool_reason(rt, pool, sizeof(pool));
 	h->state = (Bdfp4__ServingState)rt->state;
-	h->healthy = rt->state == RS_SERVING;
-	h->reason = rt->state == RS_SERVING ? (char *)"" : rt->reason;
+	if (rt->state == RS_SERVING && !rt->pool_ok)
+		h->state = BDFP4__SERVING_STATE__STATE_DEGRADED;
+	h->healthy = rt->state == RS_SERVING && rt->pool_ok;
+	/* the cause first: a pool that is down also takes the workers with it */
+	if (rt->state == RS_STOPPING)
+		snprintf(rt->health_reason, sizeof(rt->health_reason),
+			 "draining %zu request(s) (%zu running, %zu queued, %lld ms left): the "
+			 "router is stopping%s%s",
+			 rt->n_reqs, rt->n_running, rt->n_queued,
+			 (long long)(rt->draining && rt->drain_end > now ? rt->drain_end - now : 0),
+			 *pool ? "; " : "", pool);
+	else if (*pool && rt->state != RS_SERVING)
+		snprintf(rt->health_reason, sizeof(rt->health_reason), "%s; %s", pool, rt->reason);
+	else
+		snprintf(rt->health_reason, sizeof(rt->health_reason), "%s",
+			 *pool ? pool : rt->state == RS_SERVING ? "" : rt->reason);
+	h->reason = rt->health_reason;
+	h->pool_ok = rt->pool_ok;
+	h->pool_error = rt->pool_ok ? (char *)"" : rt->pool_err;
+	h->pool_last_ok_ms = (uint64_t)(now - rt->pool_last_ok);
 	for (int i = 0; i < rt->o.tp; i++) {
 		bdfp4__worker_status__init(&ws[i]);
 		ws[i].rank = i;
@@ -454,8 +475,10 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 	uint64_t pages_needed;
 
 	if (rt->state == RS_STOPPING) {
-		send_error(rt, env, g->client_tag, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN,
-			   "the router is stopping");
+		snprintf(err, sizeof(err), "the router is shutting down (draining %zu accepted "
+				   "request(s)): no new requests; retry on another server or after "
+				   "the restart", rt->n_reqs);
+		send_error(rt, env, g->client_tag, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, err);
 		return;
 	}
 	code = validate(rt, g, err, sizeof(err));
@@ -487,6 +510,14 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 		snprintf(err, sizeof(err), "the request needs %llu pages; the pool has %llu",
 			 (unsigned long long)pages_needed, (unsigned long long)rt->pages_total);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
+	}
+	if (!code && !rt->pool_ok) {
+		/* refused at once: admitting it would only wait on a pool that does not answer */
+		char pool[240];
+
+		bd_router_pool_reason(rt, pool, sizeof(pool));
+		snprintf(err, sizeof(err), "not serving: %s", pool);
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
 	}
 	if (!code && rt->state != RS_SERVING) {
 		snprintf(err, sizeof(err), "not serving: %.200s", rt->reason);

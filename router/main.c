@@ -7,6 +7,12 @@
  *
  * Configuration: [router] of /etc/bdfp4/bdfp4.conf, every key overridable by a flag of the
  * same name (--max-batch=8 for max_batch). Exit: 0 after SIGTERM/SIGINT, 1 on a fatal error.
+ *
+ * SIGTERM/SIGINT drain: state STOPPING (health, sd_notify STATUS "draining N requests"), new
+ * requests get SHUTTING_DOWN, the running and queued ones are stepped to their end for up to
+ * drain_timeout_ms (0: no drain) and while a worker group is formed; then what is left fails
+ * with SHUTTING_DOWN, the workers get Shutdown, the pool records are released. A second signal
+ * ends the drain at once.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -57,6 +63,12 @@ static const struct bd_config_key keys[] = {
 	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests" },
 	{ "pool_timeout_ms", "2000", "one pool round trip" },
 	{ "pool_wait_ms", "30000", "wait this long for kvpoold at start" },
+	{ "pool_probe_ms", "1000",
+	  "period of the non-blocking kvpoold probe (a dead pool shows in health within this plus "
+	  "pool_timeout_ms; it is back at the first answer)" },
+	{ "drain_timeout_ms", "30000",
+	  "on SIGTERM, step the accepted requests to their end for up to this long (0: fail them "
+	  "at once); keep below the unit's TimeoutStopSec" },
 	{ "pool_owner", "1", "owner id of this router's requests in the pool" },
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
 	{ NULL, NULL, NULL },
@@ -193,6 +205,8 @@ static int read_opts(struct bd_router *rt)
 	    get_int(rt, "keepalive_ms", 10, 3600000, &o->keepalive_ms) < 0 ||
 	    get_int(rt, "pool_timeout_ms", 10, 600000, &o->pool_timeout_ms) < 0 ||
 	    get_int(rt, "pool_wait_ms", 0, 3600000, &o->pool_wait_ms) < 0 ||
+	    get_int(rt, "pool_probe_ms", 10, 600000, &o->pool_probe_ms) < 0 ||
+	    get_int(rt, "drain_timeout_ms", 0, 3600000, &o->drain_timeout_ms) < 0 ||
 	    get_int(rt, "pool_owner", 1, INT_MAX, &owner) < 0 ||
 	    get_int(rt, "status_interval_ms", 10, 3600000, &o->status_ms) < 0)
 		return -EINVAL;
@@ -435,7 +449,7 @@ static int setup_sockets(struct bd_router *rt)
 		rlog_err("worker endpoint %s: %s", rt->o.workers, zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
-	return 0;
+	return bd_router_pool_open(rt);
 }
 
 /* ---- loop ---------------------------------------------------------------------------------- */
@@ -443,11 +457,19 @@ static int setup_sockets(struct bd_router *rt)
 static void notify_status(struct bd_router *rt)
 {
 	static const char *const st[] = { "starting", "serving", "degraded", "stopping" };
+	int64_t now = bd_router_now_ms();
 
-	sd_notifyf(0, "STATUS=%s: %zu running, %zu queued, %llu tokens, pages %llu held (peak %llu)",
-		   st[rt->state], rt->n_running, rt->n_queued,
-		   (unsigned long long)rt->tokens_generated, (unsigned long long)rt->pages_held,
-		   (unsigned long long)rt->pages_peak);
+	if (rt->draining) {
+		sd_notifyf(0, "STATUS=draining %zu requests (%zu running, %zu queued), %lld ms left",
+			   rt->n_reqs, rt->n_running, rt->n_queued,
+			   (long long)(rt->drain_end > now ? rt->drain_end - now : 0));
+		return;
+	}
+	sd_notifyf(0, "STATUS=%s%s: %zu running, %zu queued, %llu tokens, pages %llu held "
+		   "(peak %llu)",
+		   st[rt->state], rt->pool_ok ? "" : " (kvpoold unreachable)", rt->n_running,
+		   rt->n_queued, (unsigned long long)rt->tokens_generated,
+		   (unsigned long long)rt->pages_held, (unsigned long long)rt->pages_peak);
 }
 
 static void on_tick(struct bd_router *rt, int64_t now)
@@ -461,8 +483,60 @@ static void on_tick(struct bd_router *rt, int64_t now)
 		rt->next_watchdog = now + (int64_t)(rt->watchdog_usec / 2000);
 	}
 	bd_router_workers_tick(rt, now);
+	bd_router_pool_tick(rt, now);
 	bd_router_deadlines(rt, now);
 	bd_router_keepalive(rt, now);
+}
+
+/* SIGTERM/SIGINT: the first starts the drain (when there is something to drain and a drain
+ * time), a second one, or one with nothing to drain, stops at once. */
+static void on_stop_signal(struct bd_router *rt, unsigned signo)
+{
+	int64_t now = bd_router_now_ms();
+
+	if (rt->draining) {
+		rlog_warn("signal %u during the drain: stopping now, %zu request(s) fail", signo,
+			  rt->n_reqs);
+		rt->stop = true;
+		return;
+	}
+	if (!rt->n_reqs || rt->o.drain_timeout_ms == 0 || !rt->group_ready) {
+		rlog_info("signal %u: stopping%s", signo,
+			  rt->n_reqs && !rt->group_ready ? " (no worker group to drain with)" : "");
+		rt->stop = true;
+		return;
+	}
+	rt->draining = true;
+	rt->drain_start = now;
+	rt->drain_end = now + rt->o.drain_timeout_ms;
+	rt->state = RS_STOPPING;
+	rlog_info("signal %u: draining %zu request(s) (%zu running, %zu queued) for up to %d ms; "
+		  "new requests are refused", signo, rt->n_reqs, rt->n_running, rt->n_queued,
+		  rt->o.drain_timeout_ms);
+	sd_notify(0, "STOPPING=1");
+	notify_status(rt);
+	rt->next_status = now + rt->o.status_ms;
+}
+
+/* The drain is over when every accepted request has ended, or its time is up. */
+static void drain_check(struct bd_router *rt, int64_t now)
+{
+	if (!rt->draining)
+		return;
+	if (!rt->n_reqs) {
+		rlog_info("drain done in %lld ms: every request finished",
+			  (long long)(now - rt->drain_start));
+		rt->stop = true;
+	} else if (now >= rt->drain_end) {
+		rlog_warn("drain_timeout_ms (%d) passed: %zu request(s) fail", rt->o.drain_timeout_ms,
+			  rt->n_reqs);
+		rt->stop = true;
+	} else if (!rt->group_ready) {
+		/* the workers are going too (a stop of the whole target): nothing can progress */
+		rlog_warn("the worker group failed during the drain: %zu request(s) fail",
+			  rt->n_reqs);
+		rt->stop = true;
+	}
 }
 
 static int run(struct bd_router *rt)
@@ -470,12 +544,14 @@ static int run(struct bd_router *rt)
 	int64_t last = bd_router_now_ms();
 
 	while (!rt->stop) {
-		zmq_pollitem_t items[3] = {
+		zmq_pollitem_t items[5] = {
 			{ .socket = rt->front, .events = ZMQ_POLLIN },
 			{ .socket = rt->wsock, .events = ZMQ_POLLIN },
 			{ .fd = rt->sig_fd, .events = ZMQ_POLLIN },
+			{ .socket = rt->probe, .events = ZMQ_POLLIN },
+			{ .socket = rt->probe_mon, .events = ZMQ_POLLIN },
 		};
-		int r = zmq_poll(items, 3, 20);
+		int r = zmq_poll(items, 5, 20);
 
 		if (r < 0) {
 			if (zmq_errno() == EINTR)
@@ -491,18 +567,20 @@ static int run(struct bd_router *rt)
 					rlog_info("SIGHUP ignored: restart to reconfigure");
 					continue;
 				}
-				rlog_info("signal %u: stopping", si.ssi_signo);
-				rt->stop = true;
+				on_stop_signal(rt, si.ssi_signo);
 			}
 			if (rt->stop)
 				break;
 		}
 		if (items[1].revents)
 			bd_router_on_workers(rt);
+		if (items[3].revents || items[4].revents)
+			bd_router_pool_on_probe(rt);
 		if (items[0].revents)
 			bd_router_on_frontend(rt);
 		on_tick(rt, bd_router_now_ms());
 		bd_router_schedule(rt);
+		drain_check(rt, bd_router_now_ms());
 		/* heartbeats ride on this loop: a long stall looks like a dead router to workers */
 		if (bd_router_now_ms() - last > 1000)
 			rlog_warn("event loop stalled for %lld ms",
@@ -514,13 +592,35 @@ static int run(struct bd_router *rt)
 
 static void shutdown_requests(struct bd_router *rt)
 {
+	char msg[160];
+	uint64_t n_req = 0, n_pages = 0;
+
+	if (rt->draining)
+		snprintf(msg, sizeof(msg), "the router stopped before this request finished "
+					   "(drain of %lld ms)",
+			 (long long)(bd_router_now_ms() - rt->drain_start));
+	else
+		snprintf(msg, sizeof(msg), "the router is stopping");
 	rt->state = RS_STOPPING;
-	bd_router_abort_step(rt, "the router is stopping");
+	/* every request ends SHUTTING_DOWN: those in the step in flight are marked, and the
+	 * abort of the step applies the mark */
+	for (size_t i = rt->n_reqs; i-- > 0;) {
+		if (i >= rt->n_reqs)
+			continue;
+		bd_router_finish(rt, rt->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR,
+				 BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg, true);
+	}
+	bd_router_abort_step(rt, msg);
 	while (rt->n_reqs)
 		bd_router_finish(rt, rt->reqs[rt->n_reqs - 1], BDFP4__FINISH_REASON__FINISH_ERROR,
-				 BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN,
-				 "the router is stopping", true);
+				 BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg, true);
 	bd_router_workers_shutdown(rt);
+	/* nothing of this router's stays in the pool (a release that failed left a record) */
+	if (rt->pool && rt->pool_ok &&
+	    POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages)) == 0 &&
+	    n_req)
+		rlog_warn("pool: reclaimed %llu leftover request record(s), %llu page(s)",
+			  (unsigned long long)n_req, (unsigned long long)n_pages);
 }
 
 static void cleanup(struct bd_router *rt)
@@ -540,6 +640,7 @@ static void cleanup(struct bd_router *rt)
 	}
 	if (rt->o.workers && !strncmp(rt->o.workers, "ipc://", 6) && rt->wsock)
 		unlink(rt->o.workers + 6);
+	bd_router_pool_close(rt);
 	if (rt->front)
 		zmq_close(rt->front);
 	if (rt->wsock)
@@ -561,6 +662,7 @@ int main(int argc, char **argv)
 	int e;
 
 	rt.sig_fd = -1;
+	rt.pool_ok = true; /* until a call or the probe says otherwise */
 	journal = getenv("JOURNAL_STREAM") != NULL;
 	sigemptyset(&ss);
 	sigaddset(&ss, SIGTERM);

@@ -7,7 +7,14 @@
  *   workers.c   worker registration, heartbeats, the worker group and its failure
  *
  * One context (struct bd_router) is passed everywhere; nothing is global. The loop is single-
- * threaded: pool calls are blocking round trips on an ipc:// socket, bounded by a timeout.
+ * threaded: pool calls are blocking round trips on an ipc:// socket, bounded by a timeout; so
+ * that a dead kvpoold costs that timeout once and not once per call, pool.c watches the pool
+ * (a non-blocking probe and the connection's events) and, while it is down, pool calls fail at
+ * once (POOL_CALL) and new requests get UNAVAILABLE.
+ *
+ * Stopping (SIGTERM/SIGINT): the router drains: new requests get SHUTTING_DOWN, the running
+ * and queued ones are stepped to their end for up to drain_timeout_ms; then what is left fails
+ * with SHUTTING_DOWN, the workers get Shutdown, the pool records are released, exit 0.
  *
  * Request life cycle: QUEUED (accepted, holds nothing) → RUNNING (holds a slot and pages in the
  * pool; prefill in its first step, then one decode row per step) → finished, cancelled or
@@ -50,7 +57,8 @@ struct bd_router_opts {
 	int tp;
 	int max_batch, max_queue, max_frame, max_prefill_tokens;
 	int deadline_ms, heartbeat_ms, heartbeat_timeout_ms, step_timeout_ms, keepalive_ms;
-	int pool_timeout_ms, pool_wait_ms, status_ms;
+	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
+	int drain_timeout_ms; /* 0: stop at once */
 	uint64_t owner;
 };
 
@@ -148,6 +156,18 @@ struct bd_router {
 	uint64_t pages_total, slots_total, pages_free, slots_free;
 	uint64_t pages_held, pages_peak; /* by this router, now and at most */
 
+	/* pool health (pool.c): down after a call without an answer (timeout, connection gone);
+	 * back when a probe is answered */
+	bool pool_ok;
+	bool pool_went_down;        /* noted inside a call; the loop fails the requests */
+	bool pool_reclaim;          /* records may be left behind: reclaim before serving again */
+	char pool_err[256];         /* why it is down ("" while up) */
+	int64_t pool_last_ok, pool_down_since; /* ms, monotonic */
+	uint64_t pool_failures;     /* calls and probes unanswered since the last answer */
+	void *probe, *probe_mon;    /* DEALER to the pool's endpoint, its event monitor */
+	bool probe_out;             /* a probe waits for its answer */
+	int64_t probe_sent, next_probe;
+
 	/* sockets */
 	void *zctx, *front, *wsock;
 	int sig_fd;
@@ -163,6 +183,7 @@ struct bd_router {
 	/* workers */
 	enum bd_router_state state;
 	char reason[256];
+	char health_reason[600];    /* what HealthReply says (built by bd_router_fill_health) */
 	struct bd_worker w[BD_ROUTER_MAX_TP];
 	uint64_t epoch;
 	bool group_ready;
@@ -175,6 +196,8 @@ struct bd_router {
 
 	uint64_t watchdog_usec;
 	int64_t next_status, next_watchdog, next_heartbeat, next_tick;
+	bool draining;              /* SIGTERM seen: finishing what was accepted */
+	int64_t drain_start, drain_end;
 	bool stop;
 };
 
@@ -221,8 +244,27 @@ void bd_router_abort_step(struct bd_router *rt, const char *msg);
 void bd_router_fail_running(struct bd_router *rt, int error, const char *msg);
 /* Deadlines of queued and running requests. */
 void bd_router_deadlines(struct bd_router *rt, int64_t now);
-/* Refreshes pages/slots free from the pool; 0 or -errno. */
+/* Refreshes pages/slots free from the pool; 0 or -errno (-EHOSTDOWN while it is down). */
 int bd_router_pool_refresh(struct bd_router *rt);
+
+/* ---- pool.c ---- */
+/* The probe socket and its monitor (after rt->zctx); 0 or -errno. */
+int bd_router_pool_open(struct bd_router *rt);
+void bd_router_pool_close(struct bd_router *rt);
+/* Records the outcome e of a blocking pool call: an answer (0 or the daemon's refusal) keeps or
+ * makes the pool up; no answer (timeout, connection error) marks it down. Returns e. */
+int bd_router_pool_note(struct bd_router *rt, int e);
+/* Probe answers and connection events (the probe and monitor sockets are readable). */
+void bd_router_pool_on_probe(struct bd_router *rt);
+/* Sends probes, times them out, and acts on the pool going down (the requests fail with
+ * UNAVAILABLE) or coming back (stale records reclaimed, serving resumes). */
+void bd_router_pool_tick(struct bd_router *rt, int64_t now);
+/* "kvpoold unreachable: WHY (for N ms)" into buf while the pool is down, "" while up. */
+void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap);
+
+/* A blocking pool call through the health gate: -EHOSTDOWN at once while the pool is down,
+ * else the call, its outcome recorded. */
+#define POOL_CALL(rt, call) ((rt)->pool_ok ? bd_router_pool_note((rt), (call)) : -EHOSTDOWN)
 
 /* ---- workers.c ---- */
 void bd_router_on_workers(struct bd_router *rt);

@@ -95,7 +95,7 @@ static void push_release(struct bd_router *rt, uint64_t id)
 int bd_router_pool_refresh(struct bd_router *rt)
 {
 	struct bd_pool_stats *st = NULL;
-	int e = bd_pool_stats(rt->pool, 1, &st);
+	int e = POOL_CALL(rt, bd_pool_stats(rt->pool, 1, &st));
 
 	if (e < 0)
 		return e;
@@ -118,11 +118,15 @@ static void held_add(struct bd_router *rt, int64_t n)
 static void release_all(struct bd_router *rt, struct bd_req *r)
 {
 	if (r->pool_held) {
-		int e = bd_pool_request_release(rt->pool, r->id, NULL);
+		int e = POOL_CALL(rt, bd_pool_request_release(rt->pool, r->id, NULL));
 
-		if (e < 0 && e != -ENOENT)
-			rlog_warn("request %llu: pool release: %s", (unsigned long long)r->id,
-				  strerror(-e));
+		if (e < 0 && e != -ENOENT) {
+			/* the record stays behind: reclaimed when the pool answers again */
+			rt->pool_reclaim = true;
+			if (rt->pool_ok) /* else the pool's state was logged, once */
+				rlog_warn("request %llu: pool release: %s",
+					  (unsigned long long)r->id, strerror(-e));
+		}
 		held_add(rt, -(int64_t)(r->n_pages + (r->reserved >= 0)));
 	}
 	r->pool_held = false;
@@ -283,14 +287,20 @@ static int admit(struct bd_router *rt, struct bd_req *r)
 {
 	int n = r->n_prompt + r->n_gen, np = n / BD_PAGE_TOKENS, e;
 
-	e = bd_pool_slot_assign(rt->pool, r->id, rt->o.owner, &r->slot);
-	if (e < 0)
+	e = POOL_CALL(rt, bd_pool_slot_assign(rt->pool, r->id, rt->o.owner, &r->slot));
+	if (e < 0) {
+		if (!rt->pool_ok)
+			rt->pool_reclaim = true; /* the slot may be assigned, its answer lost */
 		return e;
+	}
 	r->pool_held = true;
 	if (np) {
-		e = bd_pool_page_alloc(rt->pool, r->id, rt->o.owner, (uint32_t)np, r->pages);
+		e = POOL_CALL(rt, bd_pool_page_alloc(rt->pool, r->id, rt->o.owner, (uint32_t)np,
+						      r->pages));
 		if (e < 0) {
-			bd_pool_request_release(rt->pool, r->id, NULL);
+			if (POOL_CALL(rt, bd_pool_request_release(rt->pool, r->id, NULL)) < 0 &&
+			    !rt->pool_ok)
+				rt->pool_reclaim = true;
 			r->pool_held = false;
 			r->slot = -1;
 			return e;
@@ -339,7 +349,8 @@ static struct bd_req *pick_victim(struct bd_router *rt)
 static int ensure_reserved(struct bd_router *rt, struct bd_req *r)
 {
 	for (;;) {
-		int e = bd_pool_page_reserve(rt->pool, r->id, rt->o.owner, &r->reserved);
+		int e = POOL_CALL(rt, bd_pool_page_reserve(rt->pool, r->id, rt->o.owner,
+							    &r->reserved));
 		struct bd_req *v;
 
 		if (e == 0) {
@@ -372,9 +383,15 @@ static int grow_rows(struct bd_router *rt, int n)
 
 static void fail_req(struct bd_router *rt, struct bd_req *r, int error, const char *what, int e)
 {
-	char m[256];
+	char m[600];
 
-	snprintf(m, sizeof(m), "%s: %s", what, strerror(-e));
+	if (!rt->pool_ok) {
+		/* not the request's fault, nor an internal error: the pool does not answer */
+		error = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
+		bd_router_pool_reason(rt, m, sizeof(m));
+	} else {
+		snprintf(m, sizeof(m), "%s: %s", what, strerror(-e));
+	}
 	rlog_warn("request %llu: %s", (unsigned long long)r->id, m);
 	bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR, error, m, true);
 }
@@ -449,7 +466,8 @@ static int plan_rows(struct bd_router *rt)
 		if ((next + 1) % BD_PAGE_TOKENS || r->reserved >= 0)
 			continue;
 		/* short of pages: the next plan reserves it, or preempts */
-		if (bd_pool_page_reserve(rt->pool, r->id, rt->o.owner, &r->reserved) == 0)
+		if (POOL_CALL(rt, bd_pool_page_reserve(rt->pool, r->id, rt->o.owner,
+						       &r->reserved)) == 0)
 			held_add(rt, 1);
 		else
 			r->reserved = -1;
@@ -530,7 +548,11 @@ void bd_router_schedule(struct bd_router *rt)
 {
 	int n;
 
-	if (!rt->group_ready || rt->step.active || rt->state != RS_SERVING)
+	/* a drain (STOPPING) steps what was accepted; nothing is planned while the pool is down
+	 * (the requests fail: pool.c), except the releases the workers are owed */
+	if (!rt->group_ready || rt->step.active || (rt->state != RS_SERVING && !rt->draining))
+		return;
+	if (!rt->pool_ok && !rt->n_release)
 		return;
 	if (!rt->n_running && !rt->n_queued && !rt->n_release)
 		return;
@@ -655,7 +677,7 @@ static void complete_step(struct bd_router *rt)
 		r->on_workers = true;
 		r->n_pos += sr->n_feed;
 		if (sr->new_page >= 0) {
-			e = bd_pool_page_commit(rt->pool, r->id, sr->new_page);
+			e = POOL_CALL(rt, bd_pool_page_commit(rt->pool, r->id, sr->new_page));
 			r->reserved = -1;
 			if (e < 0) {
 				held_add(rt, -1);

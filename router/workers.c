@@ -122,7 +122,8 @@ static void form_group(struct bd_router *rt)
 		bd_router_group_fail(rt, failed, msg);
 		return;
 	}
-	rt->state = RS_SERVING;
+	if (rt->state != RS_STOPPING) /* a group formed during the drain serves the drain */
+		rt->state = RS_SERVING;
 	rt->reason[0] = 0;
 	rlog_info("worker group of %d rank(s) formed: epoch %llu", rt->o.tp,
 		  (unsigned long long)rt->epoch);

@@ -406,3 +406,99 @@ Test(serve, systemd_units_verify_clean)
 	pclose(p);
 	cr_expect_str_eq(out, "", "%s", out);
 }
+
+/* SIGTERM drains: a generation of 48 tokens running when the router gets SIGTERM ends with
+ * FINISH_LENGTH and all its tokens, a request sent meanwhile gets SHUTTING_DOWN, routerd exits 0
+ * and the pool has every page and slot back. */
+Test(serve, sigterm_drains_the_running_generation)
+{
+	struct bd_client_gen g = { .prompt = "Tell me a long story about a lighthouse keeper.",
+				   .chat = true, .max_tokens = 48, .stream = true,
+				   .ignore_eos = true };
+	struct bd_client *c, *c2;
+	struct bd_client_event ev;
+	struct bd_client_health h;
+	uint64_t tag, tag2;
+	size_t n = 0;
+	int64_t end;
+
+	up();
+	c = client();
+	c2 = client();
+	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
+	while (n < 2) {
+		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
+		cr_assert_eq(ev.finish, BD_FINISH_NONE, "%s", ev.message);
+		n += ev.kind == BD_CLIENT_CHUNK ? ev.n_tokens : 0;
+	}
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	end = sv_now_ms() + WAIT_MS;
+	while (!(bd_client_health(c2, 1000, &h) == 0 && h.state == 3) && sv_now_ms() < end)
+		usleep(10000);
+	cr_assert_eq(h.state, 3, "no STOPPING state; router log:\n%s", sv_log_tail(&E.router));
+	g.max_tokens = 4;
+	cr_assert_eq(bd_client_generate_start(c2, &g, &tag2), 0);
+	cr_assert_eq(bd_client_next(c2, WAIT_MS, &ev), 0);
+	cr_expect_eq(ev.kind, BD_CLIENT_ERROR);
+	cr_expect_eq(ev.error, BD_SERVE_ERR_SHUTTING_DOWN, "got %d: %s", ev.error, ev.message);
+	for (;;) {
+		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "router log:\n%s",
+			     sv_log_tail(&E.router));
+		if (ev.kind != BD_CLIENT_CHUNK)
+			continue;
+		n += ev.n_tokens;
+		if (ev.finish != BD_FINISH_NONE)
+			break;
+	}
+	cr_expect_eq(ev.finish, BD_FINISH_LENGTH, "finish %s: %s", bd_finish_name(ev.finish),
+		     ev.message);
+	cr_expect_eq(n, 48);
+	cr_expect_eq(ev.usage.completion_tokens, 48);
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0, "routerd:\n%s", sv_log_tail(&E.router));
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the drain left pages or slots in the pool");
+	bd_client_free(c);
+	bd_client_free(c2);
+}
+
+/* kill -9 of kvpoold: the workers exit with it (their arena is gone); health names the pool
+ * within a few seconds, a new request is refused at once, routerd stays up; a new kvpoold and
+ * workers (as systemd restarts them) make it serve again. */
+Test(serve, kill_9_of_kvpoold_shows_in_health_and_service_resumes)
+{
+	struct bd_client *c;
+	struct bd_client_event ev;
+	struct bd_client_health h;
+	struct bd_client_gen g = { .prompt = "Hi!", .chat = true, .max_tokens = 4 };
+	uint64_t tag;
+	int64_t t0, end;
+
+	up();
+	c = client();
+	expect_short_answer(c, "before the pool dies");
+	t0 = sv_now_ms();
+	cr_expect_eq(sv_stop(&E.pool, SIGKILL, WAIT_MS), 128 + SIGKILL);
+	end = t0 + WAIT_MS;
+	while (!(bd_client_health(c, 1000, &h) == 0 && !h.pool_ok) && sv_now_ms() < end)
+		usleep(10000);
+	cr_assert_not(h.pool_ok, "the pool's death went unnoticed");
+	cr_expect_lt(sv_now_ms() - t0, 4000);
+	cr_expect_not(h.healthy);
+	cr_expect_eq(strncmp(h.reason, "kvpoold unreachable: ", 21), 0, "reason: %s", h.reason);
+	t0 = sv_now_ms();
+	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
+	cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
+	cr_expect_eq(ev.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", ev.error, ev.message);
+	cr_expect_lt(sv_now_ms() - t0, 500);
+	cr_expect_eq(kill(E.router.pid, 0), 0, "routerd must stay up");
+	/* the workers exit 1 on purpose (to be restarted and attach to the new pool) */
+	sv_stop(&E.worker[0], 0, WAIT_MS);
+	sv_stop(&E.worker[1], 0, WAIT_MS);
+	sv_start_pool(&E, NULL);
+	sv_start_worker(&E, 0);
+	sv_start_worker(&E, 1);
+	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
+		  sv_log_tail(&E.router));
+	expect_short_answer(c, "after the pool's restart");
+	cr_expect(sv_pool_idle(&E, WAIT_MS));
+	bd_client_free(c);
+}

@@ -1027,3 +1027,349 @@ Test(serve_router, python_client_from_the_same_proto)
 	json_decref(j);
 	expect_no_violations();
 }
+
+/* ---- drain on SIGTERM, kvpoold's health ---------------------------------------------------- */
+
+/* Polls health until pred holds; the last reply in *h. */
+static bool wait_health_for(struct bd_client *c, bool (*pred)(const struct bd_client_health *),
+			    int timeout_ms, struct bd_client_health *h)
+{
+	int64_t end = sv_now_ms() + timeout_ms;
+
+	do {
+		if (bd_client_health(c, 1000, h) == 0 && pred(h))
+			return true;
+		usleep(10000);
+	} while (sv_now_ms() < end);
+	return false;
+}
+
+static bool is_stopping(const struct bd_client_health *h)
+{
+	return h->state == 3;
+}
+
+static bool pool_down(const struct bd_client_health *h)
+{
+	return !h->pool_ok;
+}
+
+/* Reads chunks of tag until at least n tokens came; returns how many. */
+static size_t read_tokens(struct bd_client *c, uint64_t tag, size_t n)
+{
+	struct bd_client_event ev;
+	size_t got = 0;
+
+	while (got < n) {
+		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "router log:\n%s",
+			     sv_log_tail(&E.router));
+		if (ev.kind == BD_CLIENT_CHUNK && ev.tag == tag) {
+			cr_assert_eq(ev.finish, BD_FINISH_NONE, "finished early: %s", ev.message);
+			got += ev.n_tokens;
+		}
+	}
+	return got;
+}
+
+/* SIGTERM with one request running and one queued (max_batch 1): both run to their end with
+ * every token, a request sent during the drain is refused with SHUTTING_DOWN, health says
+ * STOPPING, routerd exits 0 and the pool gets every page and slot back. */
+Test(serve_router, sigterm_drains_running_and_queued_requests)
+{
+	const char *extra[] = { "--max-batch", "1", NULL };
+	struct bd_client *ca, *cb, *cc;
+	struct bd_client_health h;
+	struct bd_client_info info;
+	struct result ra, rb, rc;
+	int32_t ids[10];
+	uint64_t ta, tb, tc;
+	size_t early;
+
+	up("16", "4", extra);
+	F[0].delay_ms = 5; /* 300 steps of A take 1.5 s at least */
+	ca = client();
+	cb = client();
+	cc = client();
+	prompt_ids(ids, 10, 1);
+	ta = start_ids(ca, ids, 10, 300, 11, true);
+	early = read_tokens(ca, ta, 3);
+	tb = start_ids(cb, ids, 10, 20, 12, true);
+	/* B travels on another connection: wait until the router has it */
+	for (int64_t end = sv_now_ms() + WAIT_MS; sv_now_ms() < end; usleep(5000)) {
+		cr_assert_eq(bd_client_info(cc, WAIT_MS, &info), 0);
+		if (info.queued)
+			break;
+	}
+	cr_assert_eq(info.running, 1);
+	cr_assert_eq(info.queued, 1, "B must wait behind A (max_batch 1)");
+
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	cr_assert(wait_health_for(cc, is_stopping, WAIT_MS, &h), "no STOPPING state; log:\n%s",
+		  sv_log_tail(&E.router));
+	cr_expect_not(h.healthy);
+	cr_expect_not_null(strstr(h.reason, "draining"), "reason: %s", h.reason);
+	tc = start_ids(cc, ids, 10, 5, 13, true);
+	collect(cc, tc, &rc);
+	cr_expect_eq(rc.finish, BD_FINISH_ERROR);
+	cr_expect_eq(rc.error, BD_SERVE_ERR_SHUTTING_DOWN, "got %d: %s", rc.error, rc.message);
+	cr_expect_not_null(strstr(rc.message, "shutting down"), "message: %s", rc.message);
+
+	/* A: the tokens after the first `early` ones; the fake's token at position p is known */
+	collect(ca, ta, &ra);
+	cr_expect_eq(ra.finish, BD_FINISH_LENGTH, "A: %d %s", ra.error, ra.message);
+	cr_assert_eq(early + ra.n, 300);
+	for (size_t i = 0; i < ra.n; i++)
+		cr_assert_eq((uint32_t)ra.tokens[i], fake_token(11, (int)(10 + early + i)),
+			     "A token %zu", early + i);
+	cr_expect_eq(ra.usage.completion_tokens, 300);
+	collect(cb, tb, &rb);
+	cr_expect_eq(rb.finish, BD_FINISH_LENGTH, "B: %d %s", rb.error, rb.message);
+	expect_tokens(&rb, 10, 12, 20);
+
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0, "routerd must exit 0 after the drain:\n%s",
+		     sv_log_tail(&E.router));
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "pages or slots were not given back");
+	bd_client_free(ca);
+	bd_client_free(cb);
+	bd_client_free(cc);
+	expect_no_violations();
+}
+
+/* drain_timeout_ms = 500 and a request of 1000 tokens at 10 ms a step: it goes on during the
+ * drain, then fails with SHUTTING_DOWN about 0.5 s after SIGTERM; exit 0, pages back. */
+Test(serve_router, drain_timeout_fails_what_is_left)
+{
+	const char *extra[] = { "--drain-timeout-ms", "500", NULL };
+	struct bd_client *c;
+	struct result r;
+	int32_t ids[10];
+	uint64_t tag;
+	int64_t t0, dt;
+
+	up("16", "4", extra);
+	F[0].delay_ms = 10;
+	c = client();
+	prompt_ids(ids, 10, 2);
+	tag = start_ids(c, ids, 10, 1000, 21, true);
+	read_tokens(c, tag, 3);
+	t0 = sv_now_ms();
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	collect(c, tag, &r);
+	dt = sv_now_ms() - t0;
+	cr_expect_eq(r.finish, BD_FINISH_ERROR);
+	cr_expect_eq(r.error, BD_SERVE_ERR_SHUTTING_DOWN, "got %d: %s", r.error, r.message);
+	/* 500 ms at >= 10 ms a step: at most ~50 tokens, and surely more than a few */
+	cr_expect_geq(r.n, 10, "only %zu tokens during the drain", r.n);
+	cr_expect_geq(dt, 450, "failed %lld ms after SIGTERM, before the drain time",
+		      (long long)dt);
+	cr_expect_lt(dt, 3000, "failed %lld ms after SIGTERM", (long long)dt);
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0, "routerd:\n%s", sv_log_tail(&E.router));
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "pages or slots were not given back");
+	bd_client_free(c);
+	expect_no_violations();
+}
+
+/* A second SIGTERM ends the drain at once. */
+Test(serve_router, second_sigterm_stops_at_once)
+{
+	struct bd_client *c, *c2;
+	struct bd_client_health h;
+	struct result r;
+	int32_t ids[10];
+	uint64_t tag;
+	int64_t t0;
+
+	up("16", "4", NULL); /* the default drain: 30 s */
+	F[0].delay_ms = 10;
+	c = client();
+	c2 = client();
+	prompt_ids(ids, 10, 3);
+	tag = start_ids(c, ids, 10, 1000, 31, true);
+	read_tokens(c, tag, 3);
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	cr_assert(wait_health_for(c2, is_stopping, WAIT_MS, &h));
+	t0 = sv_now_ms();
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	collect(c, tag, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_SHUTTING_DOWN, "got %d: %s", r.error, r.message);
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0);
+	cr_expect_lt(sv_now_ms() - t0, 2000, "the second SIGTERM did not stop at once");
+	cr_expect(sv_pool_idle(&E, WAIT_MS));
+	bd_client_free(c);
+	bd_client_free(c2);
+}
+
+/* kvpoold killed under a running request: health turns unhealthy with the pool's reason within
+ * a few seconds, the running request fails with UNAVAILABLE, a new one is refused at once (not
+ * after pool_timeout_ms), routerd stays up; a new kvpoold makes it healthy and serving again. */
+Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
+{
+	const char *pool_extra[] = { "--layers", "1", "--pages", "16", "--slots", "4",
+				     "--max-seq-len", "1024", NULL };
+	struct bd_client *c, *c2;
+	struct bd_client_health h;
+	struct result r;
+	int32_t ids[10];
+	uint64_t tag;
+	int64_t t0;
+
+	up("16", "4", NULL); /* pool_timeout_ms 2000, pool_probe_ms 1000: the defaults */
+	F[0].delay_ms = 10;
+	c = client();
+	c2 = client();
+	cr_assert_eq(bd_client_health(c2, WAIT_MS, &h), 0);
+	cr_expect(h.pool_ok);
+	cr_expect_str_eq(h.pool_error, "");
+	cr_expect_lt(h.pool_last_ok_ms, 3000, "the probe keeps it fresh");
+	prompt_ids(ids, 10, 4);
+	tag = start_ids(c, ids, 10, 1000, 41, true);
+	read_tokens(c, tag, 3);
+
+	t0 = sv_now_ms();
+	cr_expect_eq(sv_stop(&E.pool, SIGKILL, WAIT_MS), 128 + SIGKILL);
+	cr_assert(wait_health_for(c2, pool_down, WAIT_MS, &h), "the pool's death went unnoticed");
+	cr_expect_lt(sv_now_ms() - t0, 4000, "noticed after %lld ms",
+		     (long long)(sv_now_ms() - t0));
+	cr_expect_not(h.healthy);
+	cr_expect_eq(h.state, 2);
+	cr_expect_eq(strncmp(h.reason, "kvpoold unreachable: ", 21), 0, "reason: %s", h.reason);
+	cr_expect_neq(h.pool_error[0], 0);
+	collect(c, tag, &r);
+	cr_expect_eq(r.finish, BD_FINISH_ERROR);
+	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
+	cr_expect_not_null(strstr(r.message, "kvpoold unreachable"), "message: %s", r.message);
+
+	/* refused at once, not after one or more pool timeouts of 2 s */
+	t0 = sv_now_ms();
+	tag = start_ids(c, ids, 10, 3, 42, true);
+	collect(c, tag, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
+	cr_expect_not_null(strstr(r.message, "kvpoold unreachable"), "message: %s", r.message);
+	cr_expect_lt(sv_now_ms() - t0, 500, "refusal took %lld ms", (long long)(sv_now_ms() - t0));
+	cr_expect_eq(kill(E.router.pid, 0), 0, "routerd must stay up");
+	cr_expect_eq(bd_client_health(c2, WAIT_MS, &h), 0);
+	cr_expect_not(h.pool_ok);
+
+	/* a new kvpoold (as systemd restarts it): healthy again, and serving */
+	sv_start_pool(&E, pool_extra);
+	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
+		  sv_log_tail(&E.router));
+	cr_assert_eq(bd_client_health(c2, WAIT_MS, &h), 0);
+	cr_expect(h.pool_ok);
+	cr_expect_str_eq(h.reason, "");
+	tag = start_ids(c, ids, 10, 3, 43, true);
+	collect(c, tag, &r);
+	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
+	expect_tokens(&r, 10, 43, 3);
+	cr_expect(sv_pool_idle(&E, WAIT_MS));
+	bd_client_free(c);
+	bd_client_free(c2);
+}
+
+/* kvpoold hung (SIGSTOP): the connection stays, only the probe's timeout sees it; the requests
+ * fail with UNAVAILABLE and their records stay in the pool. SIGCONT: the router reclaims them,
+ * the pool ends idle, and serving resumes. */
+Test(serve_router, hung_kvpoold_times_out_then_records_are_reclaimed)
+{
+	const char *extra[] = { "--pool-timeout-ms", "500", "--pool-probe-ms", "200", NULL };
+	struct bd_client *c, *c2;
+	struct bd_client_health h;
+	struct result r;
+	int32_t ids[140];
+	uint64_t tag;
+	int64_t t0;
+
+	up("16", "4", extra);
+	F[0].delay_ms = 10;
+	c = client();
+	c2 = client();
+	prompt_ids(ids, 140, 5); /* a prefill page: the request holds a page and a slot */
+	tag = start_ids(c, ids, 140, 1000, 51, true);
+	read_tokens(c, tag, 3);
+	t0 = sv_now_ms();
+	cr_assert_eq(kill(E.pool.pid, SIGSTOP), 0);
+	cr_assert(wait_health_for(c2, pool_down, WAIT_MS, &h), "a hung pool went unnoticed");
+	cr_expect_lt(sv_now_ms() - t0, 3000);
+	cr_expect_not_null(strstr(h.reason, "kvpoold unreachable: "), "reason: %s", h.reason);
+	cr_expect_not_null(strstr(h.pool_error, "no answer"), "pool_error: %s", h.pool_error);
+	collect(c, tag, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
+	cr_assert_eq(kill(E.pool.pid, SIGCONT), 0);
+	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
+		  sv_log_tail(&E.router));
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's records were not reclaimed");
+	tag = start_ids(c, ids, 10, 3, 52, true);
+	collect(c, tag, &r);
+	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
+	expect_tokens(&r, 10, 52, 3);
+	bd_client_free(c);
+	bd_client_free(c2);
+	expect_no_violations();
+}
+
+/* A worker lost during the drain ends it: nothing can progress without the group (a stop of
+ * the whole server stops the workers too), so routerd exits 0 at once, not after 30 s. */
+Test(serve_router, worker_loss_ends_the_drain)
+{
+	struct bd_client *c, *c2;
+	struct bd_client_health h;
+	struct result r;
+	int32_t ids[10];
+	uint64_t tag;
+	int64_t t0;
+
+	up("16", "4", NULL); /* the default drain: 30 s */
+	F[0].delay_ms = 10;
+	c = client();
+	c2 = client();
+	prompt_ids(ids, 10, 6);
+	tag = start_ids(c, ids, 10, 1000, 61, true);
+	read_tokens(c, tag, 3);
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	cr_assert(wait_health_for(c2, is_stopping, WAIT_MS, &h));
+	t0 = sv_now_ms();
+	F[1].die = true;
+	pthread_join(F[1].th, NULL);
+	F[1].started = false;
+	collect(c, tag, &r);
+	cr_expect_eq(r.finish, BD_FINISH_ERROR);
+	cr_expect_eq(r.error, BD_SERVE_ERR_WORKER_FAILED, "got %d: %s", r.error, r.message);
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0, "routerd:\n%s", sv_log_tail(&E.router));
+	cr_expect_lt(sv_now_ms() - t0, 5000, "the drain went on without workers");
+	cr_expect(sv_pool_idle(&E, WAIT_MS));
+	bd_client_free(c);
+	bd_client_free(c2);
+}
+
+/* The drain tells systemd: STOPPING=1, then STATUS=draining N requests. (The router is started
+ * here with its notify socket kept open and read.) */
+Test(serve_router, drain_status_goes_to_sd_notify)
+{
+	const char *pool_extra[] = { "--layers", "1", "--pages", "16", "--slots", "4",
+				     "--max-seq-len", "1024", NULL };
+	const char *argv[] = { "--no-config", "--frontend", E.front_ep, "--workers", E.workers_ep,
+			       "--pool", E.pool_ep, "--model", E.model, "--tp", "2",
+			       "--heartbeat-ms", "100", "--status-interval-ms", "100", NULL };
+	struct bd_client *c;
+	int32_t ids[10];
+	uint64_t tag;
+
+	sv_start_pool(&E, pool_extra);
+	sv_spawn(&E, &E.router, "routerd", argv);
+	cr_assert(sv_wait_notify(&E.router, "READY=1", WAIT_MS), "%s", sv_log_tail(&E.router));
+	fake_start(0);
+	fake_start(1);
+	cr_assert(sv_wait_health(&E, true, WAIT_MS));
+	F[0].delay_ms = 10;
+	c = client();
+	prompt_ids(ids, 10, 7);
+	tag = start_ids(c, ids, 10, 1000, 71, true);
+	read_tokens(c, tag, 3);
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	cr_expect(sv_wait_notify(&E.router, "STOPPING=1", WAIT_MS));
+	cr_expect(sv_wait_notify(&E.router, "STATUS=draining 1 requests (1 running, 0 queued)",
+				 WAIT_MS), "no draining STATUS");
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0); /* the second: at once */
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0);
+	bd_client_free(c);
+}

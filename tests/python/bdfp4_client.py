@@ -143,6 +143,9 @@ def main():
                 h = c.health()
                 print(json.dumps({"healthy": h.healthy,
                                   "state": pb.ServingState.Name(h.state),
+                                  "reason": h.reason,
+                                  "pool": {"ok": h.pool_ok, "error": h.pool_error,
+                                           "last_ok_ms": h.pool_last_ok_ms},
                                   "workers": [w.pid for w in h.workers]}))
                 return 0 if h.healthy else 1
             if a.info:

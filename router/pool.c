@@ -1,0 +1,296 @@
+/* pool.c — routerd's watch on kvpoold (issue 5, reliability follow-up).
+ *
+ * The pool calls of the scheduler are blocking round trips bounded by pool_timeout_ms. A dead or
+ * hung kvpoold would cost that timeout on every call, and the loop (heartbeats, clients) would
+ * stall once per call. So the pool has a state here: up, or down after a call or a probe got no
+ * answer, or the connection closed. While it is down, POOL_CALL fails at once (-EHOSTDOWN), new
+ * requests get UNAVAILABLE, health says "kvpoold unreachable: ...", and the requests that were
+ * accepted fail with UNAVAILABLE (their pages are gone with a restarted pool; a hung one cannot
+ * serve them).
+ *
+ * The probe is a StatsQuery on a DEALER socket of its own, sent every pool_probe_ms and never
+ * waited for: its answer is read by the event loop. ZMQ_IMMEDIATE makes a send fail when no
+ * connection exists, and the socket's monitor reports a closed connection at once (kvpoold
+ * killed). The first answer after a failure brings the pool back: records the router may have
+ * left in it are reclaimed (OwnerReclaim) before anything is admitted again.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "kvpool.pb-c.h"
+#include "router.h"
+
+#define MON_ENDPOINT "inproc://routerd-pool-monitor"
+
+int bd_router_pool_open(struct bd_router *rt)
+{
+	int zero = 0, one = 1;
+	int64_t now = bd_router_now_ms();
+
+	rt->probe = zmq_socket(rt->zctx, ZMQ_DEALER);
+	if (!rt->probe)
+		return -ENOMEM;
+	/* IMMEDIATE: no queueing towards a pool that is not connected; the send fails instead */
+	if (zmq_setsockopt(rt->probe, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_setsockopt(rt->probe, ZMQ_IMMEDIATE, &one, sizeof(one)) < 0 ||
+	    zmq_socket_monitor(rt->probe, MON_ENDPOINT, ZMQ_EVENT_DISCONNECTED) < 0)
+		goto fail;
+	rt->probe_mon = zmq_socket(rt->zctx, ZMQ_PAIR);
+	if (!rt->probe_mon || zmq_setsockopt(rt->probe_mon, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_connect(rt->probe_mon, MON_ENDPOINT) < 0 || zmq_connect(rt->probe, rt->o.pool) < 0)
+		goto fail;
+	rt->pool_ok = true;
+	rt->pool_last_ok = now;
+	rt->next_probe = now + rt->o.pool_probe_ms;
+	return 0;
+fail:
+	rlog_err("pool probe %s: %s", rt->o.pool, zmq_strerror(zmq_errno()));
+	return -EIO;
+}
+
+void bd_router_pool_close(struct bd_router *rt)
+{
+	if (rt->probe)
+		zmq_socket_monitor(rt->probe, NULL, 0);
+	if (rt->probe_mon)
+		zmq_close(rt->probe_mon);
+	if (rt->probe)
+		zmq_close(rt->probe);
+	rt->probe = rt->probe_mon = NULL;
+}
+
+static void mark_down(struct bd_router *rt, const char *why)
+{
+	rt->pool_failures++;
+	if (!rt->pool_ok)
+		return;
+	rt->pool_ok = false;
+	rt->pool_went_down = true;
+	rt->pool_down_since = bd_router_now_ms();
+	snprintf(rt->pool_err, sizeof(rt->pool_err), "%.250s", why);
+	rlog_err("kvpoold unreachable: %s; new requests are refused until it answers again", why);
+}
+
+int bd_router_pool_note(struct bd_router *rt, int e)
+{
+	int code = BD_POOL_OK;
+	char why[300];
+
+	bd_pool_conn_error(rt->pool, &code);
+	/* an answer: success, or the daemon's refusal (a code); local argument and memory errors
+	 * say nothing about the pool */
+	if (e >= 0 || code != BD_POOL_OK || e == -EINVAL || e == -ENOMEM) {
+		rt->pool_last_ok = bd_router_now_ms();
+		rt->pool_failures = 0;
+		return e;
+	}
+	if (e == -ETIMEDOUT)
+		snprintf(why, sizeof(why), "no answer in %d ms (pool_timeout_ms)",
+			 rt->o.pool_timeout_ms);
+	else
+		snprintf(why, sizeof(why), "%s", strerror(-e));
+	mark_down(rt, why);
+	return e;
+}
+
+void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap)
+{
+	if (rt->pool_ok) {
+		buf[0] = 0;
+		return;
+	}
+	snprintf(buf, cap, "kvpoold unreachable: %s (for %lld ms)", rt->pool_err,
+		 (long long)(bd_router_now_ms() - rt->pool_down_since));
+}
+
+/* Whether a request still has a record in the pool (an owner reclaim would take it). */
+static bool records_held(const struct bd_router *rt)
+{
+	for (size_t i = 0; i < rt->n_reqs; i++)
+		if (rt->reqs[i]->pool_held)
+			return true;
+	return false;
+}
+
+/* The pool answered while down: reclaim what the failed requests may have left, then serve. */
+static void recover(struct bd_router *rt)
+{
+	uint64_t n_req = 0, n_pages = 0;
+	int64_t down_ms = bd_router_now_ms() - rt->pool_down_since;
+	int e;
+
+	/* first the requests fail (the tick), and the step in flight ends: a worker may still
+	 * write into its pages, and a reclaim must not take a live request's record */
+	if (rt->pool_went_down || (rt->pool_reclaim && (rt->step.active || records_held(rt))))
+		return;
+	rt->pool_ok = true; /* lets the calls below through; a failure marks it down again */
+	if (rt->pool_reclaim) {
+		e = POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages));
+		if (e < 0) {
+			if (rt->pool_ok) {
+				rlog_err("pool: reclaim of owner %llu: %s",
+					 (unsigned long long)rt->o.owner, strerror(-e));
+				rt->pool_ok = false;
+			}
+			return;
+		}
+		rt->pool_reclaim = false;
+		if (n_req)
+			rlog_info("pool: reclaimed %llu request record(s), %llu page(s) left by "
+				  "failed requests", (unsigned long long)n_req,
+				  (unsigned long long)n_pages);
+	}
+	if (bd_router_pool_refresh(rt) < 0)
+		return;
+	rlog_info("kvpoold answers again (down for %lld ms): serving", (long long)down_ms);
+	rt->pool_err[0] = 0;
+	rt->pool_failures = 0;
+}
+
+static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len)
+{
+	Bdfp4__PoolReply *rep = bdfp4__pool_reply__unpack(NULL, len, body);
+
+	if (!rep) {
+		rlog_warn("pool probe: an answer that does not parse");
+		return;
+	}
+	rt->probe_out = false;
+	rt->pool_last_ok = bd_router_now_ms();
+	if (rt->pool_ok) {
+		rt->pool_failures = 0;
+		if (rep->stats) {
+			rt->pages_free = rep->stats->pages_free;
+			rt->slots_free = rep->stats->slots_free;
+			rt->pages_total = rep->stats->pages_total;
+			rt->slots_total = rep->stats->slots_total;
+		}
+	} else {
+		recover(rt);
+	}
+	bdfp4__pool_reply__free_unpacked(rep, NULL);
+}
+
+void bd_router_pool_on_probe(struct bd_router *rt)
+{
+	for (int budget = 0; budget < 64; budget++) {
+		zmq_msg_t m;
+		bool more;
+
+		/* [""] [PoolReply], the envelope a REP socket answers a DEALER with */
+		zmq_msg_init(&m);
+		if (zmq_msg_recv(&m, rt->probe, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&m);
+			break;
+		}
+		more = zmq_msg_more(&m);
+		if (zmq_msg_size(&m) == 0 && more) {
+			zmq_msg_close(&m);
+			zmq_msg_init(&m);
+			if (zmq_msg_recv(&m, rt->probe, 0) < 0) {
+				zmq_msg_close(&m);
+				break;
+			}
+			more = zmq_msg_more(&m);
+		}
+		on_answer(rt, zmq_msg_data(&m), zmq_msg_size(&m));
+		zmq_msg_close(&m);
+		while (more) { /* frames of no known meaning */
+			zmq_msg_init(&m);
+			if (zmq_msg_recv(&m, rt->probe, 0) < 0)
+				more = false;
+			else
+				more = zmq_msg_more(&m);
+			zmq_msg_close(&m);
+		}
+	}
+	for (int budget = 0; budget < 64; budget++) {
+		zmq_msg_t ev, addr;
+		uint16_t id = 0;
+
+		/* [event id (16 bits) + value (32 bits)] [endpoint] */
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, rt->probe_mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			break;
+		}
+		if (zmq_msg_size(&ev) >= 2)
+			memcpy(&id, zmq_msg_data(&ev), 2);
+		if (zmq_msg_more(&ev)) {
+			zmq_msg_init(&addr);
+			zmq_msg_recv(&addr, rt->probe_mon, 0);
+			zmq_msg_close(&addr);
+		}
+		zmq_msg_close(&ev);
+		if (id == ZMQ_EVENT_DISCONNECTED) {
+			char why[300];
+
+			snprintf(why, sizeof(why), "the connection to %s closed", rt->o.pool);
+			mark_down(rt, why);
+			rt->probe_out = false;
+			rt->next_probe = bd_router_now_ms(); /* probe at once: a restart is quick */
+		}
+	}
+}
+
+static void send_probe(struct bd_router *rt, int64_t now)
+{
+	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
+	Bdfp4__StatsQuery q = BDFP4__STATS_QUERY__INIT;
+	uint8_t buf[32];
+	size_t n;
+
+	q.top = 1;
+	req.op_case = BDFP4__POOL_REQUEST__OP_STATS;
+	req.stats = &q;
+	n = bdfp4__pool_request__pack(&req, buf);
+	rt->next_probe = now + rt->o.pool_probe_ms;
+	if (zmq_send(rt->probe, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(rt->probe, buf, n, ZMQ_DONTWAIT) < 0) {
+		char why[300];
+
+		/* IMMEDIATE: no connection to the pool */
+		snprintf(why, sizeof(why), "not connected to %s", rt->o.pool);
+		mark_down(rt, why);
+		return;
+	}
+	rt->probe_out = true;
+	rt->probe_sent = now;
+}
+
+void bd_router_pool_tick(struct bd_router *rt, int64_t now)
+{
+	if (rt->probe_out && now - rt->probe_sent > rt->o.pool_timeout_ms) {
+		char why[300];
+
+		snprintf(why, sizeof(why), "no answer to a probe in %d ms (pool_timeout_ms)",
+			 rt->o.pool_timeout_ms);
+		rt->probe_out = false;
+		mark_down(rt, why);
+	}
+	if (!rt->probe_out && now >= rt->next_probe)
+		send_probe(rt, now);
+	if (rt->pool_went_down) {
+		char msg[600];
+
+		/* what was accepted cannot be served: a restarted pool lost its pages, a hung one
+		 * allocates none. Those in the step in flight end when it does. */
+		rt->pool_went_down = false;
+		rt->pool_reclaim = true;
+		bd_router_pool_reason(rt, msg, sizeof(msg));
+		for (size_t i = rt->n_reqs; i-- > 0;) {
+			struct bd_req *r;
+
+			if (i >= rt->n_reqs)
+				continue;
+			r = rt->reqs[i];
+			if (!r->finish_pending)
+				bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
+						 BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE, msg, true);
+		}
+	}
+}
