@@ -292,6 +292,51 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
 	return d;
 }
 
+/* a × (the low or high FP16 of b, in both halves): the broadcast is the HMUL2 operand selector
+ * (.H0_H0 / .H1_H1), not an instruction. */
+__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t b)
+{
+	uint32_t d;
+	asm("{.reg .b16 l, h;\n\t.reg .b32 s;\n\tmov.b32 {l, h}, %2;\n\tmov.b32 s, {l, l};\n\t"
+	    "mul.rn.f16x2 %0, %1, s;}"
+	    : "=r"(d)
+	    : "r"(a), "r"(b));
+	return d;
+}
+__device__ __forceinline__ uint32_t hmul2_hi(uint32_t a, uint32_t b)
+{
+	uint32_t d;
+	asm("{.reg .b16 l, h;\n\t.reg .b32 s;\n\tmov.b32 {l, h}, %2;\n\tmov.b32 s, {h, h};\n\t"
+	    "mul.rn.f16x2 %0, %1, s;}"
+	    : "=r"(d)
+	    : "r"(a), "r"(b));
+	return d;
+}
+
+/* hi·256 + lo (lo < 256: the byte merge) on the FMA pipe; ptxas keeps a PTX mad an IMAD,
+ * where it turns the C expression into a PRMT on the integer ALU pipe. */
+__device__ __forceinline__ uint32_t mad256(uint32_t hi, uint32_t lo)
+{
+	uint32_t d;
+	asm("mad.lo.u32 %0, %1, 256, %2;" : "=r"(d) : "r"(hi), "r"(lo));
+	return d;
+}
+
+/* fp4x8_h2 with the right shift of the odd codes as IMAD.HI (w·2^29 / 2^32 = w >> 3) on the
+ * FMA pipe instead of SHF on the integer ALU pipe; the left shifts are IMAD.SHL already (ptxas),
+ * so 8 of the 11 operations stay on the ALU pipe instead of 9. Same bits as fp4x8_h2. */
+__device__ __forceinline__ void fp4x8_h2_fma(uint32_t w, uint32_t (&out)[4])
+{
+	uint32_t w3;
+	asm("mul.hi.u32 %0, %1, 0x20000000;" : "=r"(w3) : "r"(w));
+	const uint32_t ue = ((w << 1) & 0x0e0e0e0eu) | ((w << 4) & 0x80808080u);
+	const uint32_t uo = (w3 & 0x0e0e0e0eu) | (w & 0x80808080u);
+	out[0] = __byte_perm(ue, 0, 0x2404);
+	out[1] = __byte_perm(uo, 0, 0x2404);
+	out[2] = ue & 0xff00ff00u;
+	out[3] = uo & 0xff00ff00u;
+}
+
 /* The low (high) FP16 of a pair in both halves. */
 __device__ __forceinline__ uint32_t h2_lo(uint32_t a)
 {
@@ -392,6 +437,13 @@ __device__ __forceinline__ void mbar_arrive_tx(uint64_t *bar, uint32_t bytes)
 	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
 		     "r"(bytes)
 		     : "memory");
+}
+
+/* Arrive without waiting (release: this thread's earlier shared writes are seen by whoever
+ * waits on the phase). With mbar_wait later, a split barrier. */
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
 /* Spin until the phase with this parity completed. The loop is inside the asm so that the

@@ -24,6 +24,21 @@
 #include "bd_kcommon.cuh"
 #include "bd_kernels.h"
 
+/* BD_DECODE_V8 (session 3, bench/KERNELS-NOTES.md): 1 = the v8 page loop, 0 = v6 as timed.
+ * v8: E4M3 scales broadcast by the HMUL2 operand selector (no PRMT), V scale bytes merged by an
+ * IMAD (one cvt per two channel rows), the odd codes' shift on the FMA pipe (fp4x8_h2_fma), and
+ * for MODE 0/1 the per-page tile-max __syncthreads split into an mbarrier arrive and wait with
+ * the expansion of the first BD_V8_VPRE V row pairs of the page in between. */
+#ifndef BD_DECODE_V8
+#define BD_DECODE_V8 1
+#endif
+#ifndef BD_V8_SPLIT
+#define BD_V8_SPLIT 1 /* 0: v8 with the __syncthreads (to time the split barrier alone) */
+#endif
+#ifndef BD_V8_VPRE
+#define BD_V8_VPRE 2
+#endif
+
 namespace bdk {
 
 constexpr int WARPS = 4;
@@ -529,7 +544,7 @@ struct Fp4Cfg {
 	static constexpr int RM_OFF = RED_OFF + 2 * WARPS * 2 * 8 * 4; /* block maxima */
 	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
 	static constexpr int BAR_OFF = RL_OFF + WARPS * 8 * 4;
-	static constexpr int SMEM = BAR_OFF + STAGES * 8;
+	static constexpr int SMEM = BAR_OFF + (STAGES + BD_DECODE_V8) * 8; /* v8: + tile-max bar */
 };
 
 /* MX: MXFP4 pages (UE8M0 scales, blocks of 32; NUMERICS.md §2, §6). A warp's 32 tokens are
@@ -544,6 +559,9 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 	using M = ModeT<MODE>;
 	constexpr int NTS = M::NTS, HS = M::HS, KSTEPS = D / 16, W = D / 32, MC = D / 16;
 	constexpr int STAGES = C::STAGES;
+	/* v8: split tile-max barrier for MODE 0/1 (MODE 2 has no registers to spare: v7) */
+	constexpr bool V8 = BD_DECODE_V8 != 0, SPLIT = V8 && BD_V8_SPLIT && MODE != 2;
+	constexpr int VPRE = SPLIT ? BD_V8_VPRE : 0;
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint8_t *aux = smem + C::AUX_OFF;
 	float *gbuf = (float *)(smem + C::GBUF_OFF);
@@ -571,6 +589,8 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 	if (tid == 0) {
 		for (int i = 0; i < STAGES; i++)
 			mbar_init(&bar[i], 1);
+		if (SPLIT)
+			mbar_init(&bar[STAGES], THREADS); /* tile maxima of page i: phase i */
 		mbar_fence_init();
 	}
 	__syncthreads();
@@ -703,7 +723,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 					s1 = ks[(r0 + 1) * (D / 16) + t];
 				}
 			}
-			uint32_t s0lo, s0hi, s1lo, s1hi;
+			uint32_t s0lo = 0, s0hi = 0, s1lo = 0, s1hi = 0, hk0 = 0, hk1 = 0;
 			if constexpr (MX) {
 				/* the thread's channels are one MXFP4 block (D = 128: block t; 64: t/2) */
 				const int sb = D == 128 ? t : (t >> 1);
@@ -720,6 +740,12 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				s1lo = s1hi = b1 | (b1 << 16);
 				kf[mt][0] = ue8m0_f32((uint32_t)m0); /* × the 1/2 in k1, k2 */
 				kf[mt][1] = ue8m0_f32((uint32_t)m1);
+			} else if constexpr (V8) {
+				/* E4M3 scales of the thread's blocks as one FP16 pair per row (D = 64: one
+				 * block, high half 0); the HMUL2 operand selector broadcasts the half */
+				hk0 = e4m3x2_to_h2(s0);
+				hk1 = e4m3x2_to_h2(s1);
+				kf[mt][0] = kf[mt][1] = gk;
 			} else {
 				/* E4M3 scales of the thread's blocks as FP16 pairs, broadcast per block */
 				const uint32_t h0 = e4m3x2_to_h2(D == 128 ? s0 : __byte_perm(s0, 0, 0x0000));
@@ -736,12 +762,23 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				const uint32_t sc0 = (D == 128 && (wi >> 1)) ? s0hi : s0lo;
 				const uint32_t sc1 = (D == 128 && (wi >> 1)) ? s1hi : s1lo;
 				uint32_t a0[4], a1[4];
-				fp4x8_h2(w0[wi], a0);
-				fp4x8_h2(w1[wi], a1);
+				if constexpr (V8) {
+					fp4x8_h2_fma(w0[wi], a0);
+					fp4x8_h2_fma(w1[wi], a1);
+				} else {
+					fp4x8_h2(w0[wi], a0);
+					fp4x8_h2(w1[wi], a1);
+				}
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
-					a0[j] = hmul2(a0[j], sc0);
-					a1[j] = hmul2(a1[j], sc1);
+					if constexpr (V8 && !MX) {
+						const bool hi = D == 128 && (wi >> 1);
+						a0[j] = hi ? hmul2_hi(a0[j], hk0) : hmul2_lo(a0[j], hk0);
+						a1[j] = hi ? hmul2_hi(a1[j], hk1) : hmul2_lo(a1[j], hk1);
+					} else {
+						a0[j] = hmul2(a0[j], sc0);
+						a1[j] = hmul2(a1[j], sc1);
+					}
 				}
 #pragma unroll
 				for (int hh = 0; hh < 2; hh++) {
@@ -791,7 +828,35 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				red[(((i & 1) * WARPS + warp) * 2 + (g >> 2)) * 8 + M::head(hs, t)] = bm[hs];
 		}
 		fence_proxy_async(); /* this thread's reads of page i-1's stage precede its refill */
-		__syncthreads();
+		const uint8_t *vcw = vc + 16 * warp + 4 * t;   /* word t of the warp's tokens */
+		const uint8_t *vsw = vs + 2 * warp + (t >> 1); /* its V block's scale */
+		/* v8: V row pair mc (channels c0 = 16mc + g, c1 = c0 + 8) of the page as MMA A halves,
+		 * NVFP4: × the V block scales (exact as fp4x8_h2 says); MXFP4: bare x̂_V */
+		auto vexpand = [&](int mc, uint32_t(&a0)[4], uint32_t(&a1)[4]) {
+			const int c0 = 16 * mc + g, c1 = c0 + 8;
+			fp4x8_h2_fma(*(const uint32_t *)(vcw + c0 * 64), a0);
+			fp4x8_h2_fma(*(const uint32_t *)(vcw + c1 * 64), a1);
+			if constexpr (!MX) {
+				const uint32_t sc = e4m3x2_to_h2(mad256(vsw[c1 * 8], vsw[c0 * 8]));
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					a0[j] = hmul2_lo(a0[j], sc);
+					a1[j] = hmul2_hi(a1[j], sc);
+				}
+			}
+		};
+		uint32_t vpre[VPRE > 0 ? VPRE : 1][2][4];
+		if constexpr (SPLIT) {
+			/* every thread arrives (release of its maxima and its reads of page i-1),
+			 * expands the first V rows of page i, which need no tile maximum, then waits */
+			mbar_arrive(&bar[STAGES]);
+#pragma unroll
+			for (int mc = 0; mc < VPRE; mc++)
+				vexpand(mc, vpre[mc][0], vpre[mc][1]);
+			mbar_wait(&bar[STAGES], (uint32_t)i & 1u);
+		} else {
+			__syncthreads();
+		}
 		if (tid == 0 && i >= 1 && i - 1 + STAGES < np)
 			issue(i - 1 + STAGES, (i - 1) % STAGES);
 
@@ -871,11 +936,42 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 		for (int hs = 0; hs < 2; hs++)
 			fct[hs] = alpha[HS == 2 ? hs : 0] * rg;
 		gv2_prev = gv2;
-		const uint8_t *vcw = vc + 16 * warp + 4 * t;      /* word t of the warp's tokens */
-		const uint8_t *vsw = vs + 2 * warp + (t >> 1);    /* its V block's scale */
 #pragma unroll
 		for (int mc = 0; mc < MC; mc++) {
 			const int c0 = 16 * mc + g, c1 = c0 + 8;
+			if constexpr (V8) {
+				uint32_t a0[4], a1[4];
+				if (mc < VPRE) {
+#pragma unroll
+					for (int j = 0; j < 4; j++) {
+						a0[j] = vpre[mc < VPRE ? mc : 0][0][j];
+						a1[j] = vpre[mc < VPRE ? mc : 0][1][j];
+					}
+				} else {
+					vexpand(mc, a0, a1);
+				}
+				float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+				if constexpr (!MX) {
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						o[mc][e] = o[mc][e] * fct[e & 1];
+				}
+#pragma unroll
+				for (int ks2 = 0; ks2 < 2; ks2++) {
+					const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1],
+								a1[2 * ks2 + 1] };
+					mma_f16(MX ? acc : o[mc], a, bfr[ks2][0], bfr[ks2][1]);
+				}
+				if constexpr (MX) {
+					const float sv0 = ue8m0_f32(vs[c0 * 4 + warp]);
+					const float sv1 = ue8m0_f32(vs[c1 * 4 + warp]);
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						o[mc][e] = __fmaf_rn(acc[e], (e < 2 ? sv0 : sv1) * sph[e & 1],
+								     o[mc][e] * fct[e & 1]);
+				}
+				continue;
+			}
 			const uint32_t x0 = *(const uint32_t *)(vcw + c0 * 64);
 			const uint32_t x1 = *(const uint32_t *)(vcw + c1 * 64);
 			if constexpr (MX) {
