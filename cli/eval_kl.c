@@ -9,9 +9,13 @@
  * Per trajectory: the reference run (KV `bf16`) prefills the prompt and decodes steps − 1
  * tokens, each chosen by its sampler from the logits (greedy by default; --temperature and
  * --seed sample, seed + t for trajectory t), recording the logits ℓ_t of every step. Each
- * configuration then prefills the same prompt and decodes the same tokens (teacher forcing),
- * through its real cache write path (bd_kv_write_token, promotion) and decoder
- * (bd_ref_decode_gqa), with the calibration's μ_k and τ. D_t (bd_eval.h, over the 128 most
+ * configuration holds the same prompt and decodes the same tokens (teacher forcing), through
+ * its real cache write path (bd_kv_write_token, promotion) and decoder (bd_ref_decode_gqa),
+ * with the calibration's μ_k and τ. The prompt is prefilled once per trajectory, for the
+ * reference and every configuration together (bd_model_prefill_multi: prefill attention is
+ * BF16 whatever the cache, so one forward pass feeds every configuration's write path, each
+ * cache ending as its own prefill would leave it); the configurations' prefill logits are the
+ * reference's. D_t (bd_eval.h, over the 128 most
  * likely reference tokens) and the top-1 agreement are taken at all steps, prefill's logits
  * included; a trajectory's KL is the mean over its steps and a configuration's the mean over
  * trajectories. paired_t compares each configuration's per-trajectory KL with
@@ -19,13 +23,21 @@
  *
  * On the model's real KV, also measured: the query share of the logit error, query/(key +
  * query) of bd_qerr.h's split, summed over every (layer, KV head, query head, page key) at the
- * decode steps s with s % qerr_every == 0 (the unquantized keys k' = H(k − μ_k) come from the
- * forward pass through the sequence's hook; the cache is the sequence's own); and the fraction
- * of probability blocks whose E4M3 scale underflowed to 0 (bd_seq_stats) over all decode steps.
+ * decode steps s with s % qerr_every == 0 (the unquantized keys k' = H(k − μ_k), transformed
+ * when needed from the post-RoPE keys of the forward passes: the prompt's, kept once per
+ * trajectory through the reference's hook, and the decoded positions', through each
+ * configuration's own hook; the cache is the sequence's own); and the fraction of probability
+ * blocks whose E4M3 scale underflowed to 0 (bd_seq_stats) over all decode steps.
  *
- * Runs (the reference of a trajectory, or one configuration on it) are spread over --threads
- * threads, one sequence each; results do not depend on the thread count. With more than one
- * thread OpenBLAS is set to one thread per call.
+ * Work items, spread over --threads threads: a trajectory's reference run (the shared
+ * prefill, then the reference's decode steps) and, once it is done, each configuration's
+ * decode steps on it. A free thread takes the first item that can run, so the threads work
+ * on the configurations of one trajectory together, or on the prefills of the next ones.
+ * With more than one thread OpenBLAS is set to one thread per call, and results do not depend
+ * on the thread count; with --threads 1 OpenBLAS keeps its own threads, which can split a
+ * product differently and change the last bits (so the numbers of a 1-thread run can differ
+ * slightly from those of any other). A trajectory's caches live from its prefill to its last configuration's
+ * run (13 sequences with every configuration).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -74,10 +86,31 @@ struct result {
 	double seconds;
 };
 
+/* What the hook of a configuration's sequence keeps: the post-RoPE keys of the decoded
+ * positions (the prompt's are the trajectory's kraw) and the last queries of every layer. */
+struct qhook {
+	const struct bd_kvcfg *cfg;
+	const struct bd_model_hparams *hp;
+	const float *mu;
+	int P, steps;
+	float *kdec; /* [L][Hkv][steps][d]: position P + i in row i */
+	float *q;    /* [L][Hq][d] */
+};
+
+/* One configuration's sequence on one trajectory: prefilled with the reference, then waiting
+ * for its decode steps. */
+struct cfg_run {
+	struct bd_kvmem *mem;
+	struct bd_seq *s;
+	struct qhook qh;
+};
+
 struct traj {
 	const int32_t *prompt; /* [P], inside the token stream */
 	int32_t *y;            /* [steps] the reference's tokens (the last one is not decoded) */
 	float *ref;            /* [steps][V] the reference's logits */
+	float *kraw;           /* [L][Hkv][P][d] the prompt's post-RoPE keys */
+	struct cfg_run *run;   /* [n_cfg], made by the reference run */
 	bool ref_done;
 	int cfg_left;          /* configurations still to run on it */
 };
@@ -113,26 +146,138 @@ static double now_s(void)
 
 /* ---- the runs --------------------------------------------------------------------------------- */
 
+static void qhook(void *ctx, int layer, int pos, const float *q, const float *k, const float *v)
+{
+	struct qhook *h = ctx;
+	size_t Hkv = (size_t)h->hp->n_kv_heads, d = (size_t)h->hp->head_dim;
+	(void)v;
+
+	if (pos < h->P || pos >= h->P + h->steps) /* the prompt: the trajectory's kraw */
+		return;
+	for (size_t j = 0; j < Hkv; j++)
+		memcpy(h->kdec + (((size_t)layer * Hkv + j) * (size_t)h->steps +
+				  (size_t)(pos - h->P)) * d,
+		       k + j * d, sizeof(float) * d);
+	memcpy(h->q + (size_t)layer * (size_t)h->hp->n_heads * d, q,
+	       sizeof(float) * (size_t)h->hp->n_heads * d);
+}
+
+/* The reference's hook: the prompt's post-RoPE keys into kraw. */
+struct rawhook {
+	const struct bd_model_hparams *hp;
+	int P;
+	float *kraw;
+};
+
+static void rawhook(void *ctx, int layer, int pos, const float *q, const float *k, const float *v)
+{
+	struct rawhook *h = ctx;
+	size_t Hkv = (size_t)h->hp->n_kv_heads, d = (size_t)h->hp->head_dim;
+	(void)q;
+	(void)v;
+
+	if (pos >= h->P)
+		return;
+	for (size_t j = 0; j < Hkv; j++)
+		memcpy(h->kraw + (((size_t)layer * Hkv + j) * (size_t)h->P + (size_t)pos) * d,
+		       k + j * d, sizeof(float) * d);
+}
+
+static void cfg_run_free(struct cfg_run *cr)
+{
+	bd_seq_free(cr->s);
+	bd_kvmem_private_free(cr->mem);
+	free(cr->qh.kdec);
+	free(cr->qh.q);
+	memset(cr, 0, sizeof(*cr));
+}
+
+/* Every configuration's sequence of trajectory t (still) allocated goes, then its prompt keys. */
+static void traj_free_runs(struct shared *sh, int t)
+{
+	struct traj *tr = &sh->tr[t];
+	for (int ci = 0; tr->run && ci < sh->o->n_cfg; ci++)
+		cfg_run_free(&tr->run[ci]);
+	free(tr->run);
+	tr->run = NULL;
+	free(tr->kraw);
+	tr->kraw = NULL;
+}
+
+/* An empty sequence of configuration cfg in its own arena, with its hook. */
+static int cfg_run_new(struct shared *sh, const struct bd_kvcfg *cfg, struct cfg_run *cr,
+		       char *err)
+{
+	const struct opts *o = sh->o;
+	const struct bd_model_hparams *hp = &sh->m->hp;
+	struct bd_layout lay;
+	int r;
+
+	cr->qh = (struct qhook){ .cfg = cfg, .hp = hp, .mu = sh->mu, .P = sh->P,
+				 .steps = o->steps };
+	cr->qh.kdec = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
+			     (size_t)o->steps * (size_t)hp->head_dim);
+	cr->qh.q = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_heads *
+			  (size_t)hp->head_dim);
+	if (!cr->qh.kdec || !cr->qh.q) {
+		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
+		return -ENOMEM;
+	}
+	size_t n_pages = o->ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ctx / BD_PAGE_TOKENS) : 1;
+	if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, hp->n_kv_heads, hp->head_dim, 0,
+				n_pages)) < 0 ||
+	    (r = bd_kvmem_private_new(&lay, &cr->mem)) < 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "%s: cannot make a KV arena (%s)", cfg->name,
+			 strerror(-r));
+		return r;
+	}
+	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+				  .mem = cr->mem, .hook = qhook, .hook_ctx = &cr->qh };
+	return bd_seq_new(sh->m, cfg, &so, &cr->s, err);
+}
+
+/* The reference run of trajectory t: the prompt prefilled once into the reference's and every
+ * configuration's cache, then the reference's decode steps. On failure the configurations'
+ * sequences go too. */
 static int run_reference(struct shared *sh, int t, char *err)
 {
 	const struct opts *o = sh->o;
+	const struct bd_model_hparams *hp = &sh->m->hp;
 	struct traj *tr = &sh->tr[t];
-	struct bd_seq *s = NULL;
+	struct bd_seq *s = NULL, **seqs = NULL;
 	struct bd_sampler *smp = NULL;
 	struct bd_sampler_params sp = o->sp;
+	struct rawhook rh = { .hp = hp, .P = sh->P };
 	size_t V = (size_t)sh->V;
-	int r;
+	int r = -ENOMEM;
 
 	sp.seed = o->sp.seed + (uint64_t)t;
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp };
+	tr->kraw = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
+			  (size_t)sh->P * (size_t)hp->head_dim);
+	tr->run = calloc((size_t)o->n_cfg, sizeof(*tr->run));
+	seqs = calloc((size_t)o->n_cfg + 1, sizeof(*seqs));
+	if (!tr->kraw || !tr->run || !seqs) {
+		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
+		goto out;
+	}
+	rh.kraw = tr->kraw;
+	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+				  .hook = rawhook, .hook_ctx = &rh };
 	if ((r = bd_sampler_new(&sp, sh->V, &smp)) < 0) {
 		snprintf(err, BD_MODEL_ERR_MAX, "bad sampling parameters");
 		goto out;
 	}
 	if ((r = bd_seq_new(sh->m, bd_kvcfg_find("bf16"), &so, &s, err)) < 0)
 		goto out;
-	if ((r = bd_model_prefill(sh->m, s, tr->prompt, sh->P, tr->ref)) < 0) {
-		snprintf(err, BD_MODEL_ERR_MAX, "reference prefill: %s", strerror(-r));
+	seqs[0] = s;
+	for (int ci = 0; ci < o->n_cfg; ci++) {
+		if ((r = cfg_run_new(sh, o->cfg[ci], &tr->run[ci], err)) < 0)
+			goto out;
+		seqs[1 + ci] = tr->run[ci].s;
+	}
+	if ((r = bd_model_prefill_multi(sh->m, seqs, o->n_cfg + 1, tr->prompt, sh->P, tr->ref)) <
+	    0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "prefill: %s", strerror(-r));
 		goto out;
 	}
 	for (int k = 0; k < o->steps; k++) {
@@ -147,127 +292,92 @@ static int run_reference(struct shared *sh, int t, char *err)
 		}
 	}
 out:
+	if (r < 0)
+		traj_free_runs(sh, t);
+	free(seqs);
 	bd_seq_free(s);
 	bd_sampler_free(smp);
 	return r;
 }
 
-/* What the hook of a configuration run keeps: k' = H(k − μ_k) of every position (the
- * unquantized reference keys of bd_qerr_group) and the last queries of every layer. */
-struct qhook {
-	const struct bd_kvcfg *cfg;
-	const struct bd_model_hparams *hp;
-	const float *mu;
-	int cap;
-	float *kp; /* [L][Hkv][cap][d] */
-	float *q;  /* [L][Hq][d] */
-	int err;
-};
-
-static void qhook(void *ctx, int layer, int pos, const float *q, const float *k, const float *v)
-{
-	struct qhook *h = ctx;
-	int Hkv = h->hp->n_kv_heads, d = h->hp->head_dim;
-	(void)v;
-
-	if (h->err || pos >= h->cap)
-		return;
-	for (int j = 0; j < Hkv; j++) {
-		size_t lh = (size_t)layer * (size_t)Hkv + (size_t)j;
-		const float *mu = h->mu ? h->mu + lh * (size_t)d : NULL;
-		float *dst = h->kp + (lh * (size_t)h->cap + (size_t)pos) * (size_t)d;
-		int r = bd_qerr_transform(h->cfg, k + (size_t)j * (size_t)d, mu, d, dst);
-		if (r < 0)
-			h->err = r;
-	}
-	memcpy(h->q + (size_t)layer * (size_t)h->hp->n_heads * (size_t)d, q,
-	       sizeof(float) * (size_t)h->hp->n_heads * (size_t)d);
-}
-
 /* The logit error split of the decode step that just ran at position pos, every layer and KV
- * head, added to sum. */
-static int qerr_step(struct qhook *h, const struct bd_kvmem *mem, const struct bd_seq *s, int pos,
-		     struct bd_qerr_sums *sum)
+ * head, added to sum. The page keys' k' = H(k − μ_k) are made here from the raw keys (the
+ * prompt's kraw, then the decoded positions' kdec). */
+static int qerr_step(struct qhook *h, const float *kraw, const struct bd_kvmem *mem,
+		     const struct bd_seq *s, int pos, struct bd_qerr_sums *sum)
 {
 	const struct bd_model_hparams *hp = h->hp;
 	int d = hp->head_dim, Hkv = hp->n_kv_heads, G = hp->n_heads / Hkv, r;
 	const int32_t *bt = NULL;
+	/* the keys bd_qerr_group reads: the full pages of pos + 1 tokens */
+	size_t rows = (size_t)(pos / BD_PAGE_TOKENS) * BD_PAGE_TOKENS, D = (size_t)d;
+	size_t P = (size_t)h->P;
 
 	if ((r = bd_seq_block_table(s, &bt)) < 0)
 		return r;
-	float *qp = malloc(sizeof(float) * (size_t)G * (size_t)d);
+	float *qp = malloc(sizeof(float) * (size_t)G * D);
+	float *kp = malloc(sizeof(float) * (rows > 0 ? rows : 1) * D);
 	struct bd_qerr_sums *gs = calloc((size_t)G, sizeof(*gs));
-	if (!qp || !gs) {
+	if (!qp || !kp || !gs) {
 		free(qp);
+		free(kp);
 		free(gs);
 		return -ENOMEM;
 	}
 	for (int l = 0; l < hp->n_layers && r >= 0; l++) {
 		for (int j = 0; j < Hkv && r >= 0; j++) {
-			const float *ql = h->q + ((size_t)l * (size_t)hp->n_heads + (size_t)j * G) *
-							 (size_t)d;
+			size_t lh = (size_t)l * (size_t)Hkv + (size_t)j;
+			const float *mu = h->mu ? h->mu + lh * D : NULL;
+			const float *pre = kraw + lh * P * D;
+			const float *dec = h->kdec + lh * (size_t)h->steps * D;
+			for (size_t p = 0; p < rows && r >= 0; p++)
+				r = bd_qerr_transform(h->cfg, p < P ? pre + p * D : dec + (p - P) * D,
+						      mu, d, kp + p * D);
+			const float *ql = h->q + ((size_t)l * (size_t)hp->n_heads + (size_t)(j * G)) * D;
 			for (int g = 0; g < G && r >= 0; g++)
-				r = bd_qerr_transform(h->cfg, ql + (size_t)g * (size_t)d, NULL, d,
-						      qp + (size_t)g * (size_t)d);
+				r = bd_qerr_transform(h->cfg, ql + (size_t)g * D, NULL, d,
+						      qp + (size_t)g * D);
 			if (r < 0)
 				break;
 			struct bd_kv_view kv = { .lay = &mem->lay, .arena = mem->arena,
 						 .block_table = bt, .slot = bd_seq_slot(s),
 						 .layer = l, .kv_head = j, .n_tokens = pos + 1 };
-			size_t lh = (size_t)l * (size_t)Hkv + (size_t)j;
-			r = bd_qerr_group(h->cfg, &kv, qp, G, h->kp + lh * (size_t)h->cap * (size_t)d,
-					  0.0f, gs);
+			r = bd_qerr_group(h->cfg, &kv, qp, G, kp, 0.0f, gs);
 		}
 	}
 	for (int g = 0; g < G && r >= 0; g++)
 		bd_qerr_sums_add(sum, &gs[g]);
 	free(qp);
+	free(kp);
 	free(gs);
 	return r < 0 ? r : 0;
 }
 
+/* Configuration ci's teacher-forced steps on trajectory t: step 0 is the shared prefill's
+ * logits (the reference's), steps 1.. decode the reference's tokens. Its sequence goes. */
 static int run_config(struct shared *sh, int t, int ci, char *err)
 {
 	const struct opts *o = sh->o;
 	const struct bd_kvcfg *cfg = o->cfg[ci];
-	const struct bd_model_hparams *hp = &sh->m->hp;
 	struct traj *tr = &sh->tr[t];
+	struct cfg_run *cr = &tr->run[ci];
 	struct result *res = &sh->res[(size_t)t * (size_t)o->n_cfg + (size_t)ci];
 	struct bd_eval_acc acc = { 0 };
-	struct bd_kvmem *mem = NULL;
-	struct bd_seq *s = NULL;
-	struct bd_layout lay;
-	struct qhook qh = { .cfg = cfg, .hp = hp, .mu = sh->mu, .cap = o->ctx };
 	size_t V = (size_t)sh->V;
 	float *logits = malloc(sizeof(float) * V);
 	int r = -ENOMEM;
 
-	qh.kp = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
-		       (size_t)o->ctx * (size_t)hp->head_dim);
-	qh.q = malloc(sizeof(float) * (size_t)hp->n_layers * (size_t)hp->n_heads *
-		      (size_t)hp->head_dim);
-	if (!logits || !qh.kp || !qh.q) {
+	if (!logits) {
 		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
 		goto out;
 	}
-	size_t n_pages = o->ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ctx / BD_PAGE_TOKENS) : 1;
-	if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, hp->n_kv_heads, hp->head_dim, 0,
-				n_pages)) < 0 ||
-	    (r = bd_kvmem_private_new(&lay, &mem)) < 0) {
-		snprintf(err, BD_MODEL_ERR_MAX, "%s: cannot make a KV arena (%s)", cfg->name,
-			 strerror(-r));
-		goto out;
-	}
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
-				  .mem = mem, .hook = qhook, .hook_ctx = &qh };
-	if ((r = bd_seq_new(sh->m, cfg, &so, &s, err)) < 0)
-		goto out;
 	for (int k = 0; k < o->steps; k++) {
+		r = 0;
 		if (k == 0)
-			r = bd_model_prefill(sh->m, s, tr->prompt, sh->P, logits);
+			memcpy(logits, tr->ref, sizeof(float) * V);
 		else
-			r = bd_model_decode(sh->m, s, tr->y[k - 1], logits);
-		if (r < 0 || (r = qh.err) < 0) {
+			r = bd_model_decode(sh->m, cr->s, tr->y[k - 1], logits);
+		if (r < 0) {
 			snprintf(err, BD_MODEL_ERR_MAX, "%s: step %d: %s", cfg->name, k,
 				 strerror(-r));
 			goto out;
@@ -278,23 +388,21 @@ static int run_config(struct shared *sh, int t, int ci, char *err)
 			goto out;
 		}
 		if (k > 0 && k % o->qerr_every == 0 &&
-		    (r = qerr_step(&qh, mem, s, sh->P + k - 1, &res->q)) < 0) {
-			snprintf(err, BD_MODEL_ERR_MAX, "%s: logit error split: %s", cfg->name,
-				 strerror(-r));
+		    (r = qerr_step(&cr->qh, tr->kraw, cr->mem, cr->s, sh->P + k - 1, &res->q)) <
+			    0) {
+			snprintf(err, BD_MODEL_ERR_MAX, "%s: step %d: logit error split: %s",
+				 cfg->name, k, strerror(-r));
 			goto out;
 		}
 	}
-	struct bd_decode_stats st = bd_seq_stats(s);
+	struct bd_decode_stats st = bd_seq_stats(cr->s);
 	res->p_blocks = st.p_blocks;
 	res->p_zero = st.p_zero_blocks;
 	bd_eval_means(&acc, &res->kl, &res->top1);
 	r = 0;
 out:
-	bd_seq_free(s);
-	bd_kvmem_private_free(mem);
+	cfg_run_free(cr);
 	free(logits);
-	free(qh.kp);
-	free(qh.q);
 	return r;
 }
 
@@ -378,6 +486,7 @@ static void *worker(void *arg)
 				/* every configuration has run on it: the reference's logits go */
 				free(sh->tr[t].ref);
 				sh->tr[t].ref = NULL;
+				traj_free_runs(sh, t);
 			}
 			double el = now_s() - sh->t0;
 			double eta = el / sh->done * (sh->n_items - sh->done);
@@ -1014,6 +1123,7 @@ out:
 	for (int t = 0; sh.tr && t < o.trajectories; t++) {
 		free(sh.tr[t].y);
 		free(sh.tr[t].ref);
+		traj_free_runs(&sh, t); /* a run stopped by another's error */
 	}
 	free(sh.tr);
 	free(sh.res);

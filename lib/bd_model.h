@@ -294,6 +294,29 @@ int bd_seq_block_table(const struct bd_seq *s, const int32_t **ret_pages);
 int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *tokens, int n,
 		     float *ret_logits);
 
+/* Prefill n_seqs empty sequences of m with the same tokens [n] in one forward pass (issue 3:
+ * prefill attention is BF16 for every configuration, so the prompt's activations and logits
+ * do not depend on the cache; only what is written afterwards does). The pass is
+ * bd_model_prefill's arithmetic; every sequence's hook sees every (layer, position) of it as
+ * with its own prefill, in the same order (a layer's positions in turn, the sequences' hooks
+ * in seqs order for each position). The prompt's KV then goes through each sequence's own
+ * write path (configuration, μ_k, FP8 scales, kvmem), seqs[0] first, so that each sequence
+ * ends byte for byte as bd_model_prefill alone would leave it (slot, pages, block table,
+ * statistics), and a shared kvmem hands out pages in the order of separate prefills in seqs
+ * order. ret_logits: [V] logits of the last position (the same for every sequence), or NULL.
+ * Memory: one pass's scratch, the same as bd_model_prefill's, whatever n_seqs is.
+ * Validation happens before anything runs: -EINVAL (NULL, n_seqs < 1, n < 1, a NULL
+ * sequence, another model's, one given twice, a non-empty one, a bad token id, ret_logits
+ * from a shard without the LM head, sequences with different all-reduces), -EIO (a failed
+ * sequence), -ENOSPC (n beyond a sequence's capacity): nothing changes. An all-reduce error or
+ * -EDOM caught in the pass leaves every sequence empty and usable, -ENOMEM too. A failure in a
+ * sequence's write path (-ENOSPC a shared kvmem out of pages, -ENOMEM, -EDOM) fails that
+ * sequence (-EIO afterwards); the others are still written and the first error is returned,
+ * without logits: a sequence holds the prompt iff bd_seq_n_tokens() is n afterwards.
+ * bd_model_prefill(m, s, ...) is bd_model_prefill_multi(m, &s, 1, ...). */
+int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+			   const int32_t *tokens, int n, float *ret_logits);
+
 /* Decode one token at position bd_seq_n_tokens(s): its KV goes through the write path, each
  * (layer, KV head) group attends through bd_ref_decode_gqa(), and a page that this token
  * completes is promoted after the last layer. ret_logits: [V] or NULL (required NULL from a

@@ -828,9 +828,11 @@ static int check_tokens(const struct bd_model *m, const int32_t *t, int n)
 	return 0;
 }
 
-/* Q/K/V of rows positions pos0.. for one layer: biases, Qwen3 norms, RoPE, the hook. */
-static int qkv(const struct bd_model *m, const struct bd_model_layer *ly, struct bd_seq *s,
-	       const float *xn, int rows, int pos0, float *q, float *k, float *v)
+/* Q/K/V of rows positions pos0.. for one layer: biases, Qwen3 norms, RoPE, and the hook of
+ * each of the n_seqs sequences fed by this forward pass. */
+static int qkv(const struct bd_model *m, const struct bd_model_layer *ly,
+	       struct bd_seq *const *seqs, int n_seqs, const float *xn, int rows, int pos0,
+	       float *q, float *k, float *v)
 {
 	const struct bd_model_hparams *hp = &m->hp;
 	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads;
@@ -855,9 +857,10 @@ static int qkv(const struct bd_model *m, const struct bd_model_layer *ly, struct
 				     hp->rope_style);
 		if (rc < 0)
 			return rc;
-		if (s->hook)
-			s->hook(s->hook_ctx, (int)(ly - m->layers), pos0 + r, qr, kr,
-				v + (size_t)r * (size_t)kd);
+		for (int i = 0; i < n_seqs; i++)
+			if (seqs[i]->hook)
+				seqs[i]->hook(seqs[i]->hook_ctx, (int)(ly - m->layers), pos0 + r,
+					      qr, kr, v + (size_t)r * (size_t)kd);
 	}
 	return 0;
 }
@@ -942,17 +945,76 @@ static void prefill_attention(const struct bd_model *m, const float *q, const fl
 	}
 }
 
+/* Why seqs cannot be prefilled with tokens [n] together (0: they can). Nothing is changed.
+ * The checks run in bd_model_prefill's order, so one sequence gets its codes. */
+static int prefill_refusal(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+			   const int32_t *tokens, int n, const float *ret_logits)
+{
+	if (!m || !seqs || n_seqs < 1 || !tokens || n < 1)
+		return -EINVAL;
+	for (int i = 0; i < n_seqs; i++) {
+		if (!seqs[i] || seqs[i]->m != m)
+			return -EINVAL;
+		for (int j = 0; j < i; j++)
+			if (seqs[j] == seqs[i])
+				return -EINVAL;
+	}
+	for (int i = 0; i < n_seqs; i++)
+		if (seqs[i]->failed)
+			return -EIO;
+	for (int i = 0; i < n_seqs; i++)
+		if (seqs[i]->n_tokens != 0)
+			return -EINVAL;
+	if (check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
+		return -EINVAL;
+	/* one forward pass makes one all-reduce call per product for all of them */
+	for (int i = 1; i < n_seqs; i++)
+		if (seqs[i]->allreduce != seqs[0]->allreduce ||
+		    seqs[i]->allreduce_ctx != seqs[0]->allreduce_ctx)
+			return -EINVAL;
+	for (int i = 0; i < n_seqs; i++)
+		if (n > seqs[i]->max_tokens)
+			return -ENOSPC;
+	return 0;
+}
+
+/* The prompt's KV of every layer (kall, vall: [L][n][Hkv'][d]) through s's write path,
+ * position by position, promoting pages as they fill. A failure fails s. */
+static int prefill_write(struct bd_seq *s, const float *kall, const float *vall, int n)
+{
+	size_t N = (size_t)n, kd = (size_t)s->m->shard.n_kv_heads * (size_t)s->m->hp.head_dim;
+	int r;
+
+	for (int pos = 0; pos < n; pos++) {
+		for (int l = 0; l < s->m->hp.n_layers; l++) {
+			size_t off = (size_t)l * N * kd + (size_t)pos * kd;
+			if ((r = write_kv(s, l, pos, kall + off, vall + off)) < 0) {
+				s->failed = true;
+				return r;
+			}
+		}
+		if ((pos + 1) % BD_PAGE_TOKENS == 0 && (r = promote(s)) < 0) {
+			s->failed = true;
+			return r;
+		}
+	}
+	s->n_tokens = n;
+	return 0;
+}
+
 int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *tokens, int n,
 		     float *ret_logits)
 {
-	if (!m || !s || !tokens || n < 1 || s->m != m)
-		return -EINVAL;
-	if (s->failed)
-		return -EIO;
-	if (s->n_tokens != 0 || check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
-		return -EINVAL;
-	if (n > s->max_tokens)
-		return -ENOSPC;
+	return bd_model_prefill_multi(m, &s, 1, tokens, n, ret_logits);
+}
+
+int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+			   const int32_t *tokens, int n, float *ret_logits)
+{
+	int r = prefill_refusal(m, seqs, n_seqs, tokens, n, ret_logits);
+	if (r < 0)
+		return r;
+	struct bd_seq *s = seqs[0]; /* the all-reduce they share */
 
 	const struct bd_model_hparams *hp = &m->hp;
 	size_t N = (size_t)n, E = (size_t)hp->n_embd, F = (size_t)m->shard.n_ff;
@@ -960,8 +1022,8 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 	size_t qd = (size_t)m->shard.n_heads * (size_t)hp->head_dim;
 	size_t kd = (size_t)m->shard.n_kv_heads * (size_t)hp->head_dim;
 	size_t chunk = (size_t)PREFILL_CHUNK * N;
-	int r = -ENOMEM;
 
+	r = -ENOMEM;
 	float *x = malloc(sizeof(float) * N * E), *xn = malloc(sizeof(float) * N * E);
 	float *q = malloc(sizeof(float) * N * qd), *o = malloc(sizeof(float) * N * qd);
 	float *kr = malloc(sizeof(float) * N * kd), *vr = malloc(sizeof(float) * N * kd);
@@ -981,7 +1043,7 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 		float *kl = kall + (size_t)l * N * kd, *vl = vall + (size_t)l * N * kd;
 		for (size_t i = 0; i < N; i++)
 			bd_rmsnorm(x + i * E, ly->attn_norm, (int)E, hp->norm_eps, xn + i * E);
-		if ((r = qkv(m, ly, s, xn, n, 0, q, kl, vl)) < 0)
+		if ((r = qkv(m, ly, seqs, n_seqs, xn, n, 0, q, kl, vl)) < 0)
 			goto out;
 		for (size_t i = 0; i < N * kd; i++) {
 			kr[i] = bf16_round(kl[i]);
@@ -989,7 +1051,7 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 		}
 		prefill_attention(m, q, kr, vr, n, S, o);
 		matmul(o, n, (int)qd, ly->wo, (int)E, NULL, tmp);
-		/* all-reduce failures leave the cache unwritten: the sequence stays empty */
+		/* all-reduce failures leave the caches unwritten: the sequences stay empty */
 		if ((r = reduce(s, tmp, N * E)) < 0)
 			goto out;
 		for (size_t i = 0; i < N * E; i++)
@@ -1000,28 +1062,21 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 	for (size_t i = 0; i < N * E; i++) {
 		if (!isfinite(x[i])) {
 			r = -EDOM;
-			goto out; /* nothing written yet: the sequence stays empty and usable */
+			goto out; /* nothing written yet: the sequences stay empty and usable */
 		}
 	}
 
-	/* the prompt's KV through the cache's write path, position by position */
-	for (int pos = 0; pos < n; pos++) {
-		for (int l = 0; l < hp->n_layers; l++) {
-			size_t off = (size_t)l * N * kd + (size_t)pos * kd;
-			if ((r = write_kv(s, l, pos, kall + off, vall + off)) < 0) {
-				s->failed = true;
-				goto out;
-			}
-		}
-		if ((pos + 1) % BD_PAGE_TOKENS == 0 && (r = promote(s)) < 0) {
-			s->failed = true;
-			goto out;
-		}
-	}
-	s->n_tokens = n;
-	if (ret_logits)
-		lm_head(m, x + (N - 1) * E, xn, ret_logits);
+	/* The prompt's KV through each sequence's own write path, one sequence after the other:
+	 * separate prefills in this order draw a shared kvmem's pages in the same order. A
+	 * sequence that fails does not stop the others; the first error is returned. */
 	r = 0;
+	for (int i = 0; i < n_seqs; i++) {
+		int ri = prefill_write(seqs[i], kall, vall, n);
+		if (ri < 0 && r == 0)
+			r = ri;
+	}
+	if (r == 0 && ret_logits)
+		lm_head(m, x + (N - 1) * E, xn, ret_logits);
 out:
 	free(x);
 	free(xn);

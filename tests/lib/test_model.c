@@ -1159,3 +1159,321 @@ Test(model, load_errors)
 	cr_assert_eq(bd_seq_new(m, bd_kvcfg_find("bf16"), &o, &s, err), -ENOTSUP);
 	bd_model_free(m);
 }
+
+/* ---- one prefill for several sequences (bd_model_prefill_multi) ------------------------------ */
+
+/* A hook that folds everything it is shown, in order, into a hash (FNV-1a over the bytes of
+ * layer, position, q, k and v): two sequences whose hooks saw the same calls in the same order
+ * with the same vectors end with the same hash. */
+struct fold_hook {
+	int calls, hq, hkv, d;
+	uint64_t h;
+};
+
+static void fold_bytes(struct fold_hook *f, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		f->h = (f->h ^ b[i]) * 0x100000001b3ull;
+}
+
+static void fold_fn(void *ctx, int layer, int pos, const float *q, const float *k,
+		    const float *v)
+{
+	struct fold_hook *f = ctx;
+	f->calls++;
+	fold_bytes(f, &layer, sizeof(layer));
+	fold_bytes(f, &pos, sizeof(pos));
+	fold_bytes(f, q, sizeof(float) * (size_t)(f->hq * f->d));
+	fold_bytes(f, k, sizeof(float) * (size_t)(f->hkv * f->d));
+	fold_bytes(f, v, sizeof(float) * (size_t)(f->hkv * f->d));
+}
+
+#define FAN_N 5      /* configurations */
+#define FAN_PROMPT 300 /* 2 pages + 44 tokens: > 2·128 + 16, so sink, pages and recent rows */
+
+static const char *const fan_cfgs[FAN_N] = {
+	"bf16", "bitdecoding-nvfp4", "fp8", "bitdecoding-mxfp4", "trtllm-nvfp4",
+};
+
+/* One sequence of configuration cfg in its own arena (3 pages), its hook, μ_k or not. */
+struct fan_seq {
+	struct bd_layout lay;
+	struct bd_kvmem *mem;
+	struct bd_seq *s;
+	struct fold_hook hook;
+};
+
+static void fan_new(const struct bd_model *m, const char *cfg, const float *mu,
+		    struct fan_seq *f)
+{
+	const struct bd_kvcfg *c = bd_kvcfg_find(cfg);
+	cr_assert_not_null(c);
+	memset(f, 0, sizeof(*f));
+	f->hook = (struct fold_hook){ .hq = m->hp.n_heads, .hkv = m->hp.n_kv_heads,
+				      .d = m->hp.head_dim, .h = 0xcbf29ce484222325ull };
+	cr_assert_eq(bd_layout_init(&f->lay, c->page_fmt, m->hp.n_layers, m->hp.n_kv_heads,
+				    m->hp.head_dim, 0, 3), 0);
+	cr_assert_eq(bd_kvmem_private_new(&f->lay, &f->mem), 0);
+	struct bd_seq_opts o = { .max_tokens = 320, .mu_k = mu, .mem = f->mem,
+				 .hook = fold_fn, .hook_ctx = &f->hook };
+	char err[BD_MODEL_ERR_MAX];
+	cr_assert_eq(bd_seq_new(m, c, &o, &f->s, err), 0, "%s: %s", cfg, err);
+}
+
+static void fan_free(struct fan_seq *f)
+{
+	bd_seq_free(f->s);
+	bd_kvmem_private_free(f->mem);
+}
+
+/* a and b hold byte for byte the same cache: slot, block table, every page of every layer
+ * (the whole arena, so pages outside the block table too), token count, statistics, and
+ * their hooks saw the same calls. */
+static void fan_same(const struct fan_seq *a, const struct fan_seq *b, const char *what)
+{
+	const int32_t *bta, *btb;
+	int na = bd_seq_block_table(a->s, &bta), nb = bd_seq_block_table(b->s, &btb);
+	cr_assert_eq(na, nb, "%s: block tables of %d and %d pages", what, na, nb);
+	cr_assert_eq(memcmp(bta, btb, sizeof(*bta) * (size_t)na), 0, "%s: block tables", what);
+	cr_assert_eq(bd_seq_n_tokens(a->s), bd_seq_n_tokens(b->s), "%s", what);
+	cr_assert_eq(memcmp(bd_seq_slot(a->s), bd_seq_slot(b->s), a->lay.slot_bytes), 0,
+		     "%s: slot bytes differ", what);
+	for (int p = 0; p < na; p++)
+		for (int l = 0; l < a->lay.n_layers; l++)
+			cr_assert_eq(memcmp(bd_layout_page(&a->lay, a->mem->arena, l, bta[p]),
+					    bd_layout_page(&b->lay, b->mem->arena, l, btb[p]),
+					    a->lay.page_bytes), 0,
+				     "%s: page %d layer %d differs", what, p, l);
+	cr_assert_eq(memcmp(a->mem->arena, b->mem->arena, a->lay.arena_bytes), 0,
+		     "%s: arenas differ", what);
+	struct bd_decode_stats sa = bd_seq_stats(a->s), sb = bd_seq_stats(b->s);
+	cr_assert_eq(sa.p_blocks, sb.p_blocks, "%s", what);
+	cr_assert_eq(sa.p_zero_blocks, sb.p_zero_blocks, "%s", what);
+	cr_assert_eq(a->hook.calls, b->hook.calls, "%s: hook calls", what);
+	cr_assert_eq(a->hook.h, b->hook.h, "%s: the hooks saw different calls", what);
+}
+
+/* Fan-out: one forward pass feeding five configurations (BF16, the full NVFP4 recipe with a
+ * nonzero μ_k, FP8 with scales from the first page, MXFP4 with μ_k and the Hadamard rotation,
+ * channel-blocked NVFP4) leaves each cache exactly as a prefill of its own would, returns the
+ * same logits, and the next decode step is then the same too. */
+Test(model, prefill_multi_matches_separate_prefills, .timeout = 120)
+{
+	struct bd_model *m = tiny_model(BD_ARCH_QWEN3);
+	struct fan_seq a[FAN_N], b[FAN_N];
+	struct bd_seq *seqs[FAN_N];
+	int32_t toks[FAN_PROMPT];
+	float mu[2 * 2 * 32], lm[37], ls[37], da[37], db[37];
+
+	rng_state = 0x5851f42d4c957f2dull;
+	for (int i = 0; i < 2 * 2 * 32; i++)
+		mu[i] = 0.4f + rng_sym(0.3f); /* every channel off zero: smoothing changes K' */
+	for (int i = 0; i < FAN_PROMPT; i++)
+		toks[i] = (int32_t)((i * 7 + 3) % 37);
+	for (int i = 0; i < FAN_N; i++) {
+		const float *mui = (i == 1 || i == 3) ? mu : NULL;
+		fan_new(m, fan_cfgs[i], mui, &a[i]);
+		fan_new(m, fan_cfgs[i], mui, &b[i]);
+		seqs[i] = a[i].s;
+	}
+
+	cr_assert_eq(bd_model_prefill_multi(m, seqs, FAN_N, toks, FAN_PROMPT, lm), 0);
+	for (int i = 0; i < FAN_N; i++) {
+		cr_assert_eq(bd_model_prefill(m, b[i].s, toks, FAN_PROMPT, ls), 0);
+		cr_assert_eq(memcmp(lm, ls, sizeof(lm)), 0, "%s: prefill logits", fan_cfgs[i]);
+		cr_assert_eq(bd_seq_n_tokens(a[i].s), FAN_PROMPT);
+		const int32_t *bt;
+		cr_assert_eq(bd_seq_block_table(a[i].s, &bt), 2, "%s: 300 tokens fill 2 pages",
+			     fan_cfgs[i]);
+		/* every (layer, position) once: 2 layers × 300 positions */
+		cr_assert_eq(a[i].hook.calls, 2 * FAN_PROMPT);
+		fan_same(&a[i], &b[i], fan_cfgs[i]);
+	}
+	/* the configurations really wrote different caches (the comparison is not vacuous) */
+	cr_assert_neq(memcmp(bd_seq_slot(a[1].s), bd_seq_slot(a[4].s), a[1].lay.slot_bytes), 0);
+
+	for (int i = 0; i < FAN_N; i++) {
+		cr_assert_eq(bd_model_decode(m, a[i].s, 11, da), 0);
+		cr_assert_eq(bd_model_decode(m, b[i].s, 11, db), 0);
+		cr_assert_eq(memcmp(da, db, sizeof(da)), 0, "%s: decode logits", fan_cfgs[i]);
+		fan_same(&a[i], &b[i], fan_cfgs[i]);
+	}
+	/* the FP4 pages decode through quantized P: the statistics moved */
+	cr_assert_gt(bd_seq_stats(a[1].s).p_blocks, 0);
+	for (int i = 0; i < FAN_N; i++) {
+		fan_free(&a[i]);
+		fan_free(&b[i]);
+	}
+	bd_model_free(m);
+}
+
+/* Sequences sharing one kvmem draw their pages in the order of separate prefills in seqs
+ * order: the first sequence's two pages, then the second's. */
+Test(model, prefill_multi_shared_kvmem_page_order)
+{
+	struct bd_model *m = tiny_model(BD_ARCH_LLAMA);
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	struct bd_layout lay;
+	struct bd_kvmem *ma, *mb;
+	struct bd_seq *a[2], *b[2];
+	int32_t toks[260];
+	for (int i = 0; i < 260; i++)
+		toks[i] = (int32_t)((i * 5 + 1) % 37);
+
+	cr_assert_eq(bd_layout_init(&lay, BD_PAGE_NVFP4, 2, 2, 32, 0, 4), 0);
+	cr_assert_eq(bd_kvmem_private_new(&lay, &ma), 0);
+	cr_assert_eq(bd_kvmem_private_new(&lay, &mb), 0);
+	struct bd_seq_opts o = { .max_tokens = 300, .mem = ma };
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(bd_seq_new(m, cfg, &o, &a[i], NULL), 0);
+	o.mem = mb;
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(bd_seq_new(m, cfg, &o, &b[i], NULL), 0);
+	cr_assert_eq(bd_model_prefill_multi(m, a, 2, toks, 260, NULL), 0);
+	cr_assert_eq(bd_model_prefill(m, b[0], toks, 260, NULL), 0);
+	cr_assert_eq(bd_model_prefill(m, b[1], toks, 260, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		const int32_t *pa, *pb;
+		cr_assert_eq(bd_seq_block_table(a[i], &pa), 2);
+		cr_assert_eq(bd_seq_block_table(b[i], &pb), 2);
+		/* the private arena hands out the lowest free page: 0, 1 then 2, 3 */
+		cr_assert_eq(pa[0], 2 * i);
+		cr_assert_eq(pa[1], 2 * i + 1);
+		cr_assert_eq(memcmp(pa, pb, 2 * sizeof(*pa)), 0);
+		cr_assert_eq(memcmp(bd_seq_slot(a[i]), bd_seq_slot(b[i]), lay.slot_bytes), 0);
+	}
+	cr_assert_eq(memcmp(ma->arena, mb->arena, lay.arena_bytes), 0);
+	for (int i = 0; i < 2; i++) {
+		bd_seq_free(a[i]);
+		bd_seq_free(b[i]);
+	}
+	bd_kvmem_private_free(ma);
+	bd_kvmem_private_free(mb);
+	bd_model_free(m);
+}
+
+static int count_allreduce(void *ctx, float *buf, size_t n)
+{
+	(void)buf;
+	(void)n;
+	(*(int *)ctx)++;
+	return 0;
+}
+
+/* s is as bd_seq_new left it: no token, no page, a zero slot, no statistics, hook never called. */
+static void fan_untouched(const struct fan_seq *f, const char *what)
+{
+	const int32_t *bt;
+	const unsigned char *slot = bd_seq_slot(f->s);
+	cr_assert_eq(bd_seq_n_tokens(f->s), 0, "%s", what);
+	cr_assert_eq(bd_seq_block_table(f->s, &bt), 0, "%s", what);
+	for (size_t i = 0; i < f->lay.slot_bytes; i++)
+		cr_assert_eq(slot[i], 0, "%s: slot byte %zu written", what, i);
+	cr_assert_eq(bd_seq_stats(f->s).p_blocks, 0, "%s", what);
+	cr_assert_eq(f->hook.calls, 0, "%s: the hook ran", what);
+}
+
+/* Refused fan-outs change nothing in any of the sequences, which then prefill as fresh ones. */
+Test(model, prefill_multi_bad_inputs_leave_every_sequence)
+{
+	struct bd_model *m = tiny_model(BD_ARCH_LLAMA), *m2 = tiny_model(BD_ARCH_QWEN2);
+	struct fan_seq a[3], other, full, small, broken, fresh;
+	int32_t toks[FAN_PROMPT];
+	float lg[37], lg2[37];
+	for (int i = 0; i < FAN_PROMPT; i++)
+		toks[i] = (int32_t)((i * 3 + 2) % 37);
+	for (int i = 0; i < 3; i++)
+		fan_new(m, fan_cfgs[i], NULL, &a[i]);
+	fan_new(m2, "bf16", NULL, &other);
+	fan_new(m, "bf16", NULL, &full);
+	cr_assert_eq(bd_model_prefill(m, full.s, toks, 4, NULL), 0);
+
+	struct bd_seq *twice[3] = { a[0].s, a[1].s, a[0].s };
+	cr_assert_eq(bd_model_prefill_multi(m, twice, 3, toks, FAN_PROMPT, lg), -EINVAL);
+	struct bd_seq *nonempty[3] = { a[0].s, a[1].s, full.s };
+	cr_assert_eq(bd_model_prefill_multi(m, nonempty, 3, toks, FAN_PROMPT, lg), -EINVAL);
+	cr_assert_eq(bd_seq_n_tokens(full.s), 4);
+	struct bd_seq *foreign[3] = { a[0].s, other.s, a[1].s };
+	cr_assert_eq(bd_model_prefill_multi(m, foreign, 3, toks, FAN_PROMPT, lg), -EINVAL);
+	fan_untouched(&other, "another model's sequence");
+	struct bd_seq *with_null[3] = { a[0].s, NULL, a[1].s };
+	cr_assert_eq(bd_model_prefill_multi(m, with_null, 3, toks, FAN_PROMPT, lg), -EINVAL);
+	struct bd_seq *ok3[3] = { a[0].s, a[1].s, a[2].s };
+	cr_assert_eq(bd_model_prefill_multi(m, ok3, 0, toks, FAN_PROMPT, lg), -EINVAL);
+	cr_assert_eq(bd_model_prefill_multi(m, NULL, 3, toks, FAN_PROMPT, lg), -EINVAL);
+	cr_assert_eq(bd_model_prefill_multi(m, ok3, 3, toks, 0, lg), -EINVAL);
+	int32_t bad[2] = { 3, 37 };
+	cr_assert_eq(bd_model_prefill_multi(m, ok3, 3, bad, 2, lg), -EINVAL);
+
+	/* one sequence too small for the prompt: -ENOSPC for all */
+	fan_new(m, "fp8", NULL, &small);
+	bd_seq_free(small.s);
+	struct bd_seq_opts so = { .max_tokens = FAN_PROMPT - 1, .mem = small.mem,
+				  .hook = fold_fn, .hook_ctx = &small.hook };
+	cr_assert_eq(bd_seq_new(m, bd_kvcfg_find("fp8"), &so, &small.s, NULL), 0);
+	struct bd_seq *too_long[3] = { a[0].s, a[1].s, small.s };
+	cr_assert_eq(bd_model_prefill_multi(m, too_long, 3, toks, FAN_PROMPT, lg), -ENOSPC);
+	fan_untouched(&small, "the small sequence");
+
+	/* a failed sequence (its kvmem ran out of pages in an earlier prefill): -EIO for all */
+	fan_new(m, "bitdecoding-nvfp4", NULL, &broken);
+	bd_seq_free(broken.s);
+	struct bd_layout lay1;
+	cr_assert_eq(bd_layout_init(&lay1, BD_PAGE_NVFP4, 2, 2, 32, 0, 1), 0);
+	bd_kvmem_private_free(broken.mem);
+	cr_assert_eq(bd_kvmem_private_new(&lay1, &broken.mem), 0);
+	so = (struct bd_seq_opts){ .max_tokens = FAN_PROMPT, .mem = broken.mem };
+	cr_assert_eq(bd_seq_new(m, bd_kvcfg_find("bitdecoding-nvfp4"), &so, &broken.s, NULL), 0);
+	cr_assert_lt(bd_model_prefill(m, broken.s, toks, 260, NULL), 0); /* the 2nd page fails */
+	struct bd_seq *failed[3] = { a[0].s, broken.s, a[1].s };
+	cr_assert_eq(bd_model_prefill_multi(m, failed, 3, toks, FAN_PROMPT, lg), -EIO);
+
+	for (int i = 0; i < 3; i++)
+		fan_untouched(&a[i], fan_cfgs[i]);
+
+	/* shards of tp 2 whose sequences have different all-reduces: refused before any call */
+	struct bd_model *sh0;
+	struct bd_seq *r0, *r1;
+	int calls0 = 0, calls1 = 0;
+	cr_assert_eq(bd_model_shard_of(m, 0, 2, &sh0), 0);
+	so = (struct bd_seq_opts){ .max_tokens = 8, .allreduce = count_allreduce,
+				   .allreduce_ctx = &calls0 };
+	cr_assert_eq(bd_seq_new(sh0, bd_kvcfg_find("bf16"), &so, &r0, NULL), 0);
+	so.allreduce_ctx = &calls1;
+	cr_assert_eq(bd_seq_new(sh0, bd_kvcfg_find("bf16"), &so, &r1, NULL), 0);
+	struct bd_seq *two_ar[2] = { r0, r1 };
+	cr_assert_eq(bd_model_prefill_multi(sh0, two_ar, 2, toks, 3, NULL), -EINVAL);
+	cr_assert_eq(calls0 + calls1, 0);
+	cr_assert_eq(bd_seq_n_tokens(r0) + bd_seq_n_tokens(r1), 0);
+	/* the same all-reduce: one call per product for both (2 layers × 2 products) */
+	bd_seq_free(r1);
+	so.allreduce_ctx = &calls0;
+	cr_assert_eq(bd_seq_new(sh0, bd_kvcfg_find("bf16"), &so, &r1, NULL), 0);
+	two_ar[1] = r1;
+	cr_assert_eq(bd_model_prefill_multi(sh0, two_ar, 2, toks, 3, NULL), 0);
+	cr_assert_eq(calls0, 4);
+	cr_assert_eq(bd_seq_n_tokens(r0), 3);
+	cr_assert_eq(bd_seq_n_tokens(r1), 3);
+	bd_seq_free(r0);
+	bd_seq_free(r1);
+	bd_model_free(sh0);
+
+	/* after all that, the three still prefill, and as a fresh sequence would */
+	cr_assert_eq(bd_model_prefill_multi(m, ok3, 3, toks, FAN_PROMPT, lg), 0);
+	for (int i = 0; i < 3; i++) {
+		fan_new(m, fan_cfgs[i], NULL, &fresh);
+		cr_assert_eq(bd_model_prefill(m, fresh.s, toks, FAN_PROMPT, lg2), 0);
+		cr_assert_eq(memcmp(lg, lg2, sizeof(lg)), 0);
+		fan_same(&a[i], &fresh, fan_cfgs[i]);
+		fan_free(&fresh);
+	}
+	for (int i = 0; i < 3; i++)
+		fan_free(&a[i]);
+	fan_free(&other);
+	fan_free(&full);
+	fan_free(&small);
+	fan_free(&broken);
+	bd_model_free(m);
+	bd_model_free(m2);
+}
