@@ -137,10 +137,13 @@ test: deps model
 # bitdecoding-nvfp4 pages, in a private runtime dir (under $XDG_RUNTIME_DIR, else
 # $(BUILD)/run); a chat prompt streamed through `bdfp4 client`, the pool's stats, then every
 # daemon stopped with SIGTERM and checked for exit 0 (deploy/run-local.sh).
-PROMPT ?= What is the capital of France, and what is it famous for?
+DEFAULT_PROMPT := What is the capital of France, and what is it famous for?
+# The prompt reaches the script through the environment, unexpanded ($(value ...)): quotes, $ and
+# backticks in it are text, never shell or make syntax; an empty PROMPT asks the default question.
+run: export BD_RUN_PROMPT = $(or $(value PROMPT),$(DEFAULT_PROMPT))
 run: deps model
 	$(MAKE) --no-print-directory all
-	deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "$(PROMPT)" $(or $(XDG_RUNTIME_DIR),$(BUILD)/run)
+	deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "$$BD_RUN_PROMPT" $(or $(XDG_RUNTIME_DIR),$(BUILD)/run)
 
 bench: all
 	$(BUILD)/bin/bench_ref

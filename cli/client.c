@@ -99,14 +99,20 @@ static int print_json(json_t *o)
 	return 0;
 }
 
+/* The endpoint the client talks to, for messages that say whom it waited for. */
+static const char *g_router = BD_CLIENT_DEFAULT_ENDPOINT;
+
 static int do_health(struct bd_client *c, int timeout_ms, bool json)
 {
 	struct bd_client_health h;
 	int e = bd_client_health(c, timeout_ms, &h);
 
 	if (e < 0) {
-		fprintf(stderr, "bdfp4 client: health: %s\n",
-			e == -ETIMEDOUT ? "no answer from the router" : strerror(-e));
+		if (e == -ETIMEDOUT)
+			fprintf(stderr, "bdfp4 client: health: no answer from a router at %s in %d ms "
+				"(is routerd running there? --router ADDR)\n", g_router, timeout_ms);
+		else
+			fprintf(stderr, "bdfp4 client: health: %s\n", strerror(-e));
 		return 1;
 	}
 	if (json) {
@@ -144,7 +150,8 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 
 	if (e < 0) {
 		fprintf(stderr, "bdfp4 client: info: %s\n",
-			e == -ETIMEDOUT ? "no answer from the router" : strerror(-e));
+			e == -ETIMEDOUT ? "no answer from the router (is routerd running? --router ADDR)"
+					: strerror(-e));
 		return 1;
 	}
 	if (json) {
@@ -382,6 +389,7 @@ int cmd_client(int argc, char **argv)
 		return bad_usage("--health and --info take no PROMPT%s", "");
 	g.stops = stops;
 
+	g_router = router;
 	e = bd_client_new(router, &c);
 	if (e < 0) {
 		fprintf(stderr, "bdfp4 client: %s: %s\n", router, strerror(-e));
@@ -416,8 +424,12 @@ int cmd_client(int argc, char **argv)
 	while (!done) {
 		e = bd_client_next(c, (int)timeout_ms, &ev);
 		if (e < 0) {
-			fprintf(stderr, "\nbdfp4 client: %s\n",
-				e == -ETIMEDOUT ? "the router stopped answering" : strerror(-e));
+			if (e == -ETIMEDOUT)
+				fprintf(stderr, "\nbdfp4 client: no answer from the router at %s for "
+					"%ld ms (is routerd running there? --router ADDR)\n", g_router,
+					(long)timeout_ms);
+			else
+				fprintf(stderr, "\nbdfp4 client: %s\n", strerror(-e));
 			break;
 		}
 		if (ev.tag != tag)

@@ -102,6 +102,7 @@ struct ctx {
 	void *zctx, *rep;
 	int listen_fd, sig_fd;
 	bool socket_bound;
+	bool rep_bound; /* the allocation endpoint is ours (unlink its ipc file at exit) */
 	struct client *clients;
 	size_t n_clients;
 
@@ -665,6 +666,7 @@ static int setup_sockets(struct ctx *c)
 		log_err("allocation endpoint %s: %s", c->o.endpoint, zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
+	c->rep_bound = true;
 	return ipc_path_fixup(c, c->o.endpoint);
 }
 
@@ -770,8 +772,12 @@ static void cleanup(struct ctx *c)
 		close(c->listen_fd);
 	if (c->socket_bound)
 		unlink(c->o.socket);
-	if (c->rep)
+	if (c->rep) {
 		zmq_close(c->rep);
+		/* ZeroMQ leaves an ipc endpoint's socket file behind: remove ours */
+		if (c->rep_bound && !strncmp(c->o.endpoint, "ipc://", 6))
+			unlink(c->o.endpoint + 6);
+	}
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	if (c->sig_fd >= 0)
