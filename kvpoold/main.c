@@ -659,6 +659,11 @@ static int setup_sockets(struct ctx *c)
 	}
 	c->socket_bound = true;
 	c->zctx = zmq_ctx_new();
+	if (!strncmp(c->o.endpoint, "ipc://", 6) && bd_ipc_path_in_use(c->o.endpoint + 6) == 1) {
+		log_err("allocation endpoint %s: another process listens there (is kvpoold already "
+			"running?)", c->o.endpoint);
+		return -EADDRINUSE;
+	}
 	c->rep = c->zctx ? zmq_socket(c->zctx, ZMQ_REP) : NULL;
 	if (!c->rep || zmq_setsockopt(c->rep, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_setsockopt(c->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
@@ -805,6 +810,7 @@ int main(int argc, char **argv)
 	sigaddset(&ss, SIGHUP);
 	sigprocmask(SIG_BLOCK, &ss, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	bd_ipc_raise_nofile();
 
 	c.cfg = bd_config_new();
 	if (!c.cfg)

@@ -19,10 +19,21 @@ extern "C" {
 /* Most fds one packet carries (the kernel's SCM_MAX_FD is 253). */
 #define BD_IPC_MAX_FDS 64
 
+/* 1 when a process listens on the Unix socket at path (a connect of stream or seqpacket type
+ * succeeds), 0 when nothing does (no file, or a stale one), -EINVAL for a bad path. Daemons call
+ * it before binding a ZeroMQ ipc:// endpoint, which would silently take a live one over. */
+int bd_ipc_path_in_use(const char *path);
+
+/* Raises this process's soft limit of open files to its hard limit (a daemon's connections are
+ * fds; running out makes libzmq abort). Returns the new soft limit (capped at INT32_MAX) or
+ * -errno. */
+int bd_ipc_raise_nofile(void);
+
 /* Creates a listening SOCK_SEQPACKET socket bound at path (a stale socket file there is
- * replaced; any other kind of file is not), with file mode `mode` and group `gid` (unchanged
- * when gid is (gid_t)-1). The socket is non-blocking. Returns the fd, or -EINVAL (NULL path or
- * one longer than sun_path), -EEXIST (path is not a socket), or the -errno of the failed call. */
+ * replaced; any other kind of file is not, nor the socket of a live listener), with file mode
+ * `mode` and group `gid` (unchanged when gid is (gid_t)-1). The socket is non-blocking. Returns
+ * the fd, or -EINVAL (NULL path or one longer than sun_path), -EEXIST (path is not a socket),
+ * -EADDRINUSE (a process listens there), or the -errno of the failed call. */
 int bd_ipc_listen(const char *path, mode_t mode, gid_t gid, int backlog);
 
 /* Connects a blocking SOCK_SEQPACKET socket to path. Returns the fd or -errno (-ENOENT when

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -27,6 +28,41 @@ static int fill_addr(struct sockaddr_un *sa, const char *path)
 	return 0;
 }
 
+int bd_ipc_path_in_use(const char *path)
+{
+	struct sockaddr_un sa;
+	static const int types[] = { SOCK_STREAM, SOCK_SEQPACKET };
+
+	if (fill_addr(&sa, path) < 0)
+		return -EINVAL;
+	/* a listener of either type answers a connect of its own type; a stale file refuses */
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		int fd = socket(AF_UNIX, types[i] | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		int r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+		int e = errno;
+		close(fd);
+		if (r == 0 || e == EAGAIN)
+			return 1; /* EAGAIN: a listener whose backlog is full */
+	}
+	return 0;
+}
+
+int bd_ipc_raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return -errno;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			return -errno;
+	}
+	return rl.rlim_cur > (rlim_t)INT32_MAX ? INT32_MAX : (int)rl.rlim_cur;
+}
+
 int bd_ipc_listen(const char *path, mode_t mode, gid_t gid, int backlog)
 {
 	struct sockaddr_un sa;
@@ -37,9 +73,12 @@ int bd_ipc_listen(const char *path, mode_t mode, gid_t gid, int backlog)
 	if (r < 0 || backlog < 1)
 		return -EINVAL;
 	if (lstat(path, &st) == 0) {
-		/* a socket left by a daemon that died; never remove anything else */
+		/* a socket left by a daemon that died; never remove anything else, nor the
+		 * socket of a daemon that still listens there */
 		if (!S_ISSOCK(st.st_mode))
 			return -EEXIST;
+		if ((r = bd_ipc_path_in_use(path)) != 0)
+			return r < 0 ? r : -EADDRINUSE;
 		if (unlink(path) < 0)
 			return -errno;
 	}

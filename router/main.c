@@ -33,6 +33,7 @@
 
 #include "bd_config.h"
 #include "bd_gguf.h"
+#include "bd_ipc.h"
 #include "bd_gmodel.h"
 #include "bd_kvcfg.h"
 #include "router.h"
@@ -380,6 +381,16 @@ static int connect_pool(struct bd_router *rt)
 /* ---- sockets ------------------------------------------------------------------------------- */
 
 /* The directory of an ipc:// endpoint, when systemd has not made it. */
+/* An ipc:// endpoint another process listens on (a second router pointed at a live one's
+ * paths): ZeroMQ would silently take the path over, so refuse. */
+static bool ipc_in_use(const char *ep)
+{
+	if (strncmp(ep, "ipc://", 6) || bd_ipc_path_in_use(ep + 6) != 1)
+		return false;
+	rlog_err("%s: another process listens there (is a router already running?)", ep);
+	return true;
+}
+
 static void ipc_mkdir(const char *endpoint)
 {
 	char dir[PATH_MAX], *slash;
@@ -439,16 +450,22 @@ static int setup_sockets(struct bd_router *rt)
 	}
 	for (int i = 0; i < rt->o.n_frontends; i++) {
 		ipc_mkdir(rt->o.frontends[i]);
+		if (ipc_in_use(rt->o.frontends[i]))
+			return -EADDRINUSE;
 		if (zmq_bind(rt->front, rt->o.frontends[i]) < 0) {
 			rlog_err("frontend %s: %s", rt->o.frontends[i], zmq_strerror(zmq_errno()));
 			return -EIO;
 		}
+		rt->n_front_bound = i + 1;
 	}
 	ipc_mkdir(rt->o.workers);
+	if (ipc_in_use(rt->o.workers))
+		return -EADDRINUSE;
 	if (zmq_bind(rt->wsock, rt->o.workers) < 0) {
 		rlog_err("worker endpoint %s: %s", rt->o.workers, zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
+	rt->workers_bound = true;
 	return bd_router_pool_open(rt);
 }
 
@@ -634,11 +651,12 @@ static void cleanup(struct bd_router *rt)
 		if (rt->step.res[i])
 			bdfp4__step_result__free_unpacked(rt->step.res[i], NULL);
 	for (int i = 0; i < rt->o.n_frontends; i++) {
-		if (!strncmp(rt->o.frontends[i], "ipc://", 6))
+		/* only the files of endpoints this process bound: never a live router's */
+		if (i < rt->n_front_bound && !strncmp(rt->o.frontends[i], "ipc://", 6))
 			unlink(rt->o.frontends[i] + 6);
 		free(rt->o.frontends[i]);
 	}
-	if (rt->o.workers && !strncmp(rt->o.workers, "ipc://", 6) && rt->wsock)
+	if (rt->workers_bound && rt->o.workers && !strncmp(rt->o.workers, "ipc://", 6))
 		unlink(rt->o.workers + 6);
 	bd_router_pool_close(rt);
 	if (rt->front)
@@ -670,6 +688,8 @@ int main(int argc, char **argv)
 	sigaddset(&ss, SIGHUP);
 	sigprocmask(SIG_BLOCK, &ss, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	if (bd_ipc_raise_nofile() < 0)
+		rlog_warn("cannot raise the open-file limit: %s", strerror(errno));
 
 	rt.cfg = bd_config_new();
 	if (!rt.cfg)

@@ -139,6 +139,8 @@ struct bd_step {
 };
 
 struct bd_router {
+	int n_front_bound;    /* frontends bound by this process (their ipc files are ours) */
+	bool workers_bound;
 	struct bd_router_opts o;
 	struct bd_config *cfg;
 

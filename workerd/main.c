@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "bd_config.h"
+#include "bd_ipc.h"
 #include "workerd.h"
 
 #define SECTION "worker"
@@ -650,6 +651,9 @@ int main(int argc, char **argv)
 	journal = getenv("JOURNAL_STREAM") != NULL;
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
+	/* no controlling terminal to lose: a stray SIGHUP must not stop a rank mid-step */
+	signal(SIGHUP, SIG_IGN);
+	bd_ipc_raise_nofile();
 	if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
 		fprintf(stderr, "workerd: pipe: %s\n", strerror(errno));
 		return 1;

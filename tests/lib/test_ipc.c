@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,4 +176,51 @@ Test(ipc, other_users_need_the_group)
 	waitpid(child, &st, 0);
 	cr_expect(WIFSIGNALED(st), "the child failed early with %d", WEXITSTATUS(st));
 	close(l);
+}
+
+Test(ipc, a_live_listener_is_never_taken_over)
+{
+	char path[96], other[96];
+	int l, l2, st, c;
+
+	snprintf(path, sizeof(path), "%s/live.sock", dir);
+	snprintf(other, sizeof(other), "%s/stream.sock", dir);
+	cr_assert_eq(bd_ipc_path_in_use(path), 0, "no file yet");
+	l = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_geq(l, 0, "%s", strerror(-l));
+	cr_assert_eq(bd_ipc_path_in_use(path), 1);
+	/* a second daemon on the same path is refused, and the first still accepts */
+	l2 = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_eq(l2, -EADDRINUSE, "%d", l2);
+	c = bd_ipc_connect(path);
+	cr_assert_geq(c, 0, "the live listener lost its path: %s", strerror(-c));
+	close(c);
+	close(l);
+	/* the file the closed listener left is stale: it is replaced */
+	cr_assert_eq(bd_ipc_path_in_use(path), 0);
+	l2 = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_geq(l2, 0, "%s", strerror(-l2));
+	close(l2);
+	/* ZeroMQ's ipc endpoints are stream sockets: those count too */
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", other);
+	st = socket(AF_UNIX, SOCK_STREAM, 0);
+	cr_assert_geq(st, 0);
+	cr_assert_eq(bind(st, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(st, 1), 0);
+	cr_assert_eq(bd_ipc_path_in_use(other), 1);
+	close(st);
+	cr_assert_eq(bd_ipc_path_in_use(other), 0);
+	cr_assert_eq(bd_ipc_path_in_use(""), -EINVAL);
+}
+
+Test(ipc, the_open_file_limit_is_raised_to_the_hard_limit)
+{
+	struct rlimit rl;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	int r = bd_ipc_raise_nofile();
+	cr_assert_gt(r, 0, "%s", strerror(-r));
+	struct rlimit after;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &after), 0);
+	cr_assert_eq(after.rlim_cur, rl.rlim_max);
 }
