@@ -740,6 +740,20 @@ void bd_router_on_result(struct bd_router *rt, int rank, Bdfp4__StepResult *res)
 	}
 	rt->step.res[rank] = res;
 	rt->w[rank].steps++;
-	if (++rt->step.n_res == rt->o.tp)
+	if (++rt->step.n_res == rt->o.tp) {
 		complete_step(rt);
+	} else if (res->error != BDFP4__SERVE_ERROR__SERVE_OK) {
+		/* a rank that failed the whole step (its all-reduce lost the peer) leaves its peers
+		 * waiting in a collective that cannot finish: do not wait for them */
+		char msg[320], missing[64] = "";
+		size_t off = 0;
+		for (int i = 0; i < rt->o.tp && off < sizeof(missing); i++)
+			if (!rt->step.res[i])
+				off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
+							off ? ", " : "", i);
+		snprintf(msg, sizeof(msg), "no answer from worker rank %s to step %llu, which "
+			 "failed on rank %d: %s", missing, (unsigned long long)res->step, rank,
+			 *res->message ? res->message : "step failed");
+		bd_router_group_fail(rt, -1, msg);
+	}
 }

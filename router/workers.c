@@ -5,7 +5,10 @@
  * Liveness: outside a step a rank must send something every heartbeat_timeout_ms. During a step
  * a rank may be busy computing and quiet, so there the test is the connection itself: the
  * router's heartbeats are sent with ZMQ_ROUTER_MANDATORY, and a send to a rank whose process
- * died (its socket closed) fails at once; a rank that hangs is caught by step_timeout_ms.
+ * died (its socket closed) fails at once; a rank that stops heartbeating (killed, stopped) is
+ * caught by heartbeat_timeout_ms even inside a step, and a rank whose step is stuck while its
+ * I/O thread still beats by step_timeout_ms; a step-level error of one rank of tp > 1 (its
+ * collective failed) fails the group at once, since its peers cannot finish that step.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -310,14 +313,15 @@ void bd_router_workers_tick(struct bd_router *rt, int64_t now)
 		rt->next_heartbeat = now + rt->o.heartbeat_ms;
 	for (int i = 0; i < rt->o.tp; i++) {
 		struct bd_worker *w = &rt->w[i];
-		bool busy = rt->step.active && !rt->step.res[i];
 		char msg[160];
 
 		if (!w->connected)
 			continue;
 		if (beat && bd_router_send_worker(rt, i, &m) < 0) {
 			snprintf(msg, sizeof(msg), "worker rank %d (pid %d) disconnected", i, w->pid);
-		} else if (!busy && now - w->last_seen > rt->o.heartbeat_timeout_ms) {
+		} else if (now - w->last_seen > rt->o.heartbeat_timeout_ms) {
+			/* also inside a step: a worker's I/O thread beats on its own clock however
+			 * long the step, so silence means the process is gone or stopped */
 			snprintf(msg, sizeof(msg), "worker rank %d (pid %d) stopped heartbeating "
 						   "(%lld ms)",
 				 i, w->pid, (long long)(now - w->last_seen));

@@ -332,6 +332,43 @@ Test(serve, kill_9_of_a_worker_fails_clearly_and_service_resumes)
 	bd_client_free(c);
 }
 
+Test(serve, a_stopped_worker_fails_its_step_within_the_heartbeat_timeout)
+{
+	struct bd_client *c;
+	struct bd_client_event ev;
+	uint64_t tag;
+	int64_t t0;
+	bool final = false;
+
+	up();
+	c = client();
+	tag = start_long(c, 3);
+	/* SIGSTOP freezes every thread, heartbeats included: the router must not wait for the
+	 * step (120 s step timeout) but fail it once rank 1 is silent past heartbeat_timeout_ms */
+	cr_assert_eq(kill(E.worker[1].pid, SIGSTOP), 0);
+	t0 = sv_now_ms();
+	while (!final) {
+		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "the request hangs");
+		if (ev.tag == tag && ev.kind == BD_CLIENT_CHUNK && ev.finish != BD_FINISH_NONE) {
+			cr_expect_eq(ev.finish, BD_FINISH_ERROR);
+			cr_expect_eq(ev.error, BD_SERVE_ERR_WORKER_FAILED, "%s", ev.message);
+			cr_expect_not_null(strstr(ev.message, "rank 1"), "%s", ev.message);
+			final = true;
+		}
+	}
+	cr_expect_lt(sv_now_ms() - t0, 15000, "a stopped worker held the request too long");
+	cr_expect(sv_wait_health(&E, false, 1000), "health still says serving");
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's pages were not released");
+	/* a stopped rank is replaced as a dead one is (a resumed one rejoins only once its own
+	 * all-reduce wait gives up: ar_timeout_ms) */
+	cr_expect_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);
+	sv_start_worker(&E, 1);
+	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
+		  sv_log_tail(&E.router));
+	expect_short_answer(c, "after the restart");
+	bd_client_free(c);
+}
+
 Test(serve, sigterm_stops_every_daemon_with_exit_0)
 {
 	struct bd_client *c;
