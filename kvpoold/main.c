@@ -330,6 +330,19 @@ static int setup_memory(struct ctx *c)
 		if (c->mem == &bd_kvpool_mem_cpu)
 			budget /= (uint64_t)c->o.tp;
 	}
+	if (budget) {
+		/* an absolute budget must fit the device (CUDA) or, shared by the ranks, the RAM */
+		uint64_t total, need = budget;
+		if (c->mem == &bd_kvpool_mem_cpu)
+			need *= (uint64_t)c->o.tp;
+		if (c->mem->device_memory(0, &total, err, sizeof(err)) == 0 && need > total) {
+			log_err("memory_bytes = %llu per rank: %llu bytes in all, more than the %llu "
+				"bytes of %s", (unsigned long long)budget, (unsigned long long)need,
+				(unsigned long long)total,
+				c->mem == &bd_kvpool_mem_cpu ? "RAM" : "device memory");
+			return -EINVAL;
+		}
+	}
 	p.fmt = c->kvcfg->page_fmt;
 	p.n_layers = c->o.layers;
 	p.n_kv_heads = c->o.heads_per_rank;

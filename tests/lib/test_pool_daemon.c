@@ -315,6 +315,20 @@ Test(pool_daemon, budget_too_small_fails_at_start)
 	cr_expect(log_has("raise memory_bytes"), "the message says what to change");
 }
 
+/* An absolute budget beyond the machine's RAM is refused at start (it used to be planned:
+ * hundreds of MB of page bookkeeping, then memory the kernel cannot back). */
+Test(pool_daemon, budget_beyond_ram_fails_at_start)
+{
+	static const char *const extra[] = { "--no-config", "--memory-bytes", "1000T", "--tp", "2",
+					     NULL };
+	pid_t pid = spawn(true, extra, NULL);
+
+	cr_expect_eq(reap(pid, TIMEOUT_MS), 1);
+	D.pid = 0;
+	cr_expect(log_has("more than the"), "the message compares with the RAM");
+	cr_expect(log_has("of RAM"), "the message names the RAM");
+}
+
 /* No GPU or no driver (the build machine): the CUDA backend says why and exits 1, no crash,
  * no socket left. On a machine with a GPU the daemon comes up instead: skipped. */
 Test(pool_daemon, cuda_backend_without_a_gpu_says_why)
