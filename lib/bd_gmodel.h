@@ -107,6 +107,13 @@ int bd_model_preset(const char *name, struct bd_model_hparams *ret);
  * Returns 0, -EINVAL (NULL g), -EIO (the model failed otherwise, or the device is not idle). */
 int bd_gmodel_set_comm(struct bd_gmodel *g, void *nccl_comm);
 
+/* The communicator the model holds: the one last given, or NULL when there is none or when
+ * the model aborted it itself (a wait that saw the peer fail or time out ends in
+ * ncclCommAbort, so that the stream can finish). A caller leaving the group aborts its
+ * communicator only if the model still holds it (after bd_gmodel_set_comm(g, NULL)): never
+ * twice. NULL g: NULL. */
+void *bd_gmodel_comm(const struct bd_gmodel *g);
+
 /* Release everything the model made (not the caller's arena). NULL is a no-op. */
 void bd_gmodel_free(struct bd_gmodel *g);
 

@@ -1147,6 +1147,11 @@ void bd_gmodel_last_timing(const struct bd_gmodel *g, struct bd_gmodel_timing *r
 	*ret = g->tm;
 }
 
+void *bd_gmodel_comm(const struct bd_gmodel *g)
+{
+	return g ? (void *)g->comm : NULL;
+}
+
 int bd_gmodel_set_comm(struct bd_gmodel *g, void *nccl_comm)
 {
 	if (!g)

@@ -202,10 +202,7 @@ void wd_gpu_teardown(struct wd *w)
 
 	if (!gp)
 		return;
-	if (gp->g && w->o.tp > 1)
-		bd_gmodel_set_comm(gp->g, NULL);
-	if (gp->comm)
-		ncclCommAbort(gp->comm);
+	wd_gpu_leave(w);
 	bd_gmodel_free(gp->g);
 	if (gp->base) {
 		cudaDeviceSynchronize();
@@ -316,10 +313,12 @@ void wd_gpu_leave(struct wd *w)
 	if (!gp)
 		return;
 	/* abort, not destroy: the peer may be dead, and destroy would wait for it; the model
-	 * lets go of it first (its graphs hold the communicator's resources) */
+	 * lets go of it first (its graphs hold the communicator's resources), unless it
+	 * aborted it itself when a wait saw the peer fail (then it is gone: never twice) */
+	bool held = gp->comm && (!gp->g || bd_gmodel_comm(gp->g) == (void *)gp->comm);
 	if (gp->g && w->o.tp > 1)
 		bd_gmodel_set_comm(gp->g, NULL);
-	if (gp->comm)
+	if (held)
 		ncclCommAbort(gp->comm);
 	gp->comm = NULL;
 	gp->broken = false;
