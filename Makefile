@@ -409,7 +409,7 @@ bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $
 # (no cuBLASLt/NCCL needed) and the CPU objects model.o pulls in; OpenBLAS comes from
 # tests/gpu/device-env.sh on the GPU machine. `make gpu-test` runs it after the kernel checks.
 OPS_CHECK   := $(BUILD)/bin/ops_check
-OPS_LIB_OBJ := $(addprefix $(BUILD)/lib/,model.o gguf.o ggml_quants.o attn_ref.o sampler.o \
+OPS_LIB_OBJ := $(addprefix $(BUILD)/lib/,model.o err.o gguf.o ggml_quants.o attn_ref.o sampler.o \
 	layout.o fp4.o kvcfg.o)
 
 $(OPS_CHECK): $(BUILD)/tests/gpu/ops_check.o $(BUILD)/kernels/model_ops.o $(OPS_LIB_OBJ)

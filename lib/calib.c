@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bd_calib.h"
+#include "bd_err.h"
 #include "bd_fp4.h"
 
 /* ---- SHA-256 (FIPS 180-4 §4.2.2, §5.3.3, §6.2) ----------------------------------------- */
@@ -171,16 +172,7 @@ void bd_sha256_hex(const uint8_t d[BD_SHA256_BYTES], char ret[2 * BD_SHA256_BYTE
 #define CALIB_MAGIC "BDFP4CAL"
 #define MAX_ELEMS (1u << 26) /* L·Hkv·d: far above any model this project runs */
 
-static int fail(char *err, int r, const char *fmt, ...)
-{
-	if (err) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, BD_CALIB_ERR_MAX, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
+#define fail(err, r, ...) bd_errf((err), BD_CALIB_ERR_MAX, (r), __VA_ARGS__)
 
 static bool shape_ok(long L, long H, long d)
 {

@@ -50,6 +50,7 @@
 
 #include "bd_gaux.h"
 #include "bd_gmodel.h"
+#include "bd_err.h"
 #include "bd_kernels.h"
 #include "bd_ops.h"
 
@@ -180,19 +181,7 @@ struct bd_gmodel {
 
 /* ---- errors -------------------------------------------------------------------------------- */
 
-static int fail(char *ret_err, int code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int fail(char *ret_err, int code, const char *fmt, ...)
-{
-	if (ret_err) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(ret_err, BD_MODEL_ERR_MAX, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
+#define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
 
 static void clear_err(char *ret_err)
 {

@@ -9,24 +9,13 @@
 #include <cblas.h>
 
 #include "bd_model.h"
+#include "bd_err.h"
 #include "bd_sampler.h"
 
 #define FLOAT_ALIGN 16 /* tensors start on 64-byte boundaries inside the model's allocation */
 #define PREFILL_CHUNK 64 /* query rows per attention block in prefill */
 
-static int fail(char *ret_err, int code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int fail(char *ret_err, int code, const char *fmt, ...)
-{
-	if (ret_err) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(ret_err, BD_MODEL_ERR_MAX, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
+#define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
 
 static void clear_err(char *ret_err)
 {

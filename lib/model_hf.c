@@ -17,22 +17,14 @@
 #include <jansson.h>
 
 #include "bd_model_hf.h"
+#include "bd_err.h"
 #include "bd_safetensors.h"
 
 #define HP_MAX (1 << 24)           /* the GGUF loader's bound on every size */
 #define MAX_JSON_BYTES (64u << 20) /* config.json and the index are small; refuse a huge one */
 #define INDEX_NAME "model.safetensors.index.json"
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int code, const char *fmt, ...)
-{
-	if (err) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, BD_MODEL_ERR_MAX, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
+#define fail(err, code, ...) bd_errf((err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
 
 static void clear_err(char *err)
 {
