@@ -175,7 +175,7 @@ GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
 GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 
 $(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o $(LIB_CU_SRC:%.c=$(BUILD)/%.o): \
-	CFLAGS += -Ikernels -isystem $(CUDA_HOME)/include -DBD_HAVE_CUDA_H
+	CFLAGS += -Ikernels -Itests/gpu -isystem $(CUDA_HOME)/include -DBD_HAVE_CUDA_H
 
 $(GPU_CHECK): $(BUILD)/tests/gpu/gpu_check.o $(LIBBD_CU) $(GPU_LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -41,30 +41,11 @@
 #include "bd_kernels.h"
 #include "bd_kvcfg.h"
 #include "bd_layout.h"
+#include "gpu_ck.h"
 
 #define TOL 1e-3
 
 static int n_fail, n_pass;
-
-#define CK(call)                                                                           \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess) {                                                   \
-			fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                                   \
-			exit(2);                                                           \
-		}                                                                          \
-	} while (0)
-
-#define CKR(call)                                                                        \
-	do {                                                                             \
-		int r_ = (call);                                                         \
-		if (r_ < 0) {                                                            \
-			fprintf(stderr, "FATAL %s:%d: %s returned %d\n", __FILE__, __LINE__, \
-				#call, r_);                                              \
-			exit(2);                                                         \
-		}                                                                        \
-	} while (0)
 
 static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -57,30 +57,11 @@
 #include "bd_rand.h"
 #include "bd_sampler.h"
 #include "model_ops.h"
+#include "gpu_ck.h"
 
 static int n_fail, n_pass;
 static bool small;
 static struct bd_rng rng;
-
-#define CK(call)                                                                           \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess) {                                                   \
-			fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                                   \
-			exit(2);                                                           \
-		}                                                                          \
-	} while (0)
-
-#define CKR(call)                                                                        \
-	do {                                                                             \
-		int r_ = (call);                                                         \
-		if (r_ < 0) {                                                            \
-			fprintf(stderr, "FATAL %s:%d: %s returned %d\n", __FILE__, __LINE__, \
-				#call, r_);                                              \
-			exit(2);                                                         \
-		}                                                                        \
-	} while (0)
 
 static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

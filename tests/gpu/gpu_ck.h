@@ -1,0 +1,32 @@
+/* gpu_ck.h — fatal-error checks shared by the GPU check and benchmark programs (gpu_check,
+ * ops_check, bench_kernels): a failed CUDA call or a negative return ends the program with exit
+ * status 2 ("cannot run") and where it happened, so that 1 keeps meaning "a check failed". */
+#ifndef BD_GPU_CK_H
+#define BD_GPU_CK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime_api.h>
+
+#define CK(call)                                                                           \
+	do {                                                                               \
+		cudaError_t e_ = (call);                                                   \
+		if (e_ != cudaSuccess) {                                                   \
+			fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
+				cudaGetErrorString(e_));                                   \
+			exit(2);                                                           \
+		}                                                                          \
+	} while (0)
+
+#define CKR(call)                                                                        \
+	do {                                                                             \
+		int r_ = (call);                                                         \
+		if (r_ < 0) {                                                            \
+			fprintf(stderr, "FATAL %s:%d: %s returned %d\n", __FILE__, __LINE__, \
+				#call, r_);                                              \
+			exit(2);                                                         \
+		}                                                                        \
+	} while (0)
+
+#endif
