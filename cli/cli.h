@@ -14,6 +14,14 @@ int cmd_client(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval_kl(int argc, char **argv);
 
+/* Number arguments (cli/args.c): the whole of s a decimal integer in [lo, hi] (cli_parse_int
+ * also needs [lo, hi] inside int), or a finite float; false leaves *ret unchanged. */
+bool cli_parse_long(const char *s, long lo, long hi, long *ret);
+bool cli_parse_int(const char *s, long lo, long hi, int *ret);
+bool cli_parse_float(const char *s, float *ret);
+/* CLOCK_MONOTONIC in seconds. */
+double cli_now_s(void);
+
 /* Calibration lookup shared by calibrate, eval-kl and generate (cli/calibrate.c). */
 struct bd_model_hparams;
 struct bd_calib;

@@ -53,32 +53,6 @@ static int bad_usage(const char *fmt, const char *arg)
 	return 2;
 }
 
-static bool parse_long(const char *s, long lo, long hi, long *ret)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return false;
-	*ret = v;
-	return true;
-}
-
-static bool parse_float(const char *s, float *ret)
-{
-	char *end;
-	float v;
-
-	errno = 0;
-	v = strtof(s, &end);
-	if (errno || end == s || *end || !isfinite(v))
-		return false;
-	*ret = v;
-	return true;
-}
-
 static const char *state_name(int s)
 {
 	static const char *const n[] = { "starting", "serving", "degraded", "stopping" };
@@ -187,25 +161,17 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* Polls health until serving or wait_s passes. */
 static int wait_ready(struct bd_client *c, long wait_s)
 {
-	double end = now_s() + (double)wait_s;
+	double end = cli_now_s() + (double)wait_s;
 	struct bd_client_health h = { 0 };
 
 	do {
 		if (bd_client_health(c, 1000, &h) == 0 && h.healthy)
 			return 0;
 		usleep(200000);
-	} while (now_s() < end);
+	} while (cli_now_s() < end);
 	fprintf(stderr, "bdfp4 client: the router is not serving after %ld s%s%s\n", wait_s,
 		*h.reason ? ": " : "", h.reason);
 	return 1;
@@ -300,24 +266,24 @@ int cmd_client(int argc, char **argv)
 			system_msg = optarg;
 			break;
 		case O_MAX:
-			if (!parse_long(optarg, 1, INT_MAX, &v))
+			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
 				return bad_usage("--max-tokens wants an integer >= 1, not '%s'",
 						 optarg);
 			g.max_tokens = (uint32_t)v;
 			break;
 		case O_TEMP:
-			if (!parse_float(optarg, &g.sampling.temperature) ||
+			if (!cli_parse_float(optarg, &g.sampling.temperature) ||
 			    g.sampling.temperature < 0)
 				return bad_usage("--temperature wants a number >= 0, not '%s'",
 						 optarg);
 			break;
 		case O_TOPK:
-			if (!parse_long(optarg, 0, INT_MAX, &v))
+			if (!cli_parse_long(optarg, 0, INT_MAX, &v))
 				return bad_usage("--top-k wants an integer >= 0, not '%s'", optarg);
 			g.sampling.top_k = (int)v;
 			break;
 		case O_TOPP:
-			if (!parse_float(optarg, &g.sampling.top_p) || !(g.sampling.top_p > 0) ||
+			if (!cli_parse_float(optarg, &g.sampling.top_p) || !(g.sampling.top_p > 0) ||
 			    g.sampling.top_p > 1)
 				return bad_usage("--top-p wants a number in (0, 1], not '%s'",
 						 optarg);
@@ -348,19 +314,19 @@ int cmd_client(int argc, char **argv)
 			g.stream = false;
 			break;
 		case O_DEADLINE:
-			if (!parse_long(optarg, 1, INT_MAX, &v))
+			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
 				return bad_usage("--deadline-ms wants an integer >= 1, not '%s'",
 						 optarg);
 			g.deadline_ms = (uint32_t)v;
 			break;
 		case O_TIMEOUT:
-			if (!parse_long(optarg, 1, INT_MAX, &v))
+			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
 				return bad_usage("--timeout-ms wants an integer >= 1, not '%s'",
 						 optarg);
 			timeout_ms = v;
 			break;
 		case O_WAIT:
-			if (!parse_long(optarg, 0, 86400, &v))
+			if (!cli_parse_long(optarg, 0, 86400, &v))
 				return bad_usage("--wait-ready wants seconds, not '%s'", optarg);
 			wait_s = v;
 			break;
@@ -412,7 +378,7 @@ int cmd_client(int argc, char **argv)
 	} else {
 		g.prompt = argv[optind];
 	}
-	t0 = now_s();
+	t0 = cli_now_s();
 	e = bd_client_generate_start(c, &g, &tag);
 	if (e < 0) {
 		fprintf(stderr, "bdfp4 client: %s\n",
@@ -447,7 +413,7 @@ int cmd_client(int argc, char **argv)
 		if (ev.kind != BD_CLIENT_CHUNK)
 			continue;
 		if (ev.n_tokens && !t_first)
-			t_first = now_s();
+			t_first = cli_now_s();
 		n_tokens += ev.n_tokens;
 		if (json) {
 			print_json(chunk_json(&ev));
@@ -468,7 +434,7 @@ int cmd_client(int argc, char **argv)
 		}
 		rc = 0;
 		if (stats && ev.has_usage) {
-			double total = now_s() - t0;
+			double total = cli_now_s() - t0;
 
 			fprintf(stderr,
 				"[stats] %u prompt + %u generated tokens (%s); first token %.3f s, "

@@ -137,13 +137,6 @@ struct shared {
 	double t0;
 };
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* ---- the runs --------------------------------------------------------------------------------- */
 
 static void qhook(void *ctx, int layer, int pos, const float *q, const float *k, const float *v)
@@ -463,10 +456,10 @@ static void *worker(void *arg)
 		pthread_mutex_unlock(&sh->lock);
 
 		int t = pick / per, ci = pick % per - 1, r;
-		double t0 = now_s();
+		double t0 = cli_now_s();
 		err[0] = '\0';
 		r = ci < 0 ? run_reference(sh, t, err) : run_config(sh, t, ci, err);
-		double sec = now_s() - t0;
+		double sec = cli_now_s() - t0;
 		if (r == 0 && ci >= 0)
 			sh->res[(size_t)t * (size_t)sh->o->n_cfg + (size_t)ci].seconds = sec;
 
@@ -488,7 +481,7 @@ static void *worker(void *arg)
 				sh->tr[t].ref = NULL;
 				traj_free_runs(sh, t);
 			}
-			double el = now_s() - sh->t0;
+			double el = cli_now_s() - sh->t0;
 			double eta = el / sh->done * (sh->n_items - sh->done);
 			if (sh->tty)
 				fprintf(stderr,
@@ -823,17 +816,6 @@ static int bad_usage(const char *msg, const char *arg)
 	return 2;
 }
 
-static bool parse_int(const char *s, long lo, long hi, int *ret)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return false;
-	*ret = (int)v;
-	return true;
-}
-
 static int parse_kv_list(struct opts *o, const char *list)
 {
 	char *copy = strdup(list), *save = NULL;
@@ -904,15 +886,15 @@ int cmd_eval_kl(int argc, char **argv)
 						 optarg);
 			break;
 		case O_CTX:
-			if (!parse_int(optarg, 2, INT_MAX, &o.ctx))
+			if (!cli_parse_int(optarg, 2, INT_MAX, &o.ctx))
 				return bad_usage("--ctx wants an integer ≥ 2, not '%s'", optarg);
 			break;
 		case O_STEPS:
-			if (!parse_int(optarg, 1, INT_MAX, &o.steps))
+			if (!cli_parse_int(optarg, 1, INT_MAX, &o.steps))
 				return bad_usage("--steps wants an integer ≥ 1, not '%s'", optarg);
 			break;
 		case O_TRAJ:
-			if (!parse_int(optarg, 1, 1 << 20, &o.trajectories))
+			if (!cli_parse_int(optarg, 1, 1 << 20, &o.trajectories))
 				return bad_usage("--trajectories wants an integer ≥ 1, not '%s'",
 						 optarg);
 			break;
@@ -939,11 +921,11 @@ int cmd_eval_kl(int argc, char **argv)
 			o.no_calib = true;
 			break;
 		case O_QERR:
-			if (!parse_int(optarg, 1, INT_MAX, &o.qerr_every))
+			if (!cli_parse_int(optarg, 1, INT_MAX, &o.qerr_every))
 				return bad_usage("--qerr-every wants an integer ≥ 1, not '%s'", optarg);
 			break;
 		case O_THREADS:
-			if (!parse_int(optarg, 1, 1024, &o.threads))
+			if (!cli_parse_int(optarg, 1, 1024, &o.threads))
 				return bad_usage("--threads wants an integer in 1..1024, not '%s'",
 						 optarg);
 			break;
@@ -991,7 +973,7 @@ int cmd_eval_kl(int argc, char **argv)
 	struct shared sh = { .o = &o };
 	pthread_t *th = NULL;
 	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
-	double t_start = now_s();
+	double t_start = cli_now_s();
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
@@ -1091,7 +1073,7 @@ int cmd_eval_kl(int argc, char **argv)
 	if (o.threads > 1)
 		openblas_set_num_threads(1);
 	sh.tty = isatty(STDERR_FILENO);
-	sh.t0 = now_s();
+	sh.t0 = cli_now_s();
 	int n_th = 0;
 	for (; n_th < o.threads; n_th++)
 		if (pthread_create(&th[n_th], NULL, worker, &sh) != 0)
@@ -1109,7 +1091,7 @@ int cmd_eval_kl(int argc, char **argv)
 		goto out;
 	}
 
-	fprintf(o.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", now_s() - t_start,
+	fprintf(o.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", cli_now_s() - t_start,
 		n_th);
 	if (report(&o, sh.res, T) < 0)
 		goto out;

@@ -62,35 +62,6 @@ static int bad_usage(const char *fmt, const char *arg)
 	return 2;
 }
 
-static bool parse_long(const char *s, long lo, long hi, long *ret)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return false;
-	*ret = v;
-	return true;
-}
-
-static bool parse_float(const char *s, float *ret)
-{
-	char *end;
-	errno = 0;
-	float v = strtof(s, &end);
-	if (errno || end == s || *end || !isfinite(v))
-		return false;
-	*ret = v;
-	return true;
-}
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static long peak_rss_kib(void)
 {
 	struct rusage ru;
@@ -162,7 +133,7 @@ static int on_token(void *ctx, int32_t t)
 	size_t n = 0;
 	int r;
 
-	s->t_last = now_s();
+	s->t_last = cli_now_s();
 	if (s->rss_kib)
 		*s->rss_kib = rss_now_kib();
 	if (s->n_tokens++ == 0)
@@ -274,23 +245,23 @@ int cmd_generate(int argc, char **argv)
 			kv = optarg;
 			break;
 		case O_MAX:
-			if (!parse_long(optarg, 1, INT_MAX, &v))
+			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
 				return bad_usage("--max-tokens wants an integer ≥ 1, not '%s'",
 						 optarg);
 			max_tokens = v;
 			break;
 		case O_TEMP:
-			if (!parse_float(optarg, &sp.temperature) || sp.temperature < 0.0f)
+			if (!cli_parse_float(optarg, &sp.temperature) || sp.temperature < 0.0f)
 				return bad_usage("--temperature wants a number ≥ 0, not '%s'",
 						 optarg);
 			break;
 		case O_TOPK:
-			if (!parse_long(optarg, 0, INT_MAX, &v))
+			if (!cli_parse_long(optarg, 0, INT_MAX, &v))
 				return bad_usage("--top-k wants an integer ≥ 0, not '%s'", optarg);
 			sp.top_k = (int)v;
 			break;
 		case O_TOPP:
-			if (!parse_float(optarg, &sp.top_p) || !(sp.top_p > 0.0f) ||
+			if (!cli_parse_float(optarg, &sp.top_p) || !(sp.top_p > 0.0f) ||
 			    sp.top_p > 1.0f)
 				return bad_usage("--top-p wants a number in (0, 1], not '%s'",
 						 optarg);
@@ -362,7 +333,7 @@ int cmd_generate(int argc, char **argv)
 	int n_stop = 0, n_out = 0;
 	long rss_end = -1;
 	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
-	double t0 = now_s();
+	double t0 = cli_now_s();
 
 	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
 		fprintf(stderr, "bdfp4 generate: %s: %s\n", model_path,
@@ -379,7 +350,7 @@ int cmd_generate(int argc, char **argv)
 	}
 	bd_gguf_free(g);
 	g = NULL;
-	double t_load = now_s() - t0;
+	double t_load = cli_now_s() - t0;
 	if (!no_calib && cli_calib_setup("generate", calib_path, model_path, &m->hp, 0,
 					 CLI_DEFAULT_CTX, !stats, &cal) < 0)
 		goto out;
@@ -437,7 +408,7 @@ int cmd_generate(int argc, char **argv)
 		.on_token = on_token,
 		.cb_ctx = &s,
 	};
-	double t_gen = now_s();
+	double t_gen = cli_now_s();
 	s.rss_kib = &rss_end;
 	r = generate_tokens(m, ids, (int)n_ids, &gp, &dp, out, &n_out, err);
 	if (r < 0) {
@@ -459,7 +430,7 @@ int cmd_generate(int argc, char **argv)
 	fflush(stdout);
 
 	if (stats) {
-		double prefill = s.n_tokens ? s.t_first - t_gen : now_s() - t_gen;
+		double prefill = s.n_tokens ? s.t_first - t_gen : cli_now_s() - t_gen;
 		double dec = s.t_last - s.t_first;
 		fprintf(stderr,
 			"[stats] kv %s: model load %.2f s; prompt %zu tokens, prefill + first "

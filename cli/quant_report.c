@@ -509,19 +509,6 @@ static void usage(FILE *f)
 		"  --threads J  worker threads, 1..256 (default 2); results do not depend on it\n");
 }
 
-static bool parse_int(const char *s, long lo, long hi, int *ret)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return false;
-	*ret = (int)v;
-	return true;
-}
-
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	static const struct option longopts[] = {
@@ -544,16 +531,16 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			o->json = true;
 			break;
 		case 'n':
-			ok = parse_int(optarg, BD_PAGE_TOKENS + BD_SINK_TOKENS + 1, 1L << 22, &o->ctx);
+			ok = cli_parse_int(optarg, BD_PAGE_TOKENS + BD_SINK_TOKENS + 1, 1L << 22, &o->ctx);
 			break;
 		case 'd':
-			ok = parse_int(optarg, 32, BD_FWHT_MAX, &o->d) && (o->d & (o->d - 1)) == 0;
+			ok = cli_parse_int(optarg, 32, BD_FWHT_MAX, &o->d) && (o->d & (o->d - 1)) == 0;
 			break;
 		case 'g':
-			ok = parse_int(optarg, 1, 64, &o->G);
+			ok = cli_parse_int(optarg, 1, 64, &o->G);
 			break;
 		case 't':
-			ok = parse_int(optarg, 1, 100000, &o->trials);
+			ok = cli_parse_int(optarg, 1, 100000, &o->trials);
 			break;
 		case 's':
 			errno = 0;
@@ -561,7 +548,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			ok = !errno && end != optarg && !*end && optarg[0] != '-';
 			break;
 		case 'p':
-			ok = parse_int(optarg, 1, 256, &o->threads);
+			ok = cli_parse_int(optarg, 1, 256, &o->threads);
 			break;
 		case 'h':
 			usage(stdout);
