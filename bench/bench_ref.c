@@ -26,9 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bd_attn.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
+#include "quant/bd_attn_ref.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 
 #define D 128
 #define G 4

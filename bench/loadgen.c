@@ -1,5 +1,5 @@
-/* loadgen.c — a load generator for the serving system (issue 5): it talks to the router like
- * any client (lib/bd_client.h) and measures throughput, time to first token and time per
+/* loadgen.c — a load generator for the serving system: it talks to the router like
+ * any client (lib/serve/bd_client.h) and measures throughput, time to first token and time per
  * output token at several concurrency levels, and the pool's peak use (kvpoold stats sampled
  * while the load runs).
  *
@@ -38,8 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bd_client.h"
-#include "bd_pool.h"
+#include "serve/bd_client.h"
+#include "pool/bd_pool_client.h"
 
 #define MAX_LEVELS 8
 #define MAX_REQ 4096

@@ -1,5 +1,5 @@
 #!/bin/sh
-# serve_gpu.sh — the serving benchmark on the GPU (issue 7, `make bench-serve-gpu`).
+# serve_gpu.sh — the serving benchmark on the GPU (`make bench-serve-gpu`).
 #
 #   bench/serve_gpu.sh BIN_DIR
 #   bench/serve_gpu.sh --report KV_FILE [OUT_DIR]   (the tables again, from a run's raw lines)
@@ -118,7 +118,7 @@ END {
 	if (dagger)
 		print "† decode throughput from the device time per step (rows/step / device µs/step): this run'"'"'s workerd reported no host wall time of its decode calls." > md
 	fp = "bitdecoding-nvfp4"; bf = "bf16"
-	print "\n### Targets (issue 7)\n" > md
+	print "\n### Targets\n" > md
 	if ((fp in peak) && (bf in peak) && peak[bf] > 0)
 		printf "- Peak decode throughput at 64K (max over concurrency): %s %.1f (c=%d), %s %.1f (c=%d) tokens/s per GPU%s: %.2f× — target ≥ 2.8×: %s.\n",
 			fp, peak[fp], peakc[fp], bf, peak[bf], peakc[bf],

@@ -1,9 +1,8 @@
-/* args.c — number arguments and the clock of the bdfp4 subcommands (cli.h). */
+/* args.c — number arguments of the bdfp4 subcommands (cli.h). */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "cli.h"
 
@@ -36,11 +35,4 @@ bool cli_parse_float(const char *s, float *ret)
 		return false;
 	*ret = v;
 	return true;
-}
-
-double cli_now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }

@@ -25,10 +25,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bd_calib.h"
-#include "bd_model.h"
-#include "bd_sampler.h"
-#include "bd_tokenizer.h"
+#include "quant/bd_calib.h"
+#include "model/bd_model.h"
+#include "model/bd_sampler.h"
+#include "model/bd_tokenizer.h"
 #include "cli.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -200,7 +200,7 @@ static void hook(void *ctx, int layer, int pos, const float *q, const float *k, 
 		return;
 	if (h->tty && layer != h->last_layer) {
 		fprintf(stderr, "\r[calibrate] prefill of %d tokens: layer %d/%d (%.0f s)   ", h->n,
-			layer + 1, hp->n_layers, cli_now_s() - h->t0);
+			layer + 1, hp->n_layers, bd_now_s() - h->t0);
 		h->last_layer = layer;
 	}
 	if ((r = bd_mu_acc_add(h->mu, layer, k)) < 0) {
@@ -301,7 +301,7 @@ int cmd_calibrate(int argc, char **argv)
 	size_t n_joined = 0;
 	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
 	uint8_t sha[BD_SHA256_BYTES];
-	double t0 = cli_now_s();
+	double t0 = bd_now_s();
 
 	if ((r = bd_sha256_file(model_path, sha)) < 0) {
 		fprintf(stderr, "bdfp4 calibrate: cannot read the model %s: %s\n  (`make model` "
@@ -395,7 +395,7 @@ int cmd_calibrate(int argc, char **argv)
 	hk.gamma = (float)(LOG2E / sqrt((double)hp->head_dim));
 	hk.tty = tty;
 	hk.last_layer = -1;
-	hk.t0 = cli_now_s();
+	hk.t0 = bd_now_s();
 	bd_tau_search_init(&hk.ts, P_SCALE_C);
 	hk.kbf = malloc(sizeof(float) * (size_t)ctx * (size_t)hp->n_kv_heads *
 			(size_t)hp->head_dim);
@@ -414,7 +414,7 @@ int cmd_calibrate(int argc, char **argv)
 	}
 	if (tty)
 		fprintf(stderr, "\r[calibrate] prefill of %d tokens done (%.0f s)%24s\n", ctx,
-			cli_now_s() - hk.t0, "");
+			bd_now_s() - hk.t0, "");
 
 	double best, all[BD_TAU_CANDIDATES];
 	if ((r = bd_mu_acc_mean(hk.mu, cal->mu_k, &cal->n_key_tokens)) < 0 ||
@@ -457,7 +457,7 @@ int cmd_calibrate(int argc, char **argv)
 		printf("tau = 0 (grid index 0: kappa = 6 for every block)");
 	printf("; squared error of c*p %.9g (tau = 0: %.9g, tau = 21/1024: %.9g)\n", best, all[0],
 	       all[11]);
-	printf("wall time %.1f s\n", cli_now_s() - t0);
+	printf("wall time %.1f s\n", bd_now_s() - t0);
 	rc = 0;
 	goto out;
 oom:

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "base/bd_clock.h"
+
 int cmd_quant_report(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_client(int argc, char **argv);
@@ -19,8 +21,6 @@ int cmd_eval_kl(int argc, char **argv);
 bool cli_parse_long(const char *s, long lo, long hi, long *ret);
 bool cli_parse_int(const char *s, long lo, long hi, int *ret);
 bool cli_parse_float(const char *s, float *ret);
-/* CLOCK_MONOTONIC in seconds. */
-double cli_now_s(void);
 
 /* Calibration lookup shared by calibrate, eval-kl and generate (cli/calibrate.c). */
 struct bd_model_hparams;

@@ -1,5 +1,5 @@
-/* client.c — `bdfp4 client`: send a prompt to the router and stream the answer (issue 5), or
- * ask it for its health and server info. Talks serve.proto through lib/bd_client.h. */
+/* client.c — `bdfp4 client`: send a prompt to the router and stream the answer, or
+ * ask it for its health and server info. Talks serve.proto through lib/serve/bd_client.h. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "bd_client.h"
+#include "serve/bd_client.h"
 #include "cli.h"
 
 static void usage(FILE *f)
@@ -164,14 +164,14 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 /* Polls health until serving or wait_s passes. */
 static int wait_ready(struct bd_client *c, long wait_s)
 {
-	double end = cli_now_s() + (double)wait_s;
+	double end = bd_now_s() + (double)wait_s;
 	struct bd_client_health h = { 0 };
 
 	do {
 		if (bd_client_health(c, 1000, &h) == 0 && h.healthy)
 			return 0;
 		usleep(200000);
-	} while (cli_now_s() < end);
+	} while (bd_now_s() < end);
 	fprintf(stderr, "bdfp4 client: the router is not serving after %ld s%s%s\n", wait_s,
 		*h.reason ? ": " : "", h.reason);
 	return 1;
@@ -378,7 +378,7 @@ int cmd_client(int argc, char **argv)
 	} else {
 		g.prompt = argv[optind];
 	}
-	t0 = cli_now_s();
+	t0 = bd_now_s();
 	e = bd_client_generate_start(c, &g, &tag);
 	if (e < 0) {
 		fprintf(stderr, "bdfp4 client: %s\n",
@@ -413,7 +413,7 @@ int cmd_client(int argc, char **argv)
 		if (ev.kind != BD_CLIENT_CHUNK)
 			continue;
 		if (ev.n_tokens && !t_first)
-			t_first = cli_now_s();
+			t_first = bd_now_s();
 		n_tokens += ev.n_tokens;
 		if (json) {
 			print_json(chunk_json(&ev));
@@ -434,7 +434,7 @@ int cmd_client(int argc, char **argv)
 		}
 		rc = 0;
 		if (stats && ev.has_usage) {
-			double total = cli_now_s() - t0;
+			double total = bd_now_s() - t0;
 
 			fprintf(stderr,
 				"[stats] %u prompt + %u generated tokens (%s); first token %.3f s, "

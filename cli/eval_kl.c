@@ -56,13 +56,13 @@
 
 #include <cblas.h>
 
-#include "bd_calib.h"
-#include "bd_eval.h"
-#include "bd_kvcfg.h"
-#include "bd_model.h"
-#include "bd_qerr.h"
-#include "bd_sampler.h"
-#include "bd_tokenizer.h"
+#include "quant/bd_calib.h"
+#include "model/bd_eval.h"
+#include "quant/bd_kvcfg.h"
+#include "model/bd_model.h"
+#include "quant/bd_qerr.h"
+#include "model/bd_sampler.h"
+#include "model/bd_tokenizer.h"
 #include "cli.h"
 
 #define BASELINE "bitdecoding-nvfp4"
@@ -456,10 +456,10 @@ static void *worker(void *arg)
 		pthread_mutex_unlock(&sh->lock);
 
 		int t = pick / per, ci = pick % per - 1, r;
-		double t0 = cli_now_s();
+		double t0 = bd_now_s();
 		err[0] = '\0';
 		r = ci < 0 ? run_reference(sh, t, err) : run_config(sh, t, ci, err);
-		double sec = cli_now_s() - t0;
+		double sec = bd_now_s() - t0;
 		if (r == 0 && ci >= 0)
 			sh->res[(size_t)t * (size_t)sh->o->n_cfg + (size_t)ci].seconds = sec;
 
@@ -481,7 +481,7 @@ static void *worker(void *arg)
 				sh->tr[t].ref = NULL;
 				traj_free_runs(sh, t);
 			}
-			double el = cli_now_s() - sh->t0;
+			double el = bd_now_s() - sh->t0;
 			double eta = el / sh->done * (sh->n_items - sh->done);
 			if (sh->tty)
 				fprintf(stderr,
@@ -973,7 +973,7 @@ int cmd_eval_kl(int argc, char **argv)
 	struct shared sh = { .o = &o };
 	pthread_t *th = NULL;
 	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
-	double t_start = cli_now_s();
+	double t_start = bd_now_s();
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
@@ -1073,7 +1073,7 @@ int cmd_eval_kl(int argc, char **argv)
 	if (o.threads > 1)
 		openblas_set_num_threads(1);
 	sh.tty = isatty(STDERR_FILENO);
-	sh.t0 = cli_now_s();
+	sh.t0 = bd_now_s();
 	int n_th = 0;
 	for (; n_th < o.threads; n_th++)
 		if (pthread_create(&th[n_th], NULL, worker, &sh) != 0)
@@ -1091,7 +1091,7 @@ int cmd_eval_kl(int argc, char **argv)
 		goto out;
 	}
 
-	fprintf(o.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", cli_now_s() - t_start,
+	fprintf(o.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", bd_now_s() - t_start,
 		n_th);
 	if (report(&o, sh.res, T) < 0)
 		goto out;

@@ -11,11 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bd_calib.h"
-#include "bd_kvcfg.h"
-#include "bd_model.h"
-#include "bd_sampler.h"
-#include "bd_tokenizer.h"
+#include "quant/bd_calib.h"
+#include "quant/bd_kvcfg.h"
+#include "model/bd_model.h"
+#include "model/bd_sampler.h"
+#include "model/bd_tokenizer.h"
 #include "cli.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -133,7 +133,7 @@ static int on_token(void *ctx, int32_t t)
 	size_t n = 0;
 	int r;
 
-	s->t_last = cli_now_s();
+	s->t_last = bd_now_s();
 	if (s->rss_kib)
 		*s->rss_kib = rss_now_kib();
 	if (s->n_tokens++ == 0)
@@ -333,7 +333,7 @@ int cmd_generate(int argc, char **argv)
 	int n_stop = 0, n_out = 0;
 	long rss_end = -1;
 	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
-	double t0 = cli_now_s();
+	double t0 = bd_now_s();
 
 	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
 		fprintf(stderr, "bdfp4 generate: %s: %s\n", model_path,
@@ -350,7 +350,7 @@ int cmd_generate(int argc, char **argv)
 	}
 	bd_gguf_free(g);
 	g = NULL;
-	double t_load = cli_now_s() - t0;
+	double t_load = bd_now_s() - t0;
 	if (!no_calib && cli_calib_setup("generate", calib_path, model_path, &m->hp, 0,
 					 CLI_DEFAULT_CTX, !stats, &cal) < 0)
 		goto out;
@@ -408,7 +408,7 @@ int cmd_generate(int argc, char **argv)
 		.on_token = on_token,
 		.cb_ctx = &s,
 	};
-	double t_gen = cli_now_s();
+	double t_gen = bd_now_s();
 	s.rss_kib = &rss_end;
 	r = generate_tokens(m, ids, (int)n_ids, &gp, &dp, out, &n_out, err);
 	if (r < 0) {
@@ -430,7 +430,7 @@ int cmd_generate(int argc, char **argv)
 	fflush(stdout);
 
 	if (stats) {
-		double prefill = s.n_tokens ? s.t_first - t_gen : cli_now_s() - t_gen;
+		double prefill = s.n_tokens ? s.t_first - t_gen : bd_now_s() - t_gen;
 		double dec = s.t_last - s.t_first;
 		fprintf(stderr,
 			"[stats] kv %s: model load %.2f s; prompt %zu tokens, prefill + first "

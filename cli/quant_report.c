@@ -37,11 +37,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "bd_attn.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
-#include "bd_qerr.h"
-#include "bd_rand.h"
+#include "quant/bd_attn_ref.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
+#include "quant/bd_qerr.h"
+#include "base/bd_rand.h"
 #include "cli.h"
 
 #define N_NEEDLES 4

@@ -1,4 +1,4 @@
-/* bd_gaux.h — small device helpers of the GPU model (lib/gmodel_cuda.c, issue 7) that the
+/* bd_gaux.h — small device helpers of the GPU model (lib/cuda/gmodel.c) that the
  * model kernels of bd_ops.h do not cover. Asynchronous on `stream` (a cudaStream_t; NULL: the
  * default stream). Returns 0, -EINVAL (nothing launched) or -EIO (the launch failed).
  */
@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,7 +5,7 @@
  * device buffers. Block tables, sequence lengths and slot pointers are read from device arrays,
  * so a run can be captured in a CUDA graph and replayed with new contents.
  *
- * What the kernels compute is NUMERICS.md §5–§8 exactly as the CPU reference (bd_attn.h) does
+ * What the kernels compute is NUMERICS.md §5–§8 exactly as the CPU reference (bd_attn_ref.h) does
  * with tile_keys = BD_KERNEL_TILE_KEYS (one 128-token page per tile) and the plan's n_splits:
  * the same split boundaries, the same P quantization per block of 16 keys, the same BF16
  * sink+recent partial and LSE combine; only FP32 summation order differs. FP4 codes and E4M3
@@ -26,9 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bd_attn.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
+#include "quant/bd_attn_ref.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,6 +1,6 @@
-/* bd_ops.h — the model kernels of the CUDA backend besides decode attention (issue 7).
+/* bd_ops.h — the model kernels of the CUDA backend besides decode attention.
  *
- * Each is the device twin of a CPU building block of lib/model.c (bd_model.h) and computes
+ * Each is the device twin of a CPU building block of lib/model/model.c (bd_model.h) and computes
  * what that code computes, in the same FP32 operation order where the CPU order is fixed
  * (RMSNorm's sum in double, RoPE angles in double, BF16 rounding of K and V before prefill
  * attention), so that the FP32-weight model on the GPU reproduces the CPU backend's greedy
@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,11 +46,12 @@ int bd_op_head_rmsnorm(float *x, const void *w, enum bd_dtype wdt, int n, int H,
 int bd_op_bias_add(float *x, const void *b, enum bd_dtype bdt, int n, int width, void *stream);
 
 /* RoPE in place as bd_rope: x [n][H][d] FP32, row i at position pos[i] (device [n]), angles
- * pos·base^(−2j/n_rot) in double; style BD_ROPE_NORM or BD_ROPE_NEOX (bd_gguf.h values). */
+ * pos·base^(−2j/n_rot) in double; neox 0 rotates the pairs (2i, 2i+1) (GGUF Llama), 1 the
+ * pairs (i, i + n_rot/2) (Qwen2, Qwen3). -EINVAL for any other neox. */
 int bd_op_rope(float *x, int n, int H, int d, int n_rot, const int32_t *pos, float base,
-	       int style, void *stream);
+	       int neox, void *stream);
 
-/* SwiGLU as lib/model.c: y[i][j] = silu(gu[i][j]) · gu[i][F + j], gu [n][2F] FP32 (gate
+/* SwiGLU as lib/model/model.c: y[i][j] = silu(gu[i][j]) · gu[i][F + j], gu [n][2F] FP32 (gate
  * columns first, then up), y [n][F] of dtype ydt. */
 int bd_op_swiglu(const float *gu, int n, int F, void *y, enum bd_dtype ydt, void *stream);
 
@@ -60,7 +61,7 @@ int bd_op_add(float *x, const float *y, size_t len, void *stream);
 /* y[k] = x[k] converted to ydt (BF16: round to nearest even; F32: copy), k < len. */
 int bd_op_cast(const float *x, void *y, enum bd_dtype ydt, size_t len, void *stream);
 
-/* Causal GQA attention over a prompt as lib/model.c's prefill: q [n][Hq][d], k and v
+/* Causal GQA attention over a prompt as lib/model/model.c's prefill: q [n][Hq][d], k and v
  * [n][Hkv][d] FP32 post-RoPE; K and V rounded to BF16 first; query head h reads KV head
  * h / (Hq/Hkv); softmax of scale·q·k over positions ≤ i in FP32; out [n][Hq][d] FP32. Tiled
  * (flash-style, online softmax), so n may be long (≤ 1 << 20); d ∈ {64, 128}; every pointer

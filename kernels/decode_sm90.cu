@@ -90,7 +90,7 @@ __device__ __forceinline__ void flag(const DecodeParams &p, int bits)
 		atomicOr(p.status, bits);
 }
 
-/* Split boundaries: bd_attn.h's chunk rule over n_full page tiles. */
+/* Split boundaries: bd_attn_ref.h's chunk rule over n_full page tiles. */
 __device__ __forceinline__ void split_range(int n_full, int NS, int s, int *pb, int *pe)
 {
 	int chunk = (n_full + NS - 1) / NS;
@@ -231,7 +231,7 @@ __device__ __forceinline__ void bf16_tile16(const uint8_t *Ks, const uint8_t *Vs
 	for (int r = 0; r < 2; r++)
 #pragma unroll
 		for (int hs = 0; hs < 2; hs++)
-			if constexpr (KSCALE) /* channel-blocked NVFP4: (dot·g_K)·γ as bd_attn.h */
+			if constexpr (KSCALE) /* channel-blocked NVFP4: (dot·g_K)·γ as bd_attn_ref.h */
 				S[hs][r] = (g + 8 * r < nvalid) ? (sacc[2 * r + hs] * kscale) * gamma :
 								  -INFINITY;
 			else
@@ -792,7 +792,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 			}
 		}
 
-		/* logits (bd_attn.h order): ((acc1·g_q1 + acc2·g_q2)·g_K)·γ; the sink's page copy
+		/* logits (bd_attn_ref.h order): ((acc1·g_q1 + acc2·g_q2)·g_K)·γ; the sink's page copy
 		 * (keys 0–15 of the request's first page: block 0 of warp 0) is masked */
 		const bool masked = sink0 && i == 0;
 		float S[2][HS][2], bm[HS];

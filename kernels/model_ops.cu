@@ -1,7 +1,7 @@
-/* model_ops.cu — the model kernels of the CUDA backend (kernels/bd_ops.h, issue 7).
+/* model_ops.cu — the model kernels of the CUDA backend (kernels/bd_ops.h).
  *
- * Each kernel is the device twin of CPU code: lib/model.c (bd_rmsnorm, bd_rope, silu, the
- * prefill attention over BF16-rounded K/V), lib/layout.c (bd_kv_write_token) and lib/sampler.c
+ * Each kernel is the device twin of CPU code: lib/model/model.c (bd_rmsnorm, bd_rope, silu, the
+ * prefill attention over BF16-rounded K/V), lib/quant/layout.c (bd_kv_write_token) and lib/model/sampler.c
  * (bd_sampler_probs). Built with -fmad=false and without fast math: a*b+c stays two roundings
  * as in the C code; __fmaf_rn appears only in the prefill attention's dot products, which the
  * CPU computes with (FMA-using) OpenBLAS sgemm in another order anyway.
@@ -31,7 +31,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "bd_gguf.h"
 #include "bd_ops.h"
 #include "model_ops.h"
 
@@ -190,7 +189,7 @@ __global__ void bias_add_kernel(float *x, const void *b, int bdt, size_t len, in
 		x[k] = x[k] + load_dt(b, bdt, k % (size_t)width);
 }
 
-/* lib/model.c's silu: x / (1 + expf(−x)). expf here is exp in double rounded once to FP32,
+/* lib/model/model.c's silu: x / (1 + expf(−x)). expf here is exp in double rounded once to FP32,
  * the correctly rounded value glibc's expf also returns (but in rare near-ties). */
 __device__ __forceinline__ float silu(float x)
 {
@@ -894,10 +893,10 @@ extern "C" int bd_op_bias_add(float *x, const void *b, enum bd_dtype bdt, int n,
 }
 
 extern "C" int bd_op_rope(float *x, int n, int H, int d, int n_rot, const int32_t *pos,
-			  float base, int style, void *stream)
+			  float base, int neox, void *stream)
 {
 	if (!x || !pos || n < 0 || H < 1 || d < 2 || n_rot < 2 || n_rot % 2 != 0 || n_rot > d ||
-	    !isfinite(base) || !(base > 0.0f) || (style != BD_ROPE_NORM && style != BD_ROPE_NEOX))
+	    !isfinite(base) || !(base > 0.0f) || (neox != 0 && neox != 1))
 		return -EINVAL;
 	if (n == 0)
 		return 0;
@@ -906,7 +905,7 @@ extern "C" int bd_op_rope(float *x, int n, int H, int d, int n_rot, const int32_
 	if (blocks > 0x7fffffffu)
 		return -EINVAL;
 	rope_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, n, H, d, n_rot, pos, base,
-								       style == BD_ROPE_NEOX);
+								       neox);
 	return launched();
 }
 

@@ -3,12 +3,12 @@
  * backends (mem_cpu.c, mem_cuda.c). None of it does I/O or logs, so the unit tests and the
  * fuzzer drive it directly.
  *
- * Allocator model (issue 4): pages are FREE, RESERVED (the next page of one request, before
+ * Allocator model: pages are FREE, RESERVED (the next page of one request, before
  * promotion) or USED; a USED page may be held by several requests (refcount = holders). A
  * request record (id ≠ 0, owner = router session id) holds page references, at most one
  * reservation and at most one BF16 slot. Every operation checks everything before it changes
  * anything: on error the pool is exactly as before.
- * Operations return 0 or -(enum bd_pool_error) (bd_pool.h), with a one-line reason readable
+ * Operations return 0 or -(enum bd_pool_error) (bd_pool_client.h), with a one-line reason readable
  * through bd_kvpool_alloc_error().
  */
 #ifndef BD_KVPOOL_H
@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bd_layout.h"
-#include "bd_pool.h"
+#include "quant/bd_layout.h"
+#include "pool/bd_pool_client.h"
 
 /* ---- allocator --------------------------------------------------------------------------- */
 

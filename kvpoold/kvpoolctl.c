@@ -1,4 +1,4 @@
-/* kvpoolctl — kvpoold's operator CLI (issue 4).
+/* kvpoolctl — kvpoold's operator CLI.
  *
  *   kvpoolctl [--endpoint E] [--config PATH | --no-config] [--timeout MS] COMMAND
  *     stats [--json] [--top N]   pool fill, bytes by format, largest holders, per device
@@ -18,8 +18,8 @@
 
 #include <jansson.h>
 
-#include "bd_config.h"
-#include "bd_pool.h"
+#include "base/bd_config.h"
+#include "pool/bd_pool_client.h"
 
 static void usage(FILE *f)
 {

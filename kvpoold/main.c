@@ -1,35 +1,34 @@
-/* kvpoold — the KV pool daemon (issue 4, DESIGN.md).
+/* kvpoold — the KV pool daemon (DESIGN.md).
  *
  * Owns every byte of KV memory on the node (one arena per TP rank: FP4 pages of every layer and
  * the BF16 slots) and the record of who holds what. It never computes. One event loop polls the
- * allocation socket (ZeroMQ REP), the attach socket (Unix SOCK_SEQPACKET) and its clients, and a
- * signalfd, with a periodic tick for sd_notify STATUS/WATCHDOG and handshake timeouts.
+ * allocation socket (ZeroMQ REP), the attach socket (Unix SOCK_SEQPACKET) and its clients, and
+ * the signal fd (bd_daemon.h), with a periodic tick for sd_notify STATUS/WATCHDOG and handshake
+ * timeouts.
  *
  * Configuration: [pool] of /etc/bdfp4/bdfp4.conf, every key overridable by a flag of the same
  * name (--max-seq-len=N for max_seq_len). Exit: 0 after SIGTERM/SIGINT, 1 on a fatal error.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <grp.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <systemd/sd-daemon.h>
 #include <zmq.h>
 
-#include "bd_config.h"
-#include "bd_ipc.h"
-#include "bd_kvcfg.h"
-#include "bd_pool.h"
+#include "base/bd_clock.h"
+#include "base/bd_config.h"
+#include "base/bd_daemon.h"
+#include "base/bd_ipc.h"
+#include "base/bd_log.h"
+#include "quant/bd_kvcfg.h"
+#include "pool/bd_pool_client.h"
 #include "kvpool.h"
 #include "kvpool.pb-c.h"
 
@@ -85,7 +84,7 @@ struct opts {
 };
 
 struct ctx {
-	struct bd_config *cfg;
+	struct bd_daemon d;
 	struct opts o;
 	const struct bd_kvcfg *kvcfg;
 	const struct bd_kvpool_mem_ops *mem;
@@ -100,109 +99,17 @@ struct ctx {
 	struct bd_pool_attachment *attachments;
 
 	void *zctx, *rep;
-	int listen_fd, sig_fd;
+	int listen_fd;
 	bool socket_bound;
 	bool rep_bound; /* the allocation endpoint is ours (unlink its ipc file at exit) */
 	struct client *clients;
 	size_t n_clients;
 
-	uint64_t watchdog_usec;
-	int64_t next_status, next_watchdog;
+	int64_t next_status;
 	bool stop;
 };
 
-static bool journal;
-
-static void log_msg(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void log_msg(int prio, const char *fmt, ...)
-{
-	static const char *const names[] = { "emerg", "alert", "crit", "error",
-					     "warning", "notice", "info", "debug" };
-	va_list ap;
-
-	if (journal)
-		fprintf(stderr, "<%d>", prio);
-	else
-		fprintf(stderr, "kvpoold: %s: ", names[prio & 7]);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
-
-#define log_err(...) log_msg(3, __VA_ARGS__)
-#define log_warn(...) log_msg(4, __VA_ARGS__)
-#define log_info(...) log_msg(6, __VA_ARGS__)
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- configuration ------------------------------------------------------------------------- */
-
-static void usage(FILE *f)
-{
-	bd_config_usage(f, "kvpoold", NULL, SECTION, keys);
-}
-
-static int get_int(struct ctx *c, const char *key, int64_t min, int64_t max, int64_t *ret)
-{
-	int64_t def;
-	int e;
-
-	for (const struct bd_config_key *k = keys; k->name; k++)
-		if (!strcmp(k->name, key)) {
-			def = strtoll(k->def, NULL, 0);
-			e = bd_config_get_i64(c->cfg, SECTION, key, def, min, max, ret);
-			if (e < 0)
-				log_err("%s = '%s': %s (allowed %lld..%lld)", key,
-					bd_config_get(c->cfg, SECTION, key),
-					e == -ERANGE ? "out of range" : "not an integer",
-					(long long)min, (long long)max);
-			return e;
-		}
-	return -EINVAL;
-}
-
-static const char *get_str(struct ctx *c, const char *key)
-{
-	return bd_config_str(c->cfg, SECTION, keys, key);
-}
-
-static int get_bytes(struct ctx *c, const char *key, uint64_t *ret)
-{
-	uint64_t def = 0;
-	int e;
-
-	for (const struct bd_config_key *k = keys; k->name; k++)
-		if (!strcmp(k->name, key))
-			bd_config_parse_bytes(k->def, &def);
-	e = bd_config_get_bytes(c->cfg, SECTION, key, def, 0, UINT64_MAX / 2, ret);
-	if (e < 0)
-		log_err("%s = '%s': not a byte size", key, bd_config_get(c->cfg, SECTION, key));
-	return e;
-}
-
-static int parse_args(struct ctx *c, int argc, char **argv)
-{
-	char err[256];
-	int e = bd_config_parse_args(c->cfg, SECTION, keys, BD_CONFIG_DEFAULT_PATH, argc, argv, err,
-				     sizeof(err));
-
-	if (e == 1) {
-		usage(stdout);
-	} else if (e < 0) {
-		log_err("%s", err);
-		if (e == -EINVAL)
-			usage(stderr);
-	}
-	return e;
-}
 
 static int resolve_group(const char *s, gid_t *ret)
 {
@@ -229,25 +136,19 @@ static int resolve_group(const char *s, gid_t *ret)
 static int read_opts(struct ctx *c)
 {
 	struct opts *o = &c->o;
+	const struct bd_daemon *d = &c->d;
 	int64_t v;
-	const char *bad;
-
-	bad = bd_config_unknown(c->cfg, SECTION, keys);
-	if (bad) {
-		log_err("unknown key '%s' in [%s]", bad, SECTION);
-		return -EINVAL;
-	}
-	o->socket = get_str(c, "socket");
-	o->endpoint = get_str(c, "endpoint");
-	o->backend = get_str(c, "backend");
-	o->kv_config = get_str(c, "kv_config");
-	if (resolve_group(get_str(c, "group"), &o->group) < 0) {
-		log_err("group '%s' does not exist", get_str(c, "group"));
+	o->socket = bd_daemon_get_str(d, "socket");
+	o->endpoint = bd_daemon_get_str(d, "endpoint");
+	o->backend = bd_daemon_get_str(d, "backend");
+	o->kv_config = bd_daemon_get_str(d, "kv_config");
+	if (resolve_group(bd_daemon_get_str(d, "group"), &o->group) < 0) {
+		bd_log_err("group '%s' does not exist", bd_daemon_get_str(d, "group"));
 		return -EINVAL;
 	}
 #define INT(key, min, max, dst)                                                  \
 	do {                                                                     \
-		if (get_int(c, key, min, max, &v) < 0)                           \
+		if (bd_daemon_get_i64(d, key, min, max, &v) < 0)                 \
 			return -EINVAL;                                          \
 		dst = v;                                                         \
 	} while (0)
@@ -267,28 +168,24 @@ static int read_opts(struct ctx *c)
 	INT("attach_timeout_ms", 10, 3600000, o->attach_ms);
 	INT("stats_top", 0, 64, o->stats_top);
 #undef INT
-	if (get_bytes(c, "memory_bytes", &o->memory_bytes) < 0 ||
-	    get_bytes(c, "chunk_bytes", &o->chunk_bytes) < 0)
+	if (bd_daemon_get_bytes(d, "memory_bytes", 0, UINT64_MAX / 2, &o->memory_bytes) < 0 ||
+	    bd_daemon_get_bytes(d, "chunk_bytes", 0, UINT64_MAX / 2, &o->chunk_bytes) < 0 ||
+	    bd_daemon_get_double(d, "gpu_memory_fraction", 0, 1, &o->fraction) < 0)
 		return -EINVAL;
-	if (bd_config_get_double(c->cfg, SECTION, "gpu_memory_fraction", 0, 0, 1, &o->fraction) <
-	    0) {
-		log_err("gpu_memory_fraction must be a number in [0, 1]");
-		return -EINVAL;
-	}
 	if (o->chunk_bytes == 0) {
-		log_err("chunk_bytes must be positive");
+		bd_log_err("chunk_bytes must be positive");
 		return -EINVAL;
 	}
 	if (!o->heads_per_rank)
 		o->heads_per_rank = (o->kv_heads + o->tp - 1) / o->tp;
 	c->kvcfg = bd_kvcfg_find(o->kv_config);
 	if (!c->kvcfg) {
-		log_err("unknown kv_config '%s'", o->kv_config);
+		bd_log_err("unknown kv_config '%s'", o->kv_config);
 		return -EINVAL;
 	}
 	c->mem = bd_kvpool_mem_find(o->backend);
 	if (!c->mem) {
-		log_err("unknown backend '%s' (cpu or cuda)", o->backend);
+		bd_log_err("unknown backend '%s' (cpu or cuda)", o->backend);
 		return -EINVAL;
 	}
 	return 0;
@@ -305,25 +202,25 @@ static int setup_memory(struct ctx *c)
 
 	e = c->mem->supported(c->o.tp, err, sizeof(err));
 	if (e < 0) {
-		log_err("backend %s: %s", c->mem->name, err);
+		bd_log_err("backend %s: %s", c->mem->name, err);
 		return e;
 	}
 	e = c->mem->granularity(0, &p.granularity, err, sizeof(err));
 	if (e < 0) {
-		log_err("backend %s: %s", c->mem->name, err);
+		bd_log_err("backend %s: %s", c->mem->name, err);
 		return e;
 	}
 	if (!c->o.pages && !budget) {
 		uint64_t total;
 
 		if (c->o.fraction <= 0) {
-			log_err("no pool budget: set memory_bytes, gpu_memory_fraction or pages");
+			bd_log_err("no pool budget: set memory_bytes, gpu_memory_fraction or pages");
 			return -EINVAL;
 		}
 		/* ranks share one budget on the CPU, each has its own device on CUDA */
 		e = c->mem->device_memory(0, &total, err, sizeof(err));
 		if (e < 0) {
-			log_err("backend %s: %s", c->mem->name, err);
+			bd_log_err("backend %s: %s", c->mem->name, err);
 			return e;
 		}
 		budget = (uint64_t)((double)total * c->o.fraction);
@@ -336,7 +233,7 @@ static int setup_memory(struct ctx *c)
 		if (c->mem == &bd_kvpool_mem_cpu)
 			need *= (uint64_t)c->o.tp;
 		if (c->mem->device_memory(0, &total, err, sizeof(err)) == 0 && need > total) {
-			log_err("memory_bytes = %llu per rank: %llu bytes in all, more than the %llu "
+			bd_log_err("memory_bytes = %llu per rank: %llu bytes in all, more than the %llu "
 				"bytes of %s", (unsigned long long)budget, (unsigned long long)need,
 				(unsigned long long)total,
 				c->mem == &bd_kvpool_mem_cpu ? "RAM" : "device memory");
@@ -355,7 +252,7 @@ static int setup_memory(struct ctx *c)
 	p.chunk_bytes = c->o.chunk_bytes;
 	e = bd_kvpool_plan(&p, &c->plan, err, sizeof(err));
 	if (e < 0) {
-		log_err("%s", err);
+		bd_log_err("%s", err);
 		return e;
 	}
 	c->arenas = calloc((size_t)c->o.tp, sizeof(*c->arenas));
@@ -365,7 +262,7 @@ static int setup_memory(struct ctx *c)
 	for (int r = 0; r < c->o.tp; r++) {
 		e = c->mem->arena_create(r, &c->plan, &c->arenas[r], err, sizeof(err));
 		if (e < 0) {
-			log_err("arena of rank %d: %s", r, err);
+			bd_log_err("arena of rank %d: %s", r, err);
 			return e;
 		}
 		c->n_arenas = r + 1;
@@ -380,10 +277,10 @@ static int setup_memory(struct ctx *c)
 	e = bd_kvpool_alloc_new(c->plan.n_pages, c->plan.n_slots, c->plan.max_pages_per_request,
 				c->o.max_requests, &c->alloc);
 	if (e < 0) {
-		log_err("allocator: %s", strerror(-e));
+		bd_log_err("allocator: %s", strerror(-e));
 		return e;
 	}
-	log_info("backend %s, %d rank(s): %zu pages of %zu bytes (x%d layers, %s), %zu slots of "
+	bd_log_info("backend %s, %d rank(s): %zu pages of %zu bytes (x%d layers, %s), %zu slots of "
 		 "%zu bytes, %zu bytes per rank in %zu chunk(s)",
 		 c->mem->name, c->o.tp, c->plan.n_pages, c->plan.layout.page_bytes, c->o.layers,
 		 bd_kvpool_format_name(p.fmt), c->plan.n_slots, c->plan.layout.slot_bytes,
@@ -417,9 +314,9 @@ static void drop_client(struct ctx *c, size_t i, const char *why)
 	struct client *cl = &c->clients[i];
 
 	if (cl->attached)
-		log_info("rank %d detached (pid %d): %s", cl->rank, (int)cl->pid, why);
+		bd_log_info("rank %d detached (pid %d): %s", cl->rank, (int)cl->pid, why);
 	else
-		log_info("connection of pid %d dropped: %s", (int)cl->pid, why);
+		bd_log_info("connection of pid %d dropped: %s", (int)cl->pid, why);
 	close(cl->fd);
 	c->clients[i] = c->clients[--c->n_clients];
 	refresh_info(c);
@@ -450,7 +347,7 @@ static void on_accept(struct ctx *c)
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				log_warn("accept: %s", strerror(errno));
+				bd_log_warn("accept: %s", strerror(errno));
 			return;
 		}
 		if (bd_ipc_peer_cred(fd, &cl.pid, &cl.uid, &cl.gid) < 0) {
@@ -459,20 +356,20 @@ static void on_accept(struct ctx *c)
 		}
 		ok = bd_ipc_peer_allowed(fd, getuid(), c->o.group);
 		if (ok <= 0) {
-			log_warn("refused pid %d uid %u gid %u: not in the pool's group",
+			bd_log_warn("refused pid %d uid %u gid %u: not in the pool's group",
 				 (int)cl.pid, (unsigned)cl.uid, (unsigned)cl.gid);
 			attach_refuse(fd, BD_POOL_ERR_DENIED, "peer uid/gid not allowed");
 			close(fd);
 			continue;
 		}
 		if (c->n_clients >= c->o.max_clients) {
-			log_warn("refused pid %d: %zu connections already", (int)cl.pid,
+			bd_log_warn("refused pid %d: %zu connections already", (int)cl.pid,
 				 c->n_clients);
 			attach_refuse(fd, BD_POOL_ERR_EXHAUSTED, "too many connections");
 			close(fd);
 			continue;
 		}
-		cl.deadline_ms = now_ms() + c->o.attach_ms;
+		cl.deadline_ms = bd_now_ms() + c->o.attach_ms;
 		c->clients[c->n_clients++] = cl;
 	}
 }
@@ -514,12 +411,12 @@ static void send_attach(struct ctx *c, struct client *cl)
 	e = bd_ipc_send(cl->fd, buf, bdfp4__attach_reply__pack(&rep, buf), fds,
 			(int)ar->n_chunks);
 	if (e < 0) {
-		log_warn("attach reply to pid %d: %s", (int)cl->pid, strerror(-e));
+		bd_log_warn("attach reply to pid %d: %s", (int)cl->pid, strerror(-e));
 		return;
 	}
 	cl->attached = true;
 	refresh_info(c);
-	log_info("rank %d attached by pid %d (uid %u)", cl->rank, (int)cl->pid, (unsigned)cl->uid);
+	bd_log_info("rank %d attached by pid %d (uid %u)", cl->rank, (int)cl->pid, (unsigned)cl->uid);
 }
 
 /* Returns false when the client was dropped. */
@@ -590,7 +487,7 @@ static int ipc_path_fixup(struct ctx *c, const char *endpoint)
 	path = endpoint + 6;
 	if (chmod(path, 0660) < 0 ||
 	    (c->o.group != (gid_t)-1 && chown(path, (uid_t)-1, c->o.group) < 0)) {
-		log_err("%s: %s", path, strerror(errno));
+		bd_log_err("%s: %s", path, strerror(errno));
 		return -errno;
 	}
 	return 0;
@@ -634,7 +531,7 @@ static void on_rep(struct ctx *c)
 			continue;
 		}
 		if (zmq_send(c->rep, out, out_len, 0) < 0)
-			log_warn("reply: %s", zmq_strerror(zmq_errno()));
+			bd_log_warn("reply: %s", zmq_strerror(zmq_errno()));
 		free(out);
 	}
 }
@@ -643,37 +540,27 @@ static int setup_sockets(struct ctx *c)
 {
 	int zero = 0;
 	int64_t maxmsg = ZMQ_HARD_MAX;
-	sigset_t ss;
 	char dir[PATH_MAX], *slash;
 
-	sigemptyset(&ss);
-	sigaddset(&ss, SIGTERM);
-	sigaddset(&ss, SIGINT);
-	sigaddset(&ss, SIGHUP);
-	c->sig_fd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
-	if (c->sig_fd < 0) {
-		log_err("signalfd: %s", strerror(errno));
-		return -errno;
-	}
 	/* the runtime directory, when systemd has not made it */
 	snprintf(dir, sizeof(dir), "%s", c->o.socket);
 	slash = strrchr(dir, '/');
 	if (slash && slash != dir) {
 		*slash = 0;
 		if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
-			log_err("%s: %s", dir, strerror(errno));
+			bd_log_err("%s: %s", dir, strerror(errno));
 			return -errno;
 		}
 	}
 	c->listen_fd = bd_ipc_listen(c->o.socket, 0660, c->o.group, 64);
 	if (c->listen_fd < 0) {
-		log_err("attach socket %s: %s", c->o.socket, strerror(-c->listen_fd));
+		bd_log_err("attach socket %s: %s", c->o.socket, strerror(-c->listen_fd));
 		return c->listen_fd;
 	}
 	c->socket_bound = true;
 	c->zctx = zmq_ctx_new();
 	if (!strncmp(c->o.endpoint, "ipc://", 6) && bd_ipc_path_in_use(c->o.endpoint + 6) == 1) {
-		log_err("allocation endpoint %s: another process listens there (is kvpoold already "
+		bd_log_err("allocation endpoint %s: another process listens there (is kvpoold already "
 			"running?)", c->o.endpoint);
 		return -EADDRINUSE;
 	}
@@ -681,7 +568,7 @@ static int setup_sockets(struct ctx *c)
 	if (!c->rep || zmq_setsockopt(c->rep, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_setsockopt(c->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
 	    zmq_bind(c->rep, c->o.endpoint) < 0) {
-		log_err("allocation endpoint %s: %s", c->o.endpoint, zmq_strerror(zmq_errno()));
+		bd_log_err("allocation endpoint %s: %s", c->o.endpoint, zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
 	c->rep_bound = true;
@@ -698,8 +585,8 @@ static void notify_status(struct ctx *c)
 	bd_kvpool_alloc_counts(c->alloc, &k);
 	for (size_t i = 0; i < c->n_clients; i++)
 		attached += c->clients[i].attached;
-	sd_notifyf(0, "STATUS=pages %zu/%zu used (%zu reserved), slots %zu/%zu, %zu requests, "
-		      "%zu attached",
+	bd_daemon_status(&c->d, "pages %zu/%zu used (%zu reserved), slots %zu/%zu, %zu requests, "
+			 "%zu attached",
 		   k.pages_total - k.pages_free, k.pages_total, k.pages_reserved,
 		   k.slots_total - k.slots_free, k.slots_total, k.requests, attached);
 }
@@ -710,10 +597,7 @@ static void on_tick(struct ctx *c, int64_t now)
 		notify_status(c);
 		c->next_status = now + c->o.status_ms;
 	}
-	if (c->watchdog_usec && now >= c->next_watchdog) {
-		sd_notify(0, "WATCHDOG=1");
-		c->next_watchdog = now + (int64_t)(c->watchdog_usec / 2000);
-	}
+	bd_daemon_watchdog(&c->d, now);
 	for (size_t i = 0; i < c->n_clients;)
 		if (!c->clients[i].attached && now >= c->clients[i].deadline_ms)
 			drop_client(c, i, "no attach request in time");
@@ -728,12 +612,13 @@ static int run(struct ctx *c)
 	if (!items)
 		return -ENOMEM;
 	while (!c->stop) {
-		int64_t now = now_ms(), wait = c->next_status - now;
+		int64_t now = bd_now_ms(), wait = c->next_status - now;
+		int64_t wd = bd_daemon_watchdog(&c->d, now);
 		size_t n_cl = c->n_clients;
-		int r;
+		int r, signo;
 
-		if (c->watchdog_usec && c->next_watchdog - now < wait)
-			wait = c->next_watchdog - now;
+		if (wd < wait)
+			wait = wd;
 		for (size_t i = 0; i < n_cl; i++)
 			if (!c->clients[i].attached && c->clients[i].deadline_ms - now < wait)
 				wait = c->clients[i].deadline_ms - now;
@@ -741,7 +626,7 @@ static int run(struct ctx *c)
 			wait = 0;
 		items[0] = (zmq_pollitem_t){ .socket = c->rep, .events = ZMQ_POLLIN };
 		items[1] = (zmq_pollitem_t){ .fd = c->listen_fd, .events = ZMQ_POLLIN };
-		items[2] = (zmq_pollitem_t){ .fd = c->sig_fd, .events = ZMQ_POLLIN };
+		items[2] = (zmq_pollitem_t){ .fd = c->d.signal_fd, .events = ZMQ_POLLIN };
 		for (size_t i = 0; i < n_cl; i++)
 			items[3 + i] = (zmq_pollitem_t){ .fd = c->clients[i].fd,
 							 .events = ZMQ_POLLIN };
@@ -749,19 +634,15 @@ static int run(struct ctx *c)
 		if (r < 0) {
 			if (zmq_errno() == EINTR)
 				continue;
-			log_err("zmq_poll: %s", zmq_strerror(zmq_errno()));
+			bd_log_err("zmq_poll: %s", zmq_strerror(zmq_errno()));
 			free(items);
 			return -EIO;
 		}
 		if (items[2].revents) {
-			struct signalfd_siginfo si;
-
-			while (read(c->sig_fd, &si, sizeof(si)) == sizeof(si)) {
-				if (si.ssi_signo == SIGHUP) {
-					log_info("SIGHUP ignored: restart to reconfigure");
+			while ((signo = bd_daemon_signal(&c->d)) > 0) {
+				if (signo == SIGUSR1)
 					continue;
-				}
-				log_info("signal %u: stopping", si.ssi_signo);
+				bd_log_info("signal %d: stopping", signo);
 				c->stop = true;
 			}
 			if (c->stop)
@@ -775,7 +656,7 @@ static int run(struct ctx *c)
 				on_client(c, i);
 		if (items[1].revents)
 			on_accept(c);
-		on_tick(c, now_ms());
+		on_tick(c, bd_now_ms());
 	}
 	free(items);
 	return 0;
@@ -798,39 +679,25 @@ static void cleanup(struct ctx *c)
 	}
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
-	if (c->sig_fd >= 0)
-		close(c->sig_fd);
 	for (int r = 0; r < c->n_arenas; r++)
 		c->mem->arena_destroy(&c->arenas[r]);
 	free(c->arenas);
 	free(c->devices);
 	free(c->attachments);
 	bd_kvpool_alloc_free(c->alloc);
-	bd_config_free(c->cfg);
+	bd_daemon_end(&c->d);
 }
 
 int main(int argc, char **argv)
 {
-	struct ctx c = { .listen_fd = -1, .sig_fd = -1 };
-	sigset_t ss;
-	int e;
+	struct ctx c = {
+		.d = { .name = "kvpoold", .section = SECTION, .keys = keys },
+		.listen_fd = -1,
+	};
+	int e = bd_daemon_start(&c.d, argc, argv);
 
-	journal = getenv("JOURNAL_STREAM") != NULL;
-	/* block the signals the loop reads from its signalfd, before anything can race them */
-	sigemptyset(&ss);
-	sigaddset(&ss, SIGTERM);
-	sigaddset(&ss, SIGINT);
-	sigaddset(&ss, SIGHUP);
-	sigprocmask(SIG_BLOCK, &ss, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	bd_ipc_raise_nofile();
-
-	c.cfg = bd_config_new();
-	if (!c.cfg)
-		return 1;
-	e = parse_args(&c, argc, argv);
 	if (e == 1) {
-		bd_config_free(c.cfg);
+		bd_daemon_end(&c.d);
 		return 0;
 	}
 	if (e < 0 || read_opts(&c) < 0)
@@ -861,14 +728,11 @@ int main(int argc, char **argv)
 	};
 	if (setup_sockets(&c) < 0)
 		goto fail;
-	if (sd_watchdog_enabled(0, &c.watchdog_usec) <= 0)
-		c.watchdog_usec = 0;
-	c.next_status = now_ms();
-	c.next_watchdog = now_ms();
-	log_info("listening on %s (attach) and %s (allocation)", c.o.socket, c.o.endpoint);
-	sd_notify(0, "READY=1");
+	c.next_status = bd_now_ms();
+	bd_log_info("listening on %s (attach) and %s (allocation)", c.o.socket, c.o.endpoint);
+	bd_daemon_ready(&c.d);
 	e = run(&c);
-	sd_notify(0, "STOPPING=1");
+	bd_daemon_stopping(&c.d);
 	cleanup(&c);
 	return e < 0 ? 1 : 0;
 fail:

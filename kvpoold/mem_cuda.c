@@ -15,7 +15,7 @@
 #include "kvpool.h"
 
 #ifdef BD_HAVE_CUDA_H
-#include "bd_cudrv.h"
+#include "pool/bd_cudrv.h"
 
 static const struct bd_cudrv *cu;
 

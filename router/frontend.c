@@ -9,7 +9,7 @@
 
 #include <zmq.h>
 
-#include "bd_kvcfg.h"
+#include "quant/bd_kvcfg.h"
 #include "router.h"
 
 struct envelope {
@@ -49,7 +49,7 @@ static void send_error(struct bd_router *rt, const struct envelope *env, uint64_
 	er.message = (char *)msg;
 	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_ERROR;
 	rep.error = &er;
-	rlog_debug("request %llu refused: %s", (unsigned long long)tag, msg);
+	bd_log_debug("request %llu refused: %s", (unsigned long long)tag, msg);
 	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
 }
 
@@ -62,7 +62,7 @@ void bd_router_client_gone(struct bd_router *rt, const uint8_t *ident, size_t le
 			continue; /* finishing one may free others (never today; be safe) */
 		r = rt->reqs[i];
 		if (r->ident_len == len && !memcmp(r->ident, ident, len) && !r->finish_pending) {
-			rlog_info("request %llu: client gone, cancelled",
+			bd_log_info("request %llu: client gone, cancelled",
 				  (unsigned long long)r->id);
 			bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
 					 BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED,
@@ -122,7 +122,7 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 		ch.logits = psl;
 	}
 	if (final) {
-		int64_t now = bd_router_now_ms();
+		int64_t now = bd_now_ms();
 
 		us.prompt_tokens = (uint32_t)r->n_prompt;
 		us.completion_tokens = (uint32_t)r->n_gen;
@@ -138,7 +138,7 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 	if (e == 0) {
 		r->n_sent = r->n_gen;
 		r->shown_sent = r->shown;
-		r->last_sent = bd_router_now_ms();
+		r->last_sent = bd_now_ms();
 	}
 out:
 	free(text);
@@ -182,7 +182,7 @@ void bd_router_keepalive(struct bd_router *rt, int64_t now)
 void bd_router_fill_health(struct bd_router *rt, Bdfp4__HealthReply *h, Bdfp4__WorkerStatus *ws,
 			   Bdfp4__WorkerStatus **pws)
 {
-	int64_t now = bd_router_now_ms();
+	int64_t now = bd_now_ms();
 
 	char pool[320];
 
@@ -279,7 +279,7 @@ static void on_info(struct bd_router *rt, const struct envelope *env)
 	si.slots_total = rt->slots_total;
 	si.slots_free = rt->slots_free;
 	si.pages_peak = rt->pages_peak;
-	si.uptime_ms = (uint64_t)(bd_router_now_ms() - rt->t_start);
+	si.uptime_ms = (uint64_t)(bd_now_ms() - rt->t_start);
 	si.health = &h;
 	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_INFO;
 	rep.info = &si;
@@ -590,7 +590,7 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 		}
 	}
 	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
-	r->t_arrival = bd_router_now_ms();
+	r->t_arrival = bd_now_ms();
 	r->last_sent = r->t_arrival;
 	r->deadline = r->t_arrival + (g->deadline_ms ? (int64_t)g->deadline_ms
 						     : (int64_t)rt->o.deadline_ms);
@@ -600,7 +600,7 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 		r->sampling.seed = mix64(r->id ^ (uint64_t)r->t_arrival) | 1;
 	if (bd_router_add(rt, r) < 0)
 		goto nomem_r;
-	rlog_debug("request %llu: %d prompt tokens, max %d, %s", (unsigned long long)r->id,
+	bd_log_debug("request %llu: %d prompt tokens, max %d, %s", (unsigned long long)r->id,
 		   r->n_prompt, r->max_tokens, r->kv_config);
 	return;
 nomem_r:
@@ -625,7 +625,7 @@ static void on_cancel(struct bd_router *rt, const struct envelope *env, uint64_t
 		return;
 	}
 	if (r) {
-		rlog_info("request %llu: cancelled by the client", (unsigned long long)r->id);
+		bd_log_info("request %llu: cancelled by the client", (unsigned long long)r->id);
 		bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
 				 BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client",
 				 true);

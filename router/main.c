@@ -1,4 +1,4 @@
-/* routerd — the router of the bdfp4 serving system (issue 5, DESIGN.md).
+/* routerd — the router of the bdfp4 serving system (DESIGN.md).
  *
  * Terminates the client API (serve.proto over a ZeroMQ ROUTER frontend), tokenizes, admits
  * requests against the pool's capacity, batches them continuously and sends each step's plan
@@ -31,11 +31,11 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
-#include "bd_config.h"
-#include "bd_gguf.h"
-#include "bd_ipc.h"
-#include "bd_gmodel.h"
-#include "bd_kvcfg.h"
+#include "base/bd_config.h"
+#include "formats/bd_gguf.h"
+#include "base/bd_ipc.h"
+#include "model/bd_model_preset.h"
+#include "quant/bd_kvcfg.h"
 #include "router.h"
 
 #define SECTION "router"
@@ -75,35 +75,6 @@ static const struct bd_config_key keys[] = {
 	{ NULL, NULL, NULL },
 };
 
-static bool journal;
-
-int64_t bd_router_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void bd_router_log(int prio, const char *fmt, ...)
-{
-	static const char *const names[] = { "emerg", "alert", "crit", "error",
-					     "warning", "notice", "info", "debug" };
-	va_list ap;
-
-	if (prio >= 7 && !getenv("BD_ROUTER_DEBUG"))
-		return;
-	if (journal)
-		fprintf(stderr, "<%d>", prio);
-	else
-		fprintf(stderr, "routerd: %.3f %s: ", (double)bd_router_now_ms() / 1000.0,
-			names[prio & 7]);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
-
 /* ---- configuration ------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -131,7 +102,7 @@ static int get_int(struct bd_router *rt, const char *key, int64_t min, int64_t m
 				  &v);
 
 	if (e < 0) {
-		rlog_err("%s = '%s': %s (allowed %lld..%lld)", key,
+		bd_log_err("%s = '%s': %s (allowed %lld..%lld)", key,
 			 bd_config_get(rt->cfg, SECTION, key),
 			 e == -ERANGE ? "out of range" : "not an integer", (long long)min,
 			 (long long)max);
@@ -150,7 +121,7 @@ static int parse_args(struct bd_router *rt, int argc, char **argv)
 	if (e == 1) {
 		usage(stdout);
 	} else if (e < 0) {
-		rlog_err("%s", err);
+		bd_log_err("%s", err);
 		if (e == -EINVAL)
 			usage(stderr);
 	}
@@ -166,7 +137,7 @@ static int read_opts(struct bd_router *rt)
 
 	bad = bd_config_unknown(rt->cfg, SECTION, keys);
 	if (bad) {
-		rlog_err("unknown key '%s' in [%s]", bad, SECTION);
+		bd_log_err("unknown key '%s' in [%s]", bad, SECTION);
 		return -EINVAL;
 	}
 	fe = get_str(rt, "frontend");
@@ -175,7 +146,7 @@ static int read_opts(struct bd_router *rt)
 		return -ENOMEM;
 	for (tokn = strtok_r(copy, ", ", &save); tokn; tokn = strtok_r(NULL, ", ", &save)) {
 		if (o->n_frontends == BD_ROUTER_MAX_ENDPOINTS) {
-			rlog_err("frontend: at most %d endpoints", BD_ROUTER_MAX_ENDPOINTS);
+			bd_log_err("frontend: at most %d endpoints", BD_ROUTER_MAX_ENDPOINTS);
 			free(copy);
 			return -EINVAL;
 		}
@@ -187,7 +158,7 @@ static int read_opts(struct bd_router *rt)
 	}
 	free(copy);
 	if (!o->n_frontends) {
-		rlog_err("frontend: no endpoint");
+		bd_log_err("frontend: no endpoint");
 		return -EINVAL;
 	}
 	o->workers = get_str(rt, "workers");
@@ -217,17 +188,17 @@ static int read_opts(struct bd_router *rt)
 
 		if (bd_config_get_bytes(rt->cfg, SECTION, "max_frame_bytes", 1 << 20, 256,
 					FRONT_HARD_MAX, &mf) < 0) {
-			rlog_err("max_frame_bytes: a byte size in 256..%d", FRONT_HARD_MAX);
+			bd_log_err("max_frame_bytes: a byte size in 256..%d", FRONT_HARD_MAX);
 			return -EINVAL;
 		}
 		o->max_frame = (int)mf;
 	}
 	if (o->heartbeat_timeout_ms <= o->heartbeat_ms) {
-		rlog_err("heartbeat_timeout_ms must exceed heartbeat_ms");
+		bd_log_err("heartbeat_timeout_ms must exceed heartbeat_ms");
 		return -EINVAL;
 	}
 	if (*o->kv_config && !bd_kvcfg_find(o->kv_config)) {
-		rlog_err("unknown kv_config '%s'", o->kv_config);
+		bd_log_err("unknown kv_config '%s'", o->kv_config);
 		return -EINVAL;
 	}
 	return 0;
@@ -235,7 +206,7 @@ static int read_opts(struct bd_router *rt)
 
 /* ---- model and pool ------------------------------------------------------------------------ */
 
-/* A random-weights model (issue 7): the shape of a named preset, no tokenizer (text prompts
+/* A random-weights model: the shape of a named preset, no tokenizer (text prompts
  * are refused, chunks carry token ids only), no end-of-generation token, the context the
  * pool's max_seq_len allows. */
 static int load_preset(struct bd_router *rt)
@@ -243,7 +214,7 @@ static int load_preset(struct bd_router *rt)
 	struct bd_model_hparams hp;
 
 	if (bd_model_preset(rt->o.random_weights, &hp) < 0) {
-		rlog_err("random_weights = '%s': no such model shape (known: qwen3-4b, "
+		bd_log_err("random_weights = '%s': no such model shape (known: qwen3-4b, "
 			 "qwen3-30b-a3b-attn)", rt->o.random_weights);
 		return -EINVAL;
 	}
@@ -255,7 +226,7 @@ static int load_preset(struct bd_router *rt)
 	rt->eog = calloc((size_t)rt->n_vocab, sizeof(bool));
 	if (!rt->eog)
 		return -ENOMEM;
-	rlog_info("model %s: random weights, %s, %d layers, vocabulary %d, no tokenizer "
+	bd_log_info("model %s: random weights, %s, %d layers, vocabulary %d, no tokenizer "
 		  "(requests send token_ids)", rt->model_name, rt->arch, rt->n_layers, rt->n_vocab);
 	return 0;
 }
@@ -273,19 +244,19 @@ static int load_model(struct bd_router *rt)
 	e = bd_gguf_open(rt->o.model, &g, gerr);
 	if (e < 0) {
 		if (*gerr)
-			rlog_err("model: %s", gerr);
+			bd_log_err("model: %s", gerr);
 		else
-			rlog_err("model %s: %s", rt->o.model, strerror(-e));
+			bd_log_err("model %s: %s", rt->o.model, strerror(-e));
 		return e;
 	}
 	e = bd_gguf_model_hparams(g, &hp, gerr);
 	if (e < 0) {
-		rlog_err("model %s: %s", rt->o.model, gerr);
+		bd_log_err("model %s: %s", rt->o.model, gerr);
 		goto out;
 	}
 	e = bd_tokenizer_new_from_gguf(g, &rt->tok, terr);
 	if (e < 0) {
-		rlog_err("model %s: tokenizer: %s", rt->o.model, terr);
+		bd_log_err("model %s: tokenizer: %s", rt->o.model, terr);
 		goto out;
 	}
 	rt->n_vocab = bd_tokenizer_n_vocab(rt->tok);
@@ -306,7 +277,7 @@ static int load_model(struct bd_router *rt)
 	}
 	for (int32_t i = 0; i < rt->n_vocab; i++)
 		rt->eog[i] = bd_tokenizer_is_eog(rt->tok, i);
-	rlog_info("model %s: %s, %d layers, vocabulary %d, context %d", rt->model_name, rt->arch,
+	bd_log_info("model %s: %s, %d layers, vocabulary %d, context %d", rt->model_name, rt->arch,
 		  rt->n_layers, rt->n_vocab, rt->n_ctx);
 	e = 0;
 out:
@@ -317,24 +288,24 @@ out:
 static int connect_pool(struct bd_router *rt)
 {
 	struct bd_pool_stats *st = NULL;
-	int64_t end = bd_router_now_ms() + rt->o.pool_wait_ms;
+	int64_t end = bd_now_ms() + rt->o.pool_wait_ms;
 	uint64_t n_req = 0, n_pages = 0;
 	const struct bd_kvcfg *kc;
 	int e;
 
 	e = bd_pool_conn_new(rt->o.pool, rt->o.pool_timeout_ms, &rt->pool);
 	if (e < 0) {
-		rlog_err("pool %s: %s", rt->o.pool, strerror(-e));
+		bd_log_err("pool %s: %s", rt->o.pool, strerror(-e));
 		return e;
 	}
 	for (;;) {
 		e = bd_pool_stats(rt->pool, 1, &st);
-		if (e != -ETIMEDOUT || bd_router_now_ms() >= end)
+		if (e != -ETIMEDOUT || bd_now_ms() >= end)
 			break;
-		rlog_info("waiting for kvpoold at %s", rt->o.pool);
+		bd_log_info("waiting for kvpoold at %s", rt->o.pool);
 	}
 	if (e < 0) {
-		rlog_err("pool %s: %s", rt->o.pool, strerror(-e));
+		bd_log_err("pool %s: %s", rt->o.pool, strerror(-e));
 		return e;
 	}
 	snprintf(rt->kv_config, sizeof(rt->kv_config), "%s", st->kv_config);
@@ -346,7 +317,7 @@ static int connect_pool(struct bd_router *rt)
 		rt->n_ctx = (int)st->max_seq_len;
 	e = 0;
 	if ((int)st->tp != rt->o.tp) {
-		rlog_err("the pool has %u rank(s), the router is configured for tp = %d", st->tp,
+		bd_log_err("the pool has %u rank(s), the router is configured for tp = %d", st->tp,
 			 rt->o.tp);
 		e = -EINVAL;
 	}
@@ -355,24 +326,24 @@ static int connect_pool(struct bd_router *rt)
 		return e;
 	kc = bd_kvcfg_find(rt->kv_config);
 	if (!kc) {
-		rlog_err("the pool holds an unknown KV configuration '%s'", rt->kv_config);
+		bd_log_err("the pool holds an unknown KV configuration '%s'", rt->kv_config);
 		return -EINVAL;
 	}
 	if (*rt->o.kv_config && strcmp(rt->o.kv_config, rt->kv_config)) {
-		rlog_err("kv_config %s, but the pool holds %s", rt->o.kv_config, rt->kv_config);
+		bd_log_err("kv_config %s, but the pool holds %s", rt->o.kv_config, rt->kv_config);
 		return -EINVAL;
 	}
 	/* a router that crashed left its requests in the pool: they are ours, and dead */
 	e = bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages);
 	if (e < 0) {
-		rlog_err("pool: reclaim of owner %llu: %s", (unsigned long long)rt->o.owner,
+		bd_log_err("pool: reclaim of owner %llu: %s", (unsigned long long)rt->o.owner,
 			 strerror(-e));
 		return e;
 	}
 	if (n_req)
-		rlog_info("reclaimed %llu stale request(s), %llu page(s) from the pool",
+		bd_log_info("reclaimed %llu stale request(s), %llu page(s) from the pool",
 			  (unsigned long long)n_req, (unsigned long long)n_pages);
-	rlog_info("pool: %s backend, %s, %llu pages, %llu slots, context %d", rt->backend,
+	bd_log_info("pool: %s backend, %s, %llu pages, %llu slots, context %d", rt->backend,
 		  rt->kv_config, (unsigned long long)rt->pages_total,
 		  (unsigned long long)rt->slots_total, rt->n_ctx);
 	return bd_router_pool_refresh(rt);
@@ -387,7 +358,7 @@ static bool ipc_in_use(const char *ep)
 {
 	if (strncmp(ep, "ipc://", 6) || bd_ipc_path_in_use(ep + 6) != 1)
 		return false;
-	rlog_err("%s: another process listens there (is a router already running?)", ep);
+	bd_log_err("%s: another process listens there (is a router already running?)", ep);
 	return true;
 }
 
@@ -402,7 +373,7 @@ static void ipc_mkdir(const char *endpoint)
 	if (slash && slash != dir) {
 		*slash = 0;
 		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-			rlog_warn("%s: %s", dir, strerror(errno));
+			bd_log_warn("%s: %s", dir, strerror(errno));
 	}
 }
 
@@ -436,7 +407,7 @@ static int setup_sockets(struct bd_router *rt)
 	sigaddset(&ss, SIGHUP);
 	rt->sig_fd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (rt->sig_fd < 0) {
-		rlog_err("signalfd: %s", strerror(errno));
+		bd_log_err("signalfd: %s", strerror(errno));
 		return -errno;
 	}
 	rt->zctx = zmq_ctx_new();
@@ -445,7 +416,7 @@ static int setup_sockets(struct bd_router *rt)
 	rt->front = router_socket(rt, FRONT_HARD_MAX);
 	rt->wsock = router_socket(rt, BD_ROUTER_WORKER_MAX_FRAME);
 	if (!rt->front || !rt->wsock) {
-		rlog_err("zmq socket: %s", zmq_strerror(zmq_errno()));
+		bd_log_err("zmq socket: %s", zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
 	for (int i = 0; i < rt->o.n_frontends; i++) {
@@ -453,7 +424,7 @@ static int setup_sockets(struct bd_router *rt)
 		if (ipc_in_use(rt->o.frontends[i]))
 			return -EADDRINUSE;
 		if (zmq_bind(rt->front, rt->o.frontends[i]) < 0) {
-			rlog_err("frontend %s: %s", rt->o.frontends[i], zmq_strerror(zmq_errno()));
+			bd_log_err("frontend %s: %s", rt->o.frontends[i], zmq_strerror(zmq_errno()));
 			return -EIO;
 		}
 		rt->n_front_bound = i + 1;
@@ -462,7 +433,7 @@ static int setup_sockets(struct bd_router *rt)
 	if (ipc_in_use(rt->o.workers))
 		return -EADDRINUSE;
 	if (zmq_bind(rt->wsock, rt->o.workers) < 0) {
-		rlog_err("worker endpoint %s: %s", rt->o.workers, zmq_strerror(zmq_errno()));
+		bd_log_err("worker endpoint %s: %s", rt->o.workers, zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
 	rt->workers_bound = true;
@@ -474,7 +445,7 @@ static int setup_sockets(struct bd_router *rt)
 static void notify_status(struct bd_router *rt)
 {
 	static const char *const st[] = { "starting", "serving", "degraded", "stopping" };
-	int64_t now = bd_router_now_ms();
+	int64_t now = bd_now_ms();
 
 	if (rt->draining) {
 		sd_notifyf(0, "STATUS=draining %zu requests (%zu running, %zu queued), %lld ms left",
@@ -509,16 +480,16 @@ static void on_tick(struct bd_router *rt, int64_t now)
  * time), a second one, or one with nothing to drain, stops at once. */
 static void on_stop_signal(struct bd_router *rt, unsigned signo)
 {
-	int64_t now = bd_router_now_ms();
+	int64_t now = bd_now_ms();
 
 	if (rt->draining) {
-		rlog_warn("signal %u during the drain: stopping now, %zu request(s) fail", signo,
+		bd_log_warn("signal %u during the drain: stopping now, %zu request(s) fail", signo,
 			  rt->n_reqs);
 		rt->stop = true;
 		return;
 	}
 	if (!rt->n_reqs || rt->o.drain_timeout_ms == 0 || !rt->group_ready) {
-		rlog_info("signal %u: stopping%s", signo,
+		bd_log_info("signal %u: stopping%s", signo,
 			  rt->n_reqs && !rt->group_ready ? " (no worker group to drain with)" : "");
 		rt->stop = true;
 		return;
@@ -527,7 +498,7 @@ static void on_stop_signal(struct bd_router *rt, unsigned signo)
 	rt->drain_start = now;
 	rt->drain_end = now + rt->o.drain_timeout_ms;
 	rt->state = RS_STOPPING;
-	rlog_info("signal %u: draining %zu request(s) (%zu running, %zu queued) for up to %d ms; "
+	bd_log_info("signal %u: draining %zu request(s) (%zu running, %zu queued) for up to %d ms; "
 		  "new requests are refused", signo, rt->n_reqs, rt->n_running, rt->n_queued,
 		  rt->o.drain_timeout_ms);
 	sd_notify(0, "STOPPING=1");
@@ -541,16 +512,16 @@ static void drain_check(struct bd_router *rt, int64_t now)
 	if (!rt->draining)
 		return;
 	if (!rt->n_reqs) {
-		rlog_info("drain done in %lld ms: every request finished",
+		bd_log_info("drain done in %lld ms: every request finished",
 			  (long long)(now - rt->drain_start));
 		rt->stop = true;
 	} else if (now >= rt->drain_end) {
-		rlog_warn("drain_timeout_ms (%d) passed: %zu request(s) fail", rt->o.drain_timeout_ms,
+		bd_log_warn("drain_timeout_ms (%d) passed: %zu request(s) fail", rt->o.drain_timeout_ms,
 			  rt->n_reqs);
 		rt->stop = true;
 	} else if (!rt->group_ready) {
 		/* the workers are going too (a stop of the whole target): nothing can progress */
-		rlog_warn("the worker group failed during the drain: %zu request(s) fail",
+		bd_log_warn("the worker group failed during the drain: %zu request(s) fail",
 			  rt->n_reqs);
 		rt->stop = true;
 	}
@@ -558,7 +529,7 @@ static void drain_check(struct bd_router *rt, int64_t now)
 
 static int run(struct bd_router *rt)
 {
-	int64_t last = bd_router_now_ms();
+	int64_t last = bd_now_ms();
 
 	while (!rt->stop) {
 		zmq_pollitem_t items[5] = {
@@ -573,7 +544,7 @@ static int run(struct bd_router *rt)
 		if (r < 0) {
 			if (zmq_errno() == EINTR)
 				continue;
-			rlog_err("zmq_poll: %s", zmq_strerror(zmq_errno()));
+			bd_log_err("zmq_poll: %s", zmq_strerror(zmq_errno()));
 			return -EIO;
 		}
 		if (items[2].revents) {
@@ -581,7 +552,7 @@ static int run(struct bd_router *rt)
 
 			while (read(rt->sig_fd, &si, sizeof(si)) == sizeof(si)) {
 				if (si.ssi_signo == SIGHUP) {
-					rlog_info("SIGHUP ignored: restart to reconfigure");
+					bd_log_info("SIGHUP ignored: restart to reconfigure");
 					continue;
 				}
 				on_stop_signal(rt, si.ssi_signo);
@@ -595,14 +566,14 @@ static int run(struct bd_router *rt)
 			bd_router_pool_on_probe(rt);
 		if (items[0].revents)
 			bd_router_on_frontend(rt);
-		on_tick(rt, bd_router_now_ms());
+		on_tick(rt, bd_now_ms());
 		bd_router_schedule(rt);
-		drain_check(rt, bd_router_now_ms());
+		drain_check(rt, bd_now_ms());
 		/* heartbeats ride on this loop: a long stall looks like a dead router to workers */
-		if (bd_router_now_ms() - last > 1000)
-			rlog_warn("event loop stalled for %lld ms",
-				  (long long)(bd_router_now_ms() - last));
-		last = bd_router_now_ms();
+		if (bd_now_ms() - last > 1000)
+			bd_log_warn("event loop stalled for %lld ms",
+				  (long long)(bd_now_ms() - last));
+		last = bd_now_ms();
 	}
 	return 0;
 }
@@ -615,7 +586,7 @@ static void shutdown_requests(struct bd_router *rt)
 	if (rt->draining)
 		snprintf(msg, sizeof(msg), "the router stopped before this request finished "
 					   "(drain of %lld ms)",
-			 (long long)(bd_router_now_ms() - rt->drain_start));
+			 (long long)(bd_now_ms() - rt->drain_start));
 	else
 		snprintf(msg, sizeof(msg), "the router is stopping");
 	rt->state = RS_STOPPING;
@@ -636,7 +607,7 @@ static void shutdown_requests(struct bd_router *rt)
 	if (rt->pool && rt->pool_ok &&
 	    POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages)) == 0 &&
 	    n_req)
-		rlog_warn("pool: reclaimed %llu leftover request record(s), %llu page(s)",
+		bd_log_warn("pool: reclaimed %llu leftover request record(s), %llu page(s)",
 			  (unsigned long long)n_req, (unsigned long long)n_pages);
 }
 
@@ -681,7 +652,8 @@ int main(int argc, char **argv)
 
 	rt.sig_fd = -1;
 	rt.pool_ok = true; /* until a call or the probe says otherwise */
-	journal = getenv("JOURNAL_STREAM") != NULL;
+	bd_log_init("routerd");
+	bd_log_set_debug(getenv("BD_ROUTER_DEBUG") != NULL);
 	sigemptyset(&ss);
 	sigaddset(&ss, SIGTERM);
 	sigaddset(&ss, SIGINT);
@@ -689,7 +661,7 @@ int main(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &ss, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	if (bd_ipc_raise_nofile() < 0)
-		rlog_warn("cannot raise the open-file limit: %s", strerror(errno));
+		bd_log_warn("cannot raise the open-file limit: %s", strerror(errno));
 
 	rt.cfg = bd_config_new();
 	if (!rt.cfg)
@@ -702,14 +674,14 @@ int main(int argc, char **argv)
 	if (e < 0 || read_opts(&rt) < 0 || load_model(&rt) < 0 || connect_pool(&rt) < 0 ||
 	    setup_sockets(&rt) < 0)
 		goto fail;
-	rt.t_start = bd_router_now_ms();
+	rt.t_start = bd_now_ms();
 	rt.next_id = 1;
 	rt.next_step = 1;
 	snprintf(rt.reason, sizeof(rt.reason), "waiting for %d worker rank(s) to register",
 		 rt.o.tp);
 	if (sd_watchdog_enabled(0, &rt.watchdog_usec) <= 0)
 		rt.watchdog_usec = 0;
-	rlog_info("listening on %s (+%d more) for clients, %s for workers", rt.o.frontends[0],
+	bd_log_info("listening on %s (+%d more) for clients, %s for workers", rt.o.frontends[0],
 		  rt.o.n_frontends - 1, rt.o.workers);
 	sd_notify(0, "READY=1");
 	e = run(&rt);

@@ -1,4 +1,4 @@
-/* pool.c — routerd's watch on kvpoold (issue 5, reliability follow-up).
+/* pool.c — routerd's watch on kvpoold.
  *
  * The pool calls of the scheduler are blocking round trips bounded by pool_timeout_ms. A dead or
  * hung kvpoold would cost that timeout on every call, and the loop (heartbeats, clients) would
@@ -29,7 +29,7 @@
 int bd_router_pool_open(struct bd_router *rt)
 {
 	int zero = 0, one = 1;
-	int64_t now = bd_router_now_ms();
+	int64_t now = bd_now_ms();
 
 	rt->probe = zmq_socket(rt->zctx, ZMQ_DEALER);
 	if (!rt->probe)
@@ -48,7 +48,7 @@ int bd_router_pool_open(struct bd_router *rt)
 	rt->next_probe = now + rt->o.pool_probe_ms;
 	return 0;
 fail:
-	rlog_err("pool probe %s: %s", rt->o.pool, zmq_strerror(zmq_errno()));
+	bd_log_err("pool probe %s: %s", rt->o.pool, zmq_strerror(zmq_errno()));
 	return -EIO;
 }
 
@@ -70,9 +70,9 @@ static void mark_down(struct bd_router *rt, const char *why)
 		return;
 	rt->pool_ok = false;
 	rt->pool_went_down = true;
-	rt->pool_down_since = bd_router_now_ms();
+	rt->pool_down_since = bd_now_ms();
 	snprintf(rt->pool_err, sizeof(rt->pool_err), "%.250s", why);
-	rlog_err("kvpoold unreachable: %s; new requests are refused until it answers again", why);
+	bd_log_err("kvpoold unreachable: %s; new requests are refused until it answers again", why);
 }
 
 int bd_router_pool_note(struct bd_router *rt, int e)
@@ -84,7 +84,7 @@ int bd_router_pool_note(struct bd_router *rt, int e)
 	/* an answer: success, or the daemon's refusal (a code); local argument and memory errors
 	 * say nothing about the pool */
 	if (e >= 0 || code != BD_POOL_OK || e == -EINVAL || e == -ENOMEM) {
-		rt->pool_last_ok = bd_router_now_ms();
+		rt->pool_last_ok = bd_now_ms();
 		rt->pool_failures = 0;
 		return e;
 	}
@@ -104,7 +104,7 @@ void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap)
 		return;
 	}
 	snprintf(buf, cap, "kvpoold unreachable: %s (for %lld ms)", rt->pool_err,
-		 (long long)(bd_router_now_ms() - rt->pool_down_since));
+		 (long long)(bd_now_ms() - rt->pool_down_since));
 }
 
 /* Whether a request still has a record in the pool (an owner reclaim would take it). */
@@ -120,7 +120,7 @@ static bool records_held(const struct bd_router *rt)
 static void recover(struct bd_router *rt)
 {
 	uint64_t n_req = 0, n_pages = 0;
-	int64_t down_ms = bd_router_now_ms() - rt->pool_down_since;
+	int64_t down_ms = bd_now_ms() - rt->pool_down_since;
 	int e;
 
 	/* first the requests fail (the tick), and the step in flight ends: a worker may still
@@ -132,7 +132,7 @@ static void recover(struct bd_router *rt)
 		e = POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages));
 		if (e < 0) {
 			if (rt->pool_ok) {
-				rlog_err("pool: reclaim of owner %llu: %s",
+				bd_log_err("pool: reclaim of owner %llu: %s",
 					 (unsigned long long)rt->o.owner, strerror(-e));
 				rt->pool_ok = false;
 			}
@@ -140,13 +140,13 @@ static void recover(struct bd_router *rt)
 		}
 		rt->pool_reclaim = false;
 		if (n_req)
-			rlog_info("pool: reclaimed %llu request record(s), %llu page(s) left by "
+			bd_log_info("pool: reclaimed %llu request record(s), %llu page(s) left by "
 				  "failed requests", (unsigned long long)n_req,
 				  (unsigned long long)n_pages);
 	}
 	if (bd_router_pool_refresh(rt) < 0)
 		return;
-	rlog_info("kvpoold answers again (down for %lld ms): serving", (long long)down_ms);
+	bd_log_info("kvpoold answers again (down for %lld ms): serving", (long long)down_ms);
 	rt->pool_err[0] = 0;
 	rt->pool_failures = 0;
 }
@@ -156,11 +156,11 @@ static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len)
 	Bdfp4__PoolReply *rep = bdfp4__pool_reply__unpack(NULL, len, body);
 
 	if (!rep) {
-		rlog_warn("pool probe: an answer that does not parse");
+		bd_log_warn("pool probe: an answer that does not parse");
 		return;
 	}
 	rt->probe_out = false;
-	rt->pool_last_ok = bd_router_now_ms();
+	rt->pool_last_ok = bd_now_ms();
 	if (rt->pool_ok) {
 		rt->pool_failures = 0;
 		if (rep->stats) {
@@ -232,7 +232,7 @@ void bd_router_pool_on_probe(struct bd_router *rt)
 			snprintf(why, sizeof(why), "the connection to %s closed", rt->o.pool);
 			mark_down(rt, why);
 			rt->probe_out = false;
-			rt->next_probe = bd_router_now_ms(); /* probe at once: a restart is quick */
+			rt->next_probe = bd_now_ms(); /* probe at once: a restart is quick */
 		}
 	}
 }

@@ -1,4 +1,4 @@
-/* router.h — what routerd is made of, behind its main (issue 5, DESIGN.md "router").
+/* router.h — what routerd is made of, behind its main (DESIGN.md "router").
  *
  *   main.c      configuration, sockets, the event loop (zmq_poll + timers), signals, sd_notify
  *   frontend.c  the client API: frames in, validation, tokenization, replies and chunks out
@@ -29,9 +29,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bd_pool.h"
-#include "bd_sampler.h"
-#include "bd_tokenizer.h"
+#include "base/bd_clock.h"
+#include "base/bd_log.h"
+#include "pool/bd_pool_client.h"
+#include "model/bd_sampler.h"
+#include "model/bd_tokenizer.h"
 #include "serve.pb-c.h"
 
 #define BD_ROUTER_VERSION "0.5.0"
@@ -202,14 +204,6 @@ struct bd_router {
 	int64_t drain_start, drain_end;
 	bool stop;
 };
-
-/* ---- main.c ---- */
-int64_t bd_router_now_ms(void);
-void bd_router_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define rlog_err(...) bd_router_log(3, __VA_ARGS__)
-#define rlog_warn(...) bd_router_log(4, __VA_ARGS__)
-#define rlog_info(...) bd_router_log(6, __VA_ARGS__)
-#define rlog_debug(...) bd_router_log(7, __VA_ARGS__)
 
 /* ---- frontend.c ---- */
 /* Reads every pending frontend frame and answers it. */

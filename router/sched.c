@@ -124,7 +124,7 @@ static void release_all(struct bd_router *rt, struct bd_req *r)
 			/* the record stays behind: reclaimed when the pool answers again */
 			rt->pool_reclaim = true;
 			if (rt->pool_ok) /* else the pool's state was logged, once */
-				rlog_warn("request %llu: pool release: %s",
+				bd_log_warn("request %llu: pool release: %s",
 					  (unsigned long long)r->id, strerror(-e));
 		}
 		held_add(rt, -(int64_t)(r->n_pages + (r->reserved >= 0)));
@@ -238,7 +238,7 @@ void bd_router_finish(struct bd_router *rt, struct bd_req *r, int reason, int er
 		text_final(rt, r, reason);
 		gone = bd_router_send_chunk(rt, r, reason, error, msg) == -EHOSTUNREACH;
 	}
-	rlog_debug("request %llu finished: %d (%s), %d tokens", (unsigned long long)r->id, reason,
+	bd_log_debug("request %llu finished: %d (%s), %d tokens", (unsigned long long)r->id, reason,
 		   msg ? msg : "", r->n_gen);
 	memcpy(ident, r->ident, ident_len);
 	remove_req(rt, r);
@@ -312,7 +312,7 @@ static int admit(struct bd_router *rt, struct bd_req *r)
 	rt->n_queued--;
 	rt->n_running++;
 	if (!r->t_admit)
-		r->t_admit = bd_router_now_ms();
+		r->t_admit = bd_now_ms();
 	return 0;
 }
 
@@ -320,7 +320,7 @@ static int admit(struct bd_router *rt, struct bd_req *r)
  * prefill of prompt + generated when it is admitted again. */
 static void preempt(struct bd_router *rt, struct bd_req *r)
 {
-	rlog_info("request %llu preempted (pool full): %d tokens to recompute",
+	bd_log_info("request %llu preempted (pool full): %d tokens to recompute",
 		  (unsigned long long)r->id, r->n_prompt + r->n_gen);
 	release_all(rt, r);
 	r->state = RQ_QUEUED;
@@ -392,7 +392,7 @@ static void fail_req(struct bd_router *rt, struct bd_req *r, int error, const ch
 	} else {
 		snprintf(m, sizeof(m), "%s: %s", what, strerror(-e));
 	}
-	rlog_warn("request %llu: %s", (unsigned long long)r->id, m);
+	bd_log_warn("request %llu: %s", (unsigned long long)r->id, m);
 	bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR, error, m, true);
 }
 
@@ -567,13 +567,13 @@ void bd_router_schedule(struct bd_router *rt)
 		return;
 	if (send_plan(rt, n) < 0)
 		return;
-	rlog_debug("step %llu: %d row(s), %zu release(s)", (unsigned long long)rt->next_step, n,
+	bd_log_debug("step %llu: %d row(s), %zu release(s)", (unsigned long long)rt->next_step, n,
 		   rt->n_release);
 	rt->step.active = true;
 	rt->step.id = rt->next_step++;
 	rt->step.n_rows = n;
 	rt->step.n_res = 0;
-	rt->step.started = bd_router_now_ms();
+	rt->step.started = bd_now_ms();
 	rt->step.deadline = rt->step.started + rt->o.step_timeout_ms;
 	for (int k = 0; k < n; k++)
 		rt->step.rows[k].r->in_step = true;
@@ -665,7 +665,7 @@ static void complete_step(struct bd_router *rt)
 		if (err) {
 			r->on_workers = true; /* the release is harmless if it dropped it already */
 			if (!apply_pending(rt, r)) {
-				rlog_warn("request %llu: %s", (unsigned long long)r->id, m);
+				bd_log_warn("request %llu: %s", (unsigned long long)r->id, m);
 				bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
 						 err == BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL
 							 ? err
@@ -710,7 +710,7 @@ static void complete_step(struct bd_router *rt)
 		if (r->n_gen < r->n_forced)
 			t = r->forced[r->n_gen];
 		if (!r->t_first)
-			r->t_first = bd_router_now_ms();
+			r->t_first = bd_now_ms();
 		fin = append_token(rt, r, t);
 		if (fin) {
 			bd_router_finish(rt, r, fin, 0, "", true);
@@ -733,7 +733,7 @@ void bd_router_on_result(struct bd_router *rt, int rank, Bdfp4__StepResult *res)
 {
 	if (!rt->step.active || res->epoch != rt->epoch || res->step != rt->step.id ||
 	    rank < 0 || rank >= rt->o.tp || rt->step.res[rank]) {
-		rlog_debug("stale result of step %llu from rank %d dropped",
+		bd_log_debug("stale result of step %llu from rank %d dropped",
 			   (unsigned long long)res->step, rank);
 		bdfp4__step_result__free_unpacked(res, NULL);
 		return;

@@ -72,7 +72,7 @@ void bd_router_group_fail(struct bd_router *rt, int dead_rank, const char *msg)
 {
 	bool was_ready = rt->group_ready;
 
-	rlog_err("worker group failed: %s", msg);
+	bd_log_err("worker group failed: %s", msg);
 	if (dead_rank >= 0) {
 		rt->w[dead_rank].connected = false;
 		rt->w[dead_rank].registered = false;
@@ -128,10 +128,10 @@ static void form_group(struct bd_router *rt)
 	if (rt->state != RS_STOPPING) /* a group formed during the drain serves the drain */
 		rt->state = RS_SERVING;
 	rt->reason[0] = 0;
-	rlog_info("worker group of %d rank(s) formed: epoch %llu", rt->o.tp,
+	bd_log_info("worker group of %d rank(s) formed: epoch %llu", rt->o.tp,
 		  (unsigned long long)rt->epoch);
 	for (int i = 0; i < rt->o.tp; i++)
-		rlog_info("  rank %d: pid %d, %s", i, rt->w[i].pid, rt->w[i].backend);
+		bd_log_info("  rank %d: pid %d, %s", i, rt->w[i].pid, rt->w[i].backend);
 }
 
 static void register_refuse(struct bd_router *rt, const uint8_t *ident, size_t len, int code,
@@ -140,7 +140,7 @@ static void register_refuse(struct bd_router *rt, const uint8_t *ident, size_t l
 	Bdfp4__RouterMessage m = BDFP4__ROUTER_MESSAGE__INIT;
 	Bdfp4__RegisterReply rr = BDFP4__REGISTER_REPLY__INIT;
 
-	rlog_warn("worker registration refused: %s", why);
+	bd_log_warn("worker registration refused: %s", why);
 	rr.error = (Bdfp4__ServeError)code;
 	rr.message = (char *)why;
 	rr.version = BD_SERVE_PROTO_VERSION;
@@ -203,12 +203,12 @@ static void on_register(struct bd_router *rt, const uint8_t *ident, size_t len,
 	w->ident_len = len;
 	w->pid = reg->pid;
 	w->device = reg->device;
-	w->last_seen = bd_router_now_ms();
+	w->last_seen = bd_now_ms();
 	snprintf(w->backend, sizeof(w->backend), "%s", reg->backend);
 	if (reg->nccl_unique_id.len)
 		memcpy(w->nccl_id, reg->nccl_unique_id.data, reg->nccl_unique_id.len);
 	w->nccl_len = reg->nccl_unique_id.len;
-	rlog_info("worker rank %d registered: pid %d, %s", reg->rank, reg->pid, w->backend);
+	bd_log_info("worker rank %d registered: pid %d, %s", reg->rank, reg->pid, w->backend);
 	for (int i = 0; i < rt->o.tp; i++)
 		if (!rt->w[i].registered)
 			return;
@@ -258,9 +258,9 @@ void bd_router_on_workers(struct bd_router *rt)
 		zmq_msg_close(&body);
 		rank = rank_of(rt, ident, len);
 		if (rank >= 0)
-			rt->w[rank].last_seen = bd_router_now_ms();
+			rt->w[rank].last_seen = bd_now_ms();
 		if (!m) {
-			rlog_warn("malformed frame from %s worker", rank >= 0 ? "a" : "an unknown");
+			bd_log_warn("malformed frame from %s worker", rank >= 0 ? "a" : "an unknown");
 			continue;
 		}
 		switch (m->msg_case) {
@@ -293,7 +293,7 @@ void bd_router_on_workers(struct bd_router *rt)
 			}
 			break;
 		default:
-			rlog_warn("worker frame of no known type");
+			bd_log_warn("worker frame of no known type");
 			break;
 		}
 		bdfp4__worker_message__free_unpacked(m, NULL);
@@ -331,7 +331,7 @@ void bd_router_workers_tick(struct bd_router *rt, int64_t now)
 		if (rt->group_ready) {
 			bd_router_group_fail(rt, i, msg);
 		} else {
-			rlog_warn("%s", msg);
+			bd_log_warn("%s", msg);
 			w->connected = false;
 			w->registered = false;
 		}

@@ -1,4 +1,4 @@
-/* gpu.c — workerd's cuda backend (issue 7): kvpoold's VMM arena imported on the rank's GPU,
+/* gpu.c — workerd's cuda backend: kvpoold's VMM arena imported on the rank's GPU,
  * the model there (bd_gmodel.h), NCCL between the ranks, and the step plans run as gmodel
  * calls.
  *
@@ -34,8 +34,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "bd_gmodel.h"
-#include "bd_pool_cuda.h"
+#include "cuda/bd_gmodel.h"
+#include "cuda/bd_pool_cuda.h"
 
 #define NCCL_JOIN_TIMEOUT_MS 60000
 
@@ -112,7 +112,7 @@ static int build_model(struct wd *w, ncclComm_t comm)
 		.use_graphs = w->o.cuda_graphs,
 		.ar_timeout_ms = w->o.ar_timeout_ms,
 	};
-	int64_t t0 = wd_now_ms();
+	int64_t t0 = bd_now_ms();
 	int r;
 
 	if (*w->o.random_weights)
@@ -120,16 +120,16 @@ static int build_model(struct wd *w, ncclComm_t comm)
 	else
 		r = bd_gmodel_new(w->model, &o, &gp->g, err);
 	if (r < 0) {
-		wd_err("model on device %d: %s (%s)", w->o.device, *err ? err : "failed",
+		bd_log_err("model on device %d: %s (%s)", w->o.device, *err ? err : "failed",
 		       strerror(-r));
 		return r;
 	}
 	/* the host copy served its purpose */
 	bd_model_free(w->model);
 	w->model = NULL;
-	wd_info("%s on device %d in %lld ms: %s weights%s, max batch %d, max tokens %d, max "
+	bd_log_info("%s on device %d in %lld ms: %s weights%s, max batch %d, max tokens %d, max "
 		"prefill %d, graphs %s", w->model_name, w->o.device,
-		(long long)(wd_now_ms() - t0), w->o.weights,
+		(long long)(bd_now_ms() - t0), w->o.weights,
 		*w->o.random_weights ? " (random)" : "", w->o.max_batch, gp->max_tokens,
 		gp->max_prefill, w->o.cuda_graphs ? "on" : "off");
 	return 0;
@@ -143,7 +143,7 @@ int wd_gpu_setup(struct wd *w)
 	int r;
 
 	if (w->o.device >= 0 && w->o.device != geo->device) {
-		wd_err("device %d: kvpoold put rank %d's arena on device %d (the arena is mapped "
+		bd_log_err("device %d: kvpoold put rank %d's arena on device %d (the arena is mapped "
 		       "where it lives)", w->o.device, w->o.rank, geo->device);
 		return -EINVAL;
 	}
@@ -152,7 +152,7 @@ int wd_gpu_setup(struct wd *w)
 	setenv("NCCL_NVLS_ENABLE", "0", 0);
 	cudaError_t ce = cudaSetDevice(w->o.device);
 	if ((r = cuda_errno(ce)) < 0) {
-		wd_err("CUDA device %d: %s", w->o.device, cudaGetErrorString(ce));
+		bd_log_err("CUDA device %d: %s", w->o.device, cudaGetErrorString(ce));
 		return r;
 	}
 	gp = calloc(1, sizeof(*gp));
@@ -160,7 +160,7 @@ int wd_gpu_setup(struct wd *w)
 		return -ENOMEM;
 	w->gpu = gp;
 	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
-		wd_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
+		bd_log_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
 		gp->base = NULL;
 		return r;
 	}
@@ -188,7 +188,7 @@ int wd_gpu_setup(struct wd *w)
 	if (!gp->rows || !gp->toks || !gp->out_tok || !gp->status || !gp->top_ids ||
 	    !gp->top_logits)
 		return -ENOMEM;
-	wd_info("cuda backend: device %d, arena of %zu bytes mapped, tp %d%s", w->o.device,
+	bd_log_info("cuda backend: device %d, arena of %zu bytes mapped, tp %d%s", w->o.device,
 		geo->arena_bytes, w->o.tp,
 		w->o.synthetic_prefill ? ", synthetic prefill" : "");
 	if (w->o.tp == 1)
@@ -234,7 +234,7 @@ int wd_gpu_register_id(struct wd *w, uint8_t *id, size_t *len)
 	if (w->o.tp == 1 || w->o.rank != 0)
 		return 0;
 	if ((nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
-		wd_err("ncclGetUniqueId: %s", ncclGetErrorString(nr));
+		bd_log_err("ncclGetUniqueId: %s", ncclGetErrorString(nr));
 		return -EIO;
 	}
 	_Static_assert(sizeof(uid) <= 128, "RegisterRequest carries 128 bytes");
@@ -257,29 +257,29 @@ int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
 	if (w->o.tp == 1)
 		return gp->g ? 0 : (build_model(w, NULL) < 0 ? -EIO : 0);
 	if (len != sizeof(uid)) {
-		wd_err("RegisterReply: NCCL unique id of %zu bytes (want %zu); registering again",
+		bd_log_err("RegisterReply: NCCL unique id of %zu bytes (want %zu); registering again",
 		       len, sizeof(uid));
 		return -EINVAL;
 	}
 	memcpy(&uid, id, sizeof(uid));
 	cudaSetDevice(w->o.device);
 	cfg.blocking = 0;
-	int64_t t0 = wd_now_ms();
+	int64_t t0 = bd_now_ms();
 	nr = ncclCommInitRankConfig(&comm, w->o.tp, uid, w->o.rank, &cfg);
 	if (nr != ncclSuccess && nr != ncclInProgress) {
-		wd_err("ncclCommInitRankConfig: %s; registering again", ncclGetErrorString(nr));
+		bd_log_err("ncclCommInitRankConfig: %s; registering again", ncclGetErrorString(nr));
 		if (comm)
 			ncclCommAbort(comm);
 		return -ECONNREFUSED;
 	}
 	/* non-blocking init: poll, so a rank that never comes cannot hang this one */
-	while (wd_now_ms() - t0 < NCCL_JOIN_TIMEOUT_MS) {
+	while (bd_now_ms() - t0 < NCCL_JOIN_TIMEOUT_MS) {
 		if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || st != ncclInProgress)
 			break;
 		usleep(1000);
 	}
 	if (st != ncclSuccess) {
-		wd_err("NCCL communicator of rank %d of %d: %s; registering again", w->o.rank,
+		bd_log_err("NCCL communicator of rank %d of %d: %s; registering again", w->o.rank,
 		       w->o.tp, st == ncclInProgress ? "timed out" : ncclGetErrorString(st));
 		ncclCommAbort(comm);
 		return st == ncclInProgress ? -ETIMEDOUT : -ECONNREFUSED;
@@ -291,7 +291,7 @@ int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
 			return -EIO;
 		}
 	} else if ((r = bd_gmodel_set_comm(gp->g, comm)) < 0) {
-		wd_err("the model refused the new communicator: %s", strerror(-r));
+		bd_log_err("the model refused the new communicator: %s", strerror(-r));
 		ncclCommAbort(comm);
 		if (r == -EIO) {
 			gp->dead = true;
@@ -301,8 +301,8 @@ int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
 	}
 	gp->comm = comm;
 	gp->broken = false;
-	wd_info("NCCL communicator of %d ranks joined in %lld ms", w->o.tp,
-		(long long)(wd_now_ms() - t0));
+	bd_log_info("NCCL communicator of %d ranks joined in %lld ms", w->o.tp,
+		(long long)(bd_now_ms() - t0));
 	return 0;
 }
 
@@ -453,7 +453,7 @@ static void note_timing(struct wd *w, int n, double host_us)
 	gp->launch_sum += t.launch_us;
 	gp->host_sum += host_us;
 	if (w->o.verbose)
-		wd_debug("decode of %d rows: upload %.1f us, launch %.1f us%s, device %.1f us, "
+		bd_log_debug("decode of %d rows: upload %.1f us, launch %.1f us%s, device %.1f us, "
 			 "host %.1f us", n, t.upload_us, t.launch_us, t.graph ? " (graph)" : "",
 			 t.device_us, host_us);
 }
@@ -648,7 +648,7 @@ void wd_gpu_report(struct wd *w)
 	/* one line of key=value pairs: bench/serve_gpu.sh reads it. µs unless named _ms; host_*:
 	 * a decode call's wall time on the host; plan_*: a plan from wd_run_plan's entry (frame
 	 * unpacked) to its StepResult handed to the I/O thread */
-	wd_info("decode-timing steps=%zu graph_steps=%zu rows_mean=%.1f upload_mean=%.1f "
+	bd_log_info("decode-timing steps=%zu graph_steps=%zu rows_mean=%.1f upload_mean=%.1f "
 		"launch_mean=%.1f ul_mean=%.1f ul_p50=%.1f ul_p99=%.1f dev_mean=%.1f dev_p50=%.1f "
 		"dev_p99=%.1f dec_rows=%.0f host_mean=%.1f host_p50=%.1f host_p99=%.1f "
 		"host_sum_ms=%.3f dec_tok_s=%.2f plans=%zu plan_rows=%zu plan_dec_rows=%zu "
@@ -672,7 +672,7 @@ void wd_gpu_report(struct wd *w)
 /* A workerd built without nvcc: the cuda backend is a configuration this binary cannot run. */
 int wd_gpu_setup(struct wd *w)
 {
-	wd_err("the pool's backend is cuda, but this workerd was built without CUDA support (no "
+	bd_log_err("the pool's backend is cuda, but this workerd was built without CUDA support (no "
 	       "nvcc at build time, or a SAN=1 build): rebuild on a machine with the CUDA toolkit, "
 	       "or run kvpoold --backend cpu");
 	(void)w;

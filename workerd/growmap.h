@@ -1,6 +1,6 @@
 /* growmap.h — workerd's CUDA backend, the pure part: serve.proto PlanRows mapped to the calls of
  * the stateless GPU model (bd_gmodel.h: struct bd_grow), and the small record every rank keeps
- * per request (issue 7).
+ * per request.
  *
  * bd_gmodel keeps no per-request state, so the plan is checked here, on the host, against what
  * the worker saw of the request before: the row's slot, position, block table and new pages
@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bd_gmodel.h"
+#include "cuda/bd_gmodel.h"
 #include "serve.pb-c.h"
 
 /* What a rank keeps of a request it serves. */

@@ -54,19 +54,19 @@ static int pump(struct io *io, void *from, void *to, bool from_compute)
 		}
 		bool more = zmq_msg_more(&msg);
 		if (!from_compute)
-			atomic_store(&io->w->last_router_ms, wd_now_ms());
+			atomic_store(&io->w->last_router_ms, bd_now_ms());
 		if (from_compute && zmq_msg_size(&msg) == 0) {
 			zmq_msg_close(&msg);
 			return 1;
 		}
 		if (zmq_msg_send(&msg, to, ZMQ_DONTWAIT) < 0) {
 			/* no connection to the router (ZMQ_IMMEDIATE): say so now and then */
-			int64_t now = wd_now_ms();
+			int64_t now = bd_now_ms();
 			if (from_compute)
 				atomic_store(&io->w->last_drop_ms, now);
 			if (from_compute && now - io->last_drop_log > 10000) {
 				io->last_drop_log = now;
-				wd_warn("no connection to the router at %s: a frame was dropped",
+				bd_log_warn("no connection to the router at %s: a frame was dropped",
 					io->w->o.router);
 			}
 			zmq_msg_close(&msg);
@@ -91,7 +91,7 @@ static void *io_main(void *arg)
 	int64_t next_hb = 0, next_wd = 0;
 
 	for (;;) {
-		int64_t now = wd_now_ms();
+		int64_t now = bd_now_ms();
 		if (now >= next_hb) {
 			send_heartbeat(io);
 			next_hb = now + atomic_load(&w->heartbeat_ms);
@@ -111,7 +111,7 @@ static void *io_main(void *arg)
 				continue;
 			if (zmq_errno() == ETERM)
 				break;
-			wd_err("I/O thread: poll: %s", zmq_strerror(zmq_errno()));
+			bd_log_err("I/O thread: poll: %s", zmq_strerror(zmq_errno()));
 			break;
 		}
 		if (it[0].revents & ZMQ_POLLIN)
@@ -148,7 +148,7 @@ int wd_io_start(struct wd *w)
 	zmq_setsockopt(io->dealer, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
 	zmq_setsockopt(io->pair, ZMQ_LINGER, &linger, sizeof(linger));
 	if (zmq_connect(io->dealer, w->o.router) < 0) {
-		wd_err("router endpoint '%s': %s", w->o.router, zmq_strerror(zmq_errno()));
+		bd_log_err("router endpoint '%s': %s", w->o.router, zmq_strerror(zmq_errno()));
 		goto fail;
 	}
 	if (zmq_connect(io->pair, w->io_endpoint) < 0)

@@ -1,8 +1,8 @@
-/* main.c — workerd: one tensor-parallel rank of the model (issue 5, DESIGN.md).
+/* main.c — workerd: one tensor-parallel rank of the model (DESIGN.md).
  *
  * Loads its shard of the GGUF model, attaches to kvpoold's arena of its rank, registers with
  * the router and executes the step plans of its group (step.c), joined to the other ranks by
- * the shared-memory all-reduce the RegisterReply names. A pool of the cuda backend (issue 7)
+ * the shared-memory all-reduce the RegisterReply names. A pool of the cuda backend
  * runs the model on the rank's GPU instead (gpu.c), joined by NCCL. Configuration: the
  * [worker] section of the INI file, every key also a flag. One event loop on the compute thread (router frames from
  * the I/O thread, signals, the pool's attach socket, a 200 ms tick); sd_notify READY/STATUS, the
@@ -25,8 +25,9 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
-#include "bd_config.h"
-#include "bd_ipc.h"
+#include "base/bd_config.h"
+#include "base/bd_ipc.h"
+#include "model/bd_model_preset.h"
 #include "workerd.h"
 
 #define SECTION "worker"
@@ -65,8 +66,6 @@ static const struct bd_config_key keys[] = {
 	{ NULL, NULL, NULL, false },
 };
 
-static bool journal;
-static int log_rank = -1;
 static int sig_pipe_w = -1;
 
 /* OpenBLAS starts its threads before main(), with every signal unblocked, so a signalfd
@@ -79,30 +78,6 @@ static void on_signal(int signo)
 		/* the pipe is full: a stop is already pending */
 	}
 	errno = saved;
-}
-
-void wd_log(int prio, const char *fmt, ...)
-{
-	static const char *const names[] = { "emerg", "alert", "crit", "error",
-					     "warning", "notice", "info", "debug" };
-	char line[1024];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	/* one write per line: the two threads and the two ranks share stderr */
-	if (journal)
-		fprintf(stderr, "<%d>rank %d: %s\n", prio, log_rank, line);
-	else
-		fprintf(stderr, "workerd[%d]: %s: %s\n", log_rank, names[prio & 7], line);
-}
-
-int64_t wd_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* STATUS= only when it changes: each datagram queues at the notify socket's reader (systemd,
@@ -141,7 +116,7 @@ static int get_int(const struct bd_config *cfg, const char *key, int64_t min, in
 	int e = bd_config_get_i64(cfg, SECTION, key, strtoll(get_str(cfg, key), NULL, 10), min,
 				  max, &v);
 	if (e < 0) {
-		wd_err("%s = '%s': %s (allowed %lld..%lld)", key, get_str(cfg, key),
+		bd_log_err("%s = '%s': %s (allowed %lld..%lld)", key, get_str(cfg, key),
 		       e == -ERANGE ? "out of range" : "not an integer", (long long)min,
 		       (long long)max);
 		return e;
@@ -160,7 +135,7 @@ static int parse_args(struct bd_config *cfg, int argc, char **argv)
 	if (e == 1) {
 		usage(stdout);
 	} else if (e < 0) {
-		wd_err("%s", err);
+		bd_log_err("%s", err);
 		if (e == -EINVAL)
 			usage(stderr);
 	}
@@ -174,7 +149,7 @@ static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 	bool b;
 	const char *bad = bd_config_unknown(cfg, SECTION, keys);
 	if (bad) {
-		wd_err("unknown key '%s' in [%s]", bad, SECTION);
+		bd_log_err("unknown key '%s' in [%s]", bad, SECTION);
 		return -EINVAL;
 	}
 	if (get_int(cfg, "tp", 1, BD_ALLREDUCE_MAX_TP, &o->tp) < 0 ||
@@ -190,30 +165,30 @@ static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 	    get_int(cfg, "max_prefill", 1, 1 << 24, &o->max_prefill) < 0)
 		return -EINVAL;
 	if (bd_config_get_i64(cfg, SECTION, "seed", 1, 0, INT64_MAX, &seed) < 0) {
-		wd_err("seed = '%s': not an integer in 0..2^63-1", get_str(cfg, "seed"));
+		bd_log_err("seed = '%s': not an integer in 0..2^63-1", get_str(cfg, "seed"));
 		return -EINVAL;
 	}
 	o->seed = (uint64_t)seed;
 	if (bd_config_get_bool(cfg, SECTION, "synthetic_prefill", false, &b) < 0) {
-		wd_err("synthetic_prefill = '%s': not a boolean", get_str(cfg, "synthetic_prefill"));
+		bd_log_err("synthetic_prefill = '%s': not a boolean", get_str(cfg, "synthetic_prefill"));
 		return -EINVAL;
 	}
 	o->synthetic_prefill = b;
 	if (bd_config_get_bool(cfg, SECTION, "cuda_graphs", true, &b) < 0) {
-		wd_err("cuda_graphs = '%s': not a boolean", get_str(cfg, "cuda_graphs"));
+		bd_log_err("cuda_graphs = '%s': not a boolean", get_str(cfg, "cuda_graphs"));
 		return -EINVAL;
 	}
 	o->cuda_graphs = b;
 	o->weights = get_str(cfg, "weights");
 	if (strcmp(o->weights, "bf16") && strcmp(o->weights, "f32")) {
-		wd_err("weights = '%s': bf16 or f32", o->weights);
+		bd_log_err("weights = '%s': bf16 or f32", o->weights);
 		return -EINVAL;
 	}
 	o->random_weights = get_str(cfg, "random_weights");
 	if (*o->random_weights) {
 		struct bd_model_hparams hp;
 		if (bd_model_preset(o->random_weights, &hp) < 0) {
-			wd_err("random_weights = '%s': no such model shape (known: qwen3-4b, "
+			bd_log_err("random_weights = '%s': no such model shape (known: qwen3-4b, "
 			       "qwen3-30b-a3b-attn)", o->random_weights);
 			return -EINVAL;
 		}
@@ -228,7 +203,7 @@ static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 	o->router = get_str(cfg, "router");
 	o->ar_dir = get_str(cfg, "allreduce_dir");
 	if (!*o->router || !*o->pool_socket || !*o->ar_dir) {
-		wd_err("router, pool_socket and allreduce_dir must not be empty");
+		bd_log_err("router, pool_socket and allreduce_dir must not be empty");
 		return -EINVAL;
 	}
 	return 0;
@@ -255,7 +230,7 @@ static void send_register(struct wd *w)
 	rq.kv_config = (char *)w->geo->kv_config;
 	/* rank 0 makes the NCCL id of the next epoch; the router relays it to every rank */
 	if (w->gpu && wd_gpu_register_id(w, id, &id_len) < 0) {
-		w->retry_at = wd_now_ms() + 1000;
+		w->retry_at = bd_now_ms() + 1000;
 		return;
 	}
 	rq.nccl_unique_id.data = id;
@@ -264,9 +239,9 @@ static void send_register(struct wd *w)
 	m.register_request = &rq;
 	/* stamped before the send: the I/O thread may note the drop before wd_send returns */
 	w->registering = true;
-	w->last_register = wd_now_ms();
+	w->last_register = bd_now_ms();
 	if (wd_send(w, &m) < 0)
-		wd_err("register: send failed");
+		bd_log_err("register: send failed");
 	set_status(w, "rank %d of %d: registering with %s", w->o.rank, w->o.tp, w->o.router);
 }
 
@@ -303,16 +278,16 @@ static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 			     rr->error == BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT ||
 			     rr->error == BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG ||
 			     rr->error == BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
-		wd_err("the router refused the registration: %s (error %d)%s",
+		bd_log_err("the router refused the registration: %s (error %d)%s",
 		       rr->message ? rr->message : "", rr->error, fatal ? "" : "; retrying");
 		if (fatal)
 			return 1;
-		w->retry_at = wd_now_ms() + 1000;
+		w->retry_at = bd_now_ms() + 1000;
 		return 0;
 	}
 	leave_group(w);
 	if (rr->rank != w->o.rank || rr->tp != (uint32_t)w->o.tp) {
-		wd_err("the router answered for rank %d of %u; this is rank %d of %d", rr->rank,
+		bd_log_err("the router answered for rank %d of %u; this is rank %d of %d", rr->rank,
 		       rr->tp, w->o.rank, w->o.tp);
 		return 1;
 	}
@@ -323,15 +298,15 @@ static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 		if (r == -EIO)
 			return 1;
 		if (r < 0) {
-			w->retry_at = wd_now_ms() + 500;
+			w->retry_at = bd_now_ms() + 500;
 			return 0;
 		}
 	} else if (w->o.tp > 1) {
 		char path[512];
 		if (!rr->allreduce_name || !name_ok(rr->allreduce_name)) {
-			wd_err("RegisterReply: bad all-reduce name '%s'",
+			bd_log_err("RegisterReply: bad all-reduce name '%s'",
 			       rr->allreduce_name ? rr->allreduce_name : "");
-			w->retry_at = wd_now_ms() + 1000;
+			w->retry_at = bd_now_ms() + 1000;
 			return 0;
 		}
 		snprintf(path, sizeof(path), "%s/%s", w->o.ar_dir, rr->allreduce_name);
@@ -342,17 +317,17 @@ static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 		/* both ranks have it mapped (or gave up): the name can go */
 		unlink(path);
 		if (r < 0) {
-			wd_err("all-reduce %s: %s; registering again", path, strerror(-r));
+			bd_log_err("all-reduce %s: %s; registering again", path, strerror(-r));
 			bd_allreduce_close(w->ar);
 			w->ar = NULL;
-			w->retry_at = wd_now_ms() + 500;
+			w->retry_at = bd_now_ms() + 500;
 			return 0;
 		}
 	}
 	w->epoch = rr->epoch;
 	w->owner = rr->owner;
 	atomic_store(&w->pub_epoch, w->epoch);
-	wd_info("in the group: epoch %llu, rank %d of %d", (unsigned long long)w->epoch,
+	bd_log_info("in the group: epoch %llu, rank %d of %d", (unsigned long long)w->epoch,
 		w->o.rank, w->o.tp);
 	set_status(w, "rank %d of %d: serving, epoch %llu", w->o.rank, w->o.tp,
 		   (unsigned long long)w->epoch);
@@ -366,7 +341,7 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 	int fatal = 0;
 
 	if (!m) {
-		wd_warn("malformed frame from the router (%zu bytes): ignored", len);
+		bd_log_warn("malformed frame from the router (%zu bytes): ignored", len);
 		return 0;
 	}
 	switch (m->msg_case) {
@@ -378,7 +353,7 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 		if (w->gpu && w->epoch && wd_gpu_broken(w) && !wd_gpu_dead(w)) {
 			/* NCCL cannot tell a hung peer from a slow one the way the all-reduce
 			 * file locks do: registering again makes the router reset the group */
-			wd_warn("the NCCL communicator of epoch %llu failed: registering again",
+			bd_log_warn("the NCCL communicator of epoch %llu failed: registering again",
 				(unsigned long long)w->epoch);
 			leave_group(w);
 			send_register(w);
@@ -387,7 +362,7 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 	case BDFP4__ROUTER_MESSAGE__MSG_HEARTBEAT:
 		break;
 	case BDFP4__ROUTER_MESSAGE__MSG_RESET:
-		wd_info("reset of epoch %llu: %s", (unsigned long long)m->reset->epoch,
+		bd_log_info("reset of epoch %llu: %s", (unsigned long long)m->reset->epoch,
 			m->reset->reason ? m->reset->reason : "");
 		if (w->epoch && m->reset->epoch != w->epoch)
 			break; /* of an epoch already left */
@@ -396,17 +371,17 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 			send_register(w);
 		break;
 	case BDFP4__ROUTER_MESSAGE__MSG_SHUTDOWN:
-		wd_info("the router is stopping (%s): waiting for it to come back",
+		bd_log_info("the router is stopping (%s): waiting for it to come back",
 			m->shutdown->reason ? m->shutdown->reason : "");
 		leave_group(w);
 		/* the first register goes out GONE_RETRY_MS from now, when this router is gone */
 		w->registering = true;
-		w->last_register = wd_now_ms();
+		w->last_register = bd_now_ms();
 		set_status(w, "rank %d of %d: the router stopped; waiting for it", w->o.rank,
 			   w->o.tp);
 		break;
 	default:
-		wd_warn("router frame of no known type: ignored");
+		bd_log_warn("router frame of no known type: ignored");
 		break;
 	}
 	bdfp4__router_message__free_unpacked(m, NULL);
@@ -431,18 +406,18 @@ static int load_calib(struct wd *w)
 		return 0;
 	if (!*w->o.random_weights) {
 		if ((r = bd_sha256_file(w->o.model, sha)) < 0) {
-			wd_err("cannot checksum %s: %s", w->o.model, strerror(-r));
+			bd_log_err("cannot checksum %s: %s", w->o.model, strerror(-r));
 			return r;
 		}
 		want.model_sha256 = sha;
 	}
 	if ((r = bd_calib_load(w->o.calib, &want, &w->calib, err)) < 0) {
-		wd_err("calibration %s: %s", w->o.calib, err);
+		bd_log_err("calibration %s: %s", w->o.calib, err);
 		return r;
 	}
 	w->dp.tau = w->calib->tau;
 	w->dp.c = w->calib->c;
-	wd_info("calibration %s: context %d, tau %.6g", w->o.calib, w->calib->n_ctx,
+	bd_log_info("calibration %s: context %d, tau %.6g", w->o.calib, w->calib->n_ctx,
 		(double)w->calib->tau);
 	return 0;
 }
@@ -453,7 +428,7 @@ static int setup(struct wd *w)
 	int r;
 
 	openblas_set_num_threads(w->o.threads);
-	int64_t t0 = wd_now_ms();
+	int64_t t0 = bd_now_ms();
 	if (*w->o.random_weights) {
 		/* the shape only; the weights are made on the device (cuda backend) */
 		bd_model_preset(w->o.random_weights, &w->hp);
@@ -461,7 +436,7 @@ static int setup(struct wd *w)
 	} else {
 		r = bd_model_load_shard(w->o.model, w->o.rank, w->o.tp, &w->model, err);
 		if (r < 0) {
-			wd_err("model: %s", err);
+			bd_log_err("model: %s", err);
 			return r;
 		}
 		w->hp = w->model->hp;
@@ -469,8 +444,8 @@ static int setup(struct wd *w)
 		snprintf(tmp, sizeof(tmp), "%s", w->o.model);
 		snprintf(w->model_name, sizeof(w->model_name), "%s", basename(tmp));
 		const struct bd_model_shard *sh = &w->model->shard;
-		wd_info("shard of %s loaded in %lld ms: KV heads %d..%d, query heads %d..%d, MLP "
-			"columns %d..%d%s", w->model_name, (long long)(wd_now_ms() - t0),
+		bd_log_info("shard of %s loaded in %lld ms: KV heads %d..%d, query heads %d..%d, MLP "
+			"columns %d..%d%s", w->model_name, (long long)(bd_now_ms() - t0),
 			sh->kv_head0, sh->kv_head0 + sh->n_kv_heads - 1, sh->head0,
 			sh->head0 + sh->n_heads - 1, sh->ff0, sh->ff0 + sh->n_ff - 1,
 			sh->lm_head ? ", LM head" : "");
@@ -480,7 +455,7 @@ static int setup(struct wd *w)
 
 	r = bd_pool_attach(w->o.pool_socket, w->o.rank, perr, sizeof(perr), &w->pool);
 	if (r < 0) {
-		wd_err("kvpoold at %s: %s", w->o.pool_socket, perr);
+		bd_log_err("kvpoold at %s: %s", w->o.pool_socket, perr);
 		return r;
 	}
 	w->geo = bd_pool_attach_geometry(w->pool);
@@ -488,12 +463,12 @@ static int setup(struct wd *w)
 	struct bd_model_shard sh;
 	w->pool_cfg = bd_kvcfg_find(w->geo->kv_config);
 	if ((r = bd_model_shard_plan(&w->hp, w->o.rank, w->o.tp, &sh)) < 0) {
-		wd_err("%s cannot be split over tp = %d", w->model_name, w->o.tp);
+		bd_log_err("%s cannot be split over tp = %d", w->model_name, w->o.tp);
 		return r;
 	}
 	if (!w->pool_cfg || w->geo->tp != w->o.tp || lay->n_layers != w->hp.n_layers ||
 	    lay->d != w->hp.head_dim || lay->d_rope != 0 || lay->n_kv_heads < sh.n_kv_heads) {
-		wd_err("the pool (%s, tp %d, %d layers, %d KV heads of %d per rank) cannot hold "
+		bd_log_err("the pool (%s, tp %d, %d layers, %d KV heads of %d per rank) cannot hold "
 		       "this shard (tp %d, %d layers, %d KV heads of %d)", w->geo->kv_config,
 		       w->geo->tp, lay->n_layers, lay->n_kv_heads, lay->d, w->o.tp,
 		       w->hp.n_layers, sh.n_kv_heads, w->hp.head_dim);
@@ -504,19 +479,19 @@ static int setup(struct wd *w)
 			return r;
 	} else if (!strcmp(w->geo->backend, "cpu")) {
 		if (*w->o.random_weights || w->o.synthetic_prefill) {
-			wd_err("%s needs a pool of the cuda backend; this pool's is cpu",
+			bd_log_err("%s needs a pool of the cuda backend; this pool's is cpu",
 			       *w->o.random_weights ? "random_weights" : "synthetic_prefill");
 			return -ENOTSUP;
 		}
 		if ((r = bd_kvmem_pool_new(w->pool, &w->mem)) < 0) {
-			wd_err("pool arena: %s", strerror(-r));
+			bd_log_err("pool arena: %s", strerror(-r));
 			return r;
 		}
 	} else {
-		wd_err("the pool's backend is '%s': workerd runs cpu and cuda", w->geo->backend);
+		bd_log_err("the pool's backend is '%s': workerd runs cpu and cuda", w->geo->backend);
 		return -ENOTSUP;
 	}
-	wd_info("attached to kvpoold: %s backend, %s, %zu pages, %zu slots", w->geo->backend,
+	bd_log_info("attached to kvpoold: %s backend, %s, %zu pages, %zu slots", w->geo->backend,
 		w->geo->kv_config, w->geo->n_pages, w->geo->n_slots);
 	if (w->o.rank == 0 && !w->gpu &&
 	    !(w->logits = malloc(sizeof(float) * (size_t)w->hp.n_vocab)))
@@ -532,7 +507,7 @@ static int setup(struct wd *w)
 	if (!w->pair || zmq_bind(w->pair, w->io_endpoint) < 0)
 		return -EIO;
 	atomic_store(&w->heartbeat_ms, WD_DEFAULT_HEARTBEAT_MS);
-	atomic_store(&w->last_router_ms, wd_now_ms());
+	atomic_store(&w->last_router_ms, bd_now_ms());
 	if ((r = wd_io_start(w)) < 0)
 		return r;
 	return 0;
@@ -567,7 +542,7 @@ static int run(struct wd *w)
 			{ NULL, bd_pool_attach_fd(w->pool), ZMQ_POLLIN, 0 },
 		};
 		if (zmq_poll(it, 3, 200) < 0 && zmq_errno() != EINTR) {
-			wd_err("poll: %s", zmq_strerror(zmq_errno()));
+			bd_log_err("poll: %s", zmq_strerror(zmq_errno()));
 			return 1;
 		}
 		if (it[1].revents & ZMQ_POLLIN) {
@@ -578,12 +553,12 @@ static int run(struct wd *w)
 					wd_gpu_report(w);
 					continue;
 				}
-				wd_info("signal %u: stopping", signo);
+				bd_log_info("signal %u: stopping", signo);
 				return 0;
 			}
 		}
 		if (it[2].revents & ZMQ_POLLIN) {
-			wd_err("kvpoold closed the attach socket (it stopped): exiting");
+			bd_log_err("kvpoold closed the attach socket (it stopped): exiting");
 			return 1;
 		}
 		for (int budget = 0; (it[0].revents & ZMQ_POLLIN) && budget < 64; budget++) {
@@ -598,7 +573,7 @@ static int run(struct wd *w)
 			if (fatal)
 				return 1;
 			if (w->gpu && wd_gpu_dead(w)) {
-				wd_err("the GPU model failed: exiting (to be restarted)");
+				bd_log_err("the GPU model failed: exiting (to be restarted)");
 				return 1;
 			}
 			/* a signal waits at most one frame */
@@ -606,7 +581,7 @@ static int run(struct wd *w)
 			if (poll(&pfd, 1, 0) > 0)
 				break;
 		}
-		int64_t now = wd_now_ms();
+		int64_t now = bd_now_ms();
 		if (w->retry_at && now >= w->retry_at) {
 			w->retry_at = 0;
 			send_register(w);
@@ -632,7 +607,7 @@ static int run(struct wd *w)
 		int64_t quiet = now - heard;
 		if (quiet > ROUTER_SILENCE_MS && now - w->last_register > ROUTER_SILENCE_MS) {
 			if (w->epoch)
-				wd_warn("nothing from the router for %lld ms: leaving epoch %llu",
+				bd_log_warn("nothing from the router for %lld ms: leaving epoch %llu",
 					(long long)quiet, (unsigned long long)w->epoch);
 			leave_group(w);
 			send_register(w);
@@ -648,7 +623,7 @@ int main(int argc, char **argv)
 	struct sigaction sa = { .sa_handler = on_signal };
 	int e, status = 1, pfd[2];
 
-	journal = getenv("JOURNAL_STREAM") != NULL;
+	bd_log_init("workerd");
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	/* no controlling terminal to lose: a stray SIGHUP must not stop a rank mid-step */
@@ -676,7 +651,12 @@ int main(int argc, char **argv)
 		bd_config_free(cfg);
 		return e > 0 ? 0 : 2;
 	}
-	log_rank = w.o.rank;
+	{
+		char ident[32];
+
+		snprintf(ident, sizeof(ident), "workerd[%d]", w.o.rank);
+		bd_log_init(ident);
+	}
 	if (sd_watchdog_enabled(0, &w.watchdog_usec) <= 0)
 		w.watchdog_usec = 0;
 	if (setup(&w) < 0)
@@ -684,7 +664,7 @@ int main(int argc, char **argv)
 	snprintf(w.status, sizeof(w.status), "rank %d of %d: registering with %s", w.o.rank,
 		 w.o.tp, w.o.router);
 	sd_notifyf(0, "READY=1\nSTATUS=%s", w.status);
-	wd_info("ready: rank %d of %d, router %s", w.o.rank, w.o.tp, w.o.router);
+	bd_log_info("ready: rank %d of %d, router %s", w.o.rank, w.o.tp, w.o.router);
 	status = run(&w);
 	sd_notify(0, "STOPPING=1");
 	wd_gpu_report(&w);

@@ -428,14 +428,14 @@ send:
 	res.compute_us = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000 +
 				    (t1.tv_nsec - t0.tv_nsec) / 1000);
 	if (res.error)
-		wd_warn("step %llu: %s", (unsigned long long)plan->step, msg);
+		bd_log_warn("step %llu: %s", (unsigned long long)plan->step, msg);
 	if (w->o.verbose)
-		wd_debug("step %llu: %zu rows, %zu released, %llu us",
+		bd_log_debug("step %llu: %zu rows, %zu released, %llu us",
 			 (unsigned long long)plan->step, plan->n_rows, plan->n_release,
 			 (unsigned long long)res.compute_us);
 	int r = wd_send(w, &m);
 	if (r < 0)
-		wd_err("step %llu: result not sent: %s", (unsigned long long)plan->step,
+		bd_log_err("step %llu: result not sent: %s", (unsigned long long)plan->step,
 		       strerror(-r));
 	if (w->gpu) {
 		/* the plan's wall time on this worker, the send included (serve_gpu.sh) */

@@ -1,4 +1,4 @@
-/* workerd.h — the tensor-parallel worker daemon's context, shared by its files (issue 5).
+/* workerd.h — the tensor-parallel worker daemon's context, shared by its files.
  *
  * Two threads: the compute thread (main.c's loop and step.c) owns the model, the pool arena,
  * the sequences and the all-reduce; the I/O thread (io.c) owns the ZeroMQ DEALER to the router,
@@ -13,11 +13,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "bd_allreduce.h"
-#include "bd_calib.h"
-#include "bd_model.h"
-#include "bd_pool.h"
-#include "bd_sampler.h"
+#include "base/bd_clock.h"
+#include "base/bd_log.h"
+#include "serve/bd_allreduce.h"
+#include "quant/bd_calib.h"
+#include "model/bd_model.h"
+#include "pool/bd_pool_client.h"
+#include "model/bd_sampler.h"
 #include "growmap.h"
 #include "serve.pb-c.h"
 
@@ -44,7 +46,7 @@ struct wd_opts {
 	int rank, tp, threads, ar_timeout_ms;
 	const char *model, *pool_socket, *router, *ar_dir;
 	bool verbose;
-	/* the cuda backend (issue 7) */
+	/* the cuda backend */
 	int device;                 /* -1: the pool's device of this rank */
 	const char *weights;        /* "bf16" or "f32" */
 	const char *random_weights; /* a bd_model_preset name, or "" */
@@ -146,13 +148,5 @@ void wd_gpu_report(struct wd *w);
 /* A plan of n_rows rows run and its StepResult sent, us µs after wd_run_plan's entry (the
  * plan's wall time on the worker, for the timing report). No-op without a cuda backend. */
 void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us);
-
-/* main.c */
-void wd_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define wd_err(...) wd_log(3, __VA_ARGS__)
-#define wd_warn(...) wd_log(4, __VA_ARGS__)
-#define wd_info(...) wd_log(6, __VA_ARGS__)
-#define wd_debug(...) wd_log(7, __VA_ARGS__)
-int64_t wd_now_ms(void);
 
 #endif

@@ -1,4 +1,4 @@
-/* bench_kernels.c — decode kernel benchmark on the GPU (issue 6): Qwen3-4B attention shape by
+/* bench_kernels.c — decode kernel benchmark on the GPU: Qwen3-4B attention shape by
  * default (32 query / 8 KV heads, d = 128), one layer, contexts N and batches B from the command
  * line, three kernels by default: the full recipe (bitdecoding-nvfp4), vanilla FP4 (nvfp4-base)
  * and the BF16 paged baseline (bf16); --cfg takes any configuration the kernels plan (also
@@ -28,11 +28,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "bd_attn.h"
-#include "bd_fp4.h"
+#include "quant/bd_attn_ref.h"
+#include "quant/bd_fp4.h"
 #include "bd_kernels.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 #include "gpu_ck.h"
 
 struct rng {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bd_gguf.h"
+#include "formats/bd_gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,5 @@
-/* gmodel_check.c — the model on the GPU (bd_gmodel.h, lib/gmodel_cuda.c) against the CPU
- * backend (bd_model.h), issue 7. `make gpu-test-model` runs it on a machine with an NVIDIA GPU.
+/* gmodel_check.c — the model on the GPU (bd_gmodel.h, lib/cuda/gmodel.c) against the CPU
+ * backend (bd_model.h). `make gpu-test-model` runs it on a machine with an NVIDIA GPU.
  *
  *   (a) the real model (SmolLM2-135M, argv[1] or $BD_MODEL, else the embedded default), with
  *       its calibration file when one sits next to it: a ~40-token and a > 300-token English
@@ -44,13 +44,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "bd_calib.h"
-#include "bd_gguf.h"
-#include "bd_gmodel.h"
+#include "quant/bd_calib.h"
+#include "formats/bd_gguf.h"
+#include "cuda/bd_gmodel.h"
+#include "model/bd_model_preset.h"
 #include "bd_kernels.h"
-#include "bd_model.h"
-#include "bd_sampler.h"
-#include "bd_tokenizer.h"
+#include "model/bd_model.h"
+#include "model/bd_sampler.h"
+#include "model/bd_tokenizer.h"
 
 #define STEPS 64             /* decode steps after each prompt */
 #define NPOS (STEPS + 1)     /* positions compared: the prefill's last and each step's */

@@ -18,10 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bd_gguf.h"
-#include "bd_kvcfg.h"
-#include "bd_model.h"
-#include "bd_tokenizer.h"
+#include "formats/bd_gguf.h"
+#include "quant/bd_kvcfg.h"
+#include "model/bd_model.h"
+#include "model/bd_tokenizer.h"
 
 static const int cap_layers[] = { 0, 1, 15, 29 };
 #define N_CAP ((int)(sizeof(cap_layers) / sizeof(cap_layers[0])))

@@ -36,11 +36,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "bd_attn.h"
-#include "bd_fp4.h"
+#include "quant/bd_attn_ref.h"
+#include "quant/bd_fp4.h"
 #include "bd_kernels.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 #include "gpu_ck.h"
 
 #define TOL 1e-3

@@ -15,7 +15,7 @@
  *     which the device's 2-ulp double functions can move by 1 FP32 ulp (≤ 2^-24) when the double
  *     lies next to an FP32 rounding boundary; then a·c − b·s moves by at most 5·2^-24·(|a|+|b|)
  *     (the changed factor and the three roundings after it); channels past n_rot bitwise;
- *   - SwiGLU vs lib/model.c's silu(g)·u: ≤ 4 ulp (FP32) / ≤ 1 BF16 code (expf may differ by
+ *   - SwiGLU vs lib/model/model.c's silu(g)·u: ≤ 4 ulp (FP32) / ≤ 1 BF16 code (expf may differ by
  *     1 ulp between glibc and the device, then 1 + e, the division and ·u round once each);
  *   - KV write: slot bytes identical to bd_kv_write_token's for every configuration, d 64 and
  *     128, positions 0, 15, 16, 17, 127, 128, 200, then 128, 143, 255 (sink, ring wrap), with
@@ -48,14 +48,14 @@
 
 #include <cuda_runtime_api.h>
 
-#include "bd_fp4.h"
-#include "bd_gguf.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
-#include "bd_model.h"
+#include "quant/bd_fp4.h"
+#include "formats/bd_gguf.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
+#include "model/bd_model.h"
 #include "bd_ops.h"
-#include "bd_rand.h"
-#include "bd_sampler.h"
+#include "base/bd_rand.h"
+#include "model/bd_sampler.h"
 #include "model_ops.h"
 #include "gpu_ck.h"
 
@@ -522,7 +522,7 @@ static void check_rope(const struct shape *s)
 				CKR(bd_rope(y + (size_t)i * H * d, H, d, n_rot, posv[i], base,
 					    (enum bd_rope_style)style));
 			h2d(dx, x, N * 4);
-			CKR(bd_op_rope(dx, n, H, d, n_rot, dpos, base, style, NULL));
+			CKR(bd_op_rope(dx, n, H, d, n_rot, dpos, base, style == BD_ROPE_NEOX, NULL));
 			d2h(got, dx, N * 4);
 			for (size_t g = 0; g < (size_t)n * H; g++) {
 				const float *xi = x + g * d, *yc = y + g * d, *yg = got + g * d;
@@ -560,7 +560,7 @@ static void check_rope(const struct shape *s)
 	CK(cudaFree(dpos));
 }
 
-/* lib/model.c's silu */
+/* lib/model/model.c's silu */
 static float silu_ref(float x)
 {
 	return x / (1.0f + expf(-x));
@@ -1267,10 +1267,10 @@ static void check_refusals(void)
 	REFUSE(bd_op_rmsnorm(dx, NULL, BD_DT_F32, n, E, 1e-6f, dy, BD_DT_F32, NULL));
 	REFUSE(bd_op_head_rmsnorm(dy, dw, BD_DT_F32, n, 0, 16, 1e-6f, NULL));
 	REFUSE(bd_op_bias_add(dy, dw, bad_dt, n, E, NULL));
-	REFUSE(bd_op_rope(dy, n, 1, E, E - 1, dpos, 10000.0f, BD_ROPE_NEOX, NULL));
-	REFUSE(bd_op_rope(dy, n, 1, E, E + 2, dpos, 10000.0f, BD_ROPE_NEOX, NULL));
+	REFUSE(bd_op_rope(dy, n, 1, E, E - 1, dpos, 10000.0f, 1, NULL));
+	REFUSE(bd_op_rope(dy, n, 1, E, E + 2, dpos, 10000.0f, 1, NULL));
 	REFUSE(bd_op_rope(dy, n, 1, E, E, dpos, 10000.0f, 5, NULL));
-	REFUSE(bd_op_rope(dy, n, 1, E, E, dpos, NAN, BD_ROPE_NORM, NULL));
+	REFUSE(bd_op_rope(dy, n, 1, E, E, dpos, NAN, 0, NULL));
 	REFUSE(bd_op_swiglu(dx, n, 0, dy, BD_DT_F32, NULL));
 	REFUSE(bd_op_add(dy, NULL, 10, NULL));
 	REFUSE(bd_op_cast(dx, dy, bad_dt, 10, NULL));
@@ -1334,8 +1334,8 @@ static void gwork_run(struct gwork *g, cudaStream_t st)
 
 	CKR(bd_op_rmsnorm(g->x, g->w, BD_DT_F32, n, s->E, 1e-6f, g->xn, BD_DT_F32, st));
 	CKR(bd_op_head_rmsnorm(g->q, g->w, BD_DT_F32, n, s->Hq, s->d, 1e-6f, st));
-	CKR(bd_op_rope(g->q, n, s->Hq, s->d, s->d, g->pos, 1e6f, BD_ROPE_NEOX, st));
-	CKR(bd_op_rope(g->k, n, s->Hkv, s->d, s->d, g->pos, 1e6f, BD_ROPE_NEOX, st));
+	CKR(bd_op_rope(g->q, n, s->Hq, s->d, s->d, g->pos, 1e6f, 1, st));
+	CKR(bd_op_rope(g->k, n, s->Hkv, s->d, s->d, g->pos, 1e6f, 1, st));
 	CKR(bd_op_prefill_attn(g->q, g->k, g->v, n, s->Hq, s->Hkv, s->d, 0.125f, g->o, st));
 	CKR(bd_op_kv_write(&g->lay, g->cfg, 0, (void *const *)g->slots, g->pos, g->k, g->v, NULL, n,
 			   s->Hkv, st));

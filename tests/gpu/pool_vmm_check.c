@@ -1,4 +1,4 @@
-/* pool_vmm_check.c — kvpoold's CUDA arenas shared by worker processes (issue 4), on a GPU.
+/* pool_vmm_check.c — kvpoold's CUDA arenas shared by worker processes, on a GPU.
  *
  * `make gpu-test-pool` runs it. It starts kvpoold ($BD_BIN/kvpoold) on the CUDA backend in a
  * temp dir (tp = number of GPUs, at most 2; BD_POOL_CHECK_TP overrides), NVFP4 pages
@@ -43,10 +43,10 @@
 #include <cuda_runtime_api.h>
 
 #include "bd_kernels.h"
-#include "bd_kvcfg.h"
-#include "bd_layout.h"
-#include "bd_pool.h"
-#include "bd_pool_cuda.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
+#include "pool/bd_pool_client.h"
+#include "cuda/bd_pool_cuda.h"
 
 #define WAIT_MS 30000
 #define KV_CONFIG "bitdecoding-nvfp4"

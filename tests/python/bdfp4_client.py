@@ -3,7 +3,7 @@
 
 It shows that the client API is not tied to C: the messages come from the same .proto file
 (compiled here with protoc --python_out into a scratch directory) and travel over a ZeroMQ
-DEALER socket exactly as lib/client.c sends them.
+DEALER socket exactly as lib/serve/client.c sends them.
 
     python3 bdfp4_client.py --router ipc:///path/router.sock [--json] [--max-tokens N] PROMPT
     python3 bdfp4_client.py --router ... --health | --info
@@ -34,7 +34,7 @@ def load_messages(proto_dir, out_dir):
 
 
 class Client:
-    """One DEALER connection; requests are named by client tags, as in lib/bd_client.h."""
+    """One DEALER connection; requests are named by client tags, as in lib/serve/bd_client.h."""
 
     def __init__(self, pb, endpoint, timeout_ms=30000):
         self.pb = pb

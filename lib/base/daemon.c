@@ -1,0 +1,290 @@
+/* daemon.c — the daemons' common skeleton (bd_daemon.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "base/bd_daemon.h"
+#include "base/bd_ipc.h"
+#include "base/bd_log.h"
+
+static int signal_pipe_w = -1;
+
+static void on_signal(int signo)
+{
+	int saved = errno;
+	unsigned char b = (unsigned char)signo;
+
+	if (write(signal_pipe_w, &b, 1) < 0) {
+		/* the pipe is full: a stop is pending already */
+	}
+	errno = saved;
+}
+
+static int setup_signals(struct bd_daemon *d)
+{
+	static const int handled[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1 };
+	struct sigaction sa = { .sa_handler = on_signal };
+	sigset_t ss;
+	int p[2];
+
+	if (pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
+		return -errno;
+	d->signal_fd = p[0];
+	signal_pipe_w = p[1];
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&ss);
+	for (size_t i = 0; i < sizeof(handled) / sizeof(handled[0]); i++) {
+		if (sigaction(handled[i], &sa, NULL) < 0)
+			return -errno;
+		sigaddset(&ss, handled[i]);
+	}
+	/* a parent may have blocked them (a test harness, a shell's job control) */
+	sigprocmask(SIG_UNBLOCK, &ss, NULL);
+	return 0;
+}
+
+int bd_daemon_start(struct bd_daemon *d, int argc, char **argv)
+{
+	char err[256];
+	const char *bad;
+	int e;
+
+	d->signal_fd = -1;
+	d->cfg = NULL;
+	d->status[0] = 0;
+	d->watchdog_usec = 0;
+	bd_log_init(d->name);
+	e = setup_signals(d);
+	if (e < 0) {
+		bd_log_err("signal set-up: %s", strerror(-e));
+		return e;
+	}
+	bd_ipc_raise_nofile();
+	d->cfg = bd_config_new();
+	if (!d->cfg)
+		return -ENOMEM;
+	e = bd_config_parse_args(d->cfg, d->section, d->keys, BD_CONFIG_DEFAULT_PATH, argc, argv,
+				 err, sizeof(err));
+	if (e == 1) {
+		bd_daemon_usage(d, stdout);
+		return 1;
+	}
+	if (e < 0) {
+		bd_log_err("%s", err);
+		if (e == -EINVAL)
+			bd_daemon_usage(d, stderr);
+		return e == -ENOMEM ? e : -EINVAL;
+	}
+	bad = bd_config_unknown(d->cfg, d->section, d->keys);
+	if (bad) {
+		bd_log_err("unknown key '%s' in [%s]", bad, d->section);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+void bd_daemon_end(struct bd_daemon *d)
+{
+	if (!d)
+		return;
+	bd_config_free(d->cfg);
+	d->cfg = NULL;
+	if (d->signal_fd >= 0) {
+		close(d->signal_fd);
+		d->signal_fd = -1;
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGINT, SIG_DFL);
+		signal(SIGHUP, SIG_DFL);
+		signal(SIGUSR1, SIG_DFL);
+		close(signal_pipe_w);
+		signal_pipe_w = -1;
+	}
+}
+
+int bd_daemon_signal(struct bd_daemon *d)
+{
+	unsigned char b;
+
+	while (d->signal_fd >= 0 && read(d->signal_fd, &b, 1) == 1) {
+		if (b == SIGHUP) {
+			bd_log_info("SIGHUP ignored: restart to reconfigure");
+			continue;
+		}
+		return b;
+	}
+	return 0;
+}
+
+void bd_daemon_usage(const struct bd_daemon *d, FILE *f)
+{
+	bd_config_usage(f, d->name, d->about, d->section, d->keys);
+}
+
+void bd_daemon_ready(struct bd_daemon *d)
+{
+	if (sd_watchdog_enabled(0, &d->watchdog_usec) <= 0)
+		d->watchdog_usec = 0;
+	d->next_watchdog_ms = 0;
+	sd_notify(0, "READY=1");
+}
+
+void bd_daemon_stopping(struct bd_daemon *d)
+{
+	(void)d;
+	sd_notify(0, "STOPPING=1");
+}
+
+void bd_daemon_status(struct bd_daemon *d, const char *fmt, ...)
+{
+	char buf[sizeof(d->status)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (!strcmp(buf, d->status))
+		return;
+	memcpy(d->status, buf, sizeof(buf));
+	sd_notifyf(0, "STATUS=%s", buf);
+}
+
+int64_t bd_daemon_watchdog(struct bd_daemon *d, int64_t now_ms)
+{
+	if (!d->watchdog_usec)
+		return INT64_MAX;
+	if (now_ms >= d->next_watchdog_ms) {
+		sd_notify(0, "WATCHDOG=1");
+		d->next_watchdog_ms = now_ms + (int64_t)(d->watchdog_usec / 2000);
+	}
+	return d->next_watchdog_ms - now_ms;
+}
+
+static const struct bd_config_key *find_key(const struct bd_daemon *d, const char *key)
+{
+	for (const struct bd_config_key *k = d->keys; k->name; k++)
+		if (!strcmp(k->name, key))
+			return k;
+	return NULL;
+}
+
+const char *bd_daemon_get_str(const struct bd_daemon *d, const char *key)
+{
+	return bd_config_str(d->cfg, d->section, d->keys, key);
+}
+
+static int bad_value(const struct bd_daemon *d, const char *key, int e, const char *what)
+{
+	bd_log_err("%s = '%s': %s", key, bd_daemon_get_str(d, key),
+		   e == -ERANGE ? what : "does not parse");
+	return e;
+}
+
+int bd_daemon_get_i64(const struct bd_daemon *d, const char *key, int64_t min, int64_t max,
+		      int64_t *ret)
+{
+	const struct bd_config_key *k = find_key(d, key);
+	int64_t def = 0;
+	char what[96];
+	int e;
+
+	if (!k)
+		return -ENOENT;
+	if (k->def && *k->def)
+		def = strtoll(k->def, NULL, 0);
+	e = bd_config_get_i64(d->cfg, d->section, key, def, min, max, ret);
+	if (e < 0) {
+		if (e == -EINVAL) {
+			bd_log_err("%s = '%s': not an integer (allowed %lld..%lld)", key,
+				   bd_daemon_get_str(d, key), (long long)min, (long long)max);
+			return e;
+		}
+		snprintf(what, sizeof(what), "out of range (allowed %lld..%lld)", (long long)min,
+			 (long long)max);
+		return bad_value(d, key, e, what);
+	}
+	return 0;
+}
+
+int bd_daemon_get_int(const struct bd_daemon *d, const char *key, int min, int max, int *ret)
+{
+	int64_t v;
+	int e = bd_daemon_get_i64(d, key, min, max, &v);
+
+	if (e == 0)
+		*ret = (int)v;
+	return e;
+}
+
+int bd_daemon_get_bytes(const struct bd_daemon *d, const char *key, uint64_t min, uint64_t max,
+			uint64_t *ret)
+{
+	const struct bd_config_key *k = find_key(d, key);
+	uint64_t def = 0;
+	char what[96];
+	int e;
+
+	if (!k)
+		return -ENOENT;
+	if (k->def && *k->def)
+		bd_config_parse_bytes(k->def, &def);
+	e = bd_config_get_bytes(d->cfg, d->section, key, def, min, max, ret);
+	if (e == -EINVAL) {
+		bd_log_err("%s = '%s': not a byte size", key, bd_daemon_get_str(d, key));
+		return e;
+	}
+	if (e < 0) {
+		snprintf(what, sizeof(what), "out of range (allowed %llu..%llu bytes)",
+			 (unsigned long long)min, (unsigned long long)max);
+		return bad_value(d, key, e, what);
+	}
+	return 0;
+}
+
+int bd_daemon_get_double(const struct bd_daemon *d, const char *key, double min, double max,
+			 double *ret)
+{
+	const struct bd_config_key *k = find_key(d, key);
+	double def = 0.0;
+	char what[96];
+	int e;
+
+	if (!k)
+		return -ENOENT;
+	if (k->def && *k->def)
+		def = strtod(k->def, NULL);
+	e = bd_config_get_double(d->cfg, d->section, key, def, min, max, ret);
+	if (e == -EINVAL) {
+		bd_log_err("%s = '%s': not a number", key, bd_daemon_get_str(d, key));
+		return e;
+	}
+	if (e < 0) {
+		snprintf(what, sizeof(what), "out of range (allowed %g..%g)", min, max);
+		return bad_value(d, key, e, what);
+	}
+	return 0;
+}
+
+int bd_daemon_get_bool(const struct bd_daemon *d, const char *key, bool *ret)
+{
+	const struct bd_config_key *k = find_key(d, key);
+	bool def = false;
+	int e;
+
+	if (!k)
+		return -ENOENT;
+	if (k->def && *k->def)
+		bd_config_parse_bool(k->def, &def);
+	e = bd_config_get_bool(d->cfg, d->section, key, def, ret);
+	if (e < 0)
+		bd_log_err("%s = '%s': not a boolean (1/0, true/false, yes/no, on/off)", key,
+			   bd_daemon_get_str(d, key));
+	return e;
+}

@@ -1,0 +1,211 @@
+/* pool_cuda.c — import kvpoold's CUDA arena chunks and map them as one range
+ * (bd_pool_cuda.h).
+ *
+ * Driver API through dlopen("libcuda.so.1"), like kvpoold/mem_cuda.c: the CUDA runtime (static)
+ * opens the same library, so this adds no link dependency. The imported handles are released
+ * right after mapping: the mapping keeps the memory alive, and unmapping then needs nothing
+ * but the geometry.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pool/bd_cudrv.h"
+#include "cuda/bd_pool_cuda.h"
+
+static const struct bd_cudrv *cu;
+
+static void seterr(char *buf, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void seterr(char *buf, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!buf || !len)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf, len, fmt, ap);
+	va_end(ap);
+}
+
+static const char *cu_name(CUresult r)
+{
+	return bd_cudrv_error(r);
+}
+
+static int cu_errno(CUresult r)
+{
+	return bd_cudrv_errno(r);
+}
+
+/* The driver (bd_cudrv.h), opened once per process; 0 or -errno with the reason. */
+static int cu_load(char *err, size_t errlen)
+{
+	int e = -ENODEV;
+	const struct bd_cudrv *d = bd_cudrv_get(&e, err, errlen);
+
+	if (!d)
+		return e;
+	cu = d;
+	return 0;
+}
+
+static void prop_of(CUmemAllocationProp *p, int device)
+{
+	memset(p, 0, sizeof(*p));
+	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p->location.id = device;
+}
+
+/* Minimum (what cuMemMap needs) and recommended (the alignment the daemon used) granularity. */
+static CUresult granularities(int device, size_t *ret_min, size_t *ret_rec)
+{
+	CUmemAllocationProp prop;
+	CUresult r;
+
+	prop_of(&prop, device);
+	r = cu->granularity(ret_min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r == CUDA_SUCCESS)
+		r = cu->granularity(ret_rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+	return r;
+}
+
+int bd_pool_cuda_map(const struct bd_pool_attach *a, void **ret_base, char *err, size_t errlen)
+{
+	const struct bd_pool_geometry *g;
+	size_t offsets[BD_POOL_MAX_CHUNKS], va_bytes, gmin = 0, grec = 0, n_mapped = 0, n_fds;
+	const int *fds;
+	CUmemAccessDesc access;
+	CUdeviceptr base = 0;
+	CUcontext ctx = NULL;
+	CUdevice dev;
+	CUresult r;
+	int e;
+
+	if (err && errlen)
+		err[0] = 0;
+	if (!a || !ret_base) {
+		seterr(err, errlen, "no attachment or no output");
+		return -EINVAL;
+	}
+	g = bd_pool_attach_geometry(a);
+	n_fds = bd_pool_attach_chunks(a, &fds);
+	if (strcmp(g->backend, "cuda")) {
+		seterr(err, errlen, "the pool's backend is %s, not cuda", g->backend);
+		return -EINVAL;
+	}
+	if (n_fds != g->n_chunks || g->device < 0) {
+		seterr(err, errlen, "attachment of %zu fds for %zu chunks on device %d", n_fds,
+		       g->n_chunks, g->device);
+		return -EINVAL;
+	}
+	e = cu_load(err, errlen);
+	if (e < 0)
+		return e;
+	r = cu->device_get(&dev, g->device);
+	if (r != CUDA_SUCCESS) {
+		seterr(err, errlen, "device %d: %s", g->device, cu_name(r));
+		return -ENODEV;
+	}
+	r = cu->ctx_retain(&ctx, dev);
+	if (r != CUDA_SUCCESS) {
+		seterr(err, errlen, "cuDevicePrimaryCtxRetain(device %d): %s", g->device,
+		       cu_name(r));
+		return cu_errno(r);
+	}
+	r = cu->ctx_set(ctx);
+	if (r != CUDA_SUCCESS) {
+		seterr(err, errlen, "cuCtxSetCurrent(device %d): %s", g->device, cu_name(r));
+		e = cu_errno(r);
+		goto fail_ctx;
+	}
+	r = granularities(g->device, &gmin, &grec);
+	if (r != CUDA_SUCCESS) {
+		seterr(err, errlen, "cuMemGetAllocationGranularity(device %d): %s", g->device,
+		       cu_name(r));
+		e = cu_errno(r);
+		goto fail_ctx;
+	}
+	e = bd_pool_va_plan(g, gmin, &va_bytes, offsets);
+	if (e < 0) {
+		seterr(err, errlen, "arena of %zu bytes in %zu chunks: not whole granules of %zu "
+		       "bytes on device %d", g->arena_bytes, g->n_chunks, gmin, g->device);
+		goto fail_ctx;
+	}
+	r = cu->reserve(&base, va_bytes, grec > gmin ? grec : gmin, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		seterr(err, errlen, "cuMemAddressReserve(%zu bytes): %s", va_bytes, cu_name(r));
+		e = cu_errno(r);
+		goto fail_ctx;
+	}
+	for (; n_mapped < g->n_chunks; n_mapped++) {
+		CUmemGenericAllocationHandle h = 0;
+		size_t i = n_mapped;
+
+		r = cu->import(&h, (void *)(intptr_t)fds[i],
+			      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		if (r != CUDA_SUCCESS) {
+			seterr(err, errlen, "cuMemImportFromShareableHandle(chunk %zu, fd %d): %s",
+			       i, fds[i], cu_name(r));
+			e = cu_errno(r);
+			goto fail_map;
+		}
+		r = cu->map(base + offsets[i], (size_t)g->chunk_bytes[i], 0, h, 0);
+		/* the mapping (if any) holds the memory from here on */
+		cu->release(h);
+		if (r != CUDA_SUCCESS) {
+			seterr(err, errlen, "cuMemMap(chunk %zu, %llu bytes): %s", i,
+			       (unsigned long long)g->chunk_bytes[i], cu_name(r));
+			e = cu_errno(r);
+			goto fail_map;
+		}
+	}
+	memset(&access, 0, sizeof(access));
+	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	access.location.id = g->device;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = cu->set_access(base, va_bytes, &access, 1);
+	if (r != CUDA_SUCCESS) {
+		seterr(err, errlen, "cuMemSetAccess(device %d, %zu bytes): %s", g->device, va_bytes,
+		       cu_name(r));
+		e = cu_errno(r);
+		goto fail_map;
+	}
+	*ret_base = (void *)(uintptr_t)base;
+	return 0;
+
+fail_map:
+	while (n_mapped > 0) {
+		n_mapped--;
+		cu->unmap(base + offsets[n_mapped], (size_t)g->chunk_bytes[n_mapped]);
+	}
+	cu->addr_free(base, va_bytes);
+fail_ctx:
+	cu->ctx_release(dev);
+	return e;
+}
+
+void bd_pool_cuda_unmap(const struct bd_pool_attach *a, void *base)
+{
+	const struct bd_pool_geometry *g;
+	size_t offsets[BD_POOL_MAX_CHUNKS], va_bytes, gmin = 0, grec = 0;
+	CUdeviceptr b = (CUdeviceptr)(uintptr_t)base;
+	CUdevice dev;
+
+	if (!a || !base || !cu)
+		return;
+	g = bd_pool_attach_geometry(a);
+	if (cu->device_get(&dev, g->device) != CUDA_SUCCESS ||
+	    granularities(g->device, &gmin, &grec) != CUDA_SUCCESS ||
+	    bd_pool_va_plan(g, gmin, &va_bytes, offsets) < 0)
+		return; /* it could not have been mapped */
+	for (size_t i = 0; i < g->n_chunks; i++)
+		cu->unmap(b + offsets[i], (size_t)g->chunk_bytes[i]);
+	cu->addr_free(b, va_bytes);
+	cu->ctx_release(dev);
+}

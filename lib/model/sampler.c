@@ -1,0 +1,220 @@
+/* sampler.c — token sampling (greedy, temperature, top-k, top-p, seeded) and stop strings. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/bd_rand.h"
+#include "model/bd_sampler.h"
+
+struct bd_sampler {
+	struct bd_sampler_params p;
+	int n;
+	struct bd_rng rng;
+	int32_t *idx;    /* [n] candidate ids, most likely first once sorted */
+	double *prob;    /* [n] unnormalized probabilities of idx[] */
+};
+
+struct bd_sampler_params bd_sampler_params_greedy(void)
+{
+	return (struct bd_sampler_params){ .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
+}
+
+int bd_sampler_new(const struct bd_sampler_params *p, int n_vocab, struct bd_sampler **ret)
+{
+	if (!p || !ret || n_vocab < 1 || !isfinite(p->temperature) || p->temperature < 0.0f ||
+	    p->top_k < 0 || !(p->top_p > 0.0f && p->top_p <= 1.0f))
+		return -EINVAL;
+	struct bd_sampler *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->idx = malloc(sizeof(*s->idx) * (size_t)n_vocab);
+	s->prob = malloc(sizeof(*s->prob) * (size_t)n_vocab);
+	if (!s->idx || !s->prob) {
+		bd_sampler_free(s);
+		return -ENOMEM;
+	}
+	s->p = *p;
+	s->n = n_vocab;
+	uint64_t x = p->seed;
+	for (int i = 0; i < 4; i++)
+		s->rng.s[i] = bd_splitmix64(&x);
+	*ret = s;
+	return 0;
+}
+
+void bd_sampler_free(struct bd_sampler *s)
+{
+	if (!s)
+		return;
+	free(s->idx);
+	free(s->prob);
+	free(s);
+}
+
+int bd_argmax(const float *x, int n)
+{
+	if (!x || n < 1)
+		return -EINVAL;
+	int best = 0;
+	for (int i = 1; i < n; i++)
+		if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i])))
+			best = i;
+	return best;
+}
+
+static bool is_greedy(const struct bd_sampler *s)
+{
+	return s->p.temperature == 0.0f || s->p.top_k == 1;
+}
+
+/* qsort has no context argument; per thread, so samplers on other threads do not mix */
+static _Thread_local const float *cmp_logits;
+
+/* Descending logit, then ascending id: a total order, so the kept set is well defined. */
+static int cmp_desc(const void *a, const void *b)
+{
+	int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+	float x = cmp_logits[i], y = cmp_logits[j];
+	if (x > y)
+		return -1;
+	if (x < y)
+		return 1;
+	return (i > j) - (i < j);
+}
+
+/* Fill s->idx[0..*ret_m) and s->prob with the kept candidates (unnormalized), most likely
+ * first when sorting was needed; returns the total mass. */
+static int candidates(struct bd_sampler *s, const float *logits, int *ret_m, double *ret_total)
+{
+	int n = s->n, m = n;
+	float lmax = -INFINITY;
+
+	for (int i = 0; i < n; i++) {
+		if (isnan(logits[i]) || logits[i] == INFINITY)
+			return -EDOM;
+		if (logits[i] > lmax)
+			lmax = logits[i];
+	}
+	if (lmax == -INFINITY)
+		return -EDOM;
+	for (int i = 0; i < n; i++)
+		s->idx[i] = i;
+	bool sort = (s->p.top_k > 0 && s->p.top_k < n) || s->p.top_p < 1.0f;
+	if (sort) {
+		cmp_logits = logits;
+		qsort(s->idx, (size_t)n, sizeof(*s->idx), cmp_desc);
+		cmp_logits = NULL;
+		if (s->p.top_k > 0 && s->p.top_k < n)
+			m = s->p.top_k;
+	}
+
+	double total = 0.0, T = (double)s->p.temperature;
+	for (int i = 0; i < m; i++) {
+		s->prob[i] = exp(((double)logits[s->idx[i]] - (double)lmax) / T);
+		total += s->prob[i];
+	}
+	if (s->p.top_p < 1.0f) {
+		/* smallest prefix whose share of the mass reaches p */
+		double want = (double)s->p.top_p * total, cum = 0.0;
+		int k = 0;
+		while (k < m) {
+			cum += s->prob[k++];
+			if (cum >= want)
+				break;
+		}
+		m = k;
+		total = cum;
+	}
+	*ret_m = m;
+	*ret_total = total;
+	return 0;
+}
+
+int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs)
+{
+	int m, r;
+	double total;
+
+	if (!s || !logits || !ret_probs)
+		return -EINVAL;
+	if (is_greedy(s)) {
+		for (int i = 0; i < s->n; i++)
+			if (isnan(logits[i]) || logits[i] == INFINITY)
+				return -EDOM;
+		int a = bd_argmax(logits, s->n);
+		if (logits[a] == -INFINITY)
+			return -EDOM;
+		memset(ret_probs, 0, sizeof(float) * (size_t)s->n);
+		ret_probs[a] = 1.0f;
+		return 0;
+	}
+	if ((r = candidates(s, logits, &m, &total)) < 0)
+		return r;
+	memset(ret_probs, 0, sizeof(float) * (size_t)s->n);
+	for (int i = 0; i < m; i++)
+		ret_probs[s->idx[i]] = (float)(s->prob[i] / total);
+	return 0;
+}
+
+int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_token)
+{
+	int m, r;
+	double total;
+
+	if (!s || !logits || !ret_token)
+		return -EINVAL;
+	if (is_greedy(s)) {
+		for (int i = 0; i < s->n; i++)
+			if (isnan(logits[i]) || logits[i] == INFINITY)
+				return -EDOM;
+		int a = bd_argmax(logits, s->n);
+		if (logits[a] == -INFINITY)
+			return -EDOM;
+		*ret_token = a;
+		return 0;
+	}
+	if ((r = candidates(s, logits, &m, &total)) < 0)
+		return r;
+	double u = bd_rng_uniform(&s->rng) * total, cum = 0.0;
+	int pick = -1;
+	for (int i = 0; i < m; i++) {
+		if (s->prob[i] <= 0.0)
+			continue;
+		pick = i; /* the last token with mass, in case rounding leaves cum < u */
+		cum += s->prob[i];
+		if (u < cum)
+			break;
+	}
+	*ret_token = s->idx[pick];
+	return 0;
+}
+
+size_t bd_stop_scan(const char *text, size_t len, const char *const *stops, int n_stops,
+		    bool *ret_hit)
+{
+	size_t first = len, hold = 0;
+	bool hit = false;
+
+	for (int k = 0; text && stops && k < n_stops; k++) {
+		const char *st = stops[k];
+		size_t sl = st ? strlen(st) : 0;
+		if (sl == 0)
+			continue;
+		const char *p = sl <= len ? memmem(text, len, st, sl) : NULL;
+		if (p && (size_t)(p - text) < first) {
+			first = (size_t)(p - text);
+			hit = true;
+		}
+		/* longest proper prefix of st that ends the text */
+		for (size_t l = sl - 1 < len ? sl - 1 : len; l > hold; l--) {
+			if (memcmp(text + len - l, st, l) == 0) {
+				hold = l;
+				break;
+			}
+		}
+	}
+	if (ret_hit)
+		*ret_hit = hit;
+	return hit ? first : len - hold;
+}

@@ -1,0 +1,465 @@
+/* client.c — the router's C client (bd_client.h) over ZeroMQ DEALER + serve.proto. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zmq.h>
+
+#include "serve/bd_client.h"
+#include "serve.pb-c.h"
+
+#define MAX_PROMPT_BYTES (64 << 10)
+#define MAX_MESSAGES 64
+#define MAX_STOP_BYTES 64
+
+struct bd_client {
+	void *zctx, *sock;
+	uint64_t next_tag;
+	Bdfp4__ClientReply *last; /* the reply the last event points into */
+	struct bd_client_top *top; /* the last chunk's logits table */
+};
+
+static const char *const error_names[BD_SERVE_ERR_COUNT] = {
+	"ok", "malformed", "oversize", "unknown-type", "invalid-argument", "too-long",
+	"unknown-kv-config", "resource-exhausted", "unavailable", "worker-failed",
+	"deadline-exceeded", "cancelled", "not-found", "shutting-down", "internal", "version",
+};
+
+const char *bd_serve_error_name(int code)
+{
+	return code >= 0 && code < BD_SERVE_ERR_COUNT ? error_names[code] : "unknown";
+}
+
+const char *bd_finish_name(int reason)
+{
+	static const char *const n[] = { "none", "stop", "length", "stop-string", "cancelled",
+					 "error" };
+
+	return reason >= 0 && reason < (int)(sizeof(n) / sizeof(n[0])) ? n[reason] : "unknown";
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void drop_last(struct bd_client *c)
+{
+	if (c->last)
+		bdfp4__client_reply__free_unpacked(c->last, NULL);
+	c->last = NULL;
+	free(c->top);
+	c->top = NULL;
+}
+
+int bd_client_new(const char *endpoint, struct bd_client **ret)
+{
+	struct bd_client *c;
+	int zero = 0, e;
+
+	if (!ret)
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->zctx = zmq_ctx_new();
+	if (!c->zctx) {
+		free(c);
+		return -ENOMEM;
+	}
+	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+	if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_connect(c->sock, endpoint ? endpoint : BD_CLIENT_DEFAULT_ENDPOINT) < 0) {
+		e = zmq_errno();
+		bd_client_free(c);
+		return -(e ? e : EINVAL);
+	}
+	/* tags need only be unique on this connection; a varied start eases reading logs */
+	c->next_tag = ((uint64_t)now_ms() & 0xffff) << 16 | 1;
+	*ret = c;
+	return 0;
+}
+
+void bd_client_free(struct bd_client *c)
+{
+	if (!c)
+		return;
+	drop_last(c);
+	if (c->sock)
+		zmq_close(c->sock);
+	if (c->zctx)
+		zmq_ctx_term(c->zctx);
+	free(c);
+}
+
+static int send_request(struct bd_client *c, const Bdfp4__ClientRequest *req)
+{
+	size_t n = bdfp4__client_request__get_packed_size(req);
+	uint8_t *buf = malloc(n ? n : 1);
+	int e = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	bdfp4__client_request__pack(req, buf);
+	if (zmq_send(c->sock, buf, n, 0) < 0)
+		e = -zmq_errno();
+	free(buf);
+	return e;
+}
+
+int bd_client_send_raw(struct bd_client *c, const void *frame, size_t len)
+{
+	if (!c || (!frame && len))
+		return -EINVAL;
+	return zmq_send(c->sock, frame, len, 0) < 0 ? -zmq_errno() : 0;
+}
+
+int bd_client_generate_start(struct bd_client *c, const struct bd_client_gen *g,
+			     uint64_t *ret_tag)
+{
+	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
+	Bdfp4__GenerateRequest gen = BDFP4__GENERATE_REQUEST__INIT;
+	Bdfp4__SamplingParams sp = BDFP4__SAMPLING_PARAMS__INIT;
+	Bdfp4__ChatMessage one = BDFP4__CHAT_MESSAGE__INIT;
+	Bdfp4__ChatMessage *msgs = NULL, **pmsgs = NULL, *pone = &one;
+	int n_set, e;
+	size_t text = 0;
+
+	if (!c || !g || !ret_tag)
+		return -EINVAL;
+	n_set = (g->prompt != NULL) + (g->n_messages > 0) + (g->n_token_ids > 0);
+	if (n_set != 1 || (g->n_messages && !g->messages) || (g->n_token_ids && !g->token_ids) ||
+	    g->n_stops < 0 || (g->n_stops && !g->stops) || (g->n_forced && !g->forced_tokens))
+		return -EINVAL;
+	if (g->n_stops > BD_CLIENT_MAX_STOPS || g->n_messages > MAX_MESSAGES ||
+	    g->logits_top_k > BD_CLIENT_MAX_TOP)
+		return -EMSGSIZE;
+	for (int i = 0; i < g->n_stops; i++) {
+		if (!g->stops[i])
+			return -EINVAL;
+		if (strlen(g->stops[i]) > MAX_STOP_BYTES)
+			return -EMSGSIZE;
+	}
+	for (size_t i = 0; i < g->n_messages; i++) {
+		if (!g->messages[i].role || !g->messages[i].content)
+			return -EINVAL;
+		text += strlen(g->messages[i].content);
+	}
+	if ((g->prompt && strlen(g->prompt) > MAX_PROMPT_BYTES) || text > MAX_PROMPT_BYTES)
+		return -EMSGSIZE;
+
+	gen.client_tag = c->next_tag++;
+	if (g->prompt && g->chat) {
+		one.role = (char *)"user";
+		one.content = (char *)g->prompt;
+		gen.n_messages = 1;
+		gen.messages = &pone;
+	} else if (g->prompt) {
+		gen.prompt = (char *)g->prompt;
+	} else if (g->n_messages) {
+		msgs = calloc(g->n_messages, sizeof(*msgs));
+		pmsgs = calloc(g->n_messages, sizeof(*pmsgs));
+		if (!msgs || !pmsgs) {
+			free(msgs);
+			free(pmsgs);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < g->n_messages; i++) {
+			bdfp4__chat_message__init(&msgs[i]);
+			msgs[i].role = (char *)g->messages[i].role;
+			msgs[i].content = (char *)g->messages[i].content;
+			pmsgs[i] = &msgs[i];
+		}
+		gen.n_messages = g->n_messages;
+		gen.messages = pmsgs;
+	} else {
+		gen.n_token_ids = g->n_token_ids;
+		gen.token_ids = (int32_t *)g->token_ids;
+	}
+	sp.temperature = g->sampling.temperature;
+	sp.top_k = g->sampling.top_k > 0 ? (uint32_t)g->sampling.top_k : 0;
+	sp.top_p = g->sampling.top_p;
+	sp.seed = g->sampling.seed;
+	gen.sampling = &sp;
+	gen.max_tokens = g->max_tokens;
+	gen.n_stop = (size_t)g->n_stops;
+	gen.stop = (char **)g->stops;
+	gen.stream = g->stream;
+	gen.kv_config = (char *)(g->kv_config ? g->kv_config : "");
+	gen.deadline_ms = g->deadline_ms;
+	gen.ignore_eos = g->ignore_eos;
+	gen.n_forced_tokens = g->n_forced;
+	gen.forced_tokens = (int32_t *)g->forced_tokens;
+	gen.logits_top_k = g->logits_top_k;
+	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_GENERATE;
+	req.generate = &gen;
+	e = send_request(c, &req);
+	free(msgs);
+	free(pmsgs);
+	if (e < 0)
+		return e;
+	*ret_tag = gen.client_tag;
+	return 0;
+}
+
+int bd_client_cancel(struct bd_client *c, uint64_t tag)
+{
+	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
+	Bdfp4__CancelRequest cr = BDFP4__CANCEL_REQUEST__INIT;
+
+	if (!c || !tag)
+		return -EINVAL;
+	cr.client_tag = tag;
+	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_CANCEL;
+	req.cancel = &cr;
+	return send_request(c, &req);
+}
+
+/* The next reply other than a keepalive, into c->last. */
+static int recv_reply(struct bd_client *c, int timeout_ms)
+{
+	int64_t end = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+
+	drop_last(c);
+	for (;;) {
+		zmq_pollitem_t it = { .socket = c->sock, .events = ZMQ_POLLIN };
+		int64_t left = end - now_ms();
+		zmq_msg_t m;
+		int r;
+
+		r = zmq_poll(&it, 1, (long)(left > 0 ? left : 0));
+		if (r < 0) {
+			if (zmq_errno() == EINTR)
+				continue;
+			return -zmq_errno();
+		}
+		if (r == 0)
+			return -ETIMEDOUT;
+		zmq_msg_init(&m);
+		if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&m);
+			continue;
+		}
+		/* a REQ-style empty delimiter never comes to a DEALER that sent none; skip any */
+		if (zmq_msg_size(&m) == 0 && zmq_msg_more(&m)) {
+			zmq_msg_close(&m);
+			continue;
+		}
+		c->last = bdfp4__client_reply__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+		zmq_msg_close(&m);
+		if (!c->last)
+			return -EBADMSG;
+		if (c->last->msg_case == BDFP4__CLIENT_REPLY__MSG_KEEPALIVE) {
+			drop_last(c);
+			end = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+			continue;
+		}
+		if (c->last->msg_case == BDFP4__CLIENT_REPLY__MSG__NOT_SET) {
+			drop_last(c);
+			return -EBADMSG;
+		}
+		return 0;
+	}
+}
+
+static int fill_chunk(struct bd_client *c, const Bdfp4__GenerateChunk *ch,
+		      struct bd_client_event *ev)
+{
+	size_t n = ch->n_token_ids, k = 0;
+
+	ev->kind = BD_CLIENT_CHUNK;
+	ev->tag = ch->client_tag;
+	ev->request_id = ch->request_id;
+	ev->tokens = ch->token_ids;
+	ev->n_tokens = n;
+	ev->text = ch->text ? ch->text : "";
+	ev->text_len = strlen(ev->text);
+	ev->finish = (enum bd_finish)ch->finish_reason;
+	ev->error = (int)ch->error;
+	ev->message = ch->message ? ch->message : "";
+	if (ch->usage) {
+		ev->has_usage = true;
+		ev->usage = (struct bd_client_usage){
+			.prompt_tokens = ch->usage->prompt_tokens,
+			.completion_tokens = ch->usage->completion_tokens,
+			.preemptions = ch->usage->preemptions,
+			.queue_us = ch->usage->queue_us,
+			.ttft_us = ch->usage->ttft_us,
+			.total_us = ch->usage->total_us,
+		};
+	}
+	/* logits: a dense [n][k] table, k the widest step (missing entries: token -1) */
+	if (ch->n_logits == n && n > 0) {
+		for (size_t i = 0; i < n; i++)
+			if (ch->logits[i]->n_top > k)
+				k = ch->logits[i]->n_top;
+		if (k > BD_CLIENT_MAX_TOP)
+			return -EBADMSG;
+		if (k) {
+			c->top = calloc(n * k, sizeof(*c->top));
+			if (!c->top)
+				return -ENOMEM;
+			for (size_t i = 0; i < n; i++)
+				for (size_t j = 0; j < k; j++) {
+					const Bdfp4__StepLogits *s = ch->logits[i];
+
+					c->top[i * k + j] =
+						j < s->n_top ? (struct bd_client_top){
+								       s->top[j]->token,
+								       s->top[j]->logit }
+							     : (struct bd_client_top){ -1, 0 };
+				}
+			ev->top = c->top;
+			ev->top_k = k;
+		}
+	}
+	return 0;
+}
+
+int bd_client_next(struct bd_client *c, int timeout_ms, struct bd_client_event *ret)
+{
+	int e;
+
+	if (!c || !ret || timeout_ms < 0)
+		return -EINVAL;
+	e = recv_reply(c, timeout_ms);
+	if (e < 0)
+		return e;
+	memset(ret, 0, sizeof(*ret));
+	ret->text = "";
+	ret->message = "";
+	switch (c->last->msg_case) {
+	case BDFP4__CLIENT_REPLY__MSG_CHUNK:
+		return fill_chunk(c, c->last->chunk, ret);
+	case BDFP4__CLIENT_REPLY__MSG_ERROR:
+		ret->kind = BD_CLIENT_ERROR;
+		ret->tag = c->last->error->client_tag;
+		ret->error = (int)c->last->error->error;
+		ret->message = c->last->error->message ? c->last->error->message : "";
+		ret->finish = BD_FINISH_ERROR;
+		return 0;
+	case BDFP4__CLIENT_REPLY__MSG_CANCEL:
+		ret->kind = BD_CLIENT_CANCELLED;
+		ret->tag = c->last->cancel->client_tag;
+		ret->error = (int)c->last->cancel->error;
+		return 0;
+	default:
+		ret->kind = BD_CLIENT_OTHER;
+		return 0;
+	}
+}
+
+/* Sends a health or info request and waits for its reply, dropping other events. */
+static int sync_call(struct bd_client *c, int timeout_ms, Bdfp4__ClientRequest *req,
+		     Bdfp4__ClientReply__MsgCase want)
+{
+	int64_t end = now_ms() + timeout_ms;
+	int e;
+
+	if ((e = send_request(c, req)) < 0)
+		return e;
+	for (;;) {
+		int64_t left = end - now_ms();
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if ((e = recv_reply(c, (int)left)) < 0)
+			return e;
+		if (c->last->msg_case == want)
+			return 0;
+		if (c->last->msg_case == BDFP4__CLIENT_REPLY__MSG_ERROR &&
+		    c->last->error->client_tag == 0)
+			return -EBADMSG;
+	}
+}
+
+static void copy_str(char *dst, size_t cap, const char *s)
+{
+	snprintf(dst, cap, "%s", s ? s : "");
+}
+
+static void fill_health(const Bdfp4__HealthReply *h, struct bd_client_health *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	ret->healthy = h->healthy;
+	ret->state = (int)h->state;
+	copy_str(ret->reason, sizeof(ret->reason), h->reason);
+	ret->pool_ok = h->pool_ok;
+	copy_str(ret->pool_error, sizeof(ret->pool_error), h->pool_error);
+	ret->pool_last_ok_ms = h->pool_last_ok_ms;
+	for (size_t i = 0; i < h->n_workers && i < 8; i++) {
+		const Bdfp4__WorkerStatus *w = h->workers[i];
+
+		ret->workers[i] = (struct bd_client_worker){
+			.rank = w->rank, .pid = w->pid, .alive = w->alive,
+			.last_heartbeat_ms = w->last_heartbeat_ms, .steps = w->steps,
+		};
+		ret->n_workers = i + 1;
+	}
+}
+
+int bd_client_health(struct bd_client *c, int timeout_ms, struct bd_client_health *ret)
+{
+	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
+	Bdfp4__HealthRequest hr = BDFP4__HEALTH_REQUEST__INIT;
+	int e;
+
+	if (!c || !ret || timeout_ms < 0)
+		return -EINVAL;
+	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_HEALTH;
+	req.health = &hr;
+	if ((e = sync_call(c, timeout_ms, &req, BDFP4__CLIENT_REPLY__MSG_HEALTH)) < 0)
+		return e;
+	fill_health(c->last->health, ret);
+	drop_last(c);
+	return 0;
+}
+
+int bd_client_info(struct bd_client *c, int timeout_ms, struct bd_client_info *ret)
+{
+	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
+	Bdfp4__InfoRequest ir = BDFP4__INFO_REQUEST__INIT;
+	const Bdfp4__ServerInfo *s;
+	int e;
+
+	if (!c || !ret || timeout_ms < 0)
+		return -EINVAL;
+	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_INFO;
+	req.info = &ir;
+	if ((e = sync_call(c, timeout_ms, &req, BDFP4__CLIENT_REPLY__MSG_INFO)) < 0)
+		return e;
+	s = c->last->info;
+	memset(ret, 0, sizeof(*ret));
+	copy_str(ret->version, sizeof(ret->version), s->version);
+	copy_str(ret->model, sizeof(ret->model), s->model);
+	copy_str(ret->arch, sizeof(ret->arch), s->arch);
+	copy_str(ret->kv_config, sizeof(ret->kv_config), s->kv_config);
+	copy_str(ret->backend, sizeof(ret->backend), s->backend);
+	ret->n_vocab = s->n_vocab;
+	ret->n_ctx = s->n_ctx;
+	ret->tp = s->tp;
+	ret->max_batch = s->max_batch;
+	ret->max_queue = s->max_queue;
+	ret->max_frame_bytes = s->max_frame_bytes;
+	ret->queued = s->queued;
+	ret->running = s->running;
+	ret->requests_total = s->requests_total;
+	ret->requests_failed = s->requests_failed;
+	ret->tokens_generated = s->tokens_generated;
+	ret->steps = s->steps;
+	ret->preemptions = s->preemptions;
+	ret->pages_total = s->pages_total;
+	ret->pages_free = s->pages_free;
+	ret->slots_total = s->slots_total;
+	ret->slots_free = s->slots_free;
+	ret->pages_peak = s->pages_peak;
+	ret->uptime_ms = s->uptime_ms;
+	ret->healthy = s->health && s->health->healthy;
+	drop_last(c);
+	return 0;
+}

@@ -1,0 +1,72 @@
+/* serve_common.h — what the serving integration tests share: a private runtime dir,
+ * real daemons (kvpoold, routerd, workerd) started from $BD_BIN with readiness by sd_notify,
+ * bounded waits, clean or forced stops, and a look at the pool's books.
+ *
+ * Every daemon dies with the test process (PR_SET_PDEATHSIG) and sv_fini() kills whatever is
+ * left and removes the directory. Logs stay in the directory until then (sv_log_tail prints one
+ * into a failure message).
+ */
+#ifndef TEST_SERVE_COMMON_H
+#define TEST_SERVE_COMMON_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SV_TIMEOUT_MS 60000
+#define SV_MAX_ARGS 64
+
+struct sv_daemon {
+	pid_t pid;
+	char name[32];
+	char log[160], notify[160];
+	int notify_fd;
+};
+
+struct sv_env {
+	char dir[64];
+	char bin[PATH_MAX];
+	char model[PATH_MAX];
+	char root[PATH_MAX];  /* the repository (proto/, deploy/, tests/python/) */
+	char pool_sock[128], pool_ep[160], front_ep[160], workers_ep[160];
+	struct sv_daemon pool, router, worker[2];
+};
+
+/* Makes the private dir and endpoint names, finds the binaries and the model. */
+void sv_init(struct sv_env *e);
+/* Kills every daemon still running and removes the dir. */
+void sv_fini(struct sv_env *e);
+
+/* Starts a daemon (bin/name with args, NULL-terminated) and returns without waiting. */
+void sv_spawn(struct sv_env *e, struct sv_daemon *d, const char *name, const char *const *args);
+/* Waits for a notify datagram holding what; false on timeout or when the daemon exited. */
+bool sv_wait_notify(struct sv_daemon *d, const char *what, int timeout_ms);
+
+/* kvpoold for tp ranks with extra flags (NULL: none) over the defaults of the embedded model
+ * geometry (30 layers, 3 KV heads of 64, bitdecoding-nvfp4), waits for READY. */
+void sv_start_pool(struct sv_env *e, const char *const *extra);
+/* routerd on the env's endpoints with extra flags, waits for READY. */
+void sv_start_router(struct sv_env *e, const char *const *extra);
+/* workerd of rank r (tp 2), waits for READY. */
+void sv_start_worker(struct sv_env *e, int rank);
+
+/* Sends sig and waits up to timeout_ms for the exit: the exit status, 128 + signal when
+ * killed by one, -1 if it had to be SIGKILLed. The daemon's pid is cleared. */
+int sv_stop(struct sv_daemon *d, int sig, int timeout_ms);
+
+/* The last bytes of a daemon's log (static buffer), for failure messages. */
+const char *sv_log_tail(const struct sv_daemon *d);
+
+/* Pool books: requests recorded, pages free, slots free; false if the pool does not answer. */
+bool sv_pool_books(struct sv_env *e, uint64_t *ret_requests, uint64_t *ret_pages_free,
+		   uint64_t *ret_slots_free, uint64_t *ret_pages_total, uint64_t *ret_slots_total);
+/* Waits until the pool holds nothing for anyone (every page and slot free, no record). */
+bool sv_pool_idle(struct sv_env *e, int timeout_ms);
+
+/* Waits until the router reports healthy (want true) or not (want false). */
+bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);
+
+int64_t sv_now_ms(void);
+
+#endif

@@ -1,0 +1,888 @@
+/* test_pool_daemon.c — a real kvpoold on the CPU backend, with the lib client (bd_pool_client.h),
+ * other processes and kvpoolctl.
+ *
+ * The daemon comes from $BD_BIN (the Makefile's unit-run sets it), else ../bin beside this test
+ * binary. Each test gets a private temp dir for the attach socket, the ipc:// allocation
+ * endpoint and an sd_notify socket (NOTIFY_SOCKET) on which READY=1 says the daemon listens.
+ * The daemon dies with the test process (PR_SET_PDEATHSIG) and is killed in .fini otherwise;
+ * every wait is bounded.
+ *
+ * Geometry (flags): NVFP4, 1 layer, 1 KV head, d = 64, 40 pages, 2 slots, max_seq_len 1024.
+ * By hand from bd_layout.h (see test_pool_plan.c): page 9472 bytes, slot 36864 bytes; arena
+ * 40·9472 = 378880 → 380928 at 4 KiB, + 2·36864 = 454656 bytes.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include <zmq.h>
+
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
+#include "pool/bd_pool_client.h"
+#include "kvpool.pb-c.h"
+
+#define TIMEOUT_MS 20000
+
+static struct {
+	char dir[40], sock[96], endpoint[128], notify[96], log[96], bin[PATH_MAX];
+	pid_t pid;
+	int notify_fd;
+} D;
+
+static const char *const SMALL[] = { "--tp", "1", "--layers", "1", "--kv-heads", "1",
+				     "--head-dim", "64", "--pages", "40", "--slots", "2",
+				     "--max-seq-len", "1024", NULL };
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void init(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *bin = getenv("BD_BIN");
+	char exe[PATH_MAX - 16];
+	ssize_t n;
+
+	memset(&D, 0, sizeof(D));
+	D.notify_fd = -1;
+	if (bin && *bin) {
+		snprintf(D.bin, sizeof(D.bin), "%s", bin);
+	} else {
+		/* $(BUILD)/tests/unit → $(BUILD)/bin */
+		n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+		cr_assert_gt(n, 0);
+		exe[n] = 0;
+		*strrchr(exe, '/') = 0;
+		snprintf(D.bin, sizeof(D.bin), "%s/../bin", exe);
+	}
+	snprintf(D.dir, sizeof(D.dir), "/tmp/bdfp4-pool-XXXXXX");
+	cr_assert_not_null(mkdtemp(D.dir));
+	snprintf(D.sock, sizeof(D.sock), "%s/kvpool.sock", D.dir);
+	snprintf(D.endpoint, sizeof(D.endpoint), "ipc://%s/alloc.sock", D.dir);
+	snprintf(D.notify, sizeof(D.notify), "%s/notify.sock", D.dir);
+	snprintf(D.log, sizeof(D.log), "%s/kvpoold.log", D.dir);
+	D.notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(D.notify_fd, 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", D.notify);
+	cr_assert_eq(bind(D.notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+}
+
+static void fini(void)
+{
+	char cmd[128];
+
+	if (D.pid > 0) {
+		kill(D.pid, SIGKILL);
+		waitpid(D.pid, NULL, 0);
+		D.pid = 0;
+	}
+	if (D.notify_fd >= 0)
+		close(D.notify_fd);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", D.dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", D.dir);
+}
+
+TestSuite(pool_daemon, .init = init, .fini = fini, .timeout = 120);
+
+/* Starts kvpoold with the SMALL geometry unless `own` is set, then `extra`; env_extra (may be
+ * NULL) is one NAME=VALUE added to the environment. Does not wait. */
+static pid_t spawn(bool own, const char *const *extra, const char *env_extra)
+{
+	const char *argv[64];
+	char path[PATH_MAX + 16];
+	size_t n = 0;
+	pid_t pid;
+
+	snprintf(path, sizeof(path), "%s/kvpoold", D.bin);
+	cr_assert_eq(access(path, X_OK), 0, "no kvpoold at %s (set BD_BIN)", path);
+	argv[n++] = path;
+	if (!own)
+		argv[n++] = "--no-config";
+	argv[n++] = "--socket";
+	argv[n++] = D.sock;
+	argv[n++] = "--endpoint";
+	argv[n++] = D.endpoint;
+	argv[n++] = "--status-interval-ms";
+	argv[n++] = "100";
+	for (size_t i = 0; !own && SMALL[i]; i++)
+		argv[n++] = SMALL[i];
+	for (size_t i = 0; extra && extra[i]; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int fd = open(D.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (fd >= 0)
+			dup2(fd, 2);
+		setenv("NOTIFY_SOCKET", D.notify, 1);
+		unsetenv("WATCHDOG_USEC");
+		unsetenv("WATCHDOG_PID");
+		if (env_extra)
+			putenv((char *)env_extra);
+		execv(path, (char *const *)argv);
+		_exit(127);
+	}
+	D.pid = pid;
+	return pid;
+}
+
+/* Waits for a notify datagram containing what; false on timeout or when the daemon exits. */
+static bool wait_notify(const char *what, int timeout_ms)
+{
+	int64_t end = now_ms() + timeout_ms;
+	char buf[1024];
+
+	while (now_ms() < end) {
+		struct pollfd p = { .fd = D.notify_fd, .events = POLLIN };
+		ssize_t n;
+
+		if (poll(&p, 1, 50) == 1) {
+			n = recv(D.notify_fd, buf, sizeof(buf) - 1, 0);
+			if (n > 0) {
+				buf[n] = 0;
+				if (strstr(buf, what))
+					return true;
+			}
+			continue;
+		}
+		if (D.pid > 0 && waitpid(D.pid, NULL, WNOHANG) == D.pid) {
+			D.pid = 0;
+			return false;
+		}
+	}
+	return false;
+}
+
+static void start(bool own, const char *const *extra)
+{
+	spawn(own, extra, NULL);
+	cr_assert(wait_notify("READY=1", TIMEOUT_MS), "kvpoold did not get ready (log in %s)",
+		  D.log);
+}
+
+/* Exit status of a process, SIGKILL after timeout_ms; -1 if it had to be killed. */
+static int reap(pid_t pid, int timeout_ms)
+{
+	int64_t end = now_ms() + timeout_ms;
+	int st;
+
+	while (now_ms() < end) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		usleep(10000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -1;
+}
+
+static int stop(void)
+{
+	int st;
+
+	kill(D.pid, SIGTERM);
+	st = reap(D.pid, TIMEOUT_MS);
+	D.pid = 0;
+	return st;
+}
+
+static struct bd_pool_conn *conn(void)
+{
+	struct bd_pool_conn *c;
+
+	cr_assert_eq(bd_pool_conn_new(D.endpoint, 5000, &c), 0);
+	return c;
+}
+
+static struct bd_pool_stats *stats(struct bd_pool_conn *c)
+{
+	struct bd_pool_stats *s;
+	int e = bd_pool_stats(c, 0, &s);
+
+	cr_assert_eq(e, 0, "stats: %s", bd_pool_conn_error(c, NULL));
+	return s;
+}
+
+static int count_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *de;
+	DIR *d;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((de = readdir(d)))
+		n += de->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+static bool log_has(const char *what)
+{
+	char buf[8192];
+	FILE *f = fopen(D.log, "r");
+	size_t n;
+
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return strstr(buf, what) != NULL;
+}
+
+/* ---- start, stats, stop ------------------------------------------------------------------ */
+
+Test(pool_daemon, ready_status_stats_and_clean_stop)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	struct stat st;
+
+	start(false, NULL);
+	cr_expect(wait_notify("STATUS=pages 0/40 used", TIMEOUT_MS), "no STATUS with the fill");
+	c = conn();
+	s = stats(c);
+	cr_expect_str_eq(s->backend, "cpu");
+	cr_expect_str_eq(s->page_format, "nvfp4");
+	cr_expect_eq(s->pages_total, 40);
+	cr_expect_eq(s->pages_free, 40);
+	cr_expect_eq(s->slots_total, 2);
+	cr_expect_eq(s->page_bytes, 9472);
+	cr_expect_eq(s->slot_bytes, 36864);
+	cr_expect_eq(s->max_seq_len, 1024);
+	cr_assert_eq(s->n_devices, 1);
+	if (sysconf(_SC_PAGESIZE) == 4096)
+		cr_expect_eq(s->devices[0].arena_bytes, 454656);
+	cr_expect_eq(s->devices[0].page_region_bytes, 40 * 9472);
+	cr_expect_eq(s->devices[0].slot_region_bytes, 2 * 36864);
+	bd_pool_stats_free(s);
+	bd_pool_conn_free(c);
+	/* both sockets are 0660 */
+	cr_assert_eq(stat(D.sock, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0660);
+	cr_assert_eq(stat(D.endpoint + 6, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0660);
+	cr_expect_eq(stop(), 0, "SIGTERM must exit 0 (log in %s)", D.log);
+	cr_expect_neq(access(D.sock, F_OK), 0, "the attach socket was left behind");
+}
+
+Test(pool_daemon, watchdog_pings)
+{
+	spawn(false, NULL, "WATCHDOG_USEC=200000");
+	cr_assert(wait_notify("READY=1", TIMEOUT_MS));
+	cr_expect(wait_notify("WATCHDOG=1", 5000), "no WATCHDOG=1 with WATCHDOG_USEC set");
+}
+
+Test(pool_daemon, budget_too_small_fails_at_start)
+{
+	static const char *const extra[] = { "--no-config", "--memory-bytes", "1M",
+					     "--max-seq-len", "1000000", "--tp", "1", NULL };
+	pid_t pid = spawn(true, extra, NULL);
+
+	cr_expect_eq(reap(pid, TIMEOUT_MS), 1);
+	D.pid = 0;
+	cr_expect(log_has("max_seq_len=1000000"), "the message names the request length");
+	cr_expect(log_has("raise memory_bytes"), "the message says what to change");
+}
+
+/* An absolute budget beyond the machine's RAM is refused at start (it used to be planned:
+ * hundreds of MB of page bookkeeping, then memory the kernel cannot back). */
+Test(pool_daemon, budget_beyond_ram_fails_at_start)
+{
+	static const char *const extra[] = { "--no-config", "--memory-bytes", "1000T", "--tp", "2",
+					     NULL };
+	pid_t pid = spawn(true, extra, NULL);
+
+	cr_expect_eq(reap(pid, TIMEOUT_MS), 1);
+	D.pid = 0;
+	cr_expect(log_has("more than the"), "the message compares with the RAM");
+	cr_expect(log_has("of RAM"), "the message names the RAM");
+}
+
+/* No GPU or no driver (the build machine): the CUDA backend says why and exits 1, no crash,
+ * no socket left. On a machine with a GPU the daemon comes up instead: skipped. */
+Test(pool_daemon, cuda_backend_without_a_gpu_says_why)
+{
+	static const char *const extra[] = { "--backend", "cuda", NULL };
+	int64_t end = now_ms() + TIMEOUT_MS;
+	pid_t pid = spawn(false, extra, NULL);
+	int st = -1;
+
+	while (now_ms() < end) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			break;
+		if (log_has("listening on")) {
+			stop();
+			cr_skip_test("a CUDA device is present");
+		}
+		usleep(10000);
+	}
+	D.pid = 0;
+	cr_assert(WIFEXITED(st), "kvpoold --backend cuda did not exit by itself (status %d)", st);
+	cr_expect_eq(WEXITSTATUS(st), 1);
+	cr_expect(log_has("backend cuda: "), "the log names the backend (log in %s)", D.log);
+	cr_expect(log_has("no CUDA driver") || log_has("CUDA devices") || log_has("cuInit") ||
+		  log_has("built without CUDA"), "the log says what is missing (log in %s)", D.log);
+	cr_expect_neq(access(D.sock, F_OK), 0, "an attach socket was left behind");
+}
+
+Test(pool_daemon, config_file_then_flags)
+{
+	char conf[128], arg[160];
+	FILE *f;
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	const char *extra[] = { "--config", conf, "--slots", "5", NULL };
+
+	snprintf(conf, sizeof(conf), "%s/bdfp4.conf", D.dir);
+	f = fopen(conf, "w");
+	cr_assert_not_null(f);
+	fputs("[pool]\ntp = 1\nlayers = 1\nkv_heads = 1\nhead_dim = 64\npages = 40\n"
+	      "slots = 3\nmax_seq_len = 2048\n[router]\nunrelated = 1\n",
+	      f);
+	fclose(f);
+	start(true, extra);
+	c = conn();
+	s = stats(c);
+	cr_expect_eq(s->slots_total, 5, "the flag overrides the file");
+	cr_expect_eq(s->max_seq_len, 2048, "the file overrides the default");
+	bd_pool_stats_free(s);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+
+	/* a key [pool] does not know is fatal */
+	f = fopen(conf, "a");
+	fputs("[pool]\nslost = 4\n", f);
+	fclose(f);
+	snprintf(arg, sizeof(arg), "%s", conf);
+	{
+		const char *bad[] = { "--config", arg, NULL };
+
+		cr_expect_eq(reap(spawn(true, bad, NULL), TIMEOUT_MS), 1);
+		D.pid = 0;
+		cr_expect(log_has("unknown key 'slost'"));
+	}
+}
+
+/* ---- two processes, one page ------------------------------------------------------------- */
+
+static void fill(bd_bf16 *x, size_t n, uint32_t seed)
+{
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		x[i] = bd_f32_to_bf16(((float)(seed >> 8) / 16777216.0f - 0.5f) * 4.0f);
+	}
+}
+
+/* The page-head contents both children agree on: K and V of head h, seeded by h. */
+static int write_heads(const struct bd_layout *lay, void *page)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	size_t n = (size_t)BD_PAGE_TOKENS * (size_t)lay->d;
+	bd_bf16 *k = malloc(n * sizeof(*k)), *v = malloc(n * sizeof(*v));
+	int e = 0;
+
+	for (int h = 0; h < lay->n_kv_heads && !e; h++) {
+		fill(k, n, 100u + (uint32_t)h);
+		fill(v, n, 200u + (uint32_t)h);
+		e = bd_page_write_head(lay, cfg, k, v, NULL, page, h);
+	}
+	free(k);
+	free(v);
+	return e;
+}
+
+static int write_slot_token(const struct bd_layout *lay, void *slot)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	float k[64], v[64];
+
+	for (int i = 0; i < 64; i++) {
+		k[i] = (float)(i % 7) - 3.0f;
+		v[i] = 0.25f * (float)i;
+	}
+	return bd_kv_write_token(lay, cfg, slot, 1, 1, 3, k, v, NULL);
+}
+
+/* Writer: allocates a page and a slot, writes them, tells the reader where, waits for it. */
+static int writer(int go_fd, int where_fd, int done_fd, const char *sock, const char *endpoint)
+{
+	struct bd_pool_attach *a;
+	struct bd_pool_conn *c;
+	const struct bd_pool_geometry *g;
+	int32_t where[2];
+	char b;
+
+	if (read(go_fd, &b, 1) != 1)
+		return 10; /* the reader attached first */
+	if (bd_pool_conn_new(endpoint, 5000, &c) < 0)
+		return 11;
+	if (bd_pool_page_alloc(c, 501, 9, 1, &where[0]) < 0 ||
+	    bd_pool_slot_assign(c, 501, 9, &where[1]) < 0)
+		return 12;
+	if (bd_pool_attach(sock, 1, NULL, 0, &a) < 0)
+		return 13;
+	g = bd_pool_attach_geometry(a);
+	if (write_heads(&g->layout, bd_layout_page(&g->layout, bd_pool_attach_pages(a), 1,
+						   where[0])) < 0)
+		return 14;
+	if (write_slot_token(&g->layout, bd_pool_attach_slot(a, where[1])) < 0)
+		return 15;
+	if (write(where_fd, where, sizeof(where)) != sizeof(where))
+		return 16;
+	if (read(done_fd, &b, 1) != 1)
+		return 17;
+	bd_pool_detach(a);
+	bd_pool_conn_free(c);
+	return 0;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+/* Reader: attaches, lets the writer go, then finds exactly the bytes the layout module writes
+ * for the same inputs, in the page and in the slot, on rank 1 and only there. */
+static int reader(int go_fd, int where_fd, int done_fd, const char *sock)
+{
+	struct bd_pool_attach *a, *a0;
+	const struct bd_pool_geometry *g;
+	char err[256];
+	int32_t where[2];
+	uint8_t *want_page, *want_slot, *got;
+	int rc = 0;
+
+	if (bd_pool_attach(sock, 1, err, sizeof(err), &a) < 0)
+		return 20;
+	if (bd_pool_attach(sock, 0, err, sizeof(err), &a0) < 0)
+		return 21;
+	g = bd_pool_attach_geometry(a);
+	if (g->layout.n_kv_heads != 2 || g->layout.n_layers != 2 || g->tp != 2 || g->rank != 1)
+		return 22;
+	if (write(go_fd, "g", 1) != 1 || read(where_fd, where, sizeof(where)) != sizeof(where))
+		return 23;
+	want_page = calloc(1, g->layout.page_bytes);
+	want_slot = calloc(1, g->layout.slot_bytes);
+	if (write_heads(&g->layout, want_page) < 0 || write_slot_token(&g->layout, want_slot) < 0)
+		return 24;
+	got = bd_layout_page(&g->layout, bd_pool_attach_pages(a), 1, where[0]);
+	if (all_zero(want_page, g->layout.page_bytes))
+		rc = 25;
+	else if (memcmp(got, want_page, g->layout.page_bytes))
+		rc = 26;
+	else if (memcmp(bd_pool_attach_slot(a, where[1]), want_slot, g->layout.slot_bytes))
+		rc = 27;
+	else if (!all_zero(bd_layout_page(&g->layout, bd_pool_attach_pages(a0), 1, where[0]),
+			   g->layout.page_bytes))
+		rc = 28; /* rank 0 has its own arena */
+	if (write(done_fd, "d", 1) != 1)
+		rc = 29;
+	free(want_page);
+	free(want_slot);
+	bd_pool_detach(a0);
+	bd_pool_detach(a);
+	return rc;
+}
+
+Test(pool_daemon, two_processes_share_a_page)
+{
+	static const char *const extra[] = { "--tp", "2", "--layers", "2", "--kv-heads", "4",
+					     "--head-dim", "64", "--pages", "16", "--slots", "2",
+					     "--max-seq-len", "1024", NULL };
+	int go[2], where[2], done[2];
+	pid_t w, r;
+
+	start(true, extra);
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(where), 0);
+	cr_assert_eq(pipe(done), 0);
+	r = fork();
+	cr_assert_geq(r, 0);
+	if (r == 0)
+		_exit(reader(go[1], where[0], done[1], D.sock));
+	w = fork();
+	cr_assert_geq(w, 0);
+	if (w == 0)
+		_exit(writer(go[0], where[1], done[0], D.sock, D.endpoint));
+	close(go[0]);
+	close(go[1]);
+	close(where[0]);
+	close(where[1]);
+	close(done[0]);
+	close(done[1]);
+	cr_expect_eq(reap(r, TIMEOUT_MS), 0, "reader (codes in reader())");
+	cr_expect_eq(reap(w, TIMEOUT_MS), 0, "writer (codes in writer())");
+}
+
+/* ---- clients that die, clients that may not attach --------------------------------------- */
+
+Test(pool_daemon, dead_client_is_detached_without_leaks)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	uint64_t n_req = 0, freed = 0;
+	int base, fds = -1;
+	int64_t end;
+	pid_t child;
+	int ready[2];
+	char b;
+
+	start(false, NULL);
+	c = conn();
+	s = stats(c); /* our own connection is part of the baseline */
+	bd_pool_stats_free(s);
+	base = count_fds(D.pid);
+	cr_assert_gt(base, 0);
+	cr_assert_eq(pipe(ready), 0);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct bd_pool_attach *a;
+		struct bd_pool_conn *cc;
+		int32_t p[3];
+
+		if (bd_pool_attach(D.sock, 0, NULL, 0, &a) < 0 ||
+		    bd_pool_conn_new(D.endpoint, 5000, &cc) < 0 ||
+		    bd_pool_page_alloc(cc, 900, 42, 3, p) < 0)
+			_exit(1);
+		memset(bd_pool_attach_pages(a), 0x11, 64);
+		if (write(ready[1], "r", 1) != 1)
+			_exit(2);
+		pause(); /* until the parent kills it: no detach, no close */
+		_exit(3);
+	}
+	close(ready[1]);
+	cr_assert_eq(read(ready[0], &b, 1), 1, "the child failed before attaching");
+	close(ready[0]);
+	s = stats(c);
+	cr_expect_eq(s->devices[0].attached, 1);
+	cr_expect_eq(s->n_attachments, 1);
+	bd_pool_stats_free(s);
+	kill(child, SIGKILL);
+	cr_expect_eq(reap(child, TIMEOUT_MS), 128 + SIGKILL);
+	/* the attachment goes, its fd goes */
+	end = now_ms() + TIMEOUT_MS;
+	do {
+		s = stats(c);
+		fds = count_fds(D.pid);
+		if (s->devices[0].attached == 0 && s->n_attachments == 0 && fds == base)
+			break;
+		bd_pool_stats_free(s);
+		s = NULL;
+		usleep(20000);
+	} while (now_ms() < end);
+	cr_assert_not_null(s, "still attached or %d fds (baseline %d)", fds, base);
+	/* its pages stay: a worker may die without losing KV; the owner's reclaim frees them */
+	cr_expect_eq(s->pages_used, 3);
+	bd_pool_stats_free(s);
+	cr_assert_eq(bd_pool_owner_reclaim(c, 42, &n_req, &freed), 0);
+	cr_expect_eq(n_req, 1);
+	cr_expect_eq(freed, 3);
+	s = stats(c);
+	cr_expect_eq(s->pages_free, s->pages_total);
+	cr_expect_eq(s->requests, 0);
+	bd_pool_stats_free(s);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* A child as uid/gid 65534 (nobody/nogroup) attaches; returns its bd_pool_attach result as an
+ * exit code: 0 attached and mapped, 1 refused with -EACCES, other codes: something else. */
+static int attach_as_nobody(void)
+{
+	pid_t child = fork();
+
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct bd_pool_attach *a;
+		char err[256];
+		int e;
+
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(10);
+		e = bd_pool_attach(D.sock, 0, err, sizeof(err), &a);
+		if (e == -EACCES)
+			_exit(strstr(err, "not allowed") ? 1 : 11);
+		if (e < 0) {
+			fprintf(stderr, "attach as nobody: %s\n", err);
+			_exit(12);
+		}
+		memset(bd_pool_attach_pages(a), 0x22, 16); /* mapped read-write */
+		bd_pool_detach(a);
+		_exit(0);
+	}
+	return reap(child, TIMEOUT_MS);
+}
+
+static void open_socket_to_all(void)
+{
+	/* let a non-member reach connect(), so SO_PEERCRED is what refuses it */
+	cr_assert_eq(chmod(D.dir, 0711), 0);
+	cr_assert_eq(chmod(D.sock, 0666), 0);
+}
+
+Test(pool_daemon, peers_outside_the_group_are_refused)
+{
+	static const char *const extra[] = { "--group", "1", NULL };
+	struct bd_pool_attach *a;
+	struct bd_pool_stats *s;
+	struct bd_pool_conn *c;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user");
+	start(false, extra);
+	open_socket_to_all();
+	{
+		int rc = attach_as_nobody();
+
+		cr_expect_eq(rc, 1, "uid 65534 outside group 1 must be refused (child: %d)", rc);
+	}
+	/* and the daemon still serves the rest */
+	cr_assert_eq(bd_pool_attach(D.sock, 0, NULL, 0, &a), 0);
+	c = conn();
+	s = stats(c);
+	cr_expect_eq(s->devices[0].attached, 1);
+	bd_pool_stats_free(s);
+	bd_pool_conn_free(c);
+	bd_pool_detach(a);
+	cr_expect_eq(stop(), 0);
+}
+
+Test(pool_daemon, group_members_may_attach)
+{
+	static const char *const extra[] = { "--group", "65534", NULL };
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user");
+	start(false, extra);
+	open_socket_to_all();
+	cr_expect_eq(attach_as_nobody(), 0, "gid 65534 is the pool's group");
+	cr_expect_eq(stop(), 0);
+}
+
+Test(pool_daemon, attach_errors)
+{
+	struct bd_pool_attach *a = NULL;
+	char err[256];
+
+	start(false, NULL);
+	cr_expect_eq(bd_pool_attach(D.sock, 1, err, sizeof(err), &a), -ENODEV); /* tp 1 */
+	cr_expect_neq(strstr(err, "rank 1"), NULL, "%s", err);
+	cr_expect_null(a);
+	cr_expect_eq(bd_pool_attach(D.sock, -1, err, sizeof(err), &a), -EINVAL);
+	/* a connection that sends something else than an AttachRequest */
+	{
+		const char *path = D.sock;
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		char b;
+
+		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+		cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		/* garbage instead of an AttachRequest: an error reply, then EOF */
+		cr_assert_eq(send(fd, "\xff\xff\xff", 3, 0), 3);
+		cr_assert_eq(poll(&p, 1, TIMEOUT_MS), 1);
+		cr_expect_gt(recv(fd, &b, 1, MSG_TRUNC), 0, "an error reply first");
+		cr_assert_eq(poll(&p, 1, TIMEOUT_MS), 1);
+		cr_expect_eq(recv(fd, &b, 1, 0), 0, "then the connection closes");
+		close(fd);
+	}
+	cr_expect_eq(stop(), 0);
+}
+
+/* ---- protocol abuse over the live socket --------------------------------------------------- */
+
+static int reply_code(const void *buf, size_t len)
+{
+	Bdfp4__PoolReply *rep = bdfp4__pool_reply__unpack(NULL, len, buf);
+	int code;
+
+	cr_assert_not_null(rep, "the reply does not parse");
+	code = rep->error;
+	bdfp4__pool_reply__free_unpacked(rep, NULL);
+	return code;
+}
+
+static int raw_code(struct bd_pool_conn *c, const void *frame, size_t len)
+{
+	void *rep;
+	size_t rlen;
+	int code;
+
+	cr_assert_eq(bd_pool_call_raw(c, frame, len, &rep, &rlen), 0);
+	code = reply_code(rep, rlen);
+	free(rep);
+	return code;
+}
+
+Test(pool_daemon, malformed_frames_get_errors_and_the_daemon_serves_on)
+{
+	static const char *const extra[] = { "--max-frame-bytes", "4096", NULL };
+	static const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+					0xff, 0xff };
+	static const uint8_t truncated[] = { 0x0a, 0x06, 0x08, 0x01 }; /* 6 promised, 2 sent */
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	uint8_t *big = calloc(1, 1 << 20);
+	int32_t p[2];
+	void *ctx, *req;
+	zmq_msg_t m;
+	int timeout = 5000, zero = 0;
+
+	start(false, extra);
+	c = conn();
+	cr_expect_eq(raw_code(c, junk, sizeof(junk)), BD_POOL_ERR_MALFORMED);
+	cr_expect_eq(raw_code(c, truncated, sizeof(truncated)), BD_POOL_ERR_MALFORMED);
+	cr_expect_eq(raw_code(c, big, 1 << 20), BD_POOL_ERR_OVERSIZE);
+	cr_expect_eq(raw_code(c, "", 0), BD_POOL_ERR_UNKNOWN_TYPE);
+	free(big);
+	/* a request in two parts */
+	ctx = zmq_ctx_new();
+	req = zmq_socket(ctx, ZMQ_REQ);
+	zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout, sizeof(timeout));
+	zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof(zero));
+	cr_assert_eq(zmq_connect(req, D.endpoint), 0);
+	cr_assert_eq(zmq_send(req, "a", 1, ZMQ_SNDMORE), 1);
+	cr_assert_eq(zmq_send(req, "b", 1, 0), 1);
+	zmq_msg_init(&m);
+	cr_assert_geq(zmq_msg_recv(&m, req, 0), 0, "no reply to a multi-part request");
+	cr_expect_eq(reply_code(zmq_msg_data(&m), zmq_msg_size(&m)), BD_POOL_ERR_MALFORMED);
+	zmq_msg_close(&m);
+	zmq_close(req);
+	zmq_ctx_term(ctx);
+	/* allocator errors through the client carry the daemon's code and text */
+	cr_expect_eq(bd_pool_page_free(c, 77, (int32_t[]){ 0 }, 1, NULL), -ENOENT);
+	{
+		int code;
+		const char *t = bd_pool_conn_error(c, &code);
+
+		cr_expect_eq(code, BD_POOL_ERR_UNKNOWN_REQUEST);
+		cr_expect_neq(strstr(t, "77"), NULL, "%s", t);
+	}
+	/* still serving, nothing lost */
+	cr_assert_eq(bd_pool_page_alloc(c, 1, 1, 2, p), 0);
+	cr_expect_eq(bd_pool_page_free(c, 1, p, 1, NULL), 0);
+	cr_expect_eq(bd_pool_page_free(c, 1, p, 1, NULL), -EALREADY);
+	s = stats(c);
+	cr_expect_eq(s->pages_used, 1);
+	cr_expect_eq(s->errors, 7);
+	bd_pool_stats_free(s);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* ---- kvpoolctl ----------------------------------------------------------------------------- */
+
+static char *run_ctl(const char *args, int *ret_status)
+{
+	char cmd[PATH_MAX + 512];
+	static char out[65536];
+	size_t n;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "'%s/kvpoolctl' --endpoint '%s' %s 2>&1", D.bin, D.endpoint,
+		 args);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = 0;
+	*ret_status = pclose(f);
+	return out;
+}
+
+Test(pool_daemon, kvpoolctl_shows_a_live_pool)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_attach *a;
+	json_t *j, *largest;
+	json_error_t jerr;
+	int32_t p[3], slot;
+	char *out;
+	int st;
+
+	start(false, NULL);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 77, 5, 3, p), 0);
+	cr_assert_eq(bd_pool_slot_assign(c, 77, 5, &slot), 0);
+	cr_assert_eq(bd_pool_page_alloc(c, 78, 6, 1, p), 0);
+	cr_assert_eq(bd_pool_attach(D.sock, 0, NULL, 0, &a), 0);
+
+	out = run_ctl("stats --json", &st);
+	cr_assert_eq(st, 0, "%s", out);
+	j = json_loads(out, 0, &jerr);
+	cr_assert_not_null(j, "not JSON: %s", jerr.text);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "pages"), "total")), 40);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "pages"), "used")), 4);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "slots"), "free")), 1);
+	/* bytes by format: 4 pages of 9472 in use, 1 slot of 36864 */
+	cr_expect_eq(json_integer_value(json_object_get(
+			     json_object_get(json_object_get(j, "bytes"), "nvfp4"), "used")),
+		     4 * 9472);
+	cr_expect_eq(json_integer_value(json_object_get(
+			     json_object_get(json_object_get(j, "bytes"), "bf16_slots"), "used")),
+		     36864);
+	largest = json_object_get(j, "largest");
+	cr_assert_geq(json_array_size(largest), 2);
+	cr_expect_eq(json_integer_value(json_object_get(json_array_get(largest, 0), "request_id")),
+		     77);
+	cr_expect_eq(json_integer_value(json_object_get(
+			     json_array_get(json_object_get(j, "devices"), 0), "attached")),
+		     1);
+	json_decref(j);
+
+	out = run_ctl("stats", &st);
+	cr_expect_eq(st, 0);
+	cr_expect_neq(strstr(out, "40 total, 36 free, 4 used"), NULL, "%s", out);
+
+	out = run_ctl("requests", &st);
+	cr_expect_eq(st, 0);
+	cr_expect_neq(strstr(out, "77"), NULL, "%s", out);
+	cr_expect_neq(strstr(out, "78"), NULL, "%s", out);
+
+	out = run_ctl("reclaim 5", &st);
+	cr_expect_eq(st, 0);
+	cr_expect_neq(strstr(out, "released 1 requests, 3 pages freed"), NULL, "%s", out);
+	out = run_ctl("release 999", &st);
+	cr_expect_neq(st, 0, "releasing an unknown request must fail");
+	out = run_ctl("frobnicate", &st);
+	cr_expect_eq(WEXITSTATUS(st), 2);
+
+	bd_pool_detach(a);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}

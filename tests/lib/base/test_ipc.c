@@ -1,0 +1,226 @@
+/* test_ipc.c — Unix sockets, SCM_RIGHTS and peer credentials (lib/base/ipc.c, bd_ipc.h). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/bd_ipc.h"
+
+static char dir[64];
+
+static void init(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/bdfp4-ipc-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+}
+
+static void fini(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_expect_eq(system(cmd), 0);
+}
+
+TestSuite(ipc, .init = init, .fini = fini);
+
+Test(ipc, fds_travel_and_point_to_the_same_file)
+{
+	int sv[2], pipefd[2], got[4], n_got = -1;
+	char buf[16];
+	ssize_t n;
+
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	cr_assert_eq(pipe(pipefd), 0);
+	cr_assert_eq(bd_ipc_send(sv[0], "hello", 5, pipefd, 2), 0);
+	n = bd_ipc_recv(sv[1], buf, sizeof(buf), got, 4, &n_got);
+	cr_assert_eq(n, 5);
+	cr_expect_eq(memcmp(buf, "hello", 5), 0);
+	cr_assert_eq(n_got, 2);
+	cr_expect_neq(got[0], pipefd[0], "a new descriptor was expected");
+	/* close-on-exec on what arrives */
+	cr_expect(fcntl(got[0], F_GETFD) & FD_CLOEXEC);
+	/* the received write end feeds the original read end */
+	cr_assert_eq(write(got[1], "xy", 2), 2);
+	cr_assert_eq(read(pipefd[0], buf, 2), 2);
+	cr_expect_eq(memcmp(buf, "xy", 2), 0);
+	for (int i = 0; i < 2; i++) {
+		close(got[i]);
+		close(pipefd[i]);
+		close(sv[i]);
+	}
+}
+
+Test(ipc, too_many_fds_or_too_long_a_packet)
+{
+	int sv[2], fds[3], got[2] = { -7, -7 }, n_got = -1;
+	char buf[4];
+
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	for (int i = 0; i < 3; i++)
+		fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	/* three fds for room for two: refused, and none of them left open here */
+	cr_assert_eq(bd_ipc_send(sv[0], "abc", 3, fds, 3), 0);
+	cr_expect_eq(bd_ipc_recv(sv[1], buf, sizeof(buf), got, 2, &n_got), -EMSGSIZE);
+	cr_expect_eq(n_got, 0);
+	cr_expect_eq(got[0], -7, "fds written on error");
+	/* a packet longer than the buffer */
+	cr_assert_eq(bd_ipc_send(sv[0], "abcdefgh", 8, NULL, 0), 0);
+	cr_expect_eq(bd_ipc_recv(sv[1], buf, sizeof(buf), got, 2, &n_got), -EMSGSIZE);
+	/* bad arguments */
+	cr_expect_eq(bd_ipc_send(sv[0], "a", 0, NULL, 0), -EINVAL);
+	cr_expect_eq(bd_ipc_send(sv[0], "a", 1, NULL, 1), -EINVAL);
+	cr_expect_eq(bd_ipc_send(sv[0], "a", 1, fds, BD_IPC_MAX_FDS + 1), -EINVAL);
+	/* end of stream reads as 0 */
+	close(sv[0]);
+	cr_expect_eq(bd_ipc_recv(sv[1], buf, sizeof(buf), got, 2, &n_got), 0);
+	close(sv[1]);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+}
+
+Test(ipc, listen_connect_and_peer_credentials)
+{
+	char path[128];
+	struct stat st;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	int l, c, a;
+
+	snprintf(path, sizeof(path), "%s/s.sock", dir);
+	l = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_geq(l, 0, "%s", strerror(-l));
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0660);
+	c = bd_ipc_connect(path);
+	cr_assert_geq(c, 0);
+	a = accept(l, NULL, NULL);
+	cr_assert_geq(a, 0);
+	cr_assert_eq(bd_ipc_peer_cred(a, &pid, &uid, &gid), 0);
+	cr_expect_eq(pid, getpid());
+	cr_expect_eq(uid, geteuid());
+	cr_expect_eq(gid, getegid());
+	/* we are our own uid: always allowed */
+	cr_expect_eq(bd_ipc_peer_allowed(a, geteuid(), (gid_t)-1), 1);
+	close(a);
+	close(c);
+	close(l);
+	/* a stale socket file is replaced; a regular file is not */
+	l = bd_ipc_listen(path, 0600, (gid_t)-1, 4);
+	cr_expect_geq(l, 0);
+	close(l);
+	unlink(path);
+	close(creat(path, 0600));
+	cr_expect_eq(bd_ipc_listen(path, 0600, (gid_t)-1, 4), -EEXIST);
+	cr_expect_eq(bd_ipc_connect(path), -ECONNREFUSED);
+	cr_expect_eq(bd_ipc_connect("/nonexistent/dir/x.sock"), -ENOENT);
+	memset(path, 'a', sizeof(path) - 1);
+	path[sizeof(path) - 1] = 0;
+	cr_expect_eq(bd_ipc_listen(path, 0600, (gid_t)-1, 4), -EINVAL);
+}
+
+/* A peer that is neither root nor us is judged by its group. Needs root to become nobody. */
+Test(ipc, other_users_need_the_group)
+{
+	char path[128];
+	int l, st;
+	pid_t child;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user");
+	snprintf(path, sizeof(path), "%s/g.sock", dir);
+	chmod(dir, 0711);
+	l = bd_ipc_listen(path, 0666, (gid_t)-1, 4);
+	cr_assert_geq(l, 0);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		int c;
+
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(2);
+		c = bd_ipc_connect(path);
+		if (c < 0)
+			_exit(3);
+		pause(); /* the parent looks at us, then kills us */
+		_exit(0);
+	}
+	{
+		int a = -1;
+
+		for (int i = 0; i < 500 && a < 0; i++) {
+			a = accept4(l, NULL, NULL, 0);
+			if (a < 0)
+				usleep(10000);
+		}
+		cr_assert_geq(a, 0, "the child did not connect");
+		/* uid 65534, gid 65534: not root, not us */
+		cr_expect_eq(bd_ipc_peer_allowed(a, 0x7ffffff0, (gid_t)-1), 0);
+		cr_expect_eq(bd_ipc_peer_allowed(a, 0x7ffffff0, 1), 0);
+		cr_expect_eq(bd_ipc_peer_allowed(a, 0x7ffffff0, 65534), 1);
+		cr_expect_eq(bd_ipc_peer_allowed(a, 65534, (gid_t)-1), 1);
+		close(a);
+	}
+	kill(child, SIGKILL);
+	waitpid(child, &st, 0);
+	cr_expect(WIFSIGNALED(st), "the child failed early with %d", WEXITSTATUS(st));
+	close(l);
+}
+
+Test(ipc, a_live_listener_is_never_taken_over)
+{
+	char path[96], other[96];
+	int l, l2, st, c;
+
+	snprintf(path, sizeof(path), "%s/live.sock", dir);
+	snprintf(other, sizeof(other), "%s/stream.sock", dir);
+	cr_assert_eq(bd_ipc_path_in_use(path), 0, "no file yet");
+	l = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_geq(l, 0, "%s", strerror(-l));
+	cr_assert_eq(bd_ipc_path_in_use(path), 1);
+	/* a second daemon on the same path is refused, and the first still accepts */
+	l2 = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_eq(l2, -EADDRINUSE, "%d", l2);
+	c = bd_ipc_connect(path);
+	cr_assert_geq(c, 0, "the live listener lost its path: %s", strerror(-c));
+	close(c);
+	close(l);
+	/* the file the closed listener left is stale: it is replaced */
+	cr_assert_eq(bd_ipc_path_in_use(path), 0);
+	l2 = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
+	cr_assert_geq(l2, 0, "%s", strerror(-l2));
+	close(l2);
+	/* ZeroMQ's ipc endpoints are stream sockets: those count too */
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", other);
+	st = socket(AF_UNIX, SOCK_STREAM, 0);
+	cr_assert_geq(st, 0);
+	cr_assert_eq(bind(st, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(st, 1), 0);
+	cr_assert_eq(bd_ipc_path_in_use(other), 1);
+	close(st);
+	cr_assert_eq(bd_ipc_path_in_use(other), 0);
+	cr_assert_eq(bd_ipc_path_in_use(""), -EINVAL);
+}
+
+Test(ipc, the_open_file_limit_is_raised_to_the_hard_limit)
+{
+	struct rlimit rl;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	int r = bd_ipc_raise_nofile();
+	cr_assert_gt(r, 0, "%s", strerror(-r));
+	struct rlimit after;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &after), 0);
+	cr_assert_eq(after.rlim_cur, rl.rlim_max);
+}

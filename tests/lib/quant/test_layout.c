@@ -1,0 +1,1102 @@
+/* test_layout.c — page and slot geometry, KV write path, page round trips and promotion
+ * (bd_layout.h). Expected sizes are derived by hand from the layout rules in the comments;
+ * expected page bytes come from the block quantizers of bd_fp4.h applied here with the test's
+ * own indexing, so a misplaced nibble, block or region fails. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/bd_fp4.h"
+#include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+	/* splitmix64 */
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s)
+{
+	return ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
+}
+
+static float rng_gauss(uint64_t *s)
+{
+	double u = rng_unit(s), v = rng_unit(s);
+
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* rows × cols BF16 normal values; channels that are multiples of `outlier_every` (if > 0) are
+ * scaled by `gain`, like the outlier channels of real keys. */
+static void fill_bf16(bd_bf16 *x, size_t rows, size_t cols, uint64_t seed, size_t outlier_every,
+		      float gain)
+{
+	uint64_t s = seed;
+
+	for (size_t r = 0; r < rows; r++)
+		for (size_t c = 0; c < cols; c++) {
+			float f = rng_gauss(&s);
+
+			if (outlier_every && c % outlier_every == 3)
+				f *= gain;
+			x[r * cols + c] = bd_f32_to_bf16(f);
+		}
+}
+
+static void fill_f32(float *x, size_t n, uint64_t seed, float scale)
+{
+	uint64_t s = seed;
+
+	for (size_t i = 0; i < n; i++)
+		x[i] = scale * rng_gauss(&s);
+}
+
+static void to_f32(const bd_bf16 *x, size_t n, float *ret)
+{
+	for (size_t i = 0; i < n; i++)
+		ret[i] = bd_bf16_to_f32(x[i]);
+}
+
+/* Element i of a packed FP4 array, low nibble first (the test's own indexing). */
+static uint8_t nib(const uint8_t *p, size_t i)
+{
+	return (uint8_t)((p[i / 2] >> (4 * (i % 2))) & 0xf);
+}
+
+static float amax_f32(const float *x, size_t n)
+{
+	float a = 0.0f;
+
+	for (size_t i = 0; i < n; i++)
+		if (fabsf(x[i]) > a)
+			a = fabsf(x[i]);
+	return a;
+}
+
+/* ||a − b|| / ||b|| */
+static double rel_frob(const float *a, const float *b, size_t n)
+{
+	double num = 0.0, den = 0.0;
+
+	for (size_t i = 0; i < n; i++) {
+		double e = (double)a[i] - (double)b[i];
+
+		num += e * e;
+		den += (double)b[i] * (double)b[i];
+	}
+	return sqrt(num / den);
+}
+
+static float page_g(const struct bd_layout *lay, const uint8_t *page, int h, int which)
+{
+	float g[2];
+
+	memcpy(g, page + lay->gscale_off + (size_t)h * sizeof(g), sizeof(g));
+	return g[which];
+}
+
+static const struct bd_kvcfg *cfg_named(const char *name)
+{
+	const struct bd_kvcfg *c = bd_kvcfg_find(name);
+
+	cr_assert_not_null(c, "config %s", name);
+	return c;
+}
+
+static struct bd_layout layout_ok(enum bd_page_format fmt, int L, int H, int d, int d_rope,
+				  size_t n_pages)
+{
+	struct bd_layout lay;
+
+	cr_assert_eq(bd_layout_init(&lay, fmt, L, H, d, d_rope, n_pages), 0,
+		     "init fmt %d L %d H %d d %d d_rope %d", fmt, L, H, d, d_rope);
+	return lay;
+}
+
+/* ---- geometry ---------------------------------------------------------------------------- */
+
+Test(layout, geometry_qwen3_4b)
+{
+	/* 36 layers, 8 KV heads, d = 128 */
+	struct bd_layout nv = layout_ok(BD_PAGE_NVFP4, 36, 8, 128, 0, 1000);
+
+	/* K codes 128·128/2, K scales 128·128/16, V codes 128·128/2, V scales 128·128/16 */
+	cr_assert_eq(nv.k_codes_off, 0);
+	cr_assert_eq(nv.k_codes_bytes, 8192);
+	cr_assert_eq(nv.k_scales_off, 8192);
+	cr_assert_eq(nv.k_scales_bytes, 1024);
+	cr_assert_eq(nv.v_codes_off, 9216);
+	cr_assert_eq(nv.v_codes_bytes, 8192);
+	cr_assert_eq(nv.v_scales_off, 17408);
+	cr_assert_eq(nv.v_scales_bytes, 1024);
+	cr_assert_eq(nv.head_bytes, 18432); /* 18 KiB */
+	cr_assert_eq(nv.block, 16);
+	cr_assert_eq(nv.dv, 128);
+	cr_assert_eq(nv.gscale_off, 8 * 18432);
+	/* 147456 + 8·8 bytes of g = 147520 → next multiple of 256 */
+	cr_assert_eq(nv.page_bytes, 147712);
+	cr_assert_eq(nv.layer_stride, (size_t)1000 * 147712);
+	cr_assert_eq(nv.arena_bytes, (size_t)36 * 1000 * 147712);
+	/* slot: sink K 16·128·2, sink V 4096, recent K 128·128·2, recent V 32768 */
+	cr_assert_eq(nv.slot_sink_k_off, 0);
+	cr_assert_eq(nv.slot_sink_v_off, 4096);
+	cr_assert_eq(nv.slot_recent_k_off, 8192);
+	cr_assert_eq(nv.slot_recent_v_off, 40960);
+	cr_assert_eq(nv.slot_head_bytes, 73728);
+	cr_assert_eq(nv.slot_bytes, (size_t)36 * 8 * 73728);
+
+	struct bd_layout bf = layout_ok(BD_PAGE_BF16, 36, 8, 128, 0, 1000);
+	cr_assert_eq(bf.head_bytes, 65536); /* 2 · 128 · 128 · 2 */
+	cr_assert_eq(bf.k_scales_bytes, 0);
+	cr_assert_eq(bf.v_scales_bytes, 0);
+	cr_assert_eq(bf.v_codes_off, 32768);
+	cr_assert_eq(bf.block, 0);
+	cr_assert_eq(bf.page_bytes, 524544); /* 524288 + 64 → 256-aligned */
+	/* the FP4 page-head is 3.56× smaller (DESIGN.md) */
+	cr_assert_float_eq((double)bf.head_bytes / (double)nv.head_bytes, 3.5556, 1e-4);
+	cr_assert_eq(bf.slot_head_bytes, nv.slot_head_bytes); /* slots do not depend on fmt */
+
+	struct bd_layout mx = layout_ok(BD_PAGE_MXFP4, 36, 8, 128, 0, 1000);
+	/* 8192 + 128·128/32 + 8192 + 128·128/32 */
+	cr_assert_eq(mx.block, 32);
+	cr_assert_eq(mx.k_scales_off, 8192);
+	cr_assert_eq(mx.k_scales_bytes, 512);
+	cr_assert_eq(mx.v_codes_off, 8704);
+	cr_assert_eq(mx.v_scales_off, 16896);
+	cr_assert_eq(mx.v_scales_bytes, 512);
+	cr_assert_eq(mx.head_bytes, 17408);
+	cr_assert_eq(mx.page_bytes, 139520); /* 139264 + 64 → 256-aligned */
+
+	struct bd_layout f8 = layout_ok(BD_PAGE_FP8, 36, 8, 128, 0, 1000);
+	cr_assert_eq(f8.k_codes_bytes, 16384);
+	cr_assert_eq(f8.v_codes_off, 16384);
+	cr_assert_eq(f8.head_bytes, 32768);
+	cr_assert_eq(f8.block, 0);
+	cr_assert_eq(f8.page_bytes, 262400); /* 262144 + 64 → 256-aligned */
+
+	struct bd_layout ch = layout_ok(BD_PAGE_NVFP4_CH, 36, 8, 128, 0, 1000);
+	/* V token-major: 128·128/2 codes and 128·128/16 scales, the same sizes as K */
+	cr_assert_eq(ch.block, 16);
+	cr_assert_eq(ch.v_codes_bytes, 8192);
+	cr_assert_eq(ch.v_scales_bytes, 1024);
+	cr_assert_eq(ch.head_bytes, 18432);
+}
+
+Test(layout, geometry_smollm2)
+{
+	/* 30 layers, 3 KV heads, d = 64 */
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 30, 3, 64, 0, 10);
+
+	/* 128·64/2 = 4096, 128·64/16 = 512, 64·128/2 = 4096, 64·128/16 = 512 */
+	cr_assert_eq(l.k_scales_off, 4096);
+	cr_assert_eq(l.v_codes_off, 4608);
+	cr_assert_eq(l.v_scales_off, 8704);
+	cr_assert_eq(l.head_bytes, 9216);
+	cr_assert_eq(l.gscale_off, 27648);
+	cr_assert_eq(l.page_bytes, 27904); /* 27648 + 24 → 109·256 */
+	cr_assert_eq(l.layer_stride, 279040);
+	cr_assert_eq(l.arena_bytes, (size_t)30 * 279040);
+	/* slot: 16·64·2 = 2048, 2048, 128·64·2 = 16384, 16384 */
+	cr_assert_eq(l.slot_sink_v_off, 2048);
+	cr_assert_eq(l.slot_recent_k_off, 4096);
+	cr_assert_eq(l.slot_recent_v_off, 20480);
+	cr_assert_eq(l.slot_head_bytes, 36864);
+	cr_assert_eq(l.slot_bytes, (size_t)30 * 3 * 36864);
+
+	struct bd_layout m = layout_ok(BD_PAGE_MXFP4, 30, 3, 64, 0, 10);
+	/* 4096 + 256 + 4096 + 256 */
+	cr_assert_eq(m.head_bytes, 8704);
+	cr_assert_eq(m.page_bytes, 26368); /* 26112 + 24 → 103·256 */
+}
+
+Test(layout, geometry_mla)
+{
+	/* one latent head, d_c = 512, d_rope = 64 */
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 4, 1, 512, 64, 3);
+
+	cr_assert_eq(l.dv, 64);
+	cr_assert_eq(l.d_rope, 64);
+	cr_assert_eq(l.k_codes_bytes, 32768); /* 128·512/2 */
+	cr_assert_eq(l.k_scales_off, 32768);
+	cr_assert_eq(l.k_scales_bytes, 4096); /* 128·512/16 */
+	cr_assert_eq(l.v_codes_off, 36864);
+	cr_assert_eq(l.v_codes_bytes, 16384); /* [128][64] BF16 */
+	cr_assert_eq(l.v_scales_bytes, 0);
+	cr_assert_eq(l.head_bytes, 53248);
+	cr_assert_eq(l.page_bytes, 53504); /* 53248 + 8 → 209·256 */
+	/* slot: 16·512·2 = 16384, 16·64·2 = 2048, 128·512·2 = 131072, 128·64·2 = 16384 */
+	cr_assert_eq(l.slot_sink_v_off, 16384);
+	cr_assert_eq(l.slot_recent_k_off, 18432);
+	cr_assert_eq(l.slot_recent_v_off, 149504);
+	cr_assert_eq(l.slot_head_bytes, 165888);
+	cr_assert_eq(l.slot_bytes, (size_t)4 * 165888);
+
+	struct bd_layout b = layout_ok(BD_PAGE_BF16, 4, 1, 512, 64, 3);
+	cr_assert_eq(b.k_codes_bytes, 131072);
+	cr_assert_eq(b.v_codes_off, 131072);
+	cr_assert_eq(b.v_codes_bytes, 16384);
+	cr_assert_eq(b.head_bytes, 147456);
+
+	struct bd_layout m = layout_ok(BD_PAGE_MXFP4, 4, 1, 512, 64, 3);
+	cr_assert_eq(m.k_scales_bytes, 2048); /* 128·512/32 */
+	cr_assert_eq(m.v_codes_off, 34816);
+	cr_assert_eq(m.head_bytes, 51200);
+}
+
+Test(layout, geometry_alignment)
+{
+	static const int ds[] = { 32, 64, 96, 128, 160, 192, 256, 480, 512, 1024 };
+	static const int hs[] = { 1, 2, 3, 5, 8 };
+
+	for (int f = 0; f < BD_PAGE_FORMAT_COUNT; f++)
+		for (size_t i = 0; i < sizeof(ds) / sizeof(ds[0]); i++)
+			for (size_t j = 0; j < sizeof(hs) / sizeof(hs[0]); j++)
+				for (int dr = 0; dr <= 48; dr += 16) {
+					struct bd_layout l;
+					int H = dr ? 1 : hs[j];
+					size_t D = (size_t)ds[i];
+					int r = bd_layout_init(&l, (enum bd_page_format)f, 3, H, ds[i], dr, 7);
+
+					if (dr && (f == BD_PAGE_FP8 || f == BD_PAGE_NVFP4_CH)) {
+						cr_assert_eq(r, -EINVAL);
+						continue;
+					}
+					cr_assert_eq(r, 0, "fmt %d d %d H %d dr %d", f, ds[i], H, dr);
+					const size_t off[4] = { l.k_codes_off, l.k_scales_off,
+								l.v_codes_off, l.v_scales_off };
+					const size_t len[4] = { l.k_codes_bytes, l.k_scales_bytes,
+								l.v_codes_bytes, l.v_scales_bytes };
+					cr_assert_eq(off[0], 0);
+					for (int k = 0; k < 4; k++) {
+						cr_assert_eq(off[k] % BD_REGION_ALIGN, 0);
+						if (k < 3)
+							cr_assert_leq(off[k] + len[k], off[k + 1]);
+					}
+					cr_assert_leq(off[3] + len[3], l.head_bytes);
+					cr_assert_eq(l.head_bytes % BD_REGION_ALIGN, 0);
+					cr_assert_eq(l.gscale_off, (size_t)H * l.head_bytes);
+					cr_assert_leq(l.gscale_off + 8 * (size_t)H, l.page_bytes);
+					cr_assert_eq(l.page_bytes % BD_PAGE_ALIGN, 0);
+					cr_assert_lt(l.page_bytes - (l.gscale_off + 8 * (size_t)H),
+						     BD_PAGE_ALIGN);
+					cr_assert_eq(l.layer_stride, 7 * l.page_bytes);
+					cr_assert_eq(l.arena_bytes, 3 * l.layer_stride);
+					/* slot regions: [16][d], [16][dv], [128][d], [128][dv] BF16 */
+					size_t dv = dr ? (size_t)dr : D;
+					cr_assert_eq(l.dv, (int)dv);
+					cr_assert_eq(l.slot_sink_k_off, 0);
+					cr_assert_eq(l.slot_sink_v_off % BD_REGION_ALIGN, 0);
+					cr_assert_eq(l.slot_recent_k_off % BD_REGION_ALIGN, 0);
+					cr_assert_eq(l.slot_recent_v_off % BD_REGION_ALIGN, 0);
+					cr_assert_leq(32 * D, l.slot_sink_v_off);
+					cr_assert_leq(l.slot_sink_v_off + 32 * dv, l.slot_recent_k_off);
+					cr_assert_leq(l.slot_recent_k_off + 256 * D, l.slot_recent_v_off);
+					cr_assert_leq(l.slot_recent_v_off + 256 * dv, l.slot_head_bytes);
+					cr_assert_eq(l.slot_head_bytes % BD_PAGE_ALIGN, 0);
+					cr_assert_eq(l.slot_bytes, 3 * (size_t)H * l.slot_head_bytes);
+				}
+}
+
+Test(layout, geometry_bad_args)
+{
+	static const struct {
+		int fmt, L, H, d, dr;
+		size_t np;
+	} bad[] = {
+		{ -1, 2, 2, 64, 0, 4 },
+		{ BD_PAGE_FORMAT_COUNT, 2, 2, 64, 0, 4 },
+		{ BD_PAGE_NVFP4, 0, 2, 64, 0, 4 },
+		{ BD_PAGE_NVFP4, 2, 0, 64, 0, 4 },
+		{ BD_PAGE_NVFP4, 2, -1, 64, 0, 4 },
+		{ BD_PAGE_NVFP4, 2, 2, 0, 0, 4 },
+		{ BD_PAGE_NVFP4, 2, 2, 48, 0, 4 },   /* not a multiple of 32 */
+		{ BD_PAGE_NVFP4, 2, 2, -32, 0, 4 },
+		{ BD_PAGE_NVFP4, 2, 2, 1056, 0, 4 }, /* > 1024 */
+		{ BD_PAGE_NVFP4, 2, 2, 64, 0, 0 },   /* no pages */
+		{ BD_PAGE_NVFP4, 1, 1, 512, 8, 4 },  /* d_rope not a multiple of 16 */
+		{ BD_PAGE_NVFP4, 1, 1, 512, -16, 4 },
+		{ BD_PAGE_NVFP4, 1, 2, 512, 64, 4 }, /* MLA has one latent head */
+		{ BD_PAGE_FP8, 1, 1, 512, 64, 4 },
+		{ BD_PAGE_NVFP4_CH, 1, 1, 512, 64, 4 },
+	};
+	struct bd_layout l, before;
+
+	memset(&l, 0xa5, sizeof(l));
+	before = l;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert_eq(bd_layout_init(&l, (enum bd_page_format)bad[i].fmt, bad[i].L, bad[i].H,
+					    bad[i].d, bad[i].dr, bad[i].np),
+			     -EINVAL, "case %zu", i);
+		cr_assert_eq(memcmp(&l, &before, sizeof(l)), 0, "case %zu wrote ret", i);
+	}
+	cr_assert_eq(bd_layout_init(NULL, BD_PAGE_NVFP4, 2, 2, 64, 0, 4), -EINVAL);
+}
+
+Test(layout, geometry_overflow)
+{
+	struct bd_layout l, before;
+
+	l = layout_ok(BD_PAGE_NVFP4, 1, 8, 128, 0, 1);
+	size_t pb = l.page_bytes;
+	memset(&l, 0xa5, sizeof(l));
+	before = l;
+	/* n_pages · page_bytes overflows */
+	cr_assert_eq(bd_layout_init(&l, BD_PAGE_NVFP4, 1, 8, 128, 0, SIZE_MAX / 2), -EOVERFLOW);
+	cr_assert_eq(bd_layout_init(&l, BD_PAGE_NVFP4, 1, 8, 128, 0, SIZE_MAX / pb + 1),
+		     -EOVERFLOW);
+	/* layer_stride fits, n_layers · layer_stride does not */
+	cr_assert_eq(bd_layout_init(&l, BD_PAGE_NVFP4, 2, 8, 128, 0, SIZE_MAX / pb), -EOVERFLOW);
+	cr_assert_eq(memcmp(&l, &before, sizeof(l)), 0);
+	/* the largest arena that fits is accepted */
+	cr_assert_eq(bd_layout_init(&l, BD_PAGE_NVFP4, 1, 8, 128, 0, SIZE_MAX / pb), 0);
+	cr_assert_eq(l.arena_bytes, SIZE_MAX / pb * pb);
+}
+
+Test(layout, slot_pointers)
+{
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 3, 2, 64, 0, 1);
+	uint8_t *slot = calloc(1, l.slot_bytes);
+
+	for (int a = 0; a < 3; a++)
+		for (int h = 0; h < 2; h++) {
+			uint8_t *base = slot + (size_t)(a * 2 + h) * l.slot_head_bytes;
+
+			cr_assert_eq((uint8_t *)bd_slot_sink_k(&l, slot, a, h), base + l.slot_sink_k_off);
+			cr_assert_eq((uint8_t *)bd_slot_sink_v(&l, slot, a, h), base + l.slot_sink_v_off);
+			cr_assert_eq((uint8_t *)bd_slot_recent_k(&l, slot, a, h),
+				     base + l.slot_recent_k_off);
+			cr_assert_eq((uint8_t *)bd_slot_recent_v(&l, slot, a, h),
+				     base + l.slot_recent_v_off);
+		}
+	cr_assert_null(bd_slot_recent_k(&l, slot, 3, 0));
+	cr_assert_null(bd_slot_recent_k(&l, slot, 0, 2));
+	cr_assert_null(bd_slot_sink_v(&l, slot, -1, 0));
+	free(slot);
+}
+
+/* ---- NVFP4 page round trip ---------------------------------------------------------------- */
+
+Test(layout, nvfp4_page_bytes_and_round_trip)
+{
+	enum { D = 128, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 1, 2, D, 0, 1);
+	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4"); /* key search on */
+	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
+	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
+	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	uint8_t *page = malloc(l.page_bytes), *page2 = malloc(l.page_bytes);
+	const int h = 1;
+
+	/* outlier channels 3, 35, 67, 99 at 4× */
+	fill_bf16(k, T, D, 11, 32, 4.0f);
+	fill_bf16(v, T, D, 12, 32, 4.0f);
+	to_f32(k, T * D, kf);
+	to_f32(v, T * D, vf);
+	memset(page, 0x5a, l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, h), 0);
+	const uint8_t *hd = page + (size_t)h * l.head_bytes;
+
+	/* head 0 and the padding after the g table are not this head's */
+	for (size_t i = 0; i < l.head_bytes; i++)
+		cr_assert_eq(page[i], 0x5a);
+	for (size_t i = l.gscale_off + 16; i < l.page_bytes; i++)
+		cr_assert_eq(page[i], 0x5a);
+
+	/* decode scales: amax / (6·256) over the whole page-head */
+	float gk, gv;
+	cr_assert_eq(bd_nvfp4_decode_scale(kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
+	cr_assert_eq(bd_nvfp4_decode_scale(vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
+	cr_assert(gk == amax_f32(kf, T * D) / 1536.0f);
+	cr_assert(gv == amax_f32(vf, T * D) / 1536.0f);
+	cr_assert(page_g(&l, page, h, 0) == gk);
+	cr_assert(page_g(&l, page, h, 1) == gv);
+
+	/* (a) K: token t, block b → codes row t bytes 8b..8b+7, scale [t][b]; search rule */
+	for (size_t t = 0; t < T; t++)
+		for (size_t b = 0; b < D / 16; b++) {
+			uint8_t codes[8], s;
+
+			cr_assert_eq(bd_nvfp4_quantize_block(kf + t * D + 16 * b, gk, BD_SCALE_SEARCH,
+							     codes, &s), 0);
+			cr_assert_eq(memcmp(hd + l.k_codes_off + t * (D / 2) + 8 * b, codes, 8), 0,
+				     "K codes t %zu b %zu", t, b);
+			cr_assert_eq(hd[l.k_scales_off + t * (D / 16) + b], s, "K scale t %zu b %zu",
+				     t, b);
+		}
+	/* (b) V: channel c, tokens 16b..16b+15 → codes row c bytes 8b.., scale [c][b]; standard */
+	for (size_t c = 0; c < D; c++)
+		for (size_t b = 0; b < T / 16; b++) {
+			float x[16];
+			uint8_t codes[8], s;
+
+			for (size_t i = 0; i < 16; i++)
+				x[i] = vf[(16 * b + i) * D + c];
+			cr_assert_eq(bd_nvfp4_quantize_block(x, gv, BD_SCALE_STANDARD, codes, &s), 0);
+			cr_assert_eq(memcmp(hd + l.v_codes_off + c * (T / 2) + 8 * b, codes, 8), 0,
+				     "V codes c %zu b %zu", c, b);
+			cr_assert_eq(hd[l.v_scales_off + c * (T / 16) + b], s);
+		}
+
+	/* (c) full dequantization equals (g·s)·x̂ read with the test's own indexing */
+	cr_assert_eq(bd_page_read_head(&l, page, h, rk, rv, NULL), 0);
+	for (size_t t = 0; t < T; t++)
+		for (size_t c = 0; c < D; c++) {
+			float sk = bd_e4m3_decode(hd[l.k_scales_off + t * (D / 16) + c / 16]);
+			float xk = bd_e2m1_decode(nib(hd + l.k_codes_off + t * (D / 2), c));
+			float sv = bd_e4m3_decode(hd[l.v_scales_off + c * (T / 16) + t / 16]);
+			float xv = bd_e2m1_decode(nib(hd + l.v_codes_off + c * (T / 2), t));
+
+			cr_assert(rk[t * D + c] == (gk * sk) * xk, "K t %zu c %zu", t, c);
+			cr_assert(rv[t * D + c] == (gv * sv) * xv, "V t %zu c %zu", t, c);
+		}
+	/* NVFP4 on Gaussian data: relative error ≈ 0.095 with κ = 6 (V), ≈ 0.087 with the
+	 * search (K); a misplaced block or scale gives errors of order 1 */
+	cr_assert_lt(rel_frob(rk, kf, T * D), 0.11);
+	cr_assert_lt(rel_frob(rv, vf, T * D), 0.11);
+
+	/* with ret_g: s·x̂ without g, and g returned */
+	float g[2] = { 0, 0 };
+	cr_assert_eq(bd_page_read_head(&l, page, h, rk, rv, g), 0);
+	cr_assert(g[0] == gk && g[1] == gv);
+	for (size_t t = 0; t < T; t++)
+		for (size_t c = 0; c < D; c++) {
+			float sk = bd_e4m3_decode(hd[l.k_scales_off + t * (D / 16) + c / 16]);
+			float xk = bd_e2m1_decode(nib(hd + l.k_codes_off + t * (D / 2), c));
+
+			cr_assert(rk[t * D + c] == sk * xk);
+		}
+
+	/* (d) the same input twice gives the same bytes, whatever the page held before */
+	memset(page2, 0x00, l.page_bytes);
+	memset(page, 0x00, l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, h), 0);
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page2, h), 0);
+	cr_assert_eq(memcmp(page, page2, l.page_bytes), 0);
+	memset(page2, 0xff, l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page2, h), 0);
+	cr_assert_eq(memcmp(page + l.head_bytes, page2 + l.head_bytes, l.head_bytes), 0);
+	cr_assert_eq(memcmp(page + l.gscale_off + 8, page2 + l.gscale_off + 8, 8), 0);
+
+	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page), free(page2);
+}
+
+Test(layout, nvfp4_nibble_placement)
+{
+	enum { D = 128, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 1, 1, D, 0, 1);
+	bd_bf16 *k = calloc(T * D, sizeof(*k)), *v = calloc(T * D, sizeof(*v));
+	uint8_t *page = malloc(l.page_bytes);
+
+	/* K[3][5] = 1.5, V[3][5] = −1.5, everything else 0. By hand: g = 1.5/1536 = 2^-10;
+	 * s = E4M3(1.5/6/2^-10) = E4M3(256) = 0x78 (exponent 8+7, mantissa 0); inv = 1/(256·2^-10)
+	 * = 4, 1.5·4 = 6 → E2M1 code 7 (−6 → 0xf). All-zero blocks get scale 0 and codes 0.
+	 * K: token 3, channel 5 → byte 3·64 + 2, high nibble; scale [3][0] at 3·8.
+	 * V: channel 5, token 3 → byte 5·64 + 1, high nibble; scale [5][0] at 5·8. */
+	k[3 * D + 5] = bd_f32_to_bf16(1.5f);
+	v[3 * D + 5] = bd_f32_to_bf16(-1.5f);
+	memset(page, 0xff, l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("nvfp4-base"), k, v, NULL, page, 0), 0);
+	for (size_t i = 0; i < l.head_bytes; i++) {
+		uint8_t want = 0;
+
+		if (i == l.k_codes_off + 3 * 64 + 2)
+			want = 0x70;
+		else if (i == l.k_scales_off + 3 * 8)
+			want = 0x78;
+		else if (i == l.v_codes_off + 5 * 64 + 1)
+			want = 0xf0;
+		else if (i == l.v_scales_off + 5 * 8)
+			want = 0x78;
+		cr_assert_eq(page[i], want, "byte %zu: %#x, want %#x", i, page[i], want);
+	}
+	cr_assert(page_g(&l, page, 0, 0) == 0x1p-10f);
+	cr_assert(page_g(&l, page, 0, 1) == 0x1p-10f);
+
+	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, NULL), 0);
+	for (size_t i = 0; i < T * D; i++) {
+		cr_assert(rk[i] == (i == 3 * D + 5 ? 1.5f : 0.0f));
+		cr_assert(rv[i] == (i == 3 * D + 5 ? -1.5f : 0.0f));
+	}
+	free(k), free(v), free(page), free(rk), free(rv);
+}
+
+Test(layout, mxfp4_nibble_placement)
+{
+	enum { D = 64, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_MXFP4, 1, 1, D, 0, 1);
+	bd_bf16 *k = calloc(T * D, sizeof(*k)), *v = calloc(T * D, sizeof(*v));
+	uint8_t *page = malloc(l.page_bytes);
+
+	/* K[3][5] = 1.5 and V[3][5] = −1.5 alone in their blocks: e_ocp = floor(log2 1.5) − 2 = −2,
+	 * scale code 125 = 0x7d, 1.5·4 = 6 → code 7 (the search's e = −1 gives 3, also exact: the
+	 * tie keeps e_ocp). K codes row 3 is 32 bytes, K scales row 3 is 2 codes; V codes row 5 at
+	 * 5·64, V scales row 5 at 5·4. Zero blocks: scale code 0, codes 0. */
+	k[3 * D + 5] = bd_f32_to_bf16(1.5f);
+	v[3 * D + 5] = bd_f32_to_bf16(-1.5f);
+	memset(page, 0xff, l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-mxfp4"), k, v, NULL, page, 0),
+		     0);
+	for (size_t i = 0; i < l.head_bytes; i++) {
+		uint8_t want = 0;
+
+		if (i == l.k_codes_off + 3 * 32 + 2)
+			want = 0x70;
+		else if (i == l.k_scales_off + 3 * 2)
+			want = 0x7d;
+		else if (i == l.v_codes_off + 5 * 64 + 1)
+			want = 0xf0;
+		else if (i == l.v_scales_off + 5 * 4)
+			want = 0x7d;
+		cr_assert_eq(page[i], want, "byte %zu: %#x, want %#x", i, page[i], want);
+	}
+	cr_assert(page_g(&l, page, 0, 0) == 1.0f && page_g(&l, page, 0, 1) == 1.0f);
+	free(k), free(v), free(page);
+}
+
+/* ---- the other formats -------------------------------------------------------------------- */
+
+Test(layout, bf16_round_trip_exact)
+{
+	enum { D = 64, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_BF16, 2, 3, D, 0, 2);
+	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
+	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
+	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	uint8_t *page = calloc(1, l.page_bytes);
+	float g[2];
+
+	fill_bf16(k, T, D, 21, 16, 30.0f);
+	fill_bf16(v, T, D, 22, 0, 1.0f);
+	to_f32(k, T * D, kf);
+	to_f32(v, T * D, vf);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bf16"), k, v, NULL, page, 2), 0);
+	const uint8_t *hd = page + 2 * l.head_bytes;
+	cr_assert_eq(memcmp(hd + l.k_codes_off, k, T * D * 2), 0);
+	cr_assert_eq(memcmp(hd + l.v_codes_off, v, T * D * 2), 0);
+	cr_assert_eq(bd_page_read_head(&l, page, 2, rk, rv, NULL), 0);
+	cr_assert_eq(memcmp(rk, kf, T * D * sizeof(float)), 0);
+	cr_assert_eq(memcmp(rv, vf, T * D * sizeof(float)), 0);
+	cr_assert_eq(bd_page_read_head(&l, page, 2, rk, rv, g), 0);
+	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
+	cr_assert_eq(memcmp(rk, kf, T * D * sizeof(float)), 0);
+	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page);
+}
+
+Test(layout, fp8_round_trip)
+{
+	enum { D = 128, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_FP8, 1, 2, D, 0, 1);
+	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
+	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
+	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	uint8_t *page = calloc(1, l.page_bytes);
+	float g[2];
+
+	fill_bf16(k, T, D, 31, 32, 8.0f);
+	fill_bf16(v, T, D, 32, 0, 1.0f);
+	to_f32(k, T * D, kf);
+	to_f32(v, T * D, vf);
+	const float s[2] = { amax_f32(kf, T * D) / 448.0f, amax_f32(vf, T * D) / 448.0f };
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("fp8"), k, v, s, page, 1), 0);
+	const uint8_t *hd = page + l.head_bytes;
+	for (size_t i = 0; i < T * D; i++) {
+		cr_assert_eq(hd[l.k_codes_off + i], bd_e4m3_encode(kf[i] / s[0]), "K %zu", i);
+		cr_assert_eq(hd[l.v_codes_off + i], bd_e4m3_encode(vf[i] / s[1]), "V %zu", i);
+	}
+	cr_assert(page_g(&l, page, 1, 0) == s[0] && page_g(&l, page, 1, 1) == s[1]);
+	cr_assert_eq(bd_page_read_head(&l, page, 1, rk, rv, NULL), 0);
+	for (size_t i = 0; i < T * D; i++) {
+		cr_assert(rk[i] == bd_e4m3_decode(hd[l.k_codes_off + i]) * s[0]);
+		/* E4M3: 3 mantissa bits → half-ulp ≤ |x|/16, subnormal step 2^-9 → ≤ s·2^-10 */
+		cr_assert_leq(fabsf(rk[i] - kf[i]), fabsf(kf[i]) / 16.0f * 1.0001f + s[0] * 0x1p-10f);
+		cr_assert_leq(fabsf(rv[i] - vf[i]), fabsf(vf[i]) / 16.0f * 1.0001f + s[1] * 0x1p-10f);
+	}
+	cr_assert_eq(bd_page_read_head(&l, page, 1, rk, rv, g), 0);
+	cr_assert(g[0] == s[0] && g[1] == s[1]);
+	for (size_t i = 0; i < T * D; i++) {
+		cr_assert(rk[i] == bd_e4m3_decode(hd[l.k_codes_off + i]));
+		cr_assert(rv[i] == bd_e4m3_decode(hd[l.v_codes_off + i]));
+	}
+	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page);
+}
+
+Test(layout, mxfp4_round_trip)
+{
+	enum { D = 128, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_MXFP4, 1, 1, D, 0, 1);
+	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
+	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
+	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	float *rk2 = malloc(T * D * sizeof(float));
+	uint8_t *page = calloc(1, l.page_bytes);
+	float g[2];
+
+	fill_bf16(k, T, D, 41, 0, 1.0f);
+	fill_bf16(v, T, D, 42, 0, 1.0f);
+	to_f32(k, T * D, kf);
+	to_f32(v, T * D, vf);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-mxfp4"), k, v, NULL, page, 0),
+		     0);
+	for (size_t t = 0; t < T; t++)
+		for (size_t b = 0; b < D / 32; b++) {
+			uint8_t codes[16], s;
+
+			cr_assert_eq(bd_mxfp4_quantize_block(kf + t * D + 32 * b, BD_SCALE_SEARCH, codes,
+							     &s), 0);
+			cr_assert_eq(memcmp(page + l.k_codes_off + t * (D / 2) + 16 * b, codes, 16), 0);
+			cr_assert_eq(page[l.k_scales_off + t * (D / 32) + b], s);
+		}
+	for (size_t c = 0; c < D; c++)
+		for (size_t b = 0; b < T / 32; b++) {
+			float x[32];
+			uint8_t codes[16], s;
+
+			for (size_t i = 0; i < 32; i++)
+				x[i] = vf[(32 * b + i) * D + c];
+			cr_assert_eq(bd_mxfp4_quantize_block(x, BD_SCALE_STANDARD, codes, &s), 0);
+			cr_assert_eq(memcmp(page + l.v_codes_off + c * (T / 2) + 16 * b, codes, 16), 0);
+			cr_assert_eq(page[l.v_scales_off + c * (T / 32) + b], s);
+		}
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, NULL), 0);
+	for (size_t t = 0; t < T; t++)
+		for (size_t c = 0; c < D; c++) {
+			float sv = bd_ue8m0_decode(page[l.v_scales_off + c * (T / 32) + t / 32]);
+
+			cr_assert(rv[t * D + c] ==
+				  sv * bd_e2m1_decode(nib(page + l.v_codes_off + c * (T / 2), t)));
+		}
+	/* power-of-two scales cost accuracy vs NVFP4: about 0.11–0.12 on Gaussian data */
+	cr_assert_lt(rel_frob(rk, kf, T * D), 0.16);
+	cr_assert_lt(rel_frob(rv, vf, T * D), 0.16);
+	/* no page decode scale: ret_g = {1, 1} and the same values */
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rk2, rv, g), 0);
+	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
+	cr_assert_eq(memcmp(rk, rk2, T * D * sizeof(float)), 0);
+	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(rk2), free(page);
+}
+
+Test(layout, nvfp4_ch_round_trip)
+{
+	enum { D = 64, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4_CH, 1, 1, D, 0, 1);
+	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
+	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
+	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	uint8_t *page = calloc(1, l.page_bytes);
+	float gk, gv, g[2];
+
+	fill_bf16(k, T, D, 51, 16, 4.0f);
+	fill_bf16(v, T, D, 52, 0, 1.0f);
+	to_f32(k, T * D, kf);
+	to_f32(v, T * D, vf);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("trtllm-nvfp4"), k, v, NULL, page, 0), 0);
+	cr_assert_eq(bd_nvfp4_decode_scale(kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
+	cr_assert_eq(bd_nvfp4_decode_scale(vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
+	cr_assert(page_g(&l, page, 0, 0) == gk && page_g(&l, page, 0, 1) == gv);
+	/* both K and V token-major, blocks along channels, standard rule */
+	for (size_t t = 0; t < T; t++)
+		for (size_t b = 0; b < D / 16; b++) {
+			uint8_t codes[8], s;
+
+			bd_nvfp4_quantize_block(kf + t * D + 16 * b, gk, BD_SCALE_STANDARD, codes, &s);
+			cr_assert_eq(memcmp(page + l.k_codes_off + t * (D / 2) + 8 * b, codes, 8), 0);
+			cr_assert_eq(page[l.k_scales_off + t * (D / 16) + b], s);
+			bd_nvfp4_quantize_block(vf + t * D + 16 * b, gv, BD_SCALE_STANDARD, codes, &s);
+			cr_assert_eq(memcmp(page + l.v_codes_off + t * (D / 2) + 8 * b, codes, 8), 0);
+			cr_assert_eq(page[l.v_scales_off + t * (D / 16) + b], s);
+		}
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, NULL), 0);
+	for (size_t t = 0; t < T; t++)
+		for (size_t c = 0; c < D; c++) {
+			float sv = bd_e4m3_decode(page[l.v_scales_off + t * (D / 16) + c / 16]);
+
+			cr_assert(rv[t * D + c] ==
+				  (gv * sv) * bd_e2m1_decode(nib(page + l.v_codes_off + t * (D / 2), c)));
+		}
+	/* ≈ 0.095: NVFP4, κ = 6 on Gaussian data */
+	cr_assert_lt(rel_frob(rk, kf, T * D), 0.11);
+	cr_assert_lt(rel_frob(rv, vf, T * D), 0.11);
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, g), 0);
+	cr_assert(g[0] == gk && g[1] == gv);
+	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page);
+}
+
+Test(layout, mla_round_trip)
+{
+	enum { D = 512, R = 64, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 2, 1, D, R, 2);
+	bd_bf16 *c = malloc(T * D * sizeof(*c)), *kr = malloc(T * R * sizeof(*kr));
+	float *cf = malloc(T * D * sizeof(float)), *krf = malloc(T * R * sizeof(float));
+	float *rc = malloc(T * D * sizeof(float)), *rr = malloc(T * R * sizeof(float));
+	uint8_t *page = calloc(1, l.page_bytes);
+	float gk, g[2];
+
+	fill_bf16(c, T, D, 61, 64, 4.0f);
+	fill_bf16(kr, T, R, 62, 0, 3.0f);
+	to_f32(c, T * D, cf);
+	to_f32(kr, T * R, krf);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-nvfp4"), c, kr, NULL, page, 0),
+		     0);
+	/* latent C token-major NVFP4 with the search rule, positional part BF16 in V codes */
+	cr_assert_eq(bd_nvfp4_decode_scale(cf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
+	cr_assert(page_g(&l, page, 0, 0) == gk);
+	cr_assert(page_g(&l, page, 0, 1) == 1.0f);
+	for (size_t t = 0; t < T; t++)
+		for (size_t b = 0; b < D / 16; b++) {
+			uint8_t codes[8], s;
+
+			bd_nvfp4_quantize_block(cf + t * D + 16 * b, gk, BD_SCALE_SEARCH, codes, &s);
+			cr_assert_eq(memcmp(page + l.k_codes_off + t * (D / 2) + 8 * b, codes, 8), 0);
+			cr_assert_eq(page[l.k_scales_off + t * (D / 16) + b], s);
+		}
+	cr_assert_eq(memcmp(page + l.v_codes_off, kr, T * R * 2), 0);
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rc, rr, NULL), 0);
+	cr_assert_eq(memcmp(rr, krf, T * R * sizeof(float)), 0);
+	cr_assert_lt(rel_frob(rc, cf, T * D), 0.11);
+	cr_assert_eq(bd_page_read_head(&l, page, 0, rc, rr, g), 0);
+	cr_assert(g[0] == gk && g[1] == 1.0f);
+	cr_assert_eq(memcmp(rr, krf, T * R * sizeof(float)), 0);
+
+	/* BF16 MLA page: both parts exact */
+	struct bd_layout lb = layout_ok(BD_PAGE_BF16, 1, 1, D, R, 1);
+	uint8_t *pb = calloc(1, lb.page_bytes);
+	cr_assert_eq(bd_page_write_head(&lb, cfg_named("bf16"), c, kr, NULL, pb, 0), 0);
+	cr_assert_eq(bd_page_read_head(&lb, pb, 0, rc, rr, NULL), 0);
+	cr_assert_eq(memcmp(rc, cf, T * D * sizeof(float)), 0);
+	cr_assert_eq(memcmp(rr, krf, T * R * sizeof(float)), 0);
+	free(c), free(kr), free(cf), free(krf), free(rc), free(rr), free(page), free(pb);
+}
+
+/* ---- page write errors -------------------------------------------------------------------- */
+
+Test(layout, page_write_rejects_nonfinite)
+{
+	enum { D = 64, T = BD_PAGE_TOKENS };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 1, 2, D, 0, 1);
+	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4");
+	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
+	uint8_t *page = malloc(l.page_bytes), *before = malloc(l.page_bytes);
+	static const bd_bf16 bad[] = { 0x7f80, 0xff80, 0x7fc0, 0xffc1 }; /* ±inf, NaNs */
+
+	fill_bf16(k, T, D, 71, 0, 1.0f);
+	fill_bf16(v, T, D, 72, 0, 1.0f);
+	memset(page, 0x3c, l.page_bytes);
+	memcpy(before, page, l.page_bytes);
+	for (size_t i = 0; i < 4; i++) {
+		bd_bf16 sk = k[T * D - 1 - i], sv = v[100 + i];
+
+		k[T * D - 1 - i] = bad[i]; /* the last value: everything before it is fine */
+		cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, 1), -EDOM);
+		cr_assert_eq(memcmp(page, before, l.page_bytes), 0);
+		k[T * D - 1 - i] = sk;
+		v[100 + i] = bad[i];
+		cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, 1), -EDOM);
+		cr_assert_eq(memcmp(page, before, l.page_bytes), 0);
+		v[100 + i] = sv;
+	}
+	/* bad arguments */
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, 2), -EINVAL);
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, -1), -EINVAL);
+	cr_assert_eq(bd_page_write_head(&l, NULL, k, v, NULL, page, 0), -EINVAL);
+	cr_assert_eq(bd_page_write_head(&l, cfg, NULL, v, NULL, page, 0), -EINVAL);
+	cr_assert_eq(bd_page_write_head(&l, cfg, k, NULL, NULL, page, 0), -EINVAL);
+	cr_assert_eq(bd_page_write_head(NULL, cfg, k, v, NULL, page, 0), -EINVAL);
+	cr_assert_eq(memcmp(page, before, l.page_bytes), 0);
+
+	/* FP8 scales: each > 0 and finite */
+	struct bd_layout l8 = layout_ok(BD_PAGE_FP8, 1, 1, D, 0, 1);
+	uint8_t *p8 = malloc(l8.page_bytes), *b8 = malloc(l8.page_bytes);
+	const float bads[][2] = { { 0.0f, 1.0f }, { 1.0f, -1.0f }, { NAN, 1.0f }, { 1.0f, INFINITY } };
+	memset(p8, 0x11, l8.page_bytes);
+	memcpy(b8, p8, l8.page_bytes);
+	cr_assert_eq(bd_page_write_head(&l8, cfg_named("fp8"), k, v, NULL, p8, 0), -EINVAL);
+	for (size_t i = 0; i < 4; i++)
+		cr_assert_eq(bd_page_write_head(&l8, cfg_named("fp8"), k, v, bads[i], p8, 0), -EINVAL);
+	cr_assert_eq(memcmp(p8, b8, l8.page_bytes), 0);
+
+	float rk[1], rv[1];
+	cr_assert_eq(bd_page_read_head(&l, page, 2, rk, rv, NULL), -EINVAL);
+	cr_assert_eq(bd_page_read_head(&l, NULL, 0, rk, rv, NULL), -EINVAL);
+	cr_assert_eq(bd_page_read_head(&l, page, 0, NULL, rv, NULL), -EINVAL);
+	free(k), free(v), free(page), free(before), free(p8), free(b8);
+}
+
+/* ---- KV write path ------------------------------------------------------------------------ */
+
+/* k, v of position pos: integers ≤ 201 times powers of two, exact in BF16 */
+static void token_kv(int pos, size_t d, float *k, float *v)
+{
+	for (size_t i = 0; i < d; i++) {
+		k[i] = (float)(pos + 1) * ldexpf(1.0f, (int)(i % 5)) * (i & 1 ? -1.0f : 1.0f);
+		v[i] = -(float)(pos + 1) * ldexpf(1.0f, -(int)(i % 3));
+	}
+}
+
+static void put_row(uint8_t *dst, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		bd_bf16 h = bd_f32_to_bf16(x[i]);
+
+		memcpy(dst + 2 * i, &h, 2);
+	}
+}
+
+Test(layout, write_token_rows)
+{
+	enum { D = 64 };
+	struct bd_layout l = layout_ok(BD_PAGE_BF16, 2, 2, D, 0, 1);
+	const struct bd_kvcfg *cfg = cfg_named("bf16");
+	uint8_t *slot = calloc(1, l.slot_bytes), *want = calloc(1, l.slot_bytes);
+	static const int pos[] = { 0, 15, 16, 127, 128, 200 };
+	float k[D], v[D];
+	/* (layer 1, head 1) is the last head of the slot */
+	uint8_t *base = want + 3 * l.slot_head_bytes;
+
+	for (size_t i = 0; i < 6; i++) {
+		token_kv(pos[i], D, k, v);
+		cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 1, 1, pos[i], k, v, NULL), 0);
+	}
+	/* recent row pos % 128 (128 overwrites row 0, 200 lands in row 72), sink row pos < 16 */
+	for (size_t i = 0; i < 6; i++) {
+		size_t row = (size_t)pos[i] % 128;
+
+		token_kv(pos[i], D, k, v);
+		put_row(base + l.slot_recent_k_off + row * D * 2, k, D);
+		put_row(base + l.slot_recent_v_off + row * D * 2, v, D);
+		if (pos[i] < 16) {
+			put_row(base + l.slot_sink_k_off + (size_t)pos[i] * D * 2, k, D);
+			put_row(base + l.slot_sink_v_off + (size_t)pos[i] * D * 2, v, D);
+		}
+	}
+	cr_assert_eq(memcmp(slot, want, l.slot_bytes), 0);
+	/* spot check with plain numbers: recent row 72 holds pos 200, k[0] = 201, v[1] = −100.5 */
+	cr_assert(bd_bf16_to_f32(bd_slot_recent_k(&l, slot, 1, 1)[72 * D]) == 201.0f);
+	cr_assert(bd_bf16_to_f32(bd_slot_recent_v(&l, slot, 1, 1)[72 * D + 1]) == -100.5f);
+	cr_assert(bd_bf16_to_f32(bd_slot_recent_k(&l, slot, 1, 1)[0]) == 129.0f);
+	cr_assert(bd_bf16_to_f32(bd_slot_sink_k(&l, slot, 1, 1)[0]) == 1.0f);
+	free(slot), free(want);
+}
+
+Test(layout, write_token_smoothing_hadamard)
+{
+	enum { D = 128 };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 1, 2, D, 0, 1);
+	uint8_t *slot = calloc(1, l.slot_bytes);
+	float k[D], v[D], mu[D], t[D];
+	static const struct {
+		const char *cfg;
+		int smooth, rot;
+	} cases[] = {
+		{ "bitdecoding-nvfp4", 1, 1 }, /* k' = H(k − μ) */
+		{ "-hadamard", 1, 0 },         /* k' = k − μ */
+		{ "-smoothing", 0, 1 },        /* k' = H k: μ ignored */
+		{ "nvfp4-base", 0, 0 },        /* k' = k */
+	};
+
+	fill_f32(k, D, 81, 2.0f);
+	fill_f32(v, D, 82, 1.0f);
+	fill_f32(mu, D, 83, 0.5f);
+	for (size_t c = 0; c < 4; c++) {
+		const struct bd_kvcfg *cfg = cfg_named(cases[c].cfg);
+		int pos = 5 + (int)c;
+
+		cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 1, pos, k, v, mu), 0);
+		for (size_t i = 0; i < D; i++)
+			t[i] = cases[c].smooth ? k[i] - mu[i] : k[i];
+		if (cases[c].rot)
+			cr_assert_eq(bd_fwht(t, D), 0);
+		const bd_bf16 *rk = bd_slot_recent_k(&l, slot, 0, 1) + (size_t)pos * D;
+		const bd_bf16 *sk = bd_slot_sink_k(&l, slot, 0, 1) + (size_t)pos * D;
+		const bd_bf16 *rv = bd_slot_recent_v(&l, slot, 0, 1) + (size_t)pos * D;
+		for (size_t i = 0; i < D; i++) {
+			cr_assert_eq(rk[i], bd_f32_to_bf16(t[i]), "%s i %zu", cases[c].cfg, i);
+			cr_assert_eq(sk[i], rk[i]);
+			cr_assert_eq(rv[i], bd_f32_to_bf16(v[i])); /* values never rotated */
+		}
+	}
+	/* μ = NULL is zero: H k */
+	cr_assert_eq(bd_kv_write_token(&l, cfg_named("bitdecoding-nvfp4"), slot, 0, 0, 40, k, v,
+				       NULL), 0);
+	memcpy(t, k, sizeof(t));
+	cr_assert_eq(bd_fwht(t, D), 0);
+	for (size_t i = 0; i < D; i++)
+		cr_assert_eq(bd_slot_recent_k(&l, slot, 0, 0)[40 * D + i], bd_f32_to_bf16(t[i]));
+	free(slot);
+}
+
+Test(layout, write_token_errors_leave_slot)
+{
+	enum { D = 64 };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 2, 2, D, 0, 1);
+	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4");
+	uint8_t *slot = malloc(l.slot_bytes), *before = malloc(l.slot_bytes);
+	float k[D], v[D], mu[D];
+	uint64_t s = 91;
+
+	for (size_t i = 0; i < l.slot_bytes; i++)
+		slot[i] = (uint8_t)rng_next(&s);
+	memcpy(before, slot, l.slot_bytes);
+	fill_f32(k, D, 92, 1.0f);
+	fill_f32(v, D, 93, 1.0f);
+	fill_f32(mu, D, 94, 1.0f);
+
+	k[7] = NAN;
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, 3, k, v, mu), -EDOM);
+	k[7] = 1.0f;
+	v[D - 1] = INFINITY;
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, 3, k, v, mu), -EDOM);
+	v[D - 1] = 1.0f;
+	mu[0] = -INFINITY;
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, 3, k, v, mu), -EDOM);
+	/* μ is checked when given even if the configuration does not smooth */
+	cr_assert_eq(bd_kv_write_token(&l, cfg_named("bf16"), slot, 0, 0, 3, k, v, mu), -EDOM);
+	/* finite inputs whose k − μ overflows FP32 */
+	mu[0] = -3e38f;
+	k[0] = 3e38f;
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, 3, k, v, mu), -EDOM);
+	cr_assert_eq(memcmp(slot, before, l.slot_bytes), 0);
+	/* finite FP32 that rounds past the BF16 range (max 0x7f7f ≈ 3.3895e38) */
+	cr_assert_eq(bd_kv_write_token(&l, cfg_named("bf16"), slot, 0, 0, 3, k, v, NULL), 0);
+	memcpy(before, slot, l.slot_bytes);
+	v[1] = 3.4e38f;
+	cr_assert_eq(bd_kv_write_token(&l, cfg_named("bf16"), slot, 0, 0, 3, k, v, NULL), -EDOM);
+	cr_assert_eq(memcmp(slot, before, l.slot_bytes), 0);
+	v[1] = 0.5f;
+	k[0] = 1.0f;
+	mu[0] = 0.0f;
+
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, -1, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 2, 0, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, -1, 0, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 2, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, -1, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, 3, NULL, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, slot, 0, 0, 3, k, NULL, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, cfg, NULL, 0, 0, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(&l, NULL, slot, 0, 0, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(bd_kv_write_token(NULL, cfg, slot, 0, 0, 3, k, v, mu), -EINVAL);
+	cr_assert_eq(memcmp(slot, before, l.slot_bytes), 0);
+
+	/* rotation needs a power-of-two d */
+	struct bd_layout l96 = layout_ok(BD_PAGE_NVFP4, 1, 1, 96, 0, 1);
+	uint8_t *s96 = calloc(1, l96.slot_bytes), *z96 = calloc(1, l96.slot_bytes);
+	float k96[96] = { 0 }, v96[96] = { 0 };
+	cr_assert_eq(bd_kv_write_token(&l96, cfg, s96, 0, 0, 0, k96, v96, NULL), -EINVAL);
+	cr_assert_eq(memcmp(s96, z96, l96.slot_bytes), 0);
+	cr_assert_eq(bd_kv_write_token(&l96, cfg_named("-hadamard"), s96, 0, 0, 0, k96, v96, NULL),
+		     0);
+	free(slot), free(before), free(s96), free(z96);
+}
+
+/* ---- promotion ---------------------------------------------------------------------------- */
+
+Test(layout, promote_matches_write_head)
+{
+	enum { L = 2, H = 2, D = 64, NP = 8, PG = 5 };
+	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, L, H, D, 0, NP);
+	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4");
+	uint8_t *slot = calloc(1, l.slot_bytes);
+	uint8_t *arena = malloc(l.arena_bytes), *scratch = malloc(l.page_bytes);
+	float k[D], v[D], mu[D];
+
+	memset(arena, 0xa5, l.arena_bytes);
+	fill_f32(mu, D, 100, 0.3f);
+	for (int a = 0; a < L; a++)
+		for (int h = 0; h < H; h++)
+			for (int p = 0; p < 128; p++) {
+				uint64_t seed = 1000 + (uint64_t)((a * H + h) * 128 + p);
+
+				fill_f32(k, D, seed, (float)(1 + a + h));
+				fill_f32(v, D, seed + 77777, 1.0f);
+				k[3] *= 6.0f; /* an outlier channel */
+				cr_assert_eq(bd_kv_write_token(&l, cfg, slot, a, h, p, k, v, mu), 0);
+			}
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, slot, arena, PG), 0);
+
+	for (int a = 0; a < L; a++) {
+		const uint8_t *pg = arena + (size_t)a * l.layer_stride + PG * l.page_bytes;
+
+		cr_assert_eq(bd_layout_page(&l, arena, a, PG), pg);
+		memset(scratch, 0xa5, l.page_bytes);
+		for (int h = 0; h < H; h++)
+			cr_assert_eq(bd_page_write_head(&l, cfg, bd_slot_recent_k(&l, slot, a, h),
+							bd_slot_recent_v(&l, slot, a, h), NULL,
+							scratch, h), 0);
+		/* every head region, the g table and the padding after it */
+		cr_assert_eq(memcmp(pg, scratch, l.page_bytes), 0, "layer %d", a);
+		for (int h = 0; h < H; h++)
+			cr_assert(page_g(&l, pg, h, 0) > 0.0f && page_g(&l, pg, h, 1) > 0.0f);
+		for (int p = 0; p < NP; p++) {
+			const uint8_t *q = arena + (size_t)a * l.layer_stride + (size_t)p * l.page_bytes;
+
+			if (p == PG)
+				continue;
+			for (size_t i = 0; i < l.page_bytes; i++)
+				cr_assert_eq(q[i], 0xa5, "layer %d page %d byte %zu", a, p, i);
+		}
+	}
+
+	/* bad page ids and a non-finite slot leave the arena as it was */
+	uint8_t *copy = malloc(l.arena_bytes);
+	memcpy(copy, arena, l.arena_bytes);
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, slot, arena, -1), -EINVAL);
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, slot, arena, NP), -EINVAL);
+	cr_assert_eq(bd_page_promote(&l, NULL, NULL, slot, arena, 1), -EINVAL);
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, NULL, arena, 1), -EINVAL);
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, slot, NULL, 1), -EINVAL);
+	bd_slot_recent_v(&l, slot, 1, 1)[77] = 0x7f80; /* +inf in the last head */
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, slot, arena, 1), -EDOM);
+	cr_assert_eq(memcmp(copy, arena, l.arena_bytes), 0);
+	free(slot), free(arena), free(scratch), free(copy);
+}
+
+Test(layout, promote_fp8_scales)
+{
+	enum { L = 2, H = 3, D = 32, NP = 2 };
+	struct bd_layout l = layout_ok(BD_PAGE_FP8, L, H, D, 0, NP);
+	const struct bd_kvcfg *cfg = cfg_named("fp8");
+	uint8_t *slot = calloc(1, l.slot_bytes), *arena = calloc(1, l.arena_bytes);
+	float k[D], v[D], sc[L][H][2];
+
+	for (int a = 0; a < L; a++)
+		for (int h = 0; h < H; h++) {
+			sc[a][h][0] = 0.01f * (float)(1 + a * H + h);
+			sc[a][h][1] = 0.02f * (float)(1 + a * H + h);
+			for (int p = 0; p < 128; p++) {
+				fill_f32(k, D, (uint64_t)(7 * p + a * 1000 + h * 100), 1.0f);
+				fill_f32(v, D, (uint64_t)(9 * p + a * 1000 + h * 100 + 1), 1.0f);
+				cr_assert_eq(bd_kv_write_token(&l, cfg, slot, a, h, p, k, v, NULL), 0);
+			}
+		}
+	cr_assert_eq(bd_page_promote(&l, cfg, NULL, slot, arena, 1), -EINVAL);
+	sc[1][2][1] = 0.0f;
+	cr_assert_eq(bd_page_promote(&l, cfg, &sc[0][0][0], slot, arena, 1), -EINVAL);
+	for (size_t i = 0; i < l.arena_bytes; i++)
+		cr_assert_eq(arena[i], 0);
+	sc[1][2][1] = 0.5f;
+	cr_assert_eq(bd_page_promote(&l, cfg, &sc[0][0][0], slot, arena, 1), 0);
+	for (int a = 0; a < L; a++)
+		for (int h = 0; h < H; h++) {
+			const uint8_t *pg = bd_layout_page(&l, arena, a, 1);
+			const bd_bf16 *rk = bd_slot_recent_k(&l, slot, a, h);
+
+			cr_assert(page_g(&l, pg, h, 0) == sc[a][h][0]);
+			cr_assert(page_g(&l, pg, h, 1) == sc[a][h][1]);
+			for (size_t i = 0; i < 128 * D; i++)
+				cr_assert_eq(pg[(size_t)h * l.head_bytes + l.k_codes_off + i],
+					     bd_e4m3_encode(bd_bf16_to_f32(rk[i]) / sc[a][h][0]));
+		}
+	free(slot), free(arena);
+}
