@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "quant/bd_calib.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"
 #include "cli.h"

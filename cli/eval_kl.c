@@ -59,7 +59,7 @@
 #include "quant/bd_calib.h"
 #include "model/bd_eval.h"
 #include "quant/bd_kvcfg.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "quant/bd_qerr.h"
 #include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"

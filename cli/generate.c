@@ -13,7 +13,7 @@
 
 #include "quant/bd_calib.h"
 #include "quant/bd_kvcfg.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"
 #include "cli.h"

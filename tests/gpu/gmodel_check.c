@@ -49,7 +49,7 @@
 #include "cuda/bd_gmodel.h"
 #include "model/bd_model_preset.h"
 #include "bd_kernels.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"
 

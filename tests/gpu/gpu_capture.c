@@ -20,7 +20,7 @@
 
 #include "formats/bd_gguf.h"
 #include "quant/bd_kvcfg.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "model/bd_tokenizer.h"
 
 static const int cap_layers[] = { 0, 1, 15, 29 };

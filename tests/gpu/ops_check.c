@@ -52,7 +52,7 @@
 #include "formats/bd_gguf.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "bd_ops.h"
 #include "base/bd_rand.h"
 #include "model/bd_sampler.h"

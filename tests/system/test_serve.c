@@ -22,7 +22,7 @@
 #include "serve/bd_client.h"
 #include "formats/bd_gguf.h"
 #include "quant/bd_kvcfg.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"
 #include "serve_common.h"

@@ -23,6 +23,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include "model/bd_forward.h"
 #include "model/bd_model_hf.h"
 #include "formats/bd_safetensors.h"
 

@@ -18,7 +18,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */

@@ -12,7 +12,8 @@
 
 #include <criterion/criterion.h>
 
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
+#include "pool/bd_kvmem_pool.h"
 
 struct arena {
 	struct bd_layout lay;

@@ -34,7 +34,7 @@
 #include <jansson.h>
 
 #include "serve/bd_allreduce.h"
-#include "model/bd_model.h"
+#include "model/bd_forward.h"
 
 static char dir[64], arpath[96];
 

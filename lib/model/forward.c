@@ -1,0 +1,593 @@
+/* forward.c — the decoder's forward pass on the CPU: prefill, decode, batched decode and
+ * generation over a sequence's bdfp4 cache (bd_forward.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "base/bd_err.h"
+#include "model/bd_forward.h"
+#include "model/bd_sampler.h"
+#include "model/bd_seq_impl.h"
+
+#define PREFILL_CHUNK 64 /* query rows per attention block in prefill */
+
+#define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
+
+/* ---- building blocks ---------------------------------------------------------------------- */
+
+int bd_rmsnorm(const float *x, const float *w, int n, float eps, float *ret_y)
+{
+	if (!x || !w || !ret_y || n < 1 || !(eps > 0.0f))
+		return -EINVAL;
+	double ss = 0.0;
+	for (int i = 0; i < n; i++)
+		ss += (double)x[i] * (double)x[i];
+	float scale = (float)(1.0 / sqrt(ss / n + (double)eps));
+	for (int i = 0; i < n; i++)
+		ret_y[i] = x[i] * scale * w[i];
+	return 0;
+}
+
+int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+	    enum bd_rope_style style)
+{
+	if (!x || n_heads < 1 || n_rot < 2 || n_rot % 2 != 0 || n_rot > head_dim || pos < 0 ||
+	    !isfinite(base) || !(base > 0.0f) || (style != BD_ROPE_NORM && style != BD_ROPE_NEOX))
+		return -EINVAL;
+	int half = n_rot / 2;
+	for (int i = 0; i < half; i++) {
+		double theta = (double)pos * pow((double)base, -2.0 * i / n_rot);
+		float c = (float)cos(theta), s = (float)sin(theta);
+		int i0 = style == BD_ROPE_NORM ? 2 * i : i;
+		int i1 = style == BD_ROPE_NORM ? 2 * i + 1 : i + half;
+		for (int h = 0; h < n_heads; h++) {
+			float *v = x + (size_t)h * (size_t)head_dim;
+			float a = v[i0], b = v[i1];
+			v[i0] = a * c - b * s;
+			v[i1] = a * s + b * c;
+		}
+	}
+	return 0;
+}
+
+/* y[rows][out] = x[rows][in] · W[out][in]ᵀ (+ bias). */
+static void matmul(const float *x, int rows, int in, const float *W, int out, const float *bias,
+		   float *y)
+{
+	if (rows == 1)
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, x, 1, 0.0f, y, 1);
+	else
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W,
+			    in, 0.0f, y, out);
+	if (bias)
+		for (int r = 0; r < rows; r++)
+			for (int o = 0; o < out; o++)
+				y[(size_t)r * (size_t)out + (size_t)o] += bias[o];
+}
+
+static float silu(float x)
+{
+	return x / (1.0f + expf(-x));
+}
+
+/* Sum a shard's partial products over the ranks (one rank: nothing to do). */
+static int reduce(const struct bd_seq *s, float *buf, size_t n)
+{
+	return s->allreduce ? s->allreduce(s->allreduce_ctx, buf, n) : 0;
+}
+
+static int check_tokens(const struct bd_model *m, const int32_t *t, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (t[i] < 0 || t[i] >= m->hp.n_vocab)
+			return -EINVAL;
+	return 0;
+}
+
+/* Per-head norms (Qwen3), RoPE at pos and the hooks of seqs[0..n_seqs) for one row of
+ * q [Hq'][d], k [Hkv'][d] and v [Hkv'][d]. Returns 0 or bd_rope's error (no hook is called). */
+static int qk_row(const struct bd_model *m, const struct bd_model_layer *ly,
+		  struct bd_seq *const *seqs, int n_seqs, int pos, float *qr, float *kr,
+		  const float *vr)
+{
+	const struct bd_model_hparams *hp = &m->hp;
+	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads, d = hp->head_dim;
+	if (hp->qk_norm) {
+		for (int h = 0; h < Hq; h++)
+			bd_rmsnorm(qr + (size_t)h * (size_t)d, ly->q_norm, d, hp->norm_eps,
+				   qr + (size_t)h * (size_t)d);
+		for (int h = 0; h < Hkv; h++)
+			bd_rmsnorm(kr + (size_t)h * (size_t)d, ly->k_norm, d, hp->norm_eps,
+				   kr + (size_t)h * (size_t)d);
+	}
+	int rc = bd_rope(qr, Hq, d, hp->n_rot, pos, hp->rope_base, hp->rope_style);
+	if (rc == 0)
+		rc = bd_rope(kr, Hkv, d, hp->n_rot, pos, hp->rope_base, hp->rope_style);
+	if (rc < 0)
+		return rc;
+	for (int i = 0; i < n_seqs; i++)
+		if (seqs[i]->hook)
+			seqs[i]->hook(seqs[i]->hook_ctx, (int)(ly - m->layers), pos, qr, kr, vr);
+	return 0;
+}
+
+/* The Q, K and V products (biases added) of rows rows of xn [rows][E] for one layer:
+ * q [rows][Hq'·d], k and v [rows][Hkv'·d]. */
+static void qkv(const struct bd_model *m, const struct bd_model_layer *ly, const float *xn,
+		int rows, float *q, float *k, float *v)
+{
+	int E = m->hp.n_embd, d = m->hp.head_dim;
+	int qd = m->shard.n_heads * d, kd = m->shard.n_kv_heads * d;
+	matmul(xn, rows, E, ly->wq, qd, ly->bq, q);
+	matmul(xn, rows, E, ly->wk, kd, ly->bk, k);
+	matmul(xn, rows, E, ly->wv, kd, ly->bv, v);
+}
+
+/* x += W_down(silu(W_gate xn) · W_up xn) for rows rows; gate, up: [rows][F'] (a shard's
+ * columns: the down product is partial until the all-reduce). Returns 0 or its error. */
+static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd_model_layer *ly,
+	       float *x, float *xn, int rows, float *gate, float *up, float *tmp)
+{
+	int E = m->hp.n_embd, F = m->shard.n_ff;
+	size_t n = (size_t)rows * (size_t)E;
+	for (int r = 0; r < rows; r++)
+		bd_rmsnorm(x + (size_t)r * (size_t)E, ly->ffn_norm, E, m->hp.norm_eps,
+			   xn + (size_t)r * (size_t)E);
+	matmul(xn, rows, E, ly->w_gate, F, NULL, gate);
+	matmul(xn, rows, E, ly->w_up, F, NULL, up);
+	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
+		gate[i] = silu(gate[i]) * up[i];
+	matmul(gate, rows, F, ly->w_down, E, NULL, tmp);
+	int r = reduce(s, tmp, n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++)
+		x[i] += tmp[i];
+	return 0;
+}
+
+/* Final norm and LM head of rows hidden rows x [rows][E] (xn: scratch of the same size):
+ * ret_logits [rows][V]. */
+static void lm_head(const struct bd_model *m, const float *x, int rows, float *xn,
+		    float *ret_logits)
+{
+	int E = m->hp.n_embd;
+	for (int r = 0; r < rows; r++)
+		bd_rmsnorm(x + (size_t)r * (size_t)E, m->output_norm, E, m->hp.norm_eps,
+			   xn + (size_t)r * (size_t)E);
+	matmul(xn, rows, E, m->output, m->hp.n_vocab, NULL, ret_logits);
+}
+
+static float bf16_round(float x)
+{
+	return bd_bf16_to_f32(bd_f32_to_bf16(x));
+}
+
+/* Causal attention of the prompt for one layer: q [n][Hq·d], k and v [n][Hkv·d] already
+ * BF16-rounded; ret_o [n][Hq·d]. S: scratch [PREFILL_CHUNK][n]. */
+static void prefill_attention(const struct bd_model *m, const float *q, const float *k,
+			      const float *v, int n, float *S, float *ret_o)
+{
+	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads;
+	int d = m->hp.head_dim, G = Hq / Hkv;
+	int ldq = Hq * d, ldk = Hkv * d;
+	float scale = 1.0f / sqrtf((float)d), inv[PREFILL_CHUNK];
+
+	for (int h = 0; h < Hq; h++) {
+		const float *kh = k + (size_t)(h / G) * (size_t)d;
+		const float *vh = v + (size_t)(h / G) * (size_t)d;
+		for (int i0 = 0; i0 < n; i0 += PREFILL_CHUNK) {
+			int rows = n - i0 < PREFILL_CHUNK ? n - i0 : PREFILL_CHUNK;
+			int cols = i0 + rows; /* keys 0..i0+rows−1 can be seen by this block */
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d, scale,
+				    q + (size_t)i0 * (size_t)ldq + (size_t)h * (size_t)d, ldq, kh,
+				    ldk, 0.0f, S, cols);
+			for (int r = 0; r < rows; r++) {
+				float *sr = S + (size_t)r * (size_t)cols;
+				int last = i0 + r; /* causal: keys 0..last */
+				float mx = -INFINITY, sum = 0.0f;
+				for (int j = 0; j <= last; j++)
+					mx = sr[j] > mx ? sr[j] : mx;
+				for (int j = 0; j <= last; j++) {
+					sr[j] = expf(sr[j] - mx);
+					sum += sr[j];
+				}
+				for (int j = last + 1; j < cols; j++)
+					sr[j] = 0.0f;
+				inv[r] = 1.0f / sum;
+			}
+			float *oh = ret_o + (size_t)i0 * (size_t)ldq + (size_t)h * (size_t)d;
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, cols, 1.0f,
+				    S, cols, vh, ldk, 0.0f, oh, ldq);
+			/* normalize the d outputs of a row rather than its i probabilities */
+			for (int r = 0; r < rows; r++)
+				for (int c = 0; c < d; c++)
+					oh[(size_t)r * (size_t)ldq + (size_t)c] *= inv[r];
+		}
+	}
+}
+
+/* Why seqs cannot be prefilled with tokens [n] together (0: they can). Nothing is changed.
+ * The checks run in bd_model_prefill's order, so one sequence gets its codes. */
+static int prefill_refusal(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+			   const int32_t *tokens, int n, const float *ret_logits)
+{
+	if (!m || !seqs || n_seqs < 1 || !tokens || n < 1)
+		return -EINVAL;
+	for (int i = 0; i < n_seqs; i++) {
+		if (!seqs[i] || seqs[i]->m != m)
+			return -EINVAL;
+		for (int j = 0; j < i; j++)
+			if (seqs[j] == seqs[i])
+				return -EINVAL;
+	}
+	for (int i = 0; i < n_seqs; i++)
+		if (seqs[i]->failed)
+			return -EIO;
+	for (int i = 0; i < n_seqs; i++)
+		if (seqs[i]->n_tokens != 0)
+			return -EINVAL;
+	if (check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
+		return -EINVAL;
+	/* one forward pass makes one all-reduce call per product for all of them */
+	for (int i = 1; i < n_seqs; i++)
+		if (seqs[i]->allreduce != seqs[0]->allreduce ||
+		    seqs[i]->allreduce_ctx != seqs[0]->allreduce_ctx)
+			return -EINVAL;
+	for (int i = 0; i < n_seqs; i++)
+		if (n > seqs[i]->max_tokens)
+			return -ENOSPC;
+	return 0;
+}
+
+int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *tokens, int n,
+		     float *ret_logits)
+{
+	return bd_model_prefill_multi(m, &s, 1, tokens, n, ret_logits);
+}
+
+int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+			   const int32_t *tokens, int n, float *ret_logits)
+{
+	int r = prefill_refusal(m, seqs, n_seqs, tokens, n, ret_logits);
+	if (r < 0)
+		return r;
+	struct bd_seq *s = seqs[0]; /* the all-reduce they share */
+
+	const struct bd_model_hparams *hp = &m->hp;
+	size_t N = (size_t)n, E = (size_t)hp->n_embd, F = (size_t)m->shard.n_ff;
+	size_t L = (size_t)hp->n_layers;
+	size_t qd = (size_t)m->shard.n_heads * (size_t)hp->head_dim;
+	size_t kd = (size_t)m->shard.n_kv_heads * (size_t)hp->head_dim;
+	size_t chunk = (size_t)PREFILL_CHUNK * N;
+
+	r = -ENOMEM;
+	float *x = malloc(sizeof(float) * N * E), *xn = malloc(sizeof(float) * N * E);
+	float *q = malloc(sizeof(float) * N * qd), *o = malloc(sizeof(float) * N * qd);
+	float *kr = malloc(sizeof(float) * N * kd), *vr = malloc(sizeof(float) * N * kd);
+	float *gate = malloc(sizeof(float) * N * F), *up = malloc(sizeof(float) * N * F);
+	float *S = malloc(sizeof(float) * chunk);
+	float *tmp = malloc(sizeof(float) * N * (E > qd ? E : qd));
+	/* every layer's post-RoPE K and V, FP32, for the write path after the forward pass */
+	float *kall = malloc(sizeof(float) * L * N * kd);
+	float *vall = malloc(sizeof(float) * L * N * kd);
+	if (!x || !xn || !q || !o || !kr || !vr || !gate || !up || !S || !tmp || !kall || !vall)
+		goto out;
+
+	for (size_t i = 0; i < N; i++)
+		memcpy(x + i * E, m->tok_embd + (size_t)tokens[i] * E, sizeof(float) * E);
+	for (int l = 0; l < hp->n_layers; l++) {
+		const struct bd_model_layer *ly = &m->layers[l];
+		float *kl = kall + (size_t)l * N * kd, *vl = vall + (size_t)l * N * kd;
+		for (size_t i = 0; i < N; i++)
+			bd_rmsnorm(x + i * E, ly->attn_norm, (int)E, hp->norm_eps, xn + i * E);
+		qkv(m, ly, xn, n, q, kl, vl);
+		for (size_t i = 0; i < N; i++)
+			if ((r = qk_row(m, ly, seqs, n_seqs, (int)i, q + i * qd, kl + i * kd,
+					vl + i * kd)) < 0)
+				goto out;
+		for (size_t i = 0; i < N * kd; i++) {
+			kr[i] = bf16_round(kl[i]);
+			vr[i] = bf16_round(vl[i]);
+		}
+		prefill_attention(m, q, kr, vr, n, S, o);
+		matmul(o, n, (int)qd, ly->wo, (int)E, NULL, tmp);
+		/* all-reduce failures leave the caches unwritten: the sequences stay empty */
+		if ((r = reduce(s, tmp, N * E)) < 0)
+			goto out;
+		for (size_t i = 0; i < N * E; i++)
+			x[i] += tmp[i];
+		if ((r = mlp(m, s, ly, x, xn, n, gate, up, tmp)) < 0)
+			goto out;
+	}
+	for (size_t i = 0; i < N * E; i++) {
+		if (!isfinite(x[i])) {
+			r = -EDOM;
+			goto out; /* nothing written yet: the sequences stay empty and usable */
+		}
+	}
+
+	/* The prompt's KV through each sequence's own write path, one sequence after the other:
+	 * separate prefills in this order draw a shared kvmem's pages in the same order. A
+	 * sequence that fails does not stop the others; the first error is returned. */
+	r = 0;
+	for (int i = 0; i < n_seqs; i++) {
+		int ri = bd_seq_write_prompt(seqs[i], kall, vall, n);
+		if (ri < 0 && r == 0)
+			r = ri;
+	}
+	if (r == 0 && ret_logits)
+		lm_head(m, x + (N - 1) * E, 1, xn, ret_logits);
+out:
+	free(x);
+	free(xn);
+	free(q);
+	free(o);
+	free(kr);
+	free(vr);
+	free(gate);
+	free(up);
+	free(S);
+	free(tmp);
+	free(kall);
+	free(vall);
+	return r;
+}
+
+/* Why row s cannot decode token now (0: it can). Nothing is changed. */
+static int decode_refusal(const struct bd_model *m, const struct bd_seq *s, int32_t token)
+{
+	if (!s || s->m != m)
+		return -EINVAL;
+	if (s->failed)
+		return -EIO;
+	if (check_tokens(m, &token, 1) < 0)
+		return -EINVAL;
+	if (s->n_tokens >= s->max_tokens)
+		return -ENOSPC;
+	return 0;
+}
+
+int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
+			  const int32_t *tokens, int n, float *ret_logits, int *ret_status)
+{
+	if (!m || !seqs || !tokens || !ret_status || n < 1 || (ret_logits && !m->output))
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < i; j++)
+			if (seqs[i] && seqs[i] == seqs[j])
+				return -EINVAL;
+
+	const struct bd_model_hparams *hp = &m->hp;
+	int Hkv = m->shard.n_kv_heads, G = m->shard.n_heads / Hkv;
+	size_t E = (size_t)hp->n_embd, d = (size_t)hp->head_dim, F = (size_t)m->shard.n_ff;
+	size_t qd = (size_t)m->shard.n_heads * d, kd = (size_t)Hkv * d, V = (size_t)hp->n_vocab;
+	struct bd_seq *s0 = NULL;
+	int nb = 0, r = -ENOMEM;
+
+	/* refused rows change nothing; the rest must share one all-reduce */
+	for (int i = 0; i < n; i++) {
+		ret_status[i] = decode_refusal(m, seqs[i], tokens[i]);
+		if (ret_status[i] < 0)
+			continue;
+		if (!s0) {
+			s0 = seqs[i];
+		} else if (seqs[i]->allreduce != s0->allreduce ||
+			   seqs[i]->allreduce_ctx != s0->allreduce_ctx) {
+			return -EINVAL;
+		}
+		nb++;
+	}
+	if (nb == 0)
+		return 0;
+
+	size_t NB = (size_t)nb;
+	int *idx = malloc(sizeof(int) * NB), *err = calloc(NB, sizeof(int));
+	float *x = malloc(sizeof(float) * NB * E), *xn = malloc(sizeof(float) * NB * E);
+	float *q = malloc(sizeof(float) * NB * qd), *o = malloc(sizeof(float) * NB * qd);
+	float *k = malloc(sizeof(float) * NB * kd), *v = malloc(sizeof(float) * NB * kd);
+	float *att = malloc(sizeof(float) * NB * E);
+	float *gate = malloc(sizeof(float) * NB * F), *up = malloc(sizeof(float) * NB * F);
+	float *lg = ret_logits && nb > 1 ? malloc(sizeof(float) * NB * V) : NULL;
+	if (!idx || !err || !x || !xn || !q || !o || !k || !v || !att || !gate || !up ||
+	    (ret_logits && nb > 1 && !lg)) {
+		for (int i = 0; i < n; i++)
+			if (ret_status[i] == 0)
+				ret_status[i] = -ENOMEM;
+		goto out;
+	}
+	nb = 0;
+	for (int i = 0; i < n; i++)
+		if (ret_status[i] == 0)
+			idx[nb++] = i;
+
+	/* A row's local error does not stop the layers: it goes on with NaN partial sums so that
+	 * the ranks make the same all-reduce calls (bd_model_allreduce_fn). */
+	for (size_t b = 0; b < NB; b++)
+		memcpy(x + b * E, m->tok_embd + (size_t)tokens[idx[b]] * E, sizeof(float) * E);
+	for (int l = 0; l < hp->n_layers; l++) {
+		const struct bd_model_layer *ly = &m->layers[l];
+		for (size_t b = 0; b < NB; b++)
+			bd_rmsnorm(x + b * E, ly->attn_norm, (int)E, hp->norm_eps, xn + b * E);
+		qkv(m, ly, xn, nb, q, k, v);
+		for (size_t b = 0; b < NB; b++) {
+			struct bd_seq *s = seqs[idx[b]];
+			int pos = s->n_tokens, rc;
+			float *qb = q + b * qd, *kb = k + b * kd, *vb = v + b * kd, *ob = o + b * qd;
+			if (!err[b] && (rc = qk_row(m, ly, &s, 1, pos, qb, kb, vb)) < 0)
+				err[b] = rc;
+			if (!err[b] && (rc = bd_seq_write_kv(s, l, pos, kb, vb)) < 0)
+				err[b] = rc;
+			for (int h = 0; h < Hkv && !err[b]; h++) {
+				struct bd_kv_view kv = {
+					.lay = s->lay,
+					.arena = s->mem->arena,
+					.block_table = s->block_table,
+					.slot = s->slot,
+					.layer = l,
+					.kv_head = h,
+					.n_tokens = pos + 1,
+				};
+				size_t off = (size_t)h * (size_t)G * d;
+				rc = bd_ref_decode_gqa(s->cfg, &s->dp, &kv, qb + off, G, ob + off, NULL,
+						       &s->stats);
+				if (rc < 0)
+					err[b] = rc;
+			}
+			if (err[b])
+				for (size_t i = 0; i < qd; i++)
+					ob[i] = NAN;
+		}
+		matmul(o, nb, (int)qd, ly->wo, (int)E, NULL, att);
+		if ((r = reduce(s0, att, NB * E)) < 0)
+			goto fail_all;
+		for (size_t i = 0; i < NB * E; i++)
+			x[i] += att[i];
+		if ((r = mlp(m, s0, ly, x, xn, nb, gate, up, att)) < 0)
+			goto fail_all;
+	}
+	/* a token that completes a page promotes it, row by row in order (the order in which a
+	 * shared kvmem hands out pages) */
+	for (size_t b = 0; b < NB; b++) {
+		struct bd_seq *s = seqs[idx[b]];
+		int pos = s->n_tokens, rc = err[b];
+		if (rc == 0 && (pos + 1) % BD_PAGE_TOKENS == 0)
+			rc = bd_seq_promote(s);
+		if (rc < 0) {
+			s->failed = true;
+			ret_status[idx[b]] = rc;
+			continue;
+		}
+		s->n_tokens = pos + 1;
+	}
+	if (ret_logits) {
+		if (nb == 1) {
+			if (ret_status[idx[0]] == 0)
+				lm_head(m, x, 1, xn, ret_logits + (size_t)idx[0] * V);
+		} else {
+			lm_head(m, x, nb, xn, lg);
+			for (size_t b = 0; b < NB; b++)
+				if (ret_status[idx[b]] == 0)
+					memcpy(ret_logits + (size_t)idx[b] * V, lg + b * V,
+					       sizeof(float) * V);
+		}
+	}
+	r = 0;
+	goto out;
+fail_all:
+	for (size_t b = 0; b < NB; b++) {
+		seqs[idx[b]]->failed = true;
+		ret_status[idx[b]] = r;
+	}
+out:
+	free(idx);
+	free(err);
+	free(x);
+	free(xn);
+	free(q);
+	free(o);
+	free(k);
+	free(v);
+	free(att);
+	free(gate);
+	free(up);
+	free(lg);
+	return r < 0 ? r : 0;
+}
+
+int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token, float *ret_logits)
+{
+	int st;
+	if (!m || !s || s->m != m)
+		return -EINVAL;
+	int r = bd_model_decode_batch(m, &s, &token, 1, ret_logits, &st);
+	return r < 0 ? r : st;
+}
+
+/* ---- generation ---------------------------------------------------------------------------- */
+
+static bool is_stop(const struct bd_gen_params *p, int32_t t)
+{
+	for (int i = 0; p->stop_ids && i < p->n_stop_ids; i++)
+		if (p->stop_ids[i] == t)
+			return true;
+	return false;
+}
+
+int bd_generate(const struct bd_model *m, const int32_t *prompt, int n_prompt,
+		const struct bd_gen_params *p, int32_t *ret_tokens, int *ret_n, char *ret_err)
+{
+	struct bd_seq *s = NULL;
+	struct bd_sampler *smp = NULL;
+	float *logits = NULL;
+	int r, n = 0;
+
+	if (ret_err)
+		ret_err[0] = '\0';
+	if (!m || !prompt || !p || !ret_tokens || !ret_n || !p->kv)
+		return fail(ret_err, -EINVAL, "missing argument");
+	if (m->shard.tp > 1)
+		return fail(ret_err, -EINVAL, "rank %d of %d cannot generate alone",
+			    m->shard.rank, m->shard.tp);
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(p->kv);
+	if (!cfg)
+		return fail(ret_err, -EINVAL, "unknown KV configuration '%s'", p->kv);
+	if (p->max_tokens < 1)
+		return fail(ret_err, -EINVAL, "max tokens must be at least 1 (got %d)",
+			    p->max_tokens);
+	if (n_prompt < 1)
+		return fail(ret_err, -EINVAL, "empty prompt");
+	if (check_tokens(m, prompt, n_prompt) < 0)
+		return fail(ret_err, -EINVAL, "prompt token id out of the vocabulary (0..%d)",
+			    m->hp.n_vocab - 1);
+	if (n_prompt > m->hp.n_ctx_train - p->max_tokens)
+		return fail(ret_err, -EINVAL,
+			    "prompt (%d tokens) + max tokens (%d) exceed the context of %d",
+			    n_prompt, p->max_tokens, m->hp.n_ctx_train);
+
+	struct bd_sampler_params greedy = bd_sampler_params_greedy();
+	if ((r = bd_sampler_new(p->sampling ? p->sampling : &greedy, m->hp.n_vocab, &smp)) < 0) {
+		fail(ret_err, r, "bad sampling parameters");
+		goto out;
+	}
+	struct bd_seq_opts o = { .max_tokens = n_prompt + p->max_tokens, .mu_k = p->mu_k,
+				 .dp = p->dp };
+	if ((r = bd_seq_new(m, cfg, &o, &s, ret_err)) < 0)
+		goto out;
+	if (!(logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab))) {
+		r = fail(ret_err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((r = bd_model_prefill(m, s, prompt, n_prompt, logits)) < 0) {
+		fail(ret_err, r, "prefill failed (%s)", strerror(-r));
+		goto out;
+	}
+	for (;;) {
+		int32_t t;
+		if ((r = bd_sampler_sample(smp, logits, &t)) < 0) {
+			fail(ret_err, r, "sampling failed: non-finite logits");
+			goto out;
+		}
+		ret_tokens[n++] = t;
+		if (is_stop(p, t))
+			break;
+		if (p->on_token && p->on_token(p->cb_ctx, t) != 0)
+			break;
+		if (n >= p->max_tokens)
+			break;
+		if ((r = bd_model_decode(m, s, t, logits)) < 0) {
+			fail(ret_err, r, "decode step %d failed (%s)", n, strerror(-r));
+			goto out;
+		}
+	}
+	r = 0;
+out:
+	*ret_n = n;
+	free(logits);
+	bd_seq_free(s);
+	bd_sampler_free(smp);
+	return r;
+}
