@@ -2,9 +2,10 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include <zmq.h>
 
+#include "base/bd_err.h"
 #include "base/bd_ipc.h"
 #include "pool/bd_pool_client.h"
 #include "kvpool.pb-c.h"
@@ -74,20 +76,6 @@ struct bd_pool_attach {
 	struct bd_pool_geometry geo;
 };
 
-static void seterr(char *buf, size_t len, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void seterr(char *buf, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!buf || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(buf, len, fmt, ap);
-	va_end(ap);
-}
-
 void bd_pool_detach(struct bd_pool_attach *a)
 {
 	if (!a)
@@ -108,16 +96,13 @@ static int take_geometry(struct bd_pool_geometry *g, const Bdfp4__AttachReply *r
 	uint64_t sum = 0, end;
 	int e;
 
-	if (strcmp(r->backend, "cpu") && strcmp(r->backend, "cuda")) {
-		seterr(errbuf, errlen, "unknown backend '%.16s'", r->backend);
-		return -EBADMSG;
-	}
+	if (strcmp(r->backend, "cpu") && strcmp(r->backend, "cuda"))
+		return bd_errf(errbuf, errlen, -EBADMSG, "unknown backend '%.16s'", r->backend);
 	if (r->rank != rank || r->n_chunk_bytes != n_fds || n_fds == 0 ||
-	    n_fds > BD_POOL_MAX_CHUNKS || strlen(r->kv_config) >= sizeof(g->kv_config)) {
-		seterr(errbuf, errlen, "attach reply: rank %d, %zu chunk sizes for %zu fds",
-		       r->rank, r->n_chunk_bytes, n_fds);
-		return -EBADMSG;
-	}
+	    n_fds > BD_POOL_MAX_CHUNKS || strlen(r->kv_config) >= sizeof(g->kv_config))
+		return bd_errf(errbuf, errlen, -EBADMSG,
+			       "attach reply: rank %d, %zu chunk sizes for %zu fds", r->rank,
+			       r->n_chunk_bytes, n_fds);
 	snprintf(g->backend, sizeof(g->backend), "%s", r->backend);
 	snprintf(g->kv_config, sizeof(g->kv_config), "%s", r->kv_config);
 	g->rank = r->rank;
@@ -136,32 +121,26 @@ static int take_geometry(struct bd_pool_geometry *g, const Bdfp4__AttachReply *r
 			return -EBADMSG;
 	}
 	if (r->n_layers > 4096 || r->n_kv_heads > 4096 || r->head_dim > 4096 || r->d_rope > 4096 ||
-	    r->page_format >= BD_PAGE_FORMAT_COUNT || r->n_pages == 0 || r->n_pages > INT32_MAX) {
-		seterr(errbuf, errlen, "attach reply: geometry out of range");
-		return -EBADMSG;
-	}
+	    r->page_format >= BD_PAGE_FORMAT_COUNT || r->n_pages == 0 || r->n_pages > INT32_MAX)
+		return bd_errf(errbuf, errlen, -EBADMSG, "attach reply: geometry out of range");
 	e = bd_layout_init(&g->layout, (enum bd_page_format)r->page_format, (int)r->n_layers,
 			   (int)r->n_kv_heads, (int)r->head_dim, (int)r->d_rope, r->n_pages);
-	if (e < 0) {
-		seterr(errbuf, errlen, "attach reply: geometry refused by bd_layout_init (%d)", e);
-		return -EBADMSG;
-	}
-	if (g->layout.page_bytes != r->page_bytes || g->layout.slot_bytes != r->slot_bytes) {
-		seterr(errbuf, errlen,
-		       "layout mismatch: daemon page %llu slot %llu bytes, here %zu and %zu",
-		       (unsigned long long)r->page_bytes, (unsigned long long)r->slot_bytes,
-		       g->layout.page_bytes, g->layout.slot_bytes);
-		return -EBADMSG;
-	}
+	if (e < 0)
+		return bd_errf(errbuf, errlen, -EBADMSG,
+			       "attach reply: geometry refused by bd_layout_init (%d)", e);
+	if (g->layout.page_bytes != r->page_bytes || g->layout.slot_bytes != r->slot_bytes)
+		return bd_errf(errbuf, errlen, -EBADMSG,
+			       "layout mismatch: daemon page %llu slot %llu bytes, here %zu and %zu",
+			       (unsigned long long)r->page_bytes, (unsigned long long)r->slot_bytes,
+			       g->layout.page_bytes, g->layout.slot_bytes);
 	/* pages, then slots, inside the arena, and the chunks add up to it */
 	if (sum != r->arena_bytes ||
 	    __builtin_add_overflow(r->pages_offset, (uint64_t)g->layout.arena_bytes, &end) ||
 	    end > r->slots_offset ||
 	    __builtin_mul_overflow(r->n_slots, (uint64_t)r->slot_bytes, &end) ||
-	    __builtin_add_overflow(end, r->slots_offset, &end) || end > r->arena_bytes) {
-		seterr(errbuf, errlen, "attach reply: regions do not fit the arena");
-		return -EBADMSG;
-	}
+	    __builtin_add_overflow(end, r->slots_offset, &end) || end > r->arena_bytes)
+		return bd_errf(errbuf, errlen, -EBADMSG,
+			       "attach reply: regions do not fit the arena");
 	return 0;
 }
 
@@ -172,11 +151,9 @@ static int map_chunks(struct bd_pool_attach *a, char *errbuf, size_t errlen)
 
 	base = mmap(NULL, a->geo.arena_bytes, PROT_NONE,
 		    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (base == MAP_FAILED) {
-		seterr(errbuf, errlen, "reserving %zu bytes: %s", a->geo.arena_bytes,
-		       strerror(errno));
-		return -ENOMEM;
-	}
+	if (base == MAP_FAILED)
+		return bd_errf(errbuf, errlen, -ENOMEM, "reserving %zu bytes: %s",
+			       a->geo.arena_bytes, strerror(errno));
 	a->base = base;
 	for (size_t i = 0; i < a->n_fds; i++) {
 		struct stat st;
@@ -185,17 +162,15 @@ static int map_chunks(struct bd_pool_attach *a, char *errbuf, size_t errlen)
 		/* a shrinkable file could SIGBUS us later; a short one now */
 		seals = fcntl(a->fds[i], F_GET_SEALS);
 		if (fstat(a->fds[i], &st) < 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
-		    (uint64_t)st.st_size != a->geo.chunk_bytes[i]) {
-			seterr(errbuf, errlen, "chunk %zu: not a sealed memfd of %llu bytes", i,
-			       (unsigned long long)a->geo.chunk_bytes[i]);
-			return -EBADMSG;
-		}
+		    (uint64_t)st.st_size != a->geo.chunk_bytes[i])
+			return bd_errf(errbuf, errlen, -EBADMSG,
+				       "chunk %zu: not a sealed memfd of %llu bytes", i,
+				       (unsigned long long)a->geo.chunk_bytes[i]);
 		if (mmap(base + off, a->geo.chunk_bytes[i], PROT_READ | PROT_WRITE,
 			 MAP_SHARED | MAP_FIXED, a->fds[i], 0) == MAP_FAILED) {
 			int e = -errno;
 
-			seterr(errbuf, errlen, "mapping chunk %zu: %s", i, strerror(-e));
-			return e;
+			return bd_errf(errbuf, errlen, e, "mapping chunk %zu: %s", i, strerror(-e));
 		}
 		off += a->geo.chunk_bytes[i];
 	}
@@ -213,10 +188,8 @@ int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errle
 	struct pollfd pfd;
 	ssize_t n;
 
-	if (!ret || rank < 0) {
-		seterr(errbuf, errlen, "bad argument");
-		return -EINVAL;
-	}
+	if (!ret || rank < 0)
+		return bd_errf(errbuf, errlen, -EINVAL, "bad argument");
 	if (!socket_path)
 		socket_path = BD_POOL_DEFAULT_SOCKET;
 	a = calloc(1, sizeof(*a));
@@ -228,8 +201,8 @@ int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errle
 	}
 	a->sock = bd_ipc_connect(socket_path);
 	if (a->sock < 0) {
-		e = a->sock;
-		seterr(errbuf, errlen, "connecting to %s: %s", socket_path, strerror(-e));
+		e = bd_errf(errbuf, errlen, a->sock, "connecting to %s: %s", socket_path,
+			    strerror(-a->sock));
 		goto fail;
 	}
 	req.version = BD_POOL_PROTO_VERSION;
@@ -239,14 +212,14 @@ int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errle
 	/* a daemon that refuses us may have answered and closed before our request went out:
 	 * its answer is still there to read */
 	if (e < 0 && e != -EPIPE && e != -ECONNRESET) {
-		seterr(errbuf, errlen, "sending the attach request: %s", strerror(-e));
+		bd_errf(errbuf, errlen, e, "sending the attach request: %s", strerror(-e));
 		goto fail;
 	}
 	pfd = (struct pollfd){ .fd = a->sock, .events = POLLIN };
 	e = poll(&pfd, 1, ATTACH_TIMEOUT_MS);
 	if (e <= 0) {
 		e = e == 0 ? -ETIMEDOUT : -errno;
-		seterr(errbuf, errlen, "waiting for the attach reply: %s", strerror(-e));
+		bd_errf(errbuf, errlen, e, "waiting for the attach reply: %s", strerror(-e));
 		goto fail;
 	}
 	n = bd_ipc_recv(a->sock, in, ATTACH_REPLY_MAX, fds, BD_POOL_MAX_CHUNKS, &n_fds);
@@ -257,26 +230,24 @@ int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errle
 		n = bd_ipc_recv(a->sock, in, ATTACH_REPLY_MAX, fds, BD_POOL_MAX_CHUNKS, &n_fds);
 	if (n <= 0) {
 		e = n == 0 ? -ECONNRESET : (int)n;
-		seterr(errbuf, errlen, "receiving the attach reply: %s", strerror(-e));
+		bd_errf(errbuf, errlen, e, "receiving the attach reply: %s", strerror(-e));
 		goto fail;
 	}
 	memcpy(a->fds, fds, (size_t)n_fds * sizeof(int));
 	a->n_fds = (size_t)n_fds;
 	rep = bdfp4__attach_reply__unpack(NULL, (size_t)n, in);
 	if (!rep) {
-		e = -EBADMSG;
-		seterr(errbuf, errlen, "the attach reply does not parse");
+		e = bd_errf(errbuf, errlen, -EBADMSG, "the attach reply does not parse");
 		goto fail;
 	}
 	if (rep->error != BDFP4__POOL_ERROR__POOL_OK) {
-		e = bd_pool_errno(rep->error);
-		seterr(errbuf, errlen, "kvpoold refused: %s", rep->message);
+		e = bd_errf(errbuf, errlen, bd_pool_errno(rep->error), "kvpoold refused: %s",
+			    rep->message);
 		goto fail;
 	}
 	if (rep->version != BD_POOL_PROTO_VERSION) {
-		e = -EPROTO;
-		seterr(errbuf, errlen, "kvpoold speaks version %u, this client %d", rep->version,
-		       BD_POOL_PROTO_VERSION);
+		e = bd_errf(errbuf, errlen, -EPROTO, "kvpoold speaks version %u, this client %d",
+			    rep->version, BD_POOL_PROTO_VERSION);
 		goto fail;
 	}
 	e = take_geometry(&a->geo, rep, rank, a->n_fds, errbuf, errlen);
@@ -429,223 +400,230 @@ int bd_pool_call_raw(struct bd_pool_conn *c, const void *frame, size_t len, void
 	return 0;
 fail:
 	c->code = BD_POOL_OK;
-	snprintf(c->err, sizeof(c->err), "kvpoold: %s", strerror(-e));
-	return e;
+	return bd_errf(c->err, sizeof(c->err), e, "kvpoold: %s", strerror(-e));
 }
 
-/* One round trip of a PoolRequest; *ret is the reply when it says POOL_OK. */
-static int call(struct bd_pool_conn *c, const Bdfp4__PoolRequest *req, Bdfp4__PoolReply **ret)
+/* ---- the request path ------------------------------------------------------------------------- */
+
+/* the op kinds are the oneof's field numbers: keep them in step */
+#define SAME(x) _Static_assert((int)BD_POOL_OP_##x == (int)BDFP4__POOL_REQUEST__OP_##x, #x)
+SAME(PAGE_ALLOC);
+SAME(PAGE_RESERVE);
+SAME(PAGE_COMMIT);
+SAME(PAGE_FREE);
+SAME(PAGE_REF);
+SAME(SLOT_ASSIGN);
+SAME(SLOT_RELEASE);
+SAME(REQUEST_RELEASE);
+SAME(OWNER_RECLAIM);
+SAME(STATS);
+SAME(REQUESTS);
+#undef SAME
+_Static_assert(BD_POOL_OP_NONE == (int)BDFP4__POOL_REQUEST__OP__NOT_SET, "NONE");
+
+/* Copies op's values into message m by field name: kvpool.proto gives a value the same name
+ * and type in every message that carries it (request_id, owner: uint64; n, top: uint32; page,
+ * slot: int32; pages: repeated int32). Returns -EINVAL for any other field. */
+static int put_fields(ProtobufCMessage *m, const struct bd_pool_op *op)
 {
-	Bdfp4__PoolReply *rep;
-	size_t len = bdfp4__pool_request__get_packed_size(req), rlen;
-	uint8_t *buf = malloc(len ? len : 1);
-	void *rbuf;
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		bool repeated = f->label == PROTOBUF_C_LABEL_REPEATED;
+		uint8_t *p = (uint8_t *)m + f->offset;
+
+		if (f->type == PROTOBUF_C_TYPE_UINT64 && !repeated && !strcmp(f->name, "request_id"))
+			*(uint64_t *)p = op->request_id;
+		else if (f->type == PROTOBUF_C_TYPE_UINT64 && !repeated && !strcmp(f->name, "owner"))
+			*(uint64_t *)p = op->owner;
+		else if (f->type == PROTOBUF_C_TYPE_UINT32 && !repeated &&
+			 (!strcmp(f->name, "n") || !strcmp(f->name, "top")))
+			*(uint32_t *)p = op->n;
+		else if (f->type == PROTOBUF_C_TYPE_INT32 && !repeated &&
+			 (!strcmp(f->name, "page") || !strcmp(f->name, "slot")))
+			*(int32_t *)p = op->index;
+		else if (f->type == PROTOBUF_C_TYPE_INT32 && repeated && !strcmp(f->name, "pages")) {
+			*(size_t *)((uint8_t *)m + f->quantifier_offset) = op->n_pages;
+			*(const int32_t **)p = op->pages;
+		} else {
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap)
+{
+	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
+	_Alignas(max_align_t) uint8_t mem[128]; /* the member message, whichever it is */
+	const ProtobufCFieldDescriptor *f;
+	ProtobufCMessage *m = (ProtobufCMessage *)mem;
+	size_t len;
 	int e;
 
-	if (!buf)
+	if (!op || (!buf && cap) || (op->n_pages && !op->pages) ||
+	    (unsigned)op->kind >= BD_POOL_OP_COUNT)
+		return -EINVAL;
+	if (op->kind != BD_POOL_OP_NONE) {
+		/* the oneof member numbered kind: its message, and where PoolRequest points to it */
+		f = protobuf_c_message_descriptor_get_field(&bdfp4__pool_request__descriptor,
+							    (unsigned)op->kind);
+		if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE ||
+		    ((const ProtobufCMessageDescriptor *)f->descriptor)->sizeof_message > sizeof(mem))
+			return -EINVAL;
+		protobuf_c_message_init(f->descriptor, m);
+		e = put_fields(m, op);
+		if (e < 0)
+			return e;
+		*(ProtobufCMessage **)((uint8_t *)&req + f->offset) = m;
+		req.op_case = (Bdfp4__PoolRequest__OpCase)op->kind;
+	}
+	len = bdfp4__pool_request__get_packed_size(&req);
+	if (len > SSIZE_MAX)
+		return -EMSGSIZE;
+	if (len <= cap)
+		bdfp4__pool_request__pack(&req, buf);
+	return (ssize_t)len;
+}
+
+/* What a call takes out of a POOL_OK reply; NULL members are not wanted. */
+struct take {
+	int32_t *pages; /* exactly n_pages page ids, else -EBADMSG */
+	uint32_t n_pages;
+	int32_t *slot;
+	uint64_t *requests, *freed;
+	Bdfp4__PoolReply **reply; /* the whole reply, freed by the caller */
+};
+
+/* The round trip of every allocation call: op packed and sent, the reply parsed, a refusal
+ * turned into its -errno, what t asks for copied out of a success. */
+static int call(struct bd_pool_conn *c, const struct bd_pool_op *op, struct take t)
+{
+	Bdfp4__PoolReply *rep;
+	ssize_t len = c ? bd_pool_op_pack(op, NULL, 0) : -EINVAL;
+	void *frame, *rbuf;
+	size_t rlen;
+	int e;
+
+	if (len < 0)
+		return (int)len;
+	frame = malloc(len ? (size_t)len : 1);
+	if (!frame)
 		return -ENOMEM;
-	bdfp4__pool_request__pack(req, buf);
-	e = bd_pool_call_raw(c, buf, len, &rbuf, &rlen);
-	free(buf);
+	bd_pool_op_pack(op, frame, (size_t)len);
+	e = bd_pool_call_raw(c, frame, (size_t)len, &rbuf, &rlen);
+	free(frame);
 	if (e < 0)
 		return e;
 	rep = bdfp4__pool_reply__unpack(NULL, rlen, rbuf);
 	free(rbuf);
 	if (!rep) {
 		c->code = BD_POOL_OK;
-		snprintf(c->err, sizeof(c->err), "kvpoold: the reply does not parse");
-		return -EBADMSG;
+		return bd_errf(c->err, sizeof(c->err), -EBADMSG, "kvpoold: the reply does not parse");
 	}
 	if (rep->error != BDFP4__POOL_ERROR__POOL_OK) {
 		c->code = rep->error;
-		snprintf(c->err, sizeof(c->err), "%s", rep->message);
-		e = bd_pool_errno(rep->error);
+		e = bd_errf(c->err, sizeof(c->err), bd_pool_errno(rep->error), "%s", rep->message);
 		bdfp4__pool_reply__free_unpacked(rep, NULL);
 		return e;
 	}
 	c->code = BD_POOL_OK;
 	c->err[0] = 0;
-	*ret = rep;
-	return 0;
+	if (t.pages && rep->n_pages != t.n_pages)
+		e = -EBADMSG;
+	else if (t.pages)
+		memcpy(t.pages, rep->pages, t.n_pages * sizeof(int32_t));
+	if (t.slot)
+		*t.slot = rep->slot;
+	if (t.requests)
+		*t.requests = rep->requests_released;
+	if (t.freed)
+		*t.freed = rep->pages_freed;
+	if (t.reply && e == 0)
+		*t.reply = rep;
+	else
+		bdfp4__pool_reply__free_unpacked(rep, NULL);
+	return e;
 }
+
+/* ---- allocation calls ------------------------------------------------------------------------- */
 
 int bd_pool_page_alloc(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner, uint32_t n,
 		       int32_t *ret_pages)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageAlloc op = BDFP4__PAGE_ALLOC__INIT;
-	Bdfp4__PoolReply *rep;
-	int e;
+	struct bd_pool_op op = { BD_POOL_OP_PAGE_ALLOC, request_id, owner, .n = n };
 
-	if (!c || !ret_pages || n == 0)
+	if (!ret_pages || n == 0)
 		return -EINVAL;
-	op.request_id = request_id;
-	op.owner = owner;
-	op.n = n;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_ALLOC;
-	req.page_alloc = &op;
-	e = call(c, &req, &rep);
-	if (e < 0)
-		return e;
-	if (rep->n_pages != n)
-		e = -EBADMSG;
-	else
-		memcpy(ret_pages, rep->pages, n * sizeof(int32_t));
-	bdfp4__pool_reply__free_unpacked(rep, NULL);
-	return e;
+	return call(c, &op, (struct take){ .pages = ret_pages, .n_pages = n });
 }
 
 int bd_pool_page_reserve(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
 			 int32_t *ret_page)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageReserve op = BDFP4__PAGE_RESERVE__INIT;
-	Bdfp4__PoolReply *rep;
-	int e;
+	struct bd_pool_op op = { BD_POOL_OP_PAGE_RESERVE, request_id, owner };
 
-	if (!c || !ret_page)
+	if (!ret_page)
 		return -EINVAL;
-	op.request_id = request_id;
-	op.owner = owner;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_RESERVE;
-	req.page_reserve = &op;
-	e = call(c, &req, &rep);
-	if (e < 0)
-		return e;
-	if (rep->n_pages != 1)
-		e = -EBADMSG;
-	else
-		*ret_page = rep->pages[0];
-	bdfp4__pool_reply__free_unpacked(rep, NULL);
-	return e;
-}
-
-/* A call whose reply carries nothing but counts. */
-static int call_counts(struct bd_pool_conn *c, const Bdfp4__PoolRequest *req,
-		       uint64_t *ret_requests, uint64_t *ret_freed)
-{
-	Bdfp4__PoolReply *rep;
-	int e = call(c, req, &rep);
-
-	if (e < 0)
-		return e;
-	if (ret_requests)
-		*ret_requests = rep->requests_released;
-	if (ret_freed)
-		*ret_freed = rep->pages_freed;
-	bdfp4__pool_reply__free_unpacked(rep, NULL);
-	return 0;
+	return call(c, &op, (struct take){ .pages = ret_page, .n_pages = 1 });
 }
 
 int bd_pool_page_commit(struct bd_pool_conn *c, uint64_t request_id, int32_t page)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageCommit op = BDFP4__PAGE_COMMIT__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_PAGE_COMMIT, request_id, .index = page };
 
-	if (!c)
-		return -EINVAL;
-	op.request_id = request_id;
-	op.page = page;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_COMMIT;
-	req.page_commit = &op;
-	return call_counts(c, &req, NULL, NULL);
+	return call(c, &op, (struct take){ 0 });
 }
 
 int bd_pool_page_free(struct bd_pool_conn *c, uint64_t request_id, const int32_t *pages,
 		      size_t n, uint64_t *ret_freed)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageFree op = BDFP4__PAGE_FREE__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_PAGE_FREE, request_id, .pages = pages, .n_pages = n };
 
-	if (!c || (n && !pages))
-		return -EINVAL;
-	op.request_id = request_id;
-	op.n_pages = n;
-	op.pages = (int32_t *)pages;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_FREE;
-	req.page_free = &op;
-	return call_counts(c, &req, NULL, ret_freed);
+	return call(c, &op, (struct take){ .freed = ret_freed });
 }
 
 int bd_pool_page_ref(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
 		     const int32_t *pages, size_t n)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageRef op = BDFP4__PAGE_REF__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_PAGE_REF, request_id, owner, .pages = pages,
+				 .n_pages = n };
 
-	if (!c || (n && !pages))
-		return -EINVAL;
-	op.request_id = request_id;
-	op.owner = owner;
-	op.n_pages = n;
-	op.pages = (int32_t *)pages;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_REF;
-	req.page_ref = &op;
-	return call_counts(c, &req, NULL, NULL);
+	return call(c, &op, (struct take){ 0 });
 }
 
 int bd_pool_slot_assign(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
 			int32_t *ret_slot)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__SlotAssign op = BDFP4__SLOT_ASSIGN__INIT;
-	Bdfp4__PoolReply *rep;
-	int e;
+	struct bd_pool_op op = { BD_POOL_OP_SLOT_ASSIGN, request_id, owner };
 
-	if (!c || !ret_slot)
+	if (!ret_slot)
 		return -EINVAL;
-	op.request_id = request_id;
-	op.owner = owner;
-	req.op_case = BDFP4__POOL_REQUEST__OP_SLOT_ASSIGN;
-	req.slot_assign = &op;
-	e = call(c, &req, &rep);
-	if (e < 0)
-		return e;
-	*ret_slot = rep->slot;
-	bdfp4__pool_reply__free_unpacked(rep, NULL);
-	return 0;
+	return call(c, &op, (struct take){ .slot = ret_slot });
 }
 
 int bd_pool_slot_release(struct bd_pool_conn *c, uint64_t request_id, int32_t slot)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__SlotRelease op = BDFP4__SLOT_RELEASE__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_SLOT_RELEASE, request_id, .index = slot };
 
-	if (!c)
-		return -EINVAL;
-	op.request_id = request_id;
-	op.slot = slot;
-	req.op_case = BDFP4__POOL_REQUEST__OP_SLOT_RELEASE;
-	req.slot_release = &op;
-	return call_counts(c, &req, NULL, NULL);
+	return call(c, &op, (struct take){ 0 });
 }
 
 int bd_pool_request_release(struct bd_pool_conn *c, uint64_t request_id,
 			    uint64_t *ret_pages_freed)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__RequestRelease op = BDFP4__REQUEST_RELEASE__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_REQUEST_RELEASE, request_id };
 
-	if (!c)
-		return -EINVAL;
-	op.request_id = request_id;
-	req.op_case = BDFP4__POOL_REQUEST__OP_REQUEST_RELEASE;
-	req.request_release = &op;
-	return call_counts(c, &req, NULL, ret_pages_freed);
+	return call(c, &op, (struct take){ .freed = ret_pages_freed });
 }
 
 int bd_pool_owner_reclaim(struct bd_pool_conn *c, uint64_t owner, uint64_t *ret_requests,
 			  uint64_t *ret_pages_freed)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__OwnerReclaim op = BDFP4__OWNER_RECLAIM__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_OWNER_RECLAIM, .owner = owner };
 
-	if (!c)
-		return -EINVAL;
-	op.owner = owner;
-	req.op_case = BDFP4__POOL_REQUEST__OP_OWNER_RECLAIM;
-	req.owner_reclaim = &op;
-	return call_counts(c, &req, ret_requests, ret_pages_freed);
+	return call(c, &op, (struct take){ .requests = ret_requests, .freed = ret_pages_freed });
 }
 
 static void holder_from(struct bd_pool_holder *h, const Bdfp4__Holder *p)
@@ -664,20 +642,16 @@ void bd_pool_stats_free(struct bd_pool_stats *s)
 
 int bd_pool_stats(struct bd_pool_conn *c, uint32_t top, struct bd_pool_stats **ret)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__StatsQuery op = BDFP4__STATS_QUERY__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_STATS, .n = top };
 	Bdfp4__PoolReply *rep;
 	const Bdfp4__PoolStats *p;
 	struct bd_pool_stats *s;
 	size_t bytes;
 	int e;
 
-	if (!c || !ret)
+	if (!ret)
 		return -EINVAL;
-	op.top = top;
-	req.op_case = BDFP4__POOL_REQUEST__OP_STATS;
-	req.stats = &op;
-	e = call(c, &req, &rep);
+	e = call(c, &op, (struct take){ .reply = &rep });
 	if (e < 0)
 		return e;
 	p = rep->stats;
@@ -746,17 +720,14 @@ int bd_pool_stats(struct bd_pool_conn *c, uint32_t top, struct bd_pool_stats **r
 
 int bd_pool_requests(struct bd_pool_conn *c, struct bd_pool_holder **ret, size_t *ret_n)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__RequestsQuery op = BDFP4__REQUESTS_QUERY__INIT;
+	struct bd_pool_op op = { BD_POOL_OP_REQUESTS };
 	Bdfp4__PoolReply *rep;
 	struct bd_pool_holder *h;
 	int e;
 
-	if (!c || !ret || !ret_n)
+	if (!ret || !ret_n)
 		return -EINVAL;
-	req.op_case = BDFP4__POOL_REQUEST__OP_REQUESTS;
-	req.requests = &op;
-	e = call(c, &req, &rep);
+	e = call(c, &op, (struct take){ .reply = &rep });
 	if (e < 0)
 		return e;
 	h = calloc(rep->n_requests ? rep->n_requests : 1, sizeof(*h));

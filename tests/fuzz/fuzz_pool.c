@@ -44,63 +44,40 @@ static void handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t len
 		abort();
 }
 
-/* One operation from b[0..n): op, request, owner, count/page/slot, page list. */
+/* One operation from b[0..n): op, request, owner, count/page/slot, page list; packed by the
+ * client's own bd_pool_op_pack (op 11 is BD_POOL_OP_NONE: no member, an unknown type). */
 static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageAlloc pa = BDFP4__PAGE_ALLOC__INIT;
-	Bdfp4__PageReserve pr = BDFP4__PAGE_RESERVE__INIT;
-	Bdfp4__PageCommit pc = BDFP4__PAGE_COMMIT__INIT;
-	Bdfp4__PageFree pf = BDFP4__PAGE_FREE__INIT;
-	Bdfp4__PageRef rf = BDFP4__PAGE_REF__INIT;
-	Bdfp4__SlotAssign sa = BDFP4__SLOT_ASSIGN__INIT;
-	Bdfp4__SlotRelease sr = BDFP4__SLOT_RELEASE__INIT;
-	Bdfp4__RequestRelease rr = BDFP4__REQUEST_RELEASE__INIT;
-	Bdfp4__OwnerReclaim orc = BDFP4__OWNER_RECLAIM__INIT;
-	Bdfp4__StatsQuery sq = BDFP4__STATS_QUERY__INIT;
-	Bdfp4__RequestsQuery rq = BDFP4__REQUESTS_QUERY__INIT;
+	static const uint32_t count_mod[BD_POOL_OP_COUNT] = {
+		[BD_POOL_OP_PAGE_ALLOC] = PPR + 2, [BD_POOL_OP_STATS] = 256,
+	};
+	static const int32_t index_mod[BD_POOL_OP_COUNT] = {
+		[BD_POOL_OP_PAGE_COMMIT] = N_PAGES + 2, [BD_POOL_OP_SLOT_RELEASE] = N_SLOTS + 2,
+	};
+	struct bd_pool_op op = { 0 };
 	int32_t pages[16];
-	size_t n_pages = 0;
 	uint8_t frame[512];
-	uint8_t op, id, owner, arg;
+	ssize_t len;
 
 	if (n < 4)
 		return;
-	op = b[0] % 12;
-	id = b[1] % (N_REQ + 1); /* 0 is invalid on purpose */
-	owner = b[2] % 3;
-	arg = b[3];
-	for (size_t i = 4; i < n && n_pages < 16; i++)
-		pages[n_pages++] = (int32_t)(b[i] % (N_PAGES + 2)) - 1; /* -1 and N_PAGES too */
-	switch (op) {
-	case 0: pa.request_id = id; pa.owner = owner; pa.n = arg % (PPR + 2);
-		req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_ALLOC; req.page_alloc = &pa; break;
-	case 1: pr.request_id = id; pr.owner = owner;
-		req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_RESERVE; req.page_reserve = &pr; break;
-	case 2: pc.request_id = id; pc.page = (int32_t)(arg % (N_PAGES + 2)) - 1;
-		req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_COMMIT; req.page_commit = &pc; break;
-	case 3: pf.request_id = id; pf.pages = pages; pf.n_pages = n_pages;
-		req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_FREE; req.page_free = &pf; break;
-	case 4: rf.request_id = id; rf.owner = owner; rf.pages = pages; rf.n_pages = n_pages;
-		req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_REF; req.page_ref = &rf; break;
-	case 5: sa.request_id = id; sa.owner = owner;
-		req.op_case = BDFP4__POOL_REQUEST__OP_SLOT_ASSIGN; req.slot_assign = &sa; break;
-	case 6: sr.request_id = id; sr.slot = (int32_t)(arg % (N_SLOTS + 2)) - 1;
-		req.op_case = BDFP4__POOL_REQUEST__OP_SLOT_RELEASE; req.slot_release = &sr; break;
-	case 7: rr.request_id = id;
-		req.op_case = BDFP4__POOL_REQUEST__OP_REQUEST_RELEASE; req.request_release = &rr;
-		break;
-	case 8: orc.owner = owner;
-		req.op_case = BDFP4__POOL_REQUEST__OP_OWNER_RECLAIM; req.owner_reclaim = &orc;
-		break;
-	case 9: sq.top = arg;
-		req.op_case = BDFP4__POOL_REQUEST__OP_STATS; req.stats = &sq; break;
-	case 10: req.op_case = BDFP4__POOL_REQUEST__OP_REQUESTS; req.requests = &rq; break;
-	default: break; /* nothing set: an unknown type */
+	op.kind = (enum bd_pool_op_kind)((b[0] % 12 + 1) % 12); /* 0 → PAGE_ALLOC ... 11 → NONE */
+	op.request_id = b[1] % (N_REQ + 1); /* 0 is invalid on purpose */
+	op.owner = b[2] % 3;
+	if (count_mod[op.kind])
+		op.n = b[3] % count_mod[op.kind];
+	if (index_mod[op.kind])
+		op.index = (int32_t)(b[3] % index_mod[op.kind]) - 1; /* -1 and one past the end */
+	if (op.kind == BD_POOL_OP_PAGE_FREE || op.kind == BD_POOL_OP_PAGE_REF) {
+		for (size_t i = 4; i < n && op.n_pages < 16; i++)
+			pages[op.n_pages++] = (int32_t)(b[i] % (N_PAGES + 2)) - 1; /* -1, N_PAGES */
+		op.pages = pages;
 	}
-	if (bdfp4__pool_request__get_packed_size(&req) > sizeof(frame))
-		return;
-	handle(h, frame, bdfp4__pool_request__pack(&req, frame));
+	len = bd_pool_op_pack(&op, frame, sizeof(frame));
+	if (len < 0)
+		abort();
+	if ((size_t)len <= sizeof(frame))
+		handle(h, frame, (size_t)len);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

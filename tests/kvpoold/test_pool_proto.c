@@ -40,18 +40,20 @@ static Bdfp4__PoolReply *raw(const void *frame, size_t len)
 	return rep;
 }
 
-static Bdfp4__PoolReply *send_req(const Bdfp4__PoolRequest *req, uint8_t **ret_frame,
-				  size_t *ret_len)
+/* Packs op (bd_pool_op_pack), hands the frame to the handler, returns the decoded reply;
+ * the frame goes to *ret_frame (caller frees) when ret_frame is not NULL. */
+static Bdfp4__PoolReply *send_op(struct bd_pool_op op, uint8_t **ret_frame, size_t *ret_len)
 {
-	size_t n = bdfp4__pool_request__get_packed_size(req);
+	ssize_t n = bd_pool_op_pack(&op, NULL, 0);
 	uint8_t *b = malloc(n + 1);
 	Bdfp4__PoolReply *rep;
 
-	bdfp4__pool_request__pack(req, b);
-	rep = raw(b, n);
+	cr_assert_gt(n, 0);
+	cr_assert_eq(bd_pool_op_pack(&op, b, (size_t)n), n);
+	rep = raw(b, (size_t)n);
 	if (ret_frame) {
 		*ret_frame = b;
-		*ret_len = n;
+		*ret_len = (size_t)n;
 	} else {
 		free(b);
 	}
@@ -60,29 +62,16 @@ static Bdfp4__PoolReply *send_req(const Bdfp4__PoolRequest *req, uint8_t **ret_f
 
 static Bdfp4__PoolReply *alloc_pages(uint64_t id, uint64_t owner, uint32_t n)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageAlloc op = BDFP4__PAGE_ALLOC__INIT;
-
-	op.request_id = id;
-	op.owner = owner;
-	op.n = n;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_ALLOC;
-	req.page_alloc = &op;
-	return send_req(&req, NULL, NULL);
+	return send_op((struct bd_pool_op){ BD_POOL_OP_PAGE_ALLOC, id, owner, .n = n }, NULL,
+		       NULL);
 }
 
 static Bdfp4__PoolReply *free_pages(uint64_t id, int32_t *pages, size_t n, uint8_t **frame,
 				    size_t *len)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__PageFree op = BDFP4__PAGE_FREE__INIT;
-
-	op.request_id = id;
-	op.pages = pages;
-	op.n_pages = n;
-	req.op_case = BDFP4__POOL_REQUEST__OP_PAGE_FREE;
-	req.page_free = &op;
-	return send_req(&req, frame, len);
+	return send_op((struct bd_pool_op){ BD_POOL_OP_PAGE_FREE, id, .pages = pages,
+					    .n_pages = n },
+		       frame, len);
 }
 
 static void expect_error(Bdfp4__PoolReply *rep, int code)
@@ -225,9 +214,6 @@ Test(pool_proto, garbage_unknown_and_oversize)
 
 Test(pool_proto, stats_and_requests)
 {
-	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
-	Bdfp4__StatsQuery sq = BDFP4__STATS_QUERY__INIT;
-	Bdfp4__RequestsQuery rq = BDFP4__REQUESTS_QUERY__INIT;
 	Bdfp4__PoolReply *rep;
 	struct bd_pool_device dev[1] = { { .rank = 0, .device = -1, .attached = 2 } };
 	struct bd_kvpool_info info = { .backend = "cpu", .kv_config = "bitdecoding-nvfp4",
@@ -237,9 +223,7 @@ Test(pool_proto, stats_and_requests)
 	H.info = &info;
 	bdfp4__pool_reply__free_unpacked(alloc_pages(10, 1, 2), NULL);
 	bdfp4__pool_reply__free_unpacked(alloc_pages(20, 2, 5), NULL);
-	req.op_case = BDFP4__POOL_REQUEST__OP_STATS;
-	req.stats = &sq;
-	rep = send_req(&req, NULL, NULL);
+	rep = send_op((struct bd_pool_op){ BD_POOL_OP_STATS }, NULL, NULL);
 	cr_assert_eq(rep->error, BDFP4__POOL_ERROR__POOL_OK);
 	cr_assert_not_null(rep->stats);
 	cr_expect_eq(rep->stats->pages_total, 16);
@@ -254,9 +238,7 @@ Test(pool_proto, stats_and_requests)
 	cr_expect_eq(rep->stats->devices[0]->attached, 2);
 	bdfp4__pool_reply__free_unpacked(rep, NULL);
 
-	req.op_case = BDFP4__POOL_REQUEST__OP_REQUESTS;
-	req.requests = &rq;
-	rep = send_req(&req, NULL, NULL);
+	rep = send_op((struct bd_pool_op){ BD_POOL_OP_REQUESTS }, NULL, NULL);
 	cr_assert_eq(rep->n_requests, 2);
 	cr_expect_eq(rep->requests[0]->request_id, 10);
 	cr_expect_eq(rep->requests[0]->pages, 2);
