@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-/* ---- building blocks (exported for tests and the other backends) ---------------------------- */
+/* ---- building blocks (exported for tests and the other backends) --------------------------- */
 
 /* RMSNorm: y_i = x_i / sqrt(mean(x²) + eps) · w_i, the mean accumulated in double (as
  * llama.cpp does); x and y may alias. Returns 0, -EINVAL (NULL, n < 1, eps not > 0). */
@@ -36,7 +36,7 @@ int bd_rmsnorm(const float *x, const float *w, int n, float eps, float *ret_y);
 int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
 	    enum bd_rope_style style);
 
-/* ---- prefill and decode ------------------------------------------------------------------- */
+/* ---- prefill and decode -------------------------------------------------------------------- */
 
 /* Prefill an empty sequence with tokens [n] (ids < V): BF16-style causal attention over the
  * prompt, then the prompt's KV written through the cache's write path (sink, pages promoted
@@ -99,7 +99,7 @@ int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token,
 int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 			  const int32_t *tokens, int n, float *ret_logits, int *ret_status);
 
-/* ---- generation -------------------------------------------------------------------------- */
+/* ---- generation ---------------------------------------------------------------------------- */
 
 struct bd_sampler_params; /* bd_sampler.h */
 

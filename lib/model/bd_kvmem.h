@@ -38,7 +38,7 @@ struct bd_kvmem {
 	void *priv;           /* the implementation's state */
 };
 
-/* ---- the private arena ----------------------------------------------------------------------- */
+/* ---- the private arena --------------------------------------------------------------------- */
 
 /* A private in-process arena of lay->n_pages pages (allocated zeroed, 256-byte aligned) and
  * heap slots (zeroed). Pages are handed out lowest free id first. Returns 0, -EINVAL (NULL, no
@@ -49,7 +49,7 @@ int bd_kvmem_private_new(const struct bd_layout *lay, struct bd_kvmem **ret);
 /* Frees a private kvmem and its arena. NULL is a no-op. */
 void bd_kvmem_private_free(struct bd_kvmem *mem);
 
-/* ---- memory allocated by someone else ------------------------------------------------------- */
+/* ---- memory allocated by someone else ------------------------------------------------------ */
 
 /* KV memory allocated by someone else, which a worker only reads and writes. pages: an arena
  * laid out by lay (lay->n_pages pages); slots: n_slots slots of lay->slot_bytes back to back.

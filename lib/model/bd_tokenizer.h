@@ -1,11 +1,12 @@
 /* bd_tokenizer.h — byte-level BPE tokenizer (GPT-2 style) built from a GGUF file's
  * tokenizer.ggml.* metadata or a Hugging Face tokenizer.json, and the model's chat template.
+ * The public face of tokenizer.c (the BPE core), tokenizer_load.c (the two front ends), utf8.c
+ * (the stream decoder) and, for the chat functions, chat_template.c (bd_chat_template.h).
  *
  * Encoding: the text is cut at special-token text (only when the caller asks, see
  * BD_TOK_PARSE_SPECIAL), each remaining span is split into pre-tokens by the regexes that
- * tokenizer.ggml.pre names (PCRE2, UTF-8 with Unicode properties; libpcre2-8.so.0 is loaded
- * with dlopen() when the first tokenizer is built), each pre-token's bytes are
- * mapped to the 256 byte tokens and merged pair by pair, lowest merge rank first (leftmost on
+ * tokenizer.ggml.pre names (PCRE2, UTF-8 with Unicode properties, JIT-compiled where the
+ * library can), each pre-token's bytes are mapped to the 256 byte tokens and merged pair by pair, lowest merge rank first (leftmost on
  * ties), as Hugging Face tokenizers and llama.cpp do. Any byte string encodes, invalid UTF-8
  * included (invalid bytes become pre-tokens of their own), and decodes back to the same bytes,
  * except bytes the vocabulary has no token for: those are left out, as Hugging Face's BPE
@@ -30,6 +31,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "model/bd_chat_template.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,7 +84,7 @@ enum {
  *   -EBADMSG  a key missing or of the wrong type, an empty vocabulary, a token type array of
  *             another length, a merge that is not "A B" with A, B and AB in the vocabulary, a
  *             special id out of range
- *   -ELIBACC  libpcre2-8.so.0 cannot be loaded (-ELIBBAD: it lacks a function)
+ *   -EIO      PCRE2 rejects a pre-tokenizer regex
  *   -ENOMEM
  * On error *ret is not written. */
 int bd_tokenizer_new_from_gguf(const struct bd_gguf *g, struct bd_tokenizer **ret, char *ret_err);
@@ -97,7 +100,7 @@ int bd_tokenizer_new_from_gguf(const struct bd_gguf *g, struct bd_tokenizer **re
  * ret_err as bd_tokenizer_new_from_gguf(). Returns 0 and *ret, or -EINVAL (NULL),
  * -errno of fopen(3) (e.g. -ENOENT), -EBADMSG (not JSON, a field of the wrong type, a merge
  * or special token not in the vocabulary), -ENOTSUP (another model, normalizer or
- * pre-tokenizer), -EIO (PCRE2 rejects a Split regex), -ELIBACC, -ENOMEM; on error *ret is
+ * pre-tokenizer), -EIO (PCRE2 rejects a Split regex), -ENOMEM; on error *ret is
  * not written. */
 int bd_tokenizer_new_from_json(const char *tokenizer_json, const char *config_json,
 			       struct bd_tokenizer **ret, char *ret_err);
@@ -195,19 +198,9 @@ int bd_tokenizer_stream_flush(struct bd_tok_stream *s, char *buf, size_t cap, si
 
 /* ---- chat template ----------------------------------------------------------------------- */
 
-/* One chat message; role and content are NUL-terminated UTF-8 (any text: both are encoded
- * literally, so "<|im_start|>" in them never becomes a special token). */
-struct bd_chat_msg {
-	const char *role;    /* "system", "user", "assistant", … */
-	const char *content;
-};
-
-/* Whether the model's tokenizer.chat_template is a family this file implements: 0, or
- * -ENOTSUP (no template, or one not recognized; ret_err says which), -EINVAL (NULL).
- * Recognized: ChatML, <|im_start|>role\ncontent<|im_end|>\n per message, an optional default
- * system message before a first message that is not a system one (SmolLM2's template), and
- * <|im_start|>assistant\n as the generation prompt. The Jinja text is matched block by block,
- * not executed. */
+/* Whether the model's chat template is one bd_chat_template_new() recognizes (the ChatML
+ * family; bd_chat_template.h): 0, or -ENOTSUP (no template, or one not recognized; ret_err
+ * says which), -EINVAL (NULL). */
 int bd_tokenizer_chat_check(const struct bd_tokenizer *tok, char *ret_err);
 
 /* Apply the chat template to msgs[n] (n ≥ 0) and encode the result: the template's markers are

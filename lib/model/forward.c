@@ -16,7 +16,7 @@
 
 #define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
 
-/* ---- building blocks ---------------------------------------------------------------------- */
+/* ---- building blocks ----------------------------------------------------------------------- */
 
 int bd_rmsnorm(const float *x, const float *w, int n, float eps, float *ret_y)
 {

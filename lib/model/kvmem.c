@@ -7,7 +7,7 @@
 
 #include "model/bd_kvmem.h"
 
-/* ---- the private arena ------------------------------------------------------------------------ */
+/* ---- the private arena --------------------------------------------------------------------- */
 
 /* The kvmem and its page map in one allocation (priv points back at it). */
 struct private_mem {
@@ -88,7 +88,7 @@ void bd_kvmem_private_free(struct bd_kvmem *mem)
 	free(mem->priv);
 }
 
-/* ---- memory allocated by someone else ------------------------------------------------------- */
+/* ---- memory allocated by someone else ------------------------------------------------------ */
 
 /* The router owns allocation; the step plan names the slot and pages, the worker queues them
  * here, and the sequence draws them as it goes. */

@@ -14,7 +14,7 @@
 
 #define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
 
-/* ---- the tensors ------------------------------------------------------------------------------ */
+/* ---- the tensors --------------------------------------------------------------------------- */
 
 static bool hp_ok(const struct bd_model_hparams *hp)
 {
@@ -184,7 +184,7 @@ static int for_each_tensor(struct bd_model *m, tensor_fn fn, void *ctx)
 	return 0;
 }
 
-/* ---- allocation ------------------------------------------------------------------------------ */
+/* ---- allocation ---------------------------------------------------------------------------- */
 
 /* Hands out each tensor's floats from base (NULL: only counts them in *cursor). */
 struct carver {
@@ -249,7 +249,7 @@ void bd_model_free(struct bd_model *m)
 	free(m);
 }
 
-/* ---- GGUF loading ----------------------------------------------------------------------------- */
+/* ---- GGUF loading -------------------------------------------------------------------------- */
 
 /* Dequantize rows r0 .. r0+nr−1, columns c0 .. c0+nc−1 of tensor `name`, of shape
  * {cols, rows} (rows = 0: a vector of cols; rows_at_least: the tensor may have more rows),
@@ -369,7 +369,7 @@ int bd_model_load(const char *path, struct bd_model **ret, char *ret_err)
 	return bd_model_load_shard(path, 0, 1, ret, ret_err);
 }
 
-/* ---- shards of a model in memory ------------------------------------------------------------- */
+/* ---- shards of a model in memory ----------------------------------------------------------- */
 
 /* Copies the shard's block of each tensor out of the whole model. */
 static int copy_tensor(void *ctx, struct bd_model *m, const struct tensor *t)

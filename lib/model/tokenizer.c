@@ -1,39 +1,28 @@
-/* tokenizer.c — byte-level BPE from GGUF metadata or tokenizer.json, decoding, streaming and
- * the chat template (bd_tokenizer.h).
+/* tokenizer.c — byte-level BPE: the tokenizer built from a front end's spec, its vocabulary,
+ * encoding (pre-tokenizer regexes, then merges lowest rank first), decoding, and the chat
+ * functions that encode a template's output (bd_tokenizer.h). The front ends are
+ * tokenizer_load.c, the template engine chat_template.c, the stream decoder utf8.c.
  *
- * Programs that link this file need -lpcre2-8 (pre-tokenizer regexes) and -ljansson
- * (tokenizer.json).
+ * Programs that link this file need -lpcre2-8 (pre-tokenizer regexes).
  */
-#include <ctype.h>
 #include <errno.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
-#include <jansson.h>
 
-#include "formats/bd_gguf.h"
-#include "model/bd_tokenizer.h"
+#include "base/bd_err.h"
+#include "model/bd_chat_template.h"
+#include "model/bd_tokenizer_spec.h"
+#include "model/bd_utf8.h"
 
-#define MAX_RE 4          /* regexes applied in sequence by one pre-tokenizer */
 #define HEAP_NONE UINT32_MAX
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int code, const char *fmt, ...)
-{
-	if (err) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, BD_TOKENIZER_ERR_MAX, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
+#define fail(err, code, ...) bd_errf((err), BD_TOKENIZER_ERR_MAX, (code), __VA_ARGS__)
 
-/* ---- growable arrays --------------------------------------------------------------------- */
+/* ---- growable arrays ----------------------------------------------------------------------- */
 
 struct ivec {
 	int32_t *v;
@@ -78,32 +67,7 @@ static int bbuf_put(struct bbuf *b, const void *s, size_t n)
 	return 0;
 }
 
-/* ---- the tokenizer ----------------------------------------------------------------------- */
-
-enum term_kind { T_LIT, T_ROLE, T_CONTENT };
-
-struct term {
-	enum term_kind kind;
-	char *s; /* T_LIT: template text (special tokens in it are recognized) */
-	size_t len;
-};
-
-struct terms {
-	struct term *t;
-	size_t n;
-};
-
-/* A recognized chat template: per message, the default system text before a first message
- * that is not a system one, and the generation prompt. */
-struct chat_tpl {
-	struct terms prefix;   /* once, before the loop */
-	struct terms def_sys;  /* literals only; n == 0: none */
-	bool has_def_sys;
-	struct terms body;     /* per message */
-	struct terms suffix;   /* once, after the loop */
-	struct terms gen;      /* if add_generation_prompt */
-	struct terms tail;     /* once, at the end */
-};
+/* ---- the tokenizer ------------------------------------------------------------------------- */
 
 struct merge_ent {
 	uint64_t key; /* left id << 32 | right id; UINT64_MAX: empty */
@@ -128,7 +92,7 @@ struct bd_tokenizer {
 	int32_t byte_id[256];      /* the token of each single byte; −1: none */
 	uint16_t byte_cp[256];     /* the character standing for each byte */
 
-	pcre2_code *re[MAX_RE];
+	pcre2_code *re[BD_TOK_MAX_RE];
 	int n_re;
 	bool ignore_merges;        /* a pre-token that is a whole token is not merged (Llama 3) */
 
@@ -141,8 +105,8 @@ struct bd_tokenizer {
 	bool fuse_unk;             /* one unk for a run of them */
 	bool add_bos, add_eos;
 
-	struct chat_tpl *chat;     /* NULL: chat_err says why */
-	char chat_err[BD_TOKENIZER_ERR_MAX];
+	struct bd_chat_template *chat; /* NULL: chat_err says why */
+	char chat_err[BD_CHAT_ERR_MAX];
 };
 
 static const char *tok_text(const struct bd_tokenizer *t, int32_t id, size_t *len)
@@ -202,7 +166,7 @@ static const struct merge_ent *merge_lookup(const struct bd_tokenizer *t, int32_
 	}
 }
 
-/* ---- GPT-2 byte ↔ unicode map ------------------------------------------------------------ */
+/* ---- GPT-2 byte ↔ unicode map -------------------------------------------------------------- */
 
 #define BYTE_CP_END 0x144 /* the mapped characters are below U+0144 */
 
@@ -221,82 +185,25 @@ static void byte_map(uint16_t cp[256], int16_t inv[BYTE_CP_END])
 		inv[cp[b]] = (int16_t)b;
 }
 
-static size_t put_utf8(char *out, uint32_t cp)
+/* ---- construction -------------------------------------------------------------------------- */
+
+void bd_tokenizer_free(struct bd_tokenizer *t)
 {
-	if (cp < 0x80) {
-		out[0] = (char)cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		out[0] = (char)(0xc0 | cp >> 6);
-		out[1] = (char)(0x80 | (cp & 0x3f));
-		return 2;
-	}
-	out[0] = (char)(0xe0 | cp >> 12);
-	out[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-	out[2] = (char)(0x80 | (cp & 0x3f));
-	return 3;
-}
-
-/* Decode one UTF-8 character of s[n] (valid, shortest form); returns its length or 0. */
-static size_t get_utf8(const char *s, size_t n, uint32_t *cp)
-{
-	const uint8_t *u = (const uint8_t *)s;
-	if (n >= 1 && u[0] < 0x80) {
-		*cp = u[0];
-		return 1;
-	}
-	if (n >= 2 && u[0] >= 0xc2 && u[0] <= 0xdf && (u[1] & 0xc0) == 0x80) {
-		*cp = (uint32_t)(u[0] & 0x1f) << 6 | (u[1] & 0x3f);
-		return 2;
-	}
-	if (n >= 3 && (u[0] & 0xf0) == 0xe0 && (u[1] & 0xc0) == 0x80 && (u[2] & 0xc0) == 0x80) {
-		uint32_t c = (uint32_t)(u[0] & 0x0f) << 12 | (uint32_t)(u[1] & 0x3f) << 6 |
-			     (u[2] & 0x3f);
-		if (c < 0x800 || (c >= 0xd800 && c <= 0xdfff))
-			return 0;
-		*cp = c;
-		return 3;
-	}
-	return 0; /* 4-byte characters are never byte-map characters */
-}
-
-/* ---- pre-tokenizers ---------------------------------------------------------------------- */
-
-#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define RE_LLAMA3_HEAD "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-#define RE_LLAMA3_TAIL "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-
-/* tokenizer.ggml.pre values, as llama.cpp's converter writes them, and their regexes (the
- * tokenizer.json pre_tokenizer of each family). Each regex splits every piece the previous
- * one produced; text between matches is kept as pieces too. */
-static const struct pre_def {
-	const char *names;      /* '|'-separated */
-	const char *re[MAX_RE];
-	bool ignore_merges;
-} pre_defs[] = {
-	/* Digits(individual_digits) then the GPT-2 ByteLevel regex: SmolLM, StarCoder */
-	{ "smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b",
-	  { "\\p{N}", RE_GPT2 }, false },
-	{ "default|gpt-2|gpt2|phi-2|jina-es|jina-de|poro-chat|olmo|mpt|jais", { RE_GPT2 }, false },
-	{ "llama3|llama-v3|llama-bpe|falcon3",
-	  { RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL }, true },
-	{ "qwen2|stablelm2|deepseek-r1-qwen|megrez", { RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL },
-	  false },
-};
-
-static const struct pre_def *find_pre(const char *s, size_t n)
-{
-	for (size_t i = 0; i < sizeof(pre_defs) / sizeof(pre_defs[0]); i++) {
-		const char *p = pre_defs[i].names;
-		while (*p) {
-			size_t l = strcspn(p, "|");
-			if (l == n && memcmp(p, s, n) == 0)
-				return &pre_defs[i];
-			p += l + (p[l] == '|');
-		}
-	}
-	return NULL;
+	if (!t)
+		return;
+	for (int i = 0; i < t->n_re; i++)
+		pcre2_code_free(t->re[i]);
+	free(t->text);
+	free(t->text_off);
+	free(t->bytes);
+	free(t->bytes_off);
+	free(t->type);
+	free(t->eog);
+	free(t->vocab_ht);
+	free(t->merge_ht);
+	free(t->special);
+	bd_chat_template_free(t->chat);
+	free(t);
 }
 
 static int compile_re(struct bd_tokenizer *t, const char *pat, size_t len, char *err)
@@ -317,515 +224,7 @@ static int compile_re(struct bd_tokenizer *t, const char *pat, size_t len, char 
 	return 0;
 }
 
-/* ---- chat template recognition ----------------------------------------------------------- */
-
-static void terms_free(struct terms *ts)
-{
-	for (size_t i = 0; i < ts->n; i++)
-		free(ts->t[i].s);
-	free(ts->t);
-	ts->t = NULL;
-	ts->n = 0;
-}
-
-static void chat_free(struct chat_tpl *c)
-{
-	if (!c)
-		return;
-	terms_free(&c->prefix);
-	terms_free(&c->def_sys);
-	terms_free(&c->body);
-	terms_free(&c->suffix);
-	terms_free(&c->gen);
-	terms_free(&c->tail);
-	free(c);
-}
-
-/* Append a term, joining adjacent literals. */
-static int terms_add(struct terms *ts, enum term_kind k, const char *s, size_t len)
-{
-	if (k == T_LIT && len == 0)
-		return 0;
-	if (k == T_LIT && ts->n && ts->t[ts->n - 1].kind == T_LIT) {
-		struct term *last = &ts->t[ts->n - 1];
-		char *p = realloc(last->s, last->len + len + 1);
-		if (!p)
-			return -ENOMEM;
-		memcpy(p + last->len, s, len);
-		last->len += len;
-		p[last->len] = '\0';
-		last->s = p;
-		return 0;
-	}
-	struct term *t = realloc(ts->t, (ts->n + 1) * sizeof(*t));
-	if (!t)
-		return -ENOMEM;
-	ts->t = t;
-	t[ts->n] = (struct term){ .kind = k };
-	if (k == T_LIT) {
-		t[ts->n].s = malloc(len + 1);
-		if (!t[ts->n].s)
-			return -ENOMEM;
-		memcpy(t[ts->n].s, s, len);
-		t[ts->n].s[len] = '\0';
-		t[ts->n].len = len;
-	}
-	ts->n++;
-	return 0;
-}
-
-/* Jinja expression tokens: identifiers, string literals (unescaped), punctuation. */
-enum jtok_kind { J_IDENT, J_STR, J_NUM, J_OP };
-
-struct jtok {
-	enum jtok_kind kind;
-	char *s;
-	size_t len;
-};
-
-struct jtoks {
-	struct jtok *t;
-	size_t n;
-};
-
-static void jtoks_free(struct jtoks *j)
-{
-	for (size_t i = 0; i < j->n; i++)
-		free(j->t[i].s);
-	free(j->t);
-	j->t = NULL;
-	j->n = 0;
-}
-
-static int jtoks_add(struct jtoks *j, enum jtok_kind k, const char *s, size_t len)
-{
-	struct jtok *t = realloc(j->t, (j->n + 1) * sizeof(*t));
-	if (!t)
-		return -ENOMEM;
-	j->t = t;
-	char *c = malloc(len + 1);
-	if (!c)
-		return -ENOMEM;
-	memcpy(c, s, len);
-	c[len] = '\0';
-	t[j->n++] = (struct jtok){ .kind = k, .s = c, .len = len };
-	return 0;
-}
-
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	c = (char)tolower((unsigned char)c);
-	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* Unescape a Jinja string literal body (Python escapes) into b. */
-static int unescape(const char *s, size_t n, struct bbuf *b)
-{
-	for (size_t i = 0; i < n; i++) {
-		char c = s[i];
-		if (c != '\\') {
-			if (bbuf_put(b, &c, 1) < 0)
-				return -ENOMEM;
-			continue;
-		}
-		if (++i == n)
-			return -ENOTSUP;
-		char o;
-		uint32_t cp = 0;
-		int digits = 0;
-		switch (s[i]) {
-		case 'n': o = '\n'; break;
-		case 't': o = '\t'; break;
-		case 'r': o = '\r'; break;
-		case '\\': o = '\\'; break;
-		case '\'': o = '\''; break;
-		case '"': o = '"'; break;
-		case 'x': digits = 2; break;
-		case 'u': digits = 4; break;
-		default: return -ENOTSUP;
-		}
-		if (!digits) {
-			if (bbuf_put(b, &o, 1) < 0)
-				return -ENOMEM;
-			continue;
-		}
-		for (int k = 0; k < digits; k++) {
-			if (i + 1 >= n || hexval(s[i + 1]) < 0)
-				return -ENOTSUP;
-			cp = cp << 4 | (uint32_t)hexval(s[++i]);
-		}
-		char u[4];
-		if (cp >= 0xd800 && cp <= 0xdfff)
-			return -ENOTSUP;
-		if (bbuf_put(b, u, put_utf8(u, cp)) < 0)
-			return -ENOMEM;
-	}
-	return 0;
-}
-
-/* Lex the inside of a tag. ".name" becomes "[ 'name' ]" so both spellings compare equal. */
-static int jlex(const char *s, size_t n, struct jtoks *out)
-{
-	size_t i = 0;
-	while (i < n) {
-		char c = s[i];
-		if (isspace((unsigned char)c)) {
-			i++;
-		} else if (isalpha((unsigned char)c) || c == '_') {
-			size_t j = i;
-			while (j < n && (isalnum((unsigned char)s[j]) || s[j] == '_'))
-				j++;
-			bool attr = out->n && out->t[out->n - 1].kind == J_OP &&
-				    strcmp(out->t[out->n - 1].s, ".") == 0;
-			if (attr) {
-				free(out->t[out->n - 1].s);
-				out->n--;
-				if (jtoks_add(out, J_OP, "[", 1) < 0 ||
-				    jtoks_add(out, J_STR, s + i, j - i) < 0 ||
-				    jtoks_add(out, J_OP, "]", 1) < 0)
-					return -ENOMEM;
-			} else if (jtoks_add(out, J_IDENT, s + i, j - i) < 0) {
-				return -ENOMEM;
-			}
-			i = j;
-		} else if (isdigit((unsigned char)c)) {
-			size_t j = i;
-			while (j < n && isdigit((unsigned char)s[j]))
-				j++;
-			if (jtoks_add(out, J_NUM, s + i, j - i) < 0)
-				return -ENOMEM;
-			i = j;
-		} else if (c == '\'' || c == '"') {
-			size_t j = i + 1;
-			while (j < n && s[j] != c)
-				j += s[j] == '\\' ? 2 : 1;
-			if (j >= n)
-				return -ENOTSUP;
-			struct bbuf b = { 0 };
-			int r = unescape(s + i + 1, j - i - 1, &b);
-			if (r == 0)
-				r = jtoks_add(out, J_STR, b.p ? b.p : "", b.n);
-			free(b.p);
-			if (r < 0)
-				return r;
-			i = j + 1;
-		} else {
-			size_t l = (i + 1 < n && s[i + 1] == '=' && strchr("!=<>", c)) ? 2 : 1;
-			if (jtoks_add(out, J_OP, s + i, l) < 0)
-				return -ENOMEM;
-			i += l;
-		}
-	}
-	return 0;
-}
-
-/* Whether the tag's tokens equal the tokens of pattern. */
-static bool jmatch(const struct jtoks *j, const char *pattern)
-{
-	struct jtoks p = { 0 };
-	bool eq = jlex(pattern, strlen(pattern), &p) == 0 && p.n == j->n;
-	for (size_t i = 0; eq && i < j->n; i++)
-		eq = p.t[i].kind == j->t[i].kind && p.t[i].len == j->t[i].len &&
-		     memcmp(p.t[i].s, j->t[i].s, j->t[i].len) == 0;
-	jtoks_free(&p);
-	return eq;
-}
-
-enum item_kind { I_RAW, I_OUT, I_STMT };
-
-struct item {
-	enum item_kind kind;
-	struct jtoks toks; /* I_OUT, I_STMT */
-	char *raw;         /* I_RAW: the text as rendered (whitespace control applied) */
-	size_t raw_len;
-};
-
-struct items {
-	struct item *v;
-	size_t n;
-};
-
-static void items_free(struct items *it)
-{
-	for (size_t i = 0; i < it->n; i++) {
-		jtoks_free(&it->v[i].toks);
-		free(it->v[i].raw);
-	}
-	free(it->v);
-}
-
-/* Cut the template into raw text, {{ }} and {% %} items ({# #} dropped), applying the whitespace
- * rules of transformers' Jinja environment: trim_blocks (the newline after a {% %} tag goes),
- * lstrip_blocks (spaces from a line start up to a {% tag go), and the '-' markers. */
-static int jsplit(const char *s, size_t n, struct items *out, char *err)
-{
-	size_t i = 0;
-	bool trim_next = false, strip_all_next = false;
-	while (i <= n) {
-		/* the next tag */
-		size_t t = i;
-		while (t + 1 < n && !(s[t] == '{' && s[t + 1] && strchr("{%#", s[t + 1])))
-			t++;
-		if (t + 1 >= n)
-			t = n;
-		char open = t < n ? s[t + 1] : 0;
-		bool lstrip_mark = t < n && t + 2 < n && s[t + 2] == '-';
-		/* raw text [i, t) */
-		size_t a = i, b = t;
-		if (strip_all_next)
-			while (a < b && isspace((unsigned char)s[a]))
-				a++;
-		else if (trim_next && a < b && s[a] == '\n')
-			a++;
-		if (lstrip_mark) {
-			while (b > a && isspace((unsigned char)s[b - 1]))
-				b--;
-		} else if (open == '%' || open == '#') {
-			size_t k = b;
-			while (k > a && (s[k - 1] == ' ' || s[k - 1] == '\t'))
-				k--;
-			if (k == 0 || s[k - 1] == '\n')
-				b = k;
-		}
-		if (b > a) {
-			struct item *v = realloc(out->v, (out->n + 1) * sizeof(*v));
-			if (!v)
-				return -ENOMEM;
-			out->v = v;
-			v[out->n] = (struct item){ .kind = I_RAW, .raw = malloc(b - a), .raw_len = b - a };
-			if (!v[out->n].raw)
-				return -ENOMEM;
-			memcpy(v[out->n].raw, s + a, b - a);
-			out->n++;
-		}
-		if (t >= n)
-			break;
-		const char *close = open == '{' ? "}}" : open == '%' ? "%}" : "#}";
-		size_t body = t + 2 + lstrip_mark, e = body;
-		while (e + 1 < n && !(s[e] == close[0] && s[e + 1] == close[1]))
-			e++;
-		if (e + 1 >= n)
-			return fail(err, -ENOTSUP, "chat template: unterminated tag at byte %zu", t);
-		bool rstrip_mark = e > body && s[e - 1] == '-';
-		if (open != '#') {
-			struct item it = { .kind = open == '{' ? I_OUT : I_STMT };
-			int r = jlex(s + body, e - rstrip_mark - body, &it.toks);
-			struct item *v = r < 0 ? NULL : realloc(out->v, (out->n + 1) * sizeof(*v));
-			if (!v) {
-				jtoks_free(&it.toks);
-				return r == -ENOTSUP ? fail(err, r, "chat template: a string literal "
-							    "at byte %zu is not understood", t)
-						     : -ENOMEM;
-			}
-			out->v = v;
-			v[out->n++] = it;
-		}
-		strip_all_next = rstrip_mark;
-		trim_next = open == '%' || open == '#';
-		i = e + 2;
-	}
-	return 0;
-}
-
-/* The output of a {{ }} tag: operand (+|~ operand)*, operands being string literals,
- * message['role'], message['content'], bos_token and eos_token. */
-static int parse_out(const struct bd_tokenizer *tk, const struct jtoks *j, struct terms *ts)
-{
-	size_t i = 0;
-	for (;;) {
-		if (i >= j->n)
-			return -ENOTSUP;
-		const struct jtok *a = &j->t[i];
-		int r;
-		if (a->kind == J_STR) {
-			r = terms_add(ts, T_LIT, a->s, a->len);
-			i++;
-		} else if (a->kind == J_IDENT && strcmp(a->s, "message") == 0 && i + 3 < j->n &&
-			   j->t[i + 1].kind == J_OP && strcmp(j->t[i + 1].s, "[") == 0 &&
-			   j->t[i + 2].kind == J_STR && j->t[i + 3].kind == J_OP &&
-			   strcmp(j->t[i + 3].s, "]") == 0 &&
-			   (strcmp(j->t[i + 2].s, "role") == 0 ||
-			    strcmp(j->t[i + 2].s, "content") == 0)) {
-			r = terms_add(ts, strcmp(j->t[i + 2].s, "role") == 0 ? T_ROLE : T_CONTENT,
-				      NULL, 0);
-			i += 4;
-		} else if (a->kind == J_IDENT &&
-			   (strcmp(a->s, "bos_token") == 0 || strcmp(a->s, "eos_token") == 0)) {
-			int32_t id = a->s[0] == 'b' ? tk->bos : tk->eos;
-			if (id < 0)
-				return -ENOTSUP;
-			size_t len;
-			const char *p = tok_text(tk, id, &len);
-			r = terms_add(ts, T_LIT, p, len);
-			i++;
-		} else {
-			return -ENOTSUP;
-		}
-		if (r < 0)
-			return r;
-		if (i == j->n)
-			return 0;
-		if (j->t[i].kind != J_OP || (strcmp(j->t[i].s, "+") && strcmp(j->t[i].s, "~")))
-			return -ENOTSUP;
-		i++;
-	}
-}
-
-/* Output items (raw text and {{ }}) from *pos up to the next statement. */
-static int parse_outs(const struct bd_tokenizer *tk, const struct items *it, size_t *pos,
-		      struct terms *ts)
-{
-	for (; *pos < it->n && it->v[*pos].kind != I_STMT; (*pos)++) {
-		const struct item *x = &it->v[*pos];
-		int r = x->kind == I_RAW ? terms_add(ts, T_LIT, x->raw, x->raw_len)
-					 : parse_out(tk, &x->toks, ts);
-		if (r < 0)
-			return r;
-	}
-	return 0;
-}
-
-static bool stmt_is(const struct items *it, size_t pos, const char *pattern)
-{
-	return pos < it->n && it->v[pos].kind == I_STMT && jmatch(&it->v[pos].toks, pattern);
-}
-
-static bool terms_literal(const struct terms *ts)
-{
-	for (size_t i = 0; i < ts->n; i++)
-		if (ts->t[i].kind != T_LIT)
-			return false;
-	return true;
-}
-
-/* Recognize the template (see bd_tokenizer_chat_check()). The accepted shape:
- *   [if not add_generation_prompt is defined; set add_generation_prompt = false; endif]
- *   literals
- *   for message in messages
- *     [if loop.first and messages[0]['role'] != 'system'; literals; endif]
- *     literals, message['role'], message['content'] in any order
- *   endfor
- *   literals
- *   [if add_generation_prompt; literals; endif]
- *   literals */
-static int chat_parse(const struct bd_tokenizer *tk, const char *s, size_t n,
-		      struct chat_tpl **ret, char *err)
-{
-	struct items it = { 0 };
-	struct chat_tpl *c = calloc(1, sizeof(*c));
-	int r = c ? jsplit(s, n, &it, err) : -ENOMEM;
-	if (r < 0)
-		goto out;
-	size_t p = 0;
-	r = -ENOTSUP;
-	if (stmt_is(&it, p, "if not add_generation_prompt is defined")) {
-		if (!stmt_is(&it, p + 1, "set add_generation_prompt = false") ||
-		    !stmt_is(&it, p + 2, "endif"))
-			goto unsupported;
-		p += 3;
-	}
-	if ((r = parse_outs(tk, &it, &p, &c->prefix)) < 0)
-		goto bad_out;
-	if (!stmt_is(&it, p++, "for message in messages"))
-		goto unsupported;
-	if (stmt_is(&it, p, "if loop.first and messages[0]['role'] != 'system'")) {
-		p++;
-		c->has_def_sys = true;
-		if ((r = parse_outs(tk, &it, &p, &c->def_sys)) < 0)
-			goto bad_out;
-		if (!terms_literal(&c->def_sys) || !stmt_is(&it, p++, "endif"))
-			goto unsupported;
-	}
-	if ((r = parse_outs(tk, &it, &p, &c->body)) < 0)
-		goto bad_out;
-	if (!stmt_is(&it, p++, "endfor"))
-		goto unsupported;
-	if ((r = parse_outs(tk, &it, &p, &c->suffix)) < 0)
-		goto bad_out;
-	if (stmt_is(&it, p, "if add_generation_prompt")) {
-		p++;
-		if ((r = parse_outs(tk, &it, &p, &c->gen)) < 0)
-			goto bad_out;
-		if (!stmt_is(&it, p++, "endif"))
-			goto unsupported;
-	}
-	if ((r = parse_outs(tk, &it, &p, &c->tail)) < 0)
-		goto bad_out;
-	if (p != it.n || !terms_literal(&c->prefix) || !terms_literal(&c->suffix) ||
-	    !terms_literal(&c->gen) || !terms_literal(&c->tail))
-		goto unsupported;
-	*ret = c;
-	c = NULL;
-	r = 0;
-	goto out;
-bad_out:
-	if (r != -ENOTSUP)
-		goto out;
-	r = fail(err, -ENOTSUP, "chat template: an output expression other than literals, "
-			       "message['role'], message['content'], bos_token, eos_token");
-	goto out;
-unsupported:
-	r = fail(err, -ENOTSUP, "chat template not recognized: only the ChatML shape (a loop "
-			       "over messages with an optional default system message and "
-			       "generation prompt) is implemented; item %zu differs", p);
-out:
-	items_free(&it);
-	chat_free(c);
-	return r;
-}
-
-/* ---- construction ------------------------------------------------------------------------ */
-
-void bd_tokenizer_free(struct bd_tokenizer *t)
-{
-	if (!t)
-		return;
-	for (int i = 0; i < t->n_re; i++)
-		pcre2_code_free(t->re[i]);
-	free(t->text);
-	free(t->text_off);
-	free(t->bytes);
-	free(t->bytes_off);
-	free(t->type);
-	free(t->eog);
-	free(t->vocab_ht);
-	free(t->merge_ht);
-	free(t->special);
-	chat_free(t->chat);
-	free(t);
-}
-
-/* What a front end (GGUF metadata, tokenizer.json) gathers; build() makes the tokenizer from
- * it. Strings point into the front end's data and need to live only during build(). */
-struct spec {
-	size_t n_vocab;
-	const struct bd_gguf_str *tok;  /* [n_vocab] */
-	struct bd_gguf_str *tok_owned;  /* tok when the front end made it */
-	uint8_t *type;                  /* [n_vocab] enum bd_token_type */
-	size_t n_merges;
-	struct bd_gguf_str (*merge)[2]; /* [n_merges] pairs, by rank */
-	const char *merges_key;         /* names the merges in messages */
-	struct bd_gguf_str re[MAX_RE];  /* pre-tokenizer regexes, in order */
-	int n_re;
-	bool ignore_merges;
-	int64_t bos, eos, pad, unk;     /* −1: none */
-	bool fuse_unk;
-	bool add_bos, add_eos;
-	bool has_tpl;
-	struct bd_gguf_str tpl;
-	const char *no_tpl;             /* why there is no template, for chat_err */
-};
-
-static void spec_free(struct spec *sp)
-{
-	free(sp->tok_owned);
-	free(sp->type);
-	free(sp->merge);
-}
-
-static int load_vocab(struct bd_tokenizer *t, const struct spec *sp)
+static int load_vocab(struct bd_tokenizer *t, const struct bd_tokenizer_spec *sp)
 {
 	size_t n = sp->n_vocab, total = 0;
 	int16_t inv[BYTE_CP_END];
@@ -863,7 +262,7 @@ static int load_vocab(struct bd_tokenizer *t, const struct spec *sp)
 		size_t bstart = boff;
 		for (size_t k = 0; mapped && k < s->len;) {
 			uint32_t cp;
-			size_t l = get_utf8(s->s + k, s->len - k, &cp);
+			size_t l = bd_utf8_get_bmp(s->s + k, s->len - k, &cp);
 			int b = l && cp < BYTE_CP_END ? inv[cp] : -1;
 			if (b < 0) {
 				mapped = false;
@@ -898,14 +297,14 @@ static int load_vocab(struct bd_tokenizer *t, const struct spec *sp)
 
 	for (unsigned b = 0; b < 256; b++) {
 		char u[3];
-		size_t l = put_utf8(u, t->byte_cp[b]);
+		size_t l = bd_utf8_put_bmp(u, t->byte_cp[b]);
 		int32_t id = vocab_lookup(t, u, l);
 		t->byte_id[b] = id < 0 ? -1 : id; /* SmolLM2 lacks 21 of them */
 	}
 	return 0;
 }
 
-static int load_merges(struct bd_tokenizer *t, const struct spec *sp, char *err)
+static int load_merges(struct bd_tokenizer *t, const struct bd_tokenizer_spec *sp, char *err)
 {
 	size_t n = sp->n_merges;
 	t->merge_mask = pow2_above(n) - 1;
@@ -994,7 +393,8 @@ static int check_id(int64_t v, const char *what, size_t n, int32_t *ret, char *e
 	return 0;
 }
 
-static int build(const struct spec *sp, struct bd_tokenizer **ret, char *err)
+int bd_tokenizer_build(const struct bd_tokenizer_spec *sp, struct bd_tokenizer **ret,
+		       char *err)
 {
 	if (sp->n_vocab == 0 || sp->n_vocab > INT32_MAX / 2)
 		return fail(err, -EBADMSG, "the vocabulary holds %zu tokens", sp->n_vocab);
@@ -1027,10 +427,18 @@ static int build(const struct spec *sp, struct bd_tokenizer **ret, char *err)
 
 	/* The chat template is checked here once; a template we cannot apply is no error
 	 * until a chat function is called. */
-	if (!sp->has_tpl)
-		fail(t->chat_err, -ENOTSUP, "%s", sp->no_tpl);
-	else if ((r = chat_parse(t, sp->tpl.s, sp->tpl.len, &t->chat, t->chat_err)) == -ENOMEM)
-		goto fail;
+	if (!sp->has_tpl) {
+		bd_errf(t->chat_err, sizeof(t->chat_err), -ENOTSUP, "%s", sp->no_tpl);
+	} else {
+		struct bd_chat_specials cs = { 0 };
+		if (t->bos >= 0)
+			cs.bos = tok_text(t, t->bos, &cs.bos_len);
+		if (t->eos >= 0)
+			cs.eos = tok_text(t, t->eos, &cs.eos_len);
+		r = bd_chat_template_new(sp->tpl.s, sp->tpl.len, &cs, &t->chat, t->chat_err);
+		if (r == -ENOMEM)
+			goto fail;
+	}
 	*ret = t;
 	return 0;
 fail:
@@ -1040,418 +448,7 @@ fail:
 	return r;
 }
 
-/* ---- from GGUF metadata ------------------------------------------------------------------ */
-
-static int get_array(const struct bd_gguf *g, const char *key, bool strings, bool need,
-		     const struct bd_gguf_kv **ret, char *err)
-{
-	const struct bd_gguf_kv *kv = bd_gguf_find_kv(g, key);
-	*ret = NULL;
-	if (!kv)
-		return need ? fail(err, -EBADMSG, "%s is missing", key) : 0;
-	bool ok = kv->type == BD_GGUF_ARRAY;
-	if (ok && strings)
-		ok = kv->arr_type == BD_GGUF_STRING;
-	else if (ok)
-		ok = kv->arr_type <= BD_GGUF_INT32 || kv->arr_type == BD_GGUF_UINT64 ||
-		     kv->arr_type == BD_GGUF_INT64;
-	if (!ok)
-		return fail(err, -EBADMSG, "%s is a %s, not an array of %s", key,
-			    bd_gguf_type_name(kv->type == BD_GGUF_ARRAY ? (int)kv->arr_type
-									 : (int)kv->type),
-			    strings ? "strings" : "integers");
-	*ret = kv;
-	return 0;
-}
-
-static int get_opt_id(const struct bd_gguf *g, const char *key, int64_t *ret, char *err)
-{
-	int r = bd_gguf_get_int(g, key, ret);
-	if (r == -ENOENT) {
-		*ret = -1;
-		return 0;
-	}
-	return r < 0 ? fail(err, -EBADMSG, "%s is not an integer", key) : 0;
-}
-
-static int get_opt_bool(const struct bd_gguf *g, const char *key, bool *ret, char *err)
-{
-	int r = bd_gguf_get_bool(g, key, ret);
-	if (r == -ENOENT) {
-		*ret = false;
-		return 0;
-	}
-	return r < 0 ? fail(err, -EBADMSG, "%s is not a bool", key) : 0;
-}
-
-static int gguf_spec(const struct bd_gguf *g, struct spec *sp, char *err)
-{
-	struct bd_gguf_str model, pre;
-	int r = bd_gguf_get_str(g, "tokenizer.ggml.model", &model);
-	if (r < 0)
-		return fail(err, -EBADMSG, "tokenizer.ggml.model is %s",
-			    r == -ENOENT ? "missing" : "not a string");
-	if (model.len != 4 || memcmp(model.s, "gpt2", 4) != 0)
-		return fail(err, -ENOTSUP, "tokenizer model \"%.*s\": only byte-level BPE "
-			    "(\"gpt2\") is implemented", (int)(model.len > 32 ? 32 : model.len),
-			    model.s);
-	r = bd_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
-	if (r < 0 && r != -ENOENT)
-		return fail(err, -EBADMSG, "tokenizer.ggml.pre is not a string");
-	if (r == -ENOENT)
-		pre = (struct bd_gguf_str){ "default", 7 };
-	const struct pre_def *pd = find_pre(pre.s, pre.len);
-	if (!pd)
-		return fail(err, -ENOTSUP, "pre-tokenizer \"%.*s\" is not known",
-			    (int)(pre.len > 32 ? 32 : pre.len), pre.s);
-	for (int i = 0; i < MAX_RE && pd->re[i]; i++)
-		sp->re[sp->n_re++] = (struct bd_gguf_str){ pd->re[i], strlen(pd->re[i]) };
-	sp->ignore_merges = pd->ignore_merges;
-
-	const struct bd_gguf_kv *toks, *types, *merges;
-	if ((r = get_array(g, "tokenizer.ggml.tokens", true, true, &toks, err)) < 0 ||
-	    (r = get_array(g, "tokenizer.ggml.token_type", false, false, &types, err)) < 0 ||
-	    (r = get_array(g, "tokenizer.ggml.merges", true, true, &merges, err)) < 0)
-		return r;
-	size_t n = toks->n;
-	if (types && types->n != n)
-		return fail(err, -EBADMSG, "tokenizer.ggml.token_type has %llu entries for %zu "
-			    "tokens", (unsigned long long)types->n, n);
-	sp->n_vocab = n;
-	sp->tok = toks->strs;
-	sp->type = malloc(n ? n : 1);
-	sp->n_merges = merges->n;
-	sp->merge = malloc((merges->n ? merges->n : 1) * sizeof(*sp->merge));
-	sp->merges_key = "tokenizer.ggml.merges";
-	if (!sp->type || !sp->merge)
-		return fail(err, -ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++) {
-		int64_t ty = BD_TOKEN_NORMAL;
-		if (types && (bd_gguf_arr_int(types, i, &ty) < 0 || ty < 0 || ty > BD_TOKEN_BYTE))
-			return fail(err, -EBADMSG, "tokenizer.ggml.token_type[%zu] is not a type",
-				    i);
-		sp->type[i] = (uint8_t)ty;
-	}
-	for (size_t i = 0; i < merges->n; i++) {
-		const struct bd_gguf_str *m = &merges->strs[i];
-		const char *s = m->len > 1 ? memchr(m->s + 1, ' ', m->len - 1) : NULL;
-		if (!s || s + 1 == m->s + m->len)
-			return fail(err, -EBADMSG, "tokenizer.ggml.merges[%zu] is not \"A B\"", i);
-		sp->merge[i][0] = (struct bd_gguf_str){ m->s, (size_t)(s - m->s) };
-		sp->merge[i][1] = (struct bd_gguf_str){ s + 1, m->len - (size_t)(s - m->s) - 1 };
-	}
-	/* tokenizer.ggml.unknown_token_id is not used: Hugging Face's byte-level BPE, which
-	 * the GGUF converters read, has no unknown token (SmolLM2: bytes without a token are
-	 * left out) */
-	sp->unk = -1;
-	if ((r = get_opt_id(g, "tokenizer.ggml.bos_token_id", &sp->bos, err)) < 0 ||
-	    (r = get_opt_id(g, "tokenizer.ggml.eos_token_id", &sp->eos, err)) < 0 ||
-	    (r = get_opt_id(g, "tokenizer.ggml.padding_token_id", &sp->pad, err)) < 0 ||
-	    (r = get_opt_bool(g, "tokenizer.ggml.add_bos_token", &sp->add_bos, err)) < 0 ||
-	    (r = get_opt_bool(g, "tokenizer.ggml.add_eos_token", &sp->add_eos, err)) < 0)
-		return r;
-	r = bd_gguf_get_str(g, "tokenizer.chat_template", &sp->tpl);
-	sp->has_tpl = r == 0;
-	sp->no_tpl = r == -ENOENT ? "the model has no tokenizer.chat_template"
-				  : "tokenizer.chat_template is not a string";
-	return 0;
-}
-
-int bd_tokenizer_new_from_gguf(const struct bd_gguf *g, struct bd_tokenizer **ret, char *ret_err)
-{
-	if (ret_err)
-		ret_err[0] = '\0';
-	if (!g || !ret)
-		return fail(ret_err, -EINVAL, "NULL argument");
-	struct spec sp = { .bos = -1, .eos = -1, .pad = -1, .unk = -1 };
-	int r = gguf_spec(g, &sp, ret_err);
-	if (r == 0)
-		r = build(&sp, ret, ret_err);
-	spec_free(&sp);
-	return r;
-}
-
-/* ---- from tokenizer.json ----------------------------------------------------------------- */
-
-/* A JSON string's bytes as a string view (jansson keeps them alive with the document). */
-static bool jstr(json_t *j, struct bd_gguf_str *ret)
-{
-	if (!json_is_string(j))
-		return false;
-	*ret = (struct bd_gguf_str){ json_string_value(j), json_string_length(j) };
-	return true;
-}
-
-/* JSON null or absent: true; other values: what pred says. */
-static bool null_or(json_t *j, bool ok)
-{
-	return !j || json_is_null(j) || ok;
-}
-
-static int json_pre(json_t *pre, struct spec *sp, char *err)
-{
-	json_t *list = pre;
-	if (json_is_object(pre) && json_is_string(json_object_get(pre, "type")) &&
-	    strcmp(json_string_value(json_object_get(pre, "type")), "Sequence") == 0)
-		list = json_object_get(pre, "pretokenizers");
-	else if (json_is_object(pre))
-		list = NULL;
-	size_t n = list ? json_array_size(list) : 1;
-	if (!json_is_object(pre) || (list && !json_is_array(list)) || n == 0)
-		return fail(err, -ENOTSUP, "pre_tokenizer: byte-level BPE needs a ByteLevel step");
-	for (size_t i = 0; i < n; i++) {
-		json_t *p = list ? json_array_get(list, i) : pre;
-		const char *type = json_string_value(json_object_get(p, "type"));
-		if (!type)
-			return fail(err, -EBADMSG, "pre_tokenizer step %zu has no type", i);
-		bool last = i + 1 == n;
-		struct bd_gguf_str re = { NULL, 0 };
-		if (strcmp(type, "Split") == 0) {
-			json_t *pat = json_object_get(p, "pattern");
-			const char *beh = json_string_value(json_object_get(p, "behavior"));
-			if (!jstr(json_object_get(pat, "Regex"), &re) || !beh ||
-			    strcmp(beh, "Isolated") != 0 || json_is_true(json_object_get(p, "invert")))
-				return fail(err, -ENOTSUP, "pre_tokenizer: only Split with a Regex "
-					    "pattern, behavior Isolated and no invert is implemented");
-		} else if (strcmp(type, "Digits") == 0) {
-			bool one = json_is_true(json_object_get(p, "individual_digits"));
-			re = one ? (struct bd_gguf_str){ "\\p{N}", 5 }
-				 : (struct bd_gguf_str){ "\\p{N}+", 6 };
-		} else if (strcmp(type, "ByteLevel") == 0 && last) {
-			if (json_is_true(json_object_get(p, "add_prefix_space")))
-				return fail(err, -ENOTSUP, "pre_tokenizer: ByteLevel with "
-					    "add_prefix_space is not implemented");
-			if (!json_is_false(json_object_get(p, "use_regex")))
-				re = (struct bd_gguf_str){ RE_GPT2, strlen(RE_GPT2) };
-		} else {
-			return fail(err, -ENOTSUP, "pre_tokenizer step %zu (%s) is not implemented%s",
-				    i, type, strcmp(type, "ByteLevel") == 0 ? " before the last" : "");
-		}
-		if (last && strcmp(type, "ByteLevel") != 0)
-			return fail(err, -ENOTSUP, "pre_tokenizer: byte-level BPE needs a ByteLevel "
-				    "last step");
-		if (!re.s)
-			continue;
-		if (sp->n_re == MAX_RE)
-			return fail(err, -ENOTSUP, "pre_tokenizer has more than %d splitting steps",
-				    MAX_RE);
-		sp->re[sp->n_re++] = re;
-	}
-	return 0;
-}
-
-/* Find a token by text: added tokens first (they override the vocabulary), then any. */
-static int64_t spec_find(const struct spec *sp, const struct bd_gguf_str *s)
-{
-	int64_t any = -1;
-	for (size_t i = 0; i < sp->n_vocab; i++)
-		if (sp->tok[i].len == s->len && sp->tok[i].s &&
-		    memcmp(sp->tok[i].s, s->s, s->len) == 0) {
-			if (sp->type[i] == BD_TOKEN_CONTROL || sp->type[i] == BD_TOKEN_USER_DEFINED)
-				return (int64_t)i;
-			if (any < 0)
-				any = (int64_t)i;
-		}
-	return any;
-}
-
-/* bos_token and the like in tokenizer_config.json: a string, {"content": …}, null or absent. */
-static int json_special(const struct spec *sp, json_t *cfg, const char *key, int64_t *ret,
-			char *err)
-{
-	json_t *v = json_object_get(cfg, key);
-	struct bd_gguf_str s;
-	*ret = -1;
-	if (!v || json_is_null(v))
-		return 0;
-	if (json_is_object(v))
-		v = json_object_get(v, "content");
-	if (!jstr(v, &s))
-		return fail(err, -EBADMSG, "tokenizer_config.json: %s is not a string", key);
-	if ((*ret = spec_find(sp, &s)) < 0)
-		return fail(err, -EBADMSG, "tokenizer_config.json: %s \"%.*s\" is not a token", key,
-			    (int)(s.len > 40 ? 40 : s.len), s.s);
-	return 0;
-}
-
-static int json_config(json_t *cfg, struct spec *sp, char *err)
-{
-	int r;
-	if (!json_is_object(cfg))
-		return fail(err, -EBADMSG, "tokenizer_config.json is not an object");
-	if ((r = json_special(sp, cfg, "bos_token", &sp->bos, err)) < 0 ||
-	    (r = json_special(sp, cfg, "eos_token", &sp->eos, err)) < 0 ||
-	    (r = json_special(sp, cfg, "pad_token", &sp->pad, err)) < 0)
-		return r;
-	json_t *ab = json_object_get(cfg, "add_bos_token"), *ae = json_object_get(cfg,
-										 "add_eos_token");
-	if (!null_or(ab, json_is_boolean(ab)) || !null_or(ae, json_is_boolean(ae)))
-		return fail(err, -EBADMSG, "tokenizer_config.json: add_bos_token or add_eos_token "
-			    "is not a bool");
-	sp->add_bos = json_is_true(ab);
-	sp->add_eos = json_is_true(ae);
-
-	/* chat_template: a string, or a list of {name, template} of which "default" is used */
-	json_t *ct = json_object_get(cfg, "chat_template");
-	size_t i;
-	json_t *e;
-	if (json_is_array(ct)) {
-		json_t *def = NULL;
-		json_array_foreach(ct, i, e) {
-			const char *name = json_string_value(json_object_get(e, "name"));
-			if (name && strcmp(name, "default") == 0)
-				def = json_object_get(e, "template");
-		}
-		ct = def;
-	}
-	sp->has_tpl = jstr(ct, &sp->tpl);
-	sp->no_tpl = "tokenizer_config.json has no chat_template";
-	return 0;
-}
-
-static int json_model(json_t *root, struct spec *sp, char *err)
-{
-	json_t *model = json_object_get(root, "model");
-	json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
-	json_t *added = json_object_get(root, "added_tokens");
-	const char *type = json_string_value(json_object_get(model, "type"));
-	if (!json_is_object(model) || (type && strcmp(type, "BPE") != 0))
-		return fail(err, -ENOTSUP, "model type %s: only BPE is implemented",
-			    type ? type : "(none)");
-	if (!json_is_object(vocab) || !json_is_array(merges))
-		return fail(err, -EBADMSG, "model.vocab or model.merges is missing");
-	if (!null_or(added, json_is_array(added)))
-		return fail(err, -EBADMSG, "added_tokens is not an array");
-	json_t *pfx = json_object_get(model, "continuing_subword_prefix");
-	json_t *sfx = json_object_get(model, "end_of_word_suffix");
-	json_t *drop = json_object_get(model, "dropout");
-	if (json_is_true(json_object_get(model, "byte_fallback")) ||
-	    !null_or(pfx, json_is_string(pfx) && !*json_string_value(pfx)) ||
-	    !null_or(sfx, json_is_string(sfx) && !*json_string_value(sfx)) ||
-	    !null_or(drop, json_is_number(drop) && json_number_value(drop) == 0))
-		return fail(err, -ENOTSUP, "model: byte_fallback, subword prefixes or suffixes and "
-			    "dropout are not implemented");
-	json_t *norm = json_object_get(root, "normalizer");
-	const char *nt = json_string_value(json_object_get(norm, "type"));
-	/* NFC is accepted and not applied, as llama.cpp does for Qwen2: text already in NFC
-	 * (nearly all text) tokenizes the same */
-	if (!null_or(norm, nt && strcmp(nt, "NFC") == 0))
-		return fail(err, -ENOTSUP, "normalizer %s is not implemented", nt ? nt : "?");
-	sp->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
-	sp->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
-
-	/* ids: the vocabulary's and the added tokens'; holes stay empty UNUSED tokens */
-	int64_t max_id = -1;
-	const char *key;
-	json_t *v;
-	size_t i;
-	json_object_foreach(vocab, key, v) {
-		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-		    json_integer_value(v) >= INT32_MAX / 2)
-			return fail(err, -EBADMSG, "model.vocab: the id of \"%.40s\" is not valid",
-				    key);
-		if (json_integer_value(v) > max_id)
-			max_id = json_integer_value(v);
-	}
-	json_array_foreach(added, i, v) {
-		json_t *id = json_object_get(v, "id");
-		if (!json_is_integer(id) || json_integer_value(id) < 0 ||
-		    json_integer_value(id) >= INT32_MAX / 2 ||
-		    !json_is_string(json_object_get(v, "content")))
-			return fail(err, -EBADMSG, "added_tokens[%zu] has no valid id or content", i);
-		if (json_integer_value(id) > max_id)
-			max_id = json_integer_value(id);
-	}
-	size_t n = (size_t)(max_id + 1);
-	sp->n_vocab = n;
-	sp->tok_owned = calloc(n ? n : 1, sizeof(*sp->tok_owned));
-	sp->type = malloc(n ? n : 1);
-	sp->n_merges = json_array_size(merges);
-	sp->merge = malloc((sp->n_merges ? sp->n_merges : 1) * sizeof(*sp->merge));
-	sp->merges_key = "model.merges";
-	if (!sp->tok_owned || !sp->type || !sp->merge)
-		return fail(err, -ENOMEM, "out of memory");
-	sp->tok = sp->tok_owned;
-	memset(sp->type, BD_TOKEN_UNUSED, n);
-	json_object_foreach(vocab, key, v) {
-		size_t id = (size_t)json_integer_value(v);
-		sp->tok_owned[id] = (struct bd_gguf_str){ key, strlen(key) };
-		sp->type[id] = BD_TOKEN_NORMAL;
-	}
-	json_array_foreach(added, i, v) {
-		size_t id = (size_t)json_integer_value(json_object_get(v, "id"));
-		jstr(json_object_get(v, "content"), &sp->tok_owned[id]);
-		sp->type[id] = json_is_true(json_object_get(v, "special")) ? BD_TOKEN_CONTROL
-									    : BD_TOKEN_USER_DEFINED;
-	}
-	for (size_t k = 0; k < n; k++)
-		if (!sp->tok_owned[k].s)
-			sp->tok_owned[k].s = "";
-
-	/* merges: "A B" strings (older files) or ["A", "B"] pairs */
-	json_array_foreach(merges, i, v) {
-		struct bd_gguf_str m, *out = sp->merge[i];
-		if (jstr(v, &m)) {
-			const char *s = m.len > 1 ? memchr(m.s + 1, ' ', m.len - 1) : NULL;
-			if (!s || s + 1 == m.s + m.len)
-				return fail(err, -EBADMSG, "model.merges[%zu] is not \"A B\"", i);
-			out[0] = (struct bd_gguf_str){ m.s, (size_t)(s - m.s) };
-			out[1] = (struct bd_gguf_str){ s + 1, m.len - (size_t)(s - m.s) - 1 };
-		} else if (json_array_size(v) != 2 || !jstr(json_array_get(v, 0), &out[0]) ||
-			   !jstr(json_array_get(v, 1), &out[1])) {
-			return fail(err, -EBADMSG, "model.merges[%zu] is neither \"A B\" nor [A, B]",
-				    i);
-		}
-	}
-
-	json_t *unk = json_object_get(model, "unk_token");
-	struct bd_gguf_str us;
-	if (jstr(unk, &us) && (sp->unk = spec_find(sp, &us)) < 0)
-		return fail(err, -EBADMSG, "model.unk_token is not a token");
-	else if (!null_or(unk, json_is_string(unk)))
-		return fail(err, -EBADMSG, "model.unk_token is not a string");
-	return json_pre(json_object_get(root, "pre_tokenizer"), sp, err);
-}
-
-static int load_json(const char *path, json_t **ret, char *err)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return fail(err, -errno, "%s: %s", path, strerror(errno));
-	json_error_t je;
-	*ret = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
-	fclose(f);
-	if (!*ret)
-		return fail(err, -EBADMSG, "%s:%d: %s", path, je.line, je.text);
-	return 0;
-}
-
-int bd_tokenizer_new_from_json(const char *tokenizer_json, const char *config_json,
-			       struct bd_tokenizer **ret, char *ret_err)
-{
-	if (ret_err)
-		ret_err[0] = '\0';
-	if (!tokenizer_json || !ret)
-		return fail(ret_err, -EINVAL, "NULL argument");
-	json_t *root = NULL, *cfg = NULL;
-	struct spec sp = { .bos = -1, .eos = -1, .pad = -1, .unk = -1,
-			   .no_tpl = "no tokenizer_config.json was given" };
-	int r = load_json(tokenizer_json, &root, ret_err);
-	if (r == 0 && !json_is_object(root))
-		r = fail(ret_err, -EBADMSG, "%s is not a JSON object", tokenizer_json);
-	if (r == 0)
-		r = json_model(root, &sp, ret_err);
-	if (r == 0 && config_json && (r = load_json(config_json, &cfg, ret_err)) == 0)
-		r = json_config(cfg, &sp, ret_err);
-	if (r == 0)
-		r = build(&sp, ret, ret_err);
-	spec_free(&sp);
-	json_decref(cfg);
-	json_decref(root);
-	return r;
-}
-
-/* ---- vocabulary queries ------------------------------------------------------------------ */
+/* ---- vocabulary queries -------------------------------------------------------------------- */
 
 int32_t bd_tokenizer_n_vocab(const struct bd_tokenizer *t)
 {
@@ -1485,27 +482,30 @@ int bd_tokenizer_token_type(const struct bd_tokenizer *t, int32_t id)
 	return id >= 0 && id < t->n_vocab ? t->type[id] : -ERANGE;
 }
 
-int bd_tokenizer_token_text(const struct bd_tokenizer *t, int32_t id, const char **ret_s,
-			    size_t *ret_len)
+/* Token id's vocabulary string, or the bytes it decodes to. */
+static int token_view(const struct bd_tokenizer *t, int32_t id, bool decoded,
+		      const char **ret_s, size_t *ret_len)
 {
 	if (!t || !ret_s || !ret_len)
 		return -EINVAL;
 	if (id < 0 || id >= t->n_vocab)
 		return -ERANGE;
-	*ret_s = tok_text(t, id, ret_len);
+	const size_t *off = decoded ? t->bytes_off : t->text_off;
+	*ret_s = (decoded ? t->bytes : t->text) + off[id];
+	*ret_len = off[id + 1] - off[id];
 	return 0;
+}
+
+int bd_tokenizer_token_text(const struct bd_tokenizer *t, int32_t id, const char **ret_s,
+			    size_t *ret_len)
+{
+	return token_view(t, id, false, ret_s, ret_len);
 }
 
 int bd_tokenizer_token_bytes(const struct bd_tokenizer *t, int32_t id, const char **ret_s,
 			     size_t *ret_len)
 {
-	if (!t || !ret_s || !ret_len)
-		return -EINVAL;
-	if (id < 0 || id >= t->n_vocab)
-		return -ERANGE;
-	*ret_s = t->bytes + t->bytes_off[id];
-	*ret_len = t->bytes_off[id + 1] - t->bytes_off[id];
-	return 0;
+	return token_view(t, id, true, ret_s, ret_len);
 }
 
 int32_t bd_tokenizer_find(const struct bd_tokenizer *t, const char *s, size_t len)
@@ -1527,7 +527,7 @@ size_t bd_tokenizer_max_token_bytes(const struct bd_tokenizer *t)
 	return t ? t->max_token_bytes : 0;
 }
 
-/* ---- encoding ---------------------------------------------------------------------------- */
+/* ---- encoding ------------------------------------------------------------------------------ */
 
 /* A candidate merge of symbol pos with its right neighbour. A rank names one pair, so the entry
  * is stale exactly when the pair now at pos has another rank (or none). */
@@ -1630,7 +630,7 @@ static int bpe(struct enc *e, const char *s, size_t n)
 	if (t->ignore_merges) {
 		size_t m = 0;
 		for (size_t i = 0; i < n; i++)
-			m += put_utf8(e->mapped + m, t->byte_cp[(uint8_t)s[i]]);
+			m += bd_utf8_put_bmp(e->mapped + m, t->byte_cp[(uint8_t)s[i]]);
 		int32_t whole = vocab_lookup(t, e->mapped, m);
 		if (whole >= 0)
 			return ivec_push(e->out, whole);
@@ -1838,7 +838,7 @@ int bd_tokenizer_encode_buf(const struct bd_tokenizer *t, const char *text, size
 	return 0;
 }
 
-/* ---- decoding ---------------------------------------------------------------------------- */
+/* ---- decoding ------------------------------------------------------------------------------ */
 
 int bd_tokenizer_decode(const struct bd_tokenizer *t, const int32_t *ids, size_t n,
 			unsigned flags, char **ret_text, size_t *ret_len)
@@ -1868,148 +868,11 @@ int bd_tokenizer_decode(const struct bd_tokenizer *t, const int32_t *ids, size_t
 	return 0;
 }
 
-void bd_tokenizer_stream_init(struct bd_tok_stream *s, unsigned flags)
-{
-	if (s)
-		*s = (struct bd_tok_stream){ .flags = flags };
-}
+/* ---- chat ---------------------------------------------------------------------------------- */
 
-size_t bd_tokenizer_stream_cap(const struct bd_tokenizer *t)
-{
-	return t ? 3 * (t->max_token_bytes + 3) : 0;
-}
-
-/* Length of the UTF-8 sequence a lead byte starts, 0 if it cannot start one. */
-static int utf8_len(uint8_t b)
-{
-	return b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
-		: b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-}
-
-/* Whether b can follow the bytes p[k] of a sequence (k ≥ 1): the second byte's range depends
- * on the lead (no overlong forms, no surrogates, nothing above U+10FFFF). */
-static bool utf8_cont(const uint8_t *p, int k, uint8_t b)
-{
-	if (k == 1) {
-		uint8_t lo = 0x80, hi = 0xbf;
-		if (p[0] == 0xe0)
-			lo = 0xa0;
-		else if (p[0] == 0xed)
-			hi = 0x9f;
-		else if (p[0] == 0xf0)
-			lo = 0x90;
-		else if (p[0] == 0xf4)
-			hi = 0x8f;
-		return b >= lo && b <= hi;
-	}
-	return b >= 0x80 && b <= 0xbf;
-}
-
-struct sink {
-	char *buf;
-	size_t cap, n;
-	bool over;
-};
-
-static void sink_put(struct sink *k, const void *s, size_t n)
-{
-	if (n > k->cap - k->n) {
-		k->over = true;
-		return;
-	}
-	memcpy(k->buf + k->n, s, n);
-	k->n += n;
-}
-
-static const char REPLACEMENT[3] = { (char)0xef, (char)0xbf, (char)0xbd }; /* U+FFFD */
-
-static void stream_byte(struct bd_tok_stream *s, uint8_t b, struct sink *k)
-{
-	if (s->n_pend) {
-		if (utf8_cont(s->pend, s->n_pend, b)) {
-			if (s->n_pend + 1 == utf8_len(s->pend[0])) {
-				sink_put(k, s->pend, s->n_pend);
-				sink_put(k, &b, 1);
-				s->n_pend = 0;
-			} else {
-				s->pend[s->n_pend++] = b;
-			}
-			return;
-		}
-		/* the held bytes are a maximal invalid subpart; b starts afresh */
-		sink_put(k, REPLACEMENT, 3);
-		s->n_pend = 0;
-	}
-	int l = utf8_len(b);
-	if (l == 1)
-		sink_put(k, &b, 1);
-	else if (l == 0)
-		sink_put(k, REPLACEMENT, 3);
-	else
-		s->pend[s->n_pend++] = b;
-}
-
-int bd_tokenizer_stream_push(const struct bd_tokenizer *t, struct bd_tok_stream *s, int32_t id,
-			     char *buf, size_t cap, size_t *ret_n)
-{
-	if (!t || !s || (!buf && cap) || !ret_n || s->n_pend > 3)
-		return -EINVAL;
-	if (id < 0 || id >= t->n_vocab)
-		return -ERANGE;
-	struct bd_tok_stream st = *s;
-	struct sink k = { .buf = buf, .cap = cap };
-	if (!((st.flags & BD_TOK_SKIP_SPECIAL) && t->type[id] == BD_TOKEN_CONTROL)) {
-		const uint8_t *p = (const uint8_t *)t->bytes + t->bytes_off[id];
-		size_t n = t->bytes_off[id + 1] - t->bytes_off[id];
-		for (size_t i = 0; i < n; i++)
-			stream_byte(&st, p[i], &k);
-	}
-	if (k.over)
-		return -ENOBUFS;
-	*s = st;
-	*ret_n = k.n;
-	return 0;
-}
-
-int bd_tokenizer_stream_flush(struct bd_tok_stream *s, char *buf, size_t cap, size_t *ret_n)
-{
-	if (!s || (!buf && cap) || !ret_n)
-		return -EINVAL;
-	size_t n = s->n_pend ? 3 : 0;
-	if (n > cap)
-		return -ENOBUFS;
-	if (n)
-		memcpy(buf, REPLACEMENT, 3);
-	s->n_pend = 0;
-	*ret_n = n;
-	return 0;
-}
-
-/* ---- chat -------------------------------------------------------------------------------- */
-
-/* Where the pieces of a rendered chat go: template text (may hold markers) or user text. */
-struct chat_out {
-	int (*tpl)(void *ctx, const char *s, size_t n);
-	int (*user)(void *ctx, const char *s, size_t n);
-	void *ctx;
-};
-
-static int emit_terms(const struct terms *ts, const struct bd_chat_msg *m,
-		      const struct chat_out *o)
-{
-	for (size_t i = 0; i < ts->n; i++) {
-		const struct term *x = &ts->t[i];
-		int r = x->kind == T_LIT ? o->tpl(o->ctx, x->s, x->len)
-			: o->user(o->ctx, x->kind == T_ROLE ? m->role : m->content,
-				  strlen(x->kind == T_ROLE ? m->role : m->content));
-		if (r < 0)
-			return r;
-	}
-	return 0;
-}
-
+/* The template applied to msgs[n] through out, after the checks the chat functions share. */
 static int chat_run(const struct bd_tokenizer *t, const struct bd_chat_msg *msgs, size_t n,
-		    bool add_gen, const struct chat_out *o, char *err)
+		    bool add_gen, const struct bd_chat_emit *out, char *err)
 {
 	if (err)
 		err[0] = '\0';
@@ -2018,23 +881,9 @@ static int chat_run(const struct bd_tokenizer *t, const struct bd_chat_msg *msgs
 	for (size_t i = 0; i < n; i++)
 		if (!msgs[i].role || !msgs[i].content)
 			return fail(err, -EINVAL, "message %zu has a NULL role or content", i);
-	const struct chat_tpl *c = t->chat;
-	if (!c)
+	if (!t->chat)
 		return fail(err, -ENOTSUP, "%s", t->chat_err);
-	int r = emit_terms(&c->prefix, NULL, o);
-	for (size_t i = 0; i < n && r == 0; i++) {
-		if (i == 0 && c->has_def_sys && strcmp(msgs[0].role, "system") != 0)
-			r = emit_terms(&c->def_sys, NULL, o);
-		if (r == 0)
-			r = emit_terms(&c->body, &msgs[i], o);
-	}
-	if (r == 0)
-		r = emit_terms(&c->suffix, NULL, o);
-	if (r == 0 && add_gen)
-		r = emit_terms(&c->gen, NULL, o);
-	if (r == 0)
-		r = emit_terms(&c->tail, NULL, o);
-	return r;
+	return bd_chat_template_run(t->chat, msgs, n, add_gen, out);
 }
 
 int bd_tokenizer_chat_check(const struct bd_tokenizer *t, char *ret_err)
@@ -2066,7 +915,7 @@ int bd_tokenizer_chat_apply(const struct bd_tokenizer *t, const struct bd_chat_m
 	struct enc e;
 	int r = enc_init(&e, t, &v);
 	if (r == 0) {
-		struct chat_out o = { enc_tpl_cb, enc_user_cb, &e };
+		struct bd_chat_emit o = { enc_tpl_cb, enc_user_cb, &e };
 		r = chat_run(t, msgs, n, add_generation_prompt, &o, ret_err);
 	}
 	if (r == 0)
@@ -2097,7 +946,7 @@ int bd_tokenizer_chat_render(const struct bd_tokenizer *t, const struct bd_chat_
 	if (!t || !ret_text || !ret_len)
 		return fail(ret_err, -EINVAL, "NULL argument");
 	struct bbuf b = { 0 };
-	struct chat_out o = { text_cb, text_cb, &b };
+	struct bd_chat_emit o = { text_cb, text_cb, &b };
 	int r = chat_run(t, msgs, n, add_generation_prompt, &o, ret_err);
 	if (r == 0)
 		r = bbuf_put(&b, "", 0);
