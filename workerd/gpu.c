@@ -16,18 +16,13 @@
  * handed to the model with bd_gmodel_set_comm). With tp > 1 the model is built when the first
  * communicator exists; with tp = 1 at start, and NCCL is never called.
  *
- * Compiled with BD_WORKERD_CUDA only where nvcc is (the Makefile's HAVE_NVCC); without it the
- * functions at the end refuse the cuda backend at start.
+ * Compiled only where nvcc is (the Makefile's HAVE_NVCC), where main.c lists wd_backend_cuda
+ * among its backends; a workerd built without it refuses a pool of the cuda backend at start.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "workerd.h"
-
-#ifdef BD_WORKERD_CUDA
-
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +31,8 @@
 
 #include "cuda/bd_gmodel.h"
 #include "cuda/bd_pool_cuda.h"
+#include "growmap.h"
+#include "workerd.h"
 
 #define NCCL_JOIN_TIMEOUT_MS 60000
 
@@ -48,6 +45,7 @@ struct wd_gpu {
 	struct bd_model_hparams hp; /* what the model is built from (random weights: n_ctx raised) */
 	struct bd_model_shard shard;
 	int max_tokens, max_prefill;
+	struct wd_gtab gtab;     /* the requests this rank serves */
 
 	/* step buffers */
 	struct wd_gitem *items;
@@ -73,6 +71,11 @@ struct wd_gpu {
 	int last_nd;             /* decode rows of the plan being run */
 };
 
+static struct wd_gpu *gpu(const struct wd *w)
+{
+	return w->be_state;
+}
+
 static int cuda_errno(cudaError_t e)
 {
 	switch (e) {
@@ -92,7 +95,7 @@ static int cuda_errno(cudaError_t e)
 /* The model on the device, over the arena; comm is the group's (NULL with tp = 1). */
 static int build_model(struct wd *w, ncclComm_t comm)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	const struct bd_pool_geometry *geo = w->geo;
 	char err[BD_MODEL_ERR_MAX] = "";
 	struct bd_gmodel_opts o = {
@@ -135,7 +138,7 @@ static int build_model(struct wd *w, ncclComm_t comm)
 	return 0;
 }
 
-int wd_gpu_setup(struct wd *w)
+static int gpu_setup(struct wd *w)
 {
 	const struct bd_pool_geometry *geo = w->geo;
 	char err[256] = "";
@@ -158,7 +161,7 @@ int wd_gpu_setup(struct wd *w)
 	gp = calloc(1, sizeof(*gp));
 	if (!gp)
 		return -ENOMEM;
-	w->gpu = gp;
+	w->be_state = gp;
 	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
 		bd_log_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
 		gp->base = NULL;
@@ -196,56 +199,32 @@ int wd_gpu_setup(struct wd *w)
 	return 0;
 }
 
-void wd_gpu_teardown(struct wd *w)
-{
-	struct wd_gpu *gp = w->gpu;
-
-	if (!gp)
-		return;
-	wd_gpu_leave(w);
-	bd_gmodel_free(gp->g);
-	if (gp->base) {
-		cudaDeviceSynchronize();
-		bd_pool_cuda_unmap(w->pool, gp->base);
-	}
-	free(gp->items);
-	free(gp->mapped);
-	free(gp->dec);
-	free(gp->rows);
-	free(gp->toks);
-	free(gp->out_tok);
-	free(gp->status);
-	free(gp->top_ids);
-	free(gp->top_logits);
-	free(gp->ul);
-	free(gp->dev);
-	free(gp->host);
-	free(gp->plan);
-	free(gp);
-	w->gpu = NULL;
-}
-
-int wd_gpu_register_id(struct wd *w, uint8_t *id, size_t *len)
+/* The rank's device; rank 0 of tp > 1 a fresh NCCL unique id for the next epoch. */
+static int gpu_register_fill(struct wd *w, Bdfp4__RegisterRequest *rq, uint8_t *id)
 {
 	ncclUniqueId uid;
 	ncclResult_t nr;
 
-	*len = 0;
+	rq->device = w->o.device;
 	if (w->o.tp == 1 || w->o.rank != 0)
 		return 0;
 	if ((nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
 		bd_log_err("ncclGetUniqueId: %s", ncclGetErrorString(nr));
 		return -EIO;
 	}
-	_Static_assert(sizeof(uid) <= 128, "RegisterRequest carries 128 bytes");
+	_Static_assert(sizeof(uid) <= WD_NCCL_ID_MAX, "RegisterRequest carries 128 bytes");
 	memcpy(id, &uid, sizeof(uid));
-	*len = sizeof(uid);
+	rq->nccl_unique_id.data = id;
+	rq->nccl_unique_id.len = sizeof(uid);
 	return 0;
 }
 
-int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
+/* tp > 1: the communicator of the relayed id joined (the model built at the first join, handed
+ * the communicator at later ones); tp = 1: nothing to join. -EIO, with the backend dead, when
+ * the model cannot be built or refuses the communicator for good. */
+static int gpu_join(struct wd *w, const Bdfp4__RegisterReply *rr)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
 	ncclUniqueId uid;
 	ncclComm_t comm = NULL;
@@ -255,13 +234,13 @@ int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
 	if (gp->dead)
 		return -EIO;
 	if (w->o.tp == 1)
-		return gp->g ? 0 : (build_model(w, NULL) < 0 ? -EIO : 0);
-	if (len != sizeof(uid)) {
+		return 0; /* the model was built at setup */
+	if (rr->nccl_unique_id.len != sizeof(uid)) {
 		bd_log_err("RegisterReply: NCCL unique id of %zu bytes (want %zu); registering again",
-		       len, sizeof(uid));
+			   rr->nccl_unique_id.len, sizeof(uid));
 		return -EINVAL;
 	}
-	memcpy(&uid, id, sizeof(uid));
+	memcpy(&uid, rr->nccl_unique_id.data, sizeof(uid));
 	cudaSetDevice(w->o.device);
 	cfg.blocking = 0;
 	int64_t t0 = bd_now_ms();
@@ -306,12 +285,15 @@ int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
 	return 0;
 }
 
-void wd_gpu_leave(struct wd *w)
+/* Every request's record dropped and the communicator aborted; the model keeps no request
+ * state. */
+static void gpu_leave(struct wd *w)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 
 	if (!gp)
 		return;
+	wd_gtab_clear(&gp->gtab);
 	/* abort, not destroy: the peer may be dead, and destroy would wait for it; the model
 	 * lets go of it first (its graphs hold the communicator's resources), unless it
 	 * aborted it itself when a wait saw the peer fail (then it is gone: never twice) */
@@ -324,15 +306,49 @@ void wd_gpu_leave(struct wd *w)
 	gp->broken = false;
 }
 
-bool wd_gpu_broken(const struct wd *w)
+static enum wd_health gpu_health(const struct wd *w)
 {
-	return w->gpu && (w->gpu->broken || w->gpu->dead || !w->gpu->g);
+	const struct wd_gpu *gp = gpu(w);
+
+	if (gp->dead)
+		return WD_DEAD;
+	if (!gp->g)
+		return WD_BROKEN; /* tp > 1 before the first join: no model yet */
+	return gp->broken ? WD_REJOIN : WD_HEALTHY;
 }
 
-bool wd_gpu_dead(const struct wd *w)
+static void gpu_release(struct wd *w, uint64_t request_id)
 {
-	return w->gpu && w->gpu->dead;
+	wd_gtab_drop(&gpu(w)->gtab, request_id);
 }
+static void gpu_teardown(struct wd *w)
+{
+	struct wd_gpu *gp = gpu(w);
+
+	if (!gp)
+		return;
+	bd_gmodel_free(gp->g);
+	if (gp->base) {
+		cudaDeviceSynchronize();
+		bd_pool_cuda_unmap(w->pool, gp->base);
+	}
+	free(gp->items);
+	free(gp->mapped);
+	free(gp->dec);
+	free(gp->rows);
+	free(gp->toks);
+	free(gp->out_tok);
+	free(gp->status);
+	free(gp->top_ids);
+	free(gp->top_logits);
+	free(gp->ul);
+	free(gp->dev);
+	free(gp->host);
+	free(gp->plan);
+	free(gp);
+	w->be_state = NULL;
+}
+
 
 /* ---- steps ---------------------------------------------------------------------------------- */
 
@@ -361,7 +377,7 @@ static int grow_items(struct wd_gpu *gp, size_t n)
 static void model_error(struct wd *w, struct wd_row_out *o, int r, const char *what,
 			const char *err)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	bool comm = (r == -EPIPE || r == -ETIMEDOUT) && w->o.tp > 1;
 
 	if (comm)
@@ -376,7 +392,7 @@ static void model_error(struct wd *w, struct wd_row_out *o, int r, const char *w
 /* Rank 0's outputs of one call of n rows, top_k logits each. */
 static struct bd_gout *gout(struct wd *w, struct bd_gout *go, int top_k)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 
 	if (w->o.rank != 0)
 		return NULL;
@@ -390,7 +406,7 @@ static struct bd_gout *gout(struct wd *w, struct bd_gout *go, int top_k)
 static void put_result(struct wd *w, const struct wd_gitem *it, int k, int top_k,
 		       struct wd_row_out *o)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 
 	if (w->o.rank != 0 || !it->sample)
 		return;
@@ -431,7 +447,7 @@ static int grow_doubles(double **v, size_t *cap, size_t n)
 /* One decode call of n rows that took host_us on the host. */
 static void note_timing(struct wd *w, int n, double host_us)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	struct bd_gmodel_timing t;
 	size_t c = gp->cap_t;
 
@@ -458,12 +474,10 @@ static void note_timing(struct wd *w, int n, double host_us)
 			 t.device_us, host_us);
 }
 
-void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us)
+static void gpu_note_plan(struct wd *w, size_t n_rows, double us)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 
-	if (!gp)
-		return;
 	if (grow_doubles(&gp->plan, &gp->cap_p, gp->n_p) == 0) {
 		gp->plan[gp->n_p++] = us;
 		gp->plan_sum += us;
@@ -477,7 +491,7 @@ void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us)
 static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			int nd, bool *broken)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	char err[BD_MODEL_ERR_MAX];
 
 	for (int k0 = 0; k0 < nd; k0 += w->o.max_batch) {
@@ -510,10 +524,10 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 			int e = r < 0 ? r : gp->status[k];
 			if (e < 0) {
 				model_error(w, &out[i], e, "decode", r < 0 ? err : NULL);
-				wd_gtab_drop(&w->gtab, it->id);
+				wd_gtab_drop(&gp->gtab, it->id);
 			} else {
 				put_result(w, it, k, top_k, &out[i]);
-				wd_gdone(&w->gtab, it, true);
+				wd_gdone(&gp->gtab, it, true);
 			}
 		}
 		if (r < 0)
@@ -522,10 +536,10 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 	(void)plan;
 }
 
-void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
-		     Bdfp4__ServeError *ret_error, char *msg, size_t cap)
+static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	struct wd_glimits lim = {
 		.n_pages = w->geo->n_pages, .n_slots = w->geo->n_slots,
 		.max_tokens = gp->max_tokens, .max_prefill = gp->max_prefill,
@@ -538,14 +552,13 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 
 	gp->last_nd = 0;
 	if (grow_items(gp, plan->n_rows) < 0) {
-		for (size_t i = 0; i < plan->n_rows; i++)
-			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
-				    "out of memory");
+		wd_rows_fail(plan, out, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+			     "out of memory");
 		return;
 	}
 	for (size_t i = 0; i < plan->n_rows; i++) {
 		struct wd_row_out *o = &out[i];
-		int code = wd_gmap(&w->gtab, plan->rows[i], &lim, &gp->items[i], o->msg,
+		int code = wd_gmap(&gp->gtab, plan->rows[i], &lim, &gp->items[i], o->msg,
 				   sizeof(o->msg));
 		gp->mapped[i] = code == 0;
 		if (code) {
@@ -563,7 +576,7 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 		if (broken) {
 			wd_row_fail(&out[i], BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
 				    "the communicator broke earlier in this step");
-			wd_gdone(&w->gtab, it, false);
+			wd_gdone(&gp->gtab, it, false);
 			continue;
 		}
 		err[0] = 0;
@@ -573,7 +586,7 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 					      gout(w, &go, top_k), err);
 			if (r == 0) {
 				put_result(w, it, 0, top_k, &out[i]);
-				wd_gdone(&w->gtab, it, true);
+				wd_gdone(&gp->gtab, it, true);
 				continue;
 			}
 		} else {
@@ -588,7 +601,7 @@ void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_ou
 		}
 		model_error(w, &out[i], r, it->kind == WD_G_PREFILL ? "prefill" : "synthetic fill",
 			    err);
-		wd_gdone(&w->gtab, it, false);
+		wd_gdone(&gp->gtab, it, false);
 		if (gp->broken || gp->dead)
 			broken = true;
 	}
@@ -620,13 +633,11 @@ static double pct(const double *v, size_t n, double p)
 	return v[i < n ? i : n - 1];
 }
 
-void wd_gpu_report(struct wd *w)
+static void gpu_report(struct wd *w)
 {
-	struct wd_gpu *gp = w->gpu;
+	struct wd_gpu *gp = gpu(w);
 	size_t n, np;
 
-	if (!gp)
-		return;
 	n = gp->n_t;
 	np = gp->n_p;
 	double su = 0, sd = 0;
@@ -667,76 +678,17 @@ void wd_gpu_report(struct wd *w)
 	gp->plan_rows = gp->plan_dec_rows = 0;
 }
 
-#else /* !BD_WORKERD_CUDA */
-
-/* A workerd built without nvcc: the cuda backend is a configuration this binary cannot run. */
-int wd_gpu_setup(struct wd *w)
-{
-	bd_log_err("the pool's backend is cuda, but this workerd was built without CUDA support (no "
-	       "nvcc at build time, or a SAN=1 build): rebuild on a machine with the CUDA toolkit, "
-	       "or run kvpoold --backend cpu");
-	(void)w;
-	return -ENOTSUP;
-}
-
-void wd_gpu_teardown(struct wd *w)
-{
-	(void)w;
-}
-
-int wd_gpu_register_id(struct wd *w, uint8_t *id, size_t *len)
-{
-	(void)w;
-	(void)id;
-	*len = 0;
-	return 0;
-}
-
-int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len)
-{
-	(void)w;
-	(void)id;
-	(void)len;
-	return -ENOTSUP;
-}
-
-void wd_gpu_leave(struct wd *w)
-{
-	(void)w;
-}
-
-bool wd_gpu_broken(const struct wd *w)
-{
-	(void)w;
-	return false;
-}
-
-bool wd_gpu_dead(const struct wd *w)
-{
-	(void)w;
-	return false;
-}
-
-void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
-		     Bdfp4__ServeError *ret_error, char *msg, size_t cap)
-{
-	(void)w;
-	(void)out;
-	(void)plan;
-	*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
-	snprintf(msg, cap, "no cuda backend in this workerd");
-}
-
-void wd_gpu_report(struct wd *w)
-{
-	(void)w;
-}
-
-void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us)
-{
-	(void)w;
-	(void)n_rows;
-	(void)us;
-}
-
-#endif
+const struct wd_backend wd_backend_cuda = {
+	.name = "cuda",
+	.collective = "NCCL communicator",
+	.setup = gpu_setup,
+	.teardown = gpu_teardown,
+	.register_fill = gpu_register_fill,
+	.join = gpu_join,
+	.leave = gpu_leave,
+	.health = gpu_health,
+	.release = gpu_release,
+	.run_rows = gpu_run_rows,
+	.note_plan = gpu_note_plan,
+	.report = gpu_report,
+};

@@ -20,6 +20,7 @@ struct io {
 	struct wd *w;
 	void *dealer, *pair;
 	int64_t last_drop_log;
+	uint64_t watchdog_usec; /* the unit's WatchdogSec=, 0 when none */
 };
 
 static void send_heartbeat(struct io *io)
@@ -96,12 +97,12 @@ static void *io_main(void *arg)
 			send_heartbeat(io);
 			next_hb = now + atomic_load(&w->heartbeat_ms);
 		}
-		if (w->watchdog_usec && now >= next_wd) {
+		if (io->watchdog_usec && now >= next_wd) {
 			sd_notify(0, "WATCHDOG=1");
-			next_wd = now + (int64_t)(w->watchdog_usec / 2000);
+			next_wd = now + (int64_t)(io->watchdog_usec / 2000);
 		}
 		int64_t until = next_hb;
-		if (w->watchdog_usec && next_wd < until)
+		if (io->watchdog_usec && next_wd < until)
 			until = next_wd;
 		zmq_pollitem_t it[2] = { { io->dealer, 0, ZMQ_POLLIN, 0 },
 					 { io->pair, 0, ZMQ_POLLIN, 0 } };
@@ -134,6 +135,9 @@ int wd_io_start(struct wd *w)
 	if (!io)
 		return -ENOMEM;
 	io->w = w;
+	/* this thread keeps the watchdog (a long step must not starve it), from before READY */
+	if (sd_watchdog_enabled(0, &io->watchdog_usec) <= 0)
+		io->watchdog_usec = 0;
 	io->dealer = zmq_socket(w->zctx, ZMQ_DEALER);
 	io->pair = zmq_socket(w->zctx, ZMQ_PAIR);
 	if (!io->dealer || !io->pair)

@@ -1,36 +1,33 @@
 /* main.c — workerd: one tensor-parallel rank of the model (DESIGN.md).
  *
- * Loads its shard of the GGUF model, attaches to kvpoold's arena of its rank, registers with
- * the router and executes the step plans of its group (step.c), joined to the other ranks by
- * the shared-memory all-reduce the RegisterReply names. A pool of the cuda backend
- * runs the model on the rank's GPU instead (gpu.c), joined by NCCL. Configuration: the
- * [worker] section of the INI file, every key also a flag. One event loop on the compute thread (router frames from
- * the I/O thread, signals, the pool's attach socket, a 200 ms tick); sd_notify READY/STATUS, the
- * watchdog from the I/O thread. SIGTERM or SIGINT: exit 0. Fatal errors: exit 1; bad flags: 2.
+ * Loads its shard of the GGUF model, attaches to kvpoold's arena of its rank, chooses the
+ * backend of the pool (cpu.c: the shard on the host, the ranks joined by the shared-memory
+ * all-reduce; gpu.c: the shard on the rank's GPU, joined by NCCL), registers with the router
+ * and executes the step plans of its group (step.c). Configuration: the [worker] section of
+ * the INI file, every key also a flag (bd_daemon.h). One event loop on the compute thread
+ * (router frames from the I/O thread, signals, the pool's attach socket, a 200 ms tick);
+ * sd_notify READY/STATUS, the watchdog from the I/O thread. SIGTERM or SIGINT: exit 0;
+ * SIGUSR1: the backend's timing report. Fatal errors: exit 1; bad flags: 2.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
-#include <systemd/sd-daemon.h>
 #include <zmq.h>
 
 #include "base/bd_config.h"
-#include "base/bd_ipc.h"
 #include "model/bd_model_preset.h"
+#include "serve/bd_allreduce.h"
 #include "workerd.h"
 
 #define SECTION "worker"
+#define ABOUT "One tensor-parallel rank: its model shard, kvpoold's arena, the router's plans."
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define DEFAULT_ROUTER "ipc:///run/bdfp4/router-workers.sock"
 /* No frame from the router this long: it is gone without a Shutdown; register again. Long: a
@@ -66,125 +63,36 @@ static const struct bd_config_key keys[] = {
 	{ NULL, NULL, NULL, false },
 };
 
-static int sig_pipe_w = -1;
-
-/* OpenBLAS starts its threads before main(), with every signal unblocked, so a signalfd
- * would miss SIGTERM taken by one of them: a handler feeding a pipe sees it on any thread. */
-static void on_signal(int signo)
-{
-	int saved = errno;
-	unsigned char b = (unsigned char)signo;
-	if (write(sig_pipe_w, &b, 1) < 0) {
-		/* the pipe is full: a stop is already pending */
-	}
-	errno = saved;
-}
-
-/* STATUS= only when it changes: each datagram queues at the notify socket's reader (systemd,
- * or a test), and a reader that stops reading would block a sender that repeats itself. */
-static void set_status(struct wd *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void set_status(struct wd *w, const char *fmt, ...)
-{
-	char buf[sizeof(w->status)];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
-	if (!strcmp(buf, w->status))
-		return;
-	memcpy(w->status, buf, sizeof(buf));
-	sd_notifyf(0, "STATUS=%s", buf);
-}
-
 /* ---- configuration ------------------------------------------------------------------------- */
 
-static void usage(FILE *f)
+static int read_opts(struct wd *w)
 {
-	bd_config_usage(f, "workerd", "One tensor-parallel rank: its model shard, kvpoold's arena, the router's plans.", SECTION, keys);
-}
-
-static const char *get_str(const struct bd_config *cfg, const char *key)
-{
-	return bd_config_str(cfg, SECTION, keys, key);
-}
-
-static int get_int(const struct bd_config *cfg, const char *key, int64_t min, int64_t max,
-		   int *ret)
-{
-	int64_t v;
-	int e = bd_config_get_i64(cfg, SECTION, key, strtoll(get_str(cfg, key), NULL, 10), min,
-				  max, &v);
-	if (e < 0) {
-		bd_log_err("%s = '%s': %s (allowed %lld..%lld)", key, get_str(cfg, key),
-		       e == -ERANGE ? "out of range" : "not an integer", (long long)min,
-		       (long long)max);
-		return e;
-	}
-	*ret = (int)v;
-	return 0;
-}
-
-/* Returns 0, 1 (--help), or -EINVAL. */
-static int parse_args(struct bd_config *cfg, int argc, char **argv)
-{
-	char err[256];
-	int e = bd_config_parse_args(cfg, SECTION, keys, BD_CONFIG_DEFAULT_PATH, argc, argv, err,
-				     sizeof(err));
-
-	if (e == 1) {
-		usage(stdout);
-	} else if (e < 0) {
-		bd_log_err("%s", err);
-		if (e == -EINVAL)
-			usage(stderr);
-	}
-	return e < 0 ? -EINVAL : e;
-}
-
-static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
-{
-	int verbose;
+	const struct bd_daemon *d = &w->d;
+	struct wd_opts *o = &w->o;
 	int64_t seed;
-	bool b;
-	const char *bad = bd_config_unknown(cfg, SECTION, keys);
-	if (bad) {
-		bd_log_err("unknown key '%s' in [%s]", bad, SECTION);
-		return -EINVAL;
-	}
-	if (get_int(cfg, "tp", 1, BD_ALLREDUCE_MAX_TP, &o->tp) < 0 ||
-	    get_int(cfg, "rank", 0, o->tp - 1, &o->rank) < 0 ||
-	    get_int(cfg, "threads", 1, 256, &o->threads) < 0 ||
-	    get_int(cfg, "allreduce_timeout_ms", 100, 3600000, &o->ar_timeout_ms) < 0 ||
-	    get_int(cfg, "verbose", 0, 1, &verbose) < 0)
+	int verbose;
+
+	if (bd_daemon_get_int(d, "tp", 1, BD_ALLREDUCE_MAX_TP, &o->tp) < 0 ||
+	    bd_daemon_get_int(d, "rank", 0, o->tp - 1, &o->rank) < 0 ||
+	    bd_daemon_get_int(d, "threads", 1, 256, &o->threads) < 0 ||
+	    bd_daemon_get_int(d, "allreduce_timeout_ms", 100, 3600000, &o->ar_timeout_ms) < 0 ||
+	    bd_daemon_get_int(d, "verbose", 0, 1, &verbose) < 0 ||
+	    bd_daemon_get_int(d, "device", -1, 1023, &o->device) < 0 ||
+	    bd_daemon_get_int(d, "max_batch", 1, 1024, &o->max_batch) < 0 ||
+	    bd_daemon_get_int(d, "max_tokens", 0, 1 << 24, &o->max_tokens) < 0 ||
+	    bd_daemon_get_int(d, "max_prefill", 1, 1 << 24, &o->max_prefill) < 0 ||
+	    bd_daemon_get_i64(d, "seed", 0, INT64_MAX, &seed) < 0 ||
+	    bd_daemon_get_bool(d, "synthetic_prefill", &o->synthetic_prefill) < 0 ||
+	    bd_daemon_get_bool(d, "cuda_graphs", &o->cuda_graphs) < 0)
 		return -EINVAL;
 	o->verbose = verbose;
-	if (get_int(cfg, "device", -1, 1023, &o->device) < 0 ||
-	    get_int(cfg, "max_batch", 1, 1024, &o->max_batch) < 0 ||
-	    get_int(cfg, "max_tokens", 0, 1 << 24, &o->max_tokens) < 0 ||
-	    get_int(cfg, "max_prefill", 1, 1 << 24, &o->max_prefill) < 0)
-		return -EINVAL;
-	if (bd_config_get_i64(cfg, SECTION, "seed", 1, 0, INT64_MAX, &seed) < 0) {
-		bd_log_err("seed = '%s': not an integer in 0..2^63-1", get_str(cfg, "seed"));
-		return -EINVAL;
-	}
 	o->seed = (uint64_t)seed;
-	if (bd_config_get_bool(cfg, SECTION, "synthetic_prefill", false, &b) < 0) {
-		bd_log_err("synthetic_prefill = '%s': not a boolean", get_str(cfg, "synthetic_prefill"));
-		return -EINVAL;
-	}
-	o->synthetic_prefill = b;
-	if (bd_config_get_bool(cfg, SECTION, "cuda_graphs", true, &b) < 0) {
-		bd_log_err("cuda_graphs = '%s': not a boolean", get_str(cfg, "cuda_graphs"));
-		return -EINVAL;
-	}
-	o->cuda_graphs = b;
-	o->weights = get_str(cfg, "weights");
+	o->weights = bd_daemon_get_str(d, "weights");
 	if (strcmp(o->weights, "bf16") && strcmp(o->weights, "f32")) {
 		bd_log_err("weights = '%s': bf16 or f32", o->weights);
 		return -EINVAL;
 	}
-	o->random_weights = get_str(cfg, "random_weights");
+	o->random_weights = bd_daemon_get_str(d, "random_weights");
 	if (*o->random_weights) {
 		struct bd_model_hparams hp;
 		if (bd_model_preset(o->random_weights, &hp) < 0) {
@@ -193,15 +101,15 @@ static int read_opts(const struct bd_config *cfg, struct wd_opts *o)
 			return -EINVAL;
 		}
 	}
-	o->calib = get_str(cfg, "calib");
-	o->model = get_str(cfg, "model");
+	o->calib = bd_daemon_get_str(d, "calib");
+	o->model = bd_daemon_get_str(d, "model");
 	if (!*o->model) {
 		const char *env = getenv("BD_MODEL");
 		o->model = env && *env ? env : DEFAULT_MODEL;
 	}
-	o->pool_socket = get_str(cfg, "pool_socket");
-	o->router = get_str(cfg, "router");
-	o->ar_dir = get_str(cfg, "allreduce_dir");
+	o->pool_socket = bd_daemon_get_str(d, "pool_socket");
+	o->router = bd_daemon_get_str(d, "router");
+	o->ar_dir = bd_daemon_get_str(d, "allreduce_dir");
 	if (!*o->router || !*o->pool_socket || !*o->ar_dir) {
 		bd_log_err("router, pool_socket and allreduce_dir must not be empty");
 		return -EINVAL;
@@ -215,26 +123,23 @@ static void send_register(struct wd *w)
 {
 	Bdfp4__WorkerMessage m = BDFP4__WORKER_MESSAGE__INIT;
 	Bdfp4__RegisterRequest rq = BDFP4__REGISTER_REQUEST__INIT;
-	uint8_t id[128];
-	size_t id_len = 0;
+	uint8_t id[WD_NCCL_ID_MAX];
 
 	rq.version = WD_PROTO_VERSION;
 	rq.rank = w->o.rank;
 	rq.tp = (uint32_t)w->o.tp;
 	rq.pid = (int32_t)getpid();
 	rq.backend = (char *)w->geo->backend;
-	rq.device = w->gpu ? w->o.device : -1;
 	rq.model = w->model_name;
 	rq.n_vocab = (uint32_t)w->hp.n_vocab;
 	rq.n_layers = (uint32_t)w->hp.n_layers;
 	rq.kv_config = (char *)w->geo->kv_config;
-	/* rank 0 makes the NCCL id of the next epoch; the router relays it to every rank */
-	if (w->gpu && wd_gpu_register_id(w, id, &id_len) < 0) {
+	/* the device; rank 0 of the cuda backend makes the NCCL id of the next epoch, which the
+	 * router relays to every rank */
+	if (w->be->register_fill(w, &rq, id) < 0) {
 		w->retry_at = bd_now_ms() + 1000;
 		return;
 	}
-	rq.nccl_unique_id.data = id;
-	rq.nccl_unique_id.len = id_len;
 	m.msg_case = BDFP4__WORKER_MESSAGE__MSG_REGISTER_REQUEST;
 	m.register_request = &rq;
 	/* stamped before the send: the I/O thread may note the drop before wd_send returns */
@@ -242,31 +147,16 @@ static void send_register(struct wd *w)
 	w->last_register = bd_now_ms();
 	if (wd_send(w, &m) < 0)
 		bd_log_err("register: send failed");
-	set_status(w, "rank %d of %d: registering with %s", w->o.rank, w->o.tp, w->o.router);
+	bd_daemon_status(&w->d, "rank %d of %d: registering with %s", w->o.rank, w->o.tp,
+			 w->o.router);
 }
 
-/* Out of the group: every sequence, the all-reduce, the epoch. */
+/* Out of the group: every request, the collective, the epoch. */
 static void leave_group(struct wd *w)
 {
-	wd_drop_all(w);
-	if (w->gpu)
-		wd_gpu_leave(w);
-	bd_allreduce_close(w->ar);
-	w->ar = NULL;
+	w->be->leave(w);
 	w->epoch = 0;
 	atomic_store(&w->pub_epoch, 0);
-}
-
-static bool name_ok(const char *s)
-{
-	size_t n = strlen(s);
-	if (n == 0 || n > 128 || s[0] == '.')
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!(s[i] == '-' || s[i] == '_' || s[i] == '.' || (s[i] >= '0' && s[i] <= '9') ||
-		      (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
-			return false;
-	return true;
 }
 
 /* Returns 1 when the reply is fatal (the worker cannot serve this router). */
@@ -293,44 +183,21 @@ static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 	}
 	if (rr->heartbeat_ms >= 10 && rr->heartbeat_ms <= 60000)
 		atomic_store(&w->heartbeat_ms, (int)rr->heartbeat_ms);
-	if (w->gpu) {
-		int r = wd_gpu_join(w, rr->nccl_unique_id.data, rr->nccl_unique_id.len);
-		if (r == -EIO)
+	int r = w->be->join(w, rr);
+	if (r < 0) {
+		if (w->be->health(w) == WD_DEAD)
 			return 1;
-		if (r < 0) {
-			w->retry_at = bd_now_ms() + 500;
-			return 0;
-		}
-	} else if (w->o.tp > 1) {
-		char path[512];
-		if (!rr->allreduce_name || !name_ok(rr->allreduce_name)) {
-			bd_log_err("RegisterReply: bad all-reduce name '%s'",
-			       rr->allreduce_name ? rr->allreduce_name : "");
-			w->retry_at = bd_now_ms() + 1000;
-			return 0;
-		}
-		snprintf(path, sizeof(path), "%s/%s", w->o.ar_dir, rr->allreduce_name);
-		int r = bd_allreduce_open(path, w->o.rank, w->o.tp, WD_AR_CAP, w->o.ar_timeout_ms,
-					  &w->ar);
-		if (r == 0)
-			r = bd_allreduce_join(w->ar, WD_JOIN_TIMEOUT_MS);
-		/* both ranks have it mapped (or gave up): the name can go */
-		unlink(path);
-		if (r < 0) {
-			bd_log_err("all-reduce %s: %s; registering again", path, strerror(-r));
-			bd_allreduce_close(w->ar);
-			w->ar = NULL;
-			w->retry_at = bd_now_ms() + 500;
-			return 0;
-		}
+		/* a reply that cannot be used waits like a refused registration */
+		w->retry_at = bd_now_ms() + (r == -EBADMSG ? 1000 : 500);
+		return 0;
 	}
 	w->epoch = rr->epoch;
 	w->owner = rr->owner;
 	atomic_store(&w->pub_epoch, w->epoch);
 	bd_log_info("in the group: epoch %llu, rank %d of %d", (unsigned long long)w->epoch,
 		w->o.rank, w->o.tp);
-	set_status(w, "rank %d of %d: serving, epoch %llu", w->o.rank, w->o.tp,
-		   (unsigned long long)w->epoch);
+	bd_daemon_status(&w->d, "rank %d of %d: serving, epoch %llu", w->o.rank, w->o.tp,
+			 (unsigned long long)w->epoch);
 	return 0;
 }
 
@@ -350,11 +217,9 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 		break;
 	case BDFP4__ROUTER_MESSAGE__MSG_PLAN:
 		wd_run_plan(w, m->plan);
-		if (w->gpu && w->epoch && wd_gpu_broken(w) && !wd_gpu_dead(w)) {
-			/* NCCL cannot tell a hung peer from a slow one the way the all-reduce
-			 * file locks do: registering again makes the router reset the group */
-			bd_log_warn("the NCCL communicator of epoch %llu failed: registering again",
-				(unsigned long long)w->epoch);
+		if (w->epoch && w->be->health(w) == WD_REJOIN) {
+			bd_log_warn("the %s of epoch %llu failed: registering again",
+				    w->be->collective, (unsigned long long)w->epoch);
 			leave_group(w);
 			send_register(w);
 		}
@@ -377,8 +242,8 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 		/* the first register goes out GONE_RETRY_MS from now, when this router is gone */
 		w->registering = true;
 		w->last_register = bd_now_ms();
-		set_status(w, "rank %d of %d: the router stopped; waiting for it", w->o.rank,
-			   w->o.tp);
+		bd_daemon_status(&w->d, "rank %d of %d: the router stopped; waiting for it",
+				 w->o.rank, w->o.tp);
 		break;
 	default:
 		bd_log_warn("router frame of no known type: ignored");
@@ -389,6 +254,29 @@ static int on_router_frame(struct wd *w, const void *buf, size_t len)
 }
 
 /* ---- start, loop, stop ------------------------------------------------------------------- */
+
+/* The backends this workerd was built with; the cuda one only where nvcc was. */
+static const struct wd_backend *const backends[] = {
+	&wd_backend_cpu,
+#ifdef BD_WORKERD_CUDA
+	&wd_backend_cuda,
+#endif
+};
+
+/* The backend of the pool's, or NULL (logged). */
+static const struct wd_backend *find_backend(const char *name)
+{
+	for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++)
+		if (!strcmp(backends[i]->name, name))
+			return backends[i];
+	if (!strcmp(name, "cuda"))
+		bd_log_err("the pool's backend is cuda, but this workerd was built without CUDA "
+			   "support (no nvcc at build time, or a SAN=1 build): rebuild on a machine "
+			   "with the CUDA toolkit, or run kvpoold --backend cpu");
+	else
+		bd_log_err("the pool's backend is '%s': workerd runs cpu and cuda", name);
+	return NULL;
+}
 
 /* μ_k and τ of the calibration file, checked against the model (its file's checksum when it
  * has one) and this rank's pool shape. */
@@ -474,28 +362,12 @@ static int setup(struct wd *w)
 		       w->hp.n_layers, sh.n_kv_heads, w->hp.head_dim);
 		return -EINVAL;
 	}
-	if (!strcmp(w->geo->backend, "cuda")) {
-		if ((r = wd_gpu_setup(w)) < 0)
-			return r;
-	} else if (!strcmp(w->geo->backend, "cpu")) {
-		if (*w->o.random_weights || w->o.synthetic_prefill) {
-			bd_log_err("%s needs a pool of the cuda backend; this pool's is cpu",
-			       *w->o.random_weights ? "random_weights" : "synthetic_prefill");
-			return -ENOTSUP;
-		}
-		if ((r = bd_kvmem_pool_new(w->pool, &w->mem)) < 0) {
-			bd_log_err("pool arena: %s", strerror(-r));
-			return r;
-		}
-	} else {
-		bd_log_err("the pool's backend is '%s': workerd runs cpu and cuda", w->geo->backend);
+	if (!(w->be = find_backend(w->geo->backend)))
 		return -ENOTSUP;
-	}
+	if ((r = w->be->setup(w)) < 0)
+		return r;
 	bd_log_info("attached to kvpoold: %s backend, %s, %zu pages, %zu slots", w->geo->backend,
 		w->geo->kv_config, w->geo->n_pages, w->geo->n_slots);
-	if (w->o.rank == 0 && !w->gpu &&
-	    !(w->logits = malloc(sizeof(float) * (size_t)w->hp.n_vocab)))
-		return -ENOMEM;
 
 	w->zctx = zmq_ctx_new();
 	if (!w->zctx)
@@ -515,48 +387,53 @@ static int setup(struct wd *w)
 
 static void teardown(struct wd *w)
 {
-	leave_group(w);
+	if (w->be)
+		leave_group(w);
 	wd_io_stop(w);
 	if (w->pair)
 		zmq_close(w->pair);
 	if (w->zctx)
 		zmq_ctx_term(w->zctx);
-	wd_gpu_teardown(w);
-	bd_kvmem_ext_free(w->mem);
+	if (w->be)
+		w->be->teardown(w);
 	bd_pool_detach(w->pool);
 	bd_model_free(w->model);
 	bd_calib_free(w->calib);
-	free(w->logits);
-	if (w->sig_fd >= 0)
-		close(w->sig_fd);
+}
+
+/* The signals pending. Returns 1 when one asks to stop. */
+static int on_signals(struct wd *w)
+{
+	int signo;
+
+	while ((signo = bd_daemon_signal(&w->d)) > 0) {
+		if (signo == SIGUSR1) {
+			/* the benchmark's cue: timing of the steps since the last */
+			w->be->report(w);
+			continue;
+		}
+		bd_log_info("signal %d: stopping", signo);
+		return 1;
+	}
+	return 0;
 }
 
 /* Returns the exit status. */
 static int run(struct wd *w)
 {
 	send_register(w);
-	while (!w->stop) {
+	for (;;) {
 		zmq_pollitem_t it[3] = {
 			{ w->pair, 0, ZMQ_POLLIN, 0 },
-			{ NULL, w->sig_fd, ZMQ_POLLIN, 0 },
+			{ NULL, w->d.signal_fd, ZMQ_POLLIN, 0 },
 			{ NULL, bd_pool_attach_fd(w->pool), ZMQ_POLLIN, 0 },
 		};
 		if (zmq_poll(it, 3, 200) < 0 && zmq_errno() != EINTR) {
 			bd_log_err("poll: %s", zmq_strerror(zmq_errno()));
 			return 1;
 		}
-		if (it[1].revents & ZMQ_POLLIN) {
-			unsigned char signo;
-			if (read(w->sig_fd, &signo, 1) == 1) {
-				if (signo == SIGUSR1) {
-					/* the benchmark's cue: timing of the steps since the last */
-					wd_gpu_report(w);
-					continue;
-				}
-				bd_log_info("signal %u: stopping", signo);
-				return 0;
-			}
-		}
+		if ((it[1].revents & ZMQ_POLLIN) && on_signals(w))
+			return 0;
 		if (it[2].revents & ZMQ_POLLIN) {
 			bd_log_err("kvpoold closed the attach socket (it stopped): exiting");
 			return 1;
@@ -572,12 +449,13 @@ static int run(struct wd *w)
 			zmq_msg_close(&msg);
 			if (fatal)
 				return 1;
-			if (w->gpu && wd_gpu_dead(w)) {
-				bd_log_err("the GPU model failed: exiting (to be restarted)");
+			if (w->be->health(w) == WD_DEAD) {
+				bd_log_err("the %s backend failed: exiting (to be restarted)",
+					   w->be->name);
 				return 1;
 			}
 			/* a signal waits at most one frame */
-			struct pollfd pfd = { .fd = w->sig_fd, .events = POLLIN };
+			struct pollfd pfd = { .fd = w->d.signal_fd, .events = POLLIN };
 			if (poll(&pfd, 1, 0) > 0)
 				break;
 		}
@@ -613,43 +491,20 @@ static int run(struct wd *w)
 			send_register(w);
 		}
 	}
-	return 0;
 }
 
 int main(int argc, char **argv)
 {
-	struct wd w = { .sig_fd = -1 };
-	struct bd_config *cfg = bd_config_new();
-	struct sigaction sa = { .sa_handler = on_signal };
-	int e, status = 1, pfd[2];
+	struct wd w = { .d = { .name = "workerd", .about = ABOUT, .section = SECTION,
+			       .keys = keys } };
+	int e = bd_daemon_start(&w.d, argc, argv), status = 1;
 
-	bd_log_init("workerd");
-	setvbuf(stderr, NULL, _IOLBF, 0);
-	signal(SIGPIPE, SIG_IGN);
-	/* no controlling terminal to lose: a stray SIGHUP must not stop a rank mid-step */
-	signal(SIGHUP, SIG_IGN);
-	bd_ipc_raise_nofile();
-	if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
-		fprintf(stderr, "workerd: pipe: %s\n", strerror(errno));
-		return 1;
-	}
-	w.sig_fd = pfd[0];
-	sig_pipe_w = pfd[1];
-	sigemptyset(&sa.sa_mask);
-	sa.sa_flags = SA_RESTART;
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGUSR1, &sa, NULL);
-	if (!cfg) {
-		fprintf(stderr, "workerd: out of memory\n");
-		return 1;
-	}
-	e = parse_args(cfg, argc, argv);
 	if (e == 0)
-		e = read_opts(cfg, &w.o);
+		e = read_opts(&w);
 	if (e != 0) {
-		bd_config_free(cfg);
-		return e > 0 ? 0 : 2;
+		bd_daemon_end(&w.d);
+		/* --help: 0; a bad flag, file or value: 2; anything else (no memory): 1 */
+		return e > 0 ? 0 : e == -EINVAL ? 2 : 1;
 	}
 	{
 		char ident[32];
@@ -657,19 +512,17 @@ int main(int argc, char **argv)
 		snprintf(ident, sizeof(ident), "workerd[%d]", w.o.rank);
 		bd_log_init(ident);
 	}
-	if (sd_watchdog_enabled(0, &w.watchdog_usec) <= 0)
-		w.watchdog_usec = 0;
-	if (setup(&w) < 0)
-		goto out;
-	snprintf(w.status, sizeof(w.status), "rank %d of %d: registering with %s", w.o.rank,
-		 w.o.tp, w.o.router);
-	sd_notifyf(0, "READY=1\nSTATUS=%s", w.status);
-	bd_log_info("ready: rank %d of %d, router %s", w.o.rank, w.o.tp, w.o.router);
-	status = run(&w);
-	sd_notify(0, "STOPPING=1");
-	wd_gpu_report(&w);
-out:
+	bd_log_set_debug(w.o.verbose);
+	if (setup(&w) == 0) {
+		bd_daemon_ready(&w.d);
+		bd_daemon_status(&w.d, "rank %d of %d: registering with %s", w.o.rank, w.o.tp,
+				 w.o.router);
+		bd_log_info("ready: rank %d of %d, router %s", w.o.rank, w.o.tp, w.o.router);
+		status = run(&w);
+		bd_daemon_stopping(&w.d);
+		w.be->report(&w);
+	}
 	teardown(&w);
-	bd_config_free(cfg);
+	bd_daemon_end(&w.d);
 	return status;
 }

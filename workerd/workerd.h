@@ -1,9 +1,14 @@
-/* workerd.h — the tensor-parallel worker daemon's context, shared by its files.
+/* workerd.h — the tensor-parallel worker daemon's context and its backend table, shared by
+ * its files.
  *
- * Two threads: the compute thread (main.c's loop and step.c) owns the model, the pool arena,
- * the sequences and the all-reduce; the I/O thread (io.c) owns the ZeroMQ DEALER to the router,
- * forwards frames both ways over an inproc PAIR and sends heartbeats (and the systemd
- * watchdog) on its own clock, so a long step never starves them.
+ * Two threads: the compute thread (main.c's loop, step.c and the backend) owns the model, the
+ * pool arena, the requests and the collective between the ranks; the I/O thread (io.c) owns
+ * the ZeroMQ DEALER to the router, forwards frames both ways over an inproc PAIR and sends
+ * heartbeats (and the systemd watchdog) on its own clock, so a long step never starves them.
+ *
+ * Who calls whom: main.c calls every file; step.c calls io.c and the backend through the table;
+ * cpu.c and gpu.c (the backends) call row.c, gpu.c also growmap.c; io.c, row.c and growmap.c
+ * call no other file of workerd/. No file calls back into one that calls it.
  */
 #ifndef BD_WORKERD_H
 #define BD_WORKERD_H
@@ -11,37 +16,29 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/bd_clock.h"
+#include "base/bd_daemon.h"
 #include "base/bd_log.h"
-#include "serve/bd_allreduce.h"
+#include "quant/bd_attn_ref.h"
 #include "quant/bd_calib.h"
 #include "model/bd_forward.h"
 #include "pool/bd_kvmem_pool.h"
 #include "pool/bd_pool_client.h"
-#include "model/bd_sampler.h"
-#include "growmap.h"
 #include "serve.pb-c.h"
 
 #define WD_PROTO_VERSION 1
 #define WD_MAX_FRAME (64u << 20)        /* router frames beyond this are refused */
-#define WD_AR_CAP (1u << 16)            /* floats per all-reduce round */
-#define WD_JOIN_TIMEOUT_MS 10000
 #define WD_DEFAULT_HEARTBEAT_MS 250
 #define WD_IO_ENDPOINT_FMT "inproc://workerd-io-%p"
 #define WD_MSG_MAX 200
 #define WD_TOP_MAX 64
+#define WD_NCCL_ID_MAX 128              /* bytes of RegisterRequest.nccl_unique_id */
 
 /* Frames on the inproc pair, compute → I/O: one frame, sent to the router as it is; an empty
  * frame stops the I/O thread. I/O → compute: a router frame as it came. */
-
-struct wd_seq {
-	uint64_t request_id;
-	struct bd_seq *seq;
-	struct bd_sampler *sampler; /* rank 0 */
-	struct wd_seq *next;
-};
 
 struct wd_opts {
 	int rank, tp, threads, ar_timeout_ms;
@@ -58,7 +55,7 @@ struct wd_opts {
 	const char *calib;          /* calibration file (μ_k, τ), or "" */
 };
 
-/* One row's result as it is built (step.c, gpu.c). */
+/* One row's result as it is built (row.c; filled by the backends). */
 struct wd_row_out {
 	Bdfp4__RowResult rr;
 	char msg[WD_MSG_MAX];
@@ -66,35 +63,86 @@ struct wd_row_out {
 	Bdfp4__TopLogit *topp[WD_TOP_MAX];
 };
 
-struct wd_gpu; /* gpu.c's state: device, model, NCCL communicator, timing */
+/* What a backend says of itself between steps. */
+enum wd_health {
+	WD_HEALTHY = 0,
+	/* the collective of this epoch is broken (a rank died or left) or not there yet: steps
+	 * fail with SERVE_ERR_WORKER_FAILED until the router resets the group */
+	WD_BROKEN,
+	/* broken, and this rank registers again itself, which makes the router reset the group
+	 * (NCCL cannot tell a hung peer from a slow one the way the all-reduce's file locks do) */
+	WD_REJOIN,
+	/* the backend failed for good: the worker exits 1 and is restarted */
+	WD_DEAD,
+};
+
+struct wd;
+
+/* One table of operations per backend (STYLE.md 2), chosen once at start from the pool's
+ * backend (main.c); cpu.c and gpu.c implement it. Every operation runs on the compute thread;
+ * each keeps its state behind wd->be_state. */
+struct wd_backend {
+	const char *name;       /* the pool's backend it runs on: "cpu", "cuda" */
+	const char *collective; /* what joins the ranks, for messages: "all-reduce", ... */
+	/* After the pool attached and the shard (or its shape, with random_weights) loaded: the
+	 * KV memory over the pool's arena and the backend's state. Returns 0 or -errno, logged
+	 * (-ENOTSUP: an option this backend cannot serve). teardown runs either way. */
+	int (*setup)(struct wd *w);
+	/* Frees what setup made, after leave; accepts a setup that failed part way, or none. */
+	void (*teardown)(struct wd *w);
+	/* The backend's part of a RegisterRequest: rq->device and rq->nccl_unique_id (its bytes
+	 * into id[WD_NCCL_ID_MAX], which the caller keeps until the send). Returns 0, or -errno
+	 * (logged: register again later). */
+	int (*register_fill)(struct wd *w, Bdfp4__RegisterRequest *rq, uint8_t *id);
+	/* The RegisterReply's group joined (the all-reduce file it names, the NCCL id it relays).
+	 * Returns 0, -EBADMSG when the reply cannot be used (logged: register again in a
+	 * second), or another -errno (logged: register again soon); health() is WD_DEAD when the
+	 * failure is for good. */
+	int (*join)(struct wd *w, const Bdfp4__RegisterReply *rr);
+	/* Out of the group: every request dropped, the collective closed. Accepts a backend
+	 * never joined or never set up. */
+	void (*leave)(struct wd *w);
+	enum wd_health (*health)(const struct wd *w);
+	/* StepPlan.release: the request's state dropped (unknown ids are ignored). */
+	void (*release)(struct wd *w, uint64_t request_id);
+	/* Runs the rows of a plan, out[n_rows] initialized (request id, token −1, no error): each
+	 * row's result or row error into out[i], in the same calls on every rank. Sets *ret_error
+	 * and msg[cap] when the step as a whole failed (the collective broke). */
+	void (*run_rows)(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+			 Bdfp4__ServeError *ret_error, char *msg, size_t cap);
+	/* A plan of n_rows rows run and its StepResult sent, us µs after wd_run_plan's entry. */
+	void (*note_plan)(struct wd *w, size_t n_rows, double us);
+	/* The timing since the last report logged (SIGUSR1, exit) and started over. */
+	void (*report)(struct wd *w);
+};
+
+extern const struct wd_backend wd_backend_cpu; /* cpu.c */
+#ifdef BD_WORKERD_CUDA
+extern const struct wd_backend wd_backend_cuda; /* gpu.c, built where nvcc is */
+#endif
 
 struct wd {
+	struct bd_daemon d;         /* configuration, signal fd, sd_notify (bd_daemon.h) */
 	struct wd_opts o;
-	struct bd_model *model;   /* CPU backend: the shard (the cuda backend frees it once uploaded) */
+	const struct wd_backend *be; /* NULL until the pool's backend is known */
+	void *be_state;             /* the backend's own (cpu.c, gpu.c) */
+	struct bd_model *model;     /* the host shard (the cuda backend frees it once uploaded) */
 	struct bd_model_hparams hp; /* the whole model's shape */
 	char model_name[256]; /* base name (or the preset's name), as registered */
-	struct bd_calib *calib;   /* or NULL */
+	struct bd_calib *calib;     /* or NULL */
 	struct bd_decode_params dp; /* the defaults, τ from the calibration */
 	struct bd_pool_attach *pool;
 	const struct bd_pool_geometry *geo;
 	const struct bd_kvcfg *pool_cfg;
-	struct bd_kvmem *mem;
 
 	void *zctx, *pair; /* compute side of the inproc pair */
 	char io_endpoint[64];
 	pthread_t io;
 	bool io_started;
-	int sig_fd;
 
-	/* the group: 0 until a RegisterReply; the all-reduce of this epoch */
+	/* the group: 0 until a RegisterReply */
 	uint64_t epoch, owner;
-	struct bd_allreduce *ar;
 	bool registering;
-	struct wd_seq *seqs;      /* CPU backend */
-	float *logits; /* [V], rank 0 */
-	struct wd_gpu *gpu;       /* cuda backend, else NULL */
-	struct wd_gtab gtab;      /* cuda backend: the requests this rank serves */
-
 	int64_t last_register, retry_at; /* ms; retry_at 0: no retry planned */
 
 	/* shared with the I/O thread */
@@ -102,52 +150,30 @@ struct wd {
 	_Atomic int heartbeat_ms;
 	_Atomic int64_t last_router_ms; /* the last frame from the router */
 	_Atomic int64_t last_drop_ms;   /* the last frame to it dropped (no connection) */
-	uint64_t watchdog_usec;
-	char status[256]; /* the last STATUS= sent */
-	bool stop;
 };
 
 /* io.c */
+/* Connects the DEALER to o.router and starts the I/O thread (the systemd watchdog period
+ * read from the environment). Returns 0 or -errno (logged). */
 int wd_io_start(struct wd *w);
+/* Stops and joins the I/O thread; a no-op when it never started. */
 void wd_io_stop(struct wd *w);
 /* Sends a WorkerMessage to the router through the I/O thread. Returns 0 or -errno. */
 int wd_send(struct wd *w, const Bdfp4__WorkerMessage *m);
 
 /* step.c */
+/* Runs one plan (epoch and health checked, releases, the backend's rows) and sends the
+ * StepResult. Never fails: errors go into the result. */
+void wd_run_plan(struct wd *w, const Bdfp4__StepPlan *plan);
+
+/* row.c: building row results, for the backends */
 /* ServeError of a -errno of the model or the pool. */
 Bdfp4__ServeError wd_serve_error(int e);
 /* Fails a row (error code and message). Returns -1. */
 int wd_row_fail(struct wd_row_out *o, Bdfp4__ServeError code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-/* Runs one plan and sends the StepResult. Never fails: errors go into the result. */
-void wd_run_plan(struct wd *w, const Bdfp4__StepPlan *plan);
-/* Drops every sequence (Reset, a new epoch, exit). */
-void wd_drop_all(struct wd *w);
-
-/* gpu.c: the cuda backend (a workerd built without CUDA has stubs that refuse it) */
-/* Maps kvpoold's arena, builds the model on the device (w->model uploaded and freed, or
- * random weights), fills w->gpu. Returns 0 or -errno (logged). */
-int wd_gpu_setup(struct wd *w);
-void wd_gpu_teardown(struct wd *w);
-/* Rank 0 of tp > 1: a new NCCL unique id for the RegisterRequest, id[*len] (≤ 128 bytes).
- * Returns 0 (*len 0 when no id is needed) or -errno. */
-int wd_gpu_register_id(struct wd *w, uint8_t *id, size_t *len);
-/* RegisterReply: join the group's communicator (tp > 1) and hand it to the model. Returns 0, or
- * -errno (logged; register again), or -EIO when the model cannot go on (fatal). */
-int wd_gpu_join(struct wd *w, const uint8_t *id, size_t len);
-/* Out of the group: the communicator aborted (the model keeps no request state). */
-void wd_gpu_leave(struct wd *w);
-/* True when this epoch's communicator failed (a peer died): steps fail until a Reset. */
-bool wd_gpu_broken(const struct wd *w);
-/* True when the model failed for good (-EIO): the worker exits 1 and is restarted. */
-bool wd_gpu_dead(const struct wd *w);
-/* Runs the rows of a plan (out[] initialized); sets *ret_error and msg when the step failed. */
-void wd_gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
-		     Bdfp4__ServeError *ret_error, char *msg, size_t cap);
-/* Logs the decode-step timing since the last report (SIGUSR1, exit) and starts over. */
-void wd_gpu_report(struct wd *w);
-/* A plan of n_rows rows run and its StepResult sent, us µs after wd_run_plan's entry (the
- * plan's wall time on the worker, for the timing report). No-op without a cuda backend. */
-void wd_gpu_note_plan(struct wd *w, size_t n_rows, double us);
+/* Fails every row of the plan with code and msg (no memory to run them). */
+void wd_rows_fail(const Bdfp4__StepPlan *plan, struct wd_row_out *out, Bdfp4__ServeError code,
+		  const char *msg);
 
 #endif

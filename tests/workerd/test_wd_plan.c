@@ -55,6 +55,30 @@ static void decode_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int32_t *tok, in
 	r->sample = true;
 }
 
+/* A prefill of request id that maps and runs: its record then holds the n tokens. */
+static void prefilled(struct wd_gtab *t, uint64_t id, int n, int32_t slot, int32_t *pages,
+		      uint32_t capacity)
+{
+	Bdfp4__PlanRow r;
+	struct wd_gitem it;
+	char msg[200];
+
+	prefill_row(&r, id, n, slot, pages, capacity);
+	cr_assert_eq(wd_gmap(t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gdone(t, &it, true);
+}
+
+/* r refused under lim with code and a message that names why. */
+static void refused(struct wd_gtab *t, const Bdfp4__PlanRow *r, const struct wd_glimits *lim,
+		    int code, const char *why)
+{
+	struct wd_gitem it;
+	char msg[200];
+
+	cr_assert_eq(wd_gmap(t, r, lim, &it, msg, sizeof(msg)), code, "%s", msg);
+	cr_assert_not_null(strstr(msg, why), "%s", msg);
+}
+
 /* A real prefill of 300 tokens fills pages 0 and 1 (positions 0..255); the record then holds
  * 300 tokens, those two pages, one draw, and the sampling parameters of the row. */
 Test(wd_plan, prefill_maps_and_the_record_follows)
@@ -125,21 +149,16 @@ Test(wd_plan, decode_promotes_at_the_page_boundary)
 	int32_t pages[3] = { 1, 2, 9 }, tok = 3;
 	char msg[200];
 
-	prefill_row(&r, 1, 383, 0, pages, 1000);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
-	wd_gdone(&t, &it, true);
+	prefilled(&t, 1, 383, 0, pages, 1000);
 	cr_assert_eq(wd_gtab_find(&t, 1)->n_pages, 2);
 
 	/* no page named: refused, and the sequence is dropped */
 	decode_row(&r, 1, 383, &tok, 0, pages, 2, NULL, 0);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
-	cr_assert_not_null(strstr(msg, "fills a page"), "%s", msg);
+	refused(&t, &r, &LIM, INV, "fills a page");
 	cr_assert_null(wd_gtab_find(&t, 1));
 
 	/* again, with the page */
-	prefill_row(&r, 1, 383, 0, pages, 1000);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
-	wd_gdone(&t, &it, true);
+	prefilled(&t, 1, 383, 0, pages, 1000);
 	decode_row(&r, 1, 383, &tok, 0, pages, 2, &pages[2], 1);
 	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
 	cr_assert_eq(it.g.n_new, 1);
@@ -151,8 +170,7 @@ Test(wd_plan, decode_promotes_at_the_page_boundary)
 	/* a page named for position 384, which completes none */
 	wd_gdone(&t, &it, true);
 	decode_row(&r, 1, 385, &tok, 0, pages, 3, &pages[0], 1);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
-	cr_assert_not_null(strstr(msg, "fills none"), "%s", msg);
+	refused(&t, &r, &LIM, INV, "fills none");
 	wd_gtab_clear(&t);
 }
 
@@ -214,8 +232,7 @@ Test(wd_plan, synthetic_prefill_splits_fill_and_last_token)
 	prefill_row(&r, 4, 600, 3, pages, 700);
 	cr_assert_eq(wd_gmap(&t, &r, &lim, &it2, msg, sizeof(msg)), 0, "%s", msg);
 	prefill_row(&r, 5, 600, 4, pages, 700);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it2, msg, sizeof(msg)), INV);
-	cr_assert_not_null(strstr(msg, "max_prefill"), "%s", msg);
+	refused(&t, &r, &LIM, INV, "max_prefill");
 	cr_assert_null(wd_gtab_find(&t, 5));
 	wd_gtab_clear(&t);
 }
@@ -230,11 +247,8 @@ Test(wd_plan, inconsistent_row_fails_others_run)
 	int32_t pages[3][2] = { { 1, 2 }, { 3, 4 }, { 5, 6 } }, wrong[2] = { 4, 3 }, tok = 7;
 	char msg[3][200];
 
-	for (int i = 0; i < 3; i++) {
-		prefill_row(&r[i], 10 + (uint64_t)i, 260, i, pages[i], 600);
-		cr_assert_eq(wd_gmap(&t, &r[i], &LIM, &it[i], msg[i], 200), 0, "%s", msg[i]);
-		wd_gdone(&t, &it[i], true);
-	}
+	for (int i = 0; i < 3; i++)
+		prefilled(&t, 10 + (uint64_t)i, 260, i, pages[i], 600);
 	decode_row(&r[0], 10, 260, &tok, 0, pages[0], 2, NULL, 0);
 	decode_row(&r[1], 11, 260, &tok, 1, wrong, 2, NULL, 0);
 	decode_row(&r[2], 12, 260, &tok, 2, pages[2], 2, NULL, 0);
@@ -266,9 +280,7 @@ Test(wd_plan, bad_rows_are_refused)
 	int32_t pages[4] = { 1, 2, 3, 4 }, far = 100, tok = 5, big = 1000;
 	char msg[200];
 
-	prefill_row(&r, 1, 10, 2, NULL, 64);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
-	wd_gdone(&t, &it, true);
+	prefilled(&t, 1, 10, 2, NULL, 64);
 
 	struct {
 		Bdfp4__PlanRow r;
@@ -329,23 +341,17 @@ Test(wd_plan, bad_rows_are_refused)
 
 	/* decodes of request 1 that lie: wrong position, wrong slot; each drops it */
 	decode_row(&r, 1, 11, &tok, 2, NULL, 0, NULL, 0);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
-	cr_assert_not_null(strstr(msg, "position"), "%s", msg);
+	refused(&t, &r, &LIM, INV, "position");
 	cr_assert_null(wd_gtab_find(&t, 1));
-	prefill_row(&r, 1, 10, 2, NULL, 64);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
-	wd_gdone(&t, &it, true);
+	prefilled(&t, 1, 10, 2, NULL, 64);
 	decode_row(&r, 1, 10, &tok, 5, NULL, 0, NULL, 0);
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), INV);
-	cr_assert_not_null(strstr(msg, "slot"), "%s", msg);
+	refused(&t, &r, &LIM, INV, "slot");
 	cr_assert_null(wd_gtab_find(&t, 1));
 
 	/* one request twice in a plan: the second row is refused */
 	prefill_row(&r, 1, 10, 2, NULL, 64);
 	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0);
-	struct wd_gitem it2;
-	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it2, msg, sizeof(msg)), INV);
-	cr_assert_not_null(strstr(msg, "twice"), "%s", msg);
+	refused(&t, &r, &LIM, INV, "twice");
 	wd_gdone(&t, &it, false); /* the first failed on the device: dropped */
 	cr_assert_null(wd_gtab_find(&t, 1));
 

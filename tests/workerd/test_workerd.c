@@ -150,8 +150,10 @@ static pid_t spawn(const char *prog, const char *const *args, const char *log,
 	if (pid == 0) {
 		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (fd >= 0)
+		if (fd >= 0) {
+			dup2(fd, 1); /* --help's usage */
 			dup2(fd, 2);
+		}
 		if (notify)
 			setenv("NOTIFY_SOCKET", notify, 1);
 		else
@@ -445,6 +447,20 @@ static bool dir_has(const char *name)
 	char p[160];
 	snprintf(p, sizeof(p), "%s/%s", T.dir, name);
 	return access(p, F_OK) == 0;
+}
+
+/* A plan of one two-token prefill in the group of epoch: both ranks serve it. */
+static void serves_a_prefill(uint64_t epoch, uint64_t stepno)
+{
+	Bdfp4__StepResult *res[2];
+	int32_t tok[2] = { 1, 2 };
+	struct row_spec ok = { .id = 1, .prefill = true, .n_tokens = 2, .tokens = tok, .slot = 0,
+			       .capacity = 4 };
+
+	step1(epoch, stepno, &ok, res);
+	for (int r = 0; r < 2; r++)
+		cr_assert_eq(res[r]->rows[0]->error, 0, "%s", res[r]->rows[0]->message);
+	free_results(res);
 }
 
 /* ---- tests ------------------------------------------------------------------------------- */
@@ -747,14 +763,7 @@ Test(workerd, unusable_reply_registers_again)
 	start_worker(1);
 	form_group(1, "../escape");
 	form_group(2, "t-ar-ok");
-	Bdfp4__StepResult *res[2];
-	int32_t tok[2] = { 1, 2 };
-	struct row_spec ok = { .id = 1, .prefill = true, .n_tokens = 2, .tokens = tok, .slot = 0,
-			       .capacity = 4 };
-	step1(2, 1, &ok, res);
-	for (int r = 0; r < 2; r++)
-		cr_assert_eq(res[r]->rows[0]->error, 0, "%s", res[r]->rows[0]->message);
-	free_results(res);
+	serves_a_prefill(2, 1);
 }
 
 static bool log_has(const char *path, const char *what)
@@ -814,12 +823,82 @@ Test(workerd, cuda_backend_flags_are_checked)
 	T.w_pid[0] = start_worker_args(0, synth_off);
 	start_worker(1);
 	form_group(4, "t-ar-flags");
-	Bdfp4__StepResult *res[2];
-	int32_t tok[2] = { 1, 2 };
-	struct row_spec ok = { .id = 1, .prefill = true, .n_tokens = 2, .tokens = tok, .slot = 0,
-			       .capacity = 4 };
-	step1(4, 1, &ok, res);
+	serves_a_prefill(4, 1);
+}
+
+/* Waits up to timeout_ms for what to appear in the log at path. */
+static bool log_shows(const char *path, const char *what, int timeout_ms)
+{
+	for (int64_t end = now_ms() + timeout_ms; now_ms() < end; usleep(20000))
+		if (log_has(path, what))
+			return true;
+	return log_has(path, what);
+}
+
+/* A worker that must stop at start with status want, its log naming why. */
+static void refused_at_start(const char *const *args, int want, const char *why)
+{
+	T.w_pid[0] = spawn("workerd", args, T.log[0], NULL);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), want, "%s %s: log %s", args[0],
+		     args[1] ? args[1] : "", T.log[0]);
+	cr_assert(log_has(T.log[0], why), "%s: no '%s' in %s", args[0], why, T.log[0]);
+}
+
+/* The daemon's start and signals: --help exits 0; an unknown flag, an unknown key of the
+ * configuration file, a file that is not there and a value out of range exit 2 before anything
+ * is loaded. Serving, the notify socket gets READY, then STATUS as the rank registers and
+ * joins; SIGUSR1 (no timing report on the cpu backend) and SIGHUP (logged, ignored) leave it
+ * serving; --verbose 1 logs each step at debug level, on that rank only; SIGTERM exits 0
+ * after STOPPING. */
+Test(workerd, starts_stops_and_reports_like_a_daemon)
+{
+	char conf[96];
+	snprintf(conf, sizeof(conf), "%s/bad.conf", T.dir);
+	FILE *f = fopen(conf, "w");
+	cr_assert_not_null(f);
+	fputs("[worker]\nrank = 0\nno_such_key = 1\n", f);
+	fclose(f);
+
+	static const char *const help[] = { "--help", NULL };
+	static const char *const bad_flag[] = { "--no-config", "--no-such-flag", "1", NULL };
+	static const char *const no_file[] = { "--config", "/nonexistent/bdfp4.conf", NULL };
+	static const char *const bad_threads[] = { "--no-config", "--threads", "0", NULL };
+	const char *const bad_key[] = { "--config", conf, NULL };
+	refused_at_start(help, 0, "--allreduce-timeout-ms   longest wait for the other rank");
+	refused_at_start(bad_flag, 2, "no-such-flag");
+	refused_at_start(no_file, 2, "/nonexistent/bdfp4.conf");
+	refused_at_start(bad_threads, 2, "threads = '0': out of range (allowed 1..256)");
+	refused_at_start(bad_key, 2, "unknown key 'no_such_key' in [worker]");
+
+	static const char *const verbose[] = { "--verbose", "1", NULL };
+	start_pool();
+	T.w_pid[0] = start_worker_args(0, verbose);
+	start_worker(1);
+	/* start_worker_args gives no notify socket: rank 1's tells the story */
+	cr_assert(got_notify(1, "READY=1", TIMEOUT_MS), "rank 1 never READY (log %s)", T.log[1]);
+	cr_assert(got_notify(1, "STATUS=rank 1 of 2: registering with ", TIMEOUT_MS));
+	form_group(5, "t-ar-daemon");
+	cr_assert(got_notify(1, "STATUS=rank 1 of 2: serving, epoch 5", TIMEOUT_MS),
+		  "no serving STATUS (log %s)", T.log[1]);
+
+	for (int r = 0; r < 2; r++) {
+		kill(T.w_pid[r], SIGUSR1);
+		kill(T.w_pid[r], SIGHUP);
+	}
 	for (int r = 0; r < 2; r++)
-		cr_assert_eq(res[r]->rows[0]->error, 0, "%s", res[r]->rows[0]->message);
-	free_results(res);
+		cr_assert(log_shows(T.log[r], "SIGHUP ignored", TIMEOUT_MS), "log %s", T.log[r]);
+	serves_a_prefill(5, 1);
+	serves_a_prefill(5, 2);
+	cr_assert(log_shows(T.log[0], "step 2: 1 rows, 0 released", TIMEOUT_MS), "log %s",
+		  T.log[0]);
+	cr_assert(!log_has(T.log[1], "rows, 0 released"), "rank 1 is not verbose");
+	for (int r = 0; r < 2; r++)
+		cr_assert(!log_has(T.log[r], "decode-timing"), "a cpu rank reported GPU timing");
+
+	kill(T.w_pid[1], SIGTERM);
+	cr_assert_eq(exit_status(&T.w_pid[1], TIMEOUT_MS), 0);
+	cr_assert(got_notify(1, "STOPPING=1", TIMEOUT_MS));
+	kill(T.w_pid[0], SIGINT);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 0);
+	cr_assert(log_has(T.log[0], "signal 2: stopping"), "log %s", T.log[0]);
 }

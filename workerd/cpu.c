@@ -1,0 +1,501 @@
+/* cpu.c — workerd's cpu backend: the shard on the host (bd_model.h) over kvpoold's memfd
+ * arena, the ranks joined by the shared-memory all-reduce (bd_allreduce.h).
+ *
+ * KV: bd_kvmem_pool_new over the arena of this rank; the router allocates, the plans name
+ * slot and page ids. Each request is a bd_seq (and, on rank 0, its sampler). A plan runs its
+ * prefill rows one by one in plan order, then every decode row as one batch
+ * (bd_model_decode_batch: each weight read once per step).
+ *
+ * Every check that can refuse a row depends only on the plan and on state both ranks share
+ * (their sequences were built by the same plans), so both ranks refuse the same rows and make
+ * the same all-reduce calls. What only rank 0 does (sampling, top logits) comes after the
+ * forward pass, never before it.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/bd_forward.h"
+#include "model/bd_kvmem.h"
+#include "model/bd_sampler.h"
+#include "model/bd_seq.h"
+#include "pool/bd_kvmem_pool.h"
+#include "serve/bd_allreduce.h"
+#include "workerd.h"
+
+#define AR_CAP (1u << 16)        /* floats per all-reduce round */
+#define JOIN_TIMEOUT_MS 10000    /* the other ranks' arrival in the all-reduce */
+
+struct wd_seq {
+	uint64_t request_id;
+	struct bd_seq *seq;
+	struct bd_sampler *sampler; /* rank 0 */
+	struct wd_seq *next;
+};
+
+struct wd_cpu {
+	struct bd_kvmem *mem;    /* the pool's arena of this rank */
+	struct bd_allreduce *ar; /* this epoch's (tp > 1), else NULL */
+	struct wd_seq *seqs;
+	float *logits;           /* [V], rank 0 */
+};
+
+static struct wd_cpu *cpu(const struct wd *w)
+{
+	return w->be_state;
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+static struct wd_seq *find(struct wd_cpu *c, uint64_t id)
+{
+	for (struct wd_seq *s = c->seqs; s; s = s->next)
+		if (s->request_id == id)
+			return s;
+	return NULL;
+}
+
+static void drop(struct wd_cpu *c, uint64_t id)
+{
+	for (struct wd_seq **p = &c->seqs; *p; p = &(*p)->next) {
+		if ((*p)->request_id == id) {
+			struct wd_seq *s = *p;
+			*p = s->next;
+			bd_seq_free(s->seq);
+			bd_sampler_free(s->sampler);
+			free(s);
+			return;
+		}
+	}
+}
+
+static void cpu_release(struct wd *w, uint64_t id)
+{
+	drop(cpu(w), id);
+}
+
+/* ---- rows ----------------------------------------------------------------------------------- */
+
+/* The k largest logits, largest first (k ≤ WD_TOP_MAX; ties: the lower id first). */
+static void top_logits(struct wd_row_out *o, const float *lg, int V, uint32_t k)
+{
+	size_t n = 0;
+	if (k > WD_TOP_MAX)
+		k = WD_TOP_MAX;
+	for (int v = 0; v < V; v++) {
+		if (n == k && !(lg[v] > o->top[n - 1].logit))
+			continue;
+		size_t i = n < k ? n++ : n - 1;
+		while (i > 0 && lg[v] > o->top[i - 1].logit) {
+			o->top[i] = o->top[i - 1];
+			i--;
+		}
+		bdfp4__top_logit__init(&o->top[i]);
+		o->top[i].token = v;
+		o->top[i].logit = lg[v];
+	}
+	for (size_t i = 0; i < n; i++)
+		o->topp[i] = &o->top[i];
+	o->rr.n_top = n;
+	o->rr.top = o->topp;
+}
+
+/* Rank 0, after a forward pass of a row that samples: the token and the top logits. */
+static int sample(struct wd *w, struct wd_seq *s, const Bdfp4__PlanRow *row, const float *lg,
+		  struct wd_row_out *o)
+{
+	if (w->o.rank != 0 || !row->sample)
+		return 0;
+	int r = bd_sampler_sample(s->sampler, lg, &o->rr.token);
+	if (r < 0)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+				"sampling failed: non-finite logits");
+	if (row->logits_top_k)
+		top_logits(o, lg, w->model->hp.n_vocab, row->logits_top_k);
+	return 0;
+}
+
+static int model_fail(struct wd_row_out *o, int r, const char *what)
+{
+	if (r == -EPIPE || r == -ETIMEDOUT)
+		return wd_row_fail(o, wd_serve_error(r), "%s: the all-reduce with the other rank %s",
+				   what, r == -EPIPE ? "broke (a rank died or left)" : "timed out");
+	return wd_row_fail(o, wd_serve_error(r), "%s failed: %s", what, strerror(-r));
+}
+
+static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+{
+	struct wd_cpu *c = cpu(w);
+	const struct bd_model_hparams *hp = &w->model->hp;
+	const char *kv = row->kv_config && *row->kv_config ? row->kv_config
+							    : w->pool_cfg->name;
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(kv);
+	char err[BD_MODEL_ERR_MAX];
+	int n = (int)row->n_tokens, r;
+
+	drop(c, row->request_id); /* preempted and recomputed: start over */
+	if (!cfg)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+				"unknown KV configuration '%s'", kv);
+	if (cfg->page_fmt != w->geo->layout.fmt)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+				"KV configuration '%s' needs another page format than the pool's "
+				"'%s'", kv, w->pool_cfg->name);
+	if (row->position != 0 || n < 1)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				"prefill of %d tokens at position %d", n, row->position);
+	if (row->capacity < (uint32_t)n || row->capacity > (uint32_t)hp->n_ctx_train ||
+	    row->capacity > w->geo->max_seq_len)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				"capacity %u for a %d-token prompt (context %d, pool %u)",
+				row->capacity, n, hp->n_ctx_train, w->geo->max_seq_len);
+	if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				"a %d-token prompt fills %d pages; the plan names %zu (and %zu "
+				"promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
+				row->n_block_table);
+	for (struct wd_seq *t = c->seqs; t; t = t->next)
+		if (bd_kvmem_ext_slot_id(c->mem, bd_seq_slot(t->seq)) == row->slot)
+			return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+					"slot %d is held by request %llu", row->slot,
+					(unsigned long long)t->request_id);
+	if ((r = bd_kvmem_ext_provide(c->mem, row->slot, NULL, 0)) < 0)
+		return wd_row_fail(o, wd_serve_error(r), "slot %d is outside the pool (%zu slots)",
+				row->slot, w->geo->n_slots);
+
+	struct wd_seq *s = calloc(1, sizeof(*s));
+	if (!s)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED, "out of memory");
+	s->request_id = row->request_id;
+	struct bd_seq_opts so = { .max_tokens = (int)row->capacity, .mem = c->mem,
+				  .mu_k = w->calib ? w->calib->mu_k : NULL, .dp = &w->dp };
+	if (c->ar) {
+		so.allreduce = bd_allreduce_model_cb;
+		so.allreduce_ctx = c->ar;
+	}
+	if ((r = bd_seq_new(w->model, cfg, &so, &s->seq, err)) < 0) {
+		free(s);
+		return wd_row_fail(o, wd_serve_error(r), "sequence: %s", err);
+	}
+	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
+		bd_seq_free(s->seq);
+		free(s);
+		return wd_row_fail(o, wd_serve_error(r), "a page id is outside the pool (%zu pages)",
+				w->geo->n_pages);
+	}
+	r = bd_model_prefill(w->model, s->seq, (const int32_t *)row->tokens, n,
+			     w->o.rank == 0 ? c->logits : NULL);
+	if (r < 0) {
+		bd_seq_free(s->seq);
+		free(s);
+		return model_fail(o, r, "prefill");
+	}
+	if (w->o.rank == 0) {
+		struct bd_sampler_params sp = bd_sampler_params_greedy();
+		if (row->sampling) {
+			sp.temperature = row->sampling->temperature;
+			sp.top_k = (int)row->sampling->top_k;
+			sp.top_p = row->sampling->top_p > 0.0f ? row->sampling->top_p : 1.0f;
+			sp.seed = row->sampling->seed;
+		}
+		if ((r = bd_sampler_new(&sp, w->model->hp.n_vocab, &s->sampler)) < 0) {
+			bd_seq_free(s->seq);
+			free(s);
+			return wd_row_fail(o, wd_serve_error(r), "bad sampling parameters");
+		}
+	}
+	s->next = c->seqs;
+	c->seqs = s;
+	if (sample(w, s, row, c->logits, o) < 0) {
+		drop(c, row->request_id);
+		return -1;
+	}
+	return 0;
+}
+
+/* Checks a decode row against the sequence it names and hands it the plan's page. Returns the
+ * sequence, or NULL with the row failed (and the sequence dropped). */
+static struct wd_seq *prepare_decode(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+{
+	struct wd_cpu *c = cpu(w);
+	struct wd_seq *s = find(c, row->request_id);
+	const int32_t *bt;
+	int r;
+
+	if (!s) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+			 "no sequence for request %llu on this worker",
+			 (unsigned long long)row->request_id);
+		return NULL;
+	}
+	int held = bd_seq_n_tokens(s->seq), nbt = bd_seq_block_table(s->seq, &bt);
+	bool fills = (row->position + 1) % BD_PAGE_TOKENS == 0;
+	const char *bad = NULL;
+	if (row->n_tokens != 1)
+		bad = "a decode row feeds one token";
+	else if (row->position != held)
+		bad = "position is not the count of tokens held";
+	else if (row->slot != bd_kvmem_ext_slot_id(c->mem, bd_seq_slot(s->seq)))
+		bad = "slot differs from the prefill's";
+	else if (row->n_block_table != (size_t)nbt ||
+		 (nbt && memcmp(row->block_table, bt, sizeof(int32_t) * (size_t)nbt)))
+		bad = "block table differs from the pages promoted";
+	else if (row->n_new_pages != (fills ? 1u : 0u))
+		bad = fills ? "this token fills a page and no page was named"
+			    : "a page was named for a token that fills none";
+	if (bad) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+			 "request %llu at position %d (holds %d tokens, %d pages): %s",
+			 (unsigned long long)row->request_id, row->position, held, nbt, bad);
+		drop(c, row->request_id);
+		return NULL;
+	}
+	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
+		wd_row_fail(o, wd_serve_error(r), "page %d is outside the pool (%zu pages)",
+			 row->new_pages[0], w->geo->n_pages);
+		drop(c, row->request_id);
+		return NULL;
+	}
+	return s;
+}
+
+/* The decode rows that passed their checks, as one batch (bd_model_decode_batch: the weights
+ * are read once for all rows). Returns the all-reduce error that broke the batch, or 0. */
+static int run_decode_batch(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+			    struct wd_seq **seqs, const size_t *rows, int nb)
+{
+	size_t V = (size_t)w->model->hp.n_vocab;
+	struct bd_seq **bs = calloc((size_t)nb, sizeof(*bs));
+	int32_t *tok = calloc((size_t)nb, sizeof(*tok));
+	int *st = calloc((size_t)nb, sizeof(*st));
+	float *lg = w->o.rank == 0 ? malloc(sizeof(float) * V * (size_t)nb) : NULL;
+	int r = 0;
+
+	if (!bs || !tok || !st || (w->o.rank == 0 && !lg)) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (int b = 0; b < nb; b++) {
+		bs[b] = seqs[b]->seq;
+		tok[b] = plan->rows[rows[b]]->tokens[0];
+	}
+	r = bd_model_decode_batch(w->model, bs, tok, nb, lg, st);
+out:
+	for (int b = 0; b < nb; b++) {
+		const Bdfp4__PlanRow *row = plan->rows[rows[b]];
+		struct wd_row_out *o = &out[rows[b]];
+		int e = r < 0 ? r : st[b];
+		if (e < 0) {
+			model_fail(o, e, "decode");
+			drop(cpu(w), row->request_id);
+		} else if (sample(w, seqs[b], row, lg ? lg + (size_t)b * V : NULL, o) < 0) {
+			drop(cpu(w), row->request_id);
+		}
+	}
+	free(bs);
+	free(tok);
+	free(st);
+	free(lg);
+	return r == -EPIPE || r == -ETIMEDOUT ? r : 0;
+}
+
+/* A row after the all-reduce broke in this step: the other rank is gone, nothing more can be
+ * computed in this epoch. */
+static void fail_broken(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+{
+	wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+		    "the all-reduce broke earlier in this step");
+	drop(cpu(w), row->request_id);
+}
+
+/* Prefills one by one in plan order, then every decode row in one batch (the same order on
+ * every rank, so the same all-reduce calls). */
+static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
+			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
+{
+	struct wd_seq **batch = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*batch));
+	size_t *batch_rows = calloc(plan->n_rows ? plan->n_rows : 1, sizeof(*batch_rows));
+	bool broken = false;
+	int nb = 0;
+
+	if (!batch || !batch_rows) {
+		wd_rows_fail(plan, out, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+			     "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		const Bdfp4__PlanRow *row = plan->rows[i];
+		struct wd_row_out *o = &out[i];
+		if (!row->prefill)
+			continue;
+		if (broken) {
+			fail_broken(w, row, o);
+			continue;
+		}
+		run_prefill(w, row, o);
+		if (o->rr.error == BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED) {
+			broken = true;
+			*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+			snprintf(msg, cap, "rank %d: %s", w->o.rank, o->msg);
+		}
+	}
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		const Bdfp4__PlanRow *row = plan->rows[i];
+		if (row->prefill)
+			continue;
+		if (broken) {
+			fail_broken(w, row, &out[i]);
+			continue;
+		}
+		struct wd_seq *s = prepare_decode(w, row, &out[i]);
+		if (s) {
+			batch[nb] = s;
+			batch_rows[nb++] = i;
+		}
+	}
+	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
+		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+		snprintf(msg, cap, "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
+	}
+out:
+	free(batch);
+	free(batch_rows);
+}
+
+/* ---- the backend ---------------------------------------------------------------------------- */
+
+static int cpu_setup(struct wd *w)
+{
+	struct wd_cpu *c;
+	int r;
+
+	if (*w->o.random_weights || w->o.synthetic_prefill) {
+		bd_log_err("%s needs a pool of the cuda backend; this pool's is cpu",
+			   *w->o.random_weights ? "random_weights" : "synthetic_prefill");
+		return -ENOTSUP;
+	}
+	if (!(c = calloc(1, sizeof(*c))))
+		return -ENOMEM;
+	w->be_state = c;
+	if ((r = bd_kvmem_pool_new(w->pool, &c->mem)) < 0) {
+		bd_log_err("pool arena: %s", strerror(-r));
+		return r;
+	}
+	if (w->o.rank == 0 && !(c->logits = malloc(sizeof(float) * (size_t)w->hp.n_vocab)))
+		return -ENOMEM;
+	return 0;
+}
+
+static void cpu_leave(struct wd *w)
+{
+	struct wd_cpu *c = cpu(w);
+
+	if (!c)
+		return;
+	while (c->seqs)
+		drop(c, c->seqs->request_id);
+	bd_allreduce_close(c->ar);
+	c->ar = NULL;
+}
+
+static void cpu_teardown(struct wd *w)
+{
+	struct wd_cpu *c = cpu(w);
+
+	if (!c)
+		return;
+	bd_kvmem_ext_free(c->mem);
+	free(c->logits);
+	free(c);
+	w->be_state = NULL;
+}
+
+static int cpu_register_fill(struct wd *w, Bdfp4__RegisterRequest *rq, uint8_t *id)
+{
+	(void)w;
+	(void)id;
+	rq->device = -1;
+	return 0;
+}
+
+/* An all-reduce file name the router may give: one path component of [-_.0-9A-Za-z], not
+ * starting with a dot. */
+static bool name_ok(const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > 128 || s[0] == '.')
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!(s[i] == '-' || s[i] == '_' || s[i] == '.' || (s[i] >= '0' && s[i] <= '9') ||
+		      (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+			return false;
+	return true;
+}
+
+/* tp > 1: the all-reduce file the reply names, in allreduce_dir, opened and joined; the name
+ * unlinked once every rank has it (or gave up). */
+static int cpu_join(struct wd *w, const Bdfp4__RegisterReply *rr)
+{
+	struct wd_cpu *c = cpu(w);
+	char path[512];
+	int r;
+
+	if (w->o.tp == 1)
+		return 0;
+	if (!rr->allreduce_name || !name_ok(rr->allreduce_name)) {
+		bd_log_err("RegisterReply: bad all-reduce name '%s'",
+			   rr->allreduce_name ? rr->allreduce_name : "");
+		return -EBADMSG;
+	}
+	snprintf(path, sizeof(path), "%s/%s", w->o.ar_dir, rr->allreduce_name);
+	r = bd_allreduce_open(path, w->o.rank, w->o.tp, AR_CAP, w->o.ar_timeout_ms, &c->ar);
+	if (r == 0)
+		r = bd_allreduce_join(c->ar, JOIN_TIMEOUT_MS);
+	unlink(path);
+	if (r < 0) {
+		bd_log_err("all-reduce %s: %s; registering again", path, strerror(-r));
+		bd_allreduce_close(c->ar);
+		c->ar = NULL;
+		return r;
+	}
+	return 0;
+}
+
+/* The all-reduce's file locks show a dead or restarted peer at once; the router sees the
+ * failed step and resets the group. */
+static enum wd_health cpu_health(const struct wd *w)
+{
+	const struct wd_cpu *c = cpu(w);
+
+	return w->o.tp > 1 && (!c->ar || bd_allreduce_check(c->ar) < 0) ? WD_BROKEN : WD_HEALTHY;
+}
+
+/* No timing report on the cpu backend: each StepResult's compute_us times its step. */
+static void cpu_note_plan(struct wd *w, size_t n_rows, double us)
+{
+	(void)w;
+	(void)n_rows;
+	(void)us;
+}
+
+static void cpu_report(struct wd *w)
+{
+	(void)w;
+}
+
+const struct wd_backend wd_backend_cpu = {
+	.name = "cpu",
+	.collective = "all-reduce",
+	.setup = cpu_setup,
+	.teardown = cpu_teardown,
+	.register_fill = cpu_register_fill,
+	.join = cpu_join,
+	.leave = cpu_leave,
+	.health = cpu_health,
+	.release = cpu_release,
+	.run_rows = cpu_run_rows,
+	.note_plan = cpu_note_plan,
+	.report = cpu_report,
+};

@@ -1,0 +1,43 @@
+/* row.c — a row's result as the backends build it: the ServeError of a -errno and the row
+ * errors with their one-line messages (workerd.h). Calls no other file of workerd/.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "workerd.h"
+
+Bdfp4__ServeError wd_serve_error(int e)
+{
+	switch (e) {
+	case -EINVAL:
+	case -ERANGE:
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	case -ENOSPC:
+	case -ENOMEM:
+		return BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
+	case -EPIPE:
+	case -ETIMEDOUT:
+		return BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+	default:
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
+	}
+}
+
+int wd_row_fail(struct wd_row_out *o, Bdfp4__ServeError code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(o->msg, sizeof(o->msg), fmt, ap);
+	va_end(ap);
+	o->rr.error = code;
+	o->rr.message = o->msg;
+	return -1;
+}
+
+void wd_rows_fail(const Bdfp4__StepPlan *plan, struct wd_row_out *out, Bdfp4__ServeError code,
+		  const char *msg)
+{
+	for (size_t i = 0; i < plan->n_rows; i++)
+		wd_row_fail(&out[i], code, "%s", msg);
+}
