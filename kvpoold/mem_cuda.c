@@ -19,11 +19,6 @@
 
 static const struct bd_cudrv *cu;
 
-static const char *cu_str(CUresult r)
-{
-	return bd_cudrv_error(r);
-}
-
 /* The driver (bd_cudrv.h), opened once; 0 or -errno with the reason. */
 static int cu_load(char *err, size_t errlen)
 {
@@ -32,15 +27,6 @@ static int cu_load(char *err, size_t errlen)
 	if (!cu)
 		cu = bd_cudrv_get(&e, err, errlen);
 	return cu ? 0 : e;
-}
-
-static void prop_of(CUmemAllocationProp *p, int device)
-{
-	memset(p, 0, sizeof(*p));
-	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p->location.id = device;
 }
 
 static int cuda_supported(int n_devices, char *err, size_t errlen)
@@ -57,7 +43,7 @@ static int cuda_supported(int n_devices, char *err, size_t errlen)
 		return e;
 	r = cu->device_count(&count);
 	if (r != CUDA_SUCCESS) {
-		snprintf(err, errlen, "cuDeviceGetCount: %s", cu_str(r));
+		bd_cudrv_errf(r, err, errlen, "cuDeviceGetCount");
 		return -ENODEV;
 	}
 	if (count < n_devices) {
@@ -81,7 +67,7 @@ static int cuda_device_memory(int device, uint64_t *ret, char *err, size_t errle
 	if (r == CUDA_SUCCESS)
 		r = cu->total_mem(&bytes, dev);
 	if (r != CUDA_SUCCESS) {
-		snprintf(err, errlen, "device %d: %s", device, cu_str(r));
+		bd_cudrv_errf(r, err, errlen, "device %d", device);
 		return -ENODEV;
 	}
 	*ret = bytes;
@@ -97,11 +83,11 @@ static int cuda_granularity(int device, size_t *ret, char *err, size_t errlen)
 
 	if (e < 0)
 		return e;
-	prop_of(&prop, device);
+	bd_cudrv_chunk_prop(&prop, device);
 	r = cu->granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
 	if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1))) {
 		snprintf(err, errlen, "cuMemGetAllocationGranularity(device %d): %s", device,
-			 r != CUDA_SUCCESS ? cu_str(r) : "not a power of two");
+			 r != CUDA_SUCCESS ? bd_cudrv_error(r) : "not a power of two");
 		return -ENODEV;
 	}
 	*ret = g;
@@ -137,7 +123,7 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 		return e;
 	memset(ret, 0, sizeof(*ret));
 	ret->device = device;
-	prop_of(&prop, device);
+	bd_cudrv_chunk_prop(&prop, device);
 	for (size_t i = 0; i < plan->n_chunks; i++) {
 		size_t bytes = i + 1 < plan->n_chunks ? plan->chunk_bytes : plan->last_chunk_bytes;
 		CUmemGenericAllocationHandle h = 0;
@@ -157,15 +143,15 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 				r = cu->create(&h, bytes, &prop, 0);
 		}
 		if (r != CUDA_SUCCESS) {
-			snprintf(err, errlen, "cuMemCreate(%zu bytes on device %d): %s", bytes,
-				 device, cu_str(r));
+			bd_cudrv_errf(r, err, errlen, "cuMemCreate(%zu bytes on device %d)", bytes,
+				      device);
 			e = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 			goto fail;
 		}
 		r = cu->export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 		if (r != CUDA_SUCCESS) {
 			cu->release(h);
-			snprintf(err, errlen, "cuMemExportToShareableHandle: %s", cu_str(r));
+			bd_cudrv_errf(r, err, errlen, "cuMemExportToShareableHandle");
 			e = -EIO;
 			goto fail;
 		}

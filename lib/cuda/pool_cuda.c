@@ -7,39 +7,15 @@
  * but the geometry.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "base/bd_err.h"
 #include "pool/bd_cudrv.h"
 #include "cuda/bd_pool_cuda.h"
 
 static const struct bd_cudrv *cu;
-
-static void seterr(char *buf, size_t len, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void seterr(char *buf, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!buf || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(buf, len, fmt, ap);
-	va_end(ap);
-}
-
-static const char *cu_name(CUresult r)
-{
-	return bd_cudrv_error(r);
-}
-
-static int cu_errno(CUresult r)
-{
-	return bd_cudrv_errno(r);
-}
 
 /* The driver (bd_cudrv.h), opened once per process; 0 or -errno with the reason. */
 static int cu_load(char *err, size_t errlen)
@@ -53,22 +29,13 @@ static int cu_load(char *err, size_t errlen)
 	return 0;
 }
 
-static void prop_of(CUmemAllocationProp *p, int device)
-{
-	memset(p, 0, sizeof(*p));
-	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p->location.id = device;
-}
-
 /* Minimum (what cuMemMap needs) and recommended (the alignment the daemon used) granularity. */
 static CUresult granularities(int device, size_t *ret_min, size_t *ret_rec)
 {
 	CUmemAllocationProp prop;
 	CUresult r;
 
-	prop_of(&prop, device);
+	bd_cudrv_chunk_prop(&prop, device);
 	r = cu->granularity(ret_min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r == CUDA_SUCCESS)
 		r = cu->granularity(ret_rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
@@ -89,58 +56,49 @@ int bd_pool_cuda_map(const struct bd_pool_attach *a, void **ret_base, char *err,
 
 	if (err && errlen)
 		err[0] = 0;
-	if (!a || !ret_base) {
-		seterr(err, errlen, "no attachment or no output");
-		return -EINVAL;
-	}
+	if (!a || !ret_base)
+		return bd_errf(err, errlen, -EINVAL, "no attachment or no output");
 	g = bd_pool_attach_geometry(a);
 	n_fds = bd_pool_attach_chunks(a, &fds);
-	if (strcmp(g->backend, "cuda")) {
-		seterr(err, errlen, "the pool's backend is %s, not cuda", g->backend);
-		return -EINVAL;
-	}
-	if (n_fds != g->n_chunks || g->device < 0) {
-		seterr(err, errlen, "attachment of %zu fds for %zu chunks on device %d", n_fds,
-		       g->n_chunks, g->device);
-		return -EINVAL;
-	}
+	if (strcmp(g->backend, "cuda"))
+		return bd_errf(err, errlen, -EINVAL, "the pool's backend is %s, not cuda",
+			       g->backend);
+	if (n_fds != g->n_chunks || g->device < 0)
+		return bd_errf(err, errlen, -EINVAL,
+			       "attachment of %zu fds for %zu chunks on device %d", n_fds,
+			       g->n_chunks, g->device);
 	e = cu_load(err, errlen);
 	if (e < 0)
 		return e;
 	r = cu->device_get(&dev, g->device);
 	if (r != CUDA_SUCCESS) {
-		seterr(err, errlen, "device %d: %s", g->device, cu_name(r));
+		bd_cudrv_errf(r, err, errlen, "device %d", g->device);
 		return -ENODEV;
 	}
 	r = cu->ctx_retain(&ctx, dev);
-	if (r != CUDA_SUCCESS) {
-		seterr(err, errlen, "cuDevicePrimaryCtxRetain(device %d): %s", g->device,
-		       cu_name(r));
-		return cu_errno(r);
-	}
+	if (r != CUDA_SUCCESS)
+		return bd_cudrv_errf(r, err, errlen, "cuDevicePrimaryCtxRetain(device %d)",
+				     g->device);
 	r = cu->ctx_set(ctx);
 	if (r != CUDA_SUCCESS) {
-		seterr(err, errlen, "cuCtxSetCurrent(device %d): %s", g->device, cu_name(r));
-		e = cu_errno(r);
+		e = bd_cudrv_errf(r, err, errlen, "cuCtxSetCurrent(device %d)", g->device);
 		goto fail_ctx;
 	}
 	r = granularities(g->device, &gmin, &grec);
 	if (r != CUDA_SUCCESS) {
-		seterr(err, errlen, "cuMemGetAllocationGranularity(device %d): %s", g->device,
-		       cu_name(r));
-		e = cu_errno(r);
+		e = bd_cudrv_errf(r, err, errlen, "cuMemGetAllocationGranularity(device %d)",
+				  g->device);
 		goto fail_ctx;
 	}
 	e = bd_pool_va_plan(g, gmin, &va_bytes, offsets);
 	if (e < 0) {
-		seterr(err, errlen, "arena of %zu bytes in %zu chunks: not whole granules of %zu "
-		       "bytes on device %d", g->arena_bytes, g->n_chunks, gmin, g->device);
+		bd_errf(err, errlen, e, "arena of %zu bytes in %zu chunks: not whole granules of "
+			"%zu bytes on device %d", g->arena_bytes, g->n_chunks, gmin, g->device);
 		goto fail_ctx;
 	}
 	r = cu->reserve(&base, va_bytes, grec > gmin ? grec : gmin, 0, 0);
 	if (r != CUDA_SUCCESS) {
-		seterr(err, errlen, "cuMemAddressReserve(%zu bytes): %s", va_bytes, cu_name(r));
-		e = cu_errno(r);
+		e = bd_cudrv_errf(r, err, errlen, "cuMemAddressReserve(%zu bytes)", va_bytes);
 		goto fail_ctx;
 	}
 	for (; n_mapped < g->n_chunks; n_mapped++) {
@@ -150,18 +108,17 @@ int bd_pool_cuda_map(const struct bd_pool_attach *a, void **ret_base, char *err,
 		r = cu->import(&h, (void *)(intptr_t)fds[i],
 			      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 		if (r != CUDA_SUCCESS) {
-			seterr(err, errlen, "cuMemImportFromShareableHandle(chunk %zu, fd %d): %s",
-			       i, fds[i], cu_name(r));
-			e = cu_errno(r);
+			e = bd_cudrv_errf(r, err, errlen,
+					  "cuMemImportFromShareableHandle(chunk %zu, fd %d)", i,
+					  fds[i]);
 			goto fail_map;
 		}
 		r = cu->map(base + offsets[i], (size_t)g->chunk_bytes[i], 0, h, 0);
 		/* the mapping (if any) holds the memory from here on */
 		cu->release(h);
 		if (r != CUDA_SUCCESS) {
-			seterr(err, errlen, "cuMemMap(chunk %zu, %llu bytes): %s", i,
-			       (unsigned long long)g->chunk_bytes[i], cu_name(r));
-			e = cu_errno(r);
+			e = bd_cudrv_errf(r, err, errlen, "cuMemMap(chunk %zu, %llu bytes)", i,
+					  (unsigned long long)g->chunk_bytes[i]);
 			goto fail_map;
 		}
 	}
@@ -171,9 +128,8 @@ int bd_pool_cuda_map(const struct bd_pool_attach *a, void **ret_base, char *err,
 	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	r = cu->set_access(base, va_bytes, &access, 1);
 	if (r != CUDA_SUCCESS) {
-		seterr(err, errlen, "cuMemSetAccess(device %d, %zu bytes): %s", g->device, va_bytes,
-		       cu_name(r));
-		e = cu_errno(r);
+		e = bd_cudrv_errf(r, err, errlen, "cuMemSetAccess(device %d, %zu bytes)",
+				  g->device, va_bytes);
 		goto fail_map;
 	}
 	*ret_base = (void *)(uintptr_t)base;

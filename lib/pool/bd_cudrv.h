@@ -40,6 +40,18 @@ const char *bd_cudrv_error(CUresult r);
 /* The -errno of a driver result: -ENOMEM, -ENODEV (no or bad device, not initialized),
  * -ENOSYS (not supported), else -EIO. */
 int bd_cudrv_errno(CUresult r);
+
+/* Formats fmt, then ": " and the name of r ("cuMemMap(chunk 2): CUDA_ERROR_INVALID_VALUE"),
+ * into err (errlen bytes; nothing when err is NULL or errlen is 0) and returns
+ * bd_cudrv_errno(r), so that `return bd_cudrv_errf(r, err, len, "cuX(%d)", i);` fails and
+ * explains at once. */
+int bd_cudrv_errf(CUresult r, char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* The allocation properties of a pool arena chunk: pinned memory on device `device`, shareable
+ * as a POSIX fd. kvpoold creates its chunks with them; a worker asks the granularity of the
+ * same allocations before it maps them. */
+void bd_cudrv_chunk_prop(CUmemAllocationProp *ret, int device);
 #else
 struct bd_cudrv;
 #endif

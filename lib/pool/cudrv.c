@@ -1,7 +1,9 @@
 /* cudrv.c — the CUDA driver API opened at run time (bd_cudrv.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "pool/bd_cudrv.h"
 
@@ -37,6 +39,30 @@ int bd_cudrv_errno(CUresult r)
 	default:
 		return -EIO;
 	}
+}
+
+int bd_cudrv_errf(CUresult r, char *err, size_t errlen, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		int n;
+
+		va_start(ap, fmt);
+		n = vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+		if (n >= 0 && (size_t)n < errlen)
+			snprintf(err + n, errlen - (size_t)n, ": %s", bd_cudrv_error(r));
+	}
+	return bd_cudrv_errno(r);
+}
+
+void bd_cudrv_chunk_prop(CUmemAllocationProp *ret, int device)
+{
+	memset(ret, 0, sizeof(*ret));
+	ret->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	ret->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	ret->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	ret->location.id = device;
 }
 
 static int load(void)
