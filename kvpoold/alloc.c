@@ -226,8 +226,11 @@ static void drop_fresh(struct req *r, bool fresh)
 	}
 }
 
+/* The record of id, which must exist. */
 static int find_known(struct bd_kvpool_alloc *a, uint64_t id, struct req **ret)
 {
+	if (!a)
+		return -BD_POOL_ERR_INVALID;
 	if (id == 0)
 		return fail(a, BD_POOL_ERR_INVALID, "request id 0 is reserved");
 	*ret = lookup(a, id);
@@ -235,6 +238,32 @@ static int find_known(struct bd_kvpool_alloc *a, uint64_t id, struct req **ret)
 		return fail(a, BD_POOL_ERR_UNKNOWN_REQUEST, "unknown request %llu",
 			    (unsigned long long)id);
 	return 0;
+}
+
+/* id (a page or a slot) in 0..n-1, else POOL_ERR_RANGE */
+static int in_range(struct bd_kvpool_alloc *a, const char *what, int32_t id, size_t n)
+{
+	if (id >= 0 && (size_t)id < n)
+		return 0;
+	return fail(a, BD_POOL_ERR_RANGE, "%s %d is outside 0..%zu", what, id, n ? n - 1 : 0);
+}
+
+/* n pages in one operation: 1..max pages per request, else POOL_ERR_RANGE */
+static int count_in_range(struct bd_kvpool_alloc *a, size_t n)
+{
+	if (n >= 1 && n <= a->max_ppr)
+		return 0;
+	return fail(a, BD_POOL_ERR_RANGE, "page count %zu is outside 1..%u", n, a->max_ppr);
+}
+
+/* r may take n more page references, else POOL_ERR_RANGE */
+static int under_limit(struct bd_kvpool_alloc *a, const struct req *r, size_t n)
+{
+	if (r->n_pages + (uint64_t)n <= a->max_ppr)
+		return 0;
+	return fail(a, BD_POOL_ERR_RANGE,
+		    "request %llu holds %u pages; %zu more exceed the %u of the longest",
+		    (unsigned long long)r->id, r->n_pages, n, a->max_ppr);
 }
 
 /* room for `more` page references; the only allocation of a page operation */
@@ -309,9 +338,9 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 	bool fresh;
 	int e;
 
-	if (n == 0 || n > a->max_ppr)
-		return fail(a, BD_POOL_ERR_RANGE, "page count %u is outside 1..%u", n, a->max_ppr);
-	e = get_req(a, id, owner, &r, &fresh);
+	e = count_in_range(a, n);
+	if (e == 0)
+		e = get_req(a, id, owner, &r, &fresh);
 	if (e < 0)
 		return e;
 	if (state == PAGE_RESERVED && r->reserved >= 0) {
@@ -319,12 +348,9 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 			 (unsigned long long)id, r->reserved);
 		goto out;
 	}
-	if (r->n_pages + (uint64_t)n > a->max_ppr) {
-		e = fail(a, BD_POOL_ERR_RANGE,
-			 "request %llu holds %u pages; %u more exceed the %u of the longest",
-			 (unsigned long long)id, r->n_pages, n, a->max_ppr);
+	e = under_limit(a, r, n);
+	if (e < 0)
 		goto out;
-	}
 	if (n > a->n_free) {
 		e = fail(a, BD_POOL_ERR_EXHAUSTED, "%u pages wanted, %zu free", n, a->n_free);
 		goto out;
@@ -369,16 +395,12 @@ int bd_kvpool_page_reserve(struct bd_kvpool_alloc *a, uint64_t req, uint64_t own
 int bd_kvpool_page_commit(struct bd_kvpool_alloc *a, uint64_t req, int32_t page)
 {
 	struct req *r;
-	int e;
+	int e = find_known(a, req, &r);
 
-	if (!a)
-		return -BD_POOL_ERR_INVALID;
-	e = find_known(a, req, &r);
+	if (e == 0)
+		e = in_range(a, "page", page, a->n_pages);
 	if (e < 0)
 		return e;
-	if (page < 0 || (size_t)page >= a->n_pages)
-		return fail(a, BD_POOL_ERR_RANGE, "page %d is outside 0..%zu", page,
-			    a->n_pages - 1);
 	if (r->reserved != page)
 		return fail(a, find_page(r, page) < 0 ? BD_POOL_ERR_NOT_HELD : BD_POOL_ERR_STATE,
 			    "page %d is not the reserved page of request %llu", page,
@@ -399,11 +421,9 @@ static int check_list(struct bd_kvpool_alloc *a, const struct req *r, uint64_t i
 	for (i = 0; i < n && !e; i++) {
 		int32_t p = pages[i];
 
-		if (p < 0 || (size_t)p >= a->n_pages) {
-			e = fail(a, BD_POOL_ERR_RANGE, "page %d is outside 0..%zu", p,
-				 a->n_pages - 1);
+		e = in_range(a, "page", p, a->n_pages);
+		if (e < 0)
 			break;
-		}
 		if (a->mark[p]) {
 			e = fail(a, BD_POOL_ERR_INVALID, "page %d is listed twice", p);
 			break;
@@ -442,14 +462,13 @@ int bd_kvpool_page_free(struct bd_kvpool_alloc *a, uint64_t req, const int32_t *
 	struct req *r;
 	int e;
 
-	if (!a || (n && !pages))
+	if (n && !pages)
 		return -BD_POOL_ERR_INVALID;
 	e = find_known(a, req, &r);
-	if (e < 0)
-		return e;
-	if (n == 0 || n > a->max_ppr)
-		return fail(a, BD_POOL_ERR_RANGE, "page count %zu is outside 1..%u", n, a->max_ppr);
-	e = check_list(a, r, req, pages, n, true);
+	if (e == 0)
+		e = count_in_range(a, n);
+	if (e == 0)
+		e = check_list(a, r, req, pages, n, true);
 	if (e < 0)
 		return e;
 	for (size_t i = 0; i < n; i++)
@@ -468,18 +487,14 @@ int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
 
 	if (!a || (n && !pages))
 		return -BD_POOL_ERR_INVALID;
-	if (n == 0 || n > a->max_ppr)
-		return fail(a, BD_POOL_ERR_RANGE, "page count %zu is outside 1..%u", n, a->max_ppr);
-	e = get_req(a, req, owner, &r, &fresh);
+	e = count_in_range(a, n);
+	if (e == 0)
+		e = get_req(a, req, owner, &r, &fresh);
 	if (e < 0)
 		return e;
-	if (r->n_pages + (uint64_t)n > a->max_ppr) {
-		e = fail(a, BD_POOL_ERR_RANGE,
-			 "request %llu holds %u pages; %zu more exceed the %u of the longest",
-			 (unsigned long long)req, r->n_pages, n, a->max_ppr);
-		goto out;
-	}
-	e = check_list(a, fresh ? NULL : r, req, pages, n, false);
+	e = under_limit(a, r, n);
+	if (e == 0)
+		e = check_list(a, fresh ? NULL : r, req, pages, n, false);
 	if (e < 0)
 		goto out;
 	e = reserve_room(a, r, (uint32_t)n);
@@ -541,16 +556,12 @@ static void put_slot(struct bd_kvpool_alloc *a, struct req *r)
 int bd_kvpool_slot_release(struct bd_kvpool_alloc *a, uint64_t req, int32_t slot)
 {
 	struct req *r;
-	int e;
+	int e = find_known(a, req, &r);
 
-	if (!a)
-		return -BD_POOL_ERR_INVALID;
-	e = find_known(a, req, &r);
+	if (e == 0)
+		e = in_range(a, "slot", slot, a->n_slots);
 	if (e < 0)
 		return e;
-	if (slot < 0 || (size_t)slot >= a->n_slots)
-		return fail(a, BD_POOL_ERR_RANGE, "slot %d is outside 0..%zu", slot,
-			    a->n_slots ? a->n_slots - 1 : 0);
 	if (!a->slot_holder[slot])
 		return fail(a, BD_POOL_ERR_DOUBLE_FREE, "slot %d is already free", slot);
 	if (r->slot != slot)
@@ -578,11 +589,8 @@ int bd_kvpool_request_release(struct bd_kvpool_alloc *a, uint64_t req, uint64_t 
 {
 	struct req *r;
 	uint64_t freed;
-	int e;
+	int e = find_known(a, req, &r);
 
-	if (!a)
-		return -BD_POOL_ERR_INVALID;
-	e = find_known(a, req, &r);
 	if (e < 0)
 		return e;
 	freed = release(a, r);

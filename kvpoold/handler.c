@@ -54,6 +54,21 @@ int bd_kvpool_error_reply(struct bd_kvpool_handler *h, int code, const char *tex
 	return pack(&rep, ret_reply, ret_len);
 }
 
+/* n holder records as Holder messages in hm, hp[i] pointing at hm[i]. */
+static void holders_to_msgs(const struct bd_pool_holder *hold, size_t n, Bdfp4__Holder *hm,
+			    Bdfp4__Holder **hp)
+{
+	for (size_t i = 0; i < n; i++) {
+		bdfp4__holder__init(&hm[i]);
+		hm[i].request_id = hold[i].request_id;
+		hm[i].owner = hold[i].owner;
+		hm[i].pages = hold[i].pages;
+		hm[i].reserved = hold[i].reserved;
+		hm[i].slot = hold[i].slot;
+		hp[i] = &hm[i];
+	}
+}
+
 /* The stats reply; its arrays live in `mem` (freed by the caller after packing). */
 static int fill_stats(struct bd_kvpool_handler *h, uint32_t top, Bdfp4__PoolStats *st,
 		      void **mem)
@@ -107,15 +122,7 @@ static int fill_stats(struct bd_kvpool_handler *h, uint32_t top, Bdfp4__PoolStat
 		st->slot_bytes = in->slot_bytes;
 	}
 	n_top = bd_kvpool_alloc_holders(h->alloc, true, hold, top);
-	for (size_t i = 0; i < n_top; i++) {
-		bdfp4__holder__init(&hm[i]);
-		hm[i].request_id = hold[i].request_id;
-		hm[i].owner = hold[i].owner;
-		hm[i].pages = hold[i].pages;
-		hm[i].reserved = hold[i].reserved;
-		hm[i].slot = hold[i].slot;
-		hp[i] = &hm[i];
-	}
+	holders_to_msgs(hold, n_top, hm, hp);
 	st->n_largest = n_top;
 	st->largest = hp;
 	for (size_t i = 0; i < n_dev; i++) {
@@ -163,15 +170,7 @@ static int fill_requests(struct bd_kvpool_handler *h, Bdfp4__PoolReply *rep, voi
 	hm = (Bdfp4__Holder *)(hold + c.requests + 1);
 	hp = (Bdfp4__Holder **)(hm + c.requests + 1);
 	n = bd_kvpool_alloc_holders(h->alloc, false, hold, c.requests);
-	for (size_t i = 0; i < n; i++) {
-		bdfp4__holder__init(&hm[i]);
-		hm[i].request_id = hold[i].request_id;
-		hm[i].owner = hold[i].owner;
-		hm[i].pages = hold[i].pages;
-		hm[i].reserved = hold[i].reserved;
-		hm[i].slot = hold[i].slot;
-		hp[i] = &hm[i];
-	}
+	holders_to_msgs(hold, n, hm, hp);
 	rep->n_requests = n;
 	rep->requests = hp;
 	return 0;
