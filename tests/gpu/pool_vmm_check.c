@@ -23,7 +23,6 @@
  * kernel (so the page comparison is trivially equal there); everything else as on the GPU.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -35,7 +34,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,10 +41,12 @@
 #include <cuda_runtime_api.h>
 
 #include "bd_kernels.h"
+#include "base/bd_clock.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
 #include "pool/bd_pool_client.h"
 #include "cuda/bd_pool_cuda.h"
+#include "spawn.h"
 
 #define WAIT_MS 30000
 #define KV_CONFIG "bitdecoding-nvfp4"
@@ -73,14 +73,6 @@ static void check(bool ok, const char *fmt, ...)
 	va_end(ap);
 	fputc('\n', stdout);
 	fflush(stdout);
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- random data ----------------------------------------------------------------------------- */
@@ -472,22 +464,6 @@ __attribute__((noreturn)) static void process_k(int to_parent)
 
 /* ---- the parent ------------------------------------------------------------------------------ */
 
-/* Exit status of pid (128 + signal), SIGKILL after timeout_ms: then -1. */
-static int reap(pid_t pid, int timeout_ms)
-{
-	int64_t end = now_ms() + timeout_ms;
-	int st;
-
-	while (now_ms() < end) {
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		usleep(10000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
 static void show_log(void)
 {
 	char buf[4096];
@@ -541,36 +517,8 @@ static int probe_gpus(char *name, size_t len)
 	return count;
 }
 
-static bool wait_ready(int timeout_ms)
-{
-	int64_t end = now_ms() + timeout_ms;
-	char buf[1024];
-	int st;
-
-	while (now_ms() < end) {
-		struct pollfd p = { .fd = S.notify_fd, .events = POLLIN };
-
-		if (poll(&p, 1, 50) == 1) {
-			ssize_t n = recv(S.notify_fd, buf, sizeof(buf) - 1, 0);
-
-			if (n > 0) {
-				buf[n] = 0;
-				if (strstr(buf, "READY=1"))
-					return true;
-			}
-			continue;
-		}
-		if (waitpid(S.daemon, &st, WNOHANG) == S.daemon) {
-			S.daemon = 0;
-			return false;
-		}
-	}
-	return false;
-}
-
 static int start_daemon(int tp)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char path[PATH_MAX + 16], tps[16];
 	const char *argv[] = { path, "--no-config", "--backend", S.cpu ? "cpu" : "cuda",
 			       "--tp", tps, "--socket", S.sock, "--endpoint", S.endpoint,
@@ -585,27 +533,11 @@ static int start_daemon(int tp)
 		printf("FAIL: no kvpoold at %s (set BD_BIN)\n", path);
 		return -1;
 	}
-	S.notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", S.notify);
-	if (S.notify_fd < 0 || bind(S.notify_fd, (struct sockaddr *)&sa, sizeof(sa)))
+	S.notify_fd = sp_notify_open(S.notify);
+	if (S.notify_fd < 0)
 		return -1;
-	fflush(stdout);
-	S.daemon = fork();
-	if (S.daemon < 0)
-		return -1;
-	if (S.daemon == 0) {
-		int fd = open(S.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (fd >= 0)
-			dup2(fd, 2);
-		setenv("NOTIFY_SOCKET", S.notify, 1);
-		unsetenv("WATCHDOG_USEC");
-		unsetenv("WATCHDOG_PID");
-		execv(path, (char *const *)argv);
-		_exit(127);
-	}
-	return 0;
+	S.daemon = sp_spawn(argv, S.log, S.notify, NULL);
+	return S.daemon > 0 ? 0 : -1;
 }
 
 /* fork() with stdout flushed first (no line printed twice) */
@@ -641,8 +573,8 @@ static void rank_pair(int rank)
 	close(ab[1]);
 	close(ba[0]);
 	close(ba[1]);
-	sa = a > 0 ? reap(a, 2 * WAIT_MS) : -1;
-	sb = b > 0 ? reap(b, 2 * WAIT_MS) : -1;
+	sa = a > 0 ? sp_reap(a, 2 * WAIT_MS) : -1;
+	sb = b > 0 ? sp_reap(b, 2 * WAIT_MS) : -1;
 	check(sa == 0 && sb == 0, "rank %d: process A exit %d, process B exit %d (kernel in one "
 	      "process, read in the other, both ways)", rank, sa, sb);
 }
@@ -663,7 +595,7 @@ static struct bd_pool_stats *get_stats(struct bd_pool_conn *c)
 /* Waits until rank 0 has `want` attachments; returns the last count seen. */
 static long wait_attached(struct bd_pool_conn *c, uint32_t want, int timeout_ms)
 {
-	int64_t end = now_ms() + timeout_ms;
+	int64_t end = bd_now_ms() + timeout_ms;
 	long seen = -1;
 
 	do {
@@ -676,7 +608,7 @@ static long wait_attached(struct bd_pool_conn *c, uint32_t want, int timeout_ms)
 				return seen;
 		}
 		usleep(20000);
-	} while (now_ms() < end);
+	} while (bd_now_ms() < end);
 	return seen;
 }
 
@@ -707,7 +639,7 @@ static void kill_check(struct bd_pool_conn *c)
 		check(false, "process K did not attach, map and allocate");
 		close(p[0]);
 		if (k > 0)
-			reap(k, 100);
+			sp_reap(k, 100);
 		return;
 	}
 	close(p[0]);
@@ -721,7 +653,7 @@ static void kill_check(struct bd_pool_conn *c)
 	      "(want 1)", s->devices[0].attached, listed, (unsigned long long)s->pages_used);
 	bd_pool_stats_free(s);
 	kill(k, SIGKILL);
-	e = reap(k, 5000);
+	e = sp_reap(k, 5000);
 	check(e == 128 + SIGKILL, "K died of SIGKILL (status %d)", e);
 	seen = wait_attached(c, 0, 5000);
 	check(seen == 0, "the attachment of the killed process dropped (rank 0: %ld)", seen);
@@ -775,7 +707,7 @@ int main(int argc, char **argv)
 	struct bd_pool_conn *c = NULL;
 	struct bd_pool_stats *s;
 	char gpu[256] = "?", cmd[128];
-	int64_t t0 = now_ms();
+	int64_t t0 = bd_now_ms();
 	int n_gpu, tp, st;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -805,14 +737,14 @@ int main(int argc, char **argv)
 	snprintf(S.notify, sizeof(S.notify), "%s/notify.sock", S.dir);
 	snprintf(S.log, sizeof(S.log), "%s/kvpoold.log", S.dir);
 
-	if (start_daemon(tp) < 0 || !wait_ready(WAIT_MS)) {
+	if (start_daemon(tp) < 0 || !sp_wait_notify(S.notify_fd, &S.daemon, "READY=1", WAIT_MS)) {
 		check(false, "kvpoold --backend %s --tp %d did not get ready", S.cpu ? "cpu" : "cuda",
 		      tp);
 		show_log();
 		goto out;
 	}
 	check(true, "kvpoold ready on the %s backend, tp %d (%.1f s)", S.cpu ? "cpu" : "cuda",
-	      tp, (double)(now_ms() - t0) / 1000.0);
+	      tp, (double)(bd_now_ms() - t0) / 1000.0);
 	if (bd_pool_conn_new(S.endpoint, 5000, &c) < 0) {
 		check(false, "connecting to %s", S.endpoint);
 		goto stop;
@@ -838,7 +770,7 @@ int main(int argc, char **argv)
 stop:
 	bd_pool_conn_free(c);
 	kill(S.daemon, SIGTERM);
-	st = reap(S.daemon, 10000);
+	st = sp_reap(S.daemon, 10000);
 	S.daemon = 0;
 	check(st == 0, "kvpoold exits 0 on SIGTERM (status %d)", st);
 	if (st != 0 || S.n_fail)
@@ -854,6 +786,6 @@ out:
 	if (system(cmd) != 0)
 		printf("note: could not remove %s\n", S.dir);
 	printf("%s: %d checks passed, %d failed (%.1f s)\n", S.n_fail ? "FAIL" : "PASS", S.n_pass,
-	       S.n_fail, (double)(now_ms() - t0) / 1000.0);
+	       S.n_fail, (double)(bd_now_ms() - t0) / 1000.0);
 	return S.n_fail ? 1 : 0;
 }

@@ -13,7 +13,6 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <grp.h>
 #include <jansson.h>
 #include <limits.h>
@@ -22,21 +21,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <dirent.h>
 
 #include <zmq.h>
 
+#include "base/bd_clock.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
 #include "pool/bd_pool_client.h"
 #include "kvpool.pb-c.h"
+#include "spawn.h"
 
 #define TIMEOUT_MS 20000
 
@@ -50,17 +49,8 @@ static const char *const SMALL[] = { "--tp", "1", "--layers", "1", "--kv-heads",
 				     "--head-dim", "64", "--pages", "40", "--slots", "2",
 				     "--max-seq-len", "1024", NULL };
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void init(void)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *bin = getenv("BD_BIN");
 	char exe[PATH_MAX - 16];
 	ssize_t n;
@@ -83,10 +73,8 @@ static void init(void)
 	snprintf(D.endpoint, sizeof(D.endpoint), "ipc://%s/alloc.sock", D.dir);
 	snprintf(D.notify, sizeof(D.notify), "%s/notify.sock", D.dir);
 	snprintf(D.log, sizeof(D.log), "%s/kvpoold.log", D.dir);
-	D.notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(D.notify_fd, 0);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", D.notify);
-	cr_assert_eq(bind(D.notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	D.notify_fd = sp_notify_open(D.notify);
+	cr_assert_geq(D.notify_fd, 0, "notify socket %s: %d", D.notify, D.notify_fd);
 }
 
 static void fini(void)
@@ -132,22 +120,8 @@ static pid_t spawn(bool own, const char *const *extra, const char *env_extra)
 	for (size_t i = 0; extra && extra[i]; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
-	pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		int fd = open(D.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (fd >= 0)
-			dup2(fd, 2);
-		setenv("NOTIFY_SOCKET", D.notify, 1);
-		unsetenv("WATCHDOG_USEC");
-		unsetenv("WATCHDOG_PID");
-		if (env_extra)
-			putenv((char *)env_extra);
-		execv(path, (char *const *)argv);
-		_exit(127);
-	}
+	pid = sp_spawn(argv, D.log, D.notify, env_extra);
+	cr_assert_gt(pid, 0);
 	D.pid = pid;
 	return pid;
 }
@@ -155,28 +129,7 @@ static pid_t spawn(bool own, const char *const *extra, const char *env_extra)
 /* Waits for a notify datagram containing what; false on timeout or when the daemon exits. */
 static bool wait_notify(const char *what, int timeout_ms)
 {
-	int64_t end = now_ms() + timeout_ms;
-	char buf[1024];
-
-	while (now_ms() < end) {
-		struct pollfd p = { .fd = D.notify_fd, .events = POLLIN };
-		ssize_t n;
-
-		if (poll(&p, 1, 50) == 1) {
-			n = recv(D.notify_fd, buf, sizeof(buf) - 1, 0);
-			if (n > 0) {
-				buf[n] = 0;
-				if (strstr(buf, what))
-					return true;
-			}
-			continue;
-		}
-		if (D.pid > 0 && waitpid(D.pid, NULL, WNOHANG) == D.pid) {
-			D.pid = 0;
-			return false;
-		}
-	}
-	return false;
+	return sp_wait_notify(D.notify_fd, &D.pid, what, timeout_ms);
 }
 
 static void start(bool own, const char *const *extra)
@@ -186,28 +139,12 @@ static void start(bool own, const char *const *extra)
 		  D.log);
 }
 
-/* Exit status of a process, SIGKILL after timeout_ms; -1 if it had to be killed. */
-static int reap(pid_t pid, int timeout_ms)
-{
-	int64_t end = now_ms() + timeout_ms;
-	int st;
-
-	while (now_ms() < end) {
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		usleep(10000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
 static int stop(void)
 {
 	int st;
 
 	kill(D.pid, SIGTERM);
-	st = reap(D.pid, TIMEOUT_MS);
+	st = sp_reap(D.pid, TIMEOUT_MS);
 	D.pid = 0;
 	return st;
 }
@@ -303,30 +240,40 @@ Test(pool_daemon, watchdog_pings)
 	cr_expect(wait_notify("WATCHDOG=1", 5000), "no WATCHDOG=1 with WATCHDOG_USEC set");
 }
 
+/* kvpoold with only `extra` flags exits 1 at start, its log holding each of says[] (pairs of
+ * a text and why it must be there, NULL-terminated). */
+static void fails_at_start(const char *const *extra, const char *const *says)
+{
+	cr_expect_eq(sp_reap(spawn(true, extra, NULL), TIMEOUT_MS), 1);
+	D.pid = 0;
+	for (size_t i = 0; says[i]; i += 2)
+		cr_expect(log_has(says[i]), "%s: no '%s' in the log", says[i + 1], says[i]);
+}
+
 Test(pool_daemon, budget_too_small_fails_at_start)
 {
 	static const char *const extra[] = { "--no-config", "--memory-bytes", "1M",
 					     "--max-seq-len", "1000000", "--tp", "1", NULL };
-	pid_t pid = spawn(true, extra, NULL);
+	static const char *const says[] = {
+		"max_seq_len=1000000", "the message names the request length",
+		"raise memory_bytes", "the message says what to change", NULL,
+	};
 
-	cr_expect_eq(reap(pid, TIMEOUT_MS), 1);
-	D.pid = 0;
-	cr_expect(log_has("max_seq_len=1000000"), "the message names the request length");
-	cr_expect(log_has("raise memory_bytes"), "the message says what to change");
+	fails_at_start(extra, says);
 }
 
-/* An absolute budget beyond the machine's RAM is refused at start (it used to be planned:
- * hundreds of MB of page bookkeeping, then memory the kernel cannot back). */
+/* An absolute budget beyond the machine's RAM is refused at start, before any page
+ * bookkeeping is planned for memory the kernel cannot back. */
 Test(pool_daemon, budget_beyond_ram_fails_at_start)
 {
 	static const char *const extra[] = { "--no-config", "--memory-bytes", "1000T", "--tp", "2",
 					     NULL };
-	pid_t pid = spawn(true, extra, NULL);
+	static const char *const says[] = {
+		"more than the", "the message compares with the RAM",
+		"of RAM", "the message names the RAM", NULL,
+	};
 
-	cr_expect_eq(reap(pid, TIMEOUT_MS), 1);
-	D.pid = 0;
-	cr_expect(log_has("more than the"), "the message compares with the RAM");
-	cr_expect(log_has("of RAM"), "the message names the RAM");
+	fails_at_start(extra, says);
 }
 
 /* No GPU or no driver (the build machine): the CUDA backend says why and exits 1, no crash,
@@ -334,11 +281,11 @@ Test(pool_daemon, budget_beyond_ram_fails_at_start)
 Test(pool_daemon, cuda_backend_without_a_gpu_says_why)
 {
 	static const char *const extra[] = { "--backend", "cuda", NULL };
-	int64_t end = now_ms() + TIMEOUT_MS;
+	int64_t end = bd_now_ms() + TIMEOUT_MS;
 	pid_t pid = spawn(false, extra, NULL);
 	int st = -1;
 
-	while (now_ms() < end) {
+	while (bd_now_ms() < end) {
 		if (waitpid(pid, &st, WNOHANG) == pid)
 			break;
 		if (log_has("listening on")) {
@@ -388,7 +335,7 @@ Test(pool_daemon, config_file_then_flags)
 	{
 		const char *bad[] = { "--config", arg, NULL };
 
-		cr_expect_eq(reap(spawn(true, bad, NULL), TIMEOUT_MS), 1);
+		cr_expect_eq(sp_reap(spawn(true, bad, NULL), TIMEOUT_MS), 1);
 		D.pid = 0;
 		cr_expect(log_has("unknown key 'slost'"));
 	}
@@ -544,8 +491,8 @@ Test(pool_daemon, two_processes_share_a_page)
 	close(where[1]);
 	close(done[0]);
 	close(done[1]);
-	cr_expect_eq(reap(r, TIMEOUT_MS), 0, "reader (codes in reader())");
-	cr_expect_eq(reap(w, TIMEOUT_MS), 0, "writer (codes in writer())");
+	cr_expect_eq(sp_reap(r, TIMEOUT_MS), 0, "reader (codes in reader())");
+	cr_expect_eq(sp_reap(w, TIMEOUT_MS), 0, "writer (codes in writer())");
 }
 
 /* ---- clients that die, clients that may not attach --------------------------------------- */
@@ -593,9 +540,9 @@ Test(pool_daemon, dead_client_is_detached_without_leaks)
 	cr_expect_eq(s->n_attachments, 1);
 	bd_pool_stats_free(s);
 	kill(child, SIGKILL);
-	cr_expect_eq(reap(child, TIMEOUT_MS), 128 + SIGKILL);
+	cr_expect_eq(sp_reap(child, TIMEOUT_MS), 128 + SIGKILL);
 	/* the attachment goes, its fd goes */
-	end = now_ms() + TIMEOUT_MS;
+	end = bd_now_ms() + TIMEOUT_MS;
 	do {
 		s = stats(c);
 		fds = count_fds(D.pid);
@@ -604,7 +551,7 @@ Test(pool_daemon, dead_client_is_detached_without_leaks)
 		bd_pool_stats_free(s);
 		s = NULL;
 		usleep(20000);
-	} while (now_ms() < end);
+	} while (bd_now_ms() < end);
 	cr_assert_not_null(s, "still attached or %d fds (baseline %d)", fds, base);
 	/* its pages stay: a worker may die without losing KV; the owner's reclaim frees them */
 	cr_expect_eq(s->pages_used, 3);
@@ -645,7 +592,7 @@ static int attach_as_nobody(void)
 		bd_pool_detach(a);
 		_exit(0);
 	}
-	return reap(child, TIMEOUT_MS);
+	return sp_reap(child, TIMEOUT_MS);
 }
 
 static void open_socket_to_all(void)
