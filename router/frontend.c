@@ -1,6 +1,8 @@
 /* frontend.c — routerd's client API: ClientRequest frames in, ClientReply frames out
- * (proto/serve.proto). Every request is validated before anything is allocated; a bad one gets
- * an ErrorReply and the daemon goes on serving. */
+ * (proto/serve.proto). Every request is validated before the scheduler gets it, so before
+ * anything is allocated in the pool; a bad one gets an ErrorReply and the daemon goes on
+ * serving. New requests, cancels and clients found gone are the scheduler's events
+ * (bd_sched_submit, _cancel, _client_gone); its chunks come back through bd_router_send_chunk. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,20 +24,7 @@ struct envelope {
 static int send_reply(struct bd_router *rt, const uint8_t *ident, size_t ident_len, bool delim,
 		      const Bdfp4__ClientReply *rep)
 {
-	size_t n = bdfp4__client_reply__get_packed_size(rep);
-	uint8_t stackbuf[1024], *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
-	int e = 0;
-
-	if (!buf)
-		return -ENOMEM;
-	bdfp4__client_reply__pack(rep, buf);
-	if (zmq_send(rt->front, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    (delim && zmq_send(rt->front, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
-	    zmq_send(rt->front, buf, n, ZMQ_DONTWAIT) < 0)
-		e = -EHOSTUNREACH;
-	if (buf != stackbuf)
-		free(buf);
-	return e;
+	return bd_router_send(rt->front, ident, ident_len, delim, &rep->base);
 }
 
 static void send_error(struct bd_router *rt, const struct envelope *env, uint64_t tag, int code,
@@ -51,24 +40,6 @@ static void send_error(struct bd_router *rt, const struct envelope *env, uint64_
 	rep.error = &er;
 	bd_log_debug("request %llu refused: %s", (unsigned long long)tag, msg);
 	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
-}
-
-void bd_router_client_gone(struct bd_router *rt, const uint8_t *ident, size_t len)
-{
-	for (size_t i = rt->n_reqs; i-- > 0;) {
-		struct bd_req *r;
-
-		if (i >= rt->n_reqs)
-			continue; /* finishing one may free others (never today; be safe) */
-		r = rt->reqs[i];
-		if (r->ident_len == len && !memcmp(r->ident, ident, len) && !r->finish_pending) {
-			bd_log_info("request %llu: client gone, cancelled",
-				  (unsigned long long)r->id);
-			bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
-					 BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED,
-					 "client disconnected", false);
-		}
-	}
 }
 
 int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int error,
@@ -153,27 +124,26 @@ void bd_router_keepalive(struct bd_router *rt, int64_t now)
 	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
 	Bdfp4__Keepalive ka = BDFP4__KEEPALIVE__INIT;
 
+	struct bd_sched *s = &rt->sched;
+
 	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_KEEPALIVE;
 	rep.keepalive = &ka;
-	for (size_t i = 0; i < rt->n_reqs; i++) {
-		struct bd_req *r = rt->reqs[i];
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct bd_req *r = s->reqs[i];
 
 		if (r->finish_pending || now - r->last_sent < rt->o.keepalive_ms)
 			continue;
 		if (send_reply(rt, r->ident, r->ident_len, r->delim, &rep) < 0) {
-			uint8_t ident[256];
-			size_t len = r->ident_len;
-
-			memcpy(ident, r->ident, len);
-			bd_router_client_gone(rt, ident, len);
+			/* r stays readable until the scheduler's actions are drained */
+			bd_sched_client_gone(s, r->ident, r->ident_len);
 			i = (size_t)-1; /* the list changed: start over (gone ones are skipped) */
 			continue;
 		}
 		/* one keepalive per connection per period */
-		for (size_t j = 0; j < rt->n_reqs; j++)
-			if (rt->reqs[j]->ident_len == r->ident_len &&
-			    !memcmp(rt->reqs[j]->ident, r->ident, r->ident_len))
-				rt->reqs[j]->last_sent = now;
+		for (size_t j = 0; j < s->n_reqs; j++)
+			if (s->reqs[j]->ident_len == r->ident_len &&
+			    !memcmp(s->reqs[j]->ident, r->ident, r->ident_len))
+				s->reqs[j]->last_sent = now;
 	}
 }
 
@@ -197,7 +167,7 @@ void bd_router_fill_health(struct bd_router *rt, Bdfp4__HealthReply *h, Bdfp4__W
 		snprintf(rt->health_reason, sizeof(rt->health_reason),
 			 "draining %zu request(s) (%zu running, %zu queued, %lld ms left): the "
 			 "router is stopping%s%s",
-			 rt->n_reqs, rt->n_running, rt->n_queued,
+			 rt->sched.n_reqs, rt->sched.n_running, rt->sched.n_queued,
 			 (long long)(rt->draining && rt->drain_end > now ? rt->drain_end - now : 0),
 			 *pool ? "; " : "", pool);
 	else if (*pool && rt->state != RS_SERVING)
@@ -267,18 +237,18 @@ static void on_info(struct bd_router *rt, const struct envelope *env)
 	si.max_batch = (uint32_t)rt->o.max_batch;
 	si.max_queue = (uint32_t)rt->o.max_queue;
 	si.max_frame_bytes = (uint32_t)rt->o.max_frame;
-	si.queued = (uint32_t)rt->n_queued;
-	si.running = (uint32_t)rt->n_running;
-	si.requests_total = rt->requests_total;
-	si.requests_failed = rt->requests_failed;
-	si.tokens_generated = rt->tokens_generated;
-	si.steps = rt->steps_done;
-	si.preemptions = rt->preemptions;
+	si.queued = (uint32_t)rt->sched.n_queued;
+	si.running = (uint32_t)rt->sched.n_running;
+	si.requests_total = rt->sched.requests_total;
+	si.requests_failed = rt->sched.requests_failed;
+	si.tokens_generated = rt->sched.tokens_generated;
+	si.steps = rt->sched.steps_done;
+	si.preemptions = rt->sched.preemptions;
 	si.pages_total = rt->pages_total;
 	si.pages_free = rt->pages_free;
 	si.slots_total = rt->slots_total;
 	si.slots_free = rt->slots_free;
-	si.pages_peak = rt->pages_peak;
+	si.pages_peak = rt->sched.pages_peak;
 	si.uptime_ms = (uint64_t)(bd_now_ms() - rt->t_start);
 	si.health = &h;
 	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_INFO;
@@ -307,14 +277,6 @@ static const char *pick_kv(struct bd_router *rt, const char *name, char *err, si
 		return NULL;
 	}
 	return k->name;
-}
-
-static uint64_t mix64(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
 }
 
 /* Checks everything that does not need the tokenizer. Returns 0 or a ServeError with err. */
@@ -463,6 +425,75 @@ nomem:
 	return BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
 }
 
+/* The request of g for the client of env: its prompt ids[n_ids] (copied), max_tokens already
+ * cut to the context, kv its configuration. NULL when out of memory. */
+static struct bd_req *new_req(struct bd_router *rt, const struct envelope *env,
+			      const Bdfp4__GenerateRequest *g, const int32_t *ids, size_t n_ids,
+			      int max_tokens, const char *kv)
+{
+	struct bd_req *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		return NULL;
+	r->cap = (int)n_ids + max_tokens;
+	r->toks = malloc((size_t)r->cap * sizeof(int32_t));
+	r->max_pages = r->cap / BD_PAGE_TOKENS + 1;
+	r->pages = malloc((size_t)r->max_pages * sizeof(int32_t));
+	if (!r->toks || !r->pages)
+		goto nomem;
+	memcpy(r->toks, ids, n_ids * sizeof(int32_t));
+	r->n_prompt = (int)n_ids;
+	r->max_tokens = max_tokens;
+	r->tag = g->client_tag;
+	memcpy(r->ident, env->ident, env->ident_len);
+	r->ident_len = env->ident_len;
+	r->delim = env->delim;
+	r->kv_config = kv;
+	bdfp4__sampling_params__init(&r->sampling);
+	if (g->sampling) {
+		r->sampling.temperature = g->sampling->temperature;
+		r->sampling.top_k = g->sampling->top_k;
+		r->sampling.top_p = g->sampling->top_p > 0 ? g->sampling->top_p : 1.0f;
+		r->sampling.seed = g->sampling->seed;
+	} else {
+		r->sampling.top_p = 1.0f;
+	}
+	r->stream = g->stream;
+	r->ignore_eos = g->ignore_eos;
+	for (size_t i = 0; i < g->n_stop; i++) {
+		r->stops[i] = strdup(g->stop[i]);
+		if (!r->stops[i])
+			goto nomem;
+		r->n_stops++;
+	}
+	if (g->n_forced_tokens) {
+		r->forced = malloc(g->n_forced_tokens * sizeof(int32_t));
+		if (!r->forced)
+			goto nomem;
+		memcpy(r->forced, g->forced_tokens, g->n_forced_tokens * sizeof(int32_t));
+		r->n_forced = (int)g->n_forced_tokens;
+	}
+	r->top_k = g->logits_top_k;
+	if (r->top_k) {
+		r->top = calloc((size_t)max_tokens * r->top_k, sizeof(*r->top));
+		if (!r->top)
+			goto nomem;
+		for (size_t i = 0; i < (size_t)max_tokens * r->top_k; i++) {
+			bdfp4__top_logit__init(&r->top[i]);
+			r->top[i].token = -1;
+		}
+	}
+	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
+	r->t_arrival = bd_now_ms();
+	r->last_sent = r->t_arrival;
+	r->deadline = r->t_arrival + (g->deadline_ms ? (int64_t)g->deadline_ms
+						     : (int64_t)rt->o.deadline_ms);
+	return r;
+nomem:
+	bd_req_free(r);
+	return NULL;
+}
+
 static void on_generate(struct bd_router *rt, const struct envelope *env,
 			const Bdfp4__GenerateRequest *g)
 {
@@ -471,18 +502,18 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
 	struct bd_req *r;
-	int code, max_tokens;
+	int code, max_tokens, e;
 	uint64_t pages_needed;
 
 	if (rt->state == RS_STOPPING) {
 		snprintf(err, sizeof(err), "the router is shutting down (draining %zu accepted "
 				   "request(s)): no new requests; retry on another server or after "
-				   "the restart", rt->n_reqs);
+				   "the restart", rt->sched.n_reqs);
 		send_error(rt, env, g->client_tag, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, err);
 		return;
 	}
 	code = validate(rt, g, err, sizeof(err));
-	if (!code && bd_router_find(rt, env->ident, env->ident_len, g->client_tag)) {
+	if (!code && bd_sched_find(&rt->sched, env->ident, env->ident_len, g->client_tag)) {
 		snprintf(err, sizeof(err), "client_tag %llu is already live on this connection",
 			 (unsigned long long)g->client_tag);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
@@ -523,113 +554,45 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 		snprintf(err, sizeof(err), "not serving: %.200s", rt->reason);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
 	}
-	if (!code && rt->n_queued >= (size_t)rt->o.max_queue) {
+	r = code ? NULL : new_req(rt, env, g, ids, n_ids, max_tokens, kv);
+	free(ids);
+	if (!code && !r) {
+		snprintf(err, sizeof(err), "out of memory");
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
+	}
+	e = code ? 0 : bd_sched_submit(&rt->sched, r);
+	if (e == -ENOSPC) {
 		snprintf(err, sizeof(err), "the queue is full (%d requests waiting)",
 			 rt->o.max_queue);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
+	} else if (e < 0) {
+		snprintf(err, sizeof(err), "out of memory");
+		code = BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
 	}
+	if (e < 0)
+		bd_req_free(r);
 	if (code) {
-		free(ids);
 		send_error(rt, env, g->client_tag, code, err);
 		return;
 	}
-
-	r = calloc(1, sizeof(*r));
-	if (!r)
-		goto nomem;
-	r->slot = -1;
-	r->reserved = -1;
-	r->cap = (int)n_ids + max_tokens;
-	r->toks = malloc((size_t)r->cap * sizeof(int32_t));
-	r->max_pages = r->cap / BD_PAGE_TOKENS + 1;
-	r->pages = malloc((size_t)r->max_pages * sizeof(int32_t));
-	if (!r->toks || !r->pages)
-		goto nomem_r;
-	memcpy(r->toks, ids, n_ids * sizeof(int32_t));
-	free(ids);
-	ids = NULL;
-	r->n_prompt = (int)n_ids;
-	r->max_tokens = max_tokens;
-	r->tag = g->client_tag;
-	memcpy(r->ident, env->ident, env->ident_len);
-	r->ident_len = env->ident_len;
-	r->delim = env->delim;
-	r->kv_config = kv;
-	bdfp4__sampling_params__init(&r->sampling);
-	if (g->sampling) {
-		r->sampling.temperature = g->sampling->temperature;
-		r->sampling.top_k = g->sampling->top_k;
-		r->sampling.top_p = g->sampling->top_p > 0 ? g->sampling->top_p : 1.0f;
-		r->sampling.seed = g->sampling->seed;
-	} else {
-		r->sampling.top_p = 1.0f;
-	}
-	r->stream = g->stream;
-	r->ignore_eos = g->ignore_eos;
-	for (size_t i = 0; i < g->n_stop; i++) {
-		r->stops[i] = strdup(g->stop[i]);
-		if (!r->stops[i])
-			goto nomem_r;
-		r->n_stops++;
-	}
-	if (g->n_forced_tokens) {
-		r->forced = malloc(g->n_forced_tokens * sizeof(int32_t));
-		if (!r->forced)
-			goto nomem_r;
-		memcpy(r->forced, g->forced_tokens, g->n_forced_tokens * sizeof(int32_t));
-		r->n_forced = (int)g->n_forced_tokens;
-	}
-	r->top_k = g->logits_top_k;
-	if (r->top_k) {
-		r->top = calloc((size_t)max_tokens * r->top_k, sizeof(*r->top));
-		if (!r->top)
-			goto nomem_r;
-		for (size_t i = 0; i < (size_t)max_tokens * r->top_k; i++) {
-			bdfp4__top_logit__init(&r->top[i]);
-			r->top[i].token = -1;
-		}
-	}
-	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
-	r->t_arrival = bd_now_ms();
-	r->last_sent = r->t_arrival;
-	r->deadline = r->t_arrival + (g->deadline_ms ? (int64_t)g->deadline_ms
-						     : (int64_t)rt->o.deadline_ms);
-	r->id = rt->next_id++;
-	r->order = rt->next_order++;
-	if (!r->sampling.seed)
-		r->sampling.seed = mix64(r->id ^ (uint64_t)r->t_arrival) | 1;
-	if (bd_router_add(rt, r) < 0)
-		goto nomem_r;
 	bd_log_debug("request %llu: %d prompt tokens, max %d, %s", (unsigned long long)r->id,
-		   r->n_prompt, r->max_tokens, r->kv_config);
-	return;
-nomem_r:
-	bd_req_free(r);
-nomem:
-	free(ids);
-	send_error(rt, env, g->client_tag, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "out of memory");
+		     r->n_prompt, r->max_tokens, r->kv_config);
 }
 
 static void on_cancel(struct bd_router *rt, const struct envelope *env, uint64_t tag)
 {
 	Bdfp4__ClientReply rep = BDFP4__CLIENT_REPLY__INIT;
 	Bdfp4__CancelReply cr = BDFP4__CANCEL_REPLY__INIT;
-	struct bd_req *r = bd_router_find(rt, env->ident, env->ident_len, tag);
+	struct bd_req *r = bd_sched_find(&rt->sched, env->ident, env->ident_len, tag);
 
 	cr.client_tag = tag;
 	cr.error = r ? BDFP4__SERVE_ERROR__SERVE_OK : BDFP4__SERVE_ERROR__SERVE_ERR_NOT_FOUND;
 	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_CANCEL;
 	rep.cancel = &cr;
-	if (send_reply(rt, env->ident, env->ident_len, env->delim, &rep) < 0) {
-		bd_router_client_gone(rt, env->ident, env->ident_len);
-		return;
-	}
-	if (r) {
-		bd_log_info("request %llu: cancelled by the client", (unsigned long long)r->id);
-		bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
-				 BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client",
-				 true);
-	}
+	if (send_reply(rt, env->ident, env->ident_len, env->delim, &rep) < 0)
+		bd_sched_client_gone(&rt->sched, env->ident, env->ident_len);
+	else if (r)
+		bd_sched_cancel(&rt->sched, r);
 }
 
 static void handle(struct bd_router *rt, const struct envelope *env, const uint8_t *data,
@@ -674,26 +637,13 @@ static void handle(struct bd_router *rt, const struct envelope *env, const uint8
 void bd_router_on_frontend(struct bd_router *rt)
 {
 	for (int budget = 0; budget < 256; budget++) {
-		zmq_msg_t parts[4];
-		int n = 0, more = 1;
+		zmq_msg_t parts[3];
 		struct envelope env = { 0 };
-
-		while (more) {
-			zmq_msg_t *m = &parts[n < 4 ? n : 3];
-
-			if (n >= 4)
-				zmq_msg_close(m);
-			zmq_msg_init(m);
-			if (zmq_msg_recv(m, rt->front, n ? 0 : ZMQ_DONTWAIT) < 0) {
-				zmq_msg_close(m);
-				for (int i = 0; i < (n < 4 ? n : 4); i++)
-					zmq_msg_close(&parts[i]);
-				return;
-			}
-			more = zmq_msg_more(m);
-			n++;
-		}
 		/* [identity] payload, or [identity] "" payload from a REQ */
+		int n = bd_router_recv(rt->front, parts, 3);
+
+		if (!n)
+			return;
 		env.ident_len = zmq_msg_size(&parts[0]);
 		if (env.ident_len > sizeof(env.ident))
 			env.ident_len = sizeof(env.ident);
@@ -707,7 +657,6 @@ void bd_router_on_frontend(struct bd_router *rt)
 			send_error(rt, &env, 0, BDFP4__SERVE_ERROR__SERVE_ERR_MALFORMED,
 				   "one ClientRequest frame per message");
 		}
-		for (int i = 0; i < (n < 4 ? n : 4); i++)
-			zmq_msg_close(&parts[i]);
+		bd_router_frames_close(parts, n, 3);
 	}
 }

@@ -2,8 +2,10 @@
  *
  * Terminates the client API (serve.proto over a ZeroMQ ROUTER frontend), tokenizes, admits
  * requests against the pool's capacity, batches them continuously and sends each step's plan
- * to every worker rank. One event loop (zmq_poll over the frontend, the worker socket and a
- * signalfd, with a periodic tick for deadlines, heartbeats, keepalives and sd_notify).
+ * to every worker rank. One event loop (zmq_poll over the frontend, the worker socket, the pool
+ * probe and the daemon's signal fd, with a periodic tick for deadlines, heartbeats, keepalives
+ * and sd_notify). After each event the loop carries out what the scheduler asked for: chunks to
+ * the clients (frontend.c), plans to the workers (workers.c).
  *
  * Configuration: [router] of /etc/bdfp4/bdfp4.conf, every key overridable by a flag of the
  * same name (--max-batch=8 for max_batch). Exit: 0 after SIGTERM/SIGINT, 1 on a fatal error.
@@ -15,25 +17,19 @@
  * ends the drain at once.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <systemd/sd-daemon.h>
 #include <zmq.h>
 
 #include "base/bd_config.h"
-#include "formats/bd_gguf.h"
 #include "base/bd_ipc.h"
+#include "formats/bd_gguf.h"
 #include "model/bd_model_preset.h"
 #include "quant/bd_kvcfg.h"
 #include "router.h"
@@ -77,71 +73,15 @@ static const struct bd_config_key keys[] = {
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
-static void usage(FILE *f)
-{
-	bd_config_usage(f, "routerd", NULL, SECTION, keys);
-}
-
-static const char *key_def(const char *key)
-{
-	for (const struct bd_config_key *k = keys; k->name; k++)
-		if (!strcmp(k->name, key))
-			return k->def;
-	return "";
-}
-
-static const char *get_str(struct bd_router *rt, const char *key)
-{
-	return bd_config_str(rt->cfg, SECTION, keys, key);
-}
-
-static int get_int(struct bd_router *rt, const char *key, int64_t min, int64_t max, int *ret)
-{
-	int64_t v;
-	int e = bd_config_get_i64(rt->cfg, SECTION, key, strtoll(key_def(key), NULL, 0), min, max,
-				  &v);
-
-	if (e < 0) {
-		bd_log_err("%s = '%s': %s (allowed %lld..%lld)", key,
-			 bd_config_get(rt->cfg, SECTION, key),
-			 e == -ERANGE ? "out of range" : "not an integer", (long long)min,
-			 (long long)max);
-		return e;
-	}
-	*ret = (int)v;
-	return 0;
-}
-
-static int parse_args(struct bd_router *rt, int argc, char **argv)
-{
-	char err[256];
-	int e = bd_config_parse_args(rt->cfg, SECTION, keys, BD_CONFIG_DEFAULT_PATH, argc, argv, err,
-				     sizeof(err));
-
-	if (e == 1) {
-		usage(stdout);
-	} else if (e < 0) {
-		bd_log_err("%s", err);
-		if (e == -EINVAL)
-			usage(stderr);
-	}
-	return e;
-}
-
 static int read_opts(struct bd_router *rt)
 {
 	struct bd_router_opts *o = &rt->o;
-	const char *bad, *fe;
+	const struct bd_daemon *d = &rt->d;
 	char *copy, *save = NULL, *tokn;
-	int owner = 0;
+	int64_t owner = 0;
+	uint64_t mf;
 
-	bad = bd_config_unknown(rt->cfg, SECTION, keys);
-	if (bad) {
-		bd_log_err("unknown key '%s' in [%s]", bad, SECTION);
-		return -EINVAL;
-	}
-	fe = get_str(rt, "frontend");
-	copy = strdup(fe);
+	copy = strdup(bd_daemon_get_str(d, "frontend"));
 	if (!copy)
 		return -ENOMEM;
 	for (tokn = strtok_r(copy, ", ", &save); tokn; tokn = strtok_r(NULL, ", ", &save)) {
@@ -161,38 +101,31 @@ static int read_opts(struct bd_router *rt)
 		bd_log_err("frontend: no endpoint");
 		return -EINVAL;
 	}
-	o->workers = get_str(rt, "workers");
-	o->pool = get_str(rt, "pool");
-	o->model = get_str(rt, "model");
-	o->random_weights = get_str(rt, "random_weights");
-	o->kv_config = get_str(rt, "kv_config");
-	if (get_int(rt, "tp", 1, BD_ROUTER_MAX_TP, &o->tp) < 0 ||
-	    get_int(rt, "max_batch", 1, 4096, &o->max_batch) < 0 ||
-	    get_int(rt, "max_queue", 0, 1 << 20, &o->max_queue) < 0 ||
-	    get_int(rt, "max_prefill_tokens", 1, 1 << 24, &o->max_prefill_tokens) < 0 ||
-	    get_int(rt, "deadline_ms", 1, INT_MAX, &o->deadline_ms) < 0 ||
-	    get_int(rt, "heartbeat_ms", 10, 600000, &o->heartbeat_ms) < 0 ||
-	    get_int(rt, "heartbeat_timeout_ms", 20, 3600000, &o->heartbeat_timeout_ms) < 0 ||
-	    get_int(rt, "step_timeout_ms", 100, INT_MAX, &o->step_timeout_ms) < 0 ||
-	    get_int(rt, "keepalive_ms", 10, 3600000, &o->keepalive_ms) < 0 ||
-	    get_int(rt, "pool_timeout_ms", 10, 600000, &o->pool_timeout_ms) < 0 ||
-	    get_int(rt, "pool_wait_ms", 0, 3600000, &o->pool_wait_ms) < 0 ||
-	    get_int(rt, "pool_probe_ms", 10, 600000, &o->pool_probe_ms) < 0 ||
-	    get_int(rt, "drain_timeout_ms", 0, 3600000, &o->drain_timeout_ms) < 0 ||
-	    get_int(rt, "pool_owner", 1, INT_MAX, &owner) < 0 ||
-	    get_int(rt, "status_interval_ms", 10, 3600000, &o->status_ms) < 0)
+	o->workers = bd_daemon_get_str(d, "workers");
+	o->pool = bd_daemon_get_str(d, "pool");
+	o->model = bd_daemon_get_str(d, "model");
+	o->random_weights = bd_daemon_get_str(d, "random_weights");
+	o->kv_config = bd_daemon_get_str(d, "kv_config");
+	if (bd_daemon_get_int(d, "tp", 1, BD_ROUTER_MAX_TP, &o->tp) < 0 ||
+	    bd_daemon_get_int(d, "max_batch", 1, 4096, &o->max_batch) < 0 ||
+	    bd_daemon_get_int(d, "max_queue", 0, 1 << 20, &o->max_queue) < 0 ||
+	    bd_daemon_get_int(d, "max_prefill_tokens", 1, 1 << 24, &o->max_prefill_tokens) < 0 ||
+	    bd_daemon_get_int(d, "deadline_ms", 1, INT_MAX, &o->deadline_ms) < 0 ||
+	    bd_daemon_get_int(d, "heartbeat_ms", 10, 600000, &o->heartbeat_ms) < 0 ||
+	    bd_daemon_get_int(d, "heartbeat_timeout_ms", 20, 3600000,
+			      &o->heartbeat_timeout_ms) < 0 ||
+	    bd_daemon_get_int(d, "step_timeout_ms", 100, INT_MAX, &o->step_timeout_ms) < 0 ||
+	    bd_daemon_get_int(d, "keepalive_ms", 10, 3600000, &o->keepalive_ms) < 0 ||
+	    bd_daemon_get_int(d, "pool_timeout_ms", 10, 600000, &o->pool_timeout_ms) < 0 ||
+	    bd_daemon_get_int(d, "pool_wait_ms", 0, 3600000, &o->pool_wait_ms) < 0 ||
+	    bd_daemon_get_int(d, "pool_probe_ms", 10, 600000, &o->pool_probe_ms) < 0 ||
+	    bd_daemon_get_int(d, "drain_timeout_ms", 0, 3600000, &o->drain_timeout_ms) < 0 ||
+	    bd_daemon_get_i64(d, "pool_owner", 1, INT_MAX, &owner) < 0 ||
+	    bd_daemon_get_int(d, "status_interval_ms", 10, 3600000, &o->status_ms) < 0 ||
+	    bd_daemon_get_bytes(d, "max_frame_bytes", 256, FRONT_HARD_MAX, &mf) < 0)
 		return -EINVAL;
 	o->owner = (uint64_t)owner;
-	{
-		uint64_t mf;
-
-		if (bd_config_get_bytes(rt->cfg, SECTION, "max_frame_bytes", 1 << 20, 256,
-					FRONT_HARD_MAX, &mf) < 0) {
-			bd_log_err("max_frame_bytes: a byte size in 256..%d", FRONT_HARD_MAX);
-			return -EINVAL;
-		}
-		o->max_frame = (int)mf;
-	}
+	o->max_frame = (int)mf;
 	if (o->heartbeat_timeout_ms <= o->heartbeat_ms) {
 		bd_log_err("heartbeat_timeout_ms must exceed heartbeat_ms");
 		return -EINVAL;
@@ -351,93 +284,67 @@ static int connect_pool(struct bd_router *rt)
 
 /* ---- sockets ------------------------------------------------------------------------------- */
 
-/* The directory of an ipc:// endpoint, when systemd has not made it. */
-/* An ipc:// endpoint another process listens on (a second router pointed at a live one's
- * paths): ZeroMQ would silently take the path over, so refuse. */
-static bool ipc_in_use(const char *ep)
+/* Binds sock at an endpoint: an ipc:// one gets its directory when systemd has not made it, and
+ * is refused when another process listens there (a second router pointed at a live one's
+ * paths), which ZeroMQ would silently take over. */
+static int bind_endpoint(void *sock, const char *ep, const char *what)
 {
-	if (strncmp(ep, "ipc://", 6) || bd_ipc_path_in_use(ep + 6) != 1)
-		return false;
-	bd_log_err("%s: another process listens there (is a router already running?)", ep);
-	return true;
-}
+	const char *path = bd_ipc_endpoint_path(ep);
+	int e;
 
-static void ipc_mkdir(const char *endpoint)
-{
-	char dir[PATH_MAX], *slash;
-
-	if (strncmp(endpoint, "ipc://", 6))
-		return;
-	snprintf(dir, sizeof(dir), "%s", endpoint + 6);
-	slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
-		*slash = 0;
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-			bd_log_warn("%s: %s", dir, strerror(errno));
+	if (path && (e = bd_ipc_mkdir_parent(path, 0755)) < 0)
+		bd_log_warn("%s %s: its directory: %s", what, ep, strerror(-e));
+	if (bd_ipc_endpoint_in_use(ep) == 1) {
+		bd_log_err("%s: another process listens there (is a router already running?)", ep);
+		return -EADDRINUSE;
 	}
-}
-
-static void *router_socket(struct bd_router *rt, int64_t maxmsg)
-{
-	void *s = zmq_socket(rt->zctx, ZMQ_ROUTER);
-	int zero = 0, one = 1, hwm = 100000;
-
-	if (!s)
-		return NULL;
-	/* MANDATORY: a send to a gone peer fails (EHOSTUNREACH) instead of vanishing; that is
-	 * how a disconnected client or a dead worker shows up */
-	if (zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-	    zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
-	    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
-	    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
-	    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0) {
-		zmq_close(s);
-		return NULL;
+	if (zmq_bind(sock, ep) < 0) {
+		bd_log_err("%s %s: %s", what, ep, zmq_strerror(zmq_errno()));
+		return -EIO;
 	}
-	return s;
+	return 0;
 }
 
 static int setup_sockets(struct bd_router *rt)
 {
-	sigset_t ss;
+	int e;
 
-	sigemptyset(&ss);
-	sigaddset(&ss, SIGTERM);
-	sigaddset(&ss, SIGINT);
-	sigaddset(&ss, SIGHUP);
-	rt->sig_fd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
-	if (rt->sig_fd < 0) {
-		bd_log_err("signalfd: %s", strerror(errno));
-		return -errno;
-	}
 	rt->zctx = zmq_ctx_new();
 	if (!rt->zctx)
 		return -ENOMEM;
-	rt->front = router_socket(rt, FRONT_HARD_MAX);
-	rt->wsock = router_socket(rt, BD_ROUTER_WORKER_MAX_FRAME);
+	rt->front = bd_router_socket(rt->zctx, FRONT_HARD_MAX);
+	rt->wsock = bd_router_socket(rt->zctx, BD_ROUTER_WORKER_MAX_FRAME);
 	if (!rt->front || !rt->wsock) {
 		bd_log_err("zmq socket: %s", zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
 	for (int i = 0; i < rt->o.n_frontends; i++) {
-		ipc_mkdir(rt->o.frontends[i]);
-		if (ipc_in_use(rt->o.frontends[i]))
-			return -EADDRINUSE;
-		if (zmq_bind(rt->front, rt->o.frontends[i]) < 0) {
-			bd_log_err("frontend %s: %s", rt->o.frontends[i], zmq_strerror(zmq_errno()));
-			return -EIO;
-		}
+		e = bind_endpoint(rt->front, rt->o.frontends[i], "frontend");
+		if (e < 0)
+			return e;
 		rt->n_front_bound = i + 1;
 	}
-	ipc_mkdir(rt->o.workers);
-	if (ipc_in_use(rt->o.workers))
-		return -EADDRINUSE;
-	if (zmq_bind(rt->wsock, rt->o.workers) < 0) {
-		bd_log_err("worker endpoint %s: %s", rt->o.workers, zmq_strerror(zmq_errno()));
-		return -EIO;
-	}
+	e = bind_endpoint(rt->wsock, rt->o.workers, "worker endpoint");
+	if (e < 0)
+		return e;
 	rt->workers_bound = true;
 	return bd_router_pool_open(rt);
+}
+
+/* Carries out what the scheduler asked for: chunks to the clients (a client found gone is
+ * news to the scheduler, which may queue more), plans to the workers. */
+static void carry_out(struct bd_router *rt)
+{
+	struct bd_sched_act a;
+
+	while (bd_sched_next(&rt->sched, &a)) {
+		if (a.kind == BD_SCHED_PLAN) {
+			bd_router_send_plan(rt, a.plan, bd_now_ms());
+		} else if (bd_router_send_chunk(rt, a.r, a.finish, a.error, a.msg) ==
+			   -EHOSTUNREACH) {
+			bd_sched_client_gone(&rt->sched, a.r->ident, a.r->ident_len);
+		}
+	}
 }
 
 /* ---- loop ---------------------------------------------------------------------------------- */
@@ -445,19 +352,20 @@ static int setup_sockets(struct bd_router *rt)
 static void notify_status(struct bd_router *rt)
 {
 	static const char *const st[] = { "starting", "serving", "degraded", "stopping" };
+	const struct bd_sched *s = &rt->sched;
 	int64_t now = bd_now_ms();
 
 	if (rt->draining) {
-		sd_notifyf(0, "STATUS=draining %zu requests (%zu running, %zu queued), %lld ms left",
-			   rt->n_reqs, rt->n_running, rt->n_queued,
+		bd_daemon_status(&rt->d, "draining %zu requests (%zu running, %zu queued), %lld ms "
+			   "left", s->n_reqs, s->n_running, s->n_queued,
 			   (long long)(rt->drain_end > now ? rt->drain_end - now : 0));
 		return;
 	}
-	sd_notifyf(0, "STATUS=%s%s: %zu running, %zu queued, %llu tokens, pages %llu held "
+	bd_daemon_status(&rt->d, "%s%s: %zu running, %zu queued, %llu tokens, pages %llu held "
 		   "(peak %llu)",
-		   st[rt->state], rt->pool_ok ? "" : " (kvpoold unreachable)", rt->n_running,
-		   rt->n_queued, (unsigned long long)rt->tokens_generated,
-		   (unsigned long long)rt->pages_held, (unsigned long long)rt->pages_peak);
+		   st[rt->state], rt->pool_ok ? "" : " (kvpoold unreachable)", s->n_running,
+		   s->n_queued, (unsigned long long)s->tokens_generated,
+		   (unsigned long long)s->pages_held, (unsigned long long)s->pages_peak);
 }
 
 static void on_tick(struct bd_router *rt, int64_t now)
@@ -466,13 +374,15 @@ static void on_tick(struct bd_router *rt, int64_t now)
 		notify_status(rt);
 		rt->next_status = now + rt->o.status_ms;
 	}
-	if (rt->watchdog_usec && now >= rt->next_watchdog) {
-		sd_notify(0, "WATCHDOG=1");
-		rt->next_watchdog = now + (int64_t)(rt->watchdog_usec / 2000);
-	}
+	bd_daemon_watchdog(&rt->d, now);
 	bd_router_workers_tick(rt, now);
-	bd_router_pool_tick(rt, now);
-	bd_router_deadlines(rt, now);
+	if (bd_router_pool_tick(rt, now)) {
+		char msg[600];
+
+		bd_router_pool_reason(rt, msg, sizeof(msg));
+		bd_sched_pool_down(&rt->sched, msg);
+	}
+	bd_sched_tick(&rt->sched, now);
 	bd_router_keepalive(rt, now);
 }
 
@@ -484,13 +394,14 @@ static void on_stop_signal(struct bd_router *rt, unsigned signo)
 
 	if (rt->draining) {
 		bd_log_warn("signal %u during the drain: stopping now, %zu request(s) fail", signo,
-			  rt->n_reqs);
+			    rt->sched.n_reqs);
 		rt->stop = true;
 		return;
 	}
-	if (!rt->n_reqs || rt->o.drain_timeout_ms == 0 || !rt->group_ready) {
+	if (!rt->sched.n_reqs || rt->o.drain_timeout_ms == 0 || !rt->group_ready) {
 		bd_log_info("signal %u: stopping%s", signo,
-			  rt->n_reqs && !rt->group_ready ? " (no worker group to drain with)" : "");
+			    rt->sched.n_reqs && !rt->group_ready ? " (no worker group to drain with)"
+								 : "");
 		rt->stop = true;
 		return;
 	}
@@ -499,9 +410,9 @@ static void on_stop_signal(struct bd_router *rt, unsigned signo)
 	rt->drain_end = now + rt->o.drain_timeout_ms;
 	rt->state = RS_STOPPING;
 	bd_log_info("signal %u: draining %zu request(s) (%zu running, %zu queued) for up to %d ms; "
-		  "new requests are refused", signo, rt->n_reqs, rt->n_running, rt->n_queued,
-		  rt->o.drain_timeout_ms);
-	sd_notify(0, "STOPPING=1");
+		    "new requests are refused", signo, rt->sched.n_reqs, rt->sched.n_running,
+		    rt->sched.n_queued, rt->o.drain_timeout_ms);
+	bd_daemon_stopping(&rt->d);
 	notify_status(rt);
 	rt->next_status = now + rt->o.status_ms;
 }
@@ -511,18 +422,18 @@ static void drain_check(struct bd_router *rt, int64_t now)
 {
 	if (!rt->draining)
 		return;
-	if (!rt->n_reqs) {
+	if (!rt->sched.n_reqs) {
 		bd_log_info("drain done in %lld ms: every request finished",
 			  (long long)(now - rt->drain_start));
 		rt->stop = true;
 	} else if (now >= rt->drain_end) {
 		bd_log_warn("drain_timeout_ms (%d) passed: %zu request(s) fail", rt->o.drain_timeout_ms,
-			  rt->n_reqs);
+			    rt->sched.n_reqs);
 		rt->stop = true;
 	} else if (!rt->group_ready) {
 		/* the workers are going too (a stop of the whole target): nothing can progress */
 		bd_log_warn("the worker group failed during the drain: %zu request(s) fail",
-			  rt->n_reqs);
+			    rt->sched.n_reqs);
 		rt->stop = true;
 	}
 }
@@ -535,11 +446,11 @@ static int run(struct bd_router *rt)
 		zmq_pollitem_t items[5] = {
 			{ .socket = rt->front, .events = ZMQ_POLLIN },
 			{ .socket = rt->wsock, .events = ZMQ_POLLIN },
-			{ .fd = rt->sig_fd, .events = ZMQ_POLLIN },
+			{ .fd = rt->d.signal_fd, .events = ZMQ_POLLIN },
 			{ .socket = rt->probe, .events = ZMQ_POLLIN },
 			{ .socket = rt->probe_mon, .events = ZMQ_POLLIN },
 		};
-		int r = zmq_poll(items, 5, 20);
+		int r = zmq_poll(items, 5, 20), signo;
 
 		if (r < 0) {
 			if (zmq_errno() == EINTR)
@@ -548,31 +459,31 @@ static int run(struct bd_router *rt)
 			return -EIO;
 		}
 		if (items[2].revents) {
-			struct signalfd_siginfo si;
-
-			while (read(rt->sig_fd, &si, sizeof(si)) == sizeof(si)) {
-				if (si.ssi_signo == SIGHUP) {
-					bd_log_info("SIGHUP ignored: restart to reconfigure");
-					continue;
-				}
-				on_stop_signal(rt, si.ssi_signo);
-			}
+			while ((signo = bd_daemon_signal(&rt->d)) > 0)
+				if (signo != SIGUSR1) /* no report to give */
+					on_stop_signal(rt, (unsigned)signo);
 			if (rt->stop)
 				break;
 		}
-		if (items[1].revents)
+		if (items[1].revents) {
 			bd_router_on_workers(rt);
+			carry_out(rt);
+		}
 		if (items[3].revents || items[4].revents)
-			bd_router_pool_on_probe(rt);
-		if (items[0].revents)
+			bd_router_pool_on_probe(rt, bd_sched_pool_busy(&rt->sched));
+		if (items[0].revents) {
 			bd_router_on_frontend(rt);
+			carry_out(rt);
+		}
 		on_tick(rt, bd_now_ms());
-		bd_router_schedule(rt);
+		carry_out(rt);
+		bd_sched_schedule(&rt->sched, bd_now_ms());
+		carry_out(rt);
 		drain_check(rt, bd_now_ms());
 		/* heartbeats ride on this loop: a long stall looks like a dead router to workers */
 		if (bd_now_ms() - last > 1000)
 			bd_log_warn("event loop stalled for %lld ms",
-				  (long long)(bd_now_ms() - last));
+				    (long long)(bd_now_ms() - last));
 		last = bd_now_ms();
 	}
 	return 0;
@@ -590,45 +501,40 @@ static void shutdown_requests(struct bd_router *rt)
 	else
 		snprintf(msg, sizeof(msg), "the router is stopping");
 	rt->state = RS_STOPPING;
-	/* every request ends SHUTTING_DOWN: those in the step in flight are marked, and the
-	 * abort of the step applies the mark */
-	for (size_t i = rt->n_reqs; i-- > 0;) {
-		if (i >= rt->n_reqs)
-			continue;
-		bd_router_finish(rt, rt->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR,
-				 BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg, true);
-	}
-	bd_router_abort_step(rt, msg);
-	while (rt->n_reqs)
-		bd_router_finish(rt, rt->reqs[rt->n_reqs - 1], BDFP4__FINISH_REASON__FINISH_ERROR,
-				 BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg, true);
+	/* every request ends SHUTTING_DOWN, those in the step in flight too */
+	bd_sched_stop(&rt->sched, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg);
+	carry_out(rt);
 	bd_router_workers_shutdown(rt);
 	/* nothing of this router's stays in the pool (a release that failed left a record) */
 	if (rt->pool && rt->pool_ok &&
 	    POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages)) == 0 &&
 	    n_req)
 		bd_log_warn("pool: reclaimed %llu leftover request record(s), %llu page(s)",
-			  (unsigned long long)n_req, (unsigned long long)n_pages);
+			    (unsigned long long)n_req, (unsigned long long)n_pages);
+}
+
+static void unlink_endpoint(const char *ep)
+{
+	const char *path = bd_ipc_endpoint_path(ep);
+
+	if (path)
+		unlink(path);
 }
 
 static void cleanup(struct bd_router *rt)
 {
-	while (rt->n_reqs)
-		bd_req_free(rt->reqs[--rt->n_reqs]);
-	free(rt->reqs);
-	free(rt->release);
-	free(rt->step.rows);
+	bd_sched_fini(&rt->sched);
 	for (int i = 0; i < BD_ROUTER_MAX_TP; i++)
 		if (rt->step.res[i])
 			bdfp4__step_result__free_unpacked(rt->step.res[i], NULL);
 	for (int i = 0; i < rt->o.n_frontends; i++) {
 		/* only the files of endpoints this process bound: never a live router's */
-		if (i < rt->n_front_bound && !strncmp(rt->o.frontends[i], "ipc://", 6))
-			unlink(rt->o.frontends[i] + 6);
+		if (i < rt->n_front_bound)
+			unlink_endpoint(rt->o.frontends[i]);
 		free(rt->o.frontends[i]);
 	}
-	if (rt->workers_bound && rt->o.workers && !strncmp(rt->o.workers, "ipc://", 6))
-		unlink(rt->o.workers + 6);
+	if (rt->workers_bound)
+		unlink_endpoint(rt->o.workers);
 	bd_router_pool_close(rt);
 	if (rt->front)
 		zmq_close(rt->front);
@@ -636,56 +542,53 @@ static void cleanup(struct bd_router *rt)
 		zmq_close(rt->wsock);
 	if (rt->zctx)
 		zmq_ctx_term(rt->zctx);
-	if (rt->sig_fd >= 0)
-		close(rt->sig_fd);
 	bd_pool_conn_free(rt->pool);
 	bd_tokenizer_free(rt->tok);
 	free(rt->eog);
-	bd_config_free(rt->cfg);
+	bd_daemon_end(&rt->d);
+}
+
+static int start_sched(struct bd_router *rt)
+{
+	const struct bd_sched_cfg cfg = {
+		.max_batch = rt->o.max_batch,
+		.max_queue = rt->o.max_queue,
+		.max_prefill_tokens = rt->o.max_prefill_tokens,
+		.n_vocab = rt->n_vocab,
+		.eog = rt->eog,
+		.tok = rt->tok,
+	};
+	int e = bd_sched_init(&rt->sched, &cfg, &bd_router_pool_ops, rt);
+
+	if (e < 0)
+		bd_log_err("scheduler: %s", strerror(-e));
+	return e;
 }
 
 int main(int argc, char **argv)
 {
-	static struct bd_router rt; /* large; zeroed */
-	sigset_t ss;
-	int e;
+	static struct bd_router rt = { /* large; zeroed */
+		.d = { .name = "routerd", .section = SECTION, .keys = keys },
+		.pool_ok = true, /* until a call or the probe says otherwise */
+	};
+	int e = bd_daemon_start(&rt.d, argc, argv);
 
-	rt.sig_fd = -1;
-	rt.pool_ok = true; /* until a call or the probe says otherwise */
-	bd_log_init("routerd");
-	bd_log_set_debug(getenv("BD_ROUTER_DEBUG") != NULL);
-	sigemptyset(&ss);
-	sigaddset(&ss, SIGTERM);
-	sigaddset(&ss, SIGINT);
-	sigaddset(&ss, SIGHUP);
-	sigprocmask(SIG_BLOCK, &ss, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	if (bd_ipc_raise_nofile() < 0)
-		bd_log_warn("cannot raise the open-file limit: %s", strerror(errno));
-
-	rt.cfg = bd_config_new();
-	if (!rt.cfg)
-		return 1;
-	e = parse_args(&rt, argc, argv);
 	if (e == 1) {
-		bd_config_free(rt.cfg);
+		bd_daemon_end(&rt.d);
 		return 0;
 	}
+	bd_log_set_debug(getenv("BD_ROUTER_DEBUG") != NULL);
 	if (e < 0 || read_opts(&rt) < 0 || load_model(&rt) < 0 || connect_pool(&rt) < 0 ||
-	    setup_sockets(&rt) < 0)
+	    start_sched(&rt) < 0 || setup_sockets(&rt) < 0)
 		goto fail;
 	rt.t_start = bd_now_ms();
-	rt.next_id = 1;
-	rt.next_step = 1;
 	snprintf(rt.reason, sizeof(rt.reason), "waiting for %d worker rank(s) to register",
 		 rt.o.tp);
-	if (sd_watchdog_enabled(0, &rt.watchdog_usec) <= 0)
-		rt.watchdog_usec = 0;
 	bd_log_info("listening on %s (+%d more) for clients, %s for workers", rt.o.frontends[0],
-		  rt.o.n_frontends - 1, rt.o.workers);
-	sd_notify(0, "READY=1");
+		    rt.o.n_frontends - 1, rt.o.workers);
+	bd_daemon_ready(&rt.d);
 	e = run(&rt);
-	sd_notify(0, "STOPPING=1");
+	bd_daemon_stopping(&rt.d);
 	shutdown_requests(&rt);
 	cleanup(&rt);
 	return e < 0 ? 1 : 0;

@@ -13,6 +13,9 @@
  * connection exists, and the socket's monitor reports a closed connection at once (kvpoold
  * killed). The first answer after a failure brings the pool back: records the router may have
  * left in it are reclaimed (OwnerReclaim) before anything is admitted again.
+ *
+ * bd_router_pool_ops is the scheduler's pool (sched.h) over these calls: the router's owner id,
+ * the health gate, and a note that a reclaim is due when a call may have left a record behind.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -107,17 +110,24 @@ void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap)
 		 (long long)(bd_now_ms() - rt->pool_down_since));
 }
 
-/* Whether a request still has a record in the pool (an owner reclaim would take it). */
-static bool records_held(const struct bd_router *rt)
+int bd_router_pool_refresh(struct bd_router *rt)
 {
-	for (size_t i = 0; i < rt->n_reqs; i++)
-		if (rt->reqs[i]->pool_held)
-			return true;
-	return false;
+	struct bd_pool_stats *st = NULL;
+	int e = POOL_CALL(rt, bd_pool_stats(rt->pool, 1, &st));
+
+	if (e < 0)
+		return e;
+	rt->pages_free = st->pages_free;
+	rt->slots_free = st->slots_free;
+	rt->pages_total = st->pages_total;
+	rt->slots_total = st->slots_total;
+	bd_pool_stats_free(st);
+	return 0;
 }
 
-/* The pool answered while down: reclaim what the failed requests may have left, then serve. */
-static void recover(struct bd_router *rt)
+/* The pool answered while down: reclaim what the failed requests may have left, then serve.
+ * busy: a step is in flight or a request holds a record. */
+static void recover(struct bd_router *rt, bool busy)
 {
 	uint64_t n_req = 0, n_pages = 0;
 	int64_t down_ms = bd_now_ms() - rt->pool_down_since;
@@ -125,7 +135,7 @@ static void recover(struct bd_router *rt)
 
 	/* first the requests fail (the tick), and the step in flight ends: a worker may still
 	 * write into its pages, and a reclaim must not take a live request's record */
-	if (rt->pool_went_down || (rt->pool_reclaim && (rt->step.active || records_held(rt))))
+	if (rt->pool_went_down || (rt->pool_reclaim && busy))
 		return;
 	rt->pool_ok = true; /* lets the calls below through; a failure marks it down again */
 	if (rt->pool_reclaim) {
@@ -151,7 +161,7 @@ static void recover(struct bd_router *rt)
 	rt->pool_failures = 0;
 }
 
-static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len)
+static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len, bool busy)
 {
 	Bdfp4__PoolReply *rep = bdfp4__pool_reply__unpack(NULL, len, body);
 
@@ -170,62 +180,35 @@ static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len)
 			rt->slots_total = rep->stats->slots_total;
 		}
 	} else {
-		recover(rt);
+		recover(rt, busy);
 	}
 	bdfp4__pool_reply__free_unpacked(rep, NULL);
 }
 
-void bd_router_pool_on_probe(struct bd_router *rt)
+void bd_router_pool_on_probe(struct bd_router *rt, bool busy)
 {
 	for (int budget = 0; budget < 64; budget++) {
-		zmq_msg_t m;
-		bool more;
-
+		zmq_msg_t m[2];
 		/* [""] [PoolReply], the envelope a REP socket answers a DEALER with */
-		zmq_msg_init(&m);
-		if (zmq_msg_recv(&m, rt->probe, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&m);
+		int n = bd_router_recv(rt->probe, m, 2);
+		zmq_msg_t *body = n >= 2 && zmq_msg_size(&m[0]) == 0 ? &m[1] : &m[0];
+
+		if (!n)
 			break;
-		}
-		more = zmq_msg_more(&m);
-		if (zmq_msg_size(&m) == 0 && more) {
-			zmq_msg_close(&m);
-			zmq_msg_init(&m);
-			if (zmq_msg_recv(&m, rt->probe, 0) < 0) {
-				zmq_msg_close(&m);
-				break;
-			}
-			more = zmq_msg_more(&m);
-		}
-		on_answer(rt, zmq_msg_data(&m), zmq_msg_size(&m));
-		zmq_msg_close(&m);
-		while (more) { /* frames of no known meaning */
-			zmq_msg_init(&m);
-			if (zmq_msg_recv(&m, rt->probe, 0) < 0)
-				more = false;
-			else
-				more = zmq_msg_more(&m);
-			zmq_msg_close(&m);
-		}
+		on_answer(rt, zmq_msg_data(body), zmq_msg_size(body), busy);
+		bd_router_frames_close(m, n, 2);
 	}
 	for (int budget = 0; budget < 64; budget++) {
-		zmq_msg_t ev, addr;
+		zmq_msg_t ev;
 		uint16_t id = 0;
-
 		/* [event id (16 bits) + value (32 bits)] [endpoint] */
-		zmq_msg_init(&ev);
-		if (zmq_msg_recv(&ev, rt->probe_mon, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&ev);
+		int n = bd_router_recv(rt->probe_mon, &ev, 1);
+
+		if (!n)
 			break;
-		}
 		if (zmq_msg_size(&ev) >= 2)
 			memcpy(&id, zmq_msg_data(&ev), 2);
-		if (zmq_msg_more(&ev)) {
-			zmq_msg_init(&addr);
-			zmq_msg_recv(&addr, rt->probe_mon, 0);
-			zmq_msg_close(&addr);
-		}
-		zmq_msg_close(&ev);
+		bd_router_frames_close(&ev, n, 1);
 		if (id == ZMQ_EVENT_DISCONNECTED) {
 			char why[300];
 
@@ -241,16 +224,12 @@ static void send_probe(struct bd_router *rt, int64_t now)
 {
 	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
 	Bdfp4__StatsQuery q = BDFP4__STATS_QUERY__INIT;
-	uint8_t buf[32];
-	size_t n;
 
 	q.top = 1;
 	req.op_case = BDFP4__POOL_REQUEST__OP_STATS;
 	req.stats = &q;
-	n = bdfp4__pool_request__pack(&req, buf);
 	rt->next_probe = now + rt->o.pool_probe_ms;
-	if (zmq_send(rt->probe, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    zmq_send(rt->probe, buf, n, ZMQ_DONTWAIT) < 0) {
+	if (bd_router_send(rt->probe, (const uint8_t *)"", 0, false, &req.base) < 0) {
 		char why[300];
 
 		/* IMMEDIATE: no connection to the pool */
@@ -262,7 +241,7 @@ static void send_probe(struct bd_router *rt, int64_t now)
 	rt->probe_sent = now;
 }
 
-void bd_router_pool_tick(struct bd_router *rt, int64_t now)
+bool bd_router_pool_tick(struct bd_router *rt, int64_t now)
 {
 	if (rt->probe_out && now - rt->probe_sent > rt->o.pool_timeout_ms) {
 		char why[300];
@@ -274,23 +253,72 @@ void bd_router_pool_tick(struct bd_router *rt, int64_t now)
 	}
 	if (!rt->probe_out && now >= rt->next_probe)
 		send_probe(rt, now);
-	if (rt->pool_went_down) {
-		char msg[600];
-
-		/* what was accepted cannot be served: a restarted pool lost its pages, a hung one
-		 * allocates none. Those in the step in flight end when it does. */
-		rt->pool_went_down = false;
-		rt->pool_reclaim = true;
-		bd_router_pool_reason(rt, msg, sizeof(msg));
-		for (size_t i = rt->n_reqs; i-- > 0;) {
-			struct bd_req *r;
-
-			if (i >= rt->n_reqs)
-				continue;
-			r = rt->reqs[i];
-			if (!r->finish_pending)
-				bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
-						 BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE, msg, true);
-		}
-	}
+	if (!rt->pool_went_down)
+		return false;
+	/* what was accepted cannot be served: a restarted pool lost its pages, a hung one
+	 * allocates none; and they may have left records behind */
+	rt->pool_went_down = false;
+	rt->pool_reclaim = true;
+	return true;
 }
+
+/* ---- the scheduler's pool -------------------------------------------------------------------- */
+
+static int pool_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
+{
+	struct bd_router *rt = ctx;
+	int e = POOL_CALL(rt, bd_pool_slot_assign(rt->pool, id, rt->o.owner, ret_slot));
+
+	if (e < 0 && !rt->pool_ok)
+		rt->pool_reclaim = true; /* the slot may be assigned, its answer lost */
+	return e;
+}
+
+static int pool_page_alloc(void *ctx, uint64_t id, uint32_t n, int32_t *ret_pages)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_page_alloc(rt->pool, id, rt->o.owner, n, ret_pages));
+}
+
+static int pool_page_reserve(void *ctx, uint64_t id, int32_t *ret_page)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_page_reserve(rt->pool, id, rt->o.owner, ret_page));
+}
+
+static int pool_page_commit(void *ctx, uint64_t id, int32_t page)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_page_commit(rt->pool, id, page));
+}
+
+static int pool_release(void *ctx, uint64_t id)
+{
+	struct bd_router *rt = ctx;
+	int e = POOL_CALL(rt, bd_pool_request_release(rt->pool, id, NULL));
+
+	if (e < 0 && e != -ENOENT)
+		rt->pool_reclaim = true; /* the record stays behind until the reclaim */
+	return e;
+}
+
+static bool pool_is_down(void *ctx, char *why, size_t cap)
+{
+	struct bd_router *rt = ctx;
+
+	if (why && cap)
+		bd_router_pool_reason(rt, why, cap);
+	return !rt->pool_ok;
+}
+
+const struct bd_sched_pool_ops bd_router_pool_ops = {
+	.slot_assign = pool_slot_assign,
+	.page_alloc = pool_page_alloc,
+	.page_reserve = pool_page_reserve,
+	.page_commit = pool_page_commit,
+	.release = pool_release,
+	.down = pool_is_down,
+};

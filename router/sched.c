@@ -1,23 +1,16 @@
-/* sched.c — routerd's scheduler: request life cycle, admission against the pool, continuous
- * batching into step plans, results, preemption by recompute.
- *
- * Pages (NUMERICS.md §8, bd_layout.h): position p lives in page p / 128; the token at position p
- * with (p + 1) % 128 == 0 completes its page, which the workers then promote from the BF16 slot
- * into an FP4 page. A prefill of n tokens completes n / 128 pages: they are allocated at
- * admission (PageAlloc). A decode that completes a page promotes into the page reserved for the
- * request (PageReserve), asked for one step ahead, committed (PageCommit) once every rank has
- * answered the step.
- */
+/* sched.c — routerd's scheduler (sched.h): events in, actions out, the pool through its
+ * interface; no socket, no clock of its own. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <zmq.h>
+#include "base/bd_log.h"
+#include "model/bd_sampler.h"
+#include "quant/bd_layout.h"
+#include "sched.h"
 
-#include "router.h"
-
-/* ---- the request list ----------------------------------------------------------------------- */
+/* ---- requests and actions ------------------------------------------------------------------- */
 
 void bd_req_free(struct bd_req *r)
 {
@@ -33,29 +26,90 @@ void bd_req_free(struct bd_req *r)
 	free(r);
 }
 
-int bd_router_add(struct bd_router *rt, struct bd_req *r)
+/* Grows *p (of *cap elements of size) to hold n. 0 or -ENOMEM. */
+static int grow(void **p, size_t *cap, size_t n, size_t size)
 {
-	if (rt->n_reqs == rt->cap_reqs) {
-		size_t cap = rt->cap_reqs ? rt->cap_reqs * 2 : 64;
-		struct bd_req **p = realloc(rt->reqs, cap * sizeof(*p));
+	size_t c = *cap ? *cap : 16;
+	void *q;
 
-		if (!p)
-			return -ENOMEM;
-		rt->reqs = p;
-		rt->cap_reqs = cap;
-	}
-	r->state = RQ_QUEUED;
-	rt->reqs[rt->n_reqs++] = r;
-	rt->n_queued++;
-	rt->requests_total++;
+	if (n <= *cap)
+		return 0;
+	while (c < n)
+		c *= 2;
+	q = realloc(*p, c * size);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = c;
 	return 0;
 }
 
-struct bd_req *bd_router_find(struct bd_router *rt, const uint8_t *ident, size_t len,
-			      uint64_t tag)
+static void push_act(struct bd_sched *s, const struct bd_sched_act *a)
 {
-	for (size_t i = 0; i < rt->n_reqs; i++) {
-		struct bd_req *r = rt->reqs[i];
+	if (grow((void **)&s->acts, &s->cap_acts, s->n_acts + 1, sizeof(*s->acts)) < 0) {
+		bd_log_err("out of memory: an action for request %llu is lost",
+			   a->r ? (unsigned long long)a->r->id : 0ull);
+		return;
+	}
+	s->acts[s->n_acts++] = *a;
+}
+
+static void push_chunk(struct bd_sched *s, struct bd_req *r, int finish, int error,
+		       const char *msg)
+{
+	struct bd_sched_act a = { .kind = BD_SCHED_CHUNK, .r = r, .finish = finish,
+				  .error = error, .msg = msg };
+
+	push_act(s, &a);
+}
+
+bool bd_sched_next(struct bd_sched *s, struct bd_sched_act *ret)
+{
+	if (s->next_act < s->n_acts) {
+		*ret = s->acts[s->next_act++];
+		return true;
+	}
+	s->n_acts = s->next_act = 0;
+	while (s->ended) {
+		struct bd_req *r = s->ended;
+
+		s->ended = r->next_ended;
+		bd_req_free(r);
+	}
+	return false;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+int bd_sched_submit(struct bd_sched *s, struct bd_req *r)
+{
+	if (s->n_queued >= (size_t)s->cfg.max_queue)
+		return -ENOSPC;
+	if (grow((void **)&s->reqs, &s->cap_reqs, s->n_reqs + 1, sizeof(*s->reqs)) < 0)
+		return -ENOMEM;
+	r->id = s->next_id++;
+	r->order = s->next_order++;
+	r->state = RQ_QUEUED;
+	r->slot = -1;
+	r->reserved = -1;
+	if (!r->sampling.seed)
+		r->sampling.seed = mix64(r->id ^ (uint64_t)r->t_arrival) | 1;
+	s->reqs[s->n_reqs++] = r;
+	s->n_queued++;
+	s->requests_total++;
+	return 0;
+}
+
+struct bd_req *bd_sched_find(struct bd_sched *s, const uint8_t *ident, size_t len, uint64_t tag)
+{
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct bd_req *r = s->reqs[i];
 
 		if (r->tag == tag && r->ident_len == len && !memcmp(r->ident, ident, len) &&
 		    !r->finish_pending)
@@ -64,82 +118,64 @@ struct bd_req *bd_router_find(struct bd_router *rt, const uint8_t *ident, size_t
 	return NULL;
 }
 
-static void remove_req(struct bd_router *rt, struct bd_req *r)
+/* r leaves the live list for the ended one (freed once the actions are drained). */
+static void retire(struct bd_sched *s, struct bd_req *r)
 {
-	for (size_t i = 0; i < rt->n_reqs; i++)
-		if (rt->reqs[i] == r) {
-			memmove(rt->reqs + i, rt->reqs + i + 1,
-				(rt->n_reqs - i - 1) * sizeof(*rt->reqs));
-			rt->n_reqs--;
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i] == r) {
+			memmove(s->reqs + i, s->reqs + i + 1, (s->n_reqs - i - 1) * sizeof(*s->reqs));
+			s->n_reqs--;
 			break;
 		}
-	bd_req_free(r);
+	r->next_ended = s->ended;
+	s->ended = r;
 }
 
-static void push_release(struct bd_router *rt, uint64_t id)
+static void push_release(struct bd_sched *s, uint64_t id)
 {
-	if (rt->n_release == rt->cap_release) {
-		size_t cap = rt->cap_release ? rt->cap_release * 2 : 64;
-		uint64_t *p = realloc(rt->release, cap * sizeof(*p));
-
-		if (!p)
-			return; /* the worker keeps a dead sequence until its next reset */
-		rt->release = p;
-		rt->cap_release = cap;
-	}
-	rt->release[rt->n_release++] = id;
+	if (grow((void **)&s->release, &s->cap_release, s->n_release + 1, sizeof(*s->release)) < 0)
+		return; /* the worker keeps a dead sequence until its next reset */
+	s->release[s->n_release++] = id;
 }
 
-/* ---- pool ----------------------------------------------------------------------------------- */
+/* ---- the pool -------------------------------------------------------------------------------- */
 
-int bd_router_pool_refresh(struct bd_router *rt)
+static bool pool_down(const struct bd_sched *s, char *why, size_t cap)
 {
-	struct bd_pool_stats *st = NULL;
-	int e = POOL_CALL(rt, bd_pool_stats(rt->pool, 1, &st));
-
-	if (e < 0)
-		return e;
-	rt->pages_free = st->pages_free;
-	rt->slots_free = st->slots_free;
-	rt->pages_total = st->pages_total;
-	rt->slots_total = st->slots_total;
-	bd_pool_stats_free(st);
-	return 0;
+	return s->pool->down(s->pool_ctx, why, cap);
 }
 
-static void held_add(struct bd_router *rt, int64_t n)
+static void held_add(struct bd_sched *s, int64_t n)
 {
-	rt->pages_held = (uint64_t)((int64_t)rt->pages_held + n);
-	if (rt->pages_held > rt->pages_peak)
-		rt->pages_peak = rt->pages_held;
+	s->pages_held = (uint64_t)((int64_t)s->pages_held + n);
+	if (s->pages_held > s->pages_peak)
+		s->pages_peak = s->pages_held;
 }
 
 /* Gives back everything r holds in the pool; the workers drop its sequence in the next plan. */
-static void release_all(struct bd_router *rt, struct bd_req *r)
+static void release_all(struct bd_sched *s, struct bd_req *r)
 {
 	if (r->pool_held) {
-		int e = POOL_CALL(rt, bd_pool_request_release(rt->pool, r->id, NULL));
+		int e = s->pool->release(s->pool_ctx, r->id);
 
-		if (e < 0 && e != -ENOENT) {
-			/* the record stays behind: reclaimed when the pool answers again */
-			rt->pool_reclaim = true;
-			if (rt->pool_ok) /* else the pool's state was logged, once */
-				bd_log_warn("request %llu: pool release: %s",
-					  (unsigned long long)r->id, strerror(-e));
-		}
-		held_add(rt, -(int64_t)(r->n_pages + (r->reserved >= 0)));
+		/* a record left behind is reclaimed when the pool answers again; a pool that is
+		 * down was logged once, by its watch */
+		if (e < 0 && e != -ENOENT && !pool_down(s, NULL, 0))
+			bd_log_warn("request %llu: pool release: %s", (unsigned long long)r->id,
+				    strerror(-e));
+		held_add(s, -(int64_t)(r->n_pages + (r->reserved >= 0)));
 	}
 	r->pool_held = false;
 	r->slot = -1;
 	r->n_pages = 0;
 	r->reserved = -1;
 	if (r->on_workers)
-		push_release(rt, r->id);
+		push_release(s, r->id);
 	r->on_workers = false;
 	r->n_pos = 0;
 }
 
-/* ---- text ---------------------------------------------------------------------------------- */
+/* ---- output text ----------------------------------------------------------------------------- */
 
 static int text_append(struct bd_req *r, const char *p, size_t n)
 {
@@ -178,29 +214,29 @@ static bool text_scan(struct bd_req *r, bool final)
 }
 
 /* The end of the text stream: a held-back partial character, then the held-back tail. */
-static void text_final(struct bd_router *rt, struct bd_req *r, int reason)
+static void text_final(struct bd_sched *s, struct bd_req *r, int reason)
 {
 	size_t n = 0;
 
 	if (reason == BDFP4__FINISH_REASON__FINISH_STOP_STRING)
 		return;
-	if (rt->tok && bd_tokenizer_stream_flush(&r->ts, rt->piece, rt->piece_cap, &n) == 0 && n)
-		text_append(r, rt->piece, n);
+	if (s->cfg.tok && bd_tokenizer_stream_flush(&r->ts, s->piece, s->piece_cap, &n) == 0 && n)
+		text_append(r, s->piece, n);
 	text_scan(r, true);
 }
 
 /* Appends generated token t; returns the finish reason it causes (FINISH_NONE: go on). */
-static int append_token(struct bd_router *rt, struct bd_req *r, int32_t t)
+static int append_token(struct bd_sched *s, struct bd_req *r, int32_t t)
 {
 	size_t n = 0;
 
 	r->toks[r->n_prompt + r->n_gen++] = t;
-	rt->tokens_generated++;
-	if (rt->eog[t] && !r->ignore_eos)
+	s->tokens_generated++;
+	if (s->cfg.eog[t] && !r->ignore_eos)
 		return BDFP4__FINISH_REASON__FINISH_STOP;
-	if (rt->tok &&
-	    bd_tokenizer_stream_push(rt->tok, &r->ts, t, rt->piece, rt->piece_cap, &n) == 0 && n)
-		text_append(r, rt->piece, n);
+	if (s->cfg.tok &&
+	    bd_tokenizer_stream_push(s->cfg.tok, &r->ts, t, s->piece, s->piece_cap, &n) == 0 && n)
+		text_append(r, s->piece, n);
 	if (text_scan(r, false))
 		return BDFP4__FINISH_REASON__FINISH_STOP_STRING;
 	if (r->n_gen >= r->max_tokens)
@@ -208,135 +244,168 @@ static int append_token(struct bd_router *rt, struct bd_req *r, int32_t t)
 	return BDFP4__FINISH_REASON__FINISH_NONE;
 }
 
-/* ---- finishing ----------------------------------------------------------------------------- */
+/* ---- ending ---------------------------------------------------------------------------------- */
 
-void bd_router_finish(struct bd_router *rt, struct bd_req *r, int reason, int error,
-		      const char *msg, bool notify)
+/* Ends r: releases what it holds, queues the final chunk when notify, retires it. A request in
+ * the step in flight is marked and ended when the step completes (or is lost). */
+static void finish(struct bd_sched *s, struct bd_req *r, int reason, int error, const char *msg,
+		   bool notify)
 {
-	uint8_t ident[256];
-	size_t ident_len = r->ident_len;
-	bool gone = false;
+	char m[sizeof(r->fin_msg)];
 
+	snprintf(m, sizeof(m), "%s", msg ? msg : "");
 	if (r->in_step) {
 		if (!r->finish_pending) {
 			r->finish_pending = true;
 			r->fin_reason = reason;
 			r->fin_error = error;
 			r->fin_notify = notify;
-			snprintf(r->fin_msg, sizeof(r->fin_msg), "%s", msg ? msg : "");
+			memcpy(r->fin_msg, m, sizeof(m));
 		}
 		return;
 	}
 	if (r->state == RQ_RUNNING)
-		rt->n_running--;
+		s->n_running--;
 	else
-		rt->n_queued--;
-	release_all(rt, r);
+		s->n_queued--;
+	release_all(s, r);
 	if (reason == BDFP4__FINISH_REASON__FINISH_ERROR)
-		rt->requests_failed++;
+		s->requests_failed++;
+	r->finish_pending = false;
+	r->fin_reason = reason;
+	r->fin_error = error;
+	memcpy(r->fin_msg, m, sizeof(m));
 	if (notify) {
-		text_final(rt, r, reason);
-		gone = bd_router_send_chunk(rt, r, reason, error, msg) == -EHOSTUNREACH;
+		text_final(s, r, reason);
+		push_chunk(s, r, reason, error, r->fin_msg);
 	}
 	bd_log_debug("request %llu finished: %d (%s), %d tokens", (unsigned long long)r->id, reason,
-		   msg ? msg : "", r->n_gen);
-	memcpy(ident, r->ident, ident_len);
-	remove_req(rt, r);
-	if (gone)
-		bd_router_client_gone(rt, ident, ident_len);
+		     m, r->n_gen);
+	retire(s, r);
 }
 
-void bd_router_fail_running(struct bd_router *rt, int error, const char *msg)
+/* A finish decided while r was in the step now takes effect. */
+static bool apply_pending(struct bd_sched *s, struct bd_req *r)
 {
-	for (size_t i = rt->n_reqs; i-- > 0;) {
-		struct bd_req *r;
+	if (!r->finish_pending)
+		return false;
+	r->finish_pending = false;
+	finish(s, r, r->fin_reason, r->fin_error, r->fin_msg, r->fin_notify);
+	return true;
+}
 
-		if (i >= rt->n_reqs)
+void bd_sched_cancel(struct bd_sched *s, struct bd_req *r)
+{
+	bd_log_info("request %llu: cancelled by the client", (unsigned long long)r->id);
+	finish(s, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+	       BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client", true);
+}
+
+/* The loops below run from the newest request: finish() retires only the one it is given, so
+ * the indices still to visit stay valid. */
+
+void bd_sched_client_gone(struct bd_sched *s, const uint8_t *ident, size_t len)
+{
+	for (size_t i = s->n_reqs; i-- > 0;) {
+		struct bd_req *r = s->reqs[i];
+
+		if (r->ident_len != len || memcmp(r->ident, ident, len) || r->finish_pending)
 			continue;
-		r = rt->reqs[i];
-		if (r->state != RQ_RUNNING || r->in_step)
-			continue;
-		r->on_workers = false;
-		bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
+		bd_log_info("request %llu: client gone, cancelled", (unsigned long long)r->id);
+		finish(s, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		       BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "client disconnected", false);
 	}
 }
 
-void bd_router_deadlines(struct bd_router *rt, int64_t now)
+void bd_sched_tick(struct bd_sched *s, int64_t now)
 {
-	for (size_t i = rt->n_reqs; i-- > 0;) {
-		struct bd_req *r;
+	for (size_t i = s->n_reqs; i-- > 0;) {
+		struct bd_req *r = s->reqs[i];
+		char m[96];
 
-		if (i >= rt->n_reqs)
+		if (now < r->deadline || r->finish_pending)
 			continue;
-		r = rt->reqs[i];
-		if (now >= r->deadline && !r->finish_pending) {
-			char m[96];
-
-			snprintf(m, sizeof(m), "deadline of %lld ms passed",
-				 (long long)(r->deadline - r->t_arrival));
-			bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
-					 BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED, m, true);
-		}
+		snprintf(m, sizeof(m), "deadline of %lld ms passed",
+			 (long long)(r->deadline - r->t_arrival));
+		finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR,
+		       BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED, m, true);
 	}
+}
+
+/* Every live request that is not ending already ends FINISH_ERROR with (error, msg). */
+static void fail_all(struct bd_sched *s, int error, const char *msg)
+{
+	for (size_t i = s->n_reqs; i-- > 0;)
+		if (!s->reqs[i]->finish_pending)
+			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
+}
+
+void bd_sched_pool_down(struct bd_sched *s, const char *msg)
+{
+	fail_all(s, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE, msg);
+}
+
+bool bd_sched_pool_busy(const struct bd_sched *s)
+{
+	if (s->step.active)
+		return true;
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->pool_held)
+			return true;
+	return false;
 }
 
 /* ---- admission and preemption ---------------------------------------------------------------- */
 
 /* Slot and prefill pages for r. 0, -ENOSPC (the pool is short: nothing held), other -errno. */
-static int admit(struct bd_router *rt, struct bd_req *r)
+static int admit(struct bd_sched *s, struct bd_req *r, int64_t now)
 {
 	int n = r->n_prompt + r->n_gen, np = n / BD_PAGE_TOKENS, e;
 
-	e = POOL_CALL(rt, bd_pool_slot_assign(rt->pool, r->id, rt->o.owner, &r->slot));
-	if (e < 0) {
-		if (!rt->pool_ok)
-			rt->pool_reclaim = true; /* the slot may be assigned, its answer lost */
+	e = s->pool->slot_assign(s->pool_ctx, r->id, &r->slot);
+	if (e < 0)
 		return e;
-	}
 	r->pool_held = true;
 	if (np) {
-		e = POOL_CALL(rt, bd_pool_page_alloc(rt->pool, r->id, rt->o.owner, (uint32_t)np,
-						      r->pages));
+		e = s->pool->page_alloc(s->pool_ctx, r->id, (uint32_t)np, r->pages);
 		if (e < 0) {
-			if (POOL_CALL(rt, bd_pool_request_release(rt->pool, r->id, NULL)) < 0 &&
-			    !rt->pool_ok)
-				rt->pool_reclaim = true;
+			s->pool->release(s->pool_ctx, r->id);
 			r->pool_held = false;
 			r->slot = -1;
 			return e;
 		}
 	}
 	r->n_pages = np;
-	held_add(rt, np);
+	held_add(s, np);
 	r->state = RQ_RUNNING;
-	rt->n_queued--;
-	rt->n_running++;
+	s->n_queued--;
+	s->n_running++;
 	if (!r->t_admit)
-		r->t_admit = bd_now_ms();
+		r->t_admit = now;
 	return 0;
 }
 
 /* Releases r's pages and slot and puts it back in the queue; its tokens are recomputed by a
  * prefill of prompt + generated when it is admitted again. */
-static void preempt(struct bd_router *rt, struct bd_req *r)
+static void preempt(struct bd_sched *s, struct bd_req *r)
 {
 	bd_log_info("request %llu preempted (pool full): %d tokens to recompute",
-		  (unsigned long long)r->id, r->n_prompt + r->n_gen);
-	release_all(rt, r);
+		    (unsigned long long)r->id, r->n_prompt + r->n_gen);
+	release_all(s, r);
 	r->state = RQ_QUEUED;
-	rt->n_running--;
-	rt->n_queued++;
+	s->n_running--;
+	s->n_queued++;
 	r->preemptions++;
-	rt->preemptions++;
+	s->preemptions++;
 }
 
 /* The running request admitted last (largest order): the cheapest to lose. */
-static struct bd_req *pick_victim(struct bd_router *rt)
+static struct bd_req *pick_victim(struct bd_sched *s)
 {
 	struct bd_req *v = NULL;
 
-	for (size_t i = 0; i < rt->n_reqs; i++) {
-		struct bd_req *r = rt->reqs[i];
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct bd_req *r = s->reqs[i];
 
 		if (r->state == RQ_RUNNING && !r->finish_pending && (!v || r->order > v->order))
 			v = r;
@@ -346,103 +415,91 @@ static struct bd_req *pick_victim(struct bd_router *rt)
 
 /* Makes sure r has the page its next decode promotes into. Returns 0, or -ENOSPC when r itself
  * was preempted, or another -errno (r must fail). */
-static int ensure_reserved(struct bd_router *rt, struct bd_req *r)
+static int ensure_reserved(struct bd_sched *s, struct bd_req *r)
 {
 	for (;;) {
-		int e = POOL_CALL(rt, bd_pool_page_reserve(rt->pool, r->id, rt->o.owner,
-							    &r->reserved));
+		int e = s->pool->page_reserve(s->pool_ctx, r->id, &r->reserved);
 		struct bd_req *v;
 
 		if (e == 0) {
-			held_add(rt, 1);
+			held_add(s, 1);
 			return 0;
 		}
 		r->reserved = -1;
 		if (e != -ENOSPC)
 			return e;
-		v = pick_victim(rt);
+		v = pick_victim(s);
 		if (!v)
 			return -ENOSPC;
-		preempt(rt, v);
+		preempt(s, v);
 		if (v == r)
 			return -ENOSPC;
 	}
 }
 
-/* ---- steps ----------------------------------------------------------------------------------- */
-
-static int grow_rows(struct bd_router *rt, int n)
-{
-	struct bd_step_row *p = realloc(rt->step.rows, (size_t)n * sizeof(*p));
-
-	if (!p)
-		return -ENOMEM;
-	rt->step.rows = p;
-	return 0;
-}
-
-static void fail_req(struct bd_router *rt, struct bd_req *r, int error, const char *what, int e)
+static void fail_req(struct bd_sched *s, struct bd_req *r, int error, const char *what, int e)
 {
 	char m[600];
 
-	if (!rt->pool_ok) {
+	if (pool_down(s, m, sizeof(m)))
 		/* not the request's fault, nor an internal error: the pool does not answer */
 		error = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
-		bd_router_pool_reason(rt, m, sizeof(m));
-	} else {
+	else
 		snprintf(m, sizeof(m), "%s: %s", what, strerror(-e));
-	}
 	bd_log_warn("request %llu: %s", (unsigned long long)r->id, m);
-	bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR, error, m, true);
+	finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR, error, m, true);
 }
 
-/* Decode rows, then admissions; fills rt->step.rows. */
-static int plan_rows(struct bd_router *rt)
+/* ---- steps ----------------------------------------------------------------------------------- */
+
+/* Decode rows, then admissions; fills s->step.rows. Returns the rows or -ENOMEM. */
+static int plan_rows(struct bd_sched *s, int64_t now)
 {
+	struct bd_sched_step *st = &s->step;
 	int n = 0, prefill_tokens = 0, e;
 	bool preempted = false;
 
-	if (grow_rows(rt, rt->o.max_batch) < 0)
+	if (grow((void **)&st->rows, &st->cap_rows, (size_t)s->cfg.max_batch, sizeof(*st->rows)) < 0)
 		return -ENOMEM;
 	/* the page each decode fills, before any row is fixed (a preemption may drop one) */
-	for (size_t i = 0; i < rt->n_reqs; i++) {
-		struct bd_req *r = rt->reqs[i];
-		uint64_t before = rt->preemptions;
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct bd_req *r = s->reqs[i];
+		uint64_t before = s->preemptions;
 
 		if (r->state != RQ_RUNNING || r->n_pos == 0 || r->finish_pending)
 			continue;
 		if ((r->n_pos + 1) % BD_PAGE_TOKENS || r->reserved >= 0)
 			continue;
-		e = ensure_reserved(rt, r);
-		preempted |= rt->preemptions != before;
+		e = ensure_reserved(s, r);
+		preempted |= s->preemptions != before;
 		if (e < 0 && e != -ENOSPC) {
-			fail_req(rt, r, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "pool reserve", e);
+			fail_req(s, r, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "pool reserve", e);
 			i = (size_t)-1; /* the list changed; rows are built below, so restart */
 		}
 	}
-	for (size_t i = 0; i < rt->n_reqs && n < rt->o.max_batch; i++) {
-		struct bd_req *r = rt->reqs[i];
+	for (size_t i = 0; i < s->n_reqs && n < s->cfg.max_batch; i++) {
+		struct bd_req *r = s->reqs[i];
 
 		if (r->state != RQ_RUNNING || r->n_pos == 0)
 			continue;
-		rt->step.rows[n++] = (struct bd_step_row){
+		st->rows[n++] = (struct bd_sched_row){
 			.r = r, .n_feed = 1,
 			.new_page = (r->n_pos + 1) % BD_PAGE_TOKENS ? -1 : r->reserved,
 		};
 	}
 	/* admissions, oldest first, unless the pool just ran short */
-	for (size_t i = 0; i < rt->n_reqs && !preempted && n < rt->o.max_batch; i++) {
-		struct bd_req *r = rt->reqs[i];
+	for (size_t i = 0; i < s->n_reqs && !preempted && n < s->cfg.max_batch; i++) {
+		struct bd_req *r = s->reqs[i];
 		int feed = r->n_prompt + r->n_gen;
 
 		if (r->state != RQ_QUEUED)
 			continue;
-		if (prefill_tokens && prefill_tokens + feed > rt->o.max_prefill_tokens)
+		if (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens)
 			break;
-		e = admit(rt, r);
+		e = admit(s, r, now);
 		if (e == -ENOSPC) {
-			if (rt->n_running == 0) {
-				fail_req(rt, r, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+			if (s->n_running == 0) {
+				fail_req(s, r, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
 					 "the pool cannot hold this request", e);
 				i--;
 				continue;
@@ -450,48 +507,43 @@ static int plan_rows(struct bd_router *rt)
 			break;
 		}
 		if (e < 0) {
-			fail_req(rt, r, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "pool admission", e);
+			fail_req(s, r, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "pool admission", e);
 			i--;
 			continue;
 		}
 		prefill_tokens += feed;
-		rt->step.rows[n++] = (struct bd_step_row){ .r = r, .prefill = true, .n_feed = feed,
-							   .new_page = -1 };
+		st->rows[n++] = (struct bd_sched_row){ .r = r, .prefill = true, .n_feed = feed,
+						       .new_page = -1 };
 	}
 	/* one step ahead: the page the next decode of each row will fill */
 	for (int k = 0; k < n; k++) {
-		struct bd_req *r = rt->step.rows[k].r;
-		int next = r->n_pos + rt->step.rows[k].n_feed;
+		struct bd_req *r = st->rows[k].r;
+		int next = r->n_pos + st->rows[k].n_feed;
 
 		if ((next + 1) % BD_PAGE_TOKENS || r->reserved >= 0)
 			continue;
 		/* short of pages: the next plan reserves it, or preempts */
-		if (POOL_CALL(rt, bd_pool_page_reserve(rt->pool, r->id, rt->o.owner,
-						       &r->reserved)) == 0)
-			held_add(rt, 1);
+		if (s->pool->page_reserve(s->pool_ctx, r->id, &r->reserved) == 0)
+			held_add(s, 1);
 		else
 			r->reserved = -1;
 	}
 	return n;
 }
 
-static int send_plan(struct bd_router *rt, int n)
+/* The StepPlan of the n rows in s->step.rows and the pending releases. 0 or -ENOMEM. */
+static int build_plan(struct bd_sched *s, int n)
 {
-	Bdfp4__RouterMessage msg = BDFP4__ROUTER_MESSAGE__INIT;
-	Bdfp4__StepPlan plan = BDFP4__STEP_PLAN__INIT;
-	Bdfp4__PlanRow *rows = calloc((size_t)n + 1, sizeof(*rows));
-	Bdfp4__PlanRow **prow = calloc((size_t)n + 1, sizeof(*prow));
-	int e = 0;
+	struct bd_sched_step *st = &s->step;
 
-	if (!rows || !prow) {
-		free(rows);
-		free(prow);
+	if (grow((void **)&st->release, &st->cap_release, s->n_release, sizeof(*st->release)) < 0 ||
+	    grow((void **)&st->prow, &st->cap_prow, (size_t)n, sizeof(*st->prow)) < 0 ||
+	    grow((void **)&st->pprow, &st->cap_pprow, (size_t)n, sizeof(*st->pprow)) < 0)
 		return -ENOMEM;
-	}
 	for (int k = 0; k < n; k++) {
-		const struct bd_step_row *sr = &rt->step.rows[k];
+		const struct bd_sched_row *sr = &st->rows[k];
 		struct bd_req *r = sr->r;
-		Bdfp4__PlanRow *p = &rows[k];
+		Bdfp4__PlanRow *p = &st->prow[k];
 
 		bdfp4__plan_row__init(p);
 		p->request_id = r->id;
@@ -514,246 +566,244 @@ static int send_plan(struct bd_router *rt, int n)
 			p->n_new_pages = sr->new_page >= 0 ? 1 : 0;
 			p->new_pages = (int32_t *)&sr->new_page;
 		}
-		prow[k] = p;
+		st->pprow[k] = p;
 	}
-	plan.epoch = rt->epoch;
-	plan.step = rt->next_step;
-	plan.n_rows = (size_t)n;
-	plan.rows = prow;
-	plan.n_release = rt->n_release;
-	plan.release = rt->release;
-	msg.msg_case = BDFP4__ROUTER_MESSAGE__MSG_PLAN;
-	msg.plan = &plan;
-	for (int rank = 0; rank < rt->o.tp && !e; rank++) {
-		e = bd_router_send_worker(rt, rank, &msg);
-		if (e < 0) {
-			char m[128];
-
-			snprintf(m, sizeof(m), "worker rank %d (pid %d) is gone", rank,
-				 rt->w[rank].pid);
-			/* the plan's rows fail through the group failure */
-			rt->step.active = true;
-			rt->step.n_rows = n;
-			for (int k = 0; k < n; k++)
-				rt->step.rows[k].r->in_step = true;
-			bd_router_group_fail(rt, rank, m);
-		}
-	}
-	free(rows);
-	free(prow);
-	return e;
+	if (s->n_release)
+		memcpy(st->release, s->release, s->n_release * sizeof(*s->release));
+	bdfp4__step_plan__init(&st->plan);
+	st->plan.epoch = s->epoch;
+	st->plan.step = s->next_step;
+	st->plan.n_rows = (size_t)n;
+	st->plan.rows = st->pprow;
+	st->plan.n_release = s->n_release;
+	st->plan.release = st->release;
+	return 0;
 }
 
-void bd_router_schedule(struct bd_router *rt)
+void bd_sched_schedule(struct bd_sched *s, int64_t now)
 {
+	struct bd_sched_act a = { .kind = BD_SCHED_PLAN };
 	int n;
 
-	/* a drain (STOPPING) steps what was accepted; nothing is planned while the pool is down
-	 * (the requests fail: pool.c), except the releases the workers are owed */
-	if (!rt->group_ready || rt->step.active || (rt->state != RS_SERVING && !rt->draining))
+	/* nothing is planned while the pool is down (the requests fail: bd_sched_pool_down),
+	 * except the releases the workers are owed */
+	if (!s->group_ready || s->step.active)
 		return;
-	if (!rt->pool_ok && !rt->n_release)
+	if (pool_down(s, NULL, 0) && !s->n_release)
 		return;
-	if (!rt->n_running && !rt->n_queued && !rt->n_release)
+	if (!s->n_running && !s->n_queued && !s->n_release)
 		return;
-	if (!rt->piece) {
-		rt->piece_cap = rt->tok ? bd_tokenizer_stream_cap(rt->tok) : 16;
-		rt->piece = malloc(rt->piece_cap);
-		if (!rt->piece)
-			return;
+	n = plan_rows(s, now);
+	if (n < 0 || (n == 0 && !s->n_release))
+		return;
+	if (build_plan(s, n) < 0) {
+		bd_log_err("out of memory for the plan of step %llu",
+			   (unsigned long long)s->next_step);
+		return;
 	}
-	n = plan_rows(rt);
-	if (n < 0 || (n == 0 && !rt->n_release))
-		return;
-	if (send_plan(rt, n) < 0)
-		return;
-	bd_log_debug("step %llu: %d row(s), %zu release(s)", (unsigned long long)rt->next_step, n,
-		   rt->n_release);
-	rt->step.active = true;
-	rt->step.id = rt->next_step++;
-	rt->step.n_rows = n;
-	rt->step.n_res = 0;
-	rt->step.started = bd_now_ms();
-	rt->step.deadline = rt->step.started + rt->o.step_timeout_ms;
+	bd_log_debug("step %llu: %d row(s), %zu release(s)", (unsigned long long)s->next_step, n,
+		     s->n_release);
+	s->step.active = true;
+	s->step.id = s->next_step++;
+	s->step.n_rows = n;
 	for (int k = 0; k < n; k++)
-		rt->step.rows[k].r->in_step = true;
-	rt->n_release = 0;
+		s->step.rows[k].r->in_step = true;
+	s->n_release = 0;
+	a.plan = &s->step.plan;
+	push_act(s, &a);
 }
 
-static void clear_results(struct bd_router *rt)
+/* The step in flight is lost (the group failed, the router stops): its requests end as they
+ * were ending, or fail with (error, msg). */
+static void abort_step(struct bd_sched *s, int error, const char *msg)
 {
-	for (int i = 0; i < BD_ROUTER_MAX_TP; i++) {
-		if (rt->step.res[i])
-			bdfp4__step_result__free_unpacked(rt->step.res[i], NULL);
-		rt->step.res[i] = NULL;
-	}
-	rt->step.n_res = 0;
-}
-
-/* A pending finish (decided while r was in the step) now takes effect. */
-static bool apply_pending(struct bd_router *rt, struct bd_req *r)
-{
-	char m[256];
-
-	if (!r->finish_pending)
-		return false;
-	snprintf(m, sizeof(m), "%s", r->fin_msg);
-	r->finish_pending = false;
-	bd_router_finish(rt, r, r->fin_reason, r->fin_error, m, r->fin_notify);
-	return true;
-}
-
-void bd_router_abort_step(struct bd_router *rt, const char *msg)
-{
-	if (!rt->step.active)
+	if (!s->step.active)
 		return;
-	rt->step.active = false;
-	for (int k = 0; k < rt->step.n_rows; k++) {
-		struct bd_req *r = rt->step.rows[k].r;
+	s->step.active = false;
+	for (int k = 0; k < s->step.n_rows; k++) {
+		struct bd_req *r = s->step.rows[k].r;
 
 		r->in_step = false;
 		r->on_workers = false;
-		if (!apply_pending(rt, r))
-			bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
-					 BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, msg, true);
+		if (!apply_pending(s, r))
+			finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
 	}
-	rt->step.n_rows = 0;
-	clear_results(rt);
+	s->step.n_rows = 0;
 }
 
 /* The error of row k on any rank, into m; 0 when every rank ran it. */
-static int row_error(struct bd_router *rt, int k, char *m, size_t cap)
+static int row_error(const struct bd_sched *s, Bdfp4__StepResult *const *res, int n_ranks, int k,
+		     char *m, size_t cap)
 {
-	for (int rank = 0; rank < rt->o.tp; rank++) {
-		const Bdfp4__StepResult *res = rt->step.res[rank];
+	for (int rank = 0; rank < n_ranks; rank++) {
+		const Bdfp4__StepResult *rs = res[rank];
 
-		if (res->error) {
+		if (rs->error) {
 			snprintf(m, cap, "worker rank %d: %s", rank,
-				 *res->message ? res->message : "step failed");
-			return (int)res->error;
+				 *rs->message ? rs->message : "step failed");
+			return (int)rs->error;
 		}
-		if (res->n_rows != (size_t)rt->step.n_rows ||
-		    res->rows[k]->request_id != rt->step.rows[k].r->id) {
+		if (rs->n_rows != (size_t)s->step.n_rows ||
+		    rs->rows[k]->request_id != s->step.rows[k].r->id) {
 			snprintf(m, cap, "worker rank %d: result rows do not match the plan", rank);
 			return BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
 		}
-		if (res->rows[k]->error) {
+		if (rs->rows[k]->error) {
 			snprintf(m, cap, "worker rank %d: %s", rank,
-				 *res->rows[k]->message ? res->rows[k]->message : "row failed");
-			return (int)res->rows[k]->error;
+				 *rs->rows[k]->message ? rs->rows[k]->message : "row failed");
+			return (int)rs->rows[k]->error;
 		}
 	}
 	return 0;
 }
 
-static void complete_step(struct bd_router *rt)
+/* Row k ran on every rank: its token, its page, its output. */
+static void complete_row(struct bd_sched *s, const struct bd_sched_row *sr,
+			 const Bdfp4__RowResult *rr, int64_t now)
 {
-	int n = rt->step.n_rows;
+	struct bd_req *r = sr->r;
+	char m[256];
+	int fin, e;
+	int32_t t;
 
-	rt->step.active = false;
-	rt->steps_done++;
-	for (int k = 0; k < n; k++) {
-		const struct bd_step_row *sr = &rt->step.rows[k];
-		struct bd_req *r = sr->r;
-		const Bdfp4__RowResult *rr;
-		char m[256];
-		int err, fin, e;
-		int32_t t;
-
-		r->in_step = false;
-		err = row_error(rt, k, m, sizeof(m));
-		if (err) {
-			r->on_workers = true; /* the release is harmless if it dropped it already */
-			if (!apply_pending(rt, r)) {
-				bd_log_warn("request %llu: %s", (unsigned long long)r->id, m);
-				bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
-						 err == BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL
-							 ? err
-							 : BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
-						 m, true);
-			}
-			continue;
+	r->on_workers = true;
+	r->n_pos += sr->n_feed;
+	if (sr->new_page >= 0) {
+		e = s->pool->page_commit(s->pool_ctx, r->id, sr->new_page);
+		r->reserved = -1;
+		if (e < 0) {
+			held_add(s, -1);
+			if (!apply_pending(s, r))
+				fail_req(s, r, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, "pool commit", e);
+			return;
 		}
-		r->on_workers = true;
-		r->n_pos += sr->n_feed;
-		if (sr->new_page >= 0) {
-			e = POOL_CALL(rt, bd_pool_page_commit(rt->pool, r->id, sr->new_page));
-			r->reserved = -1;
-			if (e < 0) {
-				held_add(rt, -1);
-				if (!apply_pending(rt, r))
-					fail_req(rt, r, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
-						 "pool commit", e);
-				continue;
-			}
-			r->pages[r->n_pages++] = sr->new_page;
-		}
-		if (apply_pending(rt, r))
-			continue;
-		rr = rt->step.res[0]->rows[k];
-		t = rr->token;
-		if (t < 0 || t >= rt->n_vocab) {
-			snprintf(m, sizeof(m), "worker rank 0 sampled token %d, outside the "
-					       "vocabulary", t);
-			bd_router_finish(rt, r, BDFP4__FINISH_REASON__FINISH_ERROR,
-					 BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, m, true);
-			continue;
-		}
-		if (r->top_k) {
-			Bdfp4__TopLogit *dst = r->top + (size_t)r->n_gen * r->top_k;
-
-			for (size_t j = 0; j < rr->n_top && j < r->top_k; j++) {
-				dst[j].token = rr->top[j]->token;
-				dst[j].logit = rr->top[j]->logit;
-			}
-		}
-		if (r->n_gen < r->n_forced)
-			t = r->forced[r->n_gen];
-		if (!r->t_first)
-			r->t_first = bd_now_ms();
-		fin = append_token(rt, r, t);
-		if (fin) {
-			bd_router_finish(rt, r, fin, 0, "", true);
-		} else if (r->stream &&
-			   bd_router_send_chunk(rt, r, BDFP4__FINISH_REASON__FINISH_NONE, 0, NULL) ==
-				   -EHOSTUNREACH) {
-			uint8_t ident[256];
-			size_t len = r->ident_len;
-
-			memcpy(ident, r->ident, len);
-			/* its later rows in this step end when the loop reaches them */
-			bd_router_client_gone(rt, ident, len);
-		}
+		r->pages[r->n_pages++] = sr->new_page;
 	}
-	rt->step.n_rows = 0;
-	clear_results(rt);
-}
-
-void bd_router_on_result(struct bd_router *rt, int rank, Bdfp4__StepResult *res)
-{
-	if (!rt->step.active || res->epoch != rt->epoch || res->step != rt->step.id ||
-	    rank < 0 || rank >= rt->o.tp || rt->step.res[rank]) {
-		bd_log_debug("stale result of step %llu from rank %d dropped",
-			   (unsigned long long)res->step, rank);
-		bdfp4__step_result__free_unpacked(res, NULL);
+	if (apply_pending(s, r))
+		return;
+	t = rr->token;
+	if (t < 0 || t >= s->cfg.n_vocab) {
+		snprintf(m, sizeof(m), "worker rank 0 sampled token %d, outside the vocabulary", t);
+		finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR,
+		       BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL, m, true);
 		return;
 	}
-	rt->step.res[rank] = res;
-	rt->w[rank].steps++;
-	if (++rt->step.n_res == rt->o.tp) {
-		complete_step(rt);
-	} else if (res->error != BDFP4__SERVE_ERROR__SERVE_OK) {
-		/* a rank that failed the whole step (its all-reduce lost the peer) leaves its peers
-		 * waiting in a collective that cannot finish: do not wait for them */
-		char msg[320], missing[64] = "";
-		size_t off = 0;
-		for (int i = 0; i < rt->o.tp && off < sizeof(missing); i++)
-			if (!rt->step.res[i])
-				off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
-							off ? ", " : "", i);
-		snprintf(msg, sizeof(msg), "no answer from worker rank %s to step %llu, which "
-			 "failed on rank %d: %s", missing, (unsigned long long)res->step, rank,
-			 *res->message ? res->message : "step failed");
-		bd_router_group_fail(rt, -1, msg);
+	if (r->top_k) {
+		Bdfp4__TopLogit *dst = r->top + (size_t)r->n_gen * r->top_k;
+
+		for (size_t j = 0; j < rr->n_top && j < r->top_k; j++) {
+			dst[j].token = rr->top[j]->token;
+			dst[j].logit = rr->top[j]->logit;
+		}
 	}
+	if (r->n_gen < r->n_forced)
+		t = r->forced[r->n_gen];
+	if (!r->t_first)
+		r->t_first = now;
+	fin = append_token(s, r, t);
+	if (fin)
+		finish(s, r, fin, 0, "", true);
+	else if (r->stream)
+		push_chunk(s, r, BDFP4__FINISH_REASON__FINISH_NONE, 0, NULL);
+}
+
+void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n_ranks,
+			int64_t now)
+{
+	int n = s->step.n_rows;
+
+	if (!s->step.active || n_ranks < 1 || res[0]->epoch != s->epoch ||
+	    res[0]->step != s->step.id)
+		return;
+	s->step.active = false;
+	s->steps_done++;
+	for (int k = 0; k < n; k++) {
+		const struct bd_sched_row *sr = &s->step.rows[k];
+		struct bd_req *r = sr->r;
+		char m[256];
+		int err;
+
+		r->in_step = false;
+		err = row_error(s, res, n_ranks, k, m, sizeof(m));
+		if (err) {
+			r->on_workers = true; /* the release is harmless if it dropped it already */
+			if (!apply_pending(s, r)) {
+				bd_log_warn("request %llu: %s", (unsigned long long)r->id, m);
+				finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR,
+				       err == BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL
+					       ? err
+					       : BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+				       m, true);
+			}
+			continue;
+		}
+		complete_row(s, sr, res[0]->rows[k], now);
+	}
+	s->step.n_rows = 0;
+}
+
+/* ---- the worker group, the end --------------------------------------------------------------- */
+
+void bd_sched_group_up(struct bd_sched *s, uint64_t epoch)
+{
+	s->group_ready = true;
+	s->epoch = epoch;
+	s->n_release = 0; /* a new group holds no sequence */
+}
+
+void bd_sched_group_down(struct bd_sched *s, const char *msg)
+{
+	s->group_ready = false;
+	abort_step(s, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, msg);
+	for (size_t i = s->n_reqs; i-- > 0;)
+		if (s->reqs[i]->state == RQ_RUNNING)
+			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR,
+			       BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, msg, true);
+	s->n_release = 0; /* every rank drops every sequence on reset */
+}
+
+void bd_sched_stop(struct bd_sched *s, int error, const char *msg)
+{
+	/* those in the step in flight are marked, and giving the step up applies the mark */
+	fail_all(s, error, msg);
+	abort_step(s, error, msg);
+	while (s->n_reqs)
+		finish(s, s->reqs[s->n_reqs - 1], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg,
+		       true);
+	s->group_ready = false;
+}
+
+/* ---- life ------------------------------------------------------------------------------------ */
+
+int bd_sched_init(struct bd_sched *s, const struct bd_sched_cfg *cfg,
+		  const struct bd_sched_pool_ops *pool, void *pool_ctx)
+{
+	memset(s, 0, sizeof(*s));
+	s->cfg = *cfg;
+	s->pool = pool;
+	s->pool_ctx = pool_ctx;
+	s->next_id = 1;
+	s->next_step = 1;
+	s->piece_cap = cfg->tok ? bd_tokenizer_stream_cap(cfg->tok) : 16;
+	s->piece = malloc(s->piece_cap);
+	return s->piece ? 0 : -ENOMEM;
+}
+
+void bd_sched_fini(struct bd_sched *s)
+{
+	struct bd_sched_act a;
+
+	while (bd_sched_next(s, &a))
+		;
+	while (s->n_reqs)
+		bd_req_free(s->reqs[--s->n_reqs]);
+	free(s->reqs);
+	free(s->release);
+	free(s->acts);
+	free(s->piece);
+	free(s->step.rows);
+	free(s->step.prow);
+	free(s->step.pprow);
+	free(s->step.release);
+	memset(s, 0, sizeof(*s));
 }

@@ -9,6 +9,10 @@
  * caught by heartbeat_timeout_ms even inside a step, and a rank whose step is stuck while its
  * I/O thread still beats by step_timeout_ms; a step-level error of one rank of tp > 1 (its
  * collective failed) fails the group at once, since its peers cannot finish that step.
+ *
+ * The scheduler hears of the group (bd_sched_group_up/_down) and of a step once every rank has
+ * answered it (bd_sched_step_done); it never calls here: main.c hands its plans to
+ * bd_router_send_plan.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,39 +24,14 @@
 
 #include "router.h"
 
-int bd_router_send_worker(struct bd_router *rt, int rank, const Bdfp4__RouterMessage *m)
+/* Sends m to rank; -EHOSTUNREACH when that worker is gone. */
+static int send_worker(struct bd_router *rt, int rank, const Bdfp4__RouterMessage *m)
 {
 	struct bd_worker *w = &rt->w[rank];
-	size_t n = bdfp4__router_message__get_packed_size(m);
-	uint8_t stackbuf[512], *buf;
-	int e = 0;
 
 	if (!w->connected)
 		return -EHOSTUNREACH;
-	buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
-	if (!buf)
-		return -ENOMEM;
-	bdfp4__router_message__pack(m, buf);
-	if (zmq_send(rt->wsock, w->ident, w->ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    zmq_send(rt->wsock, buf, n, ZMQ_DONTWAIT) < 0)
-		e = -EHOSTUNREACH;
-	if (buf != stackbuf)
-		free(buf);
-	return e;
-}
-
-static void send_to_ident(struct bd_router *rt, const uint8_t *ident, size_t len,
-			  const Bdfp4__RouterMessage *m)
-{
-	size_t n = bdfp4__router_message__get_packed_size(m);
-	uint8_t *buf = malloc(n ? n : 1);
-
-	if (!buf)
-		return;
-	bdfp4__router_message__pack(m, buf);
-	if (zmq_send(rt->wsock, ident, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) == 0)
-		zmq_send(rt->wsock, buf, n, ZMQ_DONTWAIT);
-	free(buf);
+	return bd_router_send(rt->wsock, w->ident, w->ident_len, false, &m->base);
 }
 
 static void send_reset(struct bd_router *rt, int rank, const char *why)
@@ -64,11 +43,25 @@ static void send_reset(struct bd_router *rt, int rank, const char *why)
 	rs.reason = (char *)why;
 	m.msg_case = BDFP4__ROUTER_MESSAGE__MSG_RESET;
 	m.reset = &rs;
-	if (bd_router_send_worker(rt, rank, &m) < 0)
+	if (send_worker(rt, rank, &m) < 0)
 		rt->w[rank].connected = false;
 }
 
-void bd_router_group_fail(struct bd_router *rt, int dead_rank, const char *msg)
+/* Frees the answers gathered for the step in flight; no step is in flight then. */
+static void step_clear(struct bd_router *rt)
+{
+	for (int i = 0; i < BD_ROUTER_MAX_TP; i++) {
+		if (rt->step.res[i])
+			bdfp4__step_result__free_unpacked(rt->step.res[i], NULL);
+		rt->step.res[i] = NULL;
+	}
+	rt->step.n_res = 0;
+	rt->step.active = false;
+}
+
+/* The group is broken (dead_rank gone, or -1): the step in flight is lost, the scheduler
+ * fails what the group ran, the other ranks are reset, health turns degraded. */
+static void group_fail(struct bd_router *rt, int dead_rank, const char *msg)
 {
 	bool was_ready = rt->group_ready;
 
@@ -78,9 +71,8 @@ void bd_router_group_fail(struct bd_router *rt, int dead_rank, const char *msg)
 		rt->w[dead_rank].registered = false;
 	}
 	rt->group_ready = false;
-	bd_router_abort_step(rt, msg);
-	bd_router_fail_running(rt, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, msg);
-	rt->n_release = 0; /* every rank drops every sequence on reset */
+	step_clear(rt);
+	bd_sched_group_down(&rt->sched, msg);
 	for (int i = 0; i < rt->o.tp; i++) {
 		if (rt->w[i].connected && was_ready)
 			send_reset(rt, i, msg);
@@ -113,21 +105,21 @@ static void form_group(struct bd_router *rt)
 	m.register_reply = &rr;
 	for (int i = 0; i < rt->o.tp; i++) {
 		rr.rank = i;
-		if (bd_router_send_worker(rt, i, &m) < 0 && failed < 0)
+		if (send_worker(rt, i, &m) < 0 && failed < 0)
 			failed = i;
 	}
 	rt->group_ready = true;
-	rt->n_release = 0;
 	if (failed >= 0) {
 		char msg[96];
 
 		snprintf(msg, sizeof(msg), "worker rank %d left while the group formed", failed);
-		bd_router_group_fail(rt, failed, msg);
+		group_fail(rt, failed, msg);
 		return;
 	}
 	if (rt->state != RS_STOPPING) /* a group formed during the drain serves the drain */
 		rt->state = RS_SERVING;
 	rt->reason[0] = 0;
+	bd_sched_group_up(&rt->sched, rt->epoch);
 	bd_log_info("worker group of %d rank(s) formed: epoch %llu", rt->o.tp,
 		  (unsigned long long)rt->epoch);
 	for (int i = 0; i < rt->o.tp; i++)
@@ -146,7 +138,7 @@ static void register_refuse(struct bd_router *rt, const uint8_t *ident, size_t l
 	rr.version = BD_SERVE_PROTO_VERSION;
 	m.msg_case = BDFP4__ROUTER_MESSAGE__MSG_REGISTER_REPLY;
 	m.register_reply = &rr;
-	send_to_ident(rt, ident, len, &m);
+	bd_router_send(rt->wsock, ident, len, false, &m.base);
 }
 
 static void on_register(struct bd_router *rt, const uint8_t *ident, size_t len,
@@ -195,7 +187,7 @@ static void on_register(struct bd_router *rt, const uint8_t *ident, size_t len,
 		 * group's state on every rank is gone either way */
 		snprintf(why, sizeof(why), "worker rank %d registered again (pid %d, was %d)",
 			 reg->rank, reg->pid, w->pid);
-		bd_router_group_fail(rt, -1, why);
+		group_fail(rt, -1, why);
 	}
 	w->connected = true;
 	w->registered = true;
@@ -224,38 +216,62 @@ static int rank_of(struct bd_router *rt, const uint8_t *ident, size_t len)
 	return -1;
 }
 
+/* A StepResult of rank (taken over): kept until every rank has answered the step in flight,
+ * then handed to the scheduler. */
+static void on_result(struct bd_router *rt, int rank, Bdfp4__StepResult *res)
+{
+	struct bd_router_step *st = &rt->step;
+
+	if (!st->active || res->epoch != st->epoch || res->step != st->id || st->res[rank]) {
+		bd_log_debug("stale result of step %llu from rank %d dropped",
+			     (unsigned long long)res->step, rank);
+		bdfp4__step_result__free_unpacked(res, NULL);
+		return;
+	}
+	st->res[rank] = res;
+	rt->w[rank].steps++;
+	if (++st->n_res == rt->o.tp) {
+		bd_sched_step_done(&rt->sched, st->res, rt->o.tp, bd_now_ms());
+		step_clear(rt);
+	} else if (res->error != BDFP4__SERVE_ERROR__SERVE_OK) {
+		/* a rank that failed the whole step (its all-reduce lost the peer) leaves its peers
+		 * waiting in a collective that cannot finish: do not wait for them */
+		char msg[320], missing[64] = "";
+		size_t off = 0;
+
+		for (int i = 0; i < rt->o.tp && off < sizeof(missing); i++)
+			if (!st->res[i])
+				off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
+							off ? ", " : "", i);
+		snprintf(msg, sizeof(msg), "no answer from worker rank %s to step %llu, which "
+			 "failed on rank %d: %s", missing, (unsigned long long)res->step, rank,
+			 *res->message ? res->message : "step failed");
+		group_fail(rt, -1, msg);
+	}
+}
+
 void bd_router_on_workers(struct bd_router *rt)
 {
 	for (int budget = 0; budget < 256; budget++) {
-		zmq_msg_t id, body;
+		zmq_msg_t parts[2];
 		Bdfp4__WorkerMessage *m;
 		uint8_t ident[256];
 		size_t len;
-		int rank;
+		/* [identity] [WorkerMessage]; further frames are not ours */
+		int n = bd_router_recv(rt->wsock, parts, 2), rank;
 
-		zmq_msg_init(&id);
-		if (zmq_msg_recv(&id, rt->wsock, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&id);
+		if (!n)
 			return;
-		}
-		len = zmq_msg_size(&id) < sizeof(ident) ? zmq_msg_size(&id) : sizeof(ident);
-		memcpy(ident, zmq_msg_data(&id), len);
-		zmq_msg_init(&body);
-		if (!zmq_msg_more(&id) || zmq_msg_recv(&body, rt->wsock, 0) < 0) {
-			zmq_msg_close(&id);
-			zmq_msg_close(&body);
+		if (n < 2) {
+			bd_router_frames_close(parts, n, 2);
 			continue;
 		}
-		/* extra frames: not ours */
-		while (zmq_msg_more(&body)) {
-			zmq_msg_close(&body);
-			zmq_msg_init(&body);
-			if (zmq_msg_recv(&body, rt->wsock, 0) < 0)
-				break;
-		}
-		zmq_msg_close(&id);
-		m = bdfp4__worker_message__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
-		zmq_msg_close(&body);
+		len = zmq_msg_size(&parts[0]) < sizeof(ident) ? zmq_msg_size(&parts[0])
+							     : sizeof(ident);
+		memcpy(ident, zmq_msg_data(&parts[0]), len);
+		m = bdfp4__worker_message__unpack(NULL, zmq_msg_size(&parts[1]),
+						  zmq_msg_data(&parts[1]));
+		bd_router_frames_close(parts, n, 2);
 		rank = rank_of(rt, ident, len);
 		if (rank >= 0)
 			rt->w[rank].last_seen = bd_now_ms();
@@ -273,7 +289,7 @@ void bd_router_on_workers(struct bd_router *rt)
 
 				m->result = NULL;
 				m->msg_case = BDFP4__WORKER_MESSAGE__MSG__NOT_SET;
-				bd_router_on_result(rt, rank, res);
+				on_result(rt, rank, res);
 			}
 			break;
 		case BDFP4__WORKER_MESSAGE__MSG_HEARTBEAT:
@@ -289,7 +305,7 @@ void bd_router_on_workers(struct bd_router *rt)
 				rs.reason = (char *)"unknown to the router: register again";
 				rm.msg_case = BDFP4__ROUTER_MESSAGE__MSG_RESET;
 				rm.reset = &rs;
-				send_to_ident(rt, ident, len, &rm);
+				bd_router_send(rt->wsock, ident, len, false, &rm.base);
 			}
 			break;
 		default:
@@ -298,6 +314,31 @@ void bd_router_on_workers(struct bd_router *rt)
 		}
 		bdfp4__worker_message__free_unpacked(m, NULL);
 	}
+}
+
+int bd_router_send_plan(struct bd_router *rt, const Bdfp4__StepPlan *plan, int64_t now)
+{
+	Bdfp4__RouterMessage msg = BDFP4__ROUTER_MESSAGE__INIT;
+
+	msg.msg_case = BDFP4__ROUTER_MESSAGE__MSG_PLAN;
+	msg.plan = (Bdfp4__StepPlan *)plan;
+	step_clear(rt);
+	rt->step.active = true;
+	rt->step.epoch = plan->epoch;
+	rt->step.id = plan->step;
+	rt->step.deadline = now + rt->o.step_timeout_ms;
+	for (int rank = 0; rank < rt->o.tp; rank++) {
+		if (send_worker(rt, rank, &msg) < 0) {
+			char m[128];
+
+			/* the plan's rows fail through the group failure */
+			snprintf(m, sizeof(m), "worker rank %d (pid %d) is gone", rank,
+				 rt->w[rank].pid);
+			group_fail(rt, rank, m);
+			return -EHOSTUNREACH;
+		}
+	}
+	return 0;
 }
 
 void bd_router_workers_tick(struct bd_router *rt, int64_t now)
@@ -317,7 +358,7 @@ void bd_router_workers_tick(struct bd_router *rt, int64_t now)
 
 		if (!w->connected)
 			continue;
-		if (beat && bd_router_send_worker(rt, i, &m) < 0) {
+		if (beat && send_worker(rt, i, &m) < 0) {
 			snprintf(msg, sizeof(msg), "worker rank %d (pid %d) disconnected", i, w->pid);
 		} else if (now - w->last_seen > rt->o.heartbeat_timeout_ms) {
 			/* also inside a step: a worker's I/O thread beats on its own clock however
@@ -329,7 +370,7 @@ void bd_router_workers_tick(struct bd_router *rt, int64_t now)
 			continue;
 		}
 		if (rt->group_ready) {
-			bd_router_group_fail(rt, i, msg);
+			group_fail(rt, i, msg);
 		} else {
 			bd_log_warn("%s", msg);
 			w->connected = false;
@@ -341,7 +382,7 @@ void bd_router_workers_tick(struct bd_router *rt, int64_t now)
 
 		snprintf(msg, sizeof(msg), "step %llu not answered in %d ms",
 			 (unsigned long long)rt->step.id, rt->o.step_timeout_ms);
-		bd_router_group_fail(rt, -1, msg);
+		group_fail(rt, -1, msg);
 	}
 }
 
@@ -355,5 +396,5 @@ void bd_router_workers_shutdown(struct bd_router *rt)
 	m.shutdown = &sd;
 	for (int i = 0; i < rt->o.tp; i++)
 		if (rt->w[i].connected)
-			bd_router_send_worker(rt, i, &m);
+			send_worker(rt, i, &m);
 }

@@ -1,0 +1,243 @@
+/* sched.h — routerd's scheduler: the request life cycle, admission against the pool, continuous
+ * batching into step plans, their results, preemption by recompute, deadlines.
+ *
+ * It does no I/O. It takes events and queues actions; main.c carries the actions out:
+ *
+ *   events (calls in)                               actions (bd_sched_next, in order)
+ *   bd_sched_submit      a validated new request     CHUNK  r's new output to its client; final
+ *   bd_sched_cancel      the client cancels one             (finish != FINISH_NONE) when r ended
+ *   bd_sched_client_gone its connection is gone      PLAN   the step plan, to every rank
+ *   bd_sched_schedule    the loop may start a step
+ *   bd_sched_step_done   every rank answered the step in flight
+ *   bd_sched_group_up    a worker group formed (its epoch)
+ *   bd_sched_group_down  the group failed (a rank died, timed out, failed a step)
+ *   bd_sched_pool_down   kvpoold stopped answering
+ *   bd_sched_tick        the clock (deadlines)
+ *   bd_sched_stop        the router stops: everything ends
+ *
+ * The pool is reached through an injected interface (struct bd_sched_pool_ops): synchronous
+ * calls, as a KV cache manager is to vLLM's scheduler; routerd's goes to kvpoold (pool.c), a
+ * test's to a fake.
+ *
+ * A request is QUEUED (accepted, holds nothing), then RUNNING (a BF16 slot and FP4 pages in the
+ * pool; a prefill row in its first step, then one decode row per step), then ended: finished
+ * (stop, length, stop string), cancelled or failed, with everything it held released and its
+ * sequence dropped on the workers (the next plan's release list). A request in the step in
+ * flight ends only when that step's results are in (or the step is lost), so that no worker
+ * still writes into pages the pool has handed to someone else. Preemption (the pool is out of
+ * pages) puts the running request admitted last back at the head of the queue, holding
+ * nothing; its admission again prefills prompt + generated tokens.
+ *
+ * Each step plans decode rows first (reserving the page a row's next token completes, one step
+ * ahead), then admits queued requests in arrival order while rows (max_batch), slots, pages and
+ * the step's prefill token budget (max_prefill_tokens; one prompt at least) allow. A row feeds
+ * n_feed tokens from position n_pos, so a prefill row is a span of a sequence like a decode row.
+ *
+ * Pages (NUMERICS.md §8, quant/bd_layout.h): position p lives in page p / 128; the token at
+ * position p with (p + 1) % 128 == 0 completes its page, which the workers then promote from
+ * the BF16 slot into an FP4 page. A prefill of n tokens completes n / 128 pages, allocated at
+ * admission (page_alloc); a decode that completes a page promotes into the page reserved for
+ * the request (page_reserve), committed (page_commit) when every rank has answered the step.
+ */
+#ifndef BD_ROUTER_SCHED_H
+#define BD_ROUTER_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/bd_tokenizer.h"
+#include "serve.pb-c.h"
+
+#define BD_ROUTER_MAX_STOPS 8
+
+enum bd_req_state { RQ_QUEUED, RQ_RUNNING };
+
+struct bd_req {
+	/* set by whoever builds the request (frontend.c), before bd_sched_submit */
+	uint64_t tag;       /* the client's */
+	uint8_t ident[256]; /* the client's ZeroMQ routing id */
+	size_t ident_len;
+	bool delim;         /* a REQ client: replies carry an empty delimiter frame */
+	int32_t *toks;      /* [cap] the prompt (n_prompt), then the generated tokens */
+	int n_prompt, cap, max_tokens;
+	int32_t *pages;     /* [max_pages] room for its promoted pages */
+	int max_pages;
+	const char *kv_config; /* static name (bd_kvcfg) */
+	Bdfp4__SamplingParams sampling; /* seed 0: one is derived at submit */
+	char *stops[BD_ROUTER_MAX_STOPS];
+	int n_stops;
+	bool stream, ignore_eos;
+	int32_t *forced;    /* [n_forced] tokens that replace the sampled ones */
+	int n_forced;
+	uint32_t top_k;
+	Bdfp4__TopLogit *top; /* [max_tokens][top_k] logits of each generated token */
+	struct bd_tok_stream ts;
+	int64_t t_arrival, deadline; /* ms, monotonic */
+
+	/* the scheduler's */
+	uint64_t id;        /* the router's id, also the pool's request id */
+	uint64_t order;     /* admission priority: arrival order, kept across preemption */
+	enum bd_req_state state;
+	int n_gen;
+	int n_pos;          /* tokens the workers hold (0: needs a prefill) */
+	int32_t slot;       /* -1: none */
+	int n_pages;        /* promoted pages in pages[] */
+	int32_t reserved;   /* the page reserved for the next promotion, -1: none */
+	bool pool_held;     /* the pool has a record for it */
+	bool on_workers;    /* workers hold a sequence for it */
+	bool in_step;
+	char *text;         /* the output text so far (stop strings are matched on it) */
+	size_t len, cap_text, shown; /* shown: the part of text that is final */
+	int64_t t_admit, t_first;    /* ms, monotonic; 0: not yet */
+	uint32_t preemptions;
+	/* how it ended, or how it ends once the step in flight is in (finish_pending) */
+	bool finish_pending, fin_notify;
+	int fin_reason, fin_error;
+	char fin_msg[256];
+	struct bd_req *next_ended;
+
+	/* what the client has been sent (frontend.c) */
+	int n_sent;         /* tokens */
+	size_t shown_sent;  /* bytes of text */
+	int64_t last_sent;  /* ms, monotonic: the last chunk or keepalive */
+};
+
+/* Frees r and what it owns; NULL is fine. */
+void bd_req_free(struct bd_req *r);
+
+/* The pool as the scheduler sees it; pool is the interface's own context. Each call returns 0
+ * or a -errno: -ENOSPC when the pool has no page or slot left, -ENOENT for an unknown request,
+ * anything else when the call failed (down() then says whether the pool stopped answering). */
+struct bd_sched_pool_ops {
+	/* A BF16 slot for request id, which gets a pool record: *ret_slot. */
+	int (*slot_assign)(void *pool, uint64_t id, int32_t *ret_slot);
+	/* n FP4 pages for id: ret_pages[n]. */
+	int (*page_alloc)(void *pool, uint64_t id, uint32_t n, int32_t *ret_pages);
+	/* One page held back for id's next promotion: *ret_page. */
+	int (*page_reserve)(void *pool, uint64_t id, int32_t *ret_page);
+	/* The reserved page was written: it becomes one of id's pages. */
+	int (*page_commit)(void *pool, uint64_t id, int32_t page);
+	/* Everything id holds (pages, reserved page, slot) goes back, with its record. */
+	int (*release)(void *pool, uint64_t id);
+	/* True while the pool does not answer, with why ("kvpoold unreachable: ...") into why[cap]
+	 * (why may be NULL); false and "" while it does. */
+	bool (*down)(void *pool, char *why, size_t cap);
+};
+
+struct bd_sched_cfg {
+	int max_batch;          /* rows per step, ≥ 1 */
+	int max_queue;          /* queued requests before bd_sched_submit refuses */
+	int max_prefill_tokens; /* prompt tokens prefilled in one step (one prompt at least) */
+	int n_vocab;
+	const bool *eog;        /* [n_vocab] end-of-generation tokens (borrowed) */
+	const struct bd_tokenizer *tok; /* NULL: no text, chunks carry token ids only (borrowed) */
+};
+
+struct bd_sched_row {
+	struct bd_req *r;
+	bool prefill;
+	int n_feed;         /* tokens fed, at positions r->n_pos .. */
+	int32_t new_page;   /* decode: the reserved page promoted into, -1: none */
+};
+
+/* The step in flight, and the plan sent for it (the PLAN action points at plan). */
+struct bd_sched_step {
+	bool active;
+	uint64_t id;
+	struct bd_sched_row *rows;  /* [n_rows] */
+	int n_rows;
+	Bdfp4__StepPlan plan;
+	Bdfp4__PlanRow *prow, **pprow;  /* [n_rows] the plan's rows */
+	uint64_t *release;          /* [plan.n_release] the plan's releases */
+	size_t cap_rows, cap_prow, cap_pprow, cap_release;
+};
+
+enum bd_sched_act_kind { BD_SCHED_CHUNK = 1, BD_SCHED_PLAN };
+
+struct bd_sched_act {
+	enum bd_sched_act_kind kind;
+	/* CHUNK: what r generated since the last chunk; final when finish != FINISH_NONE (then
+	 * error and msg say how it ended). r stays valid until bd_sched_next returns false. */
+	struct bd_req *r;
+	int finish, error;
+	const char *msg;
+	/* PLAN: epoch, step, rows and releases; valid until the next bd_sched_schedule */
+	const Bdfp4__StepPlan *plan;
+};
+
+struct bd_sched {
+	struct bd_sched_cfg cfg;
+	const struct bd_sched_pool_ops *pool;
+	void *pool_ctx;
+	char *piece;                /* [piece_cap] one streamed token's text */
+	size_t piece_cap;
+
+	/* live requests by arrival, and those ended since the actions were last drained */
+	struct bd_req **reqs;
+	size_t n_reqs, cap_reqs, n_queued, n_running;
+	struct bd_req *ended;
+	uint64_t next_id, next_order, next_step;
+	uint64_t *release;          /* request ids the workers drop in the next plan */
+	size_t n_release, cap_release;
+
+	bool group_ready;
+	uint64_t epoch;
+	struct bd_sched_step step;
+
+	struct bd_sched_act *acts;  /* queued actions: [next_act, n_acts) */
+	size_t n_acts, next_act, cap_acts;
+
+	/* counters */
+	uint64_t requests_total, requests_failed, tokens_generated, steps_done, preemptions;
+	uint64_t pages_held, pages_peak; /* pages (and reserved pages) of live requests */
+};
+
+/* Sets up s (zeroed by the caller or not) with cfg and the pool interface; no group yet.
+ * Returns 0 or -ENOMEM. */
+int bd_sched_init(struct bd_sched *s, const struct bd_sched_cfg *cfg,
+		  const struct bd_sched_pool_ops *pool, void *pool_ctx);
+/* Frees every request and what s holds, without a pool call or an action. */
+void bd_sched_fini(struct bd_sched *s);
+
+/* The next action to carry out into *ret; false when none is left, and then the requests that
+ * ended are freed (the r of every earlier action is gone). */
+bool bd_sched_next(struct bd_sched *s, struct bd_sched_act *ret);
+
+/* A new request, QUEUED (r->t_arrival and r->deadline set, n_prompt ≥ 1). Returns 0 (s owns r;
+ * its id is set), -ENOSPC when max_queue requests are queued already, -ENOMEM (r stays the
+ * caller's either way). */
+int bd_sched_submit(struct bd_sched *s, struct bd_req *r);
+/* The live request of this client connection and tag, NULL when none (or it is ending). */
+struct bd_req *bd_sched_find(struct bd_sched *s, const uint8_t *ident, size_t len, uint64_t tag);
+/* The client cancelled r: it ends CANCELLED with a final chunk. */
+void bd_sched_cancel(struct bd_sched *s, struct bd_req *r);
+/* Every request of the client with this routing id ends CANCELLED, without a reply. */
+void bd_sched_client_gone(struct bd_sched *s, const uint8_t *ident, size_t len);
+/* Plans the next step when a group is formed and no step is in flight: admissions and
+ * preemptions through the pool, then a PLAN action (the step is in flight from now on).
+ * now: ms, monotonic. */
+void bd_sched_schedule(struct bd_sched *s, int64_t now);
+/* The results of the step in flight, res[n_ranks] (rank 0 samples), each of the plan's epoch and
+ * step: tokens appended, pages committed, chunks and finishes queued. Results of no step in
+ * flight are ignored. The caller keeps res. */
+void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n_ranks,
+			int64_t now);
+/* A worker group of this epoch formed: plans may go out. */
+void bd_sched_group_up(struct bd_sched *s, uint64_t epoch);
+/* The group failed: the step in flight is lost (its requests fail WORKER_FAILED with msg, or as
+ * they were ending), so do the running requests; the queued ones wait for the next group. */
+void bd_sched_group_down(struct bd_sched *s, const char *msg);
+/* kvpoold stopped answering: every request fails UNAVAILABLE with msg (a restarted pool lost
+ * their pages, a hung one allocates none); those in the step in flight when it ends. */
+void bd_sched_pool_down(struct bd_sched *s, const char *msg);
+/* True while a step is in flight or a request holds a pool record: a reclaim of the router's
+ * records would take a live one's. */
+bool bd_sched_pool_busy(const struct bd_sched *s);
+/* The clock: requests past their deadline fail DEADLINE_EXCEEDED. now: ms, monotonic. */
+void bd_sched_tick(struct bd_sched *s, int64_t now);
+/* The router stops: every request ends FINISH_ERROR with error and msg, the step in flight is
+ * given up. */
+void bd_sched_stop(struct bd_sched *s, int error, const char *msg);
+
+#endif

@@ -1,0 +1,75 @@
+/* wire.c — the ZeroMQ plumbing of routerd's sockets (router.h): the ROUTER sockets' options,
+ * one protobuf message out behind its envelope, one whole message in. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "router.h"
+
+void *bd_router_socket(void *zctx, int64_t maxmsg)
+{
+	void *s = zmq_socket(zctx, ZMQ_ROUTER);
+	int zero = 0, one = 1, hwm = 100000;
+
+	if (!s)
+		return NULL;
+	/* MANDATORY: a send to a gone peer fails (EHOSTUNREACH) instead of vanishing; that is
+	 * how a disconnected client or a dead worker shows up */
+	if (zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0) {
+		zmq_close(s);
+		return NULL;
+	}
+	return s;
+}
+
+int bd_router_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
+		   const ProtobufCMessage *m)
+{
+	size_t n = protobuf_c_message_get_packed_size(m);
+	uint8_t stackbuf[1024], *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
+	int e = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	protobuf_c_message_pack(m, buf);
+	if (zmq_send(sock, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    (delim && zmq_send(sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
+	    zmq_send(sock, buf, n, ZMQ_DONTWAIT) < 0)
+		e = -EHOSTUNREACH;
+	if (buf != stackbuf)
+		free(buf);
+	return e;
+}
+
+void bd_router_frames_close(zmq_msg_t *parts, int n, int max)
+{
+	for (int i = 0; i < n && i < max; i++)
+		zmq_msg_close(&parts[i]);
+}
+
+int bd_router_recv(void *sock, zmq_msg_t *parts, int max)
+{
+	zmq_msg_t extra;
+	int n = 0;
+	bool more = true;
+
+	/* the first frame without waiting; the others of a message are there already */
+	while (more) {
+		zmq_msg_t *m = n < max ? &parts[n] : &extra;
+
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, sock, n ? 0 : ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(m);
+			bd_router_frames_close(parts, n, max);
+			return 0;
+		}
+		more = zmq_msg_more(m);
+		if (m == &extra)
+			zmq_msg_close(m);
+		n++;
+	}
+	return n;
+}

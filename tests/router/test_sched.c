@@ -1,0 +1,982 @@
+/* test_sched.c — routerd's scheduler (router/sched.c) without a socket: requests and step
+ * results go in as events, the actions that come out (chunks, plans) are read back, and the
+ * pool is a fake that keeps its own books (slots, pages, reserved pages, records).
+ *
+ * Rank 0 of the fake group answers row k of a plan with token 10 + request id (so each
+ * request's tokens are known), rank 1 with -1; a test changes an answer before it is
+ * delivered to inject row errors, step errors, bad tokens or end-of-generation tokens.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/bd_layout.h"
+#include "sched.h"
+
+#define N_VOCAB 1000
+#define EOG 5
+#define MAX_REC 32
+#define MAX_PAGES 64
+
+/* ---- the fake pool ---------------------------------------------------------------------------- */
+
+struct rec {
+	bool live;
+	uint64_t id;
+	int32_t slot, reserved;
+	int32_t pages[MAX_PAGES];
+	int n_pages;
+};
+
+struct fpool {
+	int n_pages, n_slots;
+	bool page_used[MAX_PAGES], slot_used[MAX_PAGES];
+	struct rec rec[MAX_REC];
+	bool down;
+	int fail_slot;       /* the next slot_assign fails with this (0: none) */
+	bool fail_goes_down; /* ... and the pool is down from then on */
+	int reserves, commits, releases, allocs;
+};
+
+static struct fpool P;
+
+static struct rec *rec_of(uint64_t id)
+{
+	for (int i = 0; i < MAX_REC; i++)
+		if (P.rec[i].live && P.rec[i].id == id)
+			return &P.rec[i];
+	return NULL;
+}
+
+static int free_page(void)
+{
+	for (int p = 0; p < P.n_pages; p++)
+		if (!P.page_used[p])
+			return p;
+	return -1;
+}
+
+static int pages_free(void)
+{
+	int n = 0;
+
+	for (int p = 0; p < P.n_pages; p++)
+		n += !P.page_used[p];
+	return n;
+}
+
+static int records(void)
+{
+	int n = 0;
+
+	for (int i = 0; i < MAX_REC; i++)
+		n += P.rec[i].live;
+	return n;
+}
+
+static int fp_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
+{
+	(void)ctx;
+	if (P.down)
+		return -EHOSTDOWN;
+	if (P.fail_slot) {
+		int e = P.fail_slot;
+
+		P.fail_slot = 0;
+		P.down = P.fail_goes_down;
+		return e;
+	}
+	cr_assert_null(rec_of(id), "request %llu has a record already", (unsigned long long)id);
+	for (int s = 0; s < P.n_slots; s++) {
+		if (P.slot_used[s])
+			continue;
+		for (int i = 0; i < MAX_REC; i++) {
+			if (P.rec[i].live)
+				continue;
+			P.rec[i] = (struct rec){ .live = true, .id = id, .slot = s, .reserved = -1 };
+			P.slot_used[s] = true;
+			*ret_slot = s;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+static int fp_page_alloc(void *ctx, uint64_t id, uint32_t n, int32_t *ret_pages)
+{
+	struct rec *r = rec_of(id);
+
+	(void)ctx;
+	if (P.down)
+		return -EHOSTDOWN;
+	if (!r)
+		return -ENOENT;
+	P.allocs++;
+	if ((uint32_t)pages_free() < n)
+		return -ENOSPC;
+	for (uint32_t i = 0; i < n; i++) {
+		int p = free_page();
+
+		P.page_used[p] = true;
+		r->pages[r->n_pages++] = p;
+		ret_pages[i] = p;
+	}
+	return 0;
+}
+
+static int fp_page_reserve(void *ctx, uint64_t id, int32_t *ret_page)
+{
+	struct rec *r = rec_of(id);
+	int p;
+
+	(void)ctx;
+	if (P.down)
+		return -EHOSTDOWN;
+	if (!r)
+		return -ENOENT;
+	cr_assert_eq(r->reserved, -1, "request %llu reserves a second page",
+		     (unsigned long long)id);
+	p = free_page();
+	if (p < 0)
+		return -ENOSPC;
+	P.page_used[p] = true;
+	r->reserved = p;
+	*ret_page = p;
+	P.reserves++;
+	return 0;
+}
+
+static int fp_page_commit(void *ctx, uint64_t id, int32_t page)
+{
+	struct rec *r = rec_of(id);
+
+	(void)ctx;
+	if (P.down)
+		return -EHOSTDOWN;
+	cr_assert_not_null(r);
+	cr_assert_eq(r->reserved, page, "commit of page %d, reserved %d", page, r->reserved);
+	r->pages[r->n_pages++] = page;
+	r->reserved = -1;
+	P.commits++;
+	return 0;
+}
+
+static int fp_release(void *ctx, uint64_t id)
+{
+	struct rec *r = rec_of(id);
+
+	(void)ctx;
+	if (P.down)
+		return -EHOSTDOWN;
+	if (!r)
+		return -ENOENT;
+	for (int i = 0; i < r->n_pages; i++)
+		P.page_used[r->pages[i]] = false;
+	if (r->reserved >= 0)
+		P.page_used[r->reserved] = false;
+	P.slot_used[r->slot] = false;
+	r->live = false;
+	P.releases++;
+	return 0;
+}
+
+static bool fp_down(void *ctx, char *why, size_t cap)
+{
+	(void)ctx;
+	if (why && cap)
+		snprintf(why, cap, "%s", P.down ? "kvpoold unreachable: fake (for 1 ms)" : "");
+	return P.down;
+}
+
+static const struct bd_sched_pool_ops fake_pool = {
+	.slot_assign = fp_slot_assign,
+	.page_alloc = fp_page_alloc,
+	.page_reserve = fp_page_reserve,
+	.page_commit = fp_page_commit,
+	.release = fp_release,
+	.down = fp_down,
+};
+
+/* ---- the scheduler, its actions --------------------------------------------------------------- */
+
+struct chunk {
+	uint64_t tag, id;
+	int finish, error, n_gen, n_tokens; /* n_tokens: new since the last chunk */
+	char msg[256];
+	uint32_t preemptions;
+};
+
+static struct bd_sched S;
+static bool eog[N_VOCAB];
+static int64_t now;
+static struct chunk C[512];
+static int n_chunks;
+static const Bdfp4__StepPlan *plan; /* the last one, NULL after it was answered */
+static int n_plans;
+
+static void setup(int max_batch, int max_queue, int max_prefill, int pages, int slots)
+{
+	const struct bd_sched_cfg cfg = { .max_batch = max_batch, .max_queue = max_queue,
+					  .max_prefill_tokens = max_prefill, .n_vocab = N_VOCAB,
+					  .eog = eog };
+
+	memset(&P, 0, sizeof(P));
+	P.n_pages = pages;
+	P.n_slots = slots;
+	memset(eog, 0, sizeof(eog));
+	eog[EOG] = true;
+	now = 1000;
+	n_chunks = n_plans = 0;
+	plan = NULL;
+	cr_assert_eq(bd_sched_init(&S, &cfg, &fake_pool, NULL), 0);
+	bd_sched_group_up(&S, 1);
+}
+
+static void teardown(void)
+{
+	bd_sched_fini(&S);
+}
+
+TestSuite(sched, .fini = teardown, .timeout = 30);
+
+/* Reads every queued action: chunks into C (what the frontend would send), the plan into plan. */
+static void drain(void)
+{
+	struct bd_sched_act a;
+
+	while (bd_sched_next(&S, &a)) {
+		if (a.kind == BD_SCHED_PLAN) {
+			plan = a.plan;
+			n_plans++;
+			continue;
+		}
+		cr_assert_eq(a.kind, BD_SCHED_CHUNK);
+		cr_assert_lt(n_chunks, 512);
+		C[n_chunks] = (struct chunk){ .tag = a.r->tag, .id = a.r->id, .finish = a.finish,
+					      .error = a.error, .n_gen = a.r->n_gen,
+					      .n_tokens = a.r->n_gen - a.r->n_sent,
+					      .preemptions = a.r->preemptions };
+		snprintf(C[n_chunks].msg, sizeof(C[n_chunks].msg), "%s", a.msg ? a.msg : "");
+		a.r->n_sent = a.r->n_gen;
+		n_chunks++;
+	}
+}
+
+/* A request of n_prompt tokens (1000 + i) for up to max_tokens, tag, of the client ident. */
+static struct bd_req *req(uint64_t tag, const char *ident, int n_prompt, int max_tokens)
+{
+	struct bd_req *r = calloc(1, sizeof(*r));
+
+	cr_assert_not_null(r);
+	r->cap = n_prompt + max_tokens;
+	r->toks = malloc((size_t)r->cap * sizeof(int32_t));
+	r->max_pages = r->cap / BD_PAGE_TOKENS + 1;
+	r->pages = malloc((size_t)r->max_pages * sizeof(int32_t));
+	cr_assert(r->toks && r->pages);
+	for (int i = 0; i < n_prompt; i++)
+		r->toks[i] = 100 + i % 800;
+	r->n_prompt = n_prompt;
+	r->max_tokens = max_tokens;
+	r->tag = tag;
+	r->ident_len = strlen(ident);
+	memcpy(r->ident, ident, r->ident_len);
+	r->kv_config = "bitdecoding-nvfp4";
+	bdfp4__sampling_params__init(&r->sampling);
+	r->sampling.top_p = 1.0f;
+	r->t_arrival = now;
+	r->deadline = now + 100000;
+	return r;
+}
+
+/* Submits a request; returns it (owned by S). */
+static struct bd_req *submit(uint64_t tag, int n_prompt, int max_tokens, bool stream)
+{
+	struct bd_req *r = req(tag, "client", n_prompt, max_tokens);
+
+	r->stream = stream;
+	cr_assert_eq(bd_sched_submit(&S, r), 0);
+	return r;
+}
+
+/* Runs the scheduler: the plan it sends, NULL when it sends none. */
+static const Bdfp4__StepPlan *step(void)
+{
+	int before = n_plans;
+
+	bd_sched_schedule(&S, now);
+	drain();
+	return n_plans > before ? plan : NULL;
+}
+
+static Bdfp4__StepResult res[2], *pres[2];
+static Bdfp4__RowResult rows[2][64], *prows[2][64];
+
+/* The answers of both ranks to p, ready to be changed before deliver(). */
+static void prepare(const Bdfp4__StepPlan *p)
+{
+	cr_assert_not_null(p);
+	cr_assert_leq(p->n_rows, 64);
+	for (int rank = 0; rank < 2; rank++) {
+		bdfp4__step_result__init(&res[rank]);
+		res[rank].epoch = p->epoch;
+		res[rank].step = p->step;
+		res[rank].rank = rank;
+		res[rank].n_rows = p->n_rows;
+		res[rank].rows = prows[rank];
+		for (size_t k = 0; k < p->n_rows; k++) {
+			bdfp4__row_result__init(&rows[rank][k]);
+			rows[rank][k].request_id = p->rows[k]->request_id;
+			rows[rank][k].token = rank ? -1 : (int32_t)(10 + p->rows[k]->request_id);
+			prows[rank][k] = &rows[rank][k];
+		}
+		pres[rank] = &res[rank];
+	}
+}
+
+static void deliver(void)
+{
+	bd_sched_step_done(&S, pres, 2, now);
+	plan = NULL;
+	drain();
+}
+
+static void answer(const Bdfp4__StepPlan *p)
+{
+	prepare(p);
+	deliver();
+}
+
+/* Runs steps, answering each, until no plan goes out (at most limit steps); returns them. */
+static int run_to_idle(int limit)
+{
+	int n = 0;
+	const Bdfp4__StepPlan *p;
+
+	while (n < limit && (p = step())) {
+		answer(p);
+		now += 10;
+		n++;
+	}
+	return n;
+}
+
+/* The row of request id in p, NULL when it has none. */
+static const Bdfp4__PlanRow *row_of(const Bdfp4__StepPlan *p, uint64_t id)
+{
+	for (size_t k = 0; k < p->n_rows; k++)
+		if (p->rows[k]->request_id == id)
+			return p->rows[k];
+	return NULL;
+}
+
+static bool released(const Bdfp4__StepPlan *p, uint64_t id)
+{
+	for (size_t i = 0; i < p->n_release; i++)
+		if (p->release[i] == id)
+			return true;
+	return false;
+}
+
+/* The last chunk of tag, NULL when none came. */
+static const struct chunk *last_chunk(uint64_t tag)
+{
+	for (int i = n_chunks; i-- > 0;)
+		if (C[i].tag == tag)
+			return &C[i];
+	return NULL;
+}
+
+static int chunks_of(uint64_t tag)
+{
+	int n = 0;
+
+	for (int i = 0; i < n_chunks; i++)
+		n += C[i].tag == tag;
+	return n;
+}
+
+/* ---- admission and batching ------------------------------------------------------------------- */
+
+Test(sched, admits_in_arrival_order_up_to_max_batch)
+{
+	const Bdfp4__StepPlan *p;
+	struct bd_req *a, *b, *c;
+
+	setup(2, 8, 8192, 16, 8);
+	a = submit(1, 10, 3, false);
+	b = submit(2, 10, 3, false);
+	c = submit(3, 10, 3, false);
+	cr_expect_eq(a->id, 1);
+	cr_expect_eq(c->id, 3);
+	p = step();
+	cr_assert_not_null(p);
+	cr_assert_eq(p->n_rows, 2, "max_batch 2");
+	cr_expect_eq(p->rows[0]->request_id, a->id);
+	cr_expect_eq(p->rows[1]->request_id, b->id);
+	for (int k = 0; k < 2; k++) {
+		cr_expect(p->rows[k]->prefill);
+		cr_expect_eq(p->rows[k]->position, 0);
+		cr_expect_eq(p->rows[k]->n_tokens, 10);
+		cr_expect_eq(p->rows[k]->tokens[9], 109);
+		cr_expect_eq(p->rows[k]->capacity, 13);
+		cr_expect_eq(p->rows[k]->n_new_pages, 0, "10 tokens complete no page");
+		cr_expect(p->rows[k]->sample);
+	}
+	cr_expect_neq(p->rows[0]->slot, p->rows[1]->slot);
+	cr_expect_eq(p->epoch, 1);
+	cr_expect_eq(S.n_running, 2);
+	cr_expect_eq(S.n_queued, 1);
+	cr_expect_eq(records(), 2, "c holds nothing while queued");
+	cr_expect_null(step(), "one step in flight at a time");
+	answer(p);
+	cr_expect_eq(n_chunks, 0, "not streaming: nothing before the end");
+
+	/* decode rows of a and b; c waits for a free row */
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_not(p->rows[0]->prefill);
+	cr_expect_eq(p->rows[0]->position, 10);
+	cr_expect_eq(p->rows[0]->n_tokens, 1);
+	cr_expect_eq(p->rows[0]->tokens[0], 10 + (int)a->id, "the token sampled last step");
+	cr_expect_null(row_of(p, c->id));
+	answer(p);
+	p = step();
+	answer(p);
+	/* a and b reach max_tokens: one final chunk each, with all three tokens */
+	cr_assert_eq(n_chunks, 2);
+	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(last_chunk(1)->n_tokens, 3);
+	cr_expect_eq(last_chunk(2)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(records(), 0, "their slots went back");
+	/* c's prefill, and the workers drop a and b */
+	p = step();
+	cr_assert_eq(p->n_rows, 1);
+	cr_expect_eq(p->rows[0]->request_id, 3);
+	cr_expect(p->rows[0]->prefill);
+	cr_expect_eq(p->n_release, 2);
+	cr_expect(released(p, 1) && released(p, 2));
+	answer(p);
+	run_to_idle(10);
+	cr_expect_eq(last_chunk(3)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(S.requests_total, 3);
+	cr_expect_eq(S.tokens_generated, 9);
+	cr_expect_eq(S.n_reqs, 0);
+}
+
+Test(sched, prefill_budget_spreads_admissions_but_admits_one_long_prompt)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(8, 8, 100, 16, 8);
+	submit(1, 60, 4, false);
+	submit(2, 60, 4, false);
+	submit(3, 150, 4, false);
+	p = step();
+	cr_assert_eq(p->n_rows, 1, "60 + 60 tokens are over the budget of 100");
+	cr_expect_eq(p->rows[0]->request_id, 1);
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_not(row_of(p, 1)->prefill);
+	cr_expect(row_of(p, 2)->prefill);
+	cr_expect_null(row_of(p, 3), "60 + 150 is over the budget");
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 3);
+	cr_expect(row_of(p, 3)->prefill, "a prompt over the budget goes alone");
+	cr_expect_eq(row_of(p, 3)->n_tokens, 150);
+	cr_expect_eq(row_of(p, 3)->n_new_pages, 1, "150 tokens complete page 0");
+	answer(p);
+}
+
+Test(sched, streamed_requests_get_a_chunk_per_token)
+{
+	setup(4, 8, 8192, 16, 8);
+	submit(1, 5, 4, true);
+	submit(2, 5, 4, false);
+	cr_expect_eq(run_to_idle(10), 5, "a prefill, three decodes, the releases");
+	cr_expect_eq(chunks_of(1), 4);
+	for (int i = 0; i < 3; i++) {
+		cr_expect_eq(C[i].tag, 1);
+		cr_expect_eq(C[i].n_tokens, 1);
+		cr_expect_eq(C[i].finish, BDFP4__FINISH_REASON__FINISH_NONE);
+	}
+	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(last_chunk(1)->n_tokens, 1, "the final chunk carries the last token");
+	cr_expect_eq(chunks_of(2), 1);
+	cr_expect_eq(last_chunk(2)->n_tokens, 4);
+}
+
+/* ---- pages -------------------------------------------------------------------------------------- */
+
+Test(sched, pages_come_at_prefill_and_one_step_ahead_of_the_decode_that_fills_them)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *row;
+	struct bd_req *a;
+	int32_t page1 = -1;
+
+	setup(4, 8, 8192, 16, 8);
+	a = submit(1, 200, 100, false);
+	p = step();
+	row = row_of(p, a->id);
+	cr_assert_eq(row->n_new_pages, 1, "positions 0..199 complete page 0");
+	cr_expect_eq(row->new_pages[0], 0);
+	cr_expect_eq(P.allocs, 1);
+	answer(p);
+	/* decodes at positions 200 .. 254 fill nothing; the one at 254 reserves for 255 */
+	for (int pos = 200; pos < 255; pos++) {
+		p = step();
+		row = row_of(p, a->id);
+		cr_assert_eq(row->position, pos);
+		cr_assert_eq(row->n_new_pages, 0, "position %d completes no page", pos);
+		cr_assert_eq(row->n_block_table, 1);
+		cr_assert_eq(P.reserves, pos == 254, "reserved at the plan of position %d", pos);
+		answer(p);
+	}
+	cr_expect_eq(rec_of(a->id)->reserved, 1);
+	p = step();
+	row = row_of(p, a->id);
+	cr_expect_eq(row->position, 255);
+	cr_assert_eq(row->n_new_pages, 1, "position 255 completes page 1");
+	page1 = row->new_pages[0];
+	cr_expect_eq(page1, 1, "into the reserved page");
+	cr_expect_eq(P.commits, 0, "committed only when every rank answered");
+	answer(p);
+	cr_expect_eq(P.commits, 1);
+	cr_expect_eq(rec_of(a->id)->n_pages, 2);
+	p = step();
+	row = row_of(p, a->id);
+	cr_assert_eq(row->n_block_table, 2);
+	cr_expect_eq(row->block_table[0], 0);
+	cr_expect_eq(row->block_table[1], page1);
+	answer(p);
+	cr_expect_eq(S.pages_held, 2);
+	cr_expect_eq(S.pages_peak, 2);
+	run_to_idle(100);
+	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(last_chunk(1)->n_gen, 100);
+	cr_expect_eq(pages_free(), 16);
+	cr_expect_eq(S.pages_held, 0);
+}
+
+/* One page for two requests whose first decode completes a page: the one admitted last is
+ * preempted, released (the workers drop its sequence), queued again at the head, and admitted
+ * once the first is done, with a prefill of its prompt and the token it had generated. */
+Test(sched, the_request_admitted_last_is_preempted_and_recomputed)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *row;
+	struct bd_req *a, *b;
+	int steps;
+
+	setup(4, 8, 8192, 1, 4);
+	a = submit(1, 127, 6, false);
+	b = submit(2, 127, 6, false);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(rec_of(a->id)->reserved, 0, "a reserved the only page for position 127");
+	cr_expect_eq(rec_of(b->id)->reserved, -1, "none left for b");
+	answer(p);
+	p = step();
+	cr_expect_eq(S.preemptions, 1);
+	cr_expect_null(rec_of(b->id), "the preempted request holds nothing");
+	cr_expect(released(p, b->id), "the workers drop b's sequence");
+	cr_assert_eq(p->n_rows, 1, "b is queued again, and nothing is admitted this step");
+	row = row_of(p, a->id);
+	cr_expect_eq(row->position, 127);
+	cr_expect_eq(row->n_new_pages, 1);
+	cr_expect_eq(S.n_queued, 1);
+	cr_expect_eq(S.n_running, 1);
+	answer(p);
+	/* b cannot come back while a holds the page: 127 + 1 tokens need one */
+	for (steps = 0; steps < 10 && !row_of(p = step(), b->id); steps++)
+		answer(p);
+	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(last_chunk(1)->n_gen, 6);
+	row = row_of(p, b->id);
+	cr_assert(row->prefill);
+	cr_expect_eq(row->n_tokens, 128, "prompt + the generated token");
+	cr_expect_eq(row->tokens[127], 10 + (int)b->id, "its first generated token");
+	cr_expect_eq(row->n_new_pages, 1);
+	answer(p);
+	run_to_idle(20);
+	cr_assert_not_null(last_chunk(2));
+	cr_expect_eq(last_chunk(2)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	cr_expect_eq(last_chunk(2)->n_gen, 6, "every token, across the preemption");
+	cr_expect_eq(last_chunk(2)->preemptions, 1);
+	cr_expect_eq(records(), 0);
+}
+
+Test(sched, a_request_the_pool_cannot_hold_fails_resource_exhausted)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(4, 8, 8192, 1, 4);
+	submit(1, 300, 4, false); /* its prefill alone completes two pages */
+	submit(2, 10, 2, false);
+	p = step();
+	cr_assert_not_null(last_chunk(1));
+	cr_expect_eq(last_chunk(1)->error, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED);
+	cr_expect_not_null(strstr(last_chunk(1)->msg, "the pool cannot hold this request"), "%s",
+			   last_chunk(1)->msg);
+	cr_expect_null(rec_of(1), "its slot went back");
+	cr_assert_not_null(p, "the next one is admitted in the same step");
+	cr_expect_eq(p->n_rows, 1);
+	cr_expect_eq(p->rows[0]->request_id, 2);
+	cr_expect_eq(S.requests_failed, 1);
+}
+
+Test(sched, no_admission_while_the_slots_are_taken)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(8, 8, 8192, 16, 2);
+	submit(1, 10, 2, false);
+	submit(2, 10, 2, false);
+	submit(3, 10, 2, false);
+	p = step();
+	cr_expect_eq(p->n_rows, 2, "two slots");
+	cr_expect_null(row_of(p, 3));
+	cr_expect_eq(S.n_queued, 1);
+	answer(p);
+	answer(step());
+	p = step();
+	cr_assert_not_null(row_of(p, 3), "admitted when a slot is free");
+	cr_expect(row_of(p, 3)->prefill);
+}
+
+/* ---- queue, cancel, clients, deadlines ---------------------------------------------------------- */
+
+Test(sched, the_queue_refuses_beyond_max_queue)
+{
+	struct bd_req *r;
+
+	setup(1, 2, 8192, 16, 4);
+	submit(1, 10, 2, false);
+	submit(2, 10, 2, false);
+	r = req(3, "client", 10, 2);
+	cr_expect_eq(bd_sched_submit(&S, r), -ENOSPC);
+	cr_expect_eq(S.n_queued, 2);
+	cr_expect_eq(S.requests_total, 2, "a refused request is not counted");
+	/* one leaves the queue: room again */
+	step();
+	cr_expect_eq(bd_sched_submit(&S, r), 0);
+	cr_expect_eq(r->id, 3, "ids go only to accepted requests");
+}
+
+Test(sched, cancel_of_a_queued_request_ends_it_at_once)
+{
+	struct bd_req *a;
+
+	setup(1, 8, 8192, 16, 4);
+	submit(1, 10, 5, false);
+	a = submit(2, 10, 5, false);
+	step();
+	bd_sched_cancel(&S, a);
+	drain();
+	cr_assert_eq(n_chunks, 1);
+	cr_expect_eq(C[0].tag, 2);
+	cr_expect_eq(C[0].finish, BDFP4__FINISH_REASON__FINISH_CANCELLED);
+	cr_expect_eq(C[0].error, BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED);
+	cr_expect_str_eq(C[0].msg, "cancelled by the client");
+	cr_expect_eq(S.n_queued, 0);
+	cr_expect_null(bd_sched_find(&S, (const uint8_t *)"client", 6, 2));
+}
+
+/* A request in the step in flight ends only when the step's results are in: the workers may
+ * still be writing its pages. */
+Test(sched, cancel_in_flight_ends_when_the_step_is_in)
+{
+	const Bdfp4__StepPlan *p;
+	struct bd_req *a;
+
+	setup(4, 8, 8192, 16, 4);
+	a = submit(1, 10, 50, true);
+	answer(step());
+	answer(step());
+	cr_expect_eq(n_chunks, 2);
+	p = step();
+	cr_expect_eq(bd_sched_find(&S, (const uint8_t *)"client", 6, 1), a);
+	bd_sched_cancel(&S, a);
+	drain();
+	cr_expect_eq(n_chunks, 2, "no final chunk while in the step");
+	cr_expect_null(bd_sched_find(&S, (const uint8_t *)"client", 6, 1), "but it is ending");
+	cr_expect_not_null(rec_of(1), "its pool record stays until the step is in");
+	answer(p);
+	cr_assert_eq(n_chunks, 3);
+	cr_expect_eq(C[2].finish, BDFP4__FINISH_REASON__FINISH_CANCELLED);
+	cr_expect_eq(C[2].n_gen, 2, "the token of the cancelled step is not appended");
+	cr_expect_null(rec_of(1));
+	p = step();
+	cr_assert_not_null(p, "a plan goes out for the release alone");
+	cr_expect_eq(p->n_rows, 0);
+	cr_expect(released(p, 1));
+}
+
+Test(sched, a_gone_client_loses_its_requests_without_a_reply)
+{
+	struct bd_req *x1, *x2, *y;
+	const Bdfp4__StepPlan *p;
+
+	setup(1, 8, 8192, 16, 4);
+	x1 = req(1, "client-x", 10, 5);
+	x2 = req(2, "client-x", 10, 5);
+	y = req(1, "client-y", 10, 5);
+	cr_assert_eq(bd_sched_submit(&S, x1), 0);
+	cr_assert_eq(bd_sched_submit(&S, y), 0);
+	cr_assert_eq(bd_sched_submit(&S, x2), 0);
+	answer(step()); /* x1 runs */
+	cr_expect_eq(bd_sched_find(&S, (const uint8_t *)"client-y", 8, 1), y,
+		     "tags are per connection");
+	bd_sched_client_gone(&S, (const uint8_t *)"client-x", 8);
+	drain();
+	cr_expect_eq(n_chunks, 0, "nobody to tell");
+	cr_expect_eq(S.n_reqs, 1);
+	cr_expect_null(rec_of(1), "x1's slot went back");
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect(released(p, 1), "the workers drop x1");
+	cr_expect_eq(p->rows[0]->request_id, 2, "y (request 2) is admitted");
+	answer(p);
+	run_to_idle(10);
+	cr_expect_eq(last_chunk(1)->id, 2);
+	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+}
+
+Test(sched, deadlines_fail_queued_and_running_requests)
+{
+	struct bd_req *a, *b;
+	const Bdfp4__StepPlan *p;
+
+	setup(1, 8, 8192, 16, 4);
+	a = submit(1, 10, 50, false);
+	b = submit(2, 10, 50, false);
+	a->deadline = now + 100;
+	b->deadline = now + 50;
+	answer(step());
+	bd_sched_tick(&S, now + 49);
+	drain();
+	cr_expect_eq(n_chunks, 0);
+	bd_sched_tick(&S, now + 50);
+	drain();
+	cr_assert_eq(n_chunks, 1);
+	cr_expect_eq(C[0].tag, 2);
+	cr_expect_eq(C[0].error, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED);
+	cr_expect_str_eq(C[0].msg, "deadline of 50 ms passed");
+	p = step();
+	bd_sched_tick(&S, now + 100);
+	drain();
+	cr_expect_eq(n_chunks, 1, "a is in the step: it ends with it");
+	answer(p);
+	cr_assert_eq(n_chunks, 2);
+	cr_expect_eq(C[1].tag, 1);
+	cr_expect_eq(C[1].error, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED);
+	cr_expect_str_eq(C[1].msg, "deadline of 100 ms passed");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(S.requests_failed, 2);
+}
+
+/* ---- tokens ------------------------------------------------------------------------------------- */
+
+Test(sched, end_of_generation_and_forced_tokens)
+{
+	const Bdfp4__StepPlan *p;
+	struct bd_req *b, *c;
+	int32_t forced[2] = { 42, EOG };
+
+	setup(4, 8, 8192, 16, 4);
+	submit(1, 10, 5, false);
+	b = submit(2, 10, 5, false);
+	b->ignore_eos = true;
+	c = req(3, "client", 10, 5);
+	c->forced = malloc(sizeof(forced));
+	memcpy(c->forced, forced, sizeof(forced));
+	c->n_forced = 2;
+	cr_assert_eq(bd_sched_submit(&S, c), 0);
+	p = step();
+	prepare(p);
+	rows[0][0].token = EOG;
+	rows[0][1].token = EOG;
+	deliver();
+	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_STOP);
+	cr_expect_eq(last_chunk(1)->n_gen, 1);
+	cr_expect_null(last_chunk(2), "ignore_eos: b goes on");
+	cr_expect_eq(b->toks[10], EOG);
+	cr_expect_eq(c->toks[10], 42, "the forced token, not the sampled one");
+	answer(step());
+	cr_expect_eq(last_chunk(3)->finish, BDFP4__FINISH_REASON__FINISH_STOP,
+		     "a forced end-of-generation token ends it too");
+	cr_expect_eq(last_chunk(3)->n_gen, 2);
+	cr_expect_null(last_chunk(2));
+}
+
+Test(sched, row_errors_and_bad_tokens_fail_their_request_only)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(4, 8, 8192, 16, 4);
+	submit(1, 10, 5, false);
+	submit(2, 10, 5, false);
+	submit(3, 10, 5, false);
+	p = step();
+	prepare(p);
+	rows[1][0].error = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
+	rows[1][0].message = (char *)"out of memory";
+	rows[0][1].token = N_VOCAB;
+	deliver();
+	cr_assert_not_null(last_chunk(1));
+	cr_expect_eq(last_chunk(1)->error, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED);
+	cr_expect_str_eq(last_chunk(1)->msg, "worker rank 1: out of memory");
+	cr_assert_not_null(last_chunk(2));
+	cr_expect_eq(last_chunk(2)->error, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL);
+	cr_expect_not_null(strstr(last_chunk(2)->msg, "outside the vocabulary"), "%s",
+			   last_chunk(2)->msg);
+	cr_expect_null(last_chunk(3));
+	p = step();
+	cr_expect(released(p, 1) && released(p, 2));
+	cr_expect_eq(p->n_rows, 1);
+	/* a result that does not match the plan */
+	prepare(p);
+	rows[0][0].request_id = 99;
+	deliver();
+	cr_expect_eq(last_chunk(3)->error, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL);
+	cr_expect_str_eq(last_chunk(3)->msg, "worker rank 0: result rows do not match the plan");
+}
+
+Test(sched, results_of_another_step_are_ignored)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(4, 8, 8192, 16, 4);
+	submit(1, 10, 5, false);
+	p = step();
+	prepare(p);
+	res[0].step = res[1].step = p->step + 1;
+	bd_sched_step_done(&S, pres, 2, now);
+	drain();
+	cr_expect(S.step.active, "still waiting for the step");
+	cr_expect_null(step());
+	res[0].step = res[1].step = p->step;
+	deliver();
+	cr_expect_not(S.step.active);
+	cr_expect_eq(S.steps_done, 1);
+}
+
+/* ---- the worker group and the pool -------------------------------------------------------------- */
+
+Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(2, 8, 8192, 16, 4);
+	submit(1, 10, 50, false);
+	submit(2, 10, 50, false);
+	answer(step());
+	submit(3, 10, 50, false); /* no row left for it */
+	p = step();
+	cr_expect_eq(p->n_rows, 2);
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected");
+	drain();
+	cr_assert_eq(n_chunks, 2);
+	for (int i = 0; i < 2; i++) {
+		cr_expect_eq(C[i].error, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED);
+		cr_expect_str_eq(C[i].msg, "worker rank 1 (pid 7) disconnected");
+	}
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(S.n_queued, 1, "the queued one waits for a group");
+	cr_expect_null(step(), "no plan without a group");
+	bd_sched_group_up(&S, 2);
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect_eq(p->epoch, 2);
+	cr_expect_eq(p->n_release, 0, "a new group holds no sequence to drop");
+	cr_expect_eq(p->rows[0]->request_id, 3);
+	cr_expect(p->rows[0]->prefill);
+}
+
+Test(sched, a_pool_that_goes_down_fails_every_request_unavailable)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(1, 8, 8192, 16, 4);
+	submit(1, 10, 50, false);
+	submit(2, 10, 50, false);
+	answer(step());
+	p = step();
+	cr_expect(bd_sched_pool_busy(&S));
+	P.down = true;
+	bd_sched_pool_down(&S, "kvpoold unreachable: no answer in 2000 ms (for 5 ms)");
+	drain();
+	cr_assert_eq(n_chunks, 1, "the queued one now, the running one with its step");
+	cr_expect_eq(C[0].tag, 2);
+	cr_expect_eq(C[0].error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
+	cr_expect_str_eq(C[0].msg, "kvpoold unreachable: no answer in 2000 ms (for 5 ms)");
+	answer(p);
+	cr_assert_eq(n_chunks, 2);
+	cr_expect_eq(C[1].tag, 1);
+	cr_expect_eq(C[1].error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
+	cr_expect_not(bd_sched_pool_busy(&S), "a reclaim may take the records now");
+	/* the release the workers are owed still goes out; a request that reaches admission
+	 * while the pool is down fails with the pool's reason */
+	submit(3, 10, 5, false);
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect_eq(p->n_rows, 0);
+	cr_expect(released(p, 1));
+	cr_assert_not_null(last_chunk(3));
+	cr_expect_eq(last_chunk(3)->error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
+	cr_expect_str_eq(last_chunk(3)->msg, "kvpoold unreachable: fake (for 1 ms)");
+	answer(p);
+	cr_expect_null(step(), "nothing to plan while the pool is down");
+}
+
+/* A pool call without an answer (the pool is down from then on) is not the request's fault:
+ * UNAVAILABLE with the pool's reason; a refusal of a pool that answers is INTERNAL. */
+Test(sched, a_failed_admission_call_says_whose_fault_it_is)
+{
+	setup(1, 8, 8192, 16, 4);
+	submit(1, 10, 5, false);
+	P.fail_slot = -ETIMEDOUT;
+	P.fail_goes_down = true;
+	cr_expect_null(step(), "nothing to run");
+	cr_assert_not_null(last_chunk(1));
+	cr_expect_eq(last_chunk(1)->error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
+	cr_expect_str_eq(last_chunk(1)->msg, "kvpoold unreachable: fake (for 1 ms)");
+	P.down = false;
+	submit(2, 10, 5, false);
+	P.fail_slot = -EIO;
+	P.fail_goes_down = false;
+	cr_expect_null(step());
+	cr_assert_not_null(last_chunk(2));
+	cr_expect_eq(last_chunk(2)->error, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL);
+	cr_expect_str_eq(last_chunk(2)->msg, "pool admission: Input/output error");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(S.requests_failed, 2);
+}
+
+Test(sched, stop_ends_everything_shutting_down)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(1, 8, 8192, 16, 4);
+	submit(1, 10, 50, false);
+	submit(2, 10, 50, false);
+	answer(step());
+	p = step();
+	cr_assert_not_null(p);
+	bd_sched_stop(&S, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, "the router is stopping");
+	drain();
+	cr_assert_eq(n_chunks, 2, "the one in the step in flight too");
+	for (int i = 0; i < 2; i++) {
+		cr_expect_eq(C[i].finish, BDFP4__FINISH_REASON__FINISH_ERROR);
+		cr_expect_eq(C[i].error, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN);
+		cr_expect_str_eq(C[i].msg, "the router is stopping");
+	}
+	cr_expect_eq(S.n_reqs, 0);
+	cr_expect_eq(records(), 0);
+	cr_expect_not(S.step.active);
+	cr_expect_null(step());
+}
