@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bd_clock.h"
 #include "serve/bd_client.h"
 #include "pool/bd_pool_client.h"
 
@@ -74,7 +75,7 @@ struct sample {
 	double ttft, total, last;
 	uint32_t tokens;
 	bool ok;
-	/* --steady: arrival time of every token (now_s()), [max_tokens] */
+	/* --steady: arrival time of every token (bd_now_s()), [max_tokens] */
 	double *times;
 	bool reached; /* has N tokens after t_a */
 };
@@ -92,14 +93,6 @@ struct level {
 	atomic_bool all_first, window_done;
 	double t_a;
 };
-
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void note_error(struct level *L, const char *msg)
 {
@@ -194,7 +187,7 @@ static void *client_main(void *arg)
 		} else {
 			g.prompt = prompts[i % (int)(sizeof(prompts) / sizeof(prompts[0]))];
 		}
-		t0 = now_s();
+		t0 = bd_now_s();
 		if (bd_client_generate_start(c, &g, &tag) < 0) {
 			note_error(L, "send failed");
 			continue;
@@ -214,7 +207,7 @@ static void *client_main(void *arg)
 			}
 			if (ev.kind != BD_CLIENT_CHUNK)
 				continue;
-			double t = now_s();
+			double t = bd_now_s();
 			bool first = ev.n_tokens && s->tokens == 0;
 			if (first)
 				s->ttft = t - t0;
@@ -360,12 +353,12 @@ static int run_level(const struct opts *o, int conc, int fit, struct row *r)
 	if (L.n_req > MAX_REQ)
 		L.n_req = MAX_REQ;
 	pthread_create(&sth, NULL, sampler_main, &sp);
-	t0 = now_s();
+	t0 = bd_now_s();
 	for (int i = 0; i < conc; i++)
 		pthread_create(&th[i], NULL, client_main, &L);
 	for (int i = 0; i < conc; i++)
 		pthread_join(th[i], NULL);
-	r->wall = now_s() - t0;
+	r->wall = bd_now_s() - t0;
 	sp.stop = true;
 	pthread_join(sth, NULL);
 	if (o->steady) {
@@ -558,6 +551,11 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128 };
+	/* where each option's argument goes, by its getopt value */
+	const char **text[128] = { ['r'] = &o.router, ['p'] = &o.pool, ['o'] = &o.results,
+				   ['N'] = &o.note, ['K'] = &o.kv };
+	int *number[128] = { ['n'] = &o.requests, ['t'] = &o.max_tokens,
+			     ['P'] = &o.prompt_tokens, ['S'] = &o.steady };
 	struct row rows[MAX_LEVELS];
 	char mach[512], rev[128], date[64];
 	time_t now = time(NULL);
@@ -568,13 +566,15 @@ int main(int argc, char **argv)
 	o.levels[2] = 16;
 	o.n_levels = 3;
 	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		if (opt > 0 && opt < 128 && text[opt]) {
+			*text[opt] = optarg;
+			continue;
+		}
+		if (opt > 0 && opt < 128 && number[opt]) {
+			*number[opt] = atoi(optarg);
+			continue;
+		}
 		switch (opt) {
-		case 'r':
-			o.router = optarg;
-			break;
-		case 'p':
-			o.pool = optarg;
-			break;
 		case 'l': {
 			char *s = optarg, *end;
 
@@ -591,29 +591,8 @@ int main(int argc, char **argv)
 			}
 			break;
 		}
-		case 'n':
-			o.requests = atoi(optarg);
-			break;
-		case 't':
-			o.max_tokens = atoi(optarg);
-			break;
-		case 'o':
-			o.results = optarg;
-			break;
-		case 'N':
-			o.note = optarg;
-			break;
-		case 'P':
-			o.prompt_tokens = atoi(optarg);
-			break;
 		case 'E':
 			break; /* the default: every request generates exactly max_tokens */
-		case 'K':
-			o.kv = optarg;
-			break;
-		case 'S':
-			o.steady = atoi(optarg);
-			break;
 		case 'h':
 			usage(stdout);
 			return 0;

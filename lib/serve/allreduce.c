@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bd_clock.h"
 #include "serve/bd_allreduce.h"
 
 #define AR_MAGIC 0x4445524c4c414442ull /* "BDALLRED" little-endian */
@@ -62,13 +63,6 @@ struct bd_allreduce {
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static void nap_ns(long ns)
 {
@@ -144,7 +138,7 @@ static bool alive(const struct bd_allreduce *ar, int p)
 static uint64_t new_token(void)
 {
 	static _Atomic uint64_t counter;
-	uint64_t x = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 40) ^
+	uint64_t x = (uint64_t)bd_now_us() ^ ((uint64_t)getpid() << 40) ^
 		     (atomic_fetch_add(&counter, 1) << 20);
 	/* splitmix64 finalizer: distinct inputs give well spread, almost surely distinct tokens */
 	x ^= x >> 30;
@@ -367,13 +361,13 @@ int bd_allreduce_join(struct bd_allreduce *ar, int timeout_ms)
 		ar->token = new_token();
 		st64(&ar->h->r[ar->rank].want, ar->token);
 	}
-	int64_t deadline = now_ns() + (int64_t)(timeout_ms > 0 ? timeout_ms : ar->timeout_ms) *
-					      1000000;
+	int64_t deadline = bd_now_us() + (int64_t)(timeout_ms > 0 ? timeout_ms : ar->timeout_ms) *
+					       1000;
 	for (;;) {
 		int r = ar->rank == 0 ? leader_step(ar) : follower_step(ar);
 		if (r == 0)
 			return 0;
-		if (now_ns() >= deadline)
+		if (bd_now_us() >= deadline)
 			return -ETIMEDOUT;
 		nap_ns(1000000);
 	}
@@ -415,7 +409,7 @@ static int wait_arrive(struct bd_allreduce *ar, int p, uint32_t target, int64_t 
 		}
 		if (!alive(ar, p))
 			return -EPIPE;
-		if (now_ns() >= deadline)
+		if (bd_now_us() >= deadline)
 			return -ETIMEDOUT;
 		futex_wait(&rp->arrive, v, AR_SLICE_NS);
 	}
@@ -425,7 +419,7 @@ static int round_sum(struct bd_allreduce *ar, float *buf, size_t n)
 {
 	uint32_t parity = ar->count & 1u, target = ar->count + 1;
 	struct ar_rank *me = &ar->h->r[ar->rank];
-	int64_t deadline = now_ns() + (int64_t)ar->timeout_ms * 1000000;
+	int64_t deadline = bd_now_us() + (int64_t)ar->timeout_ms * 1000;
 
 	if (n)
 		memcpy(buffer(ar, ar->rank, parity), buf, n * sizeof(float));

@@ -1,12 +1,13 @@
 /* client.c — the router's C client (bd_client.h) over ZeroMQ DEALER + serve.proto. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <zmq.h>
 
+#include "base/bd_clock.h"
 #include "serve/bd_client.h"
 #include "serve.pb-c.h"
 
@@ -38,14 +39,6 @@ const char *bd_finish_name(int reason)
 					 "error" };
 
 	return reason >= 0 && reason < (int)(sizeof(n) / sizeof(n[0])) ? n[reason] : "unknown";
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void drop_last(struct bd_client *c)
@@ -80,7 +73,7 @@ int bd_client_new(const char *endpoint, struct bd_client **ret)
 		return -(e ? e : EINVAL);
 	}
 	/* tags need only be unique on this connection; a varied start eases reading logs */
-	c->next_tag = ((uint64_t)now_ms() & 0xffff) << 16 | 1;
+	c->next_tag = ((uint64_t)bd_now_ms() & 0xffff) << 16 | 1;
 	*ret = c;
 	return 0;
 }
@@ -223,12 +216,12 @@ int bd_client_cancel(struct bd_client *c, uint64_t tag)
 /* The next reply other than a keepalive, into c->last. */
 static int recv_reply(struct bd_client *c, int timeout_ms)
 {
-	int64_t end = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	int64_t end = bd_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
 
 	drop_last(c);
 	for (;;) {
 		zmq_pollitem_t it = { .socket = c->sock, .events = ZMQ_POLLIN };
-		int64_t left = end - now_ms();
+		int64_t left = end - bd_now_ms();
 		zmq_msg_t m;
 		int r;
 
@@ -256,7 +249,7 @@ static int recv_reply(struct bd_client *c, int timeout_ms)
 			return -EBADMSG;
 		if (c->last->msg_case == BDFP4__CLIENT_REPLY__MSG_KEEPALIVE) {
 			drop_last(c);
-			end = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+			end = bd_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
 			continue;
 		}
 		if (c->last->msg_case == BDFP4__CLIENT_REPLY__MSG__NOT_SET) {
@@ -354,17 +347,32 @@ int bd_client_next(struct bd_client *c, int timeout_ms, struct bd_client_event *
 	}
 }
 
-/* Sends a health or info request and waits for its reply, dropping other events. */
-static int sync_call(struct bd_client *c, int timeout_ms, Bdfp4__ClientRequest *req,
-		     Bdfp4__ClientReply__MsgCase want)
+/* Sends a health (info false) or an info request and waits for its reply, in c->last,
+ * dropping other events. */
+static int query(struct bd_client *c, int timeout_ms, bool info)
 {
-	int64_t end = now_ms() + timeout_ms;
+	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
+	Bdfp4__HealthRequest hr = BDFP4__HEALTH_REQUEST__INIT;
+	Bdfp4__InfoRequest ir = BDFP4__INFO_REQUEST__INIT;
+	Bdfp4__ClientReply__MsgCase want;
+	int64_t end = bd_now_ms() + timeout_ms;
 	int e;
 
-	if ((e = send_request(c, req)) < 0)
+	if (!c || timeout_ms < 0)
+		return -EINVAL;
+	if (info) {
+		req.msg_case = BDFP4__CLIENT_REQUEST__MSG_INFO;
+		req.info = &ir;
+		want = BDFP4__CLIENT_REPLY__MSG_INFO;
+	} else {
+		req.msg_case = BDFP4__CLIENT_REQUEST__MSG_HEALTH;
+		req.health = &hr;
+		want = BDFP4__CLIENT_REPLY__MSG_HEALTH;
+	}
+	if ((e = send_request(c, &req)) < 0)
 		return e;
 	for (;;) {
-		int64_t left = end - now_ms();
+		int64_t left = end - bd_now_ms();
 
 		if (left <= 0)
 			return -ETIMEDOUT;
@@ -405,15 +413,9 @@ static void fill_health(const Bdfp4__HealthReply *h, struct bd_client_health *re
 
 int bd_client_health(struct bd_client *c, int timeout_ms, struct bd_client_health *ret)
 {
-	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
-	Bdfp4__HealthRequest hr = BDFP4__HEALTH_REQUEST__INIT;
-	int e;
+	int e = ret ? query(c, timeout_ms, false) : -EINVAL;
 
-	if (!c || !ret || timeout_ms < 0)
-		return -EINVAL;
-	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_HEALTH;
-	req.health = &hr;
-	if ((e = sync_call(c, timeout_ms, &req, BDFP4__CLIENT_REPLY__MSG_HEALTH)) < 0)
+	if (e < 0)
 		return e;
 	fill_health(c->last->health, ret);
 	drop_last(c);
@@ -422,16 +424,10 @@ int bd_client_health(struct bd_client *c, int timeout_ms, struct bd_client_healt
 
 int bd_client_info(struct bd_client *c, int timeout_ms, struct bd_client_info *ret)
 {
-	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
-	Bdfp4__InfoRequest ir = BDFP4__INFO_REQUEST__INIT;
 	const Bdfp4__ServerInfo *s;
-	int e;
+	int e = ret ? query(c, timeout_ms, true) : -EINVAL;
 
-	if (!c || !ret || timeout_ms < 0)
-		return -EINVAL;
-	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_INFO;
-	req.info = &ir;
-	if ((e = sync_call(c, timeout_ms, &req, BDFP4__CLIENT_REPLY__MSG_INFO)) < 0)
+	if (e < 0)
 		return e;
 	s = c->last->info;
 	memset(ret, 0, sizeof(*ret));

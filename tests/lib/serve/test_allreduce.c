@@ -24,6 +24,7 @@
 
 #include <criterion/criterion.h>
 
+#include "base/bd_clock.h"
 #include "serve/bd_allreduce.h"
 
 static char dir[64], path[96];
@@ -39,13 +40,6 @@ static void teardown(void)
 {
 	unlink(path);
 	rmdir(dir);
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* xorshift64*: the test's own inputs */
@@ -209,9 +203,9 @@ Test(allreduce, bad_arguments_leave_nothing)
 	cr_assert_eq(bd_allreduce_rank(NULL), -EINVAL);
 
 	/* nobody to join: a bounded wait */
-	int64_t t0 = now_ms();
+	int64_t t0 = bd_now_ms();
 	cr_assert_eq(bd_allreduce_join(a0, 100), -ETIMEDOUT);
-	cr_assert_lt(now_ms() - t0, 2000);
+	cr_assert_lt(bd_now_ms() - t0, 2000);
 	bd_allreduce_close(a0);
 	bd_allreduce_close(NULL);
 
@@ -239,16 +233,16 @@ Test(allreduce, silent_peer_times_out)
 	cr_assert_eq(bd_allreduce_check(a0), 0);
 
 	float buf[3] = { 1, 2, 3 };
-	int64_t t0 = now_ms();
+	int64_t t0 = bd_now_ms();
 	cr_assert_eq(bd_allreduce_sum(a0, buf, 3), -ETIMEDOUT);
-	int64_t dt = now_ms() - t0;
+	int64_t dt = bd_now_ms() - t0;
 	cr_assert(dt >= 250 && dt < 5000, "waited %lld ms for a 300 ms timeout", (long long)dt);
 	cr_assert(buf[0] == 1 && buf[1] == 2 && buf[2] == 3, "a failed round changed the buffer");
 	cr_assert_eq(bd_allreduce_sum(a0, buf, 3), -EPIPE);
 	/* the other side sees the broken session at once instead of waiting */
-	t0 = now_ms();
+	t0 = bd_now_ms();
 	cr_assert_eq(bd_allreduce_sum(a1, buf, 3), -EPIPE);
-	cr_assert_lt(now_ms() - t0, 250);
+	cr_assert_lt(bd_now_ms() - t0, 250);
 	bd_allreduce_close(a0);
 	bd_allreduce_close(a1);
 }
@@ -293,10 +287,10 @@ Test(allreduce, dead_peer_fails_fast_and_rejoin_works)
 	int st;
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	int64_t t0 = now_ms();
+	int64_t t0 = bd_now_ms();
 	b[0] = 5;
 	cr_assert_eq(bd_allreduce_sum(a0, b, 2), -EPIPE);
-	cr_assert_lt(now_ms() - t0, 2000);
+	cr_assert_lt(bd_now_ms() - t0, 2000);
 	cr_assert_eq(b[0], 5);
 
 	/* a new incarnation: both join again; then kill -9 while rank 0 waits in a round */
@@ -316,9 +310,9 @@ Test(allreduce, dead_peer_fails_fast_and_rejoin_works)
 		kill(pid, SIGKILL);
 		_exit(0);
 	}
-	t0 = now_ms();
+	t0 = bd_now_ms();
 	cr_assert_eq(bd_allreduce_sum(a0, b, 2), -EPIPE);
-	int64_t dt = now_ms() - t0;
+	int64_t dt = bd_now_ms() - t0;
 	cr_assert(dt >= 150 && dt < 3000, "dead peer seen after %lld ms", (long long)dt);
 	waitpid(killer, &st, 0);
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
@@ -339,7 +333,7 @@ static void *late_rank1(void *arg)
 	j->rc = bd_allreduce_open(path, 1, 2, 4, 10000, &ar);
 	if (j->rc == 0 && (j->rc = bd_allreduce_join(ar, 10000)) == 0) {
 		usleep(300000);
-		j->arrived_ms = now_ms();
+		j->arrived_ms = bd_now_ms();
 		j->rc = bd_allreduce_sum(ar, NULL, 0);
 	}
 	bd_allreduce_close(ar);
@@ -356,7 +350,7 @@ Test(allreduce, empty_sum_is_a_barrier)
 	cr_assert_eq(bd_allreduce_join(a0, 10000), 0);
 	int rc = bd_allreduce_sum(a0, NULL, 0);
 	cr_assert_eq(rc, 0, "barrier: %d", rc);
-	int64_t done = now_ms();
+	int64_t done = bd_now_ms();
 	pthread_join(th, NULL);
 	cr_assert_eq(j.rc, 0);
 	cr_assert_geq(done, j.arrived_ms, "the barrier let rank 0 through before rank 1 came");
