@@ -293,25 +293,20 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
 }
 
 /* a × (the low or high FP16 of b, in both halves): the broadcast is the HMUL2 operand selector
- * (.H0_H0 / .H1_H1), not an instruction. */
-__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t b)
-{
-	uint32_t d;
-	asm("{.reg .b16 l, h;\n\t.reg .b32 s;\n\tmov.b32 {l, h}, %2;\n\tmov.b32 s, {l, l};\n\t"
-	    "mul.rn.f16x2 %0, %1, s;}"
-	    : "=r"(d)
-	    : "r"(a), "r"(b));
-	return d;
-}
-__device__ __forceinline__ uint32_t hmul2_hi(uint32_t a, uint32_t b)
-{
-	uint32_t d;
-	asm("{.reg .b16 l, h;\n\t.reg .b32 s;\n\tmov.b32 {l, h}, %2;\n\tmov.b32 s, {h, h};\n\t"
-	    "mul.rn.f16x2 %0, %1, s;}"
-	    : "=r"(d)
-	    : "r"(a), "r"(b));
-	return d;
-}
+ * (.H0_H0 / .H1_H1), not an instruction. One PTX template, the half ("l" or "h") pasted in. */
+#define BDK_HMUL2_HALF(name, half)                                                          \
+	__device__ __forceinline__ uint32_t name(uint32_t a, uint32_t b)                    \
+	{                                                                                   \
+		uint32_t d;                                                                 \
+		asm("{.reg .b16 l, h;\n\t.reg .b32 s;\n\tmov.b32 {l, h}, %2;\n\t"              \
+		    "mov.b32 s, {" half ", " half "};\n\tmul.rn.f16x2 %0, %1, s;}"              \
+		    : "=r"(d)                                                               \
+		    : "r"(a), "r"(b));                                                      \
+		return d;                                                                   \
+	}
+BDK_HMUL2_HALF(hmul2_lo, "l")
+BDK_HMUL2_HALF(hmul2_hi, "h")
+#undef BDK_HMUL2_HALF
 
 /* hi·256 + lo (lo < 256: the byte merge) on the FMA pipe; ptxas keeps a PTX mad an IMAD,
  * where it turns the C expression into a PRMT on the integer ALU pipe. */
@@ -335,16 +330,6 @@ __device__ __forceinline__ void fp4x8_h2_fma(uint32_t w, uint32_t (&out)[4])
 	out[1] = __byte_perm(uo, 0, 0x2404);
 	out[2] = ue & 0xff00ff00u;
 	out[3] = uo & 0xff00ff00u;
-}
-
-/* The low (high) FP16 of a pair in both halves. */
-__device__ __forceinline__ uint32_t h2_lo(uint32_t a)
-{
-	return __byte_perm(a, 0, 0x1010);
-}
-__device__ __forceinline__ uint32_t h2_hi(uint32_t a)
-{
-	return __byte_perm(a, 0, 0x3232);
 }
 
 /* Two FP32 to an FP16 pair (x low), round to nearest: exact for the P̃ values. */

@@ -24,16 +24,12 @@
 #include "bd_kcommon.cuh"
 #include "bd_kernels.h"
 
-/* BD_DECODE_V8 (session 3, bench/KERNELS-NOTES.md): 1 = the v8 page loop, 0 = v6 as timed.
- * v8: E4M3 scales broadcast by the HMUL2 operand selector (no PRMT), V scale bytes merged by an
- * IMAD (one cvt per two channel rows), the odd codes' shift on the FMA pipe (fp4x8_h2_fma), and
- * for MODE 0/1 the per-page tile-max __syncthreads split into an mbarrier arrive and wait with
- * the expansion of the first BD_V8_VPRE V row pairs of the page in between. */
-#ifndef BD_DECODE_V8
-#define BD_DECODE_V8 1
-#endif
+/* Switches of the page loop for timing its parts (bench/KERNELS-NOTES.md, v8): BD_V8_SPLIT 0
+ * keeps the per-page __syncthreads for the tile maximum instead of the split mbarrier, so that
+ * the split barrier can be timed alone; BD_V8_VPRE is how many V row pairs are expanded between
+ * the split barrier's arrive and its wait. */
 #ifndef BD_V8_SPLIT
-#define BD_V8_SPLIT 1 /* 0: v8 with the __syncthreads (to time the split barrier alone) */
+#define BD_V8_SPLIT 1
 #endif
 #ifndef BD_V8_VPRE
 #define BD_V8_VPRE 2
@@ -210,6 +206,18 @@ template <int D>
 struct Bf16State {
 	float m[2], l[2];
 	float o[D / 16][4];
+
+	/* no keys yet: m = −inf, ℓ = 0, o = 0 */
+	__device__ __forceinline__ void reset()
+	{
+		m[0] = m[1] = -INFINITY;
+		l[0] = l[1] = 0.0f;
+#pragma unroll
+		for (int mc = 0; mc < D / 16; mc++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				o[mc][e] = 0.0f;
+	}
 };
 
 template <int D, int ROWB, bool KSCALE = false>
@@ -359,13 +367,7 @@ __device__ void bf16_partial(const DecodeParams &p, int b, int h, uint8_t *smem,
 	bf16_qfrag<D>(qbf, p.G, qb);
 
 	Bf16State<D> st;
-	st.m[0] = st.m[1] = -INFINITY;
-	st.l[0] = st.l[1] = 0.0f;
-#pragma unroll
-	for (int mc = 0; mc < D / 16; mc++)
-#pragma unroll
-		for (int e = 0; e < 4; e++)
-			st.o[mc][e] = 0.0f;
+	st.reset();
 	for (int k0 = 0; k0 < rows.cnt; k0 += PCHUNK) {
 		const int n = rows.cnt - k0 < PCHUNK ? rows.cnt - k0 : PCHUNK;
 		for (int e = tid; e < 2 * n * CPR; e += THREADS) {
@@ -517,6 +519,73 @@ __device__ __forceinline__ void finish_group(const DecodeParams &p, int b, int h
 
 /* ---- the FP4 page path ----------------------------------------------------------------------- */
 
+/* Where a warp reads the V rows of a page in shared memory: vcw word t of the warp's tokens in
+ * channel row 0 (rows 64 bytes apart), vsw the NVFP4 V block scale of the thread's tokens in
+ * row 0 (rows 8 bytes apart), vs the MXFP4 V scales [d][4]; the warp and the thread's row g. */
+struct VRows {
+	const uint8_t *vcw, *vsw, *vs;
+	int warp, g;
+};
+
+/* The parts of fp4_decode_kernel's page loop in which its timed versions differ
+ * (bench/KERNELS-NOTES.md), as one policy: how an FP4 word expands, how the E4M3 K scales enter
+ * the HMUL2, how a V row pair is expanded, and whether the tile-maximum barrier may be split.
+ * PageLoop is the product's loop (v8). BD_DECODE_PAGE names the policy the kernel uses, so that
+ * a benchmark translation unit can compile this file with another one
+ * (bench/kernels/decode_v6_sm90.cu, the v6 loop, which bench/kernels/ab.sh times against it).
+ * Every member is straight-line code (no branch on a run-time value): the kernel's loop
+ * structure stays in the kernel, and its code is the same as with the pieces written inline. */
+struct PageLoop {
+	/* mbarriers beyond the stages' (the split tile-maximum barrier), and whether MODE 0/1
+	 * split it (MODE 2 has no registers to spare) */
+	static constexpr int TILE_BARS = 1;
+	static constexpr bool SPLIT = true;
+
+	/* 8 E2M1 codes → 4 FP16 pairs × 2^-14 (fp4x8_h2's bits, odd codes' shift on the FMA pipe) */
+	__device__ static __forceinline__ void expand(uint32_t w, uint32_t (&a)[4])
+	{
+		fp4x8_h2_fma(w, a);
+	}
+
+	/* E4M3 scale bytes s of a K row's blocks (D = 128: two, D = 64: one, high half 0) as the
+	 * row's HMUL2 operands ks[0..1] for its words in the low and high block */
+	template <int D>
+	__device__ static __forceinline__ void kscale(uint32_t s, uint32_t (&ks)[2])
+	{
+		ks[0] = ks[1] = e4m3x2_to_h2(s); /* one FP16 pair; the operand selector broadcasts */
+	}
+
+	/* a × the scale of block hi (ks from kscale) */
+	__device__ static __forceinline__ uint32_t kmul(uint32_t a, const uint32_t (&ks)[2], bool hi)
+	{
+		return hi ? hmul2_hi(a, ks[0]) : hmul2_lo(a, ks[0]);
+	}
+
+	/* V row pair mc of the page (channels c0 = 16mc + g, c1 = c0 + 8) as MMA A halves: NVFP4
+	 * × the V block scales (exact, as fp4x8_h2 says), MXFP4 bare x̂_V */
+	template <bool MX>
+	__device__ static __forceinline__ void vexpand(const VRows &vr, int mc, uint32_t (&a0)[4],
+						       uint32_t (&a1)[4])
+	{
+		const int c0 = 16 * mc + vr.g, c1 = c0 + 8;
+		fp4x8_h2_fma(*(const uint32_t *)(vr.vcw + c0 * 64), a0);
+		fp4x8_h2_fma(*(const uint32_t *)(vr.vcw + c1 * 64), a1);
+		if constexpr (!MX) {
+			/* the two rows' scale bytes merged by an IMAD into one cvt */
+			const uint32_t sc = e4m3x2_to_h2(mad256(vr.vsw[c1 * 8], vr.vsw[c0 * 8]));
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				a0[j] = hmul2_lo(a0[j], sc);
+				a1[j] = hmul2_hi(a1[j], sc);
+			}
+		}
+	}
+};
+
+#ifndef BD_DECODE_PAGE
+#define BD_DECODE_PAGE PageLoop
+#endif
+
 /* MODE 0: one query term, G ≤ 8 (column g = head g; a thread holds heads 2t, 2t+1).
  * MODE 1: two terms, G ≤ 4 (column g = head g/2, term g%2; a thread holds head t).
  * MODE 2: two terms, G ≤ 8, two column tiles (heads t and 4 + t). */
@@ -544,7 +613,7 @@ struct Fp4Cfg {
 	static constexpr int RM_OFF = RED_OFF + 2 * WARPS * 2 * 8 * 4; /* block maxima */
 	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
 	static constexpr int BAR_OFF = RL_OFF + WARPS * 8 * 4;
-	static constexpr int SMEM = BAR_OFF + (STAGES + BD_DECODE_V8) * 8; /* v8: + tile-max bar */
+	static constexpr int SMEM = BAR_OFF + (STAGES + BD_DECODE_PAGE::TILE_BARS) * 8;
 };
 
 /* MX: MXFP4 pages (UE8M0 scales, blocks of 32; NUMERICS.md §2, §6). A warp's 32 tokens are
@@ -559,8 +628,8 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 	using M = ModeT<MODE>;
 	constexpr int NTS = M::NTS, HS = M::HS, KSTEPS = D / 16, W = D / 32, MC = D / 16;
 	constexpr int STAGES = C::STAGES;
-	/* v8: split tile-max barrier for MODE 0/1 (MODE 2 has no registers to spare: v7) */
-	constexpr bool V8 = BD_DECODE_V8 != 0, SPLIT = V8 && BD_V8_SPLIT && MODE != 2;
+	using L = BD_DECODE_PAGE;
+	constexpr bool SPLIT = L::SPLIT && BD_V8_SPLIT && MODE != 2;
 	constexpr int VPRE = SPLIT ? BD_V8_VPRE : 0;
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint8_t *aux = smem + C::AUX_OFF;
@@ -723,7 +792,9 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 					s1 = ks[(r0 + 1) * (D / 16) + t];
 				}
 			}
-			uint32_t s0lo = 0, s0hi = 0, s1lo = 0, s1hi = 0, hk0 = 0, hk1 = 0;
+			/* the HMUL2 scale operands of rows r0 and r0 + 1, for their words in the low
+			 * and the high block */
+			uint32_t ks0[2] = { 0, 0 }, ks1[2] = { 0, 0 };
 			if constexpr (MX) {
 				/* the thread's channels are one MXFP4 block (D = 128: block t; 64: t/2) */
 				const int sb = D == 128 ? t : (t >> 1);
@@ -736,48 +807,31 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				 * largest stay exact, lower ones round (their weight is < 2^-24) */
 				const uint32_t b0 = (uint32_t)(max(e0 - m0 + 15, -14) + 15) << 10;
 				const uint32_t b1 = (uint32_t)(max(e1 - m1 + 15, -14) + 15) << 10;
-				s0lo = s0hi = b0 | (b0 << 16);
-				s1lo = s1hi = b1 | (b1 << 16);
+				ks0[0] = ks0[1] = b0 | (b0 << 16);
+				ks1[0] = ks1[1] = b1 | (b1 << 16);
 				kf[mt][0] = ue8m0_f32((uint32_t)m0); /* × the 1/2 in k1, k2 */
 				kf[mt][1] = ue8m0_f32((uint32_t)m1);
-			} else if constexpr (V8) {
-				/* E4M3 scales of the thread's blocks as one FP16 pair per row (D = 64: one
-				 * block, high half 0); the HMUL2 operand selector broadcasts the half */
-				hk0 = e4m3x2_to_h2(s0);
-				hk1 = e4m3x2_to_h2(s1);
-				kf[mt][0] = kf[mt][1] = gk;
 			} else {
-				/* E4M3 scales of the thread's blocks as FP16 pairs, broadcast per block */
-				const uint32_t h0 = e4m3x2_to_h2(D == 128 ? s0 : __byte_perm(s0, 0, 0x0000));
-				const uint32_t h1 = e4m3x2_to_h2(D == 128 ? s1 : __byte_perm(s1, 0, 0x0000));
-				s0lo = h2_lo(h0);
-				s0hi = h2_hi(h0);
-				s1lo = h2_lo(h1);
-				s1hi = h2_hi(h1);
+				L::template kscale<D>(s0, ks0);
+				L::template kscale<D>(s1, ks1);
 				kf[mt][0] = kf[mt][1] = gk;
 			}
 #pragma unroll
 			for (int wi = 0; wi < W; wi++) {
 				/* word wi of the thread's channels lies in block (D == 128 ? wi/2 : 0) */
-				const uint32_t sc0 = (D == 128 && (wi >> 1)) ? s0hi : s0lo;
-				const uint32_t sc1 = (D == 128 && (wi >> 1)) ? s1hi : s1lo;
+				const bool hi = D == 128 && (wi >> 1);
+				const uint32_t sc0 = hi ? ks0[1] : ks0[0], sc1 = hi ? ks1[1] : ks1[0];
 				uint32_t a0[4], a1[4];
-				if constexpr (V8) {
-					fp4x8_h2_fma(w0[wi], a0);
-					fp4x8_h2_fma(w1[wi], a1);
-				} else {
-					fp4x8_h2(w0[wi], a0);
-					fp4x8_h2(w1[wi], a1);
-				}
+				L::expand(w0[wi], a0);
+				L::expand(w1[wi], a1);
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
-					if constexpr (V8 && !MX) {
-						const bool hi = D == 128 && (wi >> 1);
-						a0[j] = hi ? hmul2_hi(a0[j], hk0) : hmul2_lo(a0[j], hk0);
-						a1[j] = hi ? hmul2_hi(a1[j], hk1) : hmul2_lo(a1[j], hk1);
-					} else {
+					if constexpr (MX) {
 						a0[j] = hmul2(a0[j], sc0);
 						a1[j] = hmul2(a1[j], sc1);
+					} else {
+						a0[j] = L::kmul(a0[j], ks0, hi);
+						a1[j] = L::kmul(a1[j], ks1, hi);
 					}
 				}
 #pragma unroll
@@ -828,23 +882,8 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				red[(((i & 1) * WARPS + warp) * 2 + (g >> 2)) * 8 + M::head(hs, t)] = bm[hs];
 		}
 		fence_proxy_async(); /* this thread's reads of page i-1's stage precede its refill */
-		const uint8_t *vcw = vc + 16 * warp + 4 * t;   /* word t of the warp's tokens */
-		const uint8_t *vsw = vs + 2 * warp + (t >> 1); /* its V block's scale */
-		/* v8: V row pair mc (channels c0 = 16mc + g, c1 = c0 + 8) of the page as MMA A halves,
-		 * NVFP4: × the V block scales (exact as fp4x8_h2 says); MXFP4: bare x̂_V */
-		auto vexpand = [&](int mc, uint32_t(&a0)[4], uint32_t(&a1)[4]) {
-			const int c0 = 16 * mc + g, c1 = c0 + 8;
-			fp4x8_h2_fma(*(const uint32_t *)(vcw + c0 * 64), a0);
-			fp4x8_h2_fma(*(const uint32_t *)(vcw + c1 * 64), a1);
-			if constexpr (!MX) {
-				const uint32_t sc = e4m3x2_to_h2(mad256(vsw[c1 * 8], vsw[c0 * 8]));
-#pragma unroll
-				for (int j = 0; j < 4; j++) {
-					a0[j] = hmul2_lo(a0[j], sc);
-					a1[j] = hmul2_hi(a1[j], sc);
-				}
-			}
-		};
+		/* word t of the warp's tokens, its V block's scale */
+		const VRows vr = { vc + 16 * warp + 4 * t, vs + 2 * warp + (t >> 1), vs, warp, g };
 		uint32_t vpre[VPRE > 0 ? VPRE : 1][2][4];
 		if constexpr (SPLIT) {
 			/* every thread arrives (release of its maxima and its reads of page i-1),
@@ -852,7 +891,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 			mbar_arrive(&bar[STAGES]);
 #pragma unroll
 			for (int mc = 0; mc < VPRE; mc++)
-				vexpand(mc, vpre[mc][0], vpre[mc][1]);
+				L::template vexpand<MX>(vr, mc, vpre[mc][0], vpre[mc][1]);
 			mbar_wait(&bar[STAGES], (uint32_t)i & 1u);
 		} else {
 			__syncthreads();
@@ -939,79 +978,37 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 		for (int mc = 0; mc < MC; mc++) {
 			const int c0 = 16 * mc + g, c1 = c0 + 8;
-			if constexpr (V8) {
-				uint32_t a0[4], a1[4];
-				if (mc < VPRE) {
+			uint32_t a0[4], a1[4];
+			if (mc < VPRE) {
 #pragma unroll
-					for (int j = 0; j < 4; j++) {
-						a0[j] = vpre[mc < VPRE ? mc : 0][0][j];
-						a1[j] = vpre[mc < VPRE ? mc : 0][1][j];
-					}
-				} else {
-					vexpand(mc, a0, a1);
+				for (int j = 0; j < 4; j++) {
+					a0[j] = vpre[mc < VPRE ? mc : 0][0][j];
+					a1[j] = vpre[mc < VPRE ? mc : 0][1][j];
 				}
-				float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-				if constexpr (!MX) {
-#pragma unroll
-					for (int e = 0; e < 4; e++)
-						o[mc][e] = o[mc][e] * fct[e & 1];
-				}
-#pragma unroll
-				for (int ks2 = 0; ks2 < 2; ks2++) {
-					const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1],
-								a1[2 * ks2 + 1] };
-					mma_f16(MX ? acc : o[mc], a, bfr[ks2][0], bfr[ks2][1]);
-				}
-				if constexpr (MX) {
-					const float sv0 = ue8m0_f32(vs[c0 * 4 + warp]);
-					const float sv1 = ue8m0_f32(vs[c1 * 4 + warp]);
-#pragma unroll
-					for (int e = 0; e < 4; e++)
-						o[mc][e] = __fmaf_rn(acc[e], (e < 2 ? sv0 : sv1) * sph[e & 1],
-								     o[mc][e] * fct[e & 1]);
-				}
-				continue;
+			} else {
+				L::template vexpand<MX>(vr, mc, a0, a1);
 			}
-			const uint32_t x0 = *(const uint32_t *)(vcw + c0 * 64);
-			const uint32_t x1 = *(const uint32_t *)(vcw + c1 * 64);
+			float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+			if constexpr (!MX) {
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					o[mc][e] = o[mc][e] * fct[e & 1];
+			}
+#pragma unroll
+			for (int ks2 = 0; ks2 < 2; ks2++) {
+				const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1],
+							a1[2 * ks2 + 1] };
+				mma_f16(MX ? acc : o[mc], a, bfr[ks2][0], bfr[ks2][1]);
+			}
 			if constexpr (MX) {
-				/* V scales [d][4]: channel c's block of the warp's tokens is byte 4c + w */
+				/* V scales [d][4]: channel c's block of the warp's tokens is byte 4c + w;
+				 * element e: channel c0 (e < 2) or c1, head column e & 1 */
 				const float sv0 = ue8m0_f32(vs[c0 * 4 + warp]);
 				const float sv1 = ue8m0_f32(vs[c1 * 4 + warp]);
-				uint32_t a0[4], a1[4];
-				fp4x8_h2(x0, a0);
-				fp4x8_h2(x1, a1);
-				float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-#pragma unroll
-				for (int ks2 = 0; ks2 < 2; ks2++) {
-					const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1],
-								a1[2 * ks2 + 1] };
-					mma_f16(acc, a, bfr[ks2][0], bfr[ks2][1]);
-				}
-				/* element e: channel c0 (e < 2) or c1, head column e & 1 */
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					o[mc][e] = __fmaf_rn(acc[e], (e < 2 ? sv0 : sv1) * sph[e & 1],
 							     o[mc][e] * fct[e & 1]);
-				continue;
-			}
-			const uint32_t sc0 = e4m3x2_to_h2(__byte_perm((uint32_t)vsw[c0 * 8], 0, 0x0000));
-			const uint32_t sc1 = e4m3x2_to_h2(__byte_perm((uint32_t)vsw[c1 * 8], 0, 0x0000));
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				o[mc][e] = o[mc][e] * fct[e & 1];
-			uint32_t a0[4], a1[4];
-			fp4x8_h2(x0, a0);
-			fp4x8_h2(x1, a1);
-#pragma unroll
-			for (int j = 0; j < 4; j++) {
-				a0[j] = hmul2(a0[j], sc0);
-				a1[j] = hmul2(a1[j], sc1);
-			}
-#pragma unroll
-			for (int ks2 = 0; ks2 < 2; ks2++) {
-				const uint32_t a[4] = { a0[2 * ks2], a1[2 * ks2], a0[2 * ks2 + 1], a1[2 * ks2 + 1] };
-				mma_f16(o[mc], a, bfr[ks2][0], bfr[ks2][1]);
 			}
 		}
 	}
@@ -1109,13 +1106,7 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 	bf16_qfrag<D>(qbf, p.G, qb);
 
 	Bf16State<D> st;
-	st.m[0] = st.m[1] = -INFINITY;
-	st.l[0] = st.l[1] = 0.0f;
-#pragma unroll
-	for (int mc = 0; mc < D / 16; mc++)
-#pragma unroll
-		for (int e = 0; e < 4; e++)
-			st.o[mc][e] = 0.0f;
+	st.reset();
 	for (int i = 0; i < np; i++) {
 		cp_async_wait<STAGES - 2>();
 		__syncthreads(); /* page i landed for everyone; page i-1's stage is free */
@@ -1271,13 +1262,7 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 	bf16_qfrag<D>(qbf, p.G, qb);
 
 	Bf16State<D> st;
-	st.m[0] = st.m[1] = -INFINITY;
-	st.l[0] = st.l[1] = 0.0f;
-#pragma unroll
-	for (int mc = 0; mc < D / 16; mc++)
-#pragma unroll
-		for (int e = 0; e < 4; e++)
-			st.o[mc][e] = 0.0f;
+	st.reset();
 	/* o is kept in units of the current page's g_V·2^14 (V carries 2^-14): rescaled by
 	 * g_prev/g_cur when a page starts, so the MMAs add the page's P̃·ŝv and g_V is applied
 	 * per page as NUMERICS.md §6 says. Garbage g of a flagged page id is clamped so that o

@@ -1,13 +1,15 @@
 #!/bin/bash
 # ab.sh — one device call that compares two builds of the decode kernels side by side
-# (bench/KERNELS-NOTES.md "Session 3"): builds gpu_check and bench_kernels twice, sm_90a only,
-# "old" with AB_OLD and "new" with AB_NEW as EXTRA_NVCCFLAGS (default: -DBD_DECODE_V8=0, i.e.
-# v6, against the default v8), runs gpu_check on new (compute-sanitizer memcheck and racecheck
-# --small beside it: v8 replaces a __syncthreads by an mbarrier), then bench_kernels for old,
-# new, old, new at one point and prints a table of the four times and new/old.
+# (bench/KERNELS-NOTES.md, v8): builds gpu_check and bench_kernels twice, sm_90a only, "old"
+# with the decode kernels from AB_OLD_SRC and AB_OLD as EXTRA_NVCCFLAGS, "new" from AB_NEW_SRC
+# with AB_NEW (default: bench/kernels/decode_v6_sm90.cu, the v6 page loop, against the
+# product's kernels/decode_sm90.cu, v8), runs gpu_check on new (compute-sanitizer memcheck and
+# racecheck --small beside it: v8 replaces a __syncthreads by an mbarrier), then bench_kernels
+# for old, new, old, new at one point and prints a table of the four times and new/old.
 #
 #   bench/kernels/ab.sh            from the repository root; logs under $OUT (or ./out)
-# Environment: AB_OLD, AB_NEW (compile flags), AB_BUILD (build directory prefix, default
+# Environment: AB_OLD_SRC, AB_NEW_SRC (the decode kernels' translation unit, make's
+# DECODE_SRC), AB_OLD, AB_NEW (compile flags), AB_BUILD (build directory prefix, default
 # build-ab: build-ab-old and build-ab-new), AB_BENCH (bench_kernels arguments, default
 # --B 1,64 --N 131072 --cfg bitdecoding-nvfp4 --reps 20), AB_SAN=0 skips the sanitizers,
 # BD_GPU_CAPTURE (real-KV file for gpu_check, as in run.sh). Exit status: non-zero when a build,
@@ -16,7 +18,9 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 PFX=${AB_BUILD:-build-ab}
-OLD_FLAGS=${AB_OLD--DBD_DECODE_V8=0}
+OLD_SRC=${AB_OLD_SRC:-bench/kernels/decode_v6_sm90.cu}
+NEW_SRC=${AB_NEW_SRC:-kernels/decode_sm90.cu}
+OLD_FLAGS=${AB_OLD-}
 NEW_FLAGS=${AB_NEW-}
 BENCH=${AB_BENCH:---B 1,64 --N 131072 --cfg bitdecoding-nvfp4 --reps 20}
 SAN=${AB_SAN:-1}
@@ -26,24 +30,26 @@ T0=$(date +%s)
 rc=0
 step() { echo "=== $1 (+$(($(date +%s) - T0)) s)"; }
 
-step "build old [$OLD_FLAGS] and new [$NEW_FLAGS], sm_90a"
+step "build old [$OLD_SRC $OLD_FLAGS] and new [$NEW_SRC $NEW_FLAGS], sm_90a"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -2
-build() { # dir flags log
-	timeout 300 make --no-print-directory BUILD="$1" GENCODE_BW= \
-		EXTRA_NVCCFLAGS="$2" -j"$JOBS" "$1/bin/gpu_check" "$1/bin/bench_kernels" \
-		>"$3" 2>&1
+build() { # dir source flags log
+	timeout 300 make --no-print-directory BUILD="$1" GENCODE_BW= DECODE_SRC="$2" \
+		EXTRA_NVCCFLAGS="$3" -j"$JOBS" "$1/bin/gpu_check" "$1/bin/bench_kernels" \
+		>"$4" 2>&1
 }
-build "$PFX-old" "$OLD_FLAGS" "$OUT/ab_build_old.log" &
+build "$PFX-old" "$OLD_SRC" "$OLD_FLAGS" "$OUT/ab_build_old.log" &
 p_old=$!
-build "$PFX-new" "$NEW_FLAGS" "$OUT/ab_build_new.log" &
+build "$PFX-new" "$NEW_SRC" "$NEW_FLAGS" "$OUT/ab_build_new.log" &
 p_new=$!
 wait $p_old
 r_old=$?
 wait $p_new
 r_new=$?
+obj_old="$PFX-old/${OLD_SRC%.cu}.o"
+obj_new="$PFX-new/${NEW_SRC%.cu}.o"
 for s in old new; do
-	r=$r_old
-	[ $s = new ] && r=$r_new
+	r=$r_old obj=$obj_old
+	[ $s = new ] && r=$r_new obj=$obj_new
 	if [ "$r" != 0 ]; then
 		echo "BUILD $s FAILED (exit $r)"
 		grep -E "error|Error" "$OUT/ab_build_$s.log" | head -20
@@ -52,7 +58,7 @@ for s in old new; do
 	fi
 	# registers and local memory (spills) of the FP4 decode kernels, <D,MODE,NV|MX>
 	CO=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-	"$CO" --dump-resource-usage "$PFX-$s/kernels/decode_sm90.o" 2>/dev/null |
+	"$CO" --dump-resource-usage "$obj" 2>/dev/null |
 		awk -v s=$s '/Function .*fp4_decode_kernel/ { match($0, /ILi[0-9]+ELi[0-9]ELb[01]/)
 				k = substr($0, RSTART, RLENGTH); gsub(/ILi|ELi|ELb/, " ", k); split(k, a, " ")
 				name = "<" a[1] "," a[2] "," (a[3] == 1 ? "MX" : "NV") ">"; next }
@@ -61,8 +67,8 @@ for s in old new; do
 done
 
 # static SASS of the page loops, by pipe (bench/kernels/sass_loop.py)
-"$CO" --dump-sass "$PFX-old/kernels/decode_sm90.o" >"$OUT/ab_old.sass" 2>/dev/null
-"$CO" --dump-sass "$PFX-new/kernels/decode_sm90.o" >"$OUT/ab_new.sass" 2>/dev/null
+"$CO" --dump-sass "$obj_old" >"$OUT/ab_old.sass" 2>/dev/null
+"$CO" --dump-sass "$obj_new" >"$OUT/ab_new.sass" 2>/dev/null
 python3 bench/kernels/sass_loop.py "$OUT/ab_old.sass" "$OUT/ab_new.sass" 2>&1 | grep -E "kernel|<128"
 gzip -f "$OUT/ab_old.sass" "$OUT/ab_new.sass"
 
