@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,7 +25,7 @@
 struct bd_gguf {
 	const uint8_t *base;
 	size_t size;
-	bool mapped;
+	struct bd_mapfile file; /* the mapping of bd_gguf_open (zeroed for a memory image) */
 	uint32_t version;
 	size_t alignment, data_offset;
 
@@ -360,8 +359,7 @@ void bd_gguf_free(struct bd_gguf *g)
 	free(g->kv_sorted);
 	free(g->tensors);
 	free(g->t_sorted);
-	if (g->mapped)
-		munmap((void *)g->base, g->size);
+	bd_mapfile_close(&g->file);
 	free(g);
 }
 
@@ -473,14 +471,32 @@ static int parse(struct bd_gguf *g, char *err)
 	return 0;
 }
 
-/* Parse g->base[g->size]; on success hand g out, on failure free it. */
-static int finish(struct bd_gguf *g, struct bd_gguf **ret, char *ret_err)
+/* Parse the image base[size]: a mapping the handle takes over (file), or memory the caller
+ * keeps (file NULL). On success hand the handle out; on failure free it (and the mapping) and
+ * name path, if any, in front of the parser's message. */
+static int open_image(const void *base, size_t size, struct bd_mapfile *file,
+		      const char *path, struct bd_gguf **ret, char *ret_err)
 {
+	static const uint8_t empty[1];
+	struct bd_gguf *g = calloc(1, sizeof(*g));
+	if (!g) {
+		bd_mapfile_close(file);
+		return fail(ret_err, -ENOMEM, "out of memory");
+	}
+	g->base = base ? base : empty;
+	g->size = size;
+	if (file)
+		g->file = *file;
 	if (ret_err)
 		ret_err[0] = 0;
 	int r = parse(g, ret_err);
 	if (r < 0) {
 		bd_gguf_free(g);
+		if (path && ret_err) {
+			char msg[BD_GGUF_ERR_MAX];
+			snprintf(msg, sizeof(msg), "%s", ret_err);
+			fail(ret_err, r, "%s: %s", path, msg);
+		}
 		return r;
 	}
 	*ret = g;
@@ -491,13 +507,7 @@ int bd_gguf_open_mem(const void *buf, size_t size, struct bd_gguf **ret, char *r
 {
 	if (!ret || (!buf && size))
 		return fail(ret_err, -EINVAL, "invalid argument");
-	struct bd_gguf *g = calloc(1, sizeof(*g));
-	if (!g)
-		return fail(ret_err, -ENOMEM, "out of memory");
-	static const uint8_t empty[1];
-	g->base = buf ? buf : empty;
-	g->size = size;
-	return finish(g, ret, ret_err);
+	return open_image(buf, size, NULL, NULL, ret, ret_err);
 }
 
 int bd_gguf_open(const char *path, struct bd_gguf **ret, char *ret_err)
@@ -508,22 +518,7 @@ int bd_gguf_open(const char *path, struct bd_gguf **ret, char *ret_err)
 	int e = bd_mapfile_open(path, &file, ret_err, BD_GGUF_ERR_MAX);
 	if (e < 0)
 		return e;
-	struct bd_gguf *g = calloc(1, sizeof(*g));
-	if (!g) {
-		bd_mapfile_close(&file);
-		return fail(ret_err, -ENOMEM, "out of memory");
-	}
-	g->base = file.base;
-	g->size = file.size;
-	g->mapped = file.mapped;
-	int r = finish(g, ret, ret_err);
-	if (r < 0 && ret_err) {
-		/* name the file in front of the parser's message */
-		char msg[BD_GGUF_ERR_MAX];
-		snprintf(msg, sizeof(msg), "%s", ret_err);
-		fail(ret_err, r, "%s: %s", path, msg);
-	}
-	return r;
+	return open_image(file.base, file.size, &file, path, ret, ret_err);
 }
 
 uint32_t bd_gguf_version(const struct bd_gguf *g)

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,7 +33,7 @@ struct meta {
 struct bd_st {
 	const uint8_t *base;
 	size_t size;
-	bool mapped;
+	struct bd_mapfile file; /* the mapping of bd_st_open (zeroed for a memory image) */
 	size_t header_len, data_offset;
 	json_t *root; /* owns every name, key and value string handed out */
 
@@ -289,11 +288,30 @@ static int parse(struct bd_st *st, char *err)
 	return 0;
 }
 
-static int finish(struct bd_st *st, struct bd_st **ret, char *err)
+/* Parse the image base[size]: a mapping the handle takes over (file), or memory the caller
+ * keeps (file NULL). On success hand the handle out; on failure free it (and the mapping) and
+ * name path, if any, in front of the parser's message. */
+static int open_image(const void *base, size_t size, struct bd_mapfile *file,
+		      const char *path, struct bd_st **ret, char *ret_err)
 {
-	int r = parse(st, err);
+	static const uint8_t empty[1];
+	struct bd_st *st = calloc(1, sizeof(*st));
+	if (!st) {
+		bd_mapfile_close(file);
+		return fail(ret_err, -ENOMEM, "out of memory");
+	}
+	st->base = base ? base : empty;
+	st->size = size;
+	if (file)
+		st->file = *file;
+	int r = parse(st, ret_err);
 	if (r < 0) {
 		bd_st_free(st);
+		if (path && ret_err) {
+			char msg[BD_ST_ERR_MAX];
+			snprintf(msg, sizeof(msg), "%s", ret_err);
+			fail(ret_err, r, "%s: %s", path, msg);
+		}
 		return r;
 	}
 	*ret = st;
@@ -306,13 +324,7 @@ int bd_st_open_mem(const void *buf, size_t size, struct bd_st **ret, char *ret_e
 		ret_err[0] = 0;
 	if ((!buf && size) || !ret)
 		return fail(ret_err, -EINVAL, "invalid argument");
-	struct bd_st *st = calloc(1, sizeof(*st));
-	if (!st)
-		return fail(ret_err, -ENOMEM, "out of memory");
-	static const uint8_t empty[1];
-	st->base = buf ? buf : empty;
-	st->size = size;
-	return finish(st, ret, ret_err);
+	return open_image(buf, size, NULL, NULL, ret, ret_err);
 }
 
 int bd_st_open(const char *path, struct bd_st **ret, char *ret_err)
@@ -325,22 +337,7 @@ int bd_st_open(const char *path, struct bd_st **ret, char *ret_err)
 	int e = bd_mapfile_open(path, &file, ret_err, BD_ST_ERR_MAX);
 	if (e < 0)
 		return e;
-	struct bd_st *st = calloc(1, sizeof(*st));
-	if (!st) {
-		bd_mapfile_close(&file);
-		return fail(ret_err, -ENOMEM, "out of memory");
-	}
-	st->base = file.base;
-	st->size = file.size;
-	st->mapped = file.mapped;
-	int r = finish(st, ret, ret_err);
-	if (r < 0 && ret_err) {
-		/* name the file in front of the parser's message */
-		char msg[BD_ST_ERR_MAX];
-		snprintf(msg, sizeof(msg), "%s", ret_err);
-		fail(ret_err, r, "%s: %s", path, msg);
-	}
-	return r;
+	return open_image(file.base, file.size, &file, path, ret, ret_err);
 }
 
 void bd_st_free(struct bd_st *st)
@@ -351,8 +348,7 @@ void bd_st_free(struct bd_st *st)
 	free(st->t_sorted);
 	free(st->meta);
 	json_decref(st->root);
-	if (st->mapped)
-		munmap((void *)st->base, st->size);
+	bd_mapfile_close(&st->file);
 	free(st);
 }
 

@@ -16,11 +16,11 @@ struct bd_seq {
 	bool own_mem;
 	const struct bd_layout *lay; /* &mem->lay */
 	void *slot;
-	int32_t *block_table; /* [max_pages] */
-	uint8_t *drawn;       /* [max_pages]: the page came from mem (freed with the sequence) */
+	int32_t *block_table; /* [max_pages + 1] (in pages[]) */
+	uint8_t *drawn;       /* [max_pages + 1]: the page came from mem (freed with the sequence) */
 	int n_full;           /* pages promoted */
 	int max_pages;
-	int32_t *given;       /* [max_pages] pages handed in by bd_seq_give_pages */
+	int32_t *given;       /* [max_pages + 1] pages handed in by bd_seq_give_pages */
 	int n_given, given_next;
 	int n_tokens, max_tokens;
 	bool failed;          /* a forward pass failed after writing: every call is -EIO */
@@ -32,6 +32,7 @@ struct bd_seq {
 	void *hook_ctx;
 	bd_model_allreduce_fn allreduce; /* NULL: one rank */
 	void *allreduce_ctx;
+	int32_t pages[];      /* block_table, then given, then drawn's bytes */
 };
 
 /* Write one position's K and V of layer l into the slot: k, v [Hkv'][d] post-RoPE FP32

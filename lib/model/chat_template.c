@@ -12,63 +12,88 @@
 
 #define fail(err, code, ...) bd_errf((err), BD_CHAT_ERR_MAX, (code), __VA_ARGS__)
 
-/* ---- terms: what a template emits ---------------------------------------------------------- */
+/* ---- pieces of text ------------------------------------------------------------------------ */
 
-enum term_kind { T_LIT, T_ROLE, T_CONTENT };
-
-struct term {
-	enum term_kind kind;
-	char *s; /* T_LIT: template text (special tokens in it are recognized) */
+/* A piece of text with a kind: a token of a tag (enum jtok_kind) or a term a template emits
+ * (enum term_kind). s is a NUL-terminated copy of len bytes, or NULL (a term that stands for
+ * a message's role or content). */
+struct piece {
+	int kind;
+	char *s;
 	size_t len;
 };
 
-struct terms {
-	struct term *t;
+struct pieces {
+	struct piece *t;
 	size_t n;
 };
+
+static void pieces_free(struct pieces *p)
+{
+	for (size_t i = 0; i < p->n; i++)
+		free(p->t[i].s);
+	free(p->t);
+	p->t = NULL;
+	p->n = 0;
+}
+
+/* Append a piece, copying s[len] (s NULL: no text). */
+static int pieces_add(struct pieces *p, int kind, const char *s, size_t len)
+{
+	struct piece *t = realloc(p->t, (p->n + 1) * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	p->t = t;
+	char *c = NULL;
+	if (s) {
+		if (!(c = malloc(len + 1)))
+			return -ENOMEM;
+		memcpy(c, s, len);
+		c[len] = '\0';
+	}
+	t[p->n++] = (struct piece){ .kind = kind, .s = c, .len = s ? len : 0 };
+	return 0;
+}
+
+/* ---- terms: what a template emits ---------------------------------------------------------- */
+
+/* T_LIT: template text (special tokens in it are recognized); T_ROLE, T_CONTENT: the
+ * message's. */
+enum term_kind { T_LIT, T_ROLE, T_CONTENT };
 
 /* A recognized template: the terms before, in and after the loop over the messages, the
  * default system text before a first message that is not a system one, and the generation
  * prompt. */
 struct bd_chat_template {
-	struct terms prefix;   /* once, before the loop */
-	struct terms def_sys;  /* literals only; n == 0: none */
+	struct pieces prefix;   /* once, before the loop */
+	struct pieces def_sys;  /* literals only; n == 0: none */
 	bool has_def_sys;
-	struct terms body;     /* per message */
-	struct terms suffix;   /* once, after the loop */
-	struct terms gen;      /* if add_generation_prompt */
-	struct terms tail;     /* once, at the end */
+	struct pieces body;     /* per message */
+	struct pieces suffix;   /* once, after the loop */
+	struct pieces gen;      /* if add_generation_prompt */
+	struct pieces tail;     /* once, at the end */
 };
-
-static void terms_free(struct terms *ts)
-{
-	for (size_t i = 0; i < ts->n; i++)
-		free(ts->t[i].s);
-	free(ts->t);
-	ts->t = NULL;
-	ts->n = 0;
-}
 
 void bd_chat_template_free(struct bd_chat_template *c)
 {
 	if (!c)
 		return;
-	terms_free(&c->prefix);
-	terms_free(&c->def_sys);
-	terms_free(&c->body);
-	terms_free(&c->suffix);
-	terms_free(&c->gen);
-	terms_free(&c->tail);
+	pieces_free(&c->prefix);
+	pieces_free(&c->def_sys);
+	pieces_free(&c->body);
+	pieces_free(&c->suffix);
+	pieces_free(&c->gen);
+	pieces_free(&c->tail);
 	free(c);
 }
 
 /* Append a term, joining adjacent literals. */
-static int terms_add(struct terms *ts, enum term_kind k, const char *s, size_t len)
+static int terms_add(struct pieces *ts, enum term_kind k, const char *s, size_t len)
 {
 	if (k == T_LIT && len == 0)
 		return 0;
 	if (k == T_LIT && ts->n && ts->t[ts->n - 1].kind == T_LIT) {
-		struct term *last = &ts->t[ts->n - 1];
+		struct piece *last = &ts->t[ts->n - 1];
 		char *p = realloc(last->s, last->len + len + 1);
 		if (!p)
 			return -ENOMEM;
@@ -78,60 +103,13 @@ static int terms_add(struct terms *ts, enum term_kind k, const char *s, size_t l
 		last->s = p;
 		return 0;
 	}
-	struct term *t = realloc(ts->t, (ts->n + 1) * sizeof(*t));
-	if (!t)
-		return -ENOMEM;
-	ts->t = t;
-	t[ts->n] = (struct term){ .kind = k };
-	if (k == T_LIT) {
-		t[ts->n].s = malloc(len + 1);
-		if (!t[ts->n].s)
-			return -ENOMEM;
-		memcpy(t[ts->n].s, s, len);
-		t[ts->n].s[len] = '\0';
-		t[ts->n].len = len;
-	}
-	ts->n++;
-	return 0;
+	return pieces_add(ts, k, k == T_LIT ? s : NULL, len);
 }
+
+/* ---- the template's text: tags, their tokens -------------------------------------------- */
 
 /* Jinja expression tokens: identifiers, string literals (unescaped), punctuation. */
 enum jtok_kind { J_IDENT, J_STR, J_NUM, J_OP };
-
-struct jtok {
-	enum jtok_kind kind;
-	char *s;
-	size_t len;
-};
-
-struct jtoks {
-	struct jtok *t;
-	size_t n;
-};
-
-static void jtoks_free(struct jtoks *j)
-{
-	for (size_t i = 0; i < j->n; i++)
-		free(j->t[i].s);
-	free(j->t);
-	j->t = NULL;
-	j->n = 0;
-}
-
-static int jtoks_add(struct jtoks *j, enum jtok_kind k, const char *s, size_t len)
-{
-	struct jtok *t = realloc(j->t, (j->n + 1) * sizeof(*t));
-	if (!t)
-		return -ENOMEM;
-	j->t = t;
-	char *c = malloc(len + 1);
-	if (!c)
-		return -ENOMEM;
-	memcpy(c, s, len);
-	c[len] = '\0';
-	t[j->n++] = (struct jtok){ .kind = k, .s = c, .len = len };
-	return 0;
-}
 
 static int hexval(char c)
 {
@@ -181,7 +159,7 @@ static int unescape(const char *s, size_t n, char *out, size_t *ret_len)
 }
 
 /* Lex the inside of a tag. ".name" becomes "[ 'name' ]" so both spellings compare equal. */
-static int jlex(const char *s, size_t n, struct jtoks *out)
+static int jlex(const char *s, size_t n, struct pieces *out)
 {
 	size_t i = 0;
 	while (i < n) {
@@ -197,11 +175,11 @@ static int jlex(const char *s, size_t n, struct jtoks *out)
 			if (attr) {
 				free(out->t[out->n - 1].s);
 				out->n--;
-				if (jtoks_add(out, J_OP, "[", 1) < 0 ||
-				    jtoks_add(out, J_STR, s + i, j - i) < 0 ||
-				    jtoks_add(out, J_OP, "]", 1) < 0)
+				if (pieces_add(out, J_OP, "[", 1) < 0 ||
+				    pieces_add(out, J_STR, s + i, j - i) < 0 ||
+				    pieces_add(out, J_OP, "]", 1) < 0)
 					return -ENOMEM;
-			} else if (jtoks_add(out, J_IDENT, s + i, j - i) < 0) {
+			} else if (pieces_add(out, J_IDENT, s + i, j - i) < 0) {
 				return -ENOMEM;
 			}
 			i = j;
@@ -209,7 +187,7 @@ static int jlex(const char *s, size_t n, struct jtoks *out)
 			size_t j = i;
 			while (j < n && isdigit((unsigned char)s[j]))
 				j++;
-			if (jtoks_add(out, J_NUM, s + i, j - i) < 0)
+			if (pieces_add(out, J_NUM, s + i, j - i) < 0)
 				return -ENOMEM;
 			i = j;
 		} else if (c == '\'' || c == '"') {
@@ -222,14 +200,14 @@ static int jlex(const char *s, size_t n, struct jtoks *out)
 			char *u = malloc(j - i);
 			int r = u ? unescape(s + i + 1, j - i - 1, u, &ul) : -ENOMEM;
 			if (r == 0)
-				r = jtoks_add(out, J_STR, u, ul);
+				r = pieces_add(out, J_STR, u, ul);
 			free(u);
 			if (r < 0)
 				return r;
 			i = j + 1;
 		} else {
 			size_t l = (i + 1 < n && s[i + 1] == '=' && strchr("!=<>", c)) ? 2 : 1;
-			if (jtoks_add(out, J_OP, s + i, l) < 0)
+			if (pieces_add(out, J_OP, s + i, l) < 0)
 				return -ENOMEM;
 			i += l;
 		}
@@ -238,14 +216,14 @@ static int jlex(const char *s, size_t n, struct jtoks *out)
 }
 
 /* Whether the tag's tokens equal the tokens of pattern. */
-static bool jmatch(const struct jtoks *j, const char *pattern)
+static bool jmatch(const struct pieces *j, const char *pattern)
 {
-	struct jtoks p = { 0 };
+	struct pieces p = { 0 };
 	bool eq = jlex(pattern, strlen(pattern), &p) == 0 && p.n == j->n;
 	for (size_t i = 0; eq && i < j->n; i++)
 		eq = p.t[i].kind == j->t[i].kind && p.t[i].len == j->t[i].len &&
 		     memcmp(p.t[i].s, j->t[i].s, j->t[i].len) == 0;
-	jtoks_free(&p);
+	pieces_free(&p);
 	return eq;
 }
 
@@ -253,7 +231,7 @@ enum item_kind { I_RAW, I_OUT, I_STMT };
 
 struct item {
 	enum item_kind kind;
-	struct jtoks toks; /* I_OUT, I_STMT */
+	struct pieces toks; /* I_OUT, I_STMT */
 	char *raw;         /* I_RAW: the text as rendered (whitespace control applied) */
 	size_t raw_len;
 };
@@ -266,7 +244,7 @@ struct items {
 static void items_free(struct items *it)
 {
 	for (size_t i = 0; i < it->n; i++) {
-		jtoks_free(&it->v[i].toks);
+		pieces_free(&it->v[i].toks);
 		free(it->v[i].raw);
 	}
 	free(it->v);
@@ -330,7 +308,7 @@ static int jsplit(const char *s, size_t n, struct items *out, char *err)
 			int r = jlex(s + body, e - rstrip_mark - body, &it.toks);
 			struct item *v = r < 0 ? NULL : realloc(out->v, (out->n + 1) * sizeof(*v));
 			if (!v) {
-				jtoks_free(&it.toks);
+				pieces_free(&it.toks);
 				return r == -ENOTSUP ? fail(err, r, "chat template: a string literal "
 							    "at byte %zu is not understood", t)
 						     : -ENOMEM;
@@ -347,13 +325,13 @@ static int jsplit(const char *s, size_t n, struct items *out, char *err)
 
 /* The output of a {{ }} tag: operand (+|~ operand)*, operands being string literals,
  * message['role'], message['content'], bos_token and eos_token. */
-static int parse_out(const struct bd_chat_specials *sp, const struct jtoks *j, struct terms *ts)
+static int parse_out(const struct bd_chat_specials *sp, const struct pieces *j, struct pieces *ts)
 {
 	size_t i = 0;
 	for (;;) {
 		if (i >= j->n)
 			return -ENOTSUP;
-		const struct jtok *a = &j->t[i];
+		const struct piece *a = &j->t[i];
 		int r;
 		if (a->kind == J_STR) {
 			r = terms_add(ts, T_LIT, a->s, a->len);
@@ -390,7 +368,7 @@ static int parse_out(const struct bd_chat_specials *sp, const struct jtoks *j, s
 
 /* Output items (raw text and {{ }}) from *pos up to the next statement. */
 static int parse_outs(const struct bd_chat_specials *sp, const struct items *it, size_t *pos,
-		      struct terms *ts)
+		      struct pieces *ts)
 {
 	for (; *pos < it->n && it->v[*pos].kind != I_STMT; (*pos)++) {
 		const struct item *x = &it->v[*pos];
@@ -407,7 +385,7 @@ static bool stmt_is(const struct items *it, size_t pos, const char *pattern)
 	return pos < it->n && it->v[pos].kind == I_STMT && jmatch(&it->v[pos].toks, pattern);
 }
 
-static bool terms_literal(const struct terms *ts)
+static bool terms_literal(const struct pieces *ts)
 {
 	for (size_t i = 0; i < ts->n; i++)
 		if (ts->t[i].kind != T_LIT)
@@ -485,11 +463,11 @@ out:
 
 /* ---- applying ------------------------------------------------------------------------------ */
 
-static int emit_terms(const struct terms *ts, const struct bd_chat_msg *m,
+static int emit_terms(const struct pieces *ts, const struct bd_chat_msg *m,
 		      const struct bd_chat_emit *o)
 {
 	for (size_t i = 0; i < ts->n; i++) {
-		const struct term *x = &ts->t[i];
+		const struct piece *x = &ts->t[i];
 		int r = x->kind == T_LIT ? o->tpl(o->ctx, x->s, x->len)
 			: o->user(o->ctx, x->kind == T_ROLE ? m->role : m->content,
 				  strlen(x->kind == T_ROLE ? m->role : m->content));

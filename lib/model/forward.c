@@ -126,6 +126,18 @@ static void qkv(const struct bd_model *m, const struct bd_model_layer *ly, const
 	matmul(xn, rows, E, ly->wv, kd, ly->bv, v);
 }
 
+/* x += the sum over the ranks of a shard's partial product part [n] (all-reduced in place).
+ * Returns 0 or the all-reduce's error (x unchanged). */
+static int add_reduced(const struct bd_seq *s, float *x, float *part, size_t n)
+{
+	int r = reduce(s, part, n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++)
+		x[i] += part[i];
+	return 0;
+}
+
 /* x += W_down(silu(W_gate xn) · W_up xn) for rows rows; gate, up: [rows][F'] (a shard's
  * columns: the down product is partial until the all-reduce). Returns 0 or its error. */
 static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd_model_layer *ly,
@@ -141,12 +153,20 @@ static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd
 	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
 		gate[i] = silu(gate[i]) * up[i];
 	matmul(gate, rows, F, ly->w_down, E, NULL, tmp);
-	int r = reduce(s, tmp, n);
-	if (r < 0)
-		return r;
-	for (size_t i = 0; i < n; i++)
-		x[i] += tmp[i];
-	return 0;
+	return add_reduced(s, x, tmp, n);
+}
+
+/* The rest of a layer after attention: x += W_o o (all-reduced), then the MLP; o [rows][Hq'·d],
+ * gate, up [rows][F'] and tmp [rows][E] scratch. Returns 0 or the all-reduce's error. */
+static int attn_out_mlp(const struct bd_model *m, const struct bd_seq *s,
+			const struct bd_model_layer *ly, const float *o, int rows, float *x,
+			float *xn, float *gate, float *up, float *tmp)
+{
+	int E = m->hp.n_embd, qd = m->shard.n_heads * m->hp.head_dim;
+	size_t n = (size_t)rows * (size_t)E;
+	matmul(o, rows, qd, ly->wo, E, NULL, tmp);
+	int r = add_reduced(s, x, tmp, n);
+	return r < 0 ? r : mlp(m, s, ly, x, xn, rows, gate, up, tmp);
 }
 
 /* Final norm and LM head of rows hidden rows x [rows][E] (xn: scratch of the same size):
@@ -294,13 +314,8 @@ int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs,
 			vr[i] = bf16_round(vl[i]);
 		}
 		prefill_attention(m, q, kr, vr, n, S, o);
-		matmul(o, n, (int)qd, ly->wo, (int)E, NULL, tmp);
 		/* all-reduce failures leave the caches unwritten: the sequences stay empty */
-		if ((r = reduce(s, tmp, N * E)) < 0)
-			goto out;
-		for (size_t i = 0; i < N * E; i++)
-			x[i] += tmp[i];
-		if ((r = mlp(m, s, ly, x, xn, n, gate, up, tmp)) < 0)
+		if ((r = attn_out_mlp(m, s, ly, o, n, x, xn, gate, up, tmp)) < 0)
 			goto out;
 	}
 	for (size_t i = 0; i < N * E; i++) {
@@ -441,12 +456,7 @@ int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 				for (size_t i = 0; i < qd; i++)
 					ob[i] = NAN;
 		}
-		matmul(o, nb, (int)qd, ly->wo, (int)E, NULL, att);
-		if ((r = reduce(s0, att, NB * E)) < 0)
-			goto fail_all;
-		for (size_t i = 0; i < NB * E; i++)
-			x[i] += att[i];
-		if ((r = mlp(m, s0, ly, x, xn, nb, gate, up, att)) < 0)
+		if ((r = attn_out_mlp(m, s0, ly, o, nb, x, xn, gate, up, att)) < 0)
 			goto fail_all;
 	}
 	/* a token that completes a page promotes it, row by row in order (the order in which a

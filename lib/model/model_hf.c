@@ -86,18 +86,37 @@ static json_t *get(const json_t *o, const char *key)
 	return json_is_null(v) ? NULL : v;
 }
 
+/* The value of key if present (not absent or null) and of kind k: 1 and *ret, 0 absent, or
+ * -EBADMSG "config.json: key is not ...". */
+enum cfg_kind { CFG_INT, CFG_NUMBER, CFG_BOOL };
+
+static int cfg_value(const json_t *o, const char *key, enum cfg_kind k, json_t **ret,
+		     char *err)
+{
+	static const char *const what[] = { "an integer", "a number", "true or false" };
+	json_t *v = get(o, key);
+	if (!v)
+		return 0;
+	bool ok = k == CFG_INT ? json_is_integer(v)
+		: k == CFG_NUMBER ? json_is_number(v) : json_is_boolean(v);
+	if (!ok)
+		return fail(err, -EBADMSG, "config.json: %s is not %s", key, what[k]);
+	*ret = v;
+	return 1;
+}
+
 /* An integer in 1..HP_MAX; def < 0: required. */
 static int cfg_int(const json_t *o, const char *key, int def, int *ret, char *err)
 {
-	json_t *v = get(o, key);
-	if (!v) {
-		if (def < 0)
-			return fail(err, -EBADMSG, "config.json: %s is missing", key);
-		*ret = def;
-		return 0;
+	json_t *v = NULL;
+	int r = cfg_value(o, key, CFG_INT, &v, err);
+	if (r == 0 && def < 0)
+		return fail(err, -EBADMSG, "config.json: %s is missing", key);
+	if (r <= 0) {
+		if (r == 0)
+			*ret = def;
+		return r;
 	}
-	if (!json_is_integer(v))
-		return fail(err, -EBADMSG, "config.json: %s is not an integer", key);
 	json_int_t x = json_integer_value(v);
 	if (x < 1 || x > HP_MAX)
 		return fail(err, -EBADMSG, "config.json: %s = %lld is outside 1..%d", key,
@@ -109,13 +128,13 @@ static int cfg_int(const json_t *o, const char *key, int def, int *ret, char *er
 /* A finite number > 0 (also as FP32). */
 static int cfg_float(const json_t *o, const char *key, double def, float *ret, char *err)
 {
-	json_t *v = get(o, key);
-	if (!v) {
-		*ret = (float)def;
-		return 0;
+	json_t *v = NULL;
+	int r = cfg_value(o, key, CFG_NUMBER, &v, err);
+	if (r <= 0) {
+		if (r == 0)
+			*ret = (float)def;
+		return r;
 	}
-	if (!json_is_number(v))
-		return fail(err, -EBADMSG, "config.json: %s is not a number", key);
 	double x = json_number_value(v);
 	float f = (float)x;
 	if (!isfinite(x) || !(x > 0.0) || !isfinite(f) || !(f > 0.0f))
@@ -127,15 +146,11 @@ static int cfg_float(const json_t *o, const char *key, double def, float *ret, c
 
 static int cfg_bool(const json_t *o, const char *key, bool def, bool *ret, char *err)
 {
-	json_t *v = get(o, key);
-	if (!v) {
-		*ret = def;
-		return 0;
-	}
-	if (!json_is_boolean(v))
-		return fail(err, -EBADMSG, "config.json: %s is not true or false", key);
-	*ret = json_is_true(v);
-	return 0;
+	json_t *v = NULL;
+	int r = cfg_value(o, key, CFG_BOOL, &v, err);
+	if (r >= 0)
+		*ret = r ? json_is_true(v) : def;
+	return r < 0 ? r : 0;
 }
 
 /* rope_scaling / rope_parameters: only the plain kind (no scaling) is implemented. */
@@ -399,12 +414,20 @@ static int wfiles_add(struct wfiles *w, const char *path, char *err)
 }
 
 /* "dir/name" into buf (PATH_MAX). */
-static int join(char *buf, const char *dir, size_t dir_len, const char *name, char *err)
+/* The length of dir without its trailing slashes ("/" stays). */
+static size_t dir_len(const char *dir)
 {
-	int k = snprintf(buf, PATH_MAX, "%.*s/%s", (int)dir_len, dir, name);
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	return n;
+}
+
+static int join(char *buf, const char *dir, size_t n, const char *name, char *err)
+{
+	int k = snprintf(buf, PATH_MAX, "%.*s/%s", (int)n, dir, name);
 	if (k < 0 || k >= PATH_MAX)
-		return fail(err, -ENAMETOOLONG, "path %.*s/%.64s is too long", (int)dir_len, dir,
-			    name);
+		return fail(err, -ENAMETOOLONG, "path %.*s/%.64s is too long", (int)n, dir, name);
 	return 0;
 }
 
@@ -616,9 +639,7 @@ int bd_model_from_hf(const char *dir, struct bd_model **ret, char *ret_err)
 	clear_err(ret_err);
 	if (!dir || !ret)
 		return fail(ret_err, -EINVAL, "no directory or no result pointer");
-	size_t n = strlen(dir);
-	while (n > 1 && dir[n - 1] == '/')
-		n--;
+	size_t n = dir_len(dir);
 	if ((r = join(config, dir, n, "config.json", ret_err)) < 0 ||
 	    (r = join(weights, dir, n, INDEX_NAME, ret_err)) < 0)
 		return r;
@@ -641,10 +662,7 @@ int bd_model_from_hf_shard(const char *dir, int rank, int tp, struct bd_model **
 	clear_err(ret_err);
 	if (!dir || !ret)
 		return fail(ret_err, -EINVAL, "no directory or no result pointer");
-	/* refuse a bad split before reading any weights */
-	size_t n = strlen(dir);
-	while (n > 1 && dir[n - 1] == '/')
-		n--;
+	size_t n = dir_len(dir); /* the split is checked before any weights are read */
 	if ((r = join(config, dir, n, "config.json", ret_err)) < 0 ||
 	    (r = bd_hf_config_load(config, &hp, ret_err)) < 0)
 		return r;

@@ -11,8 +11,8 @@ struct bd_sampler {
 	struct bd_sampler_params p;
 	int n;
 	struct bd_rng rng;
-	int32_t *idx;    /* [n] candidate ids, most likely first once sorted */
-	double *prob;    /* [n] unnormalized probabilities of idx[] */
+	int32_t *idx;    /* [n] candidate ids, most likely first once sorted; after prob[] */
+	double prob[];   /* [n] unnormalized probabilities of idx[] */
 };
 
 struct bd_sampler_params bd_sampler_params_greedy(void)
@@ -25,15 +25,12 @@ int bd_sampler_new(const struct bd_sampler_params *p, int n_vocab, struct bd_sam
 	if (!p || !ret || n_vocab < 1 || !isfinite(p->temperature) || p->temperature < 0.0f ||
 	    p->top_k < 0 || !(p->top_p > 0.0f && p->top_p <= 1.0f))
 		return -EINVAL;
-	struct bd_sampler *s = calloc(1, sizeof(*s));
+	/* the sampler and its two arrays in one allocation */
+	struct bd_sampler *s = calloc(1, sizeof(*s) + (size_t)n_vocab * (sizeof(*s->prob) +
+									  sizeof(*s->idx)));
 	if (!s)
 		return -ENOMEM;
-	s->idx = malloc(sizeof(*s->idx) * (size_t)n_vocab);
-	s->prob = malloc(sizeof(*s->prob) * (size_t)n_vocab);
-	if (!s->idx || !s->prob) {
-		bd_sampler_free(s);
-		return -ENOMEM;
-	}
+	s->idx = (int32_t *)(void *)(s->prob + n_vocab);
 	s->p = *p;
 	s->n = n_vocab;
 	uint64_t x = p->seed;
@@ -45,10 +42,6 @@ int bd_sampler_new(const struct bd_sampler_params *p, int n_vocab, struct bd_sam
 
 void bd_sampler_free(struct bd_sampler *s)
 {
-	if (!s)
-		return;
-	free(s->idx);
-	free(s->prob);
 	free(s);
 }
 
@@ -84,20 +77,30 @@ static int cmp_desc(const void *a, const void *b)
 }
 
 /* Fill s->idx[0..*ret_m) and s->prob with the kept candidates (unnormalized), most likely
- * first when sorting was needed; returns the total mass. */
+ * first when sorting was needed, and *ret_total with their mass; a greedy sampler keeps the
+ * argmax alone (mass 1). Returns 0 or -EDOM (a NaN or +inf logit, or all of them -inf). */
 static int candidates(struct bd_sampler *s, const float *logits, int *ret_m, double *ret_total)
 {
-	int n = s->n, m = n;
+	int n = s->n, m = n, amax = 0;
 	float lmax = -INFINITY;
 
 	for (int i = 0; i < n; i++) {
 		if (isnan(logits[i]) || logits[i] == INFINITY)
 			return -EDOM;
-		if (logits[i] > lmax)
+		if (logits[i] > lmax) {
 			lmax = logits[i];
+			amax = i; /* the first of equal maxima, as bd_argmax */
+		}
 	}
 	if (lmax == -INFINITY)
 		return -EDOM;
+	if (is_greedy(s)) {
+		s->idx[0] = amax;
+		s->prob[0] = 1.0;
+		*ret_m = 1;
+		*ret_total = 1.0;
+		return 0;
+	}
 	for (int i = 0; i < n; i++)
 		s->idx[i] = i;
 	bool sort = (s->p.top_k > 0 && s->p.top_k < n) || s->p.top_p < 1.0f;
@@ -138,17 +141,6 @@ int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs
 
 	if (!s || !logits || !ret_probs)
 		return -EINVAL;
-	if (is_greedy(s)) {
-		for (int i = 0; i < s->n; i++)
-			if (isnan(logits[i]) || logits[i] == INFINITY)
-				return -EDOM;
-		int a = bd_argmax(logits, s->n);
-		if (logits[a] == -INFINITY)
-			return -EDOM;
-		memset(ret_probs, 0, sizeof(float) * (size_t)s->n);
-		ret_probs[a] = 1.0f;
-		return 0;
-	}
 	if ((r = candidates(s, logits, &m, &total)) < 0)
 		return r;
 	memset(ret_probs, 0, sizeof(float) * (size_t)s->n);
@@ -164,18 +156,12 @@ int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_to
 
 	if (!s || !logits || !ret_token)
 		return -EINVAL;
-	if (is_greedy(s)) {
-		for (int i = 0; i < s->n; i++)
-			if (isnan(logits[i]) || logits[i] == INFINITY)
-				return -EDOM;
-		int a = bd_argmax(logits, s->n);
-		if (logits[a] == -INFINITY)
-			return -EDOM;
-		*ret_token = a;
-		return 0;
-	}
 	if ((r = candidates(s, logits, &m, &total)) < 0)
 		return r;
+	if (is_greedy(s)) { /* no draw: a greedy stream leaves the generator alone */
+		*ret_token = s->idx[0];
+		return 0;
+	}
 	double u = bd_rng_uniform(&s->rng) * total, cum = 0.0;
 	int pick = -1;
 	for (int i = 0; i < m; i++) {

@@ -26,9 +26,14 @@ int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 		return fail(ret_err, -ENOTSUP, "head dim %d cannot be held by the %s cache", d,
 			    cfg->name);
 
-	struct bd_seq *s = calloc(1, sizeof(*s));
+	/* the sequence and its three page arrays of max_pages + 1 in one allocation */
+	size_t np = (size_t)(opts->max_tokens / BD_PAGE_TOKENS) + 1;
+	struct bd_seq *s = calloc(1, sizeof(*s) + np * (2 * sizeof(int32_t) + 1));
 	if (!s)
 		return fail(ret_err, -ENOMEM, "out of memory");
+	s->block_table = s->pages;
+	s->given = s->pages + np;
+	s->drawn = (uint8_t *)(s->pages + 2 * np);
 	s->m = m;
 	s->cfg = cfg;
 	s->max_tokens = opts->max_tokens;
@@ -60,8 +65,8 @@ int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 		s->mem = opts->mem;
 	} else {
 		struct bd_layout lay;
-		size_t np = s->max_pages > 0 ? (size_t)s->max_pages : 1;
-		if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, Hl, d, 0, np)) < 0 ||
+		size_t n_pages = s->max_pages > 0 ? (size_t)s->max_pages : 1;
+		if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, Hl, d, 0, n_pages)) < 0 ||
 		    (r = bd_kvmem_private_new(&lay, &s->mem)) < 0) {
 			bd_seq_free(s);
 			return fail(ret_err, r == -ENOMEM ? r : -ENOTSUP,
@@ -79,10 +84,7 @@ int bd_seq_new(const struct bd_model *m, const struct bd_kvcfg *cfg,
 	size_t L = (size_t)hp->n_layers, H = (size_t)Hl, D = (size_t)d;
 	size_t Hg = (size_t)hp->n_kv_heads, h0 = (size_t)m->shard.kv_head0;
 	size_t HL = (size_t)s->lay->n_kv_heads;
-	s->block_table = calloc((size_t)s->max_pages + 1, sizeof(*s->block_table));
-	s->drawn = calloc((size_t)s->max_pages + 1, 1);
-	s->given = calloc((size_t)s->max_pages + 1, sizeof(*s->given));
-	bool ok = s->block_table && s->drawn && s->given;
+	bool ok = true;
 	/* mu_k and fp8_scales come indexed by the global KV head: keep this rank's heads */
 	if (ok && opts->mu_k) {
 		s->mu = malloc(sizeof(float) * L * H * D);
@@ -122,9 +124,6 @@ void bd_seq_free(struct bd_seq *s)
 		if (s->own_mem)
 			bd_kvmem_private_free(s->mem);
 	}
-	free(s->block_table);
-	free(s->drawn);
-	free(s->given);
 	free(s->mu);
 	free(s->fp8);
 	free(s);
