@@ -270,6 +270,26 @@ Test(wd_plan, inconsistent_row_fails_others_run)
 	wd_gtab_clear(&t);
 }
 
+struct bad_row {
+	Bdfp4__PlanRow r;
+	int want;          /* the code it is refused with */
+	const char *what;  /* how it lies */
+};
+
+/* The next bad row, b[(*n)++]: a prefill of request 2 (n_tok tokens into slot, the pages
+ * named, capacity) refused with want because of what. Returns its row, for a lie
+ * prefill_row does not make. */
+static Bdfp4__PlanRow *bad_prefill(struct bad_row *b, int *n, int n_tok, int32_t slot,
+				   int32_t *pages, uint32_t capacity, int want, const char *what)
+{
+	struct bad_row *x = &b[(*n)++];
+
+	prefill_row(&x->r, 2, n_tok, slot, pages, capacity);
+	x->want = want;
+	x->what = what;
+	return &x->r;
+}
+
 /* Every way a row can lie: each refused with its code, and the records of other requests are
  * left as they were (a refused prefill creates nothing). */
 Test(wd_plan, bad_rows_are_refused)
@@ -282,49 +302,22 @@ Test(wd_plan, bad_rows_are_refused)
 
 	prefilled(&t, 1, 10, 2, NULL, 64);
 
-	struct {
-		Bdfp4__PlanRow r;
-		int want;
-		const char *what;
-	} bad[16];
+	struct bad_row bad[16];
 	Bdfp4__SamplingParams sp = BDFP4__SAMPLING_PARAMS__INIT;
 	int n = 0;
 	sp.top_p = 1.5f;
-	prefill_row(&bad[n].r, 2, 10, 3, NULL, 64);
-	bad[n].r.kv_config = (char *)"bf16";
-	bad[n].want = BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG;
-	bad[n++].what = "another KV configuration than the pool's";
-	prefill_row(&bad[n].r, 2, 10, 2, NULL, 64);
-	bad[n].want = INV;
-	bad[n++].what = "a slot request 1 holds";
-	prefill_row(&bad[n].r, 2, 10, 8, NULL, 64);
-	bad[n].want = INV;
-	bad[n++].what = "a slot outside the pool";
-	prefill_row(&bad[n].r, 2, 10, 3, NULL, 5000);
-	bad[n].want = INV;
-	bad[n++].what = "capacity above max_tokens";
-	prefill_row(&bad[n].r, 2, 10, 3, NULL, 9);
-	bad[n].want = INV;
-	bad[n++].what = "capacity below the prompt";
-	prefill_row(&bad[n].r, 2, 256, 3, pages, 300);
-	bad[n].r.n_new_pages = 1;
-	bad[n].want = INV;
-	bad[n++].what = "one page named for a prompt that fills two";
-	prefill_row(&bad[n].r, 2, 128, 3, &far, 300);
-	bad[n].want = INV;
-	bad[n++].what = "a page outside the pool";
-	prefill_row(&bad[n].r, 2, 1, 3, NULL, 8);
-	bad[n].r.tokens = &big;
-	bad[n].want = INV;
-	bad[n++].what = "a token = the vocabulary size";
-	prefill_row(&bad[n].r, 2, 10, 3, NULL, 64);
-	bad[n].r.sampling = &sp;
-	bad[n].want = INV;
-	bad[n++].what = "top_p above 1";
-	prefill_row(&bad[n].r, 2, 10, 3, NULL, 64);
-	bad[n].r.position = 4;
-	bad[n].want = INV;
-	bad[n++].what = "a prefill not at position 0";
+	bad_prefill(bad, &n, 10, 3, NULL, 64, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+		    "another KV configuration than the pool's")->kv_config = (char *)"bf16";
+	bad_prefill(bad, &n, 10, 2, NULL, 64, INV, "a slot request 1 holds");
+	bad_prefill(bad, &n, 10, 8, NULL, 64, INV, "a slot outside the pool");
+	bad_prefill(bad, &n, 10, 3, NULL, 5000, INV, "capacity above max_tokens");
+	bad_prefill(bad, &n, 10, 3, NULL, 9, INV, "capacity below the prompt");
+	bad_prefill(bad, &n, 256, 3, pages, 300, INV,
+		    "one page named for a prompt that fills two")->n_new_pages = 1;
+	bad_prefill(bad, &n, 128, 3, &far, 300, INV, "a page outside the pool");
+	bad_prefill(bad, &n, 1, 3, NULL, 8, INV, "a token = the vocabulary size")->tokens = &big;
+	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top_p above 1")->sampling = &sp;
+	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "a prefill not at position 0")->position = 4;
 	decode_row(&bad[n].r, 77, 0, &tok, 3, NULL, 0, NULL, 0);
 	bad[n].want = INV;
 	bad[n++].what = "a decode of an unknown request";

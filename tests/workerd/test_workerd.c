@@ -13,27 +13,25 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
 
+#include "base/bd_clock.h"
 #include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "serve.pb-c.h"
+#include "spawn.h"
 
 #define TIMEOUT_MS 60000 /* model loads under ASan on a busy machine */
 #define N_PAGES 24
@@ -49,13 +47,6 @@ static struct {
 	size_t ident_len[2];
 	int64_t next_hb;
 } T;
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void init(void)
 {
@@ -85,13 +76,10 @@ static void init(void)
 	snprintf(T.workers_ep, sizeof(T.workers_ep), "ipc://%s/workers.sock", dir);
 	snprintf(T.log[2], sizeof(T.log[2]), "%s/kvpoold.log", dir);
 	for (int r = 0; r < 2; r++) {
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		snprintf(T.notify[r], sizeof(T.notify[r]), "%s/notify%d.sock", dir, r);
 		snprintf(T.log[r], sizeof(T.log[r]), "%s/workerd%d.log", dir, r);
-		T.notify_fd[r] = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		T.notify_fd[r] = sp_notify_open(T.notify[r]);
 		cr_assert_geq(T.notify_fd[r], 0);
-		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", T.notify[r]);
-		cr_assert_eq(bind(T.notify_fd[r], (struct sockaddr *)&sa, sizeof(sa)), 0);
 	}
 	T.zctx = zmq_ctx_new();
 	T.router = zmq_socket(T.zctx, ZMQ_ROUTER);
@@ -103,11 +91,9 @@ static void init(void)
 
 static void kill_reap(pid_t *pid)
 {
-	if (*pid > 0) {
-		kill(*pid, SIGKILL);
-		waitpid(*pid, NULL, 0);
-		*pid = 0;
-	}
+	if (*pid > 0)
+		sp_reap(*pid, 0);
+	*pid = 0;
 }
 
 static void fini(void)
@@ -145,23 +131,8 @@ static pid_t spawn(const char *prog, const char *const *args, const char *log,
 	for (size_t i = 0; args[i]; i++)
 		argv[n++] = args[i];
 	argv[n] = NULL;
-	pid_t pid = fork();
+	pid_t pid = sp_spawn(argv, log, notify, NULL);
 	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (fd >= 0) {
-			dup2(fd, 1); /* --help's usage */
-			dup2(fd, 2);
-		}
-		if (notify)
-			setenv("NOTIFY_SOCKET", notify, 1);
-		else
-			unsetenv("NOTIFY_SOCKET");
-		unsetenv("WATCHDOG_USEC");
-		execv(path, (char *const *)argv);
-		_exit(127);
-	}
 	return pid;
 }
 
@@ -177,7 +148,7 @@ static void start_pool(void)
 			       "--slots", slots, "--max-seq-len", "1024", NULL };
 	T.pool_pid = spawn("kvpoold", args, T.log[2], NULL);
 	/* ready when the attach socket accepts */
-	for (int64_t end = now_ms() + TIMEOUT_MS; now_ms() < end; usleep(20000)) {
+	for (int64_t end = bd_now_ms() + TIMEOUT_MS; bd_now_ms() < end; usleep(20000)) {
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", T.pool_sock);
@@ -201,21 +172,11 @@ static void start_worker(int rank)
 	T.w_pid[rank] = spawn("workerd", args, T.log[rank], T.notify[rank]);
 }
 
+/* A datagram of rank's notify socket that holds what, within timeout_ms (false also when the
+ * rank exits first). */
 static bool got_notify(int rank, const char *what, int timeout_ms)
 {
-	char buf[1024];
-	for (int64_t end = now_ms() + timeout_ms; now_ms() < end;) {
-		struct pollfd p = { .fd = T.notify_fd[rank], .events = POLLIN };
-		if (poll(&p, 1, 50) == 1) {
-			ssize_t n = recv(T.notify_fd[rank], buf, sizeof(buf) - 1, 0);
-			if (n > 0) {
-				buf[n] = 0;
-				if (strstr(buf, what))
-					return true;
-			}
-		}
-	}
-	return false;
+	return sp_wait_notify(T.notify_fd[rank], &T.w_pid[rank], what, timeout_ms);
 }
 
 /* ---- the router side -------------------------------------------------------------------- */
@@ -242,8 +203,8 @@ static void send_raw(int rank, const void *buf, size_t n)
  * unknown: a registration). Returns NULL on timeout. */
 static Bdfp4__WorkerMessage *recv_msg(int timeout_ms, uint8_t *ret_ident, size_t *ret_len)
 {
-	for (int64_t end = now_ms() + timeout_ms; now_ms() < end;) {
-		if (now_ms() >= T.next_hb) {
+	for (int64_t end = bd_now_ms() + timeout_ms; bd_now_ms() < end;) {
+		if (bd_now_ms() >= T.next_hb) {
 			Bdfp4__RouterMessage m = BDFP4__ROUTER_MESSAGE__INIT;
 			Bdfp4__RouterHeartbeat hb = BDFP4__ROUTER_HEARTBEAT__INIT;
 			m.msg_case = BDFP4__ROUTER_MESSAGE__MSG_HEARTBEAT;
@@ -254,7 +215,7 @@ static Bdfp4__WorkerMessage *recv_msg(int timeout_ms, uint8_t *ret_ident, size_t
 				if (T.ident_len[r] && zmq_send(T.router, T.ident[r], T.ident_len[r],
 							      ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
 					zmq_send(T.router, buf, n, ZMQ_DONTWAIT);
-			T.next_hb = now_ms() + 200;
+			T.next_hb = bd_now_ms() + 200;
 		}
 		zmq_pollitem_t it = { T.router, 0, ZMQ_POLLIN, 0 };
 		if (zmq_poll(&it, 1, 50) <= 0)
@@ -429,17 +390,13 @@ static int32_t *golden_prompt(const char *name, int *ret_n)
 	return p;
 }
 
+/* The exit status of *pid within timeout_ms (sp_reap), *pid then 0; -1 when it was already
+ * reaped. */
 static int exit_status(pid_t *pid, int timeout_ms)
 {
-	int st;
-	for (int64_t end = now_ms() + timeout_ms; now_ms() < end; usleep(10000)) {
-		if (waitpid(*pid, &st, WNOHANG) == *pid) {
-			*pid = 0;
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		}
-	}
-	kill_reap(pid);
-	return -1;
+	int st = *pid > 0 ? sp_reap(*pid, timeout_ms) : -1;
+	*pid = 0;
+	return st;
 }
 
 static bool dir_has(const char *name)
@@ -723,7 +680,7 @@ Test(workerd, killed_peer_fails_fast_and_group_reforms)
 	plan.rows = rows;
 	m.msg_case = BDFP4__ROUTER_MESSAGE__MSG_PLAN;
 	m.plan = &plan;
-	int64_t t0 = now_ms();
+	int64_t t0 = bd_now_ms();
 	send_to(0, &m);
 	uint8_t id[256];
 	size_t il;
@@ -732,7 +689,7 @@ Test(workerd, killed_peer_fails_fast_and_group_reforms)
 	cr_assert_eq(w->msg_case, BDFP4__WORKER_MESSAGE__MSG_RESULT);
 	cr_assert_eq(w->result->rank, 0);
 	cr_assert_eq(w->result->error, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED);
-	cr_assert_lt(now_ms() - t0, 10000, "rank 0 waited for the dead rank");
+	cr_assert_lt(bd_now_ms() - t0, 10000, "rank 0 waited for the dead rank");
 	bdfp4__worker_message__free_unpacked(w, NULL);
 
 	/* Reset: rank 0 registers again; rank 1 restarts; a new group serves */
@@ -829,7 +786,7 @@ Test(workerd, cuda_backend_flags_are_checked)
 /* Waits up to timeout_ms for what to appear in the log at path. */
 static bool log_shows(const char *path, const char *what, int timeout_ms)
 {
-	for (int64_t end = now_ms() + timeout_ms; now_ms() < end; usleep(20000))
+	for (int64_t end = bd_now_ms() + timeout_ms; bd_now_ms() < end; usleep(20000))
 		if (log_has(path, what))
 			return true;
 	return log_has(path, what);
