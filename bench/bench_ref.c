@@ -13,7 +13,7 @@
  *
  * Data: keys with a per-channel bias ±U(1, 3), 4 outlier channels at 10–20× and N(0, 1) noise,
  * values N(0, 1), each query head peaked on one random key, whose logit lies 10 nats above the
- * mean logit (splitmix64 + Box–Muller, fixed seed).
+ * mean logit (tests/common/testgen.h, fixed seed).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -26,9 +26,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bd_clock.h"
 #include "quant/bd_attn_ref.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
+#include "testgen.h"
 
 #define D 128
 #define G 4
@@ -37,27 +39,6 @@
 static const int contexts[] = { 4096, 32768 };
 static const char *const cfg_names[] = { "bf16", "nvfp4-base", "bitdecoding-nvfp4" };
 
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *s)
-{
-	return (double)(rng_next(s) >> 11) * 0x1p-53;
-}
-
-static double rng_normal(uint64_t *s)
-{
-	double u1 = 1.0 - rng_uniform(s), u2 = rng_uniform(s);
-
-	return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 struct data {
 	int n;
 	float *k, *v, *q, *mu;
@@ -65,6 +46,7 @@ struct data {
 
 static int data_gen(struct data *x, int n, uint64_t seed)
 {
+	struct tg_rng r = { seed };
 	double bias[D];
 
 	x->n = n;
@@ -75,13 +57,13 @@ static int data_gen(struct data *x, int n, uint64_t seed)
 	if (!x->k || !x->v || !x->q || !x->mu)
 		return -ENOMEM;
 	for (int c = 0; c < D; c++)
-		bias[c] = (rng_next(&seed) & 1 ? 1.0 : -1.0) * (1.0 + 2.0 * rng_uniform(&seed)) *
-			  (c % 32 == 7 ? 10.0 + 10.0 * rng_uniform(&seed) : 1.0);
+		bias[c] = (tg_next(&r) & 1 ? 1.0 : -1.0) * (1.0 + 2.0 * tg_unit(&r)) *
+			  (c % 32 == 7 ? 10.0 + 10.0 * tg_unit(&r) : 1.0);
 	for (int t = 0; t < n; t++)
 		for (int c = 0; c < D; c++)
-			x->k[(size_t)t * D + c] = (float)(bias[c] + rng_normal(&seed));
+			x->k[(size_t)t * D + c] = (float)(bias[c] + tg_gauss(&r));
 	for (size_t i = 0; i < (size_t)n * D; i++)
-		x->v[i] = (float)rng_normal(&seed);
+		x->v[i] = tg_gauss(&r);
 	for (int c = 0; c < D; c++) {
 		double m = 0.0;
 
@@ -91,7 +73,7 @@ static int data_gen(struct data *x, int n, uint64_t seed)
 	}
 	/* q ∝ the centred key u of one random token, scaled so that ⟨q, u⟩/√d = 10 nats */
 	for (int g = 0; g < G; g++) {
-		const float *kn = x->k + (size_t)(rng_uniform(&seed) * n) * D;
+		const float *kn = x->k + (size_t)(tg_unit(&r) * n) * D;
 		double nrm = 0.0;
 
 		for (int c = 0; c < D; c++)
@@ -166,14 +148,6 @@ static double kv_bytes(const struct bd_kvcfg *cfg, const struct bd_layout *lay, 
 				       (lay->d + lay->dv) * sizeof(bd_bf16);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -220,10 +194,10 @@ static int bench_case(const struct bd_kvcfg *cfg, const struct data *x, int repe
 		goto out;
 	}
 	for (int i = 0; i < repeats; i++) {
-		double t0 = now_s();
+		double t0 = bd_now_s();
 
 		r = bd_ref_decode_gqa(cfg, &dp, &kv, x->q, G, o, NULL, NULL);
-		t[i] = now_s() - t0;
+		t[i] = bd_now_s() - t0;
 		if (r < 0)
 			goto out;
 	}

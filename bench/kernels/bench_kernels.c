@@ -34,38 +34,7 @@
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
 #include "gpu_ck.h"
-
-struct rng {
-	uint64_t s;
-};
-
-static uint64_t rng_next(struct rng *r)
-{
-	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* A cheap approximately normal value: sum of four uniforms, centred and scaled. */
-static float rng_norm(struct rng *r)
-{
-	uint64_t x = rng_next(r);
-	float s = 0.0f;
-	for (int i = 0; i < 4; i++)
-		s += (float)((x >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
-	return (s - 2.0f) * 1.7320508f;
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = calloc(1, n ? n : 1);
-	if (!p) {
-		fprintf(stderr, "FATAL: out of memory (%zu bytes)\n", n);
-		exit(2);
-	}
-	return p;
-}
+#include "testgen.h"
 
 static int cmp_f(const void *a, const void *b)
 {
@@ -126,7 +95,7 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 			bool validate, int splits, struct point *ret)
 {
 	struct bd_layout lay;
-	struct rng r = { 7 + (uint64_t)B * 131 + (uint64_t)N };
+	struct tg_rng r = { 7 + (uint64_t)B * 131 + (uint64_t)N };
 	const int n_full = (N - 1) / BD_PAGE_TOKENS;
 	const int G = Hq / Hkv;
 	const size_t need = (size_t)B * (size_t)(n_full > 0 ? n_full : 1);
@@ -154,8 +123,8 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 			for (int h = 0; h < Hkv; h++) {
 				bd_bf16 *k = bd_slot_recent_k(&lay, slot, 0, h), *v = bd_slot_recent_v(&lay, slot, 0, h);
 				for (int i = 0; i < BD_RECENT_TOKENS * d; i++) {
-					k[i] = bd_f32_to_bf16(rng_norm(&r) * ((i % d) == 3 ? 8.0f : 1.0f));
-					v[i] = bd_f32_to_bf16(rng_norm(&r));
+					k[i] = bd_f32_to_bf16(tg_norm4(&r) * ((i % d) == 3 ? 8.0f : 1.0f));
+					v[i] = bd_f32_to_bf16(tg_norm4(&r));
 				}
 			}
 		}
@@ -205,7 +174,7 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 	const int bt_stride = n_full > 0 ? n_full : 1;
 	uint8_t *hslots = xmalloc(lay.slot_bytes * (size_t)B);
 	for (size_t i = 0; i < lay.slot_bytes * (size_t)B / 2; i++)
-		((bd_bf16 *)hslots)[i] = bd_f32_to_bf16(rng_norm(&r));
+		((bd_bf16 *)hslots)[i] = bd_f32_to_bf16(tg_norm4(&r));
 	int32_t *hbt = xmalloc(sizeof(int32_t) * (size_t)B * bt_stride * R);
 	for (int s = 0; s < R; s++)
 		for (int b = 0; b < B; b++)
@@ -218,7 +187,7 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 		hlen[b] = N;
 	float *hq = xmalloc(sizeof(float) * (size_t)B * Hq * d);
 	for (size_t i = 0; i < (size_t)B * Hq * d; i++)
-		hq[i] = 1.5f * rng_norm(&r);
+		hq[i] = 1.5f * tg_norm4(&r);
 
 	uint8_t *dslots;
 	void **dptrs;

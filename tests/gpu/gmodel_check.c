@@ -44,6 +44,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "base/bd_clock.h"
 #include "quant/bd_calib.h"
 #include "formats/bd_gguf.h"
 #include "cuda/bd_gmodel.h"
@@ -117,13 +118,6 @@ static void *xmalloc(size_t n)
 	if (!p)
 		die("out of memory (%zu bytes)", n);
 	return p;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -271,7 +265,7 @@ static void cpu_ref(struct ctx *c, int ci, int pi)
 		die("bd_seq_give_pages: %d", r);
 	R->n = n;
 	R->logits = xmalloc(sizeof(float) * NPOS * (size_t)V);
-	double t0 = now_s();
+	double t0 = bd_now_s();
 	if ((r = bd_model_prefill(c->m, s, c->prompt[pi], n, R->logits)) < 0)
 		die("bd_model_prefill: %d", r);
 	R->toks[0] = bd_argmax(R->logits, V);
@@ -290,7 +284,7 @@ static void cpu_ref(struct ctx *c, int ci, int pi)
 		R->toks[i] = bd_argmax(lg, V);
 	}
 	printf("cpu reference %s, prompt of %d tokens: %.1f s (n_splits %d)\n", cfg->name, n,
-	       now_s() - t0, dp.n_splits);
+	       bd_now_s() - t0, dp.n_splits);
 	bd_seq_free(s);
 	bd_kvmem_private_free(mem);
 }
@@ -428,18 +422,18 @@ static void real_model_checks(struct ctx *c, int ci)
 		const char *wn = w == 0 ? "f32" : "bf16";
 		struct bd_gmodel *g = NULL;
 		struct bd_gmodel_opts o = model_opts(c, cfg, &lay, &dp, wt, 1, 2, 1);
-		double t0 = now_s();
+		double t0 = bd_now_s();
 		int r = bd_gmodel_new(c->m, &o, &g, err);
 		report(r == 0, "(a) %s %s-weights model built in %.2f s (%d %s)", cfg->name, wn,
-		       now_s() - t0, r, r ? err : "");
+		       bd_now_s() - t0, r, r ? err : "");
 		if (r < 0)
 			continue;
 		for (int pi = 0; pi < 2; pi++) {
 			struct ref *R = &c->ref[ci][pi];
 			struct grun gr;
-			t0 = now_s();
+			t0 = bd_now_s();
 			gpu_run(g, c, R, c->prompt[pi], pi, pi * NP, true, w == 0 ? &lay : NULL, &gr);
-			double secs = now_s() - t0;
+			double secs = bd_now_s() - t0;
 			if (gr.rc < 0) {
 				report(false, "(a) %s %s prompt %d tokens: error %d: %s", cfg->name, wn,
 				       R->n, gr.rc, gr.err);
@@ -816,9 +810,9 @@ static void qwen3_4b_checks(void)
 		.use_graphs = 1,
 	};
 	struct bd_gmodel *g = NULL;
-	double t0 = now_s();
+	double t0 = bd_now_s();
 	r = bd_gmodel_new_random(&hp, NULL, 42, &o, &g, err);
-	double tb = now_s() - t0;
+	double tb = bd_now_s() - t0;
 	report(r == 0 && tb < 30.0, "(d) qwen3-4b random BF16 model built in %.2f s (%d %s)", tb,
 	       r, r ? err : "");
 	if (r < 0)
@@ -827,26 +821,26 @@ static void qwen3_4b_checks(void)
 	int32_t *pages = xmalloc(sizeof(int32_t) * n_pages);
 	for (size_t j = 0; j < n_pages; j++)
 		pages[j] = (int32_t)j;
-	t0 = now_s();
+	t0 = bd_now_s();
 	for (int i = 0; i < NFILL && r == 0; i++) {
 		struct bd_grow w = { .slot = i, .new_pages = pages + i * npr, .n_new = npr,
 				     .sampling = bd_sampler_params_greedy() };
 		r = bd_gmodel_fill_synthetic(g, &w, CTX, 1000 + (uint64_t)i, err);
 	}
-	double tf = now_s() - t0;
+	double tf = bd_now_s() - t0;
 	report(r == 0, "(d) synthetic fill of %d rows x %d tokens: %.3f s, %.2f M tokens/s "
 	       "(was 0.095 M; target >= 0.95 M) (%d %s)", NFILL, CTX, tf,
 	       (double)NFILL * CTX / tf * 1e-6, r, r ? err : "");
 	if (r < 0)
 		goto out;
 	int32_t *long_pages = pages + NFILL * npr;
-	t0 = now_s();
+	t0 = bd_now_s();
 	{
 		struct bd_grow w = { .slot = BMAX, .new_pages = long_pages, .n_new = npl,
 				     .sampling = bd_sampler_params_greedy() };
 		r = bd_gmodel_fill_synthetic(g, &w, LONG, 2000, err);
 	}
-	tf = now_s() - t0;
+	tf = bd_now_s() - t0;
 	report(r == 0, "(d) synthetic fill of 1 row x %d tokens: %.3f s, %.2f M tokens/s (%d %s)",
 	       LONG, tf, (double)LONG / tf * 1e-6, r, r ? err : "");
 	if (r < 0)
@@ -1042,7 +1036,7 @@ int main(int argc, char **argv)
 	CK(cudaGetDeviceProperties(&prop, 0));
 	printf("gmodel_check on %s (%d GPU%s), model %s\n", prop.name, ndev, ndev > 1 ? "s" : "",
 	       model_path);
-	double t_start = now_s();
+	double t_start = bd_now_s();
 
 	if (access(model_path, R_OK) != 0) {
 		/* the speed part needs no checkpoint */
@@ -1050,7 +1044,7 @@ int main(int argc, char **argv)
 		if (!no4b)
 			qwen3_4b_checks();
 		printf("%s: %d passed, %d failed, %d skipped in %.1f s\n", n_fail ? "FAIL" : "PASS",
-		       n_pass, n_fail, n_skip, now_s() - t_start);
+		       n_pass, n_fail, n_skip, bd_now_s() - t_start);
 		return n_fail ? 1 : 0;
 	}
 
@@ -1089,7 +1083,7 @@ int main(int argc, char **argv)
 		skip("(d) qwen3-4b (--no-4b)");
 
 	printf("%s: %d passed, %d failed, %d skipped in %.1f s\n", n_fail ? "FAIL" : "PASS",
-	       n_pass, n_fail, n_skip, now_s() - t_start);
+	       n_pass, n_fail, n_skip, bd_now_s() - t_start);
 	for (int ci = 0; ci < 2; ci++)
 		for (int pi = 0; pi < 2; pi++) {
 			free(c.ref[ci][pi].logits);

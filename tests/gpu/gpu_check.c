@@ -36,12 +36,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "base/bd_clock.h"
 #include "quant/bd_attn_ref.h"
 #include "quant/bd_fp4.h"
 #include "bd_kernels.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
 #include "gpu_ck.h"
+#include "testgen.h"
 
 #define TOL 1e-3
 
@@ -65,48 +67,6 @@ static void check(bool ok, const char *fmt, ...)
 	fputc('\n', stdout);
 }
 
-/* ---- random data ------------------------------------------------------------------------------ */
-
-struct rng {
-	uint64_t s;
-};
-
-static uint64_t rng_next(struct rng *r)
-{
-	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unif(struct rng *r)
-{
-	return ((double)(rng_next(r) >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static float rng_gauss(struct rng *r)
-{
-	double u = rng_unif(r), v = rng_unif(r);
-	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = calloc(1, n ? n : 1);
-	if (!p) {
-		fprintf(stderr, "FATAL: out of memory (%zu bytes)\n", n);
-		exit(2);
-	}
-	return p;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- a batch decode problem -------------------------------------------------------------------- */
 
 struct problem {
@@ -127,11 +87,11 @@ struct problem {
 
 /* Keys with a per-channel bias and a few outlier channels (what smoothing and the Hadamard
  * rotation exist for), values with outlier channels, a calibrated-looking μ. */
-static void gen_kv(struct rng *r, int d, const float *bias, const int *outl, float *k, float *v)
+static void gen_kv(struct tg_rng *r, int d, const float *bias, const int *outl, float *k, float *v)
 {
 	for (int c = 0; c < d; c++) {
-		k[c] = bias[c] + rng_gauss(r);
-		v[c] = rng_gauss(r);
+		k[c] = bias[c] + tg_gauss(r);
+		v[c] = tg_gauss(r);
 	}
 	for (int j = 0; j < 3; j++) {
 		k[outl[j]] *= 12.0f;
@@ -224,7 +184,7 @@ bad:
 static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, int G, int Hkv,
 			  int n_layers, const int *lens, int B, uint64_t seed, const struct capture *cap)
 {
-	struct rng r = { seed };
+	struct tg_rng r = { seed };
 	size_t total_pages = 0;
 	int32_t *perm;
 
@@ -255,12 +215,7 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 	perm = xmalloc(sizeof(int32_t) * P->lay.n_pages);
 	for (size_t i = 0; i < P->lay.n_pages; i++)
 		perm[i] = (int32_t)i;
-	for (size_t i = P->lay.n_pages - 1; i > 0; i--) {
-		size_t j = rng_next(&r) % (i + 1);
-		int32_t t = perm[i];
-		perm[i] = perm[j];
-		perm[j] = t;
-	}
+	tg_shuffle_i32(&r, perm, P->lay.n_pages);
 	size_t next = 0;
 	for (int b = 0; b < B; b++)
 		for (int p = 0; p < P->bt_stride; p++)
@@ -284,12 +239,12 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 			continue;
 		}
 		for (int c = 0; c < d; c++) {
-			bias[lh * d + c] = 2.0f * rng_gauss(&r);
+			bias[lh * d + c] = 2.0f * tg_gauss(&r);
 			/* μ_k as calibrated: close to the bias, not equal */
-			mu[lh * d + c] = bias[lh * d + c] + 0.1f * rng_gauss(&r);
+			mu[lh * d + c] = bias[lh * d + c] + 0.1f * tg_gauss(&r);
 		}
 		for (int j = 0; j < 6; j++)
-			outl[lh * 6 + j] = (int)(rng_next(&r) % (uint64_t)d);
+			outl[lh * 6 + j] = (int)(tg_next(&r) % (uint64_t)d);
 	}
 	float *k = xmalloc(sizeof(float) * (size_t)d), *v = xmalloc(sizeof(float) * (size_t)d);
 	for (int b = 0; b < B; b++) {
@@ -333,9 +288,9 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 	/* queries: gaussian with a few large channels; scaled so that attention is peaked */
 	P->q = xmalloc(sizeof(float) * (size_t)B * P->Hq * d);
 	for (size_t i = 0; i < (size_t)B * P->Hq * d; i++)
-		P->q[i] = 1.5f * rng_gauss(&r);
+		P->q[i] = 1.5f * tg_gauss(&r);
 	for (int bh = 0; bh < B * P->Hq; bh++)
-		P->q[(size_t)bh * d + (size_t)(rng_next(&r) % (uint64_t)d)] *= 6.0f;
+		P->q[(size_t)bh * d + (size_t)(tg_next(&r) % (uint64_t)d)] *= 6.0f;
 }
 
 static void problem_upload(struct problem *P)
@@ -487,14 +442,14 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 {
 	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgname);
 	struct problem P;
-	double t0 = now_s();
+	double t0 = bd_now_s();
 
 	if (!cfg) {
 		check(false, "unknown configuration %s", cfgname);
 		return;
 	}
 	problem_build(&P, cfg, d, G, Hkv, n_layers, lens, B, seed, NULL);
-	double t1 = now_s();
+	double t1 = bd_now_s();
 	problem_upload(&P);
 	for (int i = 0; i < nsp; i++) {
 		struct run_stats st;
@@ -694,20 +649,20 @@ static void e4m3_checks(void)
 {
 	uint64_t mism = 0;
 	uint32_t first = 0;
-	double t0 = now_s();
+	double t0 = bd_now_s();
 
 	CKR(bd_kernels_e4m3_exhaustive(&mism, &first));
 	check(mism == 0, "e4m3: hardware cvt and software encoder differ on %llu patterns (first %#x)",
 	      (unsigned long long)mism, first);
 	printf("  e4m3 hw vs soft on all finite FP32: %llu mismatches (%.2fs)\n",
-	       (unsigned long long)mism, now_s() - t0);
+	       (unsigned long long)mism, bd_now_s() - t0);
 
 	const size_t n = (size_t)1 << 24;
 	float *x = xmalloc(sizeof(float) * n);
 	uint8_t *c_hw = xmalloc(n), *c_sw = xmalloc(n);
-	struct rng r = { 99 };
+	struct tg_rng r = { 99 };
 	for (size_t i = 0; i < n; i++) {
-		uint32_t u = (uint32_t)(i << 8) | (uint32_t)(rng_next(&r) & 0xff);
+		uint32_t u = (uint32_t)(i << 8) | (uint32_t)(tg_next(&r) & 0xff);
 		float f;
 		memcpy(&f, &u, 4);
 		if (!isfinite(f))
@@ -743,12 +698,12 @@ static void e4m3_checks(void)
 static void query_checks(void)
 {
 	const int n = 2048;
-	struct rng r = { 1234 };
+	struct tg_rng r = { 1234 };
 
 	for (int d = 64; d <= 128; d *= 2) {
 		float *q = xmalloc(sizeof(float) * (size_t)n * d);
 		for (int i = 0; i < n * d; i++)
-			q[i] = rng_gauss(&r) * (i % 37 == 0 ? 30.0f : 1.0f);
+			q[i] = tg_gauss(&r) * (i % 37 == 0 ? 30.0f : 1.0f);
 		/* special heads: all zero, one huge, tiny values */
 		memset(q, 0, sizeof(float) * (size_t)d);
 		q[d + 5] = 3e4f;
@@ -829,7 +784,7 @@ static void query_checks(void)
 
 /* ---- promotion ------------------------------------------------------------------------------- */
 
-static void fill_slot_recent(const struct bd_layout *lay, uint8_t *slot, struct rng *r, int kind)
+static void fill_slot_recent(const struct bd_layout *lay, uint8_t *slot, struct tg_rng *r, int kind)
 {
 	for (int l = 0; l < lay->n_layers; l++)
 		for (int h = 0; h < lay->n_kv_heads; h++) {
@@ -843,20 +798,20 @@ static void fill_slot_recent(const struct bd_layout *lay, uint8_t *slot, struct 
 					b = (i & 2) ? -0.0f : 0.0f;
 					break;
 				case 1: /* small integers: exact E2M1 ties after scaling */
-					a = (float)((int)(rng_next(r) % 25) - 12);
-					b = (float)((int)(rng_next(r) % 13) - 6) * 0.5f;
+					a = (float)((int)(tg_next(r) % 25) - 12);
+					b = (float)((int)(tg_next(r) % 13) - 6) * 0.5f;
 					break;
 				case 2: /* tiny values (E4M3 scales near the subnormals) */
-					a = 1e-3f * rng_gauss(r) * (i % 97 == 0 ? 1000.0f : 1.0f);
-					b = 1e-20f * rng_gauss(r);
+					a = 1e-3f * tg_gauss(r) * (i % 97 == 0 ? 1000.0f : 1.0f);
+					b = 1e-20f * tg_gauss(r);
 					break;
 				case 3: /* huge outliers */
-					a = rng_gauss(r) * (i % 61 == 0 ? 3e4f : 1.0f);
-					b = rng_gauss(r) * (i % 50 == 0 ? 1e6f : 1.0f);
+					a = tg_gauss(r) * (i % 61 == 0 ? 3e4f : 1.0f);
+					b = tg_gauss(r) * (i % 50 == 0 ? 1e6f : 1.0f);
 					break;
 				default:
-					a = rng_gauss(r) * (i % 128 == 7 ? 20.0f : 1.0f);
-					b = rng_gauss(r);
+					a = tg_gauss(r) * (i % 128 == 7 ? 20.0f : 1.0f);
+					b = tg_gauss(r);
 					break;
 				}
 				k[i] = bd_f32_to_bf16(a);
@@ -868,7 +823,7 @@ static void fill_slot_recent(const struct bd_layout *lay, uint8_t *slot, struct 
 static void promote_checks(bool small)
 {
 	static const char *cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "bitdecoding-mxfp4", "bf16" };
-	struct rng r = { 4242 };
+	struct tg_rng r = { 4242 };
 
 	for (int ci = 0; ci < 4; ci++) {
 		for (int d = 64; d <= 128; d *= 2) {
@@ -880,7 +835,7 @@ static void promote_checks(bool small)
 			uint8_t *slots = xmalloc(lay.slot_bytes * (size_t)n);
 			int32_t pg[3] = { 4, 1, 5 };
 			for (size_t i = 0; i < lay.arena_bytes; i++)
-				arena[i] = (uint8_t)(rng_next(&r) & 0xff);
+				arena[i] = (uint8_t)(tg_next(&r) & 0xff);
 			for (int i = 0; i < n; i++)
 				fill_slot_recent(&lay, slots + (size_t)i * lay.slot_bytes, &r, i);
 			/* device: the same arena bytes and slots */
@@ -960,7 +915,7 @@ int main(int argc, char **argv)
 	bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
 	int dev = 0;
 	struct cudaDeviceProp prop;
-	double t0 = now_s();
+	double t0 = bd_now_s();
 
 	CK(cudaGetDevice(&dev));
 	CK(cudaGetDeviceProperties(&prop, dev));
@@ -1027,6 +982,6 @@ int main(int argc, char **argv)
 		decode_case("trtllm-nvfp4", 128, 4, 1, ll, 3, 1, sp, 1, seed++, true);
 	}
 	printf("%s: %d checks passed, %d failed (%.1fs)\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail,
-	       now_s() - t0);
+	       bd_now_s() - t0);
 	return n_fail ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 /* gpu_ck.h — fatal-error checks shared by the GPU check and benchmark programs (gpu_check,
- * ops_check, bench_kernels): a failed CUDA call or a negative return ends the program with exit
- * status 2 ("cannot run") and where it happened, so that 1 keeps meaning "a check failed". */
+ * ops_check, bench_kernels): a failed CUDA call, a negative return or a failed allocation ends
+ * the program with exit status 2 ("cannot run") and where it happened, so that 1 keeps meaning
+ * "a check failed". */
 #ifndef BD_GPU_CK_H
 #define BD_GPU_CK_H
 
@@ -28,5 +29,17 @@
 			exit(2);                                                         \
 		}                                                                        \
 	} while (0)
+
+/* n zeroed bytes (at least one) from calloc, never NULL: out of memory ends the program. */
+static inline void *xmalloc(size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+
+	if (!p) {
+		fprintf(stderr, "FATAL: out of memory (%zu bytes)\n", n);
+		exit(2);
+	}
+	return p;
+}
 
 #endif

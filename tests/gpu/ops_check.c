@@ -54,6 +54,7 @@
 #include "quant/bd_layout.h"
 #include "model/bd_forward.h"
 #include "bd_ops.h"
+#include "base/bd_clock.h"
 #include "base/bd_rand.h"
 #include "model/bd_sampler.h"
 #include "model_ops.h"
@@ -82,17 +83,6 @@ static void report(bool ok, const char *fmt, ...)
 }
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
-
-static void *xmalloc(size_t n)
-{
-	void *p = calloc(1, n ? n : 1);
-
-	if (!p) {
-		fprintf(stderr, "FATAL: out of memory (%zu bytes)\n", n);
-		exit(2);
-	}
-	return p;
-}
 
 static void *dmalloc(size_t n)
 {
@@ -199,14 +189,6 @@ static int64_t cmp_bf16(const uint16_t *gpu, const float *cpu, size_t n, size_t 
 	}
 	*ret_diff = diff;
 	return mx;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 struct shape {
@@ -1019,7 +1001,7 @@ static void check_sample_dist(int V, const struct scfg *c, int launches)
 	uint64_t *count = xmalloc((size_t)V * sizeof(uint64_t));
 	int32_t first[ROWS], again[ROWS], tok[ROWS];
 	size_t outside = 0, neg = 0, draws = 0;
-	double t0 = now_s();
+	double t0 = bd_now_s();
 
 	for (int L = 0; L < launches; L++) {
 		for (int r = 0; r < ROWS; r++)
@@ -1042,7 +1024,7 @@ static void check_sample_dist(int V, const struct scfg *c, int launches)
 				outside++;
 		}
 	}
-	const double secs = now_s() - t0;
+	const double secs = bd_now_s() - t0;
 	/* determinism: step 0 again */
 	for (int r = 0; r < ROWS; r++)
 		p[r].step = 0;
@@ -1472,7 +1454,7 @@ int main(int argc, char **argv)
 {
 	int ndev = 0;
 	struct cudaDeviceProp prop;
-	double t0 = now_s();
+	double t0 = bd_now_s();
 
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--small") == 0) {
@@ -1532,6 +1514,6 @@ int main(int argc, char **argv)
 	check_graph();
 
 	printf("%s: %d passed, %d failed (%.1f s)\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail,
-	       now_s() - t0);
+	       bd_now_s() - t0);
 	return n_fail ? 1 : 0;
 }

@@ -15,34 +15,10 @@
 #include <criterion/logging.h>
 
 #include "quant/bd_attn_ref.h"
+#include "testgen.h"
 
 #define N_LAYERS 2
 #define N_HEADS 2
-
-/* ---- deterministic data --------------------------------------------------------------------- */
-
-struct rng {
-	uint64_t s;
-};
-
-static uint64_t rng_next(struct rng *r)
-{
-	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unif(struct rng *r)
-{
-	return ((double)(rng_next(r) >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static float rng_gauss(struct rng *r)
-{
-	double u = rng_unif(r), v = rng_unif(r);
-	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 
 /* ---- a request's KV, written through the real write path ------------------------------------ */
 
@@ -82,7 +58,7 @@ static const float *kv_mu(const struct kvset *s, int l, int h)
  * near-zero residual. μ is the mean key of the request. */
 static void gen_data(struct kvset *s, uint64_t seed, int n_outliers)
 {
-	struct rng r = { seed };
+	struct tg_rng r = { seed };
 	float *bias = malloc(sizeof(float) * (size_t)s->d);
 	float *scale = malloc(sizeof(float) * (size_t)s->d);
 	float *vbias = malloc(sizeof(float) * (size_t)s->dv);
@@ -91,24 +67,24 @@ static void gen_data(struct kvset *s, uint64_t seed, int n_outliers)
 	for (int l = 0; l < N_LAYERS; l++) {
 		for (int h = 0; h < s->heads; h++) {
 			for (int c = 0; c < s->d; c++) {
-				bias[c] = 0.7f * rng_gauss(&r);
+				bias[c] = 0.7f * tg_gauss(&r);
 				scale[c] = 1.0f;
 			}
 			for (int j = 0; j < n_outliers; j++)
-				scale[rng_next(&r) % (uint64_t)s->d] = 10.0f + 10.0f * (float)rng_unif(&r);
+				scale[tg_next(&r) % (uint64_t)s->d] = 10.0f + 10.0f * (float)tg_unit(&r);
 			float *k = (float *)kv_k(s, l, h), *v = (float *)kv_v(s, l, h);
 			float *mu = (float *)kv_mu(s, l, h);
 			for (int c = 0; c < s->dv; c++)
-				vbias[c] = rng_gauss(&r);
+				vbias[c] = tg_gauss(&r);
 			for (int c = 0; c < s->d; c++)
 				mu[c] = 0.0f;
 			for (int t = 0; t < s->n; t++) {
 				for (int c = 0; c < s->d; c++) {
-					k[(size_t)t * s->d + c] = (bias[c] + rng_gauss(&r)) * scale[c];
+					k[(size_t)t * s->d + c] = (bias[c] + tg_gauss(&r)) * scale[c];
 					mu[c] += k[(size_t)t * s->d + c] / (float)s->n;
 				}
 				for (int c = 0; c < s->dv; c++)
-					v[(size_t)t * s->dv + c] = vbias[c] + rng_gauss(&r);
+					v[(size_t)t * s->dv + c] = vbias[c] + tg_gauss(&r);
 			}
 		}
 	}
@@ -140,15 +116,10 @@ static void kv_alloc(struct kvset *s, const struct bd_kvcfg *cfg, int d, int d_r
 	cr_assert(s->arena && s->slot && s->bt && s->k && s->v && s->mu);
 
 	/* a shuffled block table: page ids are not positions */
-	struct rng r = { seed ^ 0x5151 };
+	struct tg_rng r = { seed ^ 0x5151 };
 	for (int i = 0; i < n_pages; i++)
 		s->bt[i] = i;
-	for (int i = n_pages - 1; i > 0; i--) {
-		int j = (int)(rng_next(&r) % (uint64_t)(i + 1));
-		int32_t t = s->bt[i];
-		s->bt[i] = s->bt[j];
-		s->bt[j] = t;
-	}
+	tg_shuffle_i32(&r, s->bt, (size_t)n_pages);
 	if (s->bt[0] == 0) { /* keep it non-identity where it matters most */
 		s->bt[0] = s->bt[1];
 		s->bt[1] = 0;
@@ -207,9 +178,9 @@ static const struct bd_kvcfg *cfg_named(const char *name)
 
 static void gen_q(float *q, int n, uint64_t seed)
 {
-	struct rng r = { seed };
+	struct tg_rng r = { seed };
 	for (int i = 0; i < n; i++)
-		q[i] = rng_gauss(&r);
+		q[i] = tg_gauss(&r);
 }
 
 /* ||o − e|| / ||e||, L2 over d values. */
@@ -553,20 +524,20 @@ static void hand_case(const char *cfg_name, float tau, double f)
 {
 	struct kvset s;
 	enum { D = 64, N = 129 };
-	struct rng r = { 77 };
+	struct tg_rng r = { 77 };
 	float pair[D / 2];
 	const int layer = 1, head = 0;
 
 	kv_alloc(&s, cfg_named(cfg_name), D, 0, N, 78);
 	for (int j = 0; j < D / 2; j++)
-		pair[j] = rng_gauss(&r);
+		pair[j] = tg_gauss(&r);
 	for (int l = 0; l < N_LAYERS; l++) {
 		for (int h = 0; h < N_HEADS; h++) {
 			float *k = (float *)kv_k(&s, l, h), *v = (float *)kv_v(&s, l, h);
 			for (int t = 0; t < N; t++) {
 				for (int c = 0; c < D; c++) {
 					k[t * D + c] = pair[c / 2];
-					v[t * D + c] = 1.0f + (float)rng_unif(&r); /* positive: no cancellation */
+					v[t * D + c] = 1.0f + (float)tg_unit(&r); /* positive: no cancellation */
 				}
 			}
 			memset((float *)kv_mu(&s, l, h), 0, sizeof(float) * D);
@@ -706,12 +677,12 @@ Test(attn_ref, lse_combine)
 	enum { N = 50, D = 16 };
 	double S[N];
 	float v[N * D], whole[D], wlse, o_s[3 * D], lse_s[3], o[D], lse;
-	struct rng r = { 90 };
+	struct tg_rng r = { 90 };
 
 	for (int i = 0; i < N; i++)
-		S[i] = 4.0 * rng_gauss(&r) + (i < 20 ? 3.0 : 0.0);
+		S[i] = 4.0 * tg_gauss(&r) + (i < 20 ? 3.0 : 0.0);
 	for (int i = 0; i < N * D; i++)
-		v[i] = rng_gauss(&r);
+		v[i] = tg_gauss(&r);
 	partial_f64(S, v, 0, N, D, whole, &wlse);
 	partial_f64(S, v, 0, 20, D, o_s, &lse_s[0]);
 	partial_f64(S, v, 20, N, D, o_s + D, &lse_s[1]);

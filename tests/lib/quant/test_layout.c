@@ -12,41 +12,20 @@
 #include "quant/bd_fp4.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
+#include "testgen.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-	/* splitmix64 */
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-	return ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
-}
-
-static float rng_gauss(uint64_t *s)
-{
-	double u = rng_unit(s), v = rng_unit(s);
-
-	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 
 /* rows × cols BF16 normal values; channels that are multiples of `outlier_every` (if > 0) are
  * scaled by `gain`, like the outlier channels of real keys. */
 static void fill_bf16(bd_bf16 *x, size_t rows, size_t cols, uint64_t seed, size_t outlier_every,
 		      float gain)
 {
-	uint64_t s = seed;
+	struct tg_rng s = { seed };
 
 	for (size_t r = 0; r < rows; r++)
 		for (size_t c = 0; c < cols; c++) {
-			float f = rng_gauss(&s);
+			float f = tg_gauss(&s);
 
 			if (outlier_every && c % outlier_every == 3)
 				f *= gain;
@@ -56,10 +35,9 @@ static void fill_bf16(bd_bf16 *x, size_t rows, size_t cols, uint64_t seed, size_
 
 static void fill_f32(float *x, size_t n, uint64_t seed, float scale)
 {
-	uint64_t s = seed;
+	struct tg_rng s = { seed };
 
-	for (size_t i = 0; i < n; i++)
-		x[i] = scale * rng_gauss(&s);
+	tg_fill_gauss(&s, x, n, scale);
 }
 
 static void to_f32(const bd_bf16 *x, size_t n, float *ret)
@@ -943,10 +921,10 @@ Test(layout, write_token_errors_leave_slot)
 	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4");
 	uint8_t *slot = malloc(l.slot_bytes), *before = malloc(l.slot_bytes);
 	float k[D], v[D], mu[D];
-	uint64_t s = 91;
+	struct tg_rng s = { 91 };
 
 	for (size_t i = 0; i < l.slot_bytes; i++)
-		slot[i] = (uint8_t)rng_next(&s);
+		slot[i] = (uint8_t)tg_next(&s);
 	memcpy(before, slot, l.slot_bytes);
 	fill_f32(k, D, 92, 1.0f);
 	fill_f32(v, D, 93, 1.0f);

@@ -9,6 +9,7 @@
 
 #include "quant/bd_layout.h"
 #include "quant/bd_qerr.h"
+#include "testgen.h"
 
 /* A one-layer, one-KV-head cache of n tokens written token by token, pages promoted as a
  * server would (after the token that fills them, leaving 1..128 recent tokens). */
@@ -55,32 +56,16 @@ static void cache_free(struct cache *c)
 	free(c->bt);
 }
 
-/* splitmix64 → Box–Muller normals, for test data only */
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static float rng_normal(uint64_t *s)
-{
-	double u1 = ((double)(rng_next(s) >> 11) + 1.0) * 0x1p-53;
-	double u2 = (double)(rng_next(s) >> 11) * 0x1p-53;
-
-	return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
 /* Keys with a per-channel bias and two outlier channels, the structure §3 is about. */
 static void random_keys(float *k, int n, int d, uint64_t seed)
 {
+	struct tg_rng r = { seed };
+
 	for (int t = 0; t < n; t++)
 		for (int c = 0; c < d; c++) {
 			float bias = c == 3 ? 25.0f : c == 17 ? -18.0f : (float)(c % 5) - 2.0f;
 
-			k[(size_t)t * d + c] = bias + rng_normal(&seed);
+			k[(size_t)t * d + c] = bias + tg_gauss(&r);
 		}
 }
 
@@ -144,16 +129,16 @@ Test(qerr, bf16_exact_keys_zero_key_term)
 	float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
 	float q[G * D];
 	struct bd_qerr_sums s1[G] = { 0 }, s0[G] = { 0 };
-	uint64_t seed = 7;
+	struct tg_rng r = { 7 };
 	struct cache c;
 
 	random_keys(k, N, D, 11);
 	for (int i = 0; i < N * D; i++) {
 		k[i] = bd_bf16_to_f32(bd_f32_to_bf16(k[i]));
-		v[i] = rng_normal(&seed);
+		v[i] = tg_gauss(&r);
 	}
 	for (int i = 0; i < G * D; i++)
-		q[i] = rng_normal(&seed);
+		q[i] = tg_gauss(&r);
 	cache_build(&c, cfg, D, N, k, v, NULL);
 	cr_assert_eq(bd_qerr_group(cfg, &c.kv, q, G, k, 1.0f, s1), 0);
 	cr_assert_eq(bd_qerr_group(cfg, &c.kv, q, G, k, 0.0f, s0), 0);
@@ -182,14 +167,14 @@ Test(qerr, nvfp4_split_identity_and_dual)
 	float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
 	float q[G * D];
 	struct bd_qerr_sums sb[G] = { 0 }, sd[G] = { 0 };
-	uint64_t seed = 99;
+	struct tg_rng r = { 99 };
 	struct cache c;
 
 	random_keys(k, N, D, 5);
 	for (int i = 0; i < N * D; i++)
-		v[i] = rng_normal(&seed);
+		v[i] = tg_gauss(&r);
 	for (int i = 0; i < G * D; i++)
-		q[i] = rng_normal(&seed);
+		q[i] = tg_gauss(&r);
 	cache_build(&c, base, D, N, k, v, NULL);
 	cr_assert_eq(bd_qerr_group(base, &c.kv, q, G, k, 0.0f, sb), 0);
 	cr_assert_eq(bd_qerr_group(dual, &c.kv, q, G, k, 0.0f, sd), 0);
@@ -219,14 +204,14 @@ Test(qerr, sink_tokens_excluded)
 	float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
 	float *kp = malloc(sizeof(float) * N * D), mu[D] = { 0 }, q[G * D], qp[G * D];
 	struct bd_qerr_sums s_ok[G] = { 0 }, s_nan[G] = { 0 }, s_kq[G], s_kq_before[G];
-	uint64_t seed = 3;
+	struct tg_rng r = { 3 };
 	struct cache c;
 
 	random_keys(k, N, D, 8);
 	for (int i = 0; i < N * D; i++)
-		v[i] = rng_normal(&seed);
+		v[i] = tg_gauss(&r);
 	for (int i = 0; i < G * D; i++)
-		q[i] = rng_normal(&seed);
+		q[i] = tg_gauss(&r);
 	for (int t = 0; t < N; t++)
 		for (int i = 0; i < D; i++)
 			mu[i] += k[(size_t)t * D + i] / N;

@@ -1,0 +1,42 @@
+/* testgen.h — seeded random inputs for the unit tests, the GPU checks and the benchmarks.
+ *
+ * One generator, so that a seed means the same data in every program that makes test data
+ * (tests/lib/quant, tests/gpu/gpu_check.c, bench/bench_ref.c, bench/kernels/bench_kernels.c):
+ * the stream is base/bd_rand.h's splitmix64 step over a 64-bit state (the generator that seeds
+ * xoshiro256**; its outputs are equidistributed over 64 bits and each state is one counter),
+ * uniforms take its top 53 bits, normals come from Box–Muller. Not for cryptography; each
+ * struct tg_rng is one stream, owned by its caller (no global state).
+ */
+#ifndef BD_TESTGEN_H
+#define BD_TESTGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A stream: `struct tg_rng r = { seed };` starts it; equal seeds give equal sequences. */
+struct tg_rng {
+	uint64_t s;
+};
+
+/* The next 64 random bits (advances r by one splitmix64 step). */
+uint64_t tg_next(struct tg_rng *r);
+
+/* Uniform in the open interval (0, 1): (top 53 bits + 1/2) / 2^53, one draw. */
+double tg_unit(struct tg_rng *r);
+
+/* Standard normal (Box–Muller: sqrt(−2 ln u)·cos(2π v) of two tg_unit draws, u first),
+ * rounded to FP32; two draws. */
+float tg_gauss(struct tg_rng *r);
+
+/* A cheap approximately normal value (mean 0, variance 1, bounded by ±2√3): the centred sum of
+ * the four 16-bit fields of one draw, for bulk benchmark data. */
+float tg_norm4(struct tg_rng *r);
+
+/* a[0..n) shuffled in place by Fisher–Yates from the top (for i = n−1 … 1: swap a[i] with
+ * a[tg_next % (i + 1)]); n − 1 draws. */
+void tg_shuffle_i32(struct tg_rng *r, int32_t *a, size_t n);
+
+/* x[0..n) = scale · tg_gauss, in order. */
+void tg_fill_gauss(struct tg_rng *r, float *x, size_t n, float scale);
+
+#endif
