@@ -3,10 +3,9 @@
  *
  * Weights live in one device allocation: matrices in the GEMM precision (BF16 or FP32), norm
  * weights, biases and μ_k in FP32. Per layer, q/k/v are one fused [Hq'd + 2Hkv'd][E] matrix
- * and gate/up one [2F'][E] matrix (gate rows first, as bd_op_swiglu reads them). Products go
- * through cuBLASLt: Y [n][out] = X [n][in] · W[out][in]ᵀ is, column-major, D (out × n) =
- * Wᵀ-op(A) · B with A the row-major weight read transposed; algorithms are chosen once per
- * shape (heuristic) and kept, the workspace is preallocated, so a step can be captured.
+ * and gate/up one [2F'][E] matrix (gate rows first, as bd_op_swiglu reads them). Products
+ * Y [n][out] = X [n][in] · W[out][in]ᵀ go through bd_gemm.h (cuBLASLt, algorithms chosen once
+ * per shape and kept, the workspace preallocated), so a step can be captured.
  *
  * Decode pads its n rows up to a batch-size bucket (1, 2, 4, …, max_batch) whose decode plan,
  * metadata region and CUDA graph are fixed. Padding rows decode token 0 at positions 0..127 of
@@ -26,7 +25,7 @@
  * the GEMM (β = 1: x = W·a + x, one rounding as x + (W·a)), RMSNorm, gate/up, SwiGLU, W_down
  * with the residual. With TP > 1 the residual stays a separate add after the all-reduce.
  * For BF16 weights without TP, skinny GEMMs (≤ 64 rows) take the fastest of cuBLASLt's
- * heuristic candidates, timed once per shape at its first (eager) use.
+ * heuristic candidates, timed once per shape at its first eager decode step (bd_gemm.h).
  *
  * Prefill runs the whole prompt through the layers keeping every layer's post-RoPE K and V
  * (FP32, [L][n][Hkv'·d]); only once the final activations are known finite is the cache
@@ -44,19 +43,18 @@
 #include <string.h>
 #include <time.h>
 
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include "bd_gaux.h"
-#include "cuda/bd_gmodel.h"
 #include "base/bd_err.h"
+#include "cuda/bd_cuda_err.h"
+#include "cuda/bd_gemm.h"
+#include "cuda/bd_gmodel.h"
 #include "bd_kernels.h"
 #include "bd_ops.h"
 
 #define MAX_BUCKETS 12           /* 1, 2, 4, …, 1024 (and max_batch itself) */
-#define GEMM_CACHE 128           /* GEMM shapes whose algorithm is kept */
-#define LT_WS_BYTES ((size_t)32 << 20)
 #define STAGE_FLOATS ((size_t)16 << 20) /* host→device staging of BF16 uploads, floats */
 #define DEV_ALIGN 256
 #define MAX_TOP_K 64
@@ -72,19 +70,6 @@ struct glayer {
 	void *wo;                    /* [E][qd'] */
 	void *wgu;                   /* [2F'][E] */
 	void *wdown;                 /* [E][F'] */
-};
-
-#define GEMM_CANDIDATES 8      /* heuristic results timed for a skinny GEMM */
-#define TUNE_MAX_ROWS 64
-
-struct gemm_entry {
-	int M, N, K, ldb;
-	cublasLtMatrixLayout_t a, b, c;
-	cublasLtMatmulAlgo_t algo;
-	bool used, alt; /* alt: the non-pedantic FP32 descriptor (no pedantic algorithm) */
-	bool tuned;     /* the algorithm is final (timed, or not to be timed) */
-	int n_cand;
-	cublasLtMatmulAlgo_t cand[GEMM_CANDIDATES];
 };
 
 /* Offsets of one bucket's packed metadata. The header [0, hdr) is packed on the host and
@@ -127,13 +112,7 @@ struct bd_gmodel {
 
 	cudaStream_t st;
 	cudaEvent_t ev0, ev1;
-	cublasLtHandle_t lt;
-	cublasLtMatmulDesc_t mm, mm_alt; /* the model's compute type; plain FP32 compute */
-	cublasLtMatmulPreference_t pref;
-	bool lt_ok;
-	struct gemm_entry gc[GEMM_CACHE];
-	int gc_next;
-	void *lt_ws;
+	struct bd_gemm *gemm; /* the products (bd_gemm.h) on st */
 
 	void *wmem;
 	void *embd, *out_w;
@@ -163,8 +142,6 @@ struct bd_gmodel {
 	int32_t *bt_slots;      /* device [n_slots][bt_stride]: each slot's block table */
 	int32_t *bt_mirror;     /* host copy of bt_slots */
 	int *bt_len;            /* [n_slots]: leading entries of bt_slots known equal to the mirror */
-	cudaEvent_t tev0, tev1; /* GEMM candidate timing */
-	bool tuning;            /* an eager decode step: new skinny GEMM shapes are timed */
 	int *res_dev, *res_host; /* [RES_FLAGS + Bmax tokens + Bmax promotion statuses] */
 	int res_n;
 
@@ -189,28 +166,12 @@ static void clear_err(char *ret_err)
 		ret_err[0] = '\0';
 }
 
-static int cuda_code(cudaError_t e)
-{
-	switch (e) {
-	case cudaSuccess:
-		return 0;
-	case cudaErrorMemoryAllocation:
-		return -ENOMEM;
-	case cudaErrorNoDevice:
-	case cudaErrorInvalidDevice:
-	case cudaErrorInsufficientDriver:
-		return -ENODEV;
-	default:
-		return -EIO;
-	}
-}
-
 /* A CUDA call inside a function with `int r`, `char *ret_err` and a label `out`. */
 #define CU(call)                                                                           \
 	do {                                                                               \
 		cudaError_t e_ = (call);                                                   \
 		if (e_ != cudaSuccess) {                                                   \
-			r = fail(ret_err, cuda_code(e_), "%s: %s", #call,                  \
+			r = fail(ret_err, bd_cuda_errno(e_), "%s: %s", #call,                  \
 				 cudaGetErrorString(e_));                                  \
 			goto out;                                                          \
 		}                                                                          \
@@ -255,7 +216,7 @@ static int dev_alloc(void **p, size_t bytes, char *ret_err)
 	cudaError_t e = cudaMalloc(p, bytes ? bytes : DEV_ALIGN);
 	if (e != cudaSuccess) {
 		*p = NULL;
-		return fail(ret_err, cuda_code(e), "cudaMalloc of %zu bytes: %s", bytes,
+		return fail(ret_err, bd_cuda_errno(e), "cudaMalloc of %zu bytes: %s", bytes,
 			    cudaGetErrorString(e));
 	}
 	return 0;
@@ -275,6 +236,17 @@ static void drop_graphs(struct bd_gmodel *g)
 		g->bk[i].exec = NULL;
 		g->bk[i].runs = 0;
 	}
+}
+
+/* Abort the communicator the model holds after its peer failed or a wait on it timed out (the
+ * caller then never aborts it again: bd_gmodel_comm is NULL); the graphs that captured its
+ * collectives go with it. */
+static void abort_comm(struct bd_gmodel *g)
+{
+	ncclCommAbort(g->comm);
+	g->comm = NULL;
+	g->comm_failed = true;
+	drop_graphs(g);
 }
 
 /* Wait for everything enqueued on the model's stream, polling the device and the
@@ -297,10 +269,7 @@ static int wait_stream(struct bd_gmodel *g, char *ret_err)
 			ncclResult_t a = ncclSuccess;
 			ncclResult_t q = ncclCommGetAsyncError(g->comm, &a);
 			if (q != ncclSuccess || (a != ncclSuccess && a != ncclInProgress)) {
-				ncclCommAbort(g->comm);
-				g->comm = NULL;
-				g->comm_failed = true;
-				drop_graphs(g);
+				abort_comm(g);
 				return model_fails(g, fail(ret_err, -EPIPE,
 							   "the TP all-reduce failed: %s",
 							   ncclGetErrorString(q != ncclSuccess ? q
@@ -308,13 +277,8 @@ static int wait_stream(struct bd_gmodel *g, char *ret_err)
 			}
 		}
 		if (now_us() > deadline) {
-			if (g->comm) {
-				/* the stream waits in NCCL: abort so that the device idles */
-				ncclCommAbort(g->comm);
-				g->comm = NULL;
-				g->comm_failed = true;
-				drop_graphs(g);
-			}
+			if (g->comm) /* the stream waits in NCCL: abort so that the device idles */
+				abort_comm(g);
 			return model_fails(g, fail(ret_err, -ETIMEDOUT,
 						   "the device did not finish within %d ms",
 						   g->timeout_ms));
@@ -326,175 +290,6 @@ static int wait_stream(struct bd_gmodel *g, char *ret_err)
 			sched_yield();
 		}
 	}
-}
-
-/* ---- GEMM ---------------------------------------------------------------------------------- */
-
-static void gemm_entry_free(struct gemm_entry *e)
-{
-	if (!e->used)
-		return;
-	cublasLtMatrixLayoutDestroy(e->a);
-	cublasLtMatrixLayoutDestroy(e->b);
-	cublasLtMatrixLayoutDestroy(e->c);
-	e->used = false;
-}
-
-/* The layouts and algorithm of Y [N][M] = X [N][K] (row stride ldb) · W [M][K]ᵀ. */
-static int gemm_find(struct bd_gmodel *g, int M, int N, int K, int ldb, struct gemm_entry **ret)
-{
-	for (int i = 0; i < GEMM_CACHE; i++) {
-		struct gemm_entry *e = &g->gc[i];
-		if (e->used && e->M == M && e->N == N && e->K == K && e->ldb == ldb) {
-			*ret = e;
-			return 0;
-		}
-	}
-	struct gemm_entry *e = &g->gc[g->gc_next];
-	g->gc_next = (g->gc_next + 1) % GEMM_CACHE;
-	gemm_entry_free(e);
-	cudaDataType_t in = g->dt == BD_DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-	if (cublasLtMatrixLayoutCreate(&e->a, in, (uint64_t)K, (uint64_t)M, K) !=
-	    CUBLAS_STATUS_SUCCESS)
-		return -ENOMEM;
-	if (cublasLtMatrixLayoutCreate(&e->b, in, (uint64_t)K, (uint64_t)N, ldb) !=
-	    CUBLAS_STATUS_SUCCESS) {
-		cublasLtMatrixLayoutDestroy(e->a);
-		return -ENOMEM;
-	}
-	if (cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, (uint64_t)M, (uint64_t)N, M) !=
-	    CUBLAS_STATUS_SUCCESS) {
-		cublasLtMatrixLayoutDestroy(e->a);
-		cublasLtMatrixLayoutDestroy(e->b);
-		return -ENOMEM;
-	}
-	e->used = true;
-	cublasLtMatmulHeuristicResult_t h[GEMM_CANDIDATES];
-	int nres = 0;
-	/* skinny BF16 products may be timed (gemm_tune): ask for several candidates */
-	int want = g->dt == BD_DT_BF16 && !g->comm && N <= TUNE_MAX_ROWS ? GEMM_CANDIDATES : 1;
-	memset(h, 0, sizeof(h));
-	cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, g->mm, e->a, e->b, e->c, e->c,
-							  g->pref, want, h, &nres);
-	e->alt = false;
-	if ((s != CUBLAS_STATUS_SUCCESS || nres < 1) && g->mm_alt) {
-		/* FP32 without the pedantic flag: still FP32 products and sums, never TF32 */
-		nres = 0;
-		s = cublasLtMatmulAlgoGetHeuristic(g->lt, g->mm_alt, e->a, e->b, e->c, e->c, g->pref,
-						   1, h, &nres);
-		e->alt = true;
-	}
-	if (s != CUBLAS_STATUS_SUCCESS || nres < 1 || h[0].state != CUBLAS_STATUS_SUCCESS) {
-		gemm_entry_free(e);
-		return -ENOTSUP;
-	}
-	e->algo = h[0].algo;
-	e->n_cand = 0;
-	for (int i = 0; i < nres && i < GEMM_CANDIDATES; i++)
-		if (h[i].state == CUBLAS_STATUS_SUCCESS)
-			e->cand[e->n_cand++] = h[i].algo;
-	e->tuned = e->n_cand < 2;
-	e->M = M;
-	e->N = N;
-	e->K = K;
-	e->ldb = ldb;
-	*ret = e;
-	return 0;
-}
-
-/* Pick the fastest of e's candidates by timing each on the stream (outside a capture: this
- * synchronizes), writing into y (beta 0) or the scratch activations g->tmp (beta 1: y is the
- * residual stream and must be written once). A candidate that fails is skipped. */
-static void gemm_tune(struct bd_gmodel *g, struct gemm_entry *e, const void *w, const void *x,
-		      float *y, float beta)
-{
-	enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-	e->tuned = true;
-	if (cudaStreamIsCapturing(g->st, &cs) != cudaSuccess ||
-	    cs != cudaStreamCaptureStatusNone)
-		return;
-	float *out = y;
-	if (beta != 0.0f) {
-		if ((size_t)e->M * (size_t)e->N > (size_t)g->R * (size_t)g->E)
-			return;
-		out = g->tmp;
-	}
-	const float alpha = 1.0f, zero = 0.0f;
-	float best = 0.0f;
-	int pick = -1;
-	for (int i = 0; i < e->n_cand; i++) {
-		bool ok = true;
-		for (int rep = 0; rep < 4 && ok; rep++) {
-			if (rep == 1)
-				ok = cudaEventRecord(g->tev0, g->st) == cudaSuccess;
-			ok = ok && cublasLtMatmul(g->lt, g->mm, &alpha, w, e->a, x, e->b, &zero, out,
-						  e->c, out, e->c, &e->cand[i], g->lt_ws,
-						  LT_WS_BYTES, g->st) == CUBLAS_STATUS_SUCCESS;
-		}
-		float ms = 0.0f;
-		ok = ok && cudaEventRecord(g->tev1, g->st) == cudaSuccess &&
-		     cudaEventSynchronize(g->tev1) == cudaSuccess &&
-		     cudaEventElapsedTime(&ms, g->tev0, g->tev1) == cudaSuccess;
-		if (ok && (pick < 0 || ms < best)) {
-			best = ms;
-			pick = i;
-		}
-	}
-	(void)cudaGetLastError(); /* a refused candidate leaves no sticky error */
-	if (pick >= 0)
-		e->algo = e->cand[pick];
-}
-
-/* y [N][M] FP32 = x [N][K] (row stride ldb, GEMM dtype) · w [M][K]ᵀ + beta·y, on the model's
- * stream (beta 1: the residual added in the epilogue, rounded once as y + (x·wᵀ)). */
-static int gemm(struct bd_gmodel *g, const void *w, int M, int K, const void *x, int ldb, int N,
-		float *y, float beta, char *ret_err)
-{
-	struct gemm_entry *e;
-	int r = gemm_find(g, M, N, K, ldb, &e);
-	if (r < 0)
-		return fail(ret_err, r == -ENOTSUP ? -EIO : r,
-			    "cuBLASLt has no algorithm for %d x %d x %d", M, N, K);
-	if (!e->tuned && g->tuning)
-		gemm_tune(g, e, w, x, y, beta);
-	const float alpha = 1.0f;
-	cublasStatus_t s = cublasLtMatmul(g->lt, e->alt ? g->mm_alt : g->mm, &alpha, w, e->a, x,
-					  e->b, &beta, y, e->c, y, e->c, &e->algo, g->lt_ws,
-					  LT_WS_BYTES, g->st);
-	if (s != CUBLAS_STATUS_SUCCESS)
-		return fail(ret_err, -EIO, "cublasLtMatmul %d x %d x %d: status %d", M, N, K,
-			    (int)s);
-	return 0;
-}
-
-static int lt_init(struct bd_gmodel *g, char *ret_err)
-{
-	cublasComputeType_t ct = g->dt == BD_DT_F32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-	cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-	uint64_t ws = LT_WS_BYTES;
-
-	if (cublasLtCreate(&g->lt) != CUBLAS_STATUS_SUCCESS)
-		return fail(ret_err, -EIO, "cublasLtCreate failed");
-	g->lt_ok = true;
-	if (cublasLtMatmulDescCreate(&g->mm, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
-	    cublasLtMatmulDescSetAttribute(g->mm, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
-					   sizeof(opT)) != CUBLAS_STATUS_SUCCESS ||
-	    cublasLtMatmulDescSetAttribute(g->mm, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
-					   sizeof(opN)) != CUBLAS_STATUS_SUCCESS)
-		return fail(ret_err, -EIO, "cuBLASLt matmul descriptor");
-	if (g->dt == BD_DT_F32 &&
-	    (cublasLtMatmulDescCreate(&g->mm_alt, CUBLAS_COMPUTE_32F, CUDA_R_32F) !=
-		     CUBLAS_STATUS_SUCCESS ||
-	     cublasLtMatmulDescSetAttribute(g->mm_alt, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
-					    sizeof(opT)) != CUBLAS_STATUS_SUCCESS ||
-	     cublasLtMatmulDescSetAttribute(g->mm_alt, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
-					    sizeof(opN)) != CUBLAS_STATUS_SUCCESS))
-		return fail(ret_err, -EIO, "cuBLASLt matmul descriptor");
-	if (cublasLtMatmulPreferenceCreate(&g->pref) != CUBLAS_STATUS_SUCCESS ||
-	    cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-						 &ws, sizeof(ws)) != CUBLAS_STATUS_SUCCESS)
-		return fail(ret_err, -EIO, "cuBLASLt preference");
-	return dev_alloc(&g->lt_ws, LT_WS_BYTES, ret_err);
 }
 
 /* ---- weights -------------------------------------------------------------------------------- */
@@ -760,8 +555,6 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	CU(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
 	CU(cudaEventCreate(&g->ev0));
 	CU(cudaEventCreate(&g->ev1));
-	if ((r = lt_init(g, ret_err)) < 0)
-		goto out;
 
 	/* buckets and their decode plans */
 	int top = 1;
@@ -825,8 +618,6 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 		r = fail(ret_err, -ENOMEM, "out of memory");
 		goto out;
 	}
-	CU(cudaEventCreate(&g->tev0));
-	CU(cudaEventCreate(&g->tev1));
 	g->res_n = RES_FLAGS + 2 * Bmax;
 	if ((r = dev_alloc((void **)&g->res_dev, sizeof(int) * (size_t)g->res_n, ret_err)) < 0)
 		goto out;
@@ -882,6 +673,17 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 		goto out;
 	/* padded query heads (a shard in a wider layout) must hold finite values */
 	CU(cudaMemset(g->q, 0, Rz * qw * 4));
+	/* the products; a timed β = 1 candidate writes g->tmp instead of x. Skinny shapes are
+	 * timed without TP only (each rank would pick its own algorithms) */
+	struct bd_gemm_opts go = {
+		.dt = g->dt,
+		.stream = g->st,
+		.skinny_tuning = !g->comm,
+		.scratch = g->tmp,
+		.scratch_floats = Rz * E,
+	};
+	if ((r = bd_gemm_new(&go, &g->gemm, ret_err)) < 0)
+		goto out;
 	{
 		int32_t *h = malloc((size_t)ni * 4);
 		if (!h) {
@@ -939,17 +741,8 @@ void bd_gmodel_free(struct bd_gmodel *g)
 			cudaGraphExecDestroy(g->bk[i].exec);
 		dev_free(g->bk[i].ws);
 	}
-	for (int i = 0; i < GEMM_CACHE; i++)
-		gemm_entry_free(&g->gc[i]);
-	if (g->pref)
-		cublasLtMatmulPreferenceDestroy(g->pref);
-	if (g->mm)
-		cublasLtMatmulDescDestroy(g->mm);
-	if (g->mm_alt)
-		cublasLtMatmulDescDestroy(g->mm_alt);
-	if (g->lt_ok)
-		cublasLtDestroy(g->lt);
-	void *bufs[] = { g->lt_ws, g->wmem, g->dummy, g->x, g->xn, g->qkv, g->q, g->k, g->v,
+	bd_gemm_free(g->gemm);
+	void *bufs[] = { g->wmem, g->dummy, g->x, g->xn, g->qkv, g->q, g->k, g->v,
 			 g->att, g->attb, g->tmp, g->gu, g->act, g->logits, g->kall, g->vall,
 			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->stage, g->md_dev,
 			 g->res_dev, g->pf_dev, g->pst_dev, g->bt_slots };
@@ -974,10 +767,6 @@ void bd_gmodel_free(struct bd_gmodel *g)
 		cudaEventDestroy(g->ev0);
 	if (g->ev1)
 		cudaEventDestroy(g->ev1);
-	if (g->tev0)
-		cudaEventDestroy(g->tev0);
-	if (g->tev1)
-		cudaEventDestroy(g->tev1);
 	if (g->st)
 		cudaStreamDestroy(g->st);
 	free(g->ly);
@@ -1068,7 +857,7 @@ int bd_gmodel_new(const struct bd_model *m, const struct bd_gmodel_opts *opts,
 	if ((r = gmodel_make(&m->hp, &m->shard, opts, &g, ret_err)) < 0)
 		return r;
 	if ((r = upload(g, m, ret_err)) < 0 ||
-	    (r = fail(ret_err, cuda_code(cudaDeviceSynchronize()), "upload")) < 0) {
+	    (r = fail(ret_err, bd_cuda_errno(cudaDeviceSynchronize()), "upload")) < 0) {
 		bd_gmodel_free(g);
 		return r;
 	}
@@ -1210,8 +999,8 @@ static int residual_gemm(struct bd_gmodel *g, const void *w, int in, const void 
 	int r = 0, E = g->E;
 	size_t nE = (size_t)n * (size_t)E;
 	if (!g->comm)
-		return gemm(g, w, E, in, a, ld, n, g->x, 1.0f, ret_err);
-	if ((r = gemm(g, w, E, in, a, ld, n, g->tmp, 0.0f, ret_err)) < 0)
+		return bd_gemm_run(g->gemm, w, E, in, a, ld, n, g->x, 1.0f, ret_err);
+	if ((r = bd_gemm_run(g->gemm, w, E, in, a, ld, n, g->tmp, 0.0f, ret_err)) < 0)
 		goto out;
 	if ((r = all_reduce(g, g->tmp, nE, ret_err)) < 0)
 		goto out;
@@ -1225,7 +1014,8 @@ static int mlp(struct bd_gmodel *g, const struct glayer *y, int n, char *ret_err
 {
 	int r = 0, E = g->E, F = g->F;
 	OP(bd_op_rmsnorm(g->x, y->ffn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt, g->st));
-	if ((r = gemm(g, y->wgu, 2 * F, E, g->xn, E, n, g->gu, 0.0f, ret_err)) < 0)
+	if ((r = bd_gemm_run(g->gemm, y->wgu, 2 * F, E, g->xn, E, n, g->gu, 0.0f, ret_err)) <
+	    0)
 		goto out;
 	OP(bd_op_swiglu(g->gu, n, F, g->act, g->dt, g->st));
 	r = residual_gemm(g, y->wdown, F, g->act, F, n, ret_err);
@@ -1255,7 +1045,8 @@ static int qkv_proj(struct bd_gmodel *g, const struct glayer *y, int n, float *q
 	size_t W = (size_t)g->Wqkv * 4, qb = (size_t)g->qd * 4, kb = (size_t)g->kd * 4;
 	OP(bd_op_rmsnorm(g->x, y->attn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt,
 			 g->st));
-	if ((r = gemm(g, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, 0.0f, ret_err)) < 0)
+	if ((r = bd_gemm_run(g->gemm, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, 0.0f,
+			     ret_err)) < 0)
 		goto out;
 	if (y->bqkv)
 		OP(bd_op_bias_add(g->qkv, y->bqkv, BD_DT_F32, n, g->Wqkv, g->st));
@@ -1295,7 +1086,7 @@ static int lm_head(struct bd_gmodel *g, int r0, int n, char *ret_err)
 	int r = 0, E = g->E;
 	OP(bd_op_rmsnorm(g->x + (size_t)r0 * (size_t)E, g->out_norm, BD_DT_F32, n, E,
 			 g->hp.norm_eps, g->xn, g->dt, g->st));
-	r = gemm(g, g->out_w, g->V, E, g->xn, E, n, g->logits, 0.0f, ret_err);
+	r = bd_gemm_run(g->gemm, g->out_w, g->V, E, g->xn, E, n, g->logits, 0.0f, ret_err);
 out:
 	return r;
 }
@@ -1309,7 +1100,8 @@ static int qkv_decode(struct bd_gmodel *g, const struct glayer *y, int l, int n,
 	int r = 0, E = g->E;
 	OP(bd_op_rmsnorm(g->x, y->attn_norm, BD_DT_F32, n, E, g->hp.norm_eps, g->xn, g->dt,
 			 g->st));
-	if ((r = gemm(g, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, 0.0f, ret_err)) < 0)
+	if ((r = bd_gemm_run(g->gemm, y->wqkv, g->Wqkv, E, g->xn, E, n, g->qkv, 0.0f,
+			     ret_err)) < 0)
 		goto out;
 	struct bd_gaux_qkv a = {
 		.qkv = g->qkv,
@@ -1392,6 +1184,18 @@ out:
 
 /* ---- validation ------------------------------------------------------------------------------ */
 
+/* The start of every call on a model: ret_err cleared; -EINVAL when g is NULL or args_ok is
+ * false ("missing <what>"), -EIO when the model failed before. */
+static int call_start(const struct bd_gmodel *g, bool args_ok, const char *what, char *ret_err)
+{
+	clear_err(ret_err);
+	if (!g || !args_ok)
+		return fail(ret_err, -EINVAL, "missing %s", what);
+	if (g->failed)
+		return fail(ret_err, -EIO, "the model failed before (%d)", g->failed);
+	return 0;
+}
+
 static int check_sampling(const struct bd_sampler_params *p)
 {
 	return isfinite(p->temperature) && p->temperature >= 0.0f && p->top_k >= 0 &&
@@ -1439,6 +1243,21 @@ static int check_start_row(const struct bd_gmodel *g, const struct bd_grow *row,
 
 /* ---- prefill and synthetic fill --------------------------------------------------------- */
 
+/* The device sampling parameters of row w: its own when they are valid, else greedy, as for a
+ * padding row (w NULL); the callers refuse invalid ones where the sampled token is wanted. */
+static struct bd_gsample gsample_of(const struct bd_grow *w)
+{
+	struct bd_gsample s = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
+	if (w && check_sampling(&w->sampling)) {
+		s.temperature = w->sampling.temperature;
+		s.top_k = w->sampling.top_k;
+		s.top_p = w->sampling.top_p;
+		s.seed = w->sampling.seed;
+		s.step = w->rng_step;
+	}
+	return s;
+}
+
 static void *slot_ptr(const struct bd_gmodel *g, int slot)
 {
 	return (uint8_t *)g->slots + (size_t)slot * g->lay.slot_bytes;
@@ -1458,14 +1277,7 @@ static int pf_upload(struct bd_gmodel *g, const struct bd_grow *row, const int32
 		memcpy(h + g->pf_slots + (size_t)i * 8, &sp, 8);
 	if (row->n_new > 0)
 		memcpy(h + g->pf_pages, row->new_pages, (size_t)row->n_new * 4);
-	struct bd_gsample s = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
-	if (check_sampling(&row->sampling)) { /* else unused: greedy */
-		s.temperature = row->sampling.temperature;
-		s.top_k = row->sampling.top_k;
-		s.top_p = row->sampling.top_p;
-		s.seed = row->sampling.seed;
-		s.step = row->rng_step;
-	}
+	struct bd_gsample s = gsample_of(row);
 	memcpy(h + g->pf_samp, &s, sizeof(s));
 	CU(cudaMemcpyAsync(g->pf_dev, g->pf_host, g->pf_bytes, cudaMemcpyHostToDevice, g->st));
 	CU(cudaMemsetAsync(g->pst_dev, 0, (size_t)g->n_pp * 4, g->st));
@@ -1627,11 +1439,8 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 {
 	int r = 0;
 
-	clear_err(ret_err);
-	if (!g || !row || !tokens)
-		return fail(ret_err, -EINVAL, "missing model, row or tokens");
-	if (g->failed)
-		return fail(ret_err, -EIO, "the model failed before (%d)", g->failed);
+	if ((r = call_start(g, row && tokens, "model, row or tokens", ret_err)) < 0)
+		return r;
 	if (n < 1 || n > g->max_prefill)
 		return fail(ret_err, -EINVAL, "prompt of %d tokens: outside 1..%d", n,
 			    g->max_prefill);
@@ -1701,12 +1510,8 @@ int bd_gmodel_fill_synthetic(struct bd_gmodel *g, const struct bd_grow *row, int
 {
 	int r = 0;
 
-	clear_err(ret_err);
-	if (!g || !row)
-		return fail(ret_err, -EINVAL, "missing model or row");
-	if (g->failed)
-		return fail(ret_err, -EIO, "the model failed before (%d)", g->failed);
-	if ((r = check_start_row(g, row, n, ret_err)) < 0)
+	if ((r = call_start(g, row != NULL, "model or row", ret_err)) < 0 ||
+	    (r = check_start_row(g, row, n, ret_err)) < 0)
 		return r;
 	CU(cudaSetDevice(g->device));
 	if ((r = pf_upload(g, row, NULL, 0, ret_err)) < 0)
@@ -1827,7 +1632,7 @@ static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 	int n_promo = 0;
 
 	for (int i = 0; i < bk->B; i++) {
-		struct bd_gsample s = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
+		struct bd_gsample s = gsample_of(NULL);
 		if (i < n) {
 			const struct bd_grow *w = &rows[i];
 			tk[i] = tokens[i];
@@ -1835,13 +1640,7 @@ static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 			lens[i] = w->position + 1;
 			slots[i] = slot_ptr(g, w->slot);
 			pack_table(g, w, spans + 4 * i, vals, &nv);
-			if (check_sampling(&w->sampling)) { /* else unused: greedy */
-				s.temperature = w->sampling.temperature;
-				s.top_k = w->sampling.top_k;
-				s.top_p = w->sampling.top_p;
-				s.seed = w->sampling.seed;
-				s.step = w->rng_step;
-			}
+			s = gsample_of(w);
 			if (w->n_new > 0) {
 				pp[n_promo] = w->new_pages[0];
 				ps[n_promo++] = slots[i];
@@ -1888,11 +1687,8 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 {
 	int r = 0;
 
-	clear_err(ret_err);
-	if (!g || !rows || !tokens)
-		return fail(ret_err, -EINVAL, "missing model, rows or tokens");
-	if (g->failed)
-		return fail(ret_err, -EIO, "the model failed before (%d)", g->failed);
+	if ((r = call_start(g, rows && tokens, "model, rows or tokens", ret_err)) < 0)
+		return r;
 	if (n < 1 || n > g->max_batch)
 		return fail(ret_err, -EINVAL, "%d rows: outside 1..%d", n, g->max_batch);
 	if ((r = check_out(g, out, ret_err)) < 0 ||
@@ -1913,9 +1709,9 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 		graph = true;
 	} else {
 		/* the first eager step of a bucket times its new skinny GEMM shapes */
-		g->tuning = g->dt == BD_DT_BF16 && !g->comm;
+		bd_gemm_set_tuning(g->gemm, g->dt == BD_DT_BF16 && !g->comm);
 		r = enqueue_decode(g, bk, ret_err);
-		g->tuning = false;
+		bd_gemm_set_tuning(g->gemm, false);
 		if (r < 0)
 			goto out;
 		bk->runs++;

@@ -1,0 +1,21 @@
+/* bd_cuda_err.h — CUDA runtime errors as -errno, for the CUDA host code (the contracts of
+ * bd_gmodel.h and bd_gemm.h): an argument is checked before any CUDA call, so a failing call
+ * means the device, the driver or memory failed, never a bad argument of the caller.
+ */
+#ifndef BD_CUDA_ERR_H
+#define BD_CUDA_ERR_H
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 0 for cudaSuccess; -ENOMEM out of device or pinned memory; -ENODEV no device, no such
+ * device or a driver too old for the runtime; -EIO any other error. */
+int bd_cuda_errno(cudaError_t e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,267 @@
+/* gemm.c — the GPU model's matrix products through cuBLASLt, algorithms chosen once per shape
+ * (bd_gemm.h).
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "base/bd_err.h"
+#include "cuda/bd_cuda_err.h"
+#include "cuda/bd_gemm.h"
+#include "model/bd_model.h"
+
+#define GEMM_CACHE 128     /* GEMM shapes whose algorithm is kept */
+#define GEMM_CANDIDATES 8  /* heuristic results timed for a skinny GEMM */
+#define TUNE_MAX_ROWS 64   /* skinny: at most this many rows (N) */
+#define LT_WS_BYTES ((size_t)32 << 20)
+
+#define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
+
+struct gemm_entry {
+	int M, N, K, ldb;
+	cublasLtMatrixLayout_t a, b, c;
+	cublasLtMatmulAlgo_t algo;
+	bool used, alt; /* alt: the non-pedantic FP32 descriptor (no pedantic algorithm) */
+	bool tuned;     /* the algorithm is final (timed, or not to be timed) */
+	int n_cand;
+	cublasLtMatmulAlgo_t cand[GEMM_CANDIDATES];
+};
+
+struct bd_gemm {
+	struct bd_gemm_opts o;
+	cublasLtHandle_t lt;
+	bool lt_ok;
+	cublasLtMatmulDesc_t mm, mm_alt; /* the context's compute type; plain FP32 compute */
+	cublasLtMatmulPreference_t pref;
+	void *ws;                        /* LT_WS_BYTES of device workspace */
+	cudaEvent_t tev0, tev1;          /* candidate timing */
+	bool tuning;                     /* new skinny shapes are timed */
+	struct gemm_entry gc[GEMM_CACHE];
+	int gc_next;
+};
+
+static void gemm_entry_free(struct gemm_entry *e)
+{
+	if (!e->used)
+		return;
+	cublasLtMatrixLayoutDestroy(e->a);
+	cublasLtMatrixLayoutDestroy(e->b);
+	cublasLtMatrixLayoutDestroy(e->c);
+	e->used = false;
+}
+
+/* The layouts and algorithm of Y [N][M] = X [N][K] (row stride ldb) · W [M][K]ᵀ. */
+static int gemm_find(struct bd_gemm *gm, int M, int N, int K, int ldb, struct gemm_entry **ret)
+{
+	for (int i = 0; i < GEMM_CACHE; i++) {
+		struct gemm_entry *e = &gm->gc[i];
+		if (e->used && e->M == M && e->N == N && e->K == K && e->ldb == ldb) {
+			*ret = e;
+			return 0;
+		}
+	}
+	struct gemm_entry *e = &gm->gc[gm->gc_next];
+	gm->gc_next = (gm->gc_next + 1) % GEMM_CACHE;
+	gemm_entry_free(e);
+	cudaDataType_t in = gm->o.dt == BD_DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+	if (cublasLtMatrixLayoutCreate(&e->a, in, (uint64_t)K, (uint64_t)M, K) !=
+	    CUBLAS_STATUS_SUCCESS)
+		return -ENOMEM;
+	if (cublasLtMatrixLayoutCreate(&e->b, in, (uint64_t)K, (uint64_t)N, ldb) !=
+	    CUBLAS_STATUS_SUCCESS) {
+		cublasLtMatrixLayoutDestroy(e->a);
+		return -ENOMEM;
+	}
+	if (cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, (uint64_t)M, (uint64_t)N, M) !=
+	    CUBLAS_STATUS_SUCCESS) {
+		cublasLtMatrixLayoutDestroy(e->a);
+		cublasLtMatrixLayoutDestroy(e->b);
+		return -ENOMEM;
+	}
+	e->used = true;
+	cublasLtMatmulHeuristicResult_t h[GEMM_CANDIDATES];
+	int nres = 0;
+	/* skinny BF16 products may be timed (gemm_tune): ask for several candidates */
+	int want = gm->o.skinny_tuning && N <= TUNE_MAX_ROWS ? GEMM_CANDIDATES : 1;
+	memset(h, 0, sizeof(h));
+	cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm, e->a, e->b, e->c, e->c,
+							  gm->pref, want, h, &nres);
+	e->alt = false;
+	if ((s != CUBLAS_STATUS_SUCCESS || nres < 1) && gm->mm_alt) {
+		/* FP32 without the pedantic flag: still FP32 products and sums, never TF32 */
+		nres = 0;
+		s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm_alt, e->a, e->b, e->c, e->c,
+						   gm->pref, 1, h, &nres);
+		e->alt = true;
+	}
+	if (s != CUBLAS_STATUS_SUCCESS || nres < 1 || h[0].state != CUBLAS_STATUS_SUCCESS) {
+		gemm_entry_free(e);
+		return -ENOTSUP;
+	}
+	e->algo = h[0].algo;
+	e->n_cand = 0;
+	for (int i = 0; i < nres && i < GEMM_CANDIDATES; i++)
+		if (h[i].state == CUBLAS_STATUS_SUCCESS)
+			e->cand[e->n_cand++] = h[i].algo;
+	e->tuned = e->n_cand < 2;
+	e->M = M;
+	e->N = N;
+	e->K = K;
+	e->ldb = ldb;
+	*ret = e;
+	return 0;
+}
+
+/* Pick the fastest of e's candidates by timing each on the stream (outside a capture: this
+ * synchronizes), writing into y (beta 0) or the scratch (beta 1: y is the residual stream and
+ * must be written once). A candidate that fails is skipped. */
+static void gemm_tune(struct bd_gemm *gm, struct gemm_entry *e, const void *w, const void *x,
+		      float *y, float beta)
+{
+	enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	cudaStream_t st = gm->o.stream;
+	e->tuned = true;
+	if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+		return;
+	float *out = y;
+	if (beta != 0.0f) {
+		if ((size_t)e->M * (size_t)e->N > gm->o.scratch_floats)
+			return;
+		out = gm->o.scratch;
+	}
+	const float alpha = 1.0f, zero = 0.0f;
+	float best = 0.0f;
+	int pick = -1;
+	for (int i = 0; i < e->n_cand; i++) {
+		bool ok = true;
+		for (int rep = 0; rep < 4 && ok; rep++) {
+			if (rep == 1)
+				ok = cudaEventRecord(gm->tev0, st) == cudaSuccess;
+			ok = ok && cublasLtMatmul(gm->lt, gm->mm, &alpha, w, e->a, x, e->b, &zero, out,
+						  e->c, out, e->c, &e->cand[i], gm->ws, LT_WS_BYTES,
+						  st) == CUBLAS_STATUS_SUCCESS;
+		}
+		float ms = 0.0f;
+		ok = ok && cudaEventRecord(gm->tev1, st) == cudaSuccess &&
+		     cudaEventSynchronize(gm->tev1) == cudaSuccess &&
+		     cudaEventElapsedTime(&ms, gm->tev0, gm->tev1) == cudaSuccess;
+		if (ok && (pick < 0 || ms < best)) {
+			best = ms;
+			pick = i;
+		}
+	}
+	(void)cudaGetLastError(); /* a refused candidate leaves no sticky error */
+	if (pick >= 0)
+		e->algo = e->cand[pick];
+}
+
+int bd_gemm_run(struct bd_gemm *gm, const void *w, int M, int K, const void *x, int ldb, int N,
+		float *y, float beta, char *ret_err)
+{
+	struct gemm_entry *e;
+	int r = gemm_find(gm, M, N, K, ldb, &e);
+	if (r < 0)
+		return fail(ret_err, r == -ENOTSUP ? -EIO : r,
+			    "cuBLASLt has no algorithm for %d x %d x %d", M, N, K);
+	if (!e->tuned && gm->tuning)
+		gemm_tune(gm, e, w, x, y, beta);
+	const float alpha = 1.0f;
+	cublasStatus_t s = cublasLtMatmul(gm->lt, e->alt ? gm->mm_alt : gm->mm, &alpha, w, e->a, x,
+					  e->b, &beta, y, e->c, y, e->c, &e->algo, gm->ws,
+					  LT_WS_BYTES, gm->o.stream);
+	if (s != CUBLAS_STATUS_SUCCESS)
+		return fail(ret_err, -EIO, "cublasLtMatmul %d x %d x %d: status %d", M, N, K,
+			    (int)s);
+	return 0;
+}
+
+void bd_gemm_set_tuning(struct bd_gemm *gm, bool on)
+{
+	if (gm)
+		gm->tuning = on;
+}
+
+/* A matmul descriptor of compute type ct: A transposed, B not, FP32 scale type. */
+static bool desc_make(cublasLtMatmulDesc_t *ret, cublasComputeType_t ct)
+{
+	cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+
+	return cublasLtMatmulDescCreate(ret, ct, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+	       cublasLtMatmulDescSetAttribute(*ret, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
+					      sizeof(opT)) == CUBLAS_STATUS_SUCCESS &&
+	       cublasLtMatmulDescSetAttribute(*ret, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
+					      sizeof(opN)) == CUBLAS_STATUS_SUCCESS;
+}
+
+static int gemm_init(struct bd_gemm *gm, char *ret_err)
+{
+	bool f32 = gm->o.dt == BD_DT_F32;
+	uint64_t ws = LT_WS_BYTES;
+	cudaError_t e;
+
+	if (cublasLtCreate(&gm->lt) != CUBLAS_STATUS_SUCCESS)
+		return fail(ret_err, -EIO, "cublasLtCreate failed");
+	gm->lt_ok = true;
+	if (!desc_make(&gm->mm, f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F) ||
+	    (f32 && !desc_make(&gm->mm_alt, CUBLAS_COMPUTE_32F)))
+		return fail(ret_err, -EIO, "cuBLASLt matmul descriptor");
+	if (cublasLtMatmulPreferenceCreate(&gm->pref) != CUBLAS_STATUS_SUCCESS ||
+	    cublasLtMatmulPreferenceSetAttribute(gm->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+						 &ws, sizeof(ws)) != CUBLAS_STATUS_SUCCESS)
+		return fail(ret_err, -EIO, "cuBLASLt preference");
+	if ((e = cudaMalloc(&gm->ws, LT_WS_BYTES)) != cudaSuccess) {
+		gm->ws = NULL;
+		return fail(ret_err, bd_cuda_errno(e), "cudaMalloc of %zu bytes: %s", LT_WS_BYTES,
+			    cudaGetErrorString(e));
+	}
+	if ((e = cudaEventCreate(&gm->tev0)) != cudaSuccess ||
+	    (e = cudaEventCreate(&gm->tev1)) != cudaSuccess)
+		return fail(ret_err, bd_cuda_errno(e), "cudaEventCreate: %s", cudaGetErrorString(e));
+	return 0;
+}
+
+int bd_gemm_new(const struct bd_gemm_opts *opts, struct bd_gemm **ret, char *ret_err)
+{
+	if (!opts || !ret || (opts->dt != BD_DT_BF16 && opts->dt != BD_DT_F32))
+		return fail(ret_err, -EINVAL, "bd_gemm_new: missing options or result, or a dtype "
+					      "other than BF16 and FP32");
+	struct bd_gemm *gm = calloc(1, sizeof(*gm));
+	if (!gm)
+		return fail(ret_err, -ENOMEM, "out of memory");
+	gm->o = *opts;
+	gm->o.skinny_tuning = opts->skinny_tuning && opts->dt == BD_DT_BF16;
+	int r = gemm_init(gm, ret_err);
+	if (r < 0) {
+		bd_gemm_free(gm);
+		return r;
+	}
+	*ret = gm;
+	return 0;
+}
+
+void bd_gemm_free(struct bd_gemm *gm)
+{
+	if (!gm)
+		return;
+	for (int i = 0; i < GEMM_CACHE; i++)
+		gemm_entry_free(&gm->gc[i]);
+	if (gm->pref)
+		cublasLtMatmulPreferenceDestroy(gm->pref);
+	if (gm->mm)
+		cublasLtMatmulDescDestroy(gm->mm);
+	if (gm->mm_alt)
+		cublasLtMatmulDescDestroy(gm->mm_alt);
+	if (gm->lt_ok)
+		cublasLtDestroy(gm->lt);
+	if (gm->ws)
+		cudaFree(gm->ws);
+	if (gm->tev0)
+		cudaEventDestroy(gm->tev0);
+	if (gm->tev1)
+		cudaEventDestroy(gm->tev1);
+	free(gm);
+}
