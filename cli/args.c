@@ -1,9 +1,13 @@
-/* args.c — number arguments of the bdfp4 subcommands (cli.h). */
+/* args.c — the arguments of the bdfp4 subcommands: numbers, the sampling options, bad usage
+ * (cli.h). */
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "model/bd_sampler.h"
 #include "cli.h"
 
 bool cli_parse_long(const char *s, long lo, long hi, long *ret)
@@ -35,4 +39,57 @@ bool cli_parse_float(const char *s, float *ret)
 		return false;
 	*ret = v;
 	return true;
+}
+
+int cli_bad_usage(const char *tool, void (*usage)(FILE *f), const char *fmt, const char *arg)
+{
+	fprintf(stderr, "bdfp4 %s: ", tool);
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	return 2;
+}
+
+int cli_getopt_other(const char *tool, void (*usage)(FILE *f), int c, char **argv)
+{
+	if (c == 'h') {
+		usage(stdout);
+		return 0;
+	}
+	return cli_bad_usage(tool, usage, c == ':' ? "option '%s' needs a value"
+						   : "unknown option '%s'", argv[optind - 1]);
+}
+
+const char *cli_sampling_opt(int opt, const char *arg, struct bd_sampler_params *sp)
+{
+	long v;
+	float f;
+	switch (opt) {
+	case CLI_O_TEMP:
+		if (!cli_parse_float(arg, &f) || f < 0.0f)
+			return "--temperature wants a number ≥ 0, not '%s'";
+		sp->temperature = f;
+		return NULL;
+	case CLI_O_TOPK:
+		if (!cli_parse_long(arg, 0, INT_MAX, &v))
+			return "--top-k wants an integer ≥ 0, not '%s'";
+		sp->top_k = (int)v;
+		return NULL;
+	case CLI_O_TOPP:
+		if (!cli_parse_float(arg, &f) || !(f > 0.0f) || f > 1.0f)
+			return "--top-p wants a number in (0, 1], not '%s'";
+		sp->top_p = f;
+		return NULL;
+	case CLI_O_SEED: {
+		char *end;
+		errno = 0;
+		unsigned long long u = strtoull(arg, &end, 10);
+		if (errno || end == arg || *end || arg[0] == '-')
+			return "--seed wants an unsigned integer, not '%s'";
+		sp->seed = u;
+		return NULL;
+	}
+	default:
+		return "'%s' is not a sampling option";
+	}
 }

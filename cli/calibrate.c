@@ -255,43 +255,26 @@ int cmd_calibrate(int argc, char **argv)
 			model_opt = optarg;
 			break;
 		case 'c':
-			if (!cli_parse_int(optarg, 256, INT_MAX, &ctx)) {
-				fprintf(stderr, "bdfp4 calibrate: --ctx wants an integer ≥ 256, "
-						"not '%s'\n",
-					optarg);
-				return 2;
-			}
+			if (!cli_parse_int(optarg, 256, INT_MAX, &ctx))
+				return cli_bad_usage("calibrate", usage,
+						     "--ctx wants an integer ≥ 256, not '%s'", optarg);
 			break;
 		case 'o':
 			out_path = optarg;
 			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case ':':
-			fprintf(stderr, "bdfp4 calibrate: option '%s' needs a value\n",
-				argv[optind - 1]);
-			usage(stderr);
-			return 2;
 		default:
-			fprintf(stderr, "bdfp4 calibrate: unknown option '%s'\n", argv[optind - 1]);
-			usage(stderr);
-			return 2;
+			return cli_getopt_other("calibrate", usage, c, argv);
 		}
 	}
-	if (optind != argc || !out_path) {
-		fprintf(stderr, "bdfp4 calibrate: %s\n",
-			optind != argc ? "no positional arguments" : "-o FILE is required");
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc || !out_path)
+		return cli_bad_usage("calibrate", usage, "%s", optind != argc
+				     ? "no positional arguments" : "-o FILE is required");
 
 	char model_path[PATH_MAX + 64];
 	cli_model_path(model_opt, model_path, sizeof(model_path));
 
 	int rc = 1, r;
 	bool tty = isatty(STDERR_FILENO);
-	struct bd_gguf *g = NULL;
 	struct bd_model *m = NULL;
 	struct bd_tokenizer *tok = NULL;
 	struct bd_calib *cal = NULL;
@@ -299,7 +282,7 @@ int cmd_calibrate(int argc, char **argv)
 	struct bd_seq *seq = NULL;
 	int32_t *joined = NULL, *tiled = NULL, *stop = NULL, *gen = NULL;
 	size_t n_joined = 0;
-	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
+	char err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
 	uint8_t sha[BD_SHA256_BYTES];
 	double t0 = bd_now_s();
 
@@ -309,20 +292,8 @@ int cmd_calibrate(int argc, char **argv)
 			model_path, strerror(-r));
 		return 1;
 	}
-	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
-		fprintf(stderr, "bdfp4 calibrate: %s: %s\n", model_path, gerr);
+	if (cli_load_model("calibrate", model_path, &m, &tok) < 0)
 		goto out;
-	}
-	if ((r = bd_model_from_gguf(g, &m, err)) < 0) {
-		fprintf(stderr, "bdfp4 calibrate: %s: %s\n", model_path, err);
-		goto out;
-	}
-	if ((r = bd_tokenizer_new_from_gguf(g, &tok, terr)) < 0) {
-		fprintf(stderr, "bdfp4 calibrate: %s: tokenizer: %s\n", model_path, terr);
-		goto out;
-	}
-	bd_gguf_free(g);
-	g = NULL;
 	const struct bd_model_hparams *hp = &m->hp;
 	if (ctx > hp->n_ctx_train) {
 		fprintf(stderr, "bdfp4 calibrate: --ctx %d exceeds the model's context of %d\n", ctx,
@@ -331,15 +302,10 @@ int cmd_calibrate(int argc, char **argv)
 	}
 
 	/* 1. the calibration text: eight prompts, each continued greedily with BF16 KV */
-	int32_t nv = bd_tokenizer_n_vocab(tok);
 	int n_stop = 0;
-	stop = malloc(sizeof(*stop) * (size_t)nv);
 	gen = malloc(sizeof(*gen) * GEN_TOKENS);
-	if (!stop || !gen)
+	if (cli_eog_ids(tok, &stop, &n_stop) < 0 || !gen)
 		goto oom;
-	for (int32_t i = 0; i < nv; i++)
-		if (bd_tokenizer_is_eog(tok, i))
-			stop[n_stop++] = i;
 	size_t cap_joined = 0;
 	for (int i = 0; i < 8; i++) {
 		struct bd_chat_msg msg = { .role = "user", .content = prompts[i] };
@@ -468,7 +434,6 @@ out:
 	free(hk.kbf);
 	free(hk.S);
 	bd_calib_free(cal);
-	bd_gguf_free(g);
 	bd_model_free(m);
 	bd_tokenizer_free(tok);
 	free(joined);

@@ -6,6 +6,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "base/bd_clock.h"
 
@@ -21,6 +23,40 @@ int cmd_eval_kl(int argc, char **argv);
 bool cli_parse_long(const char *s, long lo, long hi, long *ret);
 bool cli_parse_int(const char *s, long lo, long hi, int *ret);
 bool cli_parse_float(const char *s, float *ret);
+
+/* Bad usage (cli/args.c): "bdfp4 TOOL: " and fmt (one %s: arg) on stderr, then the tool's
+ * usage; returns 2, the exit status of bad usage. */
+int cli_bad_usage(const char *tool, void (*usage)(FILE *f), const char *fmt, const char *arg);
+
+/* The cases a subcommand's getopt_long switch leaves to this (opterr 0, optstring starting
+ * ":h"): 'h' prints the usage to stdout (exit status 0), ':' (an option without its value)
+ * and anything else (an unknown option) are bad usage (2). c: getopt_long's return. */
+int cli_getopt_other(const char *tool, void (*usage)(FILE *f), int c, char **argv);
+
+/* The sampling options, with the same codes in every subcommand's option table (each lists
+ * the ones it takes). */
+enum { CLI_O_TEMP = 200, CLI_O_TOPK, CLI_O_TOPP, CLI_O_SEED };
+#define CLI_OPT_TEMPERATURE { "temperature", required_argument, NULL, CLI_O_TEMP }
+#define CLI_OPT_TOP_K { "top-k", required_argument, NULL, CLI_O_TOPK }
+#define CLI_OPT_TOP_P { "top-p", required_argument, NULL, CLI_O_TOPP }
+#define CLI_OPT_SEED { "seed", required_argument, NULL, CLI_O_SEED }
+
+/* The value arg of sampling option opt (one of CLI_O_*) into sp: --temperature a number ≥ 0,
+ * --top-k an integer ≥ 0, --top-p a number in (0, 1], --seed an unsigned 64-bit integer.
+ * Returns NULL, or (a bad value; sp unchanged) the message for cli_bad_usage. */
+struct bd_sampler_params;
+const char *cli_sampling_opt(int opt, const char *arg, struct bd_sampler_params *sp);
+
+/* The model and its tokenizer from the GGUF file at path (cli/load.c), the file unmapped
+ * again. Returns 0, or -1 after printing why ("bdfp4 TOOL: path: ..."). */
+struct bd_model;
+struct bd_tokenizer;
+int cli_load_model(const char *tool, const char *path, struct bd_model **ret_m,
+		   struct bd_tokenizer **ret_tok);
+
+/* The ids generation stops at (bd_tokenizer_is_eog), malloc'ed into *ret_ids (the caller frees
+ * it), *ret_n of them. Returns 0 or -ENOMEM. */
+int cli_eog_ids(const struct bd_tokenizer *tok, int32_t **ret_ids, int *ret_n);
 
 /* Calibration lookup shared by calibrate, eval-kl and generate (cli/calibrate.c). */
 struct bd_model_hparams;

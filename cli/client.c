@@ -46,11 +46,7 @@ static void usage(FILE *f)
 
 static int bad_usage(const char *fmt, const char *arg)
 {
-	fprintf(stderr, "bdfp4 client: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\n");
-	usage(stderr);
-	return 2;
+	return cli_bad_usage("client", usage, fmt, arg);
 }
 
 static const char *state_name(int s)
@@ -208,8 +204,8 @@ static json_t *chunk_json(const struct bd_client_event *ev)
 int cmd_client(int argc, char **argv)
 {
 	enum {
-		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED,
-		O_KV, O_STOP, O_NOSTREAM, O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO
+		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_MAX, O_KV, O_STOP, O_NOSTREAM,
+		O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO
 	};
 	static const struct option opts[] = {
 		{ "router", required_argument, NULL, O_ROUTER },
@@ -217,10 +213,10 @@ int cmd_client(int argc, char **argv)
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
 		{ "max-tokens", required_argument, NULL, O_MAX },
-		{ "temperature", required_argument, NULL, O_TEMP },
-		{ "top-k", required_argument, NULL, O_TOPK },
-		{ "top-p", required_argument, NULL, O_TOPP },
-		{ "seed", required_argument, NULL, O_SEED },
+		CLI_OPT_TEMPERATURE,
+		CLI_OPT_TOP_K,
+		CLI_OPT_TOP_P,
+		CLI_OPT_SEED,
 		{ "kv", required_argument, NULL, O_KV },
 		{ "stop", required_argument, NULL, O_STOP },
 		{ "no-stream", no_argument, NULL, O_NOSTREAM },
@@ -233,7 +229,7 @@ int cmd_client(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *router = getenv("BD_ROUTER"), *system_msg = NULL;
+	const char *router = getenv("BD_ROUTER"), *system_msg = NULL, *bad;
 	const char *stops[BD_CLIENT_MAX_STOPS];
 	struct bd_client_gen g = { .max_tokens = 256, .stream = true, .chat = true };
 	struct bd_client_msg msgs[2];
@@ -271,35 +267,13 @@ int cmd_client(int argc, char **argv)
 						 optarg);
 			g.max_tokens = (uint32_t)v;
 			break;
-		case O_TEMP:
-			if (!cli_parse_float(optarg, &g.sampling.temperature) ||
-			    g.sampling.temperature < 0)
-				return bad_usage("--temperature wants a number >= 0, not '%s'",
-						 optarg);
+		case CLI_O_TEMP:
+		case CLI_O_TOPK:
+		case CLI_O_TOPP:
+		case CLI_O_SEED:
+			if ((bad = cli_sampling_opt(opt, optarg, &g.sampling)))
+				return bad_usage(bad, optarg);
 			break;
-		case O_TOPK:
-			if (!cli_parse_long(optarg, 0, INT_MAX, &v))
-				return bad_usage("--top-k wants an integer >= 0, not '%s'", optarg);
-			g.sampling.top_k = (int)v;
-			break;
-		case O_TOPP:
-			if (!cli_parse_float(optarg, &g.sampling.top_p) || !(g.sampling.top_p > 0) ||
-			    g.sampling.top_p > 1)
-				return bad_usage("--top-p wants a number in (0, 1], not '%s'",
-						 optarg);
-			break;
-		case O_SEED: {
-			char *end;
-			unsigned long long u;
-
-			errno = 0;
-			u = strtoull(optarg, &end, 10);
-			if (errno || end == optarg || *end || optarg[0] == '-')
-				return bad_usage("--seed wants an unsigned integer, not '%s'",
-						 optarg);
-			g.sampling.seed = u;
-			break;
-		}
 		case O_KV:
 			g.kv_config = optarg;
 			break;
@@ -339,13 +313,8 @@ int cmd_client(int argc, char **argv)
 		case O_INFO:
 			info = true;
 			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case ':':
-			return bad_usage("option '%s' needs a value", argv[optind - 1]);
 		default:
-			return bad_usage("unknown option '%s'", argv[optind - 1]);
+			return cli_getopt_other("client", usage, opt, argv);
 		}
 	}
 	if (!health && !info && optind != argc - 1)

@@ -809,11 +809,7 @@ static void usage(FILE *f)
 
 static int bad_usage(const char *msg, const char *arg)
 {
-	fprintf(stderr, "bdfp4 eval-kl: ");
-	fprintf(stderr, msg, arg);
-	fprintf(stderr, "\n");
-	usage(stderr);
-	return 2;
+	return cli_bad_usage("eval-kl", usage, msg, arg);
 }
 
 static int parse_kv_list(struct opts *o, const char *list)
@@ -842,8 +838,8 @@ static int parse_kv_list(struct opts *o, const char *list)
 int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
-		O_MODEL = 256, O_KV, O_CTX, O_STEPS, O_TRAJ, O_TEMP, O_SEED, O_CALIB, O_NOCALIB,
-		O_QERR, O_THREADS, O_LOG, O_JSON, O_SUMMARIZE
+		O_MODEL = 256, O_KV, O_CTX, O_STEPS, O_TRAJ, O_CALIB, O_NOCALIB, O_QERR, O_THREADS,
+		O_LOG, O_JSON, O_SUMMARIZE
 	};
 	static const struct option lopts[] = {
 		{ "model", required_argument, NULL, O_MODEL },
@@ -851,8 +847,8 @@ int cmd_eval_kl(int argc, char **argv)
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "steps", required_argument, NULL, O_STEPS },
 		{ "trajectories", required_argument, NULL, O_TRAJ },
-		{ "temperature", required_argument, NULL, O_TEMP },
-		{ "seed", required_argument, NULL, O_SEED },
+		CLI_OPT_TEMPERATURE,
+		CLI_OPT_SEED,
 		{ "calib", required_argument, NULL, O_CALIB },
 		{ "no-calib", no_argument, NULL, O_NOCALIB },
 		{ "qerr-every", required_argument, NULL, O_QERR },
@@ -866,7 +862,7 @@ int cmd_eval_kl(int argc, char **argv)
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
 			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	const char *summary = NULL;
+	const char *summary = NULL, *bad;
 	int c;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
@@ -898,22 +894,11 @@ int cmd_eval_kl(int argc, char **argv)
 				return bad_usage("--trajectories wants an integer ≥ 1, not '%s'",
 						 optarg);
 			break;
-		case O_TEMP: {
-			char *end;
-			o.sp.temperature = strtof(optarg, &end);
-			if (end == optarg || *end || !isfinite(o.sp.temperature) ||
-			    o.sp.temperature < 0.0f)
-				return bad_usage("--temperature wants a number ≥ 0, not '%s'", optarg);
+		case CLI_O_TEMP:
+		case CLI_O_SEED:
+			if ((bad = cli_sampling_opt(c, optarg, &o.sp)))
+				return bad_usage(bad, optarg);
 			break;
-		}
-		case O_SEED: {
-			char *end;
-			errno = 0;
-			o.sp.seed = strtoull(optarg, &end, 10);
-			if (errno || end == optarg || *end || optarg[0] == '-')
-				return bad_usage("--seed wants an unsigned integer, not '%s'", optarg);
-			break;
-		}
 		case O_CALIB:
 			o.calib = optarg;
 			break;
@@ -938,13 +923,8 @@ int cmd_eval_kl(int argc, char **argv)
 		case O_SUMMARIZE:
 			summary = optarg;
 			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case ':':
-			return bad_usage("option '%s' needs a value", argv[optind - 1]);
 		default:
-			return bad_usage("unknown option '%s'", argv[optind - 1]);
+			return cli_getopt_other("eval-kl", usage, c, argv);
 		}
 	}
 	if (summary)
@@ -963,7 +943,6 @@ int cmd_eval_kl(int argc, char **argv)
 	cli_model_path(o.model, model_path, sizeof(model_path));
 
 	int rc = 1, r;
-	struct bd_gguf *g = NULL;
 	struct bd_model *m = NULL;
 	struct bd_tokenizer *tok = NULL;
 	struct bd_calib *cal = NULL;
@@ -972,25 +951,12 @@ int cmd_eval_kl(int argc, char **argv)
 	int32_t *stream = NULL;
 	struct shared sh = { .o = &o };
 	pthread_t *th = NULL;
-	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
 	double t_start = bd_now_s();
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
-	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
-		fprintf(stderr, "bdfp4 eval-kl: %s: %s\n", model_path, gerr[0] ? gerr : strerror(-r));
+	if (cli_load_model("eval-kl", model_path, &m, &tok) < 0)
 		goto out;
-	}
-	if ((r = bd_model_from_gguf(g, &m, err)) < 0) {
-		fprintf(stderr, "bdfp4 eval-kl: %s: %s\n", model_path, err);
-		goto out;
-	}
-	if ((r = bd_tokenizer_new_from_gguf(g, &tok, terr)) < 0) {
-		fprintf(stderr, "bdfp4 eval-kl: %s: tokenizer: %s\n", model_path, terr);
-		goto out;
-	}
-	bd_gguf_free(g);
-	g = NULL;
 	const struct bd_model_hparams *hp = &m->hp;
 	if (o.ctx > hp->n_ctx_train) {
 		fprintf(stderr, "bdfp4 eval-kl: --ctx %d exceeds the model's context of %d\n", o.ctx,
@@ -1114,7 +1080,6 @@ out:
 	free(stream);
 	free(text);
 	bd_calib_free(cal);
-	bd_gguf_free(g);
 	bd_model_free(m);
 	bd_tokenizer_free(tok);
 	pthread_mutex_destroy(&sh.lock);

@@ -55,11 +55,7 @@ static void usage(FILE *f)
 
 static int bad_usage(const char *fmt, const char *arg)
 {
-	fprintf(stderr, "bdfp4 generate: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\n");
-	usage(stderr);
-	return 2;
+	return cli_bad_usage("generate", usage, fmt, arg);
 }
 
 static long peak_rss_kib(void)
@@ -146,77 +142,17 @@ static int on_token(void *ctx, int32_t t)
 	return show(s, false) ? 1 : 0;
 }
 
-/* bd_generate() with decode parameters: the calibrated τ reaches the decoder only through
- * bd_seq_opts, as struct bd_gen_params has no decode parameters. Same loop: prefill, then
- * sample and decode until max_tokens, a stop id or the callback's stop. */
-static int generate_tokens(const struct bd_model *m, const int32_t *prompt, int n_prompt,
-			   const struct bd_gen_params *p, const struct bd_decode_params *dp,
-			   int32_t *ret_tokens, int *ret_n, char *err)
-{
-	struct bd_seq_opts so = { .max_tokens = n_prompt + p->max_tokens, .mu_k = p->mu_k,
-				  .dp = dp };
-	struct bd_seq *seq = NULL;
-	struct bd_sampler *smp = NULL;
-	float *logits = NULL;
-	int r, n = 0;
-
-	if ((r = bd_sampler_new(p->sampling, m->hp.n_vocab, &smp)) < 0) {
-		snprintf(err, BD_MODEL_ERR_MAX, "bad sampling parameters");
-		goto out;
-	}
-	if ((r = bd_seq_new(m, bd_kvcfg_find(p->kv), &so, &seq, err)) < 0)
-		goto out;
-	if (!(logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab))) {
-		r = -ENOMEM;
-		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
-		goto out;
-	}
-	if ((r = bd_model_prefill(m, seq, prompt, n_prompt, logits)) < 0) {
-		snprintf(err, BD_MODEL_ERR_MAX, "prefill failed (%s)", strerror(-r));
-		goto out;
-	}
-	for (;;) {
-		int32_t t;
-		bool stop = false;
-		if ((r = bd_sampler_sample(smp, logits, &t)) < 0) {
-			snprintf(err, BD_MODEL_ERR_MAX, "sampling failed: non-finite logits");
-			goto out;
-		}
-		ret_tokens[n++] = t;
-		for (int i = 0; i < p->n_stop_ids; i++)
-			stop = stop || p->stop_ids[i] == t;
-		if (stop || (p->on_token && p->on_token(p->cb_ctx, t) != 0) ||
-		    n >= p->max_tokens)
-			break;
-		if ((r = bd_model_decode(m, seq, t, logits)) < 0) {
-			snprintf(err, BD_MODEL_ERR_MAX, "decode step %d failed (%s)", n,
-				 strerror(-r));
-			goto out;
-		}
-	}
-	r = 0;
-out:
-	*ret_n = n;
-	free(logits);
-	bd_seq_free(seq);
-	bd_sampler_free(smp);
-	return r;
-}
-
 int cmd_generate(int argc, char **argv)
 {
-	enum {
-		O_MODEL = 256, O_KV, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_CHAT, O_STOP, O_STATS,
-		O_CALIB, O_NOCALIB
-	};
+	enum { O_MODEL = 256, O_KV, O_MAX, O_CHAT, O_STOP, O_STATS, O_CALIB, O_NOCALIB };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, O_MODEL },
 		{ "kv", required_argument, NULL, O_KV },
 		{ "max-tokens", required_argument, NULL, O_MAX },
-		{ "temperature", required_argument, NULL, O_TEMP },
-		{ "top-k", required_argument, NULL, O_TOPK },
-		{ "top-p", required_argument, NULL, O_TOPP },
-		{ "seed", required_argument, NULL, O_SEED },
+		CLI_OPT_TEMPERATURE,
+		CLI_OPT_TOP_K,
+		CLI_OPT_TOP_P,
+		CLI_OPT_SEED,
 		{ "chat", no_argument, NULL, O_CHAT },
 		{ "stop", required_argument, NULL, O_STOP },
 		{ "stats", no_argument, NULL, O_STATS },
@@ -225,7 +161,7 @@ int cmd_generate(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL;
+	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL, *bad;
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
 	long max_tokens = 256, v;
 	bool chat = false, stats = false, no_calib = false;
@@ -250,32 +186,13 @@ int cmd_generate(int argc, char **argv)
 						 optarg);
 			max_tokens = v;
 			break;
-		case O_TEMP:
-			if (!cli_parse_float(optarg, &sp.temperature) || sp.temperature < 0.0f)
-				return bad_usage("--temperature wants a number ≥ 0, not '%s'",
-						 optarg);
+		case CLI_O_TEMP:
+		case CLI_O_TOPK:
+		case CLI_O_TOPP:
+		case CLI_O_SEED:
+			if ((bad = cli_sampling_opt(c, optarg, &sp)))
+				return bad_usage(bad, optarg);
 			break;
-		case O_TOPK:
-			if (!cli_parse_long(optarg, 0, INT_MAX, &v))
-				return bad_usage("--top-k wants an integer ≥ 0, not '%s'", optarg);
-			sp.top_k = (int)v;
-			break;
-		case O_TOPP:
-			if (!cli_parse_float(optarg, &sp.top_p) || !(sp.top_p > 0.0f) ||
-			    sp.top_p > 1.0f)
-				return bad_usage("--top-p wants a number in (0, 1], not '%s'",
-						 optarg);
-			break;
-		case O_SEED: {
-			char *end;
-			errno = 0;
-			unsigned long long u = strtoull(optarg, &end, 10);
-			if (errno || end == optarg || *end || optarg[0] == '-')
-				return bad_usage("--seed wants an unsigned integer, not '%s'",
-						 optarg);
-			sp.seed = u;
-			break;
-		}
 		case O_CHAT:
 			chat = true;
 			break;
@@ -295,13 +212,8 @@ int cmd_generate(int argc, char **argv)
 		case O_NOCALIB:
 			no_calib = true;
 			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case ':':
-			return bad_usage("option '%s' needs a value", argv[optind - 1]);
 		default:
-			return bad_usage("unknown option '%s'", argv[optind - 1]);
+			return cli_getopt_other("generate", usage, c, argv);
 		}
 	}
 	if (optind != argc - 1)
@@ -324,7 +236,6 @@ int cmd_generate(int argc, char **argv)
 	}
 
 	int rc = 1, r;
-	struct bd_gguf *g = NULL;
 	struct bd_model *m = NULL;
 	struct bd_tokenizer *tok = NULL;
 	struct bd_calib *cal = NULL;
@@ -332,24 +243,11 @@ int cmd_generate(int argc, char **argv)
 	size_t n_ids = 0;
 	int n_stop = 0, n_out = 0;
 	long rss_end = -1;
-	char gerr[BD_GGUF_ERR_MAX], err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
+	char err[BD_MODEL_ERR_MAX], terr[BD_TOKENIZER_ERR_MAX];
 	double t0 = bd_now_s();
 
-	if ((r = bd_gguf_open(model_path, &g, gerr)) < 0) {
-		fprintf(stderr, "bdfp4 generate: %s: %s\n", model_path,
-			gerr[0] ? gerr : strerror(-r));
+	if (cli_load_model("generate", model_path, &m, &tok) < 0)
 		goto out;
-	}
-	if ((r = bd_model_from_gguf(g, &m, err)) < 0) {
-		fprintf(stderr, "bdfp4 generate: %s: %s\n", model_path, err);
-		goto out;
-	}
-	if ((r = bd_tokenizer_new_from_gguf(g, &tok, terr)) < 0) {
-		fprintf(stderr, "bdfp4 generate: %s: tokenizer: %s\n", model_path, terr);
-		goto out;
-	}
-	bd_gguf_free(g);
-	g = NULL;
 	double t_load = bd_now_s() - t0;
 	if (!no_calib && cli_calib_setup("generate", calib_path, model_path, &m->hp, 0,
 					 CLI_DEFAULT_CTX, !stats, &cal) < 0)
@@ -383,18 +281,13 @@ int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 
-	int32_t nv = bd_tokenizer_n_vocab(tok);
-	stop_ids = malloc(sizeof(*stop_ids) * (size_t)nv);
 	out = malloc(sizeof(*out) * (size_t)max_tokens);
 	s.piece_cap = bd_tokenizer_stream_cap(tok);
 	s.piece = malloc(s.piece_cap);
-	if (!stop_ids || !out || !s.piece) {
+	if (cli_eog_ids(tok, &stop_ids, &n_stop) < 0 || !out || !s.piece) {
 		fprintf(stderr, "bdfp4 generate: out of memory\n");
 		goto out;
 	}
-	for (int32_t i = 0; i < nv; i++)
-		if (bd_tokenizer_is_eog(tok, i))
-			stop_ids[n_stop++] = i;
 	s.tok = tok;
 	bd_tokenizer_stream_init(&s.st, BD_TOK_SKIP_SPECIAL);
 
@@ -407,10 +300,11 @@ int cmd_generate(int argc, char **argv)
 		.mu_k = cal ? cal->mu_k : NULL,
 		.on_token = on_token,
 		.cb_ctx = &s,
+		.dp = &dp,
 	};
 	double t_gen = bd_now_s();
 	s.rss_kib = &rss_end;
-	r = generate_tokens(m, ids, (int)n_ids, &gp, &dp, out, &n_out, err);
+	r = bd_generate(m, ids, (int)n_ids, &gp, out, &n_out, err);
 	if (r < 0) {
 		fprintf(stderr, "\nbdfp4 generate: %s\n", err);
 		goto out;
@@ -444,7 +338,6 @@ int cmd_generate(int argc, char **argv)
 	rc = 0;
 out:
 	bd_calib_free(cal);
-	bd_gguf_free(g);
 	bd_model_free(m);
 	bd_tokenizer_free(tok);
 	free(ids);
