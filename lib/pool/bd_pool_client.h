@@ -28,9 +28,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/types.h>
 
 #include "quant/bd_layout.h"
+#include "pool/bd_pool_op.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -198,50 +198,6 @@ void bd_pool_stats_free(struct bd_pool_stats *s);
 
 /* Every request record, by request id; *ret freed with free(). */
 int bd_pool_requests(struct bd_pool_conn *c, struct bd_pool_holder **ret, size_t *ret_n);
-
-/* ---- the request frames ------------------------------------------------------------------ */
-
-/* The operations of a PoolRequest, numbered as the members of kvpool.proto's oneof `op`. */
-enum bd_pool_op_kind {
-	BD_POOL_OP_NONE = 0, /* no member set: the daemon answers POOL_ERR_UNKNOWN_TYPE */
-	BD_POOL_OP_PAGE_ALLOC = 1,
-	BD_POOL_OP_PAGE_RESERVE = 2,
-	BD_POOL_OP_PAGE_COMMIT = 3,
-	BD_POOL_OP_PAGE_FREE = 4,
-	BD_POOL_OP_PAGE_REF = 5,
-	BD_POOL_OP_SLOT_ASSIGN = 6,
-	BD_POOL_OP_SLOT_RELEASE = 7,
-	BD_POOL_OP_REQUEST_RELEASE = 8,
-	BD_POOL_OP_OWNER_RECLAIM = 9,
-	BD_POOL_OP_STATS = 10,
-	BD_POOL_OP_REQUESTS = 11,
-	BD_POOL_OP_COUNT
-};
-
-/* One allocation request, the C form of a PoolRequest. A kind sends only the fields its
- * message has (kvpool.proto); the others are ignored:
- *   PAGE_ALLOC     request_id, owner, n (pages)     PAGE_RESERVE   request_id, owner
- *   PAGE_COMMIT    request_id, index (the page)     PAGE_FREE      request_id, pages
- *   PAGE_REF       request_id, owner, pages         SLOT_ASSIGN    request_id, owner
- *   SLOT_RELEASE   request_id, index (the slot)     REQUEST_RELEASE request_id
- *   OWNER_RECLAIM  owner                            STATS          n (largest holders, 0: the
- *   REQUESTS, NONE nothing                                         daemon's default)
- * The allocation calls above build one each; tests and tools that speak the protocol
- * themselves (a fuzzer, an asynchronous probe) pack them with bd_pool_op_pack(). */
-struct bd_pool_op {
-	enum bd_pool_op_kind kind;
-	uint64_t request_id, owner;
-	uint32_t n;
-	int32_t index;
-	const int32_t *pages; /* n_pages page ids, borrowed */
-	size_t n_pages;
-};
-
-/* Packs op as one PoolRequest frame into buf (cap bytes; buf may be NULL when cap is 0) when
- * it fits, like snprintf: returns the frame's length in bytes, and a length above cap means
- * nothing was written (call again with a buffer that large). Returns -EINVAL for a NULL op,
- * an unknown kind or n_pages ids without a list. */
-ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap);
 
 /* One raw round trip (tests, tools): sends len bytes as one frame and returns the reply frame
  * in *ret_reply (free() it), its length in *ret_len. Returns 0, -EINVAL, -ETIMEDOUT, -ENOMEM or

@@ -85,7 +85,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct bd_kvpool_alloc *a;
 	struct bd_kvpool_handler h;
 	struct bd_kvpool_counts c;
-	size_t i = 0;
+	struct bd_pool_holder held[N_REQ];
+	size_t i = 0, n_held;
 
 	if (bd_kvpool_alloc_new(N_PAGES, N_SLOTS, PPR, N_REQ, &a) < 0)
 		abort();
@@ -102,8 +103,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			handle(&h, data + i, len);
 		i += len;
 	}
-	for (uint64_t id = 1; id <= N_REQ; id++)
-		bd_kvpool_request_release(a, id, NULL);
+	/* every record, whatever id a raw frame gave it (at most N_REQ of them) */
+	n_held = bd_kvpool_alloc_holders(a, false, held, N_REQ);
+	for (size_t k = 0; k < n_held; k++)
+		bd_kvpool_request_release(a, held[k].request_id, NULL);
 	bd_kvpool_alloc_counts(a, &c);
 	if (c.pages_free != N_PAGES || c.slots_free != N_SLOTS || c.requests != 0)
 		abort();

@@ -1,4 +1,4 @@
-/* test_pool_op.c — bd_pool_op_pack (bd_pool_client.h): each kind becomes the PoolRequest
+/* test_pool_op.c — bd_pool_op_pack (bd_pool_op.h): each kind becomes the PoolRequest
  * member of kvpool.proto with the fields that message has, byte for byte; the length is
  * reported like snprintf's, and nothing is written to a buffer that is too small. Suite
  * "pool_op".
@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "pool/bd_pool_client.h"
+#include "pool/bd_pool_op.h"
 #include "kvpool.pb-c.h"
 
 /* Every kind from the same op (request 3, owner 9, n 5, index 13, pages 7 and 300): the
