@@ -378,3 +378,17 @@ bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms)
 	bd_client_free(c);
 	return ok;
 }
+
+void sv_expect_healthy(struct sv_env *e, int timeout_ms, const char *what)
+{
+	cr_assert(sv_wait_health(e, true, timeout_ms), "%s; router log:\n%s", what,
+		  sv_log_tail(&e->router));
+}
+
+struct bd_client *sv_client(struct sv_env *e)
+{
+	struct bd_client *c;
+
+	cr_assert_eq(bd_client_new(e->front_ep, &c), 0);
+	return c;
+}

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+struct bd_client;
+
 #define SV_TIMEOUT_MS 60000
 #define SV_MAX_ARGS 64
 
@@ -66,6 +68,12 @@ bool sv_pool_idle(struct sv_env *e, int timeout_ms);
 
 /* Waits until the router reports healthy (want true) or not (want false). */
 bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);
+/* Asserts that the router reports healthy within timeout_ms (its worker group formed); the
+ * failure says what ("no recovery") and shows the router's log. */
+void sv_expect_healthy(struct sv_env *e, int timeout_ms, const char *what);
+
+/* A client of the router's frontend (asserted; bd_client_free it). */
+struct bd_client *sv_client(struct sv_env *e);
 
 int64_t sv_now_ms(void);
 

@@ -20,7 +20,7 @@
 #define MAX_REC 32
 #define MAX_PAGES 64
 
-/* ---- the fake pool ---------------------------------------------------------------------------- */
+/* ---- the fake pool --------------------------------------------------------------------------- */
 
 struct rec {
 	bool live;
@@ -76,6 +76,16 @@ static int records(void)
 	return n;
 }
 
+/* The record a call on id works on: NULL with *ret_e -EHOSTDOWN while the pool is down, or
+ * -ENOENT for an unknown request. */
+static struct rec *fp_rec(uint64_t id, int *ret_e)
+{
+	struct rec *r = P.down ? NULL : rec_of(id);
+
+	*ret_e = P.down ? -EHOSTDOWN : -ENOENT;
+	return r;
+}
+
 static int fp_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
 {
 	(void)ctx;
@@ -95,7 +105,8 @@ static int fp_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
 		for (int i = 0; i < MAX_REC; i++) {
 			if (P.rec[i].live)
 				continue;
-			P.rec[i] = (struct rec){ .live = true, .id = id, .slot = s, .reserved = -1 };
+			P.rec[i] = (struct rec){ .live = true, .id = id, .slot = s,
+						 .reserved = -1 };
 			P.slot_used[s] = true;
 			*ret_slot = s;
 			return 0;
@@ -106,13 +117,12 @@ static int fp_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
 
 static int fp_page_alloc(void *ctx, uint64_t id, uint32_t n, int32_t *ret_pages)
 {
-	struct rec *r = rec_of(id);
+	int e;
+	struct rec *r = fp_rec(id, &e);
 
 	(void)ctx;
-	if (P.down)
-		return -EHOSTDOWN;
 	if (!r)
-		return -ENOENT;
+		return e;
 	P.allocs++;
 	if ((uint32_t)pages_free() < n)
 		return -ENOSPC;
@@ -128,14 +138,12 @@ static int fp_page_alloc(void *ctx, uint64_t id, uint32_t n, int32_t *ret_pages)
 
 static int fp_page_reserve(void *ctx, uint64_t id, int32_t *ret_page)
 {
-	struct rec *r = rec_of(id);
-	int p;
+	int e, p;
+	struct rec *r = fp_rec(id, &e);
 
 	(void)ctx;
-	if (P.down)
-		return -EHOSTDOWN;
 	if (!r)
-		return -ENOENT;
+		return e;
 	cr_assert_eq(r->reserved, -1, "request %llu reserves a second page",
 		     (unsigned long long)id);
 	p = free_page();
@@ -150,11 +158,12 @@ static int fp_page_reserve(void *ctx, uint64_t id, int32_t *ret_page)
 
 static int fp_page_commit(void *ctx, uint64_t id, int32_t page)
 {
-	struct rec *r = rec_of(id);
+	int e;
+	struct rec *r = fp_rec(id, &e);
 
 	(void)ctx;
 	if (P.down)
-		return -EHOSTDOWN;
+		return e;
 	cr_assert_not_null(r);
 	cr_assert_eq(r->reserved, page, "commit of page %d, reserved %d", page, r->reserved);
 	r->pages[r->n_pages++] = page;
@@ -165,13 +174,12 @@ static int fp_page_commit(void *ctx, uint64_t id, int32_t page)
 
 static int fp_release(void *ctx, uint64_t id)
 {
-	struct rec *r = rec_of(id);
+	int e;
+	struct rec *r = fp_rec(id, &e);
 
 	(void)ctx;
-	if (P.down)
-		return -EHOSTDOWN;
 	if (!r)
-		return -ENOENT;
+		return e;
 	for (int i = 0; i < r->n_pages; i++)
 		P.page_used[r->pages[i]] = false;
 	if (r->reserved >= 0)
@@ -199,7 +207,7 @@ static const struct bd_sched_pool_ops fake_pool = {
 	.down = fp_down,
 };
 
-/* ---- the scheduler, its actions --------------------------------------------------------------- */
+/* ---- the scheduler, its actions -------------------------------------------------------------- */
 
 struct chunk {
 	uint64_t tag, id;
@@ -388,6 +396,50 @@ static const struct chunk *last_chunk(uint64_t tag)
 	return NULL;
 }
 
+/* The request of tag ended: its last chunk is final with finish and error, and msg (exact,
+ * NULL: not checked). */
+static void expect_end(uint64_t tag, int finish, int error, const char *msg)
+{
+	const struct chunk *c = last_chunk(tag);
+
+	cr_assert_not_null(c, "no chunk of tag %llu", (unsigned long long)tag);
+	cr_expect_eq(c->finish, finish, "tag %llu: finish %d, not %d", (unsigned long long)tag,
+		     c->finish, finish);
+	cr_expect_eq(c->error, error, "tag %llu: error %d, not %d (%s)", (unsigned long long)tag,
+		     c->error, error, c->msg);
+	if (msg)
+		cr_expect_str_eq(c->msg, msg, "tag %llu", (unsigned long long)tag);
+}
+
+/* The request of tag ended FINISH_ERROR with error and msg. */
+static void expect_failed(uint64_t tag, int error, const char *msg)
+{
+	expect_end(tag, BDFP4__FINISH_REASON__FINISH_ERROR, error, msg);
+}
+
+/* n requests of tags 1..n, n_prompt tokens each, for up to max_tokens, not streamed. */
+static void submit_n(int n, int n_prompt, int max_tokens)
+{
+	for (int i = 1; i <= n; i++)
+		submit((uint64_t)i, n_prompt, max_tokens, false);
+}
+
+/* n requests (tags 1..n, 10 prompt tokens, up to 50 tokens) with max_batch rows: the first
+ * max_batch run, their decode step is in flight (returned), the others are queued. */
+static const Bdfp4__StepPlan *in_flight(int max_batch, int n)
+{
+	const Bdfp4__StepPlan *p;
+
+	setup(max_batch, 8, 8192, 16, 4);
+	submit_n(n, 10, 50);
+	answer(step());
+	p = step();
+	cr_assert_not_null(p);
+	cr_assert_eq(p->n_rows, (size_t)max_batch);
+	cr_assert_eq(S.n_queued, (size_t)(n - max_batch));
+	return p;
+}
+
 static int chunks_of(uint64_t tag)
 {
 	int n = 0;
@@ -397,7 +449,7 @@ static int chunks_of(uint64_t tag)
 	return n;
 }
 
-/* ---- admission and batching ------------------------------------------------------------------- */
+/* ---- admission and batching ------------------------------------------------------------------ */
 
 Test(sched, admits_in_arrival_order_up_to_max_batch)
 {
@@ -446,9 +498,9 @@ Test(sched, admits_in_arrival_order_up_to_max_batch)
 	answer(p);
 	/* a and b reach max_tokens: one final chunk each, with all three tokens */
 	cr_assert_eq(n_chunks, 2);
-	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(last_chunk(1)->n_tokens, 3);
-	cr_expect_eq(last_chunk(2)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(records(), 0, "their slots went back");
 	/* c's prefill, and the workers drop a and b */
 	p = step();
@@ -459,7 +511,7 @@ Test(sched, admits_in_arrival_order_up_to_max_batch)
 	cr_expect(released(p, 1) && released(p, 2));
 	answer(p);
 	run_to_idle(10);
-	cr_expect_eq(last_chunk(3)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(3, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(S.requests_total, 3);
 	cr_expect_eq(S.tokens_generated, 9);
 	cr_expect_eq(S.n_reqs, 0);
@@ -503,13 +555,13 @@ Test(sched, streamed_requests_get_a_chunk_per_token)
 		cr_expect_eq(C[i].n_tokens, 1);
 		cr_expect_eq(C[i].finish, BDFP4__FINISH_REASON__FINISH_NONE);
 	}
-	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(last_chunk(1)->n_tokens, 1, "the final chunk carries the last token");
 	cr_expect_eq(chunks_of(2), 1);
 	cr_expect_eq(last_chunk(2)->n_tokens, 4);
 }
 
-/* ---- pages -------------------------------------------------------------------------------------- */
+/* ---- pages ----------------------------------------------------------------------------------- */
 
 Test(sched, pages_come_at_prefill_and_one_step_ahead_of_the_decode_that_fills_them)
 {
@@ -556,7 +608,7 @@ Test(sched, pages_come_at_prefill_and_one_step_ahead_of_the_decode_that_fills_th
 	cr_expect_eq(S.pages_held, 2);
 	cr_expect_eq(S.pages_peak, 2);
 	run_to_idle(100);
-	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(last_chunk(1)->n_gen, 100);
 	cr_expect_eq(pages_free(), 16);
 	cr_expect_eq(S.pages_held, 0);
@@ -594,7 +646,7 @@ Test(sched, the_request_admitted_last_is_preempted_and_recomputed)
 	/* b cannot come back while a holds the page: 127 + 1 tokens need one */
 	for (steps = 0; steps < 10 && !row_of(p = step(), b->id); steps++)
 		answer(p);
-	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(last_chunk(1)->n_gen, 6);
 	row = row_of(p, b->id);
 	cr_assert(row->prefill);
@@ -603,8 +655,7 @@ Test(sched, the_request_admitted_last_is_preempted_and_recomputed)
 	cr_expect_eq(row->n_new_pages, 1);
 	answer(p);
 	run_to_idle(20);
-	cr_assert_not_null(last_chunk(2));
-	cr_expect_eq(last_chunk(2)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(last_chunk(2)->n_gen, 6, "every token, across the preemption");
 	cr_expect_eq(last_chunk(2)->preemptions, 1);
 	cr_expect_eq(records(), 0);
@@ -618,10 +669,8 @@ Test(sched, a_request_the_pool_cannot_hold_fails_resource_exhausted)
 	submit(1, 300, 4, false); /* its prefill alone completes two pages */
 	submit(2, 10, 2, false);
 	p = step();
-	cr_assert_not_null(last_chunk(1));
-	cr_expect_eq(last_chunk(1)->error, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED);
-	cr_expect_not_null(strstr(last_chunk(1)->msg, "the pool cannot hold this request"), "%s",
-			   last_chunk(1)->msg);
+	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+		      "the pool cannot hold this request: No space left on device");
 	cr_expect_null(rec_of(1), "its slot went back");
 	cr_assert_not_null(p, "the next one is admitted in the same step");
 	cr_expect_eq(p->n_rows, 1);
@@ -634,9 +683,7 @@ Test(sched, no_admission_while_the_slots_are_taken)
 	const Bdfp4__StepPlan *p;
 
 	setup(8, 8, 8192, 16, 2);
-	submit(1, 10, 2, false);
-	submit(2, 10, 2, false);
-	submit(3, 10, 2, false);
+	submit_n(3, 10, 2);
 	p = step();
 	cr_expect_eq(p->n_rows, 2, "two slots");
 	cr_expect_null(row_of(p, 3));
@@ -648,15 +695,14 @@ Test(sched, no_admission_while_the_slots_are_taken)
 	cr_expect(row_of(p, 3)->prefill);
 }
 
-/* ---- queue, cancel, clients, deadlines ---------------------------------------------------------- */
+/* ---- queue, cancel, clients, deadlines ------------------------------------------------------- */
 
 Test(sched, the_queue_refuses_beyond_max_queue)
 {
 	struct bd_req *r;
 
 	setup(1, 2, 8192, 16, 4);
-	submit(1, 10, 2, false);
-	submit(2, 10, 2, false);
+	submit_n(2, 10, 2);
 	r = req(3, "client", 10, 2);
 	cr_expect_eq(bd_sched_submit(&S, r), -ENOSPC);
 	cr_expect_eq(S.n_queued, 2);
@@ -678,10 +724,8 @@ Test(sched, cancel_of_a_queued_request_ends_it_at_once)
 	bd_sched_cancel(&S, a);
 	drain();
 	cr_assert_eq(n_chunks, 1);
-	cr_expect_eq(C[0].tag, 2);
-	cr_expect_eq(C[0].finish, BDFP4__FINISH_REASON__FINISH_CANCELLED);
-	cr_expect_eq(C[0].error, BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED);
-	cr_expect_str_eq(C[0].msg, "cancelled by the client");
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		   BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client");
 	cr_expect_eq(S.n_queued, 0);
 	cr_expect_null(bd_sched_find(&S, (const uint8_t *)"client", 6, 2));
 }
@@ -743,7 +787,7 @@ Test(sched, a_gone_client_loses_its_requests_without_a_reply)
 	answer(p);
 	run_to_idle(10);
 	cr_expect_eq(last_chunk(1)->id, 2);
-	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_LENGTH);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 }
 
 Test(sched, deadlines_fail_queued_and_running_requests)
@@ -763,23 +807,21 @@ Test(sched, deadlines_fail_queued_and_running_requests)
 	bd_sched_tick(&S, now + 50);
 	drain();
 	cr_assert_eq(n_chunks, 1);
-	cr_expect_eq(C[0].tag, 2);
-	cr_expect_eq(C[0].error, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED);
-	cr_expect_str_eq(C[0].msg, "deadline of 50 ms passed");
+	expect_failed(2, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED,
+		      "deadline of 50 ms passed");
 	p = step();
 	bd_sched_tick(&S, now + 100);
 	drain();
 	cr_expect_eq(n_chunks, 1, "a is in the step: it ends with it");
 	answer(p);
 	cr_assert_eq(n_chunks, 2);
-	cr_expect_eq(C[1].tag, 1);
-	cr_expect_eq(C[1].error, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED);
-	cr_expect_str_eq(C[1].msg, "deadline of 100 ms passed");
+	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED,
+		      "deadline of 100 ms passed");
 	cr_expect_eq(records(), 0);
 	cr_expect_eq(S.requests_failed, 2);
 }
 
-/* ---- tokens ------------------------------------------------------------------------------------- */
+/* ---- tokens ---------------------------------------------------------------------------------- */
 
 Test(sched, end_of_generation_and_forced_tokens)
 {
@@ -801,14 +843,14 @@ Test(sched, end_of_generation_and_forced_tokens)
 	rows[0][0].token = EOG;
 	rows[0][1].token = EOG;
 	deliver();
-	cr_expect_eq(last_chunk(1)->finish, BDFP4__FINISH_REASON__FINISH_STOP);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_STOP, 0, "");
 	cr_expect_eq(last_chunk(1)->n_gen, 1);
 	cr_expect_null(last_chunk(2), "ignore_eos: b goes on");
 	cr_expect_eq(b->toks[10], EOG);
 	cr_expect_eq(c->toks[10], 42, "the forced token, not the sampled one");
 	answer(step());
-	cr_expect_eq(last_chunk(3)->finish, BDFP4__FINISH_REASON__FINISH_STOP,
-		     "a forced end-of-generation token ends it too");
+	/* a forced end-of-generation token ends it too */
+	expect_end(3, BDFP4__FINISH_REASON__FINISH_STOP, 0, "");
 	cr_expect_eq(last_chunk(3)->n_gen, 2);
 	cr_expect_null(last_chunk(2));
 }
@@ -818,22 +860,17 @@ Test(sched, row_errors_and_bad_tokens_fail_their_request_only)
 	const Bdfp4__StepPlan *p;
 
 	setup(4, 8, 8192, 16, 4);
-	submit(1, 10, 5, false);
-	submit(2, 10, 5, false);
-	submit(3, 10, 5, false);
+	submit_n(3, 10, 5);
 	p = step();
 	prepare(p);
 	rows[1][0].error = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
 	rows[1][0].message = (char *)"out of memory";
 	rows[0][1].token = N_VOCAB;
 	deliver();
-	cr_assert_not_null(last_chunk(1));
-	cr_expect_eq(last_chunk(1)->error, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED);
-	cr_expect_str_eq(last_chunk(1)->msg, "worker rank 1: out of memory");
-	cr_assert_not_null(last_chunk(2));
-	cr_expect_eq(last_chunk(2)->error, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL);
-	cr_expect_not_null(strstr(last_chunk(2)->msg, "outside the vocabulary"), "%s",
-			   last_chunk(2)->msg);
+	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+		      "worker rank 1: out of memory");
+	expect_failed(2, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+		      "worker rank 0 sampled token 1000, outside the vocabulary");
 	cr_expect_null(last_chunk(3));
 	p = step();
 	cr_expect(released(p, 1) && released(p, 2));
@@ -842,8 +879,8 @@ Test(sched, row_errors_and_bad_tokens_fail_their_request_only)
 	prepare(p);
 	rows[0][0].request_id = 99;
 	deliver();
-	cr_expect_eq(last_chunk(3)->error, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL);
-	cr_expect_str_eq(last_chunk(3)->msg, "worker rank 0: result rows do not match the plan");
+	expect_failed(3, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+		      "worker rank 0: result rows do not match the plan");
 }
 
 Test(sched, results_of_another_step_are_ignored)
@@ -865,26 +902,18 @@ Test(sched, results_of_another_step_are_ignored)
 	cr_expect_eq(S.steps_done, 1);
 }
 
-/* ---- the worker group and the pool -------------------------------------------------------------- */
+/* ---- the worker group and the pool ----------------------------------------------------------- */
 
 Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
 {
-	const Bdfp4__StepPlan *p;
+	const Bdfp4__StepPlan *p = in_flight(2, 3);
 
-	setup(2, 8, 8192, 16, 4);
-	submit(1, 10, 50, false);
-	submit(2, 10, 50, false);
-	answer(step());
-	submit(3, 10, 50, false); /* no row left for it */
-	p = step();
-	cr_expect_eq(p->n_rows, 2);
 	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected");
 	drain();
 	cr_assert_eq(n_chunks, 2);
-	for (int i = 0; i < 2; i++) {
-		cr_expect_eq(C[i].error, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED);
-		cr_expect_str_eq(C[i].msg, "worker rank 1 (pid 7) disconnected");
-	}
+	for (uint64_t tag = 1; tag <= 2; tag++)
+		expect_failed(tag, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED,
+			      "worker rank 1 (pid 7) disconnected");
 	cr_expect_eq(records(), 0);
 	cr_expect_eq(S.n_queued, 1, "the queued one waits for a group");
 	cr_expect_null(step(), "no plan without a group");
@@ -899,25 +928,19 @@ Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
 
 Test(sched, a_pool_that_goes_down_fails_every_request_unavailable)
 {
-	const Bdfp4__StepPlan *p;
+	const Bdfp4__StepPlan *p = in_flight(1, 2);
 
-	setup(1, 8, 8192, 16, 4);
-	submit(1, 10, 50, false);
-	submit(2, 10, 50, false);
-	answer(step());
-	p = step();
 	cr_expect(bd_sched_pool_busy(&S));
 	P.down = true;
 	bd_sched_pool_down(&S, "kvpoold unreachable: no answer in 2000 ms (for 5 ms)");
 	drain();
 	cr_assert_eq(n_chunks, 1, "the queued one now, the running one with its step");
-	cr_expect_eq(C[0].tag, 2);
-	cr_expect_eq(C[0].error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
-	cr_expect_str_eq(C[0].msg, "kvpoold unreachable: no answer in 2000 ms (for 5 ms)");
+	expect_failed(2, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE,
+		      "kvpoold unreachable: no answer in 2000 ms (for 5 ms)");
 	answer(p);
 	cr_assert_eq(n_chunks, 2);
-	cr_expect_eq(C[1].tag, 1);
-	cr_expect_eq(C[1].error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
+	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE,
+		      "kvpoold unreachable: no answer in 2000 ms (for 5 ms)");
 	cr_expect_not(bd_sched_pool_busy(&S), "a reclaim may take the records now");
 	/* the release the workers are owed still goes out; a request that reaches admission
 	 * while the pool is down fails with the pool's reason */
@@ -926,9 +949,8 @@ Test(sched, a_pool_that_goes_down_fails_every_request_unavailable)
 	cr_assert_not_null(p);
 	cr_expect_eq(p->n_rows, 0);
 	cr_expect(released(p, 1));
-	cr_assert_not_null(last_chunk(3));
-	cr_expect_eq(last_chunk(3)->error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
-	cr_expect_str_eq(last_chunk(3)->msg, "kvpoold unreachable: fake (for 1 ms)");
+	expect_failed(3, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE,
+		      "kvpoold unreachable: fake (for 1 ms)");
 	answer(p);
 	cr_expect_null(step(), "nothing to plan while the pool is down");
 }
@@ -942,39 +964,28 @@ Test(sched, a_failed_admission_call_says_whose_fault_it_is)
 	P.fail_slot = -ETIMEDOUT;
 	P.fail_goes_down = true;
 	cr_expect_null(step(), "nothing to run");
-	cr_assert_not_null(last_chunk(1));
-	cr_expect_eq(last_chunk(1)->error, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE);
-	cr_expect_str_eq(last_chunk(1)->msg, "kvpoold unreachable: fake (for 1 ms)");
+	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE,
+		      "kvpoold unreachable: fake (for 1 ms)");
 	P.down = false;
 	submit(2, 10, 5, false);
 	P.fail_slot = -EIO;
 	P.fail_goes_down = false;
 	cr_expect_null(step());
-	cr_assert_not_null(last_chunk(2));
-	cr_expect_eq(last_chunk(2)->error, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL);
-	cr_expect_str_eq(last_chunk(2)->msg, "pool admission: Input/output error");
+	expect_failed(2, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+		      "pool admission: Input/output error");
 	cr_expect_eq(records(), 0);
 	cr_expect_eq(S.requests_failed, 2);
 }
 
 Test(sched, stop_ends_everything_shutting_down)
 {
-	const Bdfp4__StepPlan *p;
-
-	setup(1, 8, 8192, 16, 4);
-	submit(1, 10, 50, false);
-	submit(2, 10, 50, false);
-	answer(step());
-	p = step();
-	cr_assert_not_null(p);
+	in_flight(1, 2);
 	bd_sched_stop(&S, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, "the router is stopping");
 	drain();
 	cr_assert_eq(n_chunks, 2, "the one in the step in flight too");
-	for (int i = 0; i < 2; i++) {
-		cr_expect_eq(C[i].finish, BDFP4__FINISH_REASON__FINISH_ERROR);
-		cr_expect_eq(C[i].error, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN);
-		cr_expect_str_eq(C[i].msg, "the router is stopping");
-	}
+	for (uint64_t tag = 1; tag <= 2; tag++)
+		expect_failed(tag, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN,
+			      "the router is stopping");
 	cr_expect_eq(S.n_reqs, 0);
 	cr_expect_eq(records(), 0);
 	cr_expect_not(S.step.active);

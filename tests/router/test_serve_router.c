@@ -376,16 +376,16 @@ static void up(const char *pages, const char *slots, const char *const *router_e
 	sv_start_router(&E, router_extra);
 	fake_start(0);
 	fake_start(1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "the group did not form; router log:\n%s",
-		  sv_log_tail(&E.router));
+	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
 }
 
-static struct bd_client *client(void)
+/* up() with 16 pages and 4 slots and extra router flags, fake rank 0 taking 10 ms a step (time
+ * to act in the middle of a generation); returns a client. */
+static struct bd_client *up_slow(const char *const *extra)
 {
-	struct bd_client *c;
-
-	cr_assert_eq(bd_client_new(E.front_ep, &c), 0);
-	return c;
+	up("16", "4", extra);
+	F[0].delay_ms = 10;
+	return sv_client(&E);
 }
 
 struct result {
@@ -458,6 +458,17 @@ static uint64_t start_ids(struct bd_client *c, const int32_t *ids, size_t n, uin
 	return tag;
 }
 
+/* A streamed request of ids[n] for max tokens of this seed, collected into *r. Returns its
+ * tag. */
+static uint64_t generate(struct bd_client *c, const int32_t *ids, size_t n, uint32_t max,
+			 uint64_t seed, struct result *r)
+{
+	uint64_t tag = start_ids(c, ids, n, max, seed, true);
+
+	collect(c, tag, r);
+	return tag;
+}
+
 static void prompt_ids(int32_t *ids, size_t n, int salt)
 {
 	for (size_t i = 0; i < n; i++)
@@ -473,6 +484,44 @@ static void expect_tokens(const struct result *r, size_t n_prompt, uint64_t seed
 			     "token %zu", i);
 }
 
+/* Reads chunks of tag until at least n tokens came; returns how many. */
+static size_t read_tokens(struct bd_client *c, uint64_t tag, size_t n)
+{
+	struct bd_client_event ev;
+	size_t got = 0;
+
+	while (got < n) {
+		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "router log:\n%s",
+			     sv_log_tail(&E.router));
+		if (ev.kind == BD_CLIENT_CHUNK && ev.tag == tag) {
+			cr_assert_eq(ev.finish, BD_FINISH_NONE, "finished early: %s", ev.message);
+			got += ev.n_tokens;
+		}
+	}
+	return got;
+}
+
+/* Starts a streamed request of n prompt tokens (prompt_ids of salt, kept in ids) for 1000
+ * tokens of this seed, and reads its first 3. Returns its tag. */
+static uint64_t start_long(struct bd_client *c, int32_t *ids, size_t n, int salt, uint64_t seed)
+{
+	uint64_t tag;
+
+	prompt_ids(ids, n, salt);
+	tag = start_ids(c, ids, n, 1000, seed, true);
+	read_tokens(c, tag, 3);
+	return tag;
+}
+
+/* Fake rank `rank` vanishes: its thread ends and its connection closes, as a killed
+ * process's does. */
+static void fake_kill(int rank)
+{
+	F[rank].die = true;
+	pthread_join(F[rank].th, NULL);
+	F[rank].started = false;
+}
+
 /* ---- tests ------------------------------------------------------------------------------- */
 
 Test(serve_router, stream_tokens_pages_and_usage)
@@ -481,15 +530,13 @@ Test(serve_router, stream_tokens_pages_and_usage)
 	struct result r;
 	struct bd_client_info info;
 	int32_t ids[200];
-	uint64_t tag;
 
 	up("16", "4", NULL);
-	c = client();
+	c = sv_client(&E);
 	/* 200 prompt tokens fill page 0 at prefill; 100 more decode past position 255 and fill
 	 * page 1 at position 255 (the 56th generated token) */
 	prompt_ids(ids, 200, 1);
-	tag = start_ids(c, ids, 200, 100, 77, true);
-	collect(c, tag, &r);
+	generate(c, ids, 200, 100, 77, &r);
 	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "finish %d: %s", r.finish, r.message);
 	expect_tokens(&r, 200, 77, 100);
 	cr_expect_eq(r.chunks, 100, "one chunk per token when streaming");
@@ -525,7 +572,7 @@ Test(serve_router, chat_text_and_non_stream_agree_with_the_tokenizer)
 	struct bd_chat_msg msg = { "user", "Say hi" };
 
 	up("16", "4", NULL);
-	c = client();
+	c = sv_client(&E);
 	gen.sampling.seed = 5;
 	cr_assert_eq(bd_client_generate_start(c, &gen, &tag), 0);
 	collect(c, tag, &a);
@@ -568,10 +615,9 @@ Test(serve_router, stop_string_cuts_the_text)
 	size_t at;
 
 	up("16", "4", NULL);
-	c = client();
+	c = sv_client(&E);
 	prompt_ids(ids, 20, 3);
-	tag = start_ids(c, ids, 20, 30, 11, true);
-	collect(c, tag, &full);
+	tag = generate(c, ids, 20, 30, 11, &full);
 	cr_assert_eq(full.n, 30);
 	cr_assert_gt(full.text_len, 20);
 	/* a stop string taken from the middle of the full text; the answer ends right before
@@ -609,7 +655,7 @@ Test(serve_router, concurrent_requests_preempt_and_recompute)
 	 * and a reserved third when they pass 255): not all fit at once */
 	up("5", "4", extra);
 	for (int i = 0; i < 4; i++) {
-		c[i] = client();
+		c[i] = sv_client(&E);
 		prompt_ids(ids[i], 120, i);
 		tag[i] = start_ids(c[i], ids[i], 120, 200, 100 + (uint64_t)i, i % 2 == 0);
 	}
@@ -644,7 +690,7 @@ Test(serve_router, random_weights_model_serves_token_ids_only)
 
 	fake_model = "qwen3-4b";
 	up("16", "4", extra);
-	c = client();
+	c = sv_client(&E);
 	cr_assert_eq(bd_client_info(c, WAIT_MS, &info), 0);
 	cr_expect_str_eq(info.model, "qwen3-4b");
 	cr_expect_str_eq(info.arch, "qwen3");
@@ -658,13 +704,11 @@ Test(serve_router, random_weights_model_serves_token_ids_only)
 	cr_expect_not_null(strstr(r.message, "token_ids"), "%s", r.message);
 
 	/* ids the GGUF's 49152-token vocabulary would refuse are the preset's */
-	tag = start_ids(c, ids, 3, 5, 42, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 3, 5, 42, &r);
 	cr_assert_eq(r.finish, BD_FINISH_LENGTH, "%d %s", r.error, r.message);
 	expect_tokens(&r, 3, 42, 5);
 	cr_expect_eq(r.text_len, 0);
-	tag = start_ids(c, &past, 1, 5, 42, true);
-	collect(c, tag, &r);
+	tag = generate(c, &past, 1, 5, 42, &r);
 	cr_expect_eq(r.error, BD_SERVE_ERR_INVALID_ARGUMENT, "id = vocabulary: %s", r.message);
 	bd_client_free(c);
 	expect_no_violations();
@@ -683,7 +727,7 @@ Test(serve_router, bad_inputs_get_errors_and_leave_nothing)
 	uint8_t junk[8000];
 
 	up("16", "4", extra);
-	c = client();
+	c = sv_client(&E);
 	prompt_ids(ids, 1100, 0);
 
 	/* empty prompt (text) */
@@ -739,8 +783,7 @@ Test(serve_router, bad_inputs_get_errors_and_leave_nothing)
 	cr_expect_eq(ev.error, BD_SERVE_ERR_OVERSIZE);
 	/* the daemon kept serving, and nothing was allocated for any of the above */
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
-	tag = start_ids(c, ids, 10, 5, 9, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 10, 5, 9, &r);
 	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "a good request after bad ones: %s", r.message);
 	expect_tokens(&r, 10, 9, 5);
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
@@ -758,7 +801,7 @@ Test(serve_router, queue_bound_gives_resource_exhausted)
 
 	up("16", "4", extra);
 	F[0].delay_ms = 20;
-	c = client();
+	c = sv_client(&E);
 	prompt_ids(ids, 8, 0);
 	tag[0] = start_ids(c, ids, 8, 40, 1, true);
 	{
@@ -790,9 +833,7 @@ Test(serve_router, cancel_mid_stream_releases_everything)
 	int chunks = 0;
 	bool acked = false, final = false;
 
-	up("16", "4", NULL);
-	F[0].delay_ms = 10;
-	c = client();
+	c = up_slow(NULL);
 	prompt_ids(ids, 150, 2);
 	tag = start_ids(c, ids, 150, 500, 3, true);
 	while (!acked || !final) {
@@ -832,35 +873,24 @@ Test(serve_router, cancel_mid_stream_releases_everything)
 Test(serve_router, client_disconnect_releases_everything)
 {
 	struct bd_client *c, *c2;
-	struct bd_client_event ev;
 	struct result r;
 	struct bd_client_info info;
 	int32_t ids[140];
-	uint64_t tag;
-	int chunks = 0;
 
-	up("16", "4", NULL);
-	F[0].delay_ms = 10;
-	c = client();
-	prompt_ids(ids, 140, 5);
+	c = up_slow(NULL);
 	/* a streamed one and a non-streamed one (only keepalives reach that client) */
-	tag = start_ids(c, ids, 140, 1000, 3, true);
-	while (chunks < 3) {
-		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
-		chunks += ev.kind == BD_CLIENT_CHUNK && ev.tag == tag;
-	}
+	start_long(c, ids, 140, 5, 3);
 	bd_client_free(c);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "a gone client's request still holds the pool");
-	c = client();
-	tag = start_ids(c, ids, 140, 1000, 3, false);
+	c = sv_client(&E);
+	start_ids(c, ids, 140, 1000, 3, false);
 	usleep(300000);
 	bd_client_free(c);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "a gone non-streaming client's request kept");
-	c2 = client();
+	c2 = sv_client(&E);
 	cr_assert_eq(bd_client_info(c2, WAIT_MS, &info), 0);
 	cr_expect_eq(info.running + info.queued, 0);
-	tag = start_ids(c2, ids, 10, 3, 1, true);
-	collect(c2, tag, &r);
+	generate(c2, ids, 10, 3, 1, &r);
 	cr_expect_eq(r.finish, BD_FINISH_LENGTH);
 	bd_client_free(c2);
 	expect_no_violations();
@@ -877,7 +907,7 @@ Test(serve_router, deadline_fails_the_request)
 
 	up("16", "4", NULL);
 	F[0].delay_ms = 20;
-	c = client();
+	c = sv_client(&E);
 	prompt_ids(ids, 10, 0);
 	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
 	collect(c, tag, &r);
@@ -892,28 +922,16 @@ Test(serve_router, deadline_fails_the_request)
 Test(serve_router, worker_death_fails_clearly_and_serving_resumes)
 {
 	struct bd_client *c;
-	struct bd_client_event ev;
 	struct bd_client_health h;
 	struct result r;
 	int32_t ids[140];
 	uint64_t tag;
-	int chunks = 0;
 	int64_t t0;
 
-	up("16", "4", NULL);
-	F[0].delay_ms = 10;
-	c = client();
-	prompt_ids(ids, 140, 7);
-	tag = start_ids(c, ids, 140, 1000, 3, true);
-	while (chunks < 3) {
-		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
-		chunks += ev.kind == BD_CLIENT_CHUNK && ev.tag == tag;
-	}
-	/* rank 1 vanishes (its connection closes, as a killed process's does) */
+	c = up_slow(NULL);
+	tag = start_long(c, ids, 140, 7, 3);
 	t0 = sv_now_ms();
-	F[1].die = true;
-	pthread_join(F[1].th, NULL);
-	F[1].started = false;
+	fake_kill(1);
 	collect(c, tag, &r);
 	cr_expect_eq(r.finish, BD_FINISH_ERROR);
 	cr_expect_eq(r.error, BD_SERVE_ERR_WORKER_FAILED, "got %d: %s", r.error, r.message);
@@ -925,17 +943,14 @@ Test(serve_router, worker_death_fails_clearly_and_serving_resumes)
 	cr_expect_not(h.healthy);
 	cr_expect_eq(h.state, 2);
 	/* new requests are refused while a rank is missing */
-	tag = start_ids(c, ids, 10, 3, 1, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 10, 3, 1, &r);
 	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE);
 	/* the rank comes back: rank 0 was reset and registers again, the group forms anew */
 	fake_start(1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
-		  sv_log_tail(&E.router));
+	sv_expect_healthy(&E, WAIT_MS, "no recovery");
 	cr_expect_geq(F[0].resets, 1);
 	cr_expect_geq(F[0].registrations, 2);
-	tag = start_ids(c, ids, 10, 3, 1, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 10, 3, 1, &r);
 	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %s", r.message);
 	expect_tokens(&r, 10, 1, 3);
 	bd_client_free(c);
@@ -1054,21 +1069,12 @@ static bool pool_down(const struct bd_client_health *h)
 	return !h->pool_ok;
 }
 
-/* Reads chunks of tag until at least n tokens came; returns how many. */
-static size_t read_tokens(struct bd_client *c, uint64_t tag, size_t n)
+/* SIGTERM to the router, then health (asked through c) says STOPPING; its reply in *h. */
+static void sigterm_until_stopping(struct bd_client *c, struct bd_client_health *h)
 {
-	struct bd_client_event ev;
-	size_t got = 0;
-
-	while (got < n) {
-		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "router log:\n%s",
-			     sv_log_tail(&E.router));
-		if (ev.kind == BD_CLIENT_CHUNK && ev.tag == tag) {
-			cr_assert_eq(ev.finish, BD_FINISH_NONE, "finished early: %s", ev.message);
-			got += ev.n_tokens;
-		}
-	}
-	return got;
+	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
+	cr_assert(wait_health_for(c, is_stopping, WAIT_MS, h), "no STOPPING state; log:\n%s",
+		  sv_log_tail(&E.router));
 }
 
 /* SIGTERM with one request running and one queued (max_batch 1): both run to their end with
@@ -1087,9 +1093,9 @@ Test(serve_router, sigterm_drains_running_and_queued_requests)
 
 	up("16", "4", extra);
 	F[0].delay_ms = 5; /* 300 steps of A take 1.5 s at least */
-	ca = client();
-	cb = client();
-	cc = client();
+	ca = sv_client(&E);
+	cb = sv_client(&E);
+	cc = sv_client(&E);
 	prompt_ids(ids, 10, 1);
 	ta = start_ids(ca, ids, 10, 300, 11, true);
 	early = read_tokens(ca, ta, 3);
@@ -1103,9 +1109,7 @@ Test(serve_router, sigterm_drains_running_and_queued_requests)
 	cr_assert_eq(info.running, 1);
 	cr_assert_eq(info.queued, 1, "B must wait behind A (max_batch 1)");
 
-	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
-	cr_assert(wait_health_for(cc, is_stopping, WAIT_MS, &h), "no STOPPING state; log:\n%s",
-		  sv_log_tail(&E.router));
+	sigterm_until_stopping(cc, &h);
 	cr_expect_not(h.healthy);
 	cr_expect_not_null(strstr(h.reason, "draining"), "reason: %s", h.reason);
 	tc = start_ids(cc, ids, 10, 5, 13, true);
@@ -1146,12 +1150,8 @@ Test(serve_router, drain_timeout_fails_what_is_left)
 	uint64_t tag;
 	int64_t t0, dt;
 
-	up("16", "4", extra);
-	F[0].delay_ms = 10;
-	c = client();
-	prompt_ids(ids, 10, 2);
-	tag = start_ids(c, ids, 10, 1000, 21, true);
-	read_tokens(c, tag, 3);
+	c = up_slow(extra);
+	tag = start_long(c, ids, 10, 2, 21);
 	t0 = sv_now_ms();
 	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
 	collect(c, tag, &r);
@@ -1169,34 +1169,46 @@ Test(serve_router, drain_timeout_fails_what_is_left)
 	expect_no_violations();
 }
 
+/* The default drain (30 s) under way: the router up, a long streamed request of *c running
+ * (prompt salt, seed), SIGTERM sent, and health through *c2 saying STOPPING. Returns the
+ * request's tag. */
+static uint64_t draining(struct bd_client **c, struct bd_client **c2, int salt, uint64_t seed)
+{
+	struct bd_client_health h;
+	int32_t ids[10];
+	uint64_t tag;
+
+	*c = up_slow(NULL);
+	*c2 = sv_client(&E);
+	tag = start_long(*c, ids, 10, salt, seed);
+	sigterm_until_stopping(*c2, &h);
+	return tag;
+}
+
+/* The drain ended: routerd exits 0 within within_ms of t0 (else what), the pool has every page
+ * and slot back; the clients are freed. */
+static void expect_drain_end(struct bd_client *c, struct bd_client *c2, int64_t t0,
+			     int within_ms, const char *what)
+{
+	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0, "routerd:\n%s", sv_log_tail(&E.router));
+	cr_expect_lt(sv_now_ms() - t0, within_ms, "%s", what);
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "pages or slots were not given back");
+	bd_client_free(c);
+	bd_client_free(c2);
+}
+
 /* A second SIGTERM ends the drain at once. */
 Test(serve_router, second_sigterm_stops_at_once)
 {
 	struct bd_client *c, *c2;
-	struct bd_client_health h;
 	struct result r;
-	int32_t ids[10];
-	uint64_t tag;
-	int64_t t0;
+	uint64_t tag = draining(&c, &c2, 3, 31);
+	int64_t t0 = sv_now_ms();
 
-	up("16", "4", NULL); /* the default drain: 30 s */
-	F[0].delay_ms = 10;
-	c = client();
-	c2 = client();
-	prompt_ids(ids, 10, 3);
-	tag = start_ids(c, ids, 10, 1000, 31, true);
-	read_tokens(c, tag, 3);
-	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
-	cr_assert(wait_health_for(c2, is_stopping, WAIT_MS, &h));
-	t0 = sv_now_ms();
 	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
 	collect(c, tag, &r);
 	cr_expect_eq(r.error, BD_SERVE_ERR_SHUTTING_DOWN, "got %d: %s", r.error, r.message);
-	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0);
-	cr_expect_lt(sv_now_ms() - t0, 2000, "the second SIGTERM did not stop at once");
-	cr_expect(sv_pool_idle(&E, WAIT_MS));
-	bd_client_free(c);
-	bd_client_free(c2);
+	expect_drain_end(c, c2, t0, 2000, "the second SIGTERM did not stop at once");
 }
 
 /* kvpoold killed under a running request: health turns unhealthy with the pool's reason within
@@ -1213,17 +1225,14 @@ Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
 	uint64_t tag;
 	int64_t t0;
 
-	up("16", "4", NULL); /* pool_timeout_ms 2000, pool_probe_ms 1000: the defaults */
-	F[0].delay_ms = 10;
-	c = client();
-	c2 = client();
+	/* pool_timeout_ms 2000, pool_probe_ms 1000: the defaults */
+	c = up_slow(NULL);
+	c2 = sv_client(&E);
 	cr_assert_eq(bd_client_health(c2, WAIT_MS, &h), 0);
 	cr_expect(h.pool_ok);
 	cr_expect_str_eq(h.pool_error, "");
 	cr_expect_lt(h.pool_last_ok_ms, 3000, "the probe keeps it fresh");
-	prompt_ids(ids, 10, 4);
-	tag = start_ids(c, ids, 10, 1000, 41, true);
-	read_tokens(c, tag, 3);
+	tag = start_long(c, ids, 10, 4, 41);
 
 	t0 = sv_now_ms();
 	cr_expect_eq(sv_stop(&E.pool, SIGKILL, WAIT_MS), 128 + SIGKILL);
@@ -1241,8 +1250,7 @@ Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
 
 	/* refused at once, not after one or more pool timeouts of 2 s */
 	t0 = sv_now_ms();
-	tag = start_ids(c, ids, 10, 3, 42, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 10, 3, 42, &r);
 	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
 	cr_expect_not_null(strstr(r.message, "kvpoold unreachable"), "message: %s", r.message);
 	cr_expect_lt(sv_now_ms() - t0, 500, "refusal took %lld ms", (long long)(sv_now_ms() - t0));
@@ -1252,13 +1260,11 @@ Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
 
 	/* a new kvpoold (as systemd restarts it): healthy again, and serving */
 	sv_start_pool(&E, pool_extra);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
-		  sv_log_tail(&E.router));
+	sv_expect_healthy(&E, WAIT_MS, "no recovery");
 	cr_assert_eq(bd_client_health(c2, WAIT_MS, &h), 0);
 	cr_expect(h.pool_ok);
 	cr_expect_str_eq(h.reason, "");
-	tag = start_ids(c, ids, 10, 3, 43, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 10, 3, 43, &r);
 	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
 	expect_tokens(&r, 10, 43, 3);
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
@@ -1279,13 +1285,10 @@ Test(serve_router, hung_kvpoold_times_out_then_records_are_reclaimed)
 	uint64_t tag;
 	int64_t t0;
 
-	up("16", "4", extra);
-	F[0].delay_ms = 10;
-	c = client();
-	c2 = client();
-	prompt_ids(ids, 140, 5); /* a prefill page: the request holds a page and a slot */
-	tag = start_ids(c, ids, 140, 1000, 51, true);
-	read_tokens(c, tag, 3);
+	c = up_slow(extra);
+	c2 = sv_client(&E);
+	/* 140 tokens fill a page at prefill: the request holds a page and a slot */
+	tag = start_long(c, ids, 140, 5, 51);
 	t0 = sv_now_ms();
 	cr_assert_eq(kill(E.pool.pid, SIGSTOP), 0);
 	cr_assert(wait_health_for(c2, pool_down, WAIT_MS, &h), "a hung pool went unnoticed");
@@ -1295,11 +1298,9 @@ Test(serve_router, hung_kvpoold_times_out_then_records_are_reclaimed)
 	collect(c, tag, &r);
 	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
 	cr_assert_eq(kill(E.pool.pid, SIGCONT), 0);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
-		  sv_log_tail(&E.router));
+	sv_expect_healthy(&E, WAIT_MS, "no recovery");
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's records were not reclaimed");
-	tag = start_ids(c, ids, 10, 3, 52, true);
-	collect(c, tag, &r);
+	tag = generate(c, ids, 10, 3, 52, &r);
 	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
 	expect_tokens(&r, 10, 52, 3);
 	bd_client_free(c);
@@ -1312,33 +1313,15 @@ Test(serve_router, hung_kvpoold_times_out_then_records_are_reclaimed)
 Test(serve_router, worker_loss_ends_the_drain)
 {
 	struct bd_client *c, *c2;
-	struct bd_client_health h;
 	struct result r;
-	int32_t ids[10];
-	uint64_t tag;
-	int64_t t0;
+	uint64_t tag = draining(&c, &c2, 6, 61);
+	int64_t t0 = sv_now_ms();
 
-	up("16", "4", NULL); /* the default drain: 30 s */
-	F[0].delay_ms = 10;
-	c = client();
-	c2 = client();
-	prompt_ids(ids, 10, 6);
-	tag = start_ids(c, ids, 10, 1000, 61, true);
-	read_tokens(c, tag, 3);
-	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
-	cr_assert(wait_health_for(c2, is_stopping, WAIT_MS, &h));
-	t0 = sv_now_ms();
-	F[1].die = true;
-	pthread_join(F[1].th, NULL);
-	F[1].started = false;
+	fake_kill(1);
 	collect(c, tag, &r);
 	cr_expect_eq(r.finish, BD_FINISH_ERROR);
 	cr_expect_eq(r.error, BD_SERVE_ERR_WORKER_FAILED, "got %d: %s", r.error, r.message);
-	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0, "routerd:\n%s", sv_log_tail(&E.router));
-	cr_expect_lt(sv_now_ms() - t0, 5000, "the drain went on without workers");
-	cr_expect(sv_pool_idle(&E, WAIT_MS));
-	bd_client_free(c);
-	bd_client_free(c2);
+	expect_drain_end(c, c2, t0, 5000, "the drain went on without workers");
 }
 
 /* The drain tells systemd: STOPPING=1, then STATUS=draining N requests. (The router is started
@@ -1352,19 +1335,16 @@ Test(serve_router, drain_status_goes_to_sd_notify)
 			       "--heartbeat-ms", "100", "--status-interval-ms", "100", NULL };
 	struct bd_client *c;
 	int32_t ids[10];
-	uint64_t tag;
 
 	sv_start_pool(&E, pool_extra);
 	sv_spawn(&E, &E.router, "routerd", argv);
 	cr_assert(sv_wait_notify(&E.router, "READY=1", WAIT_MS), "%s", sv_log_tail(&E.router));
 	fake_start(0);
 	fake_start(1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS));
+	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
 	F[0].delay_ms = 10;
-	c = client();
-	prompt_ids(ids, 10, 7);
-	tag = start_ids(c, ids, 10, 1000, 71, true);
-	read_tokens(c, tag, 3);
+	c = sv_client(&E);
+	start_long(c, ids, 10, 7, 71);
 	cr_assert_eq(kill(E.router.pid, SIGTERM), 0);
 	cr_expect(sv_wait_notify(&E.router, "STOPPING=1", WAIT_MS));
 	cr_expect(sv_wait_notify(&E.router, "STATUS=draining 1 requests (1 running, 0 queued)",

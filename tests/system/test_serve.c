@@ -55,16 +55,7 @@ static void up(void)
 	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000", NULL });
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "the group did not form; router log:\n%s",
-		  sv_log_tail(&E.router));
-}
-
-static struct bd_client *client(void)
-{
-	struct bd_client *c;
-
-	cr_assert_eq(bd_client_new(E.front_ep, &c), 0);
-	return c;
+	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
 }
 
 /* Real text for the long prompts (more than one 128-token page, so FP4 pages get promoted):
@@ -166,7 +157,7 @@ Test(serve, sixteen_concurrent_clients_match_the_single_process_model)
 					     .ignore_eos = true, .forced_tokens = ref[i].traj,
 					     .n_forced = N_STEPS, .logits_top_k = TOP };
 
-		c[i] = client();
+		c[i] = sv_client(&E);
 		cr_assert_eq(bd_client_generate_start(c[i], &gen, &tag[i]), 0);
 	}
 	for (int i = 0; i < N_PROMPTS; i++) {
@@ -239,6 +230,44 @@ static uint64_t start_long(struct bd_client *c, int chunks)
 	return tag;
 }
 
+/* Reads c's events until the final chunk of tag, into *ev. */
+static void final_chunk(struct bd_client *c, uint64_t tag, struct bd_client_event *ev)
+{
+	for (;;) {
+		cr_assert_eq(bd_client_next(c, WAIT_MS, ev), 0,
+			     "the request hangs; router log:\n%s", sv_log_tail(&E.router));
+		if (ev->tag == tag && ev->kind == BD_CLIENT_CHUNK && ev->finish != BD_FINISH_NONE)
+			return;
+	}
+}
+
+/* Rank 1 was lost at t0: tag fails WORKER_FAILED naming rank 1 within 15 s, health says not
+ * healthy, and the pool gets the request's pages back. */
+static void expect_rank1_failure(struct bd_client *c, uint64_t tag, int64_t t0)
+{
+	struct bd_client_event ev;
+
+	final_chunk(c, tag, &ev);
+	cr_expect_eq(ev.finish, BD_FINISH_ERROR);
+	cr_expect_eq(ev.error, BD_SERVE_ERR_WORKER_FAILED, "%s", ev.message);
+	cr_expect_not_null(strstr(ev.message, "rank 1"), "%s", ev.message);
+	cr_expect_lt(sv_now_ms() - t0, 15000, "rank 1's failure took %lld ms to show",
+		     (long long)(sv_now_ms() - t0));
+	cr_expect(sv_wait_health(&E, false, 1000), "health still says serving");
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's pages were not released");
+}
+
+/* The system up, a client, and its long generation under way (*ret_tag). */
+static struct bd_client *up_and_long(uint64_t *ret_tag)
+{
+	struct bd_client *c;
+
+	up();
+	c = sv_client(&E);
+	*ret_tag = start_long(c, 3);
+	return c;
+}
+
 static void expect_short_answer(struct bd_client *c, const char *what)
 {
 	struct bd_client_gen g = { .prompt = "Hi!", .chat = true, .max_tokens = 4 };
@@ -253,6 +282,14 @@ static void expect_short_answer(struct bd_client *c, const char *what)
 	cr_expect_gt(ev.n_tokens, 0, "%s", what);
 }
 
+/* A new rank 1: the group forms again and serves c. */
+static void restart_rank1(struct bd_client *c)
+{
+	sv_start_worker(&E, 1);
+	sv_expect_healthy(&E, WAIT_MS, "no recovery");
+	expect_short_answer(c, "after the restart");
+}
+
 Test(serve, cancel_disconnect_and_bad_input_leave_the_pool_clean)
 {
 	struct bd_client *c;
@@ -260,26 +297,18 @@ Test(serve, cancel_disconnect_and_bad_input_leave_the_pool_clean)
 	struct bd_client_gen bad = { .max_tokens = 4 };
 	int32_t bad_id = 1 << 20;
 	uint64_t tag;
-	bool final = false;
 
-	up();
-	c = client();
-	tag = start_long(c, 3);
+	c = up_and_long(&tag);
 	cr_assert_eq(bd_client_cancel(c, tag), 0);
-	while (!final) {
-		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
-		if (ev.kind == BD_CLIENT_CHUNK && ev.finish != BD_FINISH_NONE) {
-			cr_expect_eq(ev.finish, BD_FINISH_CANCELLED);
-			final = true;
-		}
-	}
+	final_chunk(c, tag, &ev);
+	cr_expect_eq(ev.finish, BD_FINISH_CANCELLED);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "cancel left pages or a slot in the pool");
 	/* a client that goes away mid-stream */
 	start_long(c, 3);
 	bd_client_free(c);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "disconnect left pages or a slot in the pool");
 	/* bad input through the real system: an error, nothing allocated, service goes on */
-	c = client();
+	c = sv_client(&E);
 	bad.token_ids = &bad_id;
 	bad.n_token_ids = 1;
 	cr_assert_eq(bd_client_generate_start(c, &bad, &tag), 0);
@@ -301,71 +330,31 @@ Test(serve, cancel_disconnect_and_bad_input_leave_the_pool_clean)
 
 Test(serve, kill_9_of_a_worker_fails_clearly_and_service_resumes)
 {
-	struct bd_client *c;
-	struct bd_client_event ev;
 	uint64_t tag;
-	int64_t t0;
-	bool final = false;
+	struct bd_client *c = up_and_long(&tag);
+	int64_t t0 = sv_now_ms();
 
-	up();
-	c = client();
-	tag = start_long(c, 3);
-	t0 = sv_now_ms();
 	cr_expect_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);
-	while (!final) {
-		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "the request hangs");
-		if (ev.tag == tag && ev.kind == BD_CLIENT_CHUNK && ev.finish != BD_FINISH_NONE) {
-			cr_expect_eq(ev.finish, BD_FINISH_ERROR);
-			cr_expect_eq(ev.error, BD_SERVE_ERR_WORKER_FAILED, "%s", ev.message);
-			cr_expect_not_null(strstr(ev.message, "rank 1"), "%s", ev.message);
-			final = true;
-		}
-	}
-	cr_expect_lt(sv_now_ms() - t0, 15000, "the failure took too long to show");
-	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's pages were not released");
-	cr_expect(sv_wait_health(&E, false, 1000));
-	/* restart rank 1: the group forms again and serves */
-	sv_start_worker(&E, 1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
-		  sv_log_tail(&E.router));
-	expect_short_answer(c, "after the restart");
+	expect_rank1_failure(c, tag, t0);
+	restart_rank1(c);
 	bd_client_free(c);
 }
 
 Test(serve, a_stopped_worker_fails_its_step_within_the_heartbeat_timeout)
 {
-	struct bd_client *c;
-	struct bd_client_event ev;
 	uint64_t tag;
+	struct bd_client *c = up_and_long(&tag);
 	int64_t t0;
-	bool final = false;
 
-	up();
-	c = client();
-	tag = start_long(c, 3);
 	/* SIGSTOP freezes every thread, heartbeats included: the router must not wait for the
 	 * step (120 s step timeout) but fail it once rank 1 is silent past heartbeat_timeout_ms */
 	cr_assert_eq(kill(E.worker[1].pid, SIGSTOP), 0);
 	t0 = sv_now_ms();
-	while (!final) {
-		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "the request hangs");
-		if (ev.tag == tag && ev.kind == BD_CLIENT_CHUNK && ev.finish != BD_FINISH_NONE) {
-			cr_expect_eq(ev.finish, BD_FINISH_ERROR);
-			cr_expect_eq(ev.error, BD_SERVE_ERR_WORKER_FAILED, "%s", ev.message);
-			cr_expect_not_null(strstr(ev.message, "rank 1"), "%s", ev.message);
-			final = true;
-		}
-	}
-	cr_expect_lt(sv_now_ms() - t0, 15000, "a stopped worker held the request too long");
-	cr_expect(sv_wait_health(&E, false, 1000), "health still says serving");
-	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's pages were not released");
+	expect_rank1_failure(c, tag, t0);
 	/* a stopped rank is replaced as a dead one is (a resumed one rejoins only once its own
 	 * all-reduce wait gives up: ar_timeout_ms) */
 	cr_expect_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);
-	sv_start_worker(&E, 1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
-		  sv_log_tail(&E.router));
-	expect_short_answer(c, "after the restart");
+	restart_rank1(c);
 	bd_client_free(c);
 }
 
@@ -374,7 +363,7 @@ Test(serve, sigterm_stops_every_daemon_with_exit_0)
 	struct bd_client *c;
 
 	up();
-	c = client();
+	c = sv_client(&E);
 	expect_short_answer(c, "before stopping");
 	bd_client_free(c);
 	/* the router first (the workers keep waiting for it), the pool last (a worker whose pool
@@ -388,6 +377,18 @@ Test(serve, sigterm_stops_every_daemon_with_exit_0)
 	cr_expect_eq(sv_stop(&E.pool, SIGTERM, WAIT_MS), 0, "kvpoold:\n%s", sv_log_tail(&E.pool));
 }
 
+/* The output of the shell command cmd (its stdout and what it sends there) into out[cap]. */
+static void shell_output(const char *cmd, char *out, size_t cap)
+{
+	FILE *p = popen(cmd, "r");
+	size_t n;
+
+	cr_assert_not_null(p, "%s", cmd);
+	n = fread(out, 1, cap - 1, p);
+	out[n] = 0;
+	pclose(p);
+}
+
 /* deploy/: the units pass `systemd-analyze verify` (with ExecStart pointed at this build's
  * binaries, which verify wants to exist). */
 Test(serve, systemd_units_verify_clean)
@@ -395,8 +396,6 @@ Test(serve, systemd_units_verify_clean)
 	static const char *const units[] = { "kvpoold.service", "router.service",
 					     "workerd@.service", "bdfp4.target" };
 	char cmd[6 * PATH_MAX], out[8192], bin[PATH_MAX];
-	size_t n;
-	FILE *p;
 
 	if (system("command -v systemd-analyze >/dev/null 2>&1") != 0)
 		cr_skip_test("no systemd-analyze on this machine");
@@ -422,11 +421,7 @@ Test(serve, systemd_units_verify_clean)
 		 "cd '%s' && systemd-analyze verify --man=no kvpoold.service router.service "
 		 "workerd@0.service workerd@1.service bdfp4.target 2>&1; echo rc=$?",
 		 E.dir);
-	p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	n = fread(out, 1, sizeof(out) - 1, p);
-	out[n] = 0;
-	pclose(p);
+	shell_output(cmd, out, sizeof(out));
 	cr_expect_str_eq(out, "rc=0\n", "systemd-analyze verify is not clean:\n%s", out);
 	/* the hardening the issue asks for is there */
 	snprintf(cmd, sizeof(cmd),
@@ -436,11 +431,7 @@ Test(serve, systemd_units_verify_clean)
 		 "echo \"$u lacks $k\"; done; done; grep -q '^u bdfp4' sysusers.d/bdfp4.conf || "
 		 "echo no sysusers; grep -q '^d /run/bdfp4' tmpfiles.d/bdfp4.conf || echo no tmpfiles",
 		 E.root);
-	p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	n = fread(out, 1, sizeof(out) - 1, p);
-	out[n] = 0;
-	pclose(p);
+	shell_output(cmd, out, sizeof(out));
 	cr_expect_str_eq(out, "", "%s", out);
 }
 
@@ -460,8 +451,8 @@ Test(serve, sigterm_drains_the_running_generation)
 	int64_t end;
 
 	up();
-	c = client();
-	c2 = client();
+	c = sv_client(&E);
+	c2 = sv_client(&E);
 	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
 	while (n < 2) {
 		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
@@ -510,7 +501,7 @@ Test(serve, kill_9_of_kvpoold_shows_in_health_and_service_resumes)
 	int64_t t0, end;
 
 	up();
-	c = client();
+	c = sv_client(&E);
 	expect_short_answer(c, "before the pool dies");
 	t0 = sv_now_ms();
 	cr_expect_eq(sv_stop(&E.pool, SIGKILL, WAIT_MS), 128 + SIGKILL);
@@ -533,8 +524,7 @@ Test(serve, kill_9_of_kvpoold_shows_in_health_and_service_resumes)
 	sv_start_pool(&E, NULL);
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
-	cr_assert(sv_wait_health(&E, true, WAIT_MS), "no recovery; router log:\n%s",
-		  sv_log_tail(&E.router));
+	sv_expect_healthy(&E, WAIT_MS, "no recovery");
 	expect_short_answer(c, "after the pool's restart");
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
 	bd_client_free(c);
