@@ -88,14 +88,6 @@ static void lut_init(void)
 	}
 }
 
-static bool all_finite(const float *x, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (!isfinite(x[i]))
-			return false;
-	return true;
-}
-
 static float round_bf16(float x)
 {
 	return bd_bf16_to_f32(bd_f32_to_bf16(x));
@@ -718,42 +710,50 @@ struct bd_decode_params bd_decode_params_default(void)
 	};
 }
 
-int bd_ref_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
-		      const struct bd_kv_view *kv, const float *q, int G, float *ret_o,
-		      float *ret_lse, struct bd_decode_stats *stats)
+/* The common run of both decoders once their arguments are checked: nh heads into private
+ * buffers, for MLA (q_r non-NULL) mapped back from the rotated, smoothed latent space, then
+ * copied to the caller's (outputs only on success). */
+static int run_decode(const struct bd_kvcfg *cfg, const struct dctx *x, const float *q,
+		      const float *q_r, int nh, const float *mu, float *ret_o, float *ret_lse,
+		      struct bd_decode_stats *stats)
 {
-	struct dctx x;
 	struct ws w = { .loaded = -1 };
 	uint64_t st[2] = { 0, 0 };
+	size_t d = (size_t)x->d;
 	int r;
 
-	if (!q || !ret_o || G < 1)
-		return -EINVAL;
-	r = ctx_init(&x, cfg, dp, kv, false);
-	if (r < 0)
-		return r;
-	if (!all_finite(q, (size_t)G * (size_t)x.d))
-		return -EDOM;
 	pthread_once(&lut_once, lut_init);
-	float *out = malloc(sizeof(float) * (size_t)G * (size_t)x.d);
-	float *lse = malloc(sizeof(float) * (size_t)G);
+	float *out = malloc(sizeof(float) * (size_t)nh * d);
+	float *lse = malloc(sizeof(float) * (size_t)nh);
 	if (!out || !lse) {
 		free(out);
 		free(lse);
 		return -ENOMEM;
 	}
-	r = ws_alloc(&w, &x, G);
+	r = ws_alloc(&w, x, nh);
 	if (r < 0)
 		goto out;
-	r = decode_group(&x, &w, q, NULL, out, lse, st);
+	r = decode_group(x, &w, q, q_r, out, lse, st);
 	if (r < 0)
 		goto out;
+	for (int h = 0; q_r && h < nh; h++) {
+		/* o' lives in the rotated, smoothed latent space H(c − μ): map back, o = H o' + μ
+		 * (H is symmetric and orthonormal, so its own inverse) */
+		float *oh = out + (size_t)h * d;
+		if (cfg->hadamard) {
+			r = bd_fwht(oh, x->d);
+			if (r < 0)
+				goto out;
+		}
+		for (size_t c = 0; c < d; c++)
+			oh[c] = cfg->smoothing && mu ? oh[c] + mu[c] : oh[c];
+	}
 
-	/* outputs only on success */
-	memcpy(ret_o, out, sizeof(float) * (size_t)G * (size_t)x.d);
+	memcpy(ret_o, out, sizeof(float) * (size_t)nh * d);
 	if (ret_lse)
-		memcpy(ret_lse, lse, sizeof(float) * (size_t)G);
+		memcpy(ret_lse, lse, sizeof(float) * (size_t)nh);
 	if (stats) {
+		/* MLA quantizes no probabilities: its counts stay 0 (a uniform interface) */
 		stats->p_blocks += st[0];
 		stats->p_zero_blocks += st[1];
 	}
@@ -764,13 +764,28 @@ out:
 	return r;
 }
 
+int bd_ref_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+		      const struct bd_kv_view *kv, const float *q, int G, float *ret_o,
+		      float *ret_lse, struct bd_decode_stats *stats)
+{
+	struct dctx x;
+	int r;
+
+	if (!q || !ret_o || G < 1)
+		return -EINVAL;
+	r = ctx_init(&x, cfg, dp, kv, false);
+	if (r < 0)
+		return r;
+	if (!bd_all_finite(q, (size_t)G * (size_t)x.d))
+		return -EDOM;
+	return run_decode(cfg, &x, q, NULL, G, NULL, ret_o, ret_lse, stats);
+}
+
 int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 		      const struct bd_kv_view *kv, const float *q_c, const float *q_r, int H,
 		      const float *mu, float *ret_o, float *ret_lse, struct bd_decode_stats *stats)
 {
 	struct dctx x;
-	struct ws w = { .loaded = -1 };
-	uint64_t st[2] = { 0, 0 };
 	int r;
 
 	if (!q_c || !q_r || !ret_o || H < 1)
@@ -779,50 +794,10 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 	if (r < 0)
 		return r;
 	size_t d = (size_t)x.d;
-	if (!all_finite(q_c, (size_t)H * d) || !all_finite(q_r, (size_t)H * (size_t)x.dr) ||
-	    (mu && !all_finite(mu, d)))
+	if (!bd_all_finite(q_c, (size_t)H * d) ||
+	    !bd_all_finite(q_r, (size_t)H * (size_t)x.dr) || (mu && !bd_all_finite(mu, d)))
 		return -EDOM;
-	pthread_once(&lut_once, lut_init);
-	float *out = malloc(sizeof(float) * (size_t)H * d);
-	float *lse = malloc(sizeof(float) * (size_t)H);
-	if (!out || !lse) {
-		free(out);
-		free(lse);
-		return -ENOMEM;
-	}
-	r = ws_alloc(&w, &x, H);
-	if (r < 0)
-		goto out;
-	r = decode_group(&x, &w, q_c, q_r, out, lse, st);
-	if (r < 0)
-		goto out;
-
-	for (int h = 0; h < H; h++) {
-		/* o' lives in the rotated, smoothed latent space H(c − μ): map back, o = H o' + μ
-		 * (H is symmetric and orthonormal, so its own inverse) */
-		float *oh = out + (size_t)h * d;
-		if (cfg->hadamard) {
-			r = bd_fwht(oh, x.d);
-			if (r < 0)
-				goto out;
-		}
-		for (size_t c = 0; c < d; c++)
-			oh[c] = cfg->smoothing && mu ? oh[c] + mu[c] : oh[c];
-	}
-
-	memcpy(ret_o, out, sizeof(float) * (size_t)H * d);
-	if (ret_lse)
-		memcpy(ret_lse, lse, sizeof(float) * (size_t)H);
-	if (stats) {
-		/* MLA quantizes no probabilities; kept for a uniform interface */
-		stats->p_blocks += st[0];
-		stats->p_zero_blocks += st[1];
-	}
-out:
-	ws_free(&w);
-	free(out);
-	free(lse);
-	return r;
+	return run_decode(cfg, &x, q_c, q_r, H, mu, ret_o, ret_lse, stats);
 }
 
 void bd_lse_combine(const float *o_s, const float *lse_s, int n, int d, float *ret_o,

@@ -34,6 +34,15 @@ enum {
 #define BD_NVFP4_KV_SMAX 256.0f
 #define BD_NVFP4_Q_SMAX 448.0f
 
+/* The IEEE binary32 bit pattern of x, and the float of a bit pattern (the test vectors and the
+ * calibration file store floats as bit patterns). */
+uint32_t bd_f32_bits(float x);
+float bd_f32_from_bits(uint32_t u);
+
+/* True when all n values of x are finite (x may be NULL when n is 0): the quantizers and the
+ * reference decoder refuse NaN and ±inf inputs (-EDOM) rather than encode them. */
+bool bd_all_finite(const float *x, size_t n);
+
 /* ---- BF16 ----------------------------------------------------------------------------- */
 
 typedef uint16_t bd_bf16;

@@ -245,20 +245,6 @@ static uint64_t get64(const uint8_t *p)
 	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
-static uint32_t f2u(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static float u2f(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
 long bd_calib_encode(const struct bd_calib *c, void *buf, size_t cap)
 {
 	if (!c || !buf || !c->mu_k || !shape_ok(c->n_layers, c->n_kv_heads, c->head_dim))
@@ -280,14 +266,14 @@ long bd_calib_encode(const struct bd_calib *c, void *buf, size_t cap)
 	put32(p + 20, (uint32_t)c->n_kv_heads);
 	put32(p + 24, (uint32_t)c->head_dim);
 	put32(p + 28, (uint32_t)c->tile_keys);
-	put32(p + 32, f2u(c->tau));
-	put32(p + 36, f2u(c->c));
+	put32(p + 32, bd_f32_bits(c->tau));
+	put32(p + 36, bd_f32_bits(c->c));
 	put32(p + 40, (uint32_t)c->tau_index);
 	put64(p + 48, c->n_key_tokens);
 	put64(p + 56, c->n_p_blocks);
 	memcpy(p + 64, c->model_sha256, BD_SHA256_BYTES);
 	for (size_t i = 0; i < n; i++)
-		put32(p + BD_CALIB_HEADER_BYTES + 4 * i, f2u(c->mu_k[i]));
+		put32(p + BD_CALIB_HEADER_BYTES + 4 * i, bd_f32_bits(c->mu_k[i]));
 	bd_sha256(p, need - BD_SHA256_BYTES, p + need - BD_SHA256_BYTES);
 	return (long)need;
 }
@@ -378,7 +364,7 @@ int bd_calib_decode(const void *buf, size_t n, const struct bd_calib_expect *wan
 	if (memcmp(sum, p + need - BD_SHA256_BYTES, BD_SHA256_BYTES) != 0)
 		return fail(ret_err, -EBADMSG, "corrupted: the file's checksum does not match");
 
-	float tau = u2f(get32(p + 32)), c = u2f(get32(p + 36));
+	float tau = bd_f32_from_bits(get32(p + 32)), c = bd_f32_from_bits(get32(p + 36));
 	uint32_t tile = get32(p + 28);
 	int32_t tidx = (int32_t)get32(p + 40);
 	if (ctx < 1 || ctx > INT32_MAX || tile < 1 || tile > INT32_MAX || !isfinite(tau) ||
@@ -414,7 +400,7 @@ int bd_calib_decode(const void *buf, size_t n, const struct bd_calib_expect *wan
 	if (r < 0)
 		return fail(ret_err, r, "out of memory");
 	for (size_t i = 0; i < n_mu(cal); i++) {
-		cal->mu_k[i] = u2f(get32(p + BD_CALIB_HEADER_BYTES + 4 * i));
+		cal->mu_k[i] = bd_f32_from_bits(get32(p + BD_CALIB_HEADER_BYTES + 4 * i));
 		if (!isfinite(cal->mu_k[i])) {
 			bd_calib_free(cal);
 			return fail(ret_err, -EBADMSG, "corrupted: a non-finite μ_k value");

@@ -14,6 +14,22 @@
 
 #include "quant/bd_fp4.h"
 
+uint32_t bd_f32_bits(float x)
+{
+	uint32_t u;
+
+	memcpy(&u, &x, sizeof(u));
+	return u;
+}
+
+float bd_f32_from_bits(uint32_t u)
+{
+	float x;
+
+	memcpy(&x, &u, sizeof(x));
+	return x;
+}
+
 /* ---- BF16 ------------------------------------------------------------------------------- */
 
 bd_bf16 bd_f32_to_bf16(float x)
@@ -129,7 +145,7 @@ float bd_ue8m0_decode(uint8_t e)
 
 /* ---- block quantizers (NUMERICS.md §2) ------------------------------------------------------ */
 
-static bool all_finite(const float *x, size_t n)
+bool bd_all_finite(const float *x, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (!isfinite(x[i]))
@@ -159,7 +175,7 @@ int bd_nvfp4_decode_scale(const float *x, size_t n, float smax, float *ret_g)
 
 	if ((!x && n > 0) || !ret_g || !isfinite(smax) || !(smax > 0.0f))
 		return -EINVAL;
-	if (!all_finite(x, n))
+	if (!bd_all_finite(x, n))
 		return -EDOM;
 	amax = abs_max(x, n);
 	/* The vectors' g matches amax / (6·smax) written this way; for smax = 256 it equals
@@ -173,6 +189,22 @@ int bd_nvfp4_decode_scale(const float *x, size_t n, float smax, float *ret_g)
 	return 0;
 }
 
+/* E2M1 codes [n] of x · inv, unpacked; returns the squared reconstruction error
+ * Σ (scale·x̂_i − x_i)², accumulated i = 0..n−1 in FP32 (NUMERICS.md §2: one candidate). */
+static float e2m1_candidate(const float *x, int n, float inv, float scale, uint8_t *codes)
+{
+	float err = 0.0f;
+
+	for (int i = 0; i < n; i++) {
+		float d;
+
+		codes[i] = bd_e2m1_encode(x[i] * inv);
+		d = scale * bd_e2m1_decode(codes[i]) - x[i];
+		err += d * d;
+	}
+	return err;
+}
+
 /* One NVFP4 candidate with scale maximum kappa: codes [16] unpacked, returns the squared
  * reconstruction error Σ ((g·s)·x̂_i − x_i)², accumulated i = 0..15 in FP32. */
 static float nvfp4_candidate(const float *x, float amax_b, float g, float kappa, uint8_t *codes,
@@ -181,18 +213,9 @@ static float nvfp4_candidate(const float *x, float amax_b, float g, float kappa,
 	uint8_t s = bd_e4m3_encode((amax_b / kappa) / g);
 	float sv = bd_e4m3_decode(s);
 	float inv = sv == 0.0f ? 0.0f : 1.0f / (sv * g);
-	float gs = g * sv;
-	float err = 0.0f;
 
-	for (int i = 0; i < BD_NVFP4_BLOCK; i++) {
-		float d;
-
-		codes[i] = bd_e2m1_encode(x[i] * inv);
-		d = gs * bd_e2m1_decode(codes[i]) - x[i];
-		err += d * d;
-	}
 	*ret_scale = s;
-	return err;
+	return e2m1_candidate(x, BD_NVFP4_BLOCK, inv, g * sv, codes);
 }
 
 int bd_nvfp4_quantize_block(const float x[BD_NVFP4_BLOCK], float g, enum bd_scale_rule rule,
@@ -204,7 +227,7 @@ int bd_nvfp4_quantize_block(const float x[BD_NVFP4_BLOCK], float g, enum bd_scal
 	if (!x || !ret_packed || !ret_scale || !isfinite(g) || !(g > 0.0f) ||
 	    (rule != BD_SCALE_STANDARD && rule != BD_SCALE_SEARCH))
 		return -EINVAL;
-	if (!all_finite(x, BD_NVFP4_BLOCK))
+	if (!bd_all_finite(x, BD_NVFP4_BLOCK))
 		return -EDOM;
 	amax_b = abs_max(x, BD_NVFP4_BLOCK);
 	e6 = nvfp4_candidate(x, amax_b, g, 6.0f, c6, &s6);
@@ -278,16 +301,7 @@ static int clamp_e8(int e)
  * Σ (2^e·x̂_i − x_i)² accumulated in order. */
 static float mxfp4_candidate(const float *x, int e, uint8_t *codes)
 {
-	float inv = ldexpf(1.0f, -e), scale = ldexpf(1.0f, e), err = 0.0f;
-
-	for (int i = 0; i < BD_MXFP4_BLOCK; i++) {
-		float d;
-
-		codes[i] = bd_e2m1_encode(x[i] * inv);
-		d = scale * bd_e2m1_decode(codes[i]) - x[i];
-		err += d * d;
-	}
-	return err;
+	return e2m1_candidate(x, BD_MXFP4_BLOCK, ldexpf(1.0f, -e), ldexpf(1.0f, e), codes);
 }
 
 int bd_mxfp4_quantize_block(const float x[BD_MXFP4_BLOCK], enum bd_scale_rule rule,
@@ -300,7 +314,7 @@ int bd_mxfp4_quantize_block(const float x[BD_MXFP4_BLOCK], enum bd_scale_rule ru
 	if (!x || !ret_packed || !ret_scale ||
 	    (rule != BD_SCALE_STANDARD && rule != BD_SCALE_SEARCH))
 		return -EINVAL;
-	if (!all_finite(x, BD_MXFP4_BLOCK))
+	if (!bd_all_finite(x, BD_MXFP4_BLOCK))
 		return -EDOM;
 	e_ocp = mxfp4_e_ocp(abs_max(x, BD_MXFP4_BLOCK));
 	/* Each candidate is clamped on its own, so the scale code stays in 0..254. */
@@ -340,7 +354,7 @@ int bd_fwht(float *x, int d)
 
 	if (!x || d < 1 || d > BD_FWHT_MAX || (d & (d - 1)) != 0)
 		return -EINVAL;
-	if (!all_finite(x, (size_t)d))
+	if (!bd_all_finite(x, (size_t)d))
 		return -EDOM;
 	for (int h = 1; h < d; h *= 2)
 		for (int i = 0; i < d; i += 2 * h)
@@ -388,7 +402,7 @@ int bd_query_quantize(const float *q, int d, enum bd_fp4_format fmt, int nterms,
 	block = fmt == BD_FP4_NVFP4 ? BD_NVFP4_BLOCK : BD_MXFP4_BLOCK;
 	if (d < block || d > BD_FWHT_MAX || d % block != 0)
 		return -EINVAL;
-	if (!all_finite(q, (size_t)d))
+	if (!bd_all_finite(q, (size_t)d))
 		return -EDOM;
 
 	/* Built in a local copy so that *ret is written only on success. */
@@ -404,7 +418,7 @@ int bd_query_quantize(const float *q, int d, enum bd_fp4_format fmt, int nterms,
 		bd_query_dequantize(&qq, 0, deq);
 		for (int i = 0; i < d; i++)
 			res[i] = q[i] - deq[i];
-		if (!all_finite(res, (size_t)d))
+		if (!bd_all_finite(res, (size_t)d))
 			return -EDOM; /* only for q near FLT_MAX */
 		r = query_term(res, d, 1, &qq);
 		if (r < 0)
@@ -443,7 +457,7 @@ void bd_p_quantize_block_nvfp4(const float P[BD_NVFP4_BLOCK], float p_max,
 	/* No error return in this interface: on a bad argument or a non-finite input nothing is
 	 * written (the decoder checks its logits before it gets here). */
 	if (!P || !ps || !ret_phat || !ret_scale || !isfinite(p_max) || !isfinite(ps->c) ||
-	    !isfinite(ps->tau) || !all_finite(P, BD_NVFP4_BLOCK))
+	    !isfinite(ps->tau) || !bd_all_finite(P, BD_NVFP4_BLOCK))
 		return;
 	/* Blocks far below the tile max use κ = 2, two more E4M3 binades before s_P underflows. */
 	kappa = (ps->underflow_aware && p_max <= ps->tau / ps->c) ? 2.0f : 6.0f;

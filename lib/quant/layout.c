@@ -200,14 +200,6 @@ static bool bf16_finite(bd_bf16 h)
 	return (h & 0x7f80u) != 0x7f80u;
 }
 
-static bool all_finite(const float *x, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (!isfinite(x[i]))
-			return false;
-	return true;
-}
-
 static bool is_pow2(int n)
 {
 	return n > 0 && (n & (n - 1)) == 0;
@@ -229,20 +221,20 @@ int bd_kv_write_token(const struct bd_layout *lay, const struct bd_kvcfg *cfg, v
 		return -EINVAL;
 	d = (size_t)lay->d;
 	dv = (size_t)lay->dv;
-	if (!all_finite(k, d) || !all_finite(v, dv) || (mu && !all_finite(mu, d)))
+	if (!bd_all_finite(k, d) || !bd_all_finite(v, dv) || (mu && !bd_all_finite(mu, d)))
 		return -EDOM;
 
 	for (size_t i = 0; i < d; i++)
 		kp[i] = cfg->smoothing && mu ? k[i] - mu[i] : k[i];
 	/* finite inputs can still overflow in k − μ or inside the butterflies */
-	if (!all_finite(kp, d))
+	if (!bd_all_finite(kp, d))
 		return -EDOM;
 	if (cfg->hadamard) {
 		int r = bd_fwht(kp, lay->d);
 
 		if (r < 0)
 			return r;
-		if (!all_finite(kp, d))
+		if (!bd_all_finite(kp, d))
 			return -EDOM;
 	}
 	for (size_t i = 0; i < d; i++) {
@@ -305,77 +297,60 @@ static void dequant_block(int block, const uint8_t *codes, uint8_t scale, float 
 		bd_mxfp4_dequantize_block(codes, scale, ret_x);
 }
 
-/* Token-major FP4 of x[128][cols]: token t's channels in blocks, codes row t (cols/2 bytes),
- * scales row t (cols/block codes). */
-static int quant_token_major(int block, const bd_bf16 *x, size_t cols, float g,
-			     enum bd_scale_rule rule, uint8_t *codes, uint8_t *scales)
+/* The FP4 blocks of x[128][cols] along one axis: `rows` rows of n values, value i of row r at
+ * element r·rs + i·es of x; row r's codes at byte r·n/2 of its region, its block scales at
+ * r·(n/block). Token-major (NUMERICS.md §3: keys, and both K and V of trtllm-nvfp4): a row is
+ * a token's channels. Channel-major (§4: values): a row is a channel's 128 tokens. */
+struct fp4_axis {
+	size_t rows, n, rs, es;
+};
+
+static struct fp4_axis token_major(size_t cols)
 {
-	size_t nb = cols / (size_t)block;
+	return (struct fp4_axis){ BD_PAGE_TOKENS, cols, cols, 1 };
+}
+
+static struct fp4_axis channel_major(size_t cols)
+{
+	return (struct fp4_axis){ cols, BD_PAGE_TOKENS, 1, cols };
+}
+
+static int quant_axis(int block, struct fp4_axis a, const bd_bf16 *x, float g,
+		      enum bd_scale_rule rule, uint8_t *codes, uint8_t *scales)
+{
+	size_t nb = a.n / (size_t)block;
 	float buf[BD_MXFP4_BLOCK];
 
-	for (size_t t = 0; t < BD_PAGE_TOKENS; t++) {
+	for (size_t r = 0; r < a.rows; r++) {
 		for (size_t b = 0; b < nb; b++) {
-			const bd_bf16 *src = x + t * cols + b * (size_t)block;
-			int r;
+			const bd_bf16 *src = x + r * a.rs + b * (size_t)block * a.es;
+			int rc;
 
 			for (int i = 0; i < block; i++)
-				buf[i] = bd_bf16_to_f32(src[i]);
-			r = quant_block(block, buf, g, rule, codes + t * cols / 2 + b * (size_t)block / 2,
-					scales + t * nb + b);
-			if (r < 0)
-				return r;
+				buf[i] = bd_bf16_to_f32(src[(size_t)i * a.es]);
+			rc = quant_block(block, buf, g, rule, codes + r * (a.n / 2) + b * (size_t)block / 2,
+					 scales + r * nb + b);
+			if (rc < 0)
+				return rc;
 		}
 	}
 	return 0;
 }
 
-/* Channel-major FP4 of x[128][cols] (NUMERICS.md §4): for channel c, each run of `block` tokens
- * is one block; codes row c (64 bytes), scales row c (128/block codes). */
-static int quant_channel_major(int block, const bd_bf16 *x, size_t cols, float g,
-			       enum bd_scale_rule rule, uint8_t *codes, uint8_t *scales)
+static void dequant_axis(int block, struct fp4_axis a, const uint8_t *codes,
+			 const uint8_t *scales, float g, float *ret_x)
 {
-	size_t nb = BD_PAGE_TOKENS / (size_t)block;
+	size_t nb = a.n / (size_t)block;
 	float buf[BD_MXFP4_BLOCK];
 
-	for (size_t c = 0; c < cols; c++) {
+	for (size_t r = 0; r < a.rows; r++) {
 		for (size_t b = 0; b < nb; b++) {
-			int r;
+			float *dst = ret_x + r * a.rs + b * (size_t)block * a.es;
 
+			dequant_block(block, codes + r * (a.n / 2) + b * (size_t)block / 2,
+				      scales[r * nb + b], g, buf);
 			for (int i = 0; i < block; i++)
-				buf[i] = bd_bf16_to_f32(x[(b * (size_t)block + (size_t)i) * cols + c]);
-			r = quant_block(block, buf, g, rule,
-					codes + c * (BD_PAGE_TOKENS / 2) + b * (size_t)block / 2,
-					scales + c * nb + b);
-			if (r < 0)
-				return r;
-		}
-	}
-	return 0;
-}
-
-static void dequant_token_major(int block, const uint8_t *codes, const uint8_t *scales,
-				size_t cols, float g, float *ret_x)
-{
-	size_t nb = cols / (size_t)block;
-
-	for (size_t t = 0; t < BD_PAGE_TOKENS; t++)
-		for (size_t b = 0; b < nb; b++)
-			dequant_block(block, codes + t * cols / 2 + b * (size_t)block / 2,
-				      scales[t * nb + b], g, ret_x + t * cols + b * (size_t)block);
-}
-
-static void dequant_channel_major(int block, const uint8_t *codes, const uint8_t *scales,
-				  size_t cols, float g, float *ret_x)
-{
-	size_t nb = BD_PAGE_TOKENS / (size_t)block;
-	float buf[BD_MXFP4_BLOCK];
-
-	for (size_t c = 0; c < cols; c++) {
-		for (size_t b = 0; b < nb; b++) {
-			dequant_block(block, codes + c * (BD_PAGE_TOKENS / 2) + b * (size_t)block / 2,
-				      scales[c * nb + b], g, buf);
-			for (int i = 0; i < block; i++)
-				ret_x[(b * (size_t)block + (size_t)i) * cols + c] = buf[i];
+				dst[(size_t)i * a.es] = buf[i];
 		}
 	}
 }
@@ -463,20 +438,20 @@ int bd_page_write_head(const struct bd_layout *lay, const struct bd_kvcfg *cfg,
 	switch (lay->fmt) {
 	case BD_PAGE_NVFP4:
 	case BD_PAGE_MXFP4:
-		r = quant_token_major(block, k, d, g_k,
-				      cfg->key_search ? BD_SCALE_SEARCH : BD_SCALE_STANDARD,
-				      head + lay->k_codes_off, head + lay->k_scales_off);
+		r = quant_axis(block, token_major(d), k, g_k,
+			       cfg->key_search ? BD_SCALE_SEARCH : BD_SCALE_STANDARD,
+			       head + lay->k_codes_off, head + lay->k_scales_off);
 		if (r == 0 && !mla)
-			r = quant_channel_major(block, v, dv, g_v, BD_SCALE_STANDARD,
-						head + lay->v_codes_off, head + lay->v_scales_off);
+			r = quant_axis(block, channel_major(dv), v, g_v, BD_SCALE_STANDARD,
+				       head + lay->v_codes_off, head + lay->v_scales_off);
 		break;
 	case BD_PAGE_NVFP4_CH:
 		/* trtllm-nvfp4: no recipe, both K and V blocked along channels */
-		r = quant_token_major(block, k, d, g_k, BD_SCALE_STANDARD, head + lay->k_codes_off,
-				      head + lay->k_scales_off);
+		r = quant_axis(block, token_major(d), k, g_k, BD_SCALE_STANDARD,
+			       head + lay->k_codes_off, head + lay->k_scales_off);
 		if (r == 0)
-			r = quant_token_major(block, v, dv, g_v, BD_SCALE_STANDARD,
-					      head + lay->v_codes_off, head + lay->v_scales_off);
+			r = quant_axis(block, token_major(dv), v, g_v, BD_SCALE_STANDARD,
+				       head + lay->v_codes_off, head + lay->v_scales_off);
 		break;
 	case BD_PAGE_FP8:
 		g_k = fp8_scale[0];
@@ -539,17 +514,17 @@ int bd_page_read_head(const struct bd_layout *lay, const void *page, int kv_head
 	switch (lay->fmt) {
 	case BD_PAGE_NVFP4:
 	case BD_PAGE_MXFP4:
-		dequant_token_major(lay->block, head + lay->k_codes_off, head + lay->k_scales_off, d,
-				    g_k, ret_k);
+		dequant_axis(lay->block, token_major(d), head + lay->k_codes_off,
+			     head + lay->k_scales_off, g_k, ret_k);
 		if (!mla)
-			dequant_channel_major(lay->block, head + lay->v_codes_off,
-					      head + lay->v_scales_off, dv, g_v, ret_v);
+			dequant_axis(lay->block, channel_major(dv), head + lay->v_codes_off,
+				     head + lay->v_scales_off, g_v, ret_v);
 		break;
 	case BD_PAGE_NVFP4_CH:
-		dequant_token_major(lay->block, head + lay->k_codes_off, head + lay->k_scales_off, d,
-				    g_k, ret_k);
-		dequant_token_major(lay->block, head + lay->v_codes_off, head + lay->v_scales_off,
-				    dv, g_v, ret_v);
+		dequant_axis(lay->block, token_major(d), head + lay->k_codes_off,
+			     head + lay->k_scales_off, g_k, ret_k);
+		dequant_axis(lay->block, token_major(dv), head + lay->v_codes_off,
+			     head + lay->v_scales_off, g_v, ret_v);
 		break;
 	case BD_PAGE_FP8:
 		for (size_t i = 0; i < nk; i++) {

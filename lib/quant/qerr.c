@@ -9,14 +9,6 @@
 #include "quant/bd_layout.h"
 #include "quant/bd_qerr.h"
 
-static bool all_finite(const float *x, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (!isfinite(x[i]))
-			return false;
-	return true;
-}
-
 static bool is_pow2(int d)
 {
 	return d > 0 && (d & (d - 1)) == 0;
@@ -34,19 +26,19 @@ int bd_qerr_transform(const struct bd_kvcfg *cfg, const float *x, const float *m
 
 	if (!cfg || !x || !ret_x || d < 1 || d > BD_FWHT_MAX || (cfg->hadamard && !is_pow2(d)))
 		return -EINVAL;
-	if (!all_finite(x, (size_t)d) || (mu && !all_finite(mu, (size_t)d)))
+	if (!bd_all_finite(x, (size_t)d) || (mu && !bd_all_finite(mu, (size_t)d)))
 		return -EDOM;
 	/* same FP32 operations, in the same order, as the KV write path before its BF16 rounding */
 	for (int i = 0; i < d; i++)
 		t[i] = cfg->smoothing && mu ? x[i] - mu[i] : x[i];
-	if (!all_finite(t, (size_t)d))
+	if (!bd_all_finite(t, (size_t)d))
 		return -EDOM;
 	if (cfg->hadamard) {
 		int r = bd_fwht(t, d);
 
 		if (r < 0)
 			return r;
-		if (!all_finite(t, (size_t)d))
+		if (!bd_all_finite(t, (size_t)d))
 			return -EDOM;
 	}
 	memcpy(ret_x, t, (size_t)d * sizeof(*t));
@@ -62,7 +54,7 @@ int bd_qerr_query(const struct bd_kvcfg *cfg, const float *q_prime, int d, float
 	if (!cfg || !q_prime || !ret_q || d < 1 || d > BD_FWHT_MAX)
 		return -EINVAL;
 	if (!fp4_page(cfg->page_fmt)) {
-		if (!all_finite(q_prime, (size_t)d))
+		if (!bd_all_finite(q_prime, (size_t)d))
 			return -EDOM;
 		for (int i = 0; i < d; i++)
 			ret_q[i] = bd_bf16_to_f32(bd_f32_to_bf16(q_prime[i]));
@@ -163,14 +155,14 @@ int bd_qerr_group(const struct bd_kvcfg *cfg, const struct bd_kv_view *kv, const
 	if (n_full > 0 && !k_prime)
 		return -EINVAL;
 	d = kv->lay->d;
-	if (!all_finite(q_prime, (size_t)G * (size_t)d))
+	if (!bd_all_finite(q_prime, (size_t)G * (size_t)d))
 		return -EDOM;
 	/* masked sink rows are never read, so they are not checked either */
 	for (int p = 0; p < n_full; p++) {
 		int t0 = cfg->sink && p == 0 ? BD_SINK_TOKENS : 0;
 		size_t row = (size_t)p * BD_PAGE_TOKENS + (size_t)t0;
 
-		if (!all_finite(k_prime + row * (size_t)d, (size_t)(BD_PAGE_TOKENS - t0) * (size_t)d))
+		if (!bd_all_finite(k_prime + row * (size_t)d, (size_t)(BD_PAGE_TOKENS - t0) * (size_t)d))
 			return -EDOM;
 	}
 	sigma = softmax_scale != 0.0f ? (double)softmax_scale : 1.0 / sqrt((double)d);
