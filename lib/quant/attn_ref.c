@@ -98,6 +98,21 @@ static bool is_fp4_page(enum bd_page_format f)
 	return f == BD_PAGE_NVFP4 || f == BD_PAGE_MXFP4;
 }
 
+int bd_kv_view_full_pages(const struct bd_kv_view *kv, int *ret_n_full)
+{
+	int n_full = (kv->n_tokens - 1) / BD_PAGE_TOKENS;
+
+	if (n_full > 0) {
+		if (!kv->arena || !kv->block_table)
+			return -EINVAL;
+		for (int i = 0; i < n_full; i++)
+			if (kv->block_table[i] < 0 || (size_t)kv->block_table[i] >= kv->lay->n_pages)
+				return -EINVAL;
+	}
+	*ret_n_full = n_full;
+	return 0;
+}
+
 /* Checks shared by GQA and MLA, and the derived constants. */
 static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 		    const struct bd_kv_view *kv, bool mla)
@@ -127,14 +142,9 @@ static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_
 	if (fp4q && cfg->query_terms != 1 && cfg->query_terms != 2)
 		return -EINVAL;
 
-	int n_full = (kv->n_tokens - 1) / BD_PAGE_TOKENS;
-	if (n_full > 0) {
-		if (!kv->arena || !kv->block_table)
-			return -EINVAL;
-		for (int i = 0; i < n_full; i++)
-			if (kv->block_table[i] < 0 || (size_t)kv->block_table[i] >= lay->n_pages)
-				return -EINVAL;
-	}
+	int n_full, r = bd_kv_view_full_pages(kv, &n_full);
+	if (r < 0)
+		return r;
 
 	float scale = dp->softmax_scale != 0.0f ? dp->softmax_scale : 1.0f / sqrtf((float)lay->d);
 	*x = (struct dctx){

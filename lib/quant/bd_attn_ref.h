@@ -49,6 +49,12 @@ struct bd_kv_view {
 	int n_tokens;               /* context length, ≥ 1, including the token being decoded */
 };
 
+/* The full pages of a view, (n_tokens − 1) / 128 (the page of the token being decoded is never
+ * full), in *ret_n_full; 0, or -EINVAL when there are full pages and no arena or block table,
+ * or a block-table entry is outside 0..kv->lay->n_pages − 1. kv and kv->lay must be set, and
+ * n_tokens ≥ 1. */
+int bd_kv_view_full_pages(const struct bd_kv_view *kv, int *ret_n_full);
+
 /* Counters a decode call adds to (for quant-report and eval-kl). */
 struct bd_decode_stats {
 	uint64_t p_blocks;      /* probability blocks with at least one unmasked key */

@@ -116,7 +116,6 @@ static void head_dots(const struct qhead *h, const double *kt, const double *kr,
 static int check_view(const struct bd_kvcfg *cfg, const struct bd_kv_view *kv, int *ret_n_full)
 {
 	const struct bd_layout *lay = kv->lay;
-	int n_full;
 
 	if (!lay || lay->fmt != cfg->page_fmt || lay->d_rope != 0 || lay->d < 1 ||
 	    lay->d > BD_FWHT_MAX || lay->d % 4 != 0 || lay->dv < 1)
@@ -124,16 +123,7 @@ static int check_view(const struct bd_kvcfg *cfg, const struct bd_kv_view *kv, i
 	if (kv->n_tokens < 1 || kv->layer < 0 || kv->layer >= lay->n_layers || kv->kv_head < 0 ||
 	    kv->kv_head >= lay->n_kv_heads)
 		return -EINVAL;
-	n_full = (kv->n_tokens - 1) / BD_PAGE_TOKENS;
-	if (n_full > 0) {
-		if (!kv->arena || !kv->block_table)
-			return -EINVAL;
-		for (int i = 0; i < n_full; i++)
-			if (kv->block_table[i] < 0 || (size_t)kv->block_table[i] >= lay->n_pages)
-				return -EINVAL;
-	}
-	*ret_n_full = n_full;
-	return 0;
+	return bd_kv_view_full_pages(kv, ret_n_full);
 }
 
 int bd_qerr_group(const struct bd_kvcfg *cfg, const struct bd_kv_view *kv, const float *q_prime,
