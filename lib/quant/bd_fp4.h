@@ -39,6 +39,9 @@ enum {
 uint32_t bd_f32_bits(float x);
 float bd_f32_from_bits(uint32_t u);
 
+/* max |x_i| over n values (0 for n = 0): the amax of NUMERICS.md §2 (finite inputs). */
+float bd_abs_max(const float *x, size_t n);
+
 /* True when all n values of x are finite (x may be NULL when n is 0): the quantizers and the
  * reference decoder refuse NaN and ±inf inputs (-EDOM) rather than encode them. */
 bool bd_all_finite(const float *x, size_t n);

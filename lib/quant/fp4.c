@@ -153,7 +153,7 @@ bool bd_all_finite(const float *x, size_t n)
 	return true;
 }
 
-static float abs_max(const float *x, size_t n)
+float bd_abs_max(const float *x, size_t n)
 {
 	float amax = 0.0f;
 
@@ -177,7 +177,7 @@ int bd_nvfp4_decode_scale(const float *x, size_t n, float smax, float *ret_g)
 		return -EINVAL;
 	if (!bd_all_finite(x, n))
 		return -EDOM;
-	amax = abs_max(x, n);
+	amax = bd_abs_max(x, n);
 	/* The vectors' g matches amax / (6·smax) written this way; for smax = 256 it equals
 	 * amax / 1536 and amax / 6 / 256 too (a division by 256 is exact for normal results). */
 	g = amax / (6.0f * smax);
@@ -229,7 +229,7 @@ int bd_nvfp4_quantize_block(const float x[BD_NVFP4_BLOCK], float g, enum bd_scal
 		return -EINVAL;
 	if (!bd_all_finite(x, BD_NVFP4_BLOCK))
 		return -EDOM;
-	amax_b = abs_max(x, BD_NVFP4_BLOCK);
+	amax_b = bd_abs_max(x, BD_NVFP4_BLOCK);
 	e6 = nvfp4_candidate(x, amax_b, g, 6.0f, c6, &s6);
 	if (rule == BD_SCALE_SEARCH) {
 		/* Four Over Six: κ = 4 only on a strict improvement (ties keep κ = 6). */
@@ -316,7 +316,7 @@ int bd_mxfp4_quantize_block(const float x[BD_MXFP4_BLOCK], enum bd_scale_rule ru
 		return -EINVAL;
 	if (!bd_all_finite(x, BD_MXFP4_BLOCK))
 		return -EDOM;
-	e_ocp = mxfp4_e_ocp(abs_max(x, BD_MXFP4_BLOCK));
+	e_ocp = mxfp4_e_ocp(bd_abs_max(x, BD_MXFP4_BLOCK));
 	/* Each candidate is clamped on its own, so the scale code stays in 0..254. */
 	e0 = clamp_e8(e_ocp);
 	err0 = mxfp4_candidate(x, e0, c0);

@@ -52,16 +52,6 @@ static uint8_t nib(const uint8_t *p, size_t i)
 	return (uint8_t)((p[i / 2] >> (4 * (i % 2))) & 0xf);
 }
 
-static float amax_f32(const float *x, size_t n)
-{
-	float a = 0.0f;
-
-	for (size_t i = 0; i < n; i++)
-		if (fabsf(x[i]) > a)
-			a = fabsf(x[i]);
-	return a;
-}
-
 /* ||a − b|| / ||b|| */
 static double rel_frob(const float *a, const float *b, size_t n)
 {
@@ -395,8 +385,8 @@ Test(layout, nvfp4_page_bytes_and_round_trip)
 	float gk, gv;
 	cr_assert_eq(bd_nvfp4_decode_scale(kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
 	cr_assert_eq(bd_nvfp4_decode_scale(vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
-	cr_assert(gk == amax_f32(kf, T * D) / 1536.0f);
-	cr_assert(gv == amax_f32(vf, T * D) / 1536.0f);
+	cr_assert(gk == bd_abs_max(kf, T * D) / 1536.0f);
+	cr_assert(gv == bd_abs_max(vf, T * D) / 1536.0f);
 	cr_assert(page_g(&l, page, h, 0) == gk);
 	cr_assert(page_g(&l, page, h, 1) == gv);
 
@@ -469,6 +459,33 @@ Test(layout, nvfp4_page_bytes_and_round_trip)
 	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page), free(page2);
 }
 
+/* K[3][5] = 1.5 and V[3][5] = −1.5 (d = l->d) in otherwise zero k, v, written into page (head 0,
+ * poisoned first) with configuration cfg_name: every byte of the head is 0 but the K code byte
+ * 0x70 (code 7 in the high nibble) at kc of the K codes region, the K scale `scale` at ks of the
+ * K scales, the V code byte 0xf0 (code 0xf: −6) at vc and the V scale `scale` at vs. */
+static void lone_value_page(const struct bd_layout *l, const char *cfg_name, bd_bf16 *k,
+			    bd_bf16 *v, uint8_t *page, size_t kc, size_t ks, size_t vc, size_t vs,
+			    uint8_t scale)
+{
+	k[3 * l->d + 5] = bd_f32_to_bf16(1.5f);
+	v[3 * l->d + 5] = bd_f32_to_bf16(-1.5f);
+	memset(page, 0xff, l->page_bytes);
+	cr_assert_eq(bd_page_write_head(l, cfg_named(cfg_name), k, v, NULL, page, 0), 0);
+	for (size_t i = 0; i < l->head_bytes; i++) {
+		uint8_t want = 0;
+
+		if (i == l->k_codes_off + kc)
+			want = 0x70;
+		else if (i == l->k_scales_off + ks)
+			want = scale;
+		else if (i == l->v_codes_off + vc)
+			want = 0xf0;
+		else if (i == l->v_scales_off + vs)
+			want = scale;
+		cr_assert_eq(page[i], want, "%s byte %zu: %#x, want %#x", cfg_name, i, page[i], want);
+	}
+}
+
 Test(layout, nvfp4_nibble_placement)
 {
 	enum { D = 128, T = BD_PAGE_TOKENS };
@@ -481,23 +498,7 @@ Test(layout, nvfp4_nibble_placement)
 	 * = 4, 1.5·4 = 6 → E2M1 code 7 (−6 → 0xf). All-zero blocks get scale 0 and codes 0.
 	 * K: token 3, channel 5 → byte 3·64 + 2, high nibble; scale [3][0] at 3·8.
 	 * V: channel 5, token 3 → byte 5·64 + 1, high nibble; scale [5][0] at 5·8. */
-	k[3 * D + 5] = bd_f32_to_bf16(1.5f);
-	v[3 * D + 5] = bd_f32_to_bf16(-1.5f);
-	memset(page, 0xff, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("nvfp4-base"), k, v, NULL, page, 0), 0);
-	for (size_t i = 0; i < l.head_bytes; i++) {
-		uint8_t want = 0;
-
-		if (i == l.k_codes_off + 3 * 64 + 2)
-			want = 0x70;
-		else if (i == l.k_scales_off + 3 * 8)
-			want = 0x78;
-		else if (i == l.v_codes_off + 5 * 64 + 1)
-			want = 0xf0;
-		else if (i == l.v_scales_off + 5 * 8)
-			want = 0x78;
-		cr_assert_eq(page[i], want, "byte %zu: %#x, want %#x", i, page[i], want);
-	}
+	lone_value_page(&l, "nvfp4-base", k, v, page, 3 * 64 + 2, 3 * 8, 5 * 64 + 1, 5 * 8, 0x78);
 	cr_assert(page_g(&l, page, 0, 0) == 0x1p-10f);
 	cr_assert(page_g(&l, page, 0, 1) == 0x1p-10f);
 
@@ -521,24 +522,8 @@ Test(layout, mxfp4_nibble_placement)
 	 * scale code 125 = 0x7d, 1.5·4 = 6 → code 7 (the search's e = −1 gives 3, also exact: the
 	 * tie keeps e_ocp). K codes row 3 is 32 bytes, K scales row 3 is 2 codes; V codes row 5 at
 	 * 5·64, V scales row 5 at 5·4. Zero blocks: scale code 0, codes 0. */
-	k[3 * D + 5] = bd_f32_to_bf16(1.5f);
-	v[3 * D + 5] = bd_f32_to_bf16(-1.5f);
-	memset(page, 0xff, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-mxfp4"), k, v, NULL, page, 0),
-		     0);
-	for (size_t i = 0; i < l.head_bytes; i++) {
-		uint8_t want = 0;
-
-		if (i == l.k_codes_off + 3 * 32 + 2)
-			want = 0x70;
-		else if (i == l.k_scales_off + 3 * 2)
-			want = 0x7d;
-		else if (i == l.v_codes_off + 5 * 64 + 1)
-			want = 0xf0;
-		else if (i == l.v_scales_off + 5 * 4)
-			want = 0x7d;
-		cr_assert_eq(page[i], want, "byte %zu: %#x, want %#x", i, page[i], want);
-	}
+	lone_value_page(&l, "bitdecoding-mxfp4", k, v, page, 3 * 32 + 2, 3 * 2, 5 * 64 + 1, 5 * 4,
+			0x7d);
 	cr_assert(page_g(&l, page, 0, 0) == 1.0f && page_g(&l, page, 0, 1) == 1.0f);
 	free(k), free(v), free(page);
 }
@@ -586,7 +571,7 @@ Test(layout, fp8_round_trip)
 	fill_bf16(v, T, D, 32, 0, 1.0f);
 	to_f32(k, T * D, kf);
 	to_f32(v, T * D, vf);
-	const float s[2] = { amax_f32(kf, T * D) / 448.0f, amax_f32(vf, T * D) / 448.0f };
+	const float s[2] = { bd_abs_max(kf, T * D) / 448.0f, bd_abs_max(vf, T * D) / 448.0f };
 	cr_assert_eq(bd_page_write_head(&l, cfg_named("fp8"), k, v, s, page, 1), 0);
 	const uint8_t *hd = page + l.head_bytes;
 	for (size_t i = 0; i < T * D; i++) {
