@@ -17,7 +17,7 @@
  * `kvpoolctl stats` is shown; SIGTERM must stop kvpoold with exit status 0.
  * The parent never touches CUDA (children fork from a CUDA-free process). Every wait is
  * bounded; it prints PASS/FAIL per check and exits 1 on any failure, 2 when it cannot run.
- * Writes only under a mkdtemp dir in /tmp, removed at the end.
+ * Writes only under a private dir in /tmp (tests/common/tmpdir.h), removed at the end.
  * `--cpu` checks the harness itself where there is no GPU: kvpoold on the CPU backend, the
  * workers map its memfd arena, memcpy stands for the copies and bd_page_promote for the
  * kernel (so the page comparison is trivially equal there); everything else as on the GPU.
@@ -47,6 +47,7 @@
 #include "pool/bd_pool_client.h"
 #include "cuda/bd_pool_cuda.h"
 #include "spawn.h"
+#include "tmpdir.h"
 
 #define WAIT_MS 30000
 #define KV_CONFIG "bitdecoding-nvfp4"
@@ -706,7 +707,7 @@ int main(int argc, char **argv)
 	const char *bin = getenv("BD_BIN"), *tpenv = getenv("BD_POOL_CHECK_TP");
 	struct bd_pool_conn *c = NULL;
 	struct bd_pool_stats *s;
-	char gpu[256] = "?", cmd[128];
+	char gpu[256] = "?";
 	int64_t t0 = bd_now_ms();
 	int n_gpu, tp, st;
 
@@ -727,9 +728,9 @@ int main(int argc, char **argv)
 	}
 	printf("pool_vmm_check: %d GPU(s) (%s), tp %d, kvpoold from %s\n", S.cpu ? 0 : n_gpu,
 	       S.cpu ? "--cpu: the CPU backend" : gpu, tp, S.bin);
-	snprintf(S.dir, sizeof(S.dir), "/tmp/bdfp4-vmm-XXXXXX");
-	if (!mkdtemp(S.dir)) {
-		printf("FAIL: mkdtemp: %s\n", strerror(errno));
+	st = td_make(S.dir, sizeof(S.dir), "bdfp4-vmm");
+	if (st < 0) {
+		printf("FAIL: a temp dir: %s\n", strerror(-st));
 		return 2;
 	}
 	snprintf(S.sock, sizeof(S.sock), "%s/kvpool.sock", S.dir);
@@ -782,8 +783,7 @@ out:
 	}
 	if (S.notify_fd >= 0)
 		close(S.notify_fd);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", S.dir);
-	if (system(cmd) != 0)
+	if (td_remove(S.dir) < 0)
 		printf("note: could not remove %s\n", S.dir);
 	printf("%s: %d checks passed, %d failed (%.1f s)\n", S.n_fail ? "FAIL" : "PASS", S.n_pass,
 	       S.n_fail, (double)(bd_now_ms() - t0) / 1000.0);

@@ -36,6 +36,7 @@
 #include "pool/bd_pool_client.h"
 #include "kvpool.pb-c.h"
 #include "spawn.h"
+#include "tmpdir.h"
 
 #define TIMEOUT_MS 20000
 
@@ -67,8 +68,7 @@ static void init(void)
 		*strrchr(exe, '/') = 0;
 		snprintf(D.bin, sizeof(D.bin), "%s/../bin", exe);
 	}
-	snprintf(D.dir, sizeof(D.dir), "/tmp/bdfp4-pool-XXXXXX");
-	cr_assert_not_null(mkdtemp(D.dir));
+	cr_assert_eq(td_make(D.dir, sizeof(D.dir), "bdfp4-pool"), 0);
 	snprintf(D.sock, sizeof(D.sock), "%s/kvpool.sock", D.dir);
 	snprintf(D.endpoint, sizeof(D.endpoint), "ipc://%s/alloc.sock", D.dir);
 	snprintf(D.notify, sizeof(D.notify), "%s/notify.sock", D.dir);
@@ -79,8 +79,6 @@ static void init(void)
 
 static void fini(void)
 {
-	char cmd[128];
-
 	if (D.pid > 0) {
 		kill(D.pid, SIGKILL);
 		waitpid(D.pid, NULL, 0);
@@ -88,8 +86,7 @@ static void fini(void)
 	}
 	if (D.notify_fd >= 0)
 		close(D.notify_fd);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", D.dir);
-	if (system(cmd) != 0)
+	if (td_remove(D.dir) < 0)
 		fprintf(stderr, "could not remove %s\n", D.dir);
 }
 

@@ -26,20 +26,19 @@
 
 #include "base/bd_clock.h"
 #include "serve/bd_allreduce.h"
+#include "tmpdir.h"
 
 static char dir[64], path[96];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/bdfp4-ar-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	cr_assert_eq(td_make(dir, sizeof(dir), "bdfp4-ar"), 0);
 	snprintf(path, sizeof(path), "%s/ar", dir);
 }
 
 static void teardown(void)
 {
-	unlink(path);
-	rmdir(dir);
+	td_remove(dir);
 }
 
 /* xorshift64*: the test's own inputs */

@@ -37,20 +37,19 @@
 #include "serve/bd_allreduce.h"
 #include "model/bd_forward.h"
 #include "model_fill.h"
+#include "tmpdir.h"
 
 static char dir[64], arpath[96];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/bdfp4-tp-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	cr_assert_eq(td_make(dir, sizeof(dir), "bdfp4-tp"), 0);
 	snprintf(arpath, sizeof(arpath), "%s/ar", dir);
 }
 
 static void teardown(void)
 {
-	unlink(arpath);
-	rmdir(dir);
+	td_remove(dir);
 }
 
 TestSuite(tp, .init = setup, .fini = teardown, .timeout = 900);
