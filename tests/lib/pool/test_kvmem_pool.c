@@ -1,7 +1,7 @@
-/* test_kvmem_pool.c — the bd_kvmem over memory someone else allocates (bd_model.h
- * bd_kvmem_ext_*, lib/pool/kvmem_pool.c): what a sequence draws is what the plan queued, ids
- * outside the arena are refused without touching the queue, and a sequence over it computes
- * exactly what it computes over the private arena. Suite "kvmem_pool".
+/* test_kvmem_pool.c — the bd_kvmem over memory someone else allocates (bd_kvmem.h
+ * bd_kvmem_ext_*, lib/model/kvmem.c; bd_kvmem_pool.h): what a sequence draws is what the
+ * plan queued, ids outside the arena are refused without touching the queue, and a sequence
+ * over it computes exactly what it computes over the private arena. Suite "kvmem_pool".
  */
 #include <errno.h>
 #include <math.h>
@@ -14,6 +14,7 @@
 
 #include "model/bd_forward.h"
 #include "pool/bd_kvmem_pool.h"
+#include "model_fill.h"
 
 struct arena {
 	struct bd_layout lay;
@@ -132,23 +133,25 @@ Test(kvmem_pool, bad_ids_leave_the_queue)
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
-static float rng_normal(void)
-{
-	double u[2];
-	for (int i = 0; i < 2; i++) {
-		rng_state ^= rng_state >> 12;
-		rng_state ^= rng_state << 25;
-		rng_state ^= rng_state >> 27;
-		u[i] = ((double)((rng_state * 0x2545f4914f6cdd1dull) >> 11) + 0.5) /
-		       9007199254740992.0;
-	}
-	return (float)(sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
-}
-
 static void fill(float *p, size_t n, float mean, float sd)
 {
 	for (size_t i = 0; i < n; i++)
-		p[i] = mean + sd * rng_normal();
+		p[i] = mean + sd * mf_normal(&rng_state);
+}
+
+/* A tied Llama of E = d = 32 with one KV head, every weight drawn N(0, 0.3²). */
+static struct bd_model *tiny_llama(int n_layers, int n_ff, int n_heads, int n_vocab, int n_ctx)
+{
+	struct bd_model_hparams hp = {
+		.arch = BD_ARCH_LLAMA, .n_layers = n_layers, .n_embd = 32, .n_ff = n_ff,
+		.n_heads = n_heads, .n_kv_heads = 1, .head_dim = 32, .head_dim_v = 32,
+		.n_rot = 32, .rope_style = BD_ROPE_NORM, .rope_base = 10000.0f, .norm_eps = 1e-5f,
+		.n_ctx_train = n_ctx, .n_vocab = n_vocab, .tied_embeddings = true,
+	};
+	struct bd_model *m;
+	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
+	fill(m->mem, m->mem_bytes / sizeof(float), 0.0f, 0.3f);
+	return m;
 }
 
 /* Over the ext arena, with the plan's page ids (3 then 0) and slot 1, a sequence gives the
@@ -157,15 +160,7 @@ static void fill(float *p, size_t n, float mean, float sd)
  * steps (page 1 at position 255). */
 Test(kvmem_pool, sequence_matches_private_arena)
 {
-	struct bd_model_hparams hp = {
-		.arch = BD_ARCH_LLAMA, .n_layers = 2, .n_embd = 32, .n_ff = 24, .n_heads = 2,
-		.n_kv_heads = 1, .head_dim = 32, .head_dim_v = 32, .n_rot = 32,
-		.rope_style = BD_ROPE_NORM, .rope_base = 10000.0f, .norm_eps = 1e-5f,
-		.n_ctx_train = 512, .n_vocab = 29, .tied_embeddings = true,
-	};
-	struct bd_model *m;
-	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
-	fill(m->mem, m->mem_bytes / sizeof(float), 0.0f, 0.3f);
+	struct bd_model *m = tiny_llama(2, 24, 2, 29, 512);
 	for (int l = 0; l < 2; l++) {
 		fill(m->layers[l].attn_norm, 32, 1.0f, 0.1f);
 		fill(m->layers[l].ffn_norm, 32, 1.0f, 0.1f);
@@ -239,15 +234,7 @@ Test(kvmem_pool, sequence_matches_private_arena)
  * ones go back to the kvmem when it is freed. Private arena of 4 pages, a tiny model. */
 Test(kvmem_pool, given_pages_go_first)
 {
-	struct bd_model_hparams hp = {
-		.arch = BD_ARCH_LLAMA, .n_layers = 1, .n_embd = 32, .n_ff = 16, .n_heads = 1,
-		.n_kv_heads = 1, .head_dim = 32, .head_dim_v = 32, .n_rot = 32,
-		.rope_style = BD_ROPE_NORM, .rope_base = 10000.0f, .norm_eps = 1e-5f,
-		.n_ctx_train = 1024, .n_vocab = 11, .tied_embeddings = true,
-	};
-	struct bd_model *m;
-	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
-	fill(m->mem, m->mem_bytes / sizeof(float), 0.0f, 0.3f);
+	struct bd_model *m = tiny_llama(1, 16, 1, 11, 1024);
 	struct bd_layout lay;
 	struct bd_kvmem *mem;
 	cr_assert_eq(bd_layout_init(&lay, BD_PAGE_NVFP4, 1, 1, 32, 0, 4), 0);
