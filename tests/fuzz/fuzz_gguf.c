@@ -10,16 +10,13 @@
 #include <string.h>
 
 #include "formats/bd_gguf.h"
+#include "../common/fuzz_walk.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static volatile uint64_t sink; /* keeps the reads from being optimized away */
-
-static void touch(const void *p, size_t n)
+static int rows_f32(const void *t, uint64_t row0, uint64_t n_rows, float *out)
 {
-	const uint8_t *b = p;
-	for (size_t i = 0; i < n; i++)
-		sink += b[i];
+	return bd_gguf_tensor_rows_f32(t, row0, n_rows, out);
 }
 
 static void walk_kv(const struct bd_gguf *g, const struct bd_gguf_kv *kv)
@@ -36,36 +33,30 @@ static void walk_kv(const struct bd_gguf *g, const struct bd_gguf_kv *kv)
 		uint64_t idx[2] = { 0, kv->n - 1 };
 		for (int k = 0; k < 2; k++) {
 			if (bd_gguf_arr_int(kv, idx[k], &iv) == 0)
-				sink += (uint64_t)iv;
+				fw_sink += (uint64_t)iv;
 			if (bd_gguf_arr_float(kv, idx[k], &dv) == 0)
-				sink += (uint64_t)(dv == dv);
+				fw_sink += (uint64_t)(dv == dv);
 			if (bd_gguf_arr_str(kv, idx[k], &s) == 0)
-				touch(s.s, s.len);
+				fw_touch(s.s, s.len);
 		}
 		return;
 	}
 	if (bd_gguf_get_int(g, kv->key, &iv) == 0)
-		sink += (uint64_t)iv;
+		fw_sink += (uint64_t)iv;
 	if (bd_gguf_get_float(g, kv->key, &dv) == 0)
-		sink += (uint64_t)(dv == dv);
+		fw_sink += (uint64_t)(dv == dv);
 	if (bd_gguf_get_bool(g, kv->key, &bv) == 0)
-		sink += bv;
+		fw_sink += bv;
 	if (bd_gguf_get_str(g, kv->key, &s) == 0)
-		touch(s.s, s.len);
+		fw_touch(s.s, s.len);
 }
 
 static void walk_tensor(const struct bd_gguf *g, const struct bd_gguf_tensor *t)
 {
-	static float row[1 << 16];
-
 	if (bd_gguf_find_tensor(g, t->name) != t)
 		abort();
-	touch(t->data, t->nbytes);
-	if (t->ne[0] == 0 || t->ne[0] > sizeof(row) / sizeof(row[0]) || t->n_elements == 0)
-		return;
-	uint64_t rows = t->n_elements / t->ne[0];
-	if (bd_gguf_tensor_rows_f32(t, 0, 1, row) == 0 && rows > 1)
-		(void)bd_gguf_tensor_rows_f32(t, rows - 1, 1, row);
+	fw_touch(t->data, t->nbytes);
+	fw_first_last_rows(rows_f32, t, t->ne[0], t->n_elements);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -74,8 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[BD_GGUF_ERR_MAX];
 
 	if (bd_gguf_open_mem(data, size, &g, err) < 0) {
-		if (!err[0] || !memchr(err, 0, sizeof(err)))
-			abort(); /* every refusal says why, in a terminated string */
+		fw_says_why(err, sizeof(err));
 		return 0;
 	}
 	for (size_t i = 0; i < bd_gguf_n_kv(g); i++)

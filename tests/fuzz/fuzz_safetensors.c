@@ -12,34 +12,24 @@
 #include <string.h>
 
 #include "formats/bd_safetensors.h"
+#include "../common/fuzz_walk.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static volatile uint64_t sink; /* keeps the reads from being optimized away */
-
-static void touch(const void *p, size_t n)
+static int rows_f32(const void *t, uint64_t row0, uint64_t n_rows, float *out)
 {
-	const uint8_t *b = p;
-	for (size_t i = 0; i < n; i++)
-		sink += b[i];
+	return bd_st_tensor_rows_f32(t, row0, n_rows, out);
 }
 
 static void walk_tensor(const struct bd_st *st, const struct bd_st_tensor *t)
 {
-	static float row[1 << 14];
-
 	if (bd_st_find_tensor(st, t->name) != t)
 		abort(); /* lookups must find every name they parsed */
 	if (!bd_st_dtype_name(t->dtype) || t->nbytes != t->n_elements * bd_st_dtype_size(t->dtype))
 		abort();
-	touch(t->name, strlen(t->name));
-	touch(t->data, t->nbytes);
-	uint64_t cols = t->n_dims ? t->shape[t->n_dims - 1] : 1;
-	if (!cols || cols > sizeof(row) / sizeof(row[0]) || !t->n_elements)
-		return;
-	uint64_t rows = t->n_elements / cols;
-	if (bd_st_tensor_rows_f32(t, 0, 1, row) == 0 && rows > 1)
-		(void)bd_st_tensor_rows_f32(t, rows - 1, 1, row);
+	fw_touch(t->name, strlen(t->name));
+	fw_touch(t->data, t->nbytes);
+	fw_first_last_rows(rows_f32, t, t->n_dims ? t->shape[t->n_dims - 1] : 1, t->n_elements);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -48,8 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[BD_ST_ERR_MAX];
 
 	if (bd_st_open_mem(data, size, &st, err) < 0) {
-		if (!err[0] || !memchr(err, 0, sizeof(err)))
-			abort(); /* every refusal says why, in a terminated string */
+		fw_says_why(err, sizeof(err));
 		return 0;
 	}
 	uint64_t at = 0;
@@ -66,8 +55,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		const char *k, *v;
 		if (bd_st_metadata_at(st, i, &k, &v) < 0 || bd_st_metadata_get(st, k) != v)
 			abort();
-		touch(k, strlen(k));
-		touch(v, strlen(v));
+		fw_touch(k, strlen(k));
+		fw_touch(v, strlen(v));
 	}
 	bd_st_free(st);
 	return 0;

@@ -812,8 +812,8 @@ static void write_text(const char *dir, const char *name, const char *text)
 	write_bytes(path, text, strlen(text));
 }
 
-/* A tiny model of arch (shapes as test_model.c's tiny models: E 48, F 40, Hq 4, Hkv 2, d 32,
- * V 37, 2 layers), its weights random and on the grid of the dtype each is stored in, and the
+/* A tiny model of arch (td_tiny_hparams, the shape of test_model.c's tiny models: E 48, F 40,
+ * Hq 4, Hkv 2, d 32, V 37, 2 layers), its weights random and on the grid of the dtype each is stored in, and the
  * checkpoint entries naming them (HF names) and its config.json text. */
 struct tiny {
 	struct bd_model *m;

@@ -1,5 +1,6 @@
-/* test_model.c — bd_model.h and bd_sampler.h: the forward pass with the bdfp4 KV cache, its
- * building blocks, sampling and generation. Suite "model".
+/* test_model.c — bd_model.h, bd_seq.h, bd_forward.h and bd_sampler.h: weights, sequences,
+ * the forward pass with the bdfp4 KV cache, its building blocks, sampling and generation.
+ * Suite "model".
  *
  * The real model (models/SmolLM2-135M-Instruct.Q4_1.gguf, `make model`; BD_MODEL overrides)
  * is checked against tests/data/model/golden.json, written by tests/data/model/gen_golden.py with

@@ -1,5 +1,6 @@
-/* test_tokenizer.c — bd_tokenizer.h: byte-level BPE from GGUF metadata, decoding, the stream
- * decoder and the chat template. Suite "tokenizer".
+/* test_tokenizer.c — bd_tokenizer.h (and through it bd_chat_template.h): byte-level BPE from
+ * GGUF metadata and tokenizer.json, decoding, the stream decoder and the chat template.
+ * Suite "tokenizer".
  *
  * The embedded model's tokenizer (models/, `make model`) is checked against
  * tests/data/tokenizer/smollm2.json, token ids that Hugging Face `tokenizers` computed from the same
