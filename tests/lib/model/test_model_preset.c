@@ -1,4 +1,4 @@
-/* test_model_preset.c — bd_model_preset (bd_gmodel.h): the named shapes of --random-weights.
+/* test_model_preset.c — bd_model_preset (bd_model_preset.h): the named shapes of --random-weights.
  * Suite "model_preset".
  *
  * Expected values are the published Hugging Face configs, not this implementation's output:
@@ -13,6 +13,7 @@
  * Both are Qwen3: per-head q/k RMSNorm, NEOX RoPE over the whole head, no q/k/v biases.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
@@ -20,50 +21,52 @@
 #include "model/bd_model.h"
 #include "model/bd_model_preset.h"
 
-static void check_qwen3_common(const struct bd_model_hparams *hp)
+/* What a preset's published config says: the sizes that differ between the two models. */
+struct want {
+	const char *name;
+	int n_layers, n_embd, n_ff, n_heads, n_kv_heads;
+	bool tied_embeddings;
+};
+
+/* The preset name gives want's sizes and what every Qwen3 has. */
+static void check_qwen3(const struct want *w)
 {
-	cr_expect_eq(hp->arch, BD_ARCH_QWEN3);
-	cr_expect_str_eq(hp->arch_name, "qwen3");
-	cr_expect_eq(hp->head_dim, 128);
-	cr_expect_eq(hp->head_dim_v, 128);
-	cr_expect_eq(hp->n_rot, 128, "Qwen3 rotates the whole head");
-	cr_expect_eq(hp->rope_style, BD_ROPE_NEOX);
-	cr_expect_float_eq(hp->rope_base, 1e6f, 1.0f);
-	cr_expect_float_eq(hp->norm_eps, 1e-6f, 1e-12f);
-	cr_expect_eq(hp->n_vocab, 151936);
-	cr_expect(hp->qk_norm);
-	cr_expect(!hp->attn_bias);
-	cr_expect_eq(hp->n_ctx_train, 40960);
+	struct bd_model_hparams hp;
+	memset(&hp, 0xab, sizeof(hp));
+	cr_assert_eq(bd_model_preset(w->name, &hp), 0, "%s", w->name);
+	cr_expect_eq(hp.arch, BD_ARCH_QWEN3);
+	cr_expect_str_eq(hp.arch_name, "qwen3");
+	cr_expect_eq(hp.head_dim, 128);
+	cr_expect_eq(hp.head_dim_v, 128);
+	cr_expect_eq(hp.n_rot, 128, "Qwen3 rotates the whole head");
+	cr_expect_eq(hp.rope_style, BD_ROPE_NEOX);
+	cr_expect_float_eq(hp.rope_base, 1e6f, 1.0f);
+	cr_expect_float_eq(hp.norm_eps, 1e-6f, 1e-12f);
+	cr_expect_eq(hp.n_vocab, 151936);
+	cr_expect(hp.qk_norm);
+	cr_expect(!hp.attn_bias);
+	cr_expect_eq(hp.n_ctx_train, 40960);
+	cr_expect_eq(hp.n_layers, w->n_layers, "%s", w->name);
+	cr_expect_eq(hp.n_embd, w->n_embd, "%s", w->name);
+	cr_expect_eq(hp.n_ff, w->n_ff, "%s", w->name);
+	cr_expect_eq(hp.n_heads, w->n_heads, "%s", w->name);
+	cr_expect_eq(hp.n_kv_heads, w->n_kv_heads, "%s", w->name);
+	cr_expect_eq(hp.tied_embeddings, w->tied_embeddings, "%s", w->name);
 }
 
 Test(model_preset, qwen3_4b)
 {
-	struct bd_model_hparams hp;
-	memset(&hp, 0xab, sizeof(hp));
-	cr_assert_eq(bd_model_preset("qwen3-4b", &hp), 0);
-	check_qwen3_common(&hp);
-	cr_expect_eq(hp.n_layers, 36);
-	cr_expect_eq(hp.n_embd, 2560);
-	cr_expect_eq(hp.n_ff, 9728);
-	cr_expect_eq(hp.n_heads, 32);
-	cr_expect_eq(hp.n_kv_heads, 8);
-	cr_expect(hp.tied_embeddings, "Qwen3-4B ties its LM head to the embeddings");
+	/* Qwen3-4B ties its LM head to the embeddings */
+	check_qwen3(&(struct want){ "qwen3-4b", 36, 2560, 9728, 32, 8, true });
 	/* E = 2560 is not Hq·d = 4096: the head dim is given, not derived */
+	struct bd_model_hparams hp;
+	cr_assert_eq(bd_model_preset("qwen3-4b", &hp), 0);
 	cr_expect_neq(hp.n_embd, hp.n_heads * hp.head_dim);
 }
 
 Test(model_preset, qwen3_30b_a3b_attn)
 {
-	struct bd_model_hparams hp;
-	memset(&hp, 0xab, sizeof(hp));
-	cr_assert_eq(bd_model_preset("qwen3-30b-a3b-attn", &hp), 0);
-	check_qwen3_common(&hp);
-	cr_expect_eq(hp.n_layers, 48);
-	cr_expect_eq(hp.n_embd, 2048);
-	cr_expect_eq(hp.n_ff, 6144);
-	cr_expect_eq(hp.n_heads, 32);
-	cr_expect_eq(hp.n_kv_heads, 4);
-	cr_expect(!hp.tied_embeddings);
+	check_qwen3(&(struct want){ "qwen3-30b-a3b-attn", 48, 2048, 6144, 32, 4, false });
 }
 
 /* A preset is a shape the CPU model accepts and can split over TP = 2 (the worker group). */
