@@ -480,11 +480,10 @@ static bool on_client(struct ctx *c, size_t i)
 
 static int ipc_path_fixup(struct ctx *c, const char *endpoint)
 {
-	const char *path;
+	const char *path = bd_ipc_endpoint_path(endpoint);
 
-	if (strncmp(endpoint, "ipc://", 6))
+	if (!path)
 		return 0;
-	path = endpoint + 6;
 	if (chmod(path, 0660) < 0 ||
 	    (c->o.group != (gid_t)-1 && chown(path, (uid_t)-1, c->o.group) < 0)) {
 		bd_log_err("%s: %s", path, strerror(errno));
@@ -538,19 +537,14 @@ static void on_rep(struct ctx *c)
 
 static int setup_sockets(struct ctx *c)
 {
-	int zero = 0;
+	int zero = 0, e;
 	int64_t maxmsg = ZMQ_HARD_MAX;
-	char dir[PATH_MAX], *slash;
 
 	/* the runtime directory, when systemd has not made it */
-	snprintf(dir, sizeof(dir), "%s", c->o.socket);
-	slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
-		*slash = 0;
-		if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
-			bd_log_err("%s: %s", dir, strerror(errno));
-			return -errno;
-		}
+	e = bd_ipc_mkdir_parent(c->o.socket, 0750);
+	if (e < 0) {
+		bd_log_err("the directory of %s: %s", c->o.socket, strerror(-e));
+		return e;
 	}
 	c->listen_fd = bd_ipc_listen(c->o.socket, 0660, c->o.group, 64);
 	if (c->listen_fd < 0) {
@@ -559,7 +553,7 @@ static int setup_sockets(struct ctx *c)
 	}
 	c->socket_bound = true;
 	c->zctx = zmq_ctx_new();
-	if (!strncmp(c->o.endpoint, "ipc://", 6) && bd_ipc_path_in_use(c->o.endpoint + 6) == 1) {
+	if (bd_ipc_endpoint_in_use(c->o.endpoint) == 1) {
 		bd_log_err("allocation endpoint %s: another process listens there (is kvpoold already "
 			"running?)", c->o.endpoint);
 		return -EADDRINUSE;
@@ -672,10 +666,12 @@ static void cleanup(struct ctx *c)
 	if (c->socket_bound)
 		unlink(c->o.socket);
 	if (c->rep) {
+		const char *path = bd_ipc_endpoint_path(c->o.endpoint);
+
 		zmq_close(c->rep);
 		/* ZeroMQ leaves an ipc endpoint's socket file behind: remove ours */
-		if (c->rep_bound && !strncmp(c->o.endpoint, "ipc://", 6))
-			unlink(c->o.endpoint + 6);
+		if (c->rep_bound && path)
+			unlink(path);
 	}
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
