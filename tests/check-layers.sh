@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.." || exit 2
 order="base quant formats model pool serve cuda"
 kernel_headers=$(cd kernels && ls *.h *.cuh 2>/dev/null)
 bad=0
+list=$(mktemp) || exit 2
+trap 'rm -f "$list"' EXIT
 
 rank() { # position of a layer in $order, or 99
 	i=0
@@ -35,7 +37,7 @@ for layer in $order; do
 	for f in lib/$layer/*.c lib/$layer/*.h; do
 		[ -f "$f" ] || continue
 		grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
-			sed 's/^\([0-9]*\):.*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1 \2/' >/tmp/bd_layers.$$
+			sed 's/^\([0-9]*\):.*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1 \2/' >"$list"
 		while read -r line inc; do
 			case "$inc" in
 			*/*)
@@ -61,22 +63,21 @@ for layer in $order; do
 				fi
 				;;
 			esac
-		done </tmp/bd_layers.$$
+		done <"$list"
 	done
 done
 
 for f in kernels/*; do
 	grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
-		sed 's/^\([0-9]*\):.*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1 \2/' >/tmp/bd_layers.$$
+		sed 's/^\([0-9]*\):.*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1 \2/' >"$list"
 	while read -r line inc; do
 		case "$inc" in
 		quant/*) [ -f "lib/$inc" ] || say "$f:$line" "\"$inc\" does not exist" ;;
 		*/*) say "$f:$line" "kernels/ includes only the quant layer of lib/ (\"$inc\")" ;;
 		*) is_kernel_header "$inc" || say "$f:$line" "\"$inc\" is not a kernels/ header" ;;
 		esac
-	done </tmp/bd_layers.$$
+	done <"$list"
 done
-rm -f /tmp/bd_layers.$$
 
 [ -z "$(ls lib/*.c lib/*.h 2>/dev/null)" ] || say lib "a source stands directly in lib/: $(ls lib/*.c lib/*.h 2>/dev/null | tr '\n' ' ')"
 [ $bad = 0 ] && echo "check-layers: lib/ layers and kernels/ includes as lib/README.md says"
