@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/bd_log.h"
+#include "base/bd_rand.h"
 #include "model/bd_sampler.h"
 #include "quant/bd_layout.h"
 #include "sched.h"
@@ -26,27 +27,29 @@ void bd_req_free(struct bd_req *r)
 	free(r);
 }
 
-/* Grows *p (of *cap elements of size) to hold n. 0 or -ENOMEM. */
-static int grow(void **p, size_t *cap, size_t n, size_t size)
+/* Grows the array that the pointer at pp points to (*cap elements of size bytes) to hold n,
+ * doubling. 0 or -ENOMEM (the array is left as it was). */
+static int grow(void *pp, size_t *cap, size_t n, size_t size)
 {
 	size_t c = *cap ? *cap : 16;
-	void *q;
+	void *p, *q;
 
 	if (n <= *cap)
 		return 0;
 	while (c < n)
 		c *= 2;
-	q = realloc(*p, c * size);
+	memcpy(&p, pp, sizeof(p));
+	q = realloc(p, c * size);
 	if (!q)
 		return -ENOMEM;
-	*p = q;
+	memcpy(pp, &q, sizeof(q));
 	*cap = c;
 	return 0;
 }
 
 static void push_act(struct bd_sched *s, const struct bd_sched_act *a)
 {
-	if (grow((void **)&s->acts, &s->cap_acts, s->n_acts + 1, sizeof(*s->acts)) < 0) {
+	if (grow(&s->acts, &s->cap_acts, s->n_acts + 1, sizeof(*s->acts)) < 0) {
 		bd_log_err("out of memory: an action for request %llu is lost",
 			   a->r ? (unsigned long long)a->r->id : 0ull);
 		return;
@@ -79,27 +82,22 @@ bool bd_sched_next(struct bd_sched *s, struct bd_sched_act *ret)
 	return false;
 }
 
-static uint64_t mix64(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 int bd_sched_submit(struct bd_sched *s, struct bd_req *r)
 {
 	if (s->n_queued >= (size_t)s->cfg.max_queue)
 		return -ENOSPC;
-	if (grow((void **)&s->reqs, &s->cap_reqs, s->n_reqs + 1, sizeof(*s->reqs)) < 0)
+	if (grow(&s->reqs, &s->cap_reqs, s->n_reqs + 1, sizeof(*s->reqs)) < 0)
 		return -ENOMEM;
 	r->id = s->next_id++;
 	r->order = s->next_order++;
 	r->state = RQ_QUEUED;
 	r->slot = -1;
 	r->reserved = -1;
-	if (!r->sampling.seed)
-		r->sampling.seed = mix64(r->id ^ (uint64_t)r->t_arrival) | 1;
+	if (!r->sampling.seed) {
+		uint64_t x = r->id ^ (uint64_t)r->t_arrival;
+
+		r->sampling.seed = bd_splitmix64(&x) | 1;
+	}
 	s->reqs[s->n_reqs++] = r;
 	s->n_queued++;
 	s->requests_total++;
@@ -133,7 +131,7 @@ static void retire(struct bd_sched *s, struct bd_req *r)
 
 static void push_release(struct bd_sched *s, uint64_t id)
 {
-	if (grow((void **)&s->release, &s->cap_release, s->n_release + 1, sizeof(*s->release)) < 0)
+	if (grow(&s->release, &s->cap_release, s->n_release + 1, sizeof(*s->release)) < 0)
 		return; /* the worker keeps a dead sequence until its next reset */
 	s->release[s->n_release++] = id;
 }
@@ -459,7 +457,7 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 	int n = 0, prefill_tokens = 0, e;
 	bool preempted = false;
 
-	if (grow((void **)&st->rows, &st->cap_rows, (size_t)s->cfg.max_batch, sizeof(*st->rows)) < 0)
+	if (grow(&st->rows, &st->cap_rows, (size_t)s->cfg.max_batch, sizeof(*st->rows)) < 0)
 		return -ENOMEM;
 	/* the page each decode fills, before any row is fixed (a preemption may drop one) */
 	for (size_t i = 0; i < s->n_reqs; i++) {
@@ -536,9 +534,9 @@ static int build_plan(struct bd_sched *s, int n)
 {
 	struct bd_sched_step *st = &s->step;
 
-	if (grow((void **)&st->release, &st->cap_release, s->n_release, sizeof(*st->release)) < 0 ||
-	    grow((void **)&st->prow, &st->cap_prow, (size_t)n, sizeof(*st->prow)) < 0 ||
-	    grow((void **)&st->pprow, &st->cap_pprow, (size_t)n, sizeof(*st->pprow)) < 0)
+	if (grow(&st->release, &st->cap_release, s->n_release, sizeof(*st->release)) < 0 ||
+	    grow(&st->prow, &st->cap_prow, (size_t)n, sizeof(*st->prow)) < 0 ||
+	    grow(&st->pprow, &st->cap_pprow, (size_t)n, sizeof(*st->pprow)) < 0)
 		return -ENOMEM;
 	for (int k = 0; k < n; k++) {
 		const struct bd_sched_row *sr = &st->rows[k];

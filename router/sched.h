@@ -95,7 +95,7 @@ struct bd_req {
 	bool finish_pending, fin_notify;
 	int fin_reason, fin_error;
 	char fin_msg[256];
-	struct bd_req *next_ended;
+	struct bd_req *next_ended; /* the list of ended requests, freed once actions are read */
 
 	/* what the client has been sent (frontend.c) */
 	int n_sent;         /* tokens */
