@@ -321,6 +321,7 @@ static void gpu_release(struct wd *w, uint64_t request_id)
 {
 	wd_gtab_drop(&gpu(w)->gtab, request_id);
 }
+
 static void gpu_teardown(struct wd *w)
 {
 	struct wd_gpu *gp = gpu(w);
@@ -348,7 +349,6 @@ static void gpu_teardown(struct wd *w)
 	free(gp);
 	w->be_state = NULL;
 }
-
 
 /* ---- steps ---------------------------------------------------------------------------------- */
 

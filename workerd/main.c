@@ -263,7 +263,7 @@ static const struct wd_backend *const backends[] = {
 #endif
 };
 
-/* The backend of the pool's, or NULL (logged). */
+/* The backend called name (the pool's), or NULL (logged). */
 static const struct wd_backend *find_backend(const char *name)
 {
 	for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++)
