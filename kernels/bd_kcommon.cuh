@@ -146,6 +146,27 @@ __device__ __forceinline__ float nvfp4_g(float amax, float smax)
 	return g >= FLT_MIN ? g : 1.0f;
 }
 
+/* The E2M1 codes of x_i · inv, packed into pk (element i in nibble i % 8 of word i / 8), and
+ * the squared reconstruction error Σ (scale·x̂_i − x_i)² accumulated in order i = 0..N−1: one
+ * candidate of NUMERICS.md §2, as lib/quant/fp4.c's e2m1_candidate. */
+template <int N>
+__device__ __forceinline__ float e2m1_candidate(const float (&x)[N], float inv, float scale,
+						uint32_t (&pk)[N / 8])
+{
+	float err = 0.0f;
+#pragma unroll
+	for (int j = 0; j < N / 8; j++)
+		pk[j] = 0;
+#pragma unroll
+	for (int i = 0; i < N; i++) {
+		uint32_t c = e2m1_encode(__fmul_rn(x[i], inv));
+		float d = __fsub_rn(__fmul_rn(scale, e2m1_decode(c)), x[i]);
+		err = __fadd_rn(err, __fmul_rn(d, d));
+		pk[i >> 3] |= (c & 0xfu) << (4 * (i & 7));
+	}
+	return err;
+}
+
 /* One NVFP4 candidate (κ = kappa): packed codes pk[2] (element 2j in the low nibble of byte j),
  * returns Σ ((g·s)·x̂ − x)² accumulated in order i = 0..15. */
 __device__ __forceinline__ float nvfp4_candidate(const float (&x)[16], float amax_b, float g,
@@ -154,18 +175,8 @@ __device__ __forceinline__ float nvfp4_candidate(const float (&x)[16], float ama
 	uint32_t s = e4m3_encode(__fdiv_rn(__fdiv_rn(amax_b, kappa), g));
 	float sv = e4m3_decode(s);
 	float inv = sv == 0.0f ? 0.0f : __fdiv_rn(1.0f, __fmul_rn(sv, g));
-	float gs = __fmul_rn(g, sv);
-	float err = 0.0f;
-	pk[0] = pk[1] = 0;
-#pragma unroll
-	for (int i = 0; i < 16; i++) {
-		uint32_t c = e2m1_encode(__fmul_rn(x[i], inv));
-		float d = __fsub_rn(__fmul_rn(gs, e2m1_decode(c)), x[i]);
-		err = __fadd_rn(err, __fmul_rn(d, d));
-		pk[i >> 3] |= (c & 0xfu) << (4 * (i & 7));
-	}
 	*ret_scale = s;
-	return err;
+	return e2m1_candidate<16>(x, inv, __fmul_rn(g, sv), pk);
 }
 
 /* bd_nvfp4_quantize_block: 8 code bytes as pk[2], E4M3 scale code. */
@@ -193,18 +204,7 @@ __device__ __forceinline__ void nvfp4_quantize_block(const float (&x)[16], float
 /* MXFP4 candidate with unbiased exponent e: pk[4], Σ (2^e·x̂ − x)² in order. */
 __device__ __forceinline__ float mxfp4_candidate(const float (&x)[32], int e, uint32_t (&pk)[4])
 {
-	float inv = ldexpf(1.0f, -e), scale = ldexpf(1.0f, e), err = 0.0f;
-#pragma unroll
-	for (int j = 0; j < 4; j++)
-		pk[j] = 0;
-#pragma unroll
-	for (int i = 0; i < 32; i++) {
-		uint32_t c = e2m1_encode(__fmul_rn(x[i], inv));
-		float d = __fsub_rn(__fmul_rn(scale, e2m1_decode(c)), x[i]);
-		err = __fadd_rn(err, __fmul_rn(d, d));
-		pk[i >> 3] |= (c & 0xfu) << (4 * (i & 7));
-	}
-	return err;
+	return e2m1_candidate<32>(x, ldexpf(1.0f, -e), ldexpf(1.0f, e), pk);
 }
 
 __device__ __forceinline__ int clamp_e8(int e)
@@ -358,23 +358,21 @@ __device__ __forceinline__ float bf16_hi_f(uint32_t v)
 
 /* ---- tensor cores, register transposes, shared loads ----------------------------------------- */
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-					uint32_t b1)
-{
-	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-	    "{%8,%9}, {%0,%1,%2,%3};"
-	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-					 uint32_t b1)
-{
-	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-	    "{%8,%9}, {%0,%1,%2,%3};"
-	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+/* c += A·B on the tensor cores, m16n8k16, FP32 accumulators: A [16][16] (a[4], the row
+ * fragment), B [16][8] (b0, b1, the column fragment), FP16 (mma_f16) or BF16 (mma_bf16)
+ * inputs. One PTX template, the input type pasted in. */
+#define BDK_MMA_16816(name, ty)                                                                 \
+	__device__ __forceinline__ void name(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, \
+					     uint32_t b1)                                        \
+	{                                                                                        \
+		asm("mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0,%1,%2,%3}, "       \
+		    "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                          \
+		    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                  \
+		    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                   \
+	}
+BDK_MMA_16816(mma_f16, "f16")
+BDK_MMA_16816(mma_bf16, "bf16")
+#undef BDK_MMA_16816
 
 /* Transpose of an 8×8 16-bit matrix held as the accumulator layout (thread g·4+t: row g,
  * columns 2t, 2t+1) into the same layout of its transpose. */

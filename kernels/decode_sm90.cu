@@ -112,6 +112,20 @@ __device__ __forceinline__ int request_len(const DecodeParams &p, int b, int *n_
 	return len;
 }
 
+/* Split s of request b: its full pages [pb, pb + np) and their block-table entries bt. */
+struct Split {
+	int pb, np;
+	const int32_t *bt;
+};
+
+__device__ __forceinline__ Split split_of(const DecodeParams &p, int b, int s)
+{
+	int n_full, pb, pe;
+	(void)request_len(p, b, &n_full);
+	split_range(n_full, p.NS, s, &pb, &pe);
+	return Split{ pb, pe - pb, p.bt + (size_t)b * p.bt_stride + pb };
+}
+
 __device__ __forceinline__ int32_t checked_page(const DecodeParams &p, int32_t id)
 {
 	if (id < 0 || id >= p.n_pages) {
@@ -647,11 +661,9 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 	}
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-	int n_full, pb, pe;
-	(void)request_len(p, b, &n_full);
-	split_range(n_full, p.NS, s, &pb, &pe);
-	const int np = pe - pb;
-	const int32_t *bt = p.bt + (size_t)b * p.bt_stride + pb;
+	const Split sp = split_of(p, b, s);
+	const int pb = sp.pb, np = sp.np;
+	const int32_t *bt = sp.bt;
 	int32_t *ids = (int32_t *)aux;
 	for (int i = tid; i < np && i < MAXIDS; i += THREADS)
 		ids[i] = checked_page(p, bt[i]);
@@ -1074,11 +1086,9 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 		return;
 	}
 	const int tid = threadIdx.x, warp = tid >> 5;
-	int n_full, pb, pe;
-	(void)request_len(p, b, &n_full);
-	split_range(n_full, p.NS, s, &pb, &pe);
-	const int np = pe - pb;
-	const int32_t *bt = p.bt + (size_t)b * p.bt_stride + pb;
+	const Split sp = split_of(p, b, s);
+	const int np = sp.np;
+	const int32_t *bt = sp.bt;
 	for (int i = tid; i < np && i < C::MAXIDS_BF; i += THREADS)
 		ids[i] = checked_page(p, bt[i]);
 	__syncthreads();
@@ -1206,11 +1216,9 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 		return;
 	}
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-	int n_full, pb, pe;
-	(void)request_len(p, b, &n_full);
-	split_range(n_full, p.NS, s, &pb, &pe);
-	const int np = pe - pb;
-	const int32_t *bt = p.bt + (size_t)b * p.bt_stride + pb;
+	const Split sp = split_of(p, b, s);
+	const int np = sp.np;
+	const int32_t *bt = sp.bt;
 	for (int i = tid; i < np && i < C::MAXIDS_CH; i += THREADS)
 		ids[i] = checked_page(p, bt[i]);
 	__syncthreads();

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "bd_gaux.h"
+#include "bd_kvslot.cuh"
 
 namespace {
 
@@ -54,17 +55,6 @@ __global__ void synth_kv_kernel(float *k, float *v, int rows, int H, int d, int 
 }
 
 
-/* model_ops.cu's f32_to_bf16 (bd_f32_to_bf16): nearest even, NaN stays a quiet NaN */
-__device__ __forceinline__ uint16_t f32_to_bf16(float x)
-{
-	uint32_t u = __float_as_uint(x);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x0040u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
 __device__ __forceinline__ double warp_sum_d(double v)
 {
 	for (int o = 16; o > 0; o >>= 1)
@@ -105,9 +95,9 @@ struct QkvP {
 	const int32_t *pos;
 	float *q;
 	void *const *slots;
-	int n, Hq, Hkv, d, ld_qkv, ld_q, n_rot, neox, layer, n_kv_heads, smoothing, hadamard;
-	float rope_base, eps, fwht_scale;
-	uint64_t slot_head_bytes, sink_k_off, sink_v_off, recent_k_off, recent_v_off;
+	int n, Hq, Hkv, d, ld_qkv, ld_q, n_rot, neox;
+	float rope_base, eps;
+	KvSlot s;
 };
 
 constexpr int QKV_WARPS = 4;
@@ -160,10 +150,10 @@ __global__ void __launch_bounds__(32 * QKV_WARPS) qkv_decode_kernel(const QkvP p
 			qr[c] = buf[c];
 		return;
 	}
-	if (p.smoothing && p.mu)
+	if (p.s.smoothing && p.mu)
 		for (int c = l; c < d; c += 32)
 			buf[c] = buf[c] - p.mu[(size_t)h * d + c];
-	if (p.hadamard) {
+	if (p.s.hadamard) {
 		for (int s = 1; s < d; s *= 2) {
 			__syncwarp();
 			for (int u = l; u < d / 2; u += 32) {
@@ -176,27 +166,20 @@ __global__ void __launch_bounds__(32 * QKV_WARPS) qkv_decode_kernel(const QkvP p
 		}
 		__syncwarp();
 		for (int c = l; c < d; c += 32)
-			buf[c] = buf[c] * p.fwht_scale;
+			buf[c] = buf[c] * p.s.fwht_scale;
 	}
-	const int row = ps % BD_RECENT_TOKENS;
-	const bool sink = ps < BD_SINK_TOKENS;
-	uint8_t *sh = (uint8_t *)p.slots[i] +
-		      ((size_t)p.layer * p.n_kv_heads + (size_t)h) * p.slot_head_bytes;
-	uint16_t *rk = (uint16_t *)(sh + p.recent_k_off) + (size_t)row * d;
-	uint16_t *rv = (uint16_t *)(sh + p.recent_v_off) + (size_t)row * d;
-	uint16_t *sk = (uint16_t *)(sh + p.sink_k_off) + (size_t)ps * d;
-	uint16_t *sv = (uint16_t *)(sh + p.sink_v_off) + (size_t)ps * d;
+	const KvRows dst = kv_rows(p.s, p.slots[i], h, ps, d, d);
 	const size_t vcol = (size_t)(p.Hq + p.Hkv + h) * (size_t)d;
 	const float *vs = p.qkv + (size_t)i * (size_t)p.ld_qkv + vcol;
 	for (int c = l; c < d; c += 32) {
 		const uint16_t bk = f32_to_bf16(buf[c]);
 		const uint16_t bv = f32_to_bf16(p.bias ? vs[c] + p.bias[vcol + c] : vs[c]);
 
-		rk[c] = bk;
-		rv[c] = bv;
-		if (sink) {
-			sk[c] = bk;
-			sv[c] = bv;
+		dst.rk[c] = bk;
+		dst.rv[c] = bv;
+		if (dst.sink) {
+			dst.sk[c] = bk;
+			dst.sv[c] = bv;
 		}
 	}
 }
@@ -262,19 +245,9 @@ extern "C" int bd_gaux_qkv_decode(const struct bd_gaux_qkv *a, const struct bd_l
 	p.ld_q = a->ld_q;
 	p.n_rot = a->n_rot;
 	p.neox = a->rope_style == 1; /* BD_ROPE_NEOX */
-	p.layer = a->layer;
-	p.n_kv_heads = lay->n_kv_heads;
-	p.smoothing = cfg->smoothing;
-	p.hadamard = cfg->hadamard;
 	p.rope_base = a->rope_base;
 	p.eps = a->eps;
-	/* bd_op_kv_write's (and lib/fp4.c's) scale, by the same two IEEE operations */
-	p.fwht_scale = 1.0f / sqrtf((float)lay->d);
-	p.slot_head_bytes = lay->slot_head_bytes;
-	p.sink_k_off = lay->slot_sink_k_off;
-	p.sink_v_off = lay->slot_sink_v_off;
-	p.recent_k_off = lay->slot_recent_k_off;
-	p.recent_v_off = lay->slot_recent_v_off;
+	p.s = kv_slot(lay, cfg, a->layer); /* bd_op_kv_write's slot rows and K transform */
 	const int tasks = a->Hq + a->Hkv;
 	const dim3 grid((unsigned)a->n, (unsigned)((tasks + QKV_WARPS - 1) / QKV_WARPS));
 	qkv_decode_kernel<<<grid, 32 * QKV_WARPS, (size_t)QKV_WARPS * (size_t)a->d * sizeof(float),

@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bd_kvslot.cuh"
 #include "bd_ops.h"
 #include "model_ops.h"
 
@@ -58,17 +59,6 @@ static unsigned grid_for(size_t len)
 __device__ __forceinline__ float bf16_to_f32(uint16_t h)
 {
 	return __uint_as_float((uint32_t)h << 16);
-}
-
-/* bd_f32_to_bf16: nearest even; NaN stays a quiet NaN. */
-__device__ __forceinline__ uint16_t f32_to_bf16(float x)
-{
-	uint32_t u = __float_as_uint(x);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x0040u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
 }
 
 __device__ __forceinline__ float load_dt(const void *p, int dt, size_t i)
@@ -274,9 +264,8 @@ __global__ void rope_kernel(float *x, int n, int H, int d, int n_rot, const int3
 /* ---- KV write (bd_kv_write_token) ------------------------------------------------------------ */
 
 struct KvParams {
-	int H, d, dv, n_kv_heads, layer, smoothing, hadamard;
-	float fwht_scale;
-	uint64_t slot_head_bytes, sink_k_off, sink_v_off, recent_k_off, recent_v_off;
+	int H, d, dv;
+	KvSlot s;
 };
 
 /* One CTA per (row, head): k' = H(k − μ) in shared memory with lib/fp4.c's butterfly stages
@@ -294,8 +283,8 @@ __global__ void kv_write_kernel(const KvParams p, void *const *slots, const int3
 	const float *vr = v + ((size_t)i * p.H + h) * (size_t)dv;
 
 	for (int c = threadIdx.x; c < d; c += blockDim.x)
-		buf[c] = p.smoothing && mu ? kr[c] - mu[(size_t)h * d + c] : kr[c];
-	if (p.hadamard) {
+		buf[c] = p.s.smoothing && mu ? kr[c] - mu[(size_t)h * d + c] : kr[c];
+	if (p.s.hadamard) {
 		for (int s = 1; s < d; s *= 2) {
 			__syncthreads();
 			for (int t = threadIdx.x; t < d / 2; t += blockDim.x) {
@@ -308,30 +297,22 @@ __global__ void kv_write_kernel(const KvParams p, void *const *slots, const int3
 		}
 		__syncthreads();
 		for (int c = threadIdx.x; c < d; c += blockDim.x)
-			buf[c] = buf[c] * p.fwht_scale;
+			buf[c] = buf[c] * p.s.fwht_scale;
 	}
-	const int ps = pos[i];
-	const int row = ps % BD_RECENT_TOKENS;
-	uint8_t *sh = (uint8_t *)slots[i] +
-		      ((size_t)p.layer * p.n_kv_heads + (size_t)h) * p.slot_head_bytes;
-	uint16_t *rk = (uint16_t *)(sh + p.recent_k_off) + (size_t)row * d;
-	uint16_t *rv = (uint16_t *)(sh + p.recent_v_off) + (size_t)row * dv;
-	uint16_t *sk = (uint16_t *)(sh + p.sink_k_off) + (size_t)ps * d;
-	uint16_t *sv = (uint16_t *)(sh + p.sink_v_off) + (size_t)ps * dv;
-	const bool sink = ps < BD_SINK_TOKENS;
+	const KvRows dst = kv_rows(p.s, slots[i], h, pos[i], d, dv);
 	for (int c = threadIdx.x; c < d; c += blockDim.x) {
 		const uint16_t b = f32_to_bf16(buf[c]);
 
-		rk[c] = b;
-		if (sink)
-			sk[c] = b;
+		dst.rk[c] = b;
+		if (dst.sink)
+			dst.sk[c] = b;
 	}
 	for (int c = threadIdx.x; c < dv; c += blockDim.x) {
 		const uint16_t b = f32_to_bf16(vr[c]);
 
-		rv[c] = b;
-		if (sink)
-			sv[c] = b;
+		dst.rv[c] = b;
+		if (dst.sink)
+			dst.sv[c] = b;
 	}
 }
 
@@ -998,17 +979,7 @@ extern "C" int bd_op_kv_write(const struct bd_layout *lay, const struct bd_kvcfg
 	p.H = H;
 	p.d = lay->d;
 	p.dv = lay->dv;
-	p.n_kv_heads = lay->n_kv_heads;
-	p.layer = layer;
-	p.smoothing = cfg->smoothing;
-	p.hadamard = cfg->hadamard;
-	/* lib/fp4.c's bd_fwht scale, computed by the same two IEEE operations */
-	p.fwht_scale = 1.0f / sqrtf((float)lay->d);
-	p.slot_head_bytes = lay->slot_head_bytes;
-	p.sink_k_off = lay->slot_sink_k_off;
-	p.sink_v_off = lay->slot_sink_v_off;
-	p.recent_k_off = lay->slot_recent_k_off;
-	p.recent_v_off = lay->slot_recent_v_off;
+	p.s = kv_slot(lay, cfg, layer);
 	const int threads = lay->d >= 256 ? 256 : 128;
 	kv_write_kernel<<<dim3((unsigned)n, (unsigned)H), threads, (size_t)lay->d * sizeof(float),
 			  (cudaStream_t)stream>>>(p, slots, pos, k, v, mu_k);

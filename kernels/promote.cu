@@ -64,6 +64,49 @@ __global__ void promote_check_kernel(const PromoteParams p)
 		p.status[i] = nonfinite ? -EDOM : 0;
 }
 
+/* One FP4 block of B BF16 values src[e·stride] (B = 16: NVFP4 with decode scale g, 32: MXFP4),
+ * as bd_nvfp4_quantize_block / bd_mxfp4_quantize_block: B/2 code bytes at codes, the scale
+ * code at *scale. */
+template <int B>
+__device__ __forceinline__ void quant_block(const uint16_t *src, int stride, float g, bool search,
+					    uint8_t *codes, uint8_t *scale)
+{
+	float x[B];
+	uint32_t pk[B / 8], sc;
+#pragma unroll
+	for (int e = 0; e < B; e++)
+		x[e] = __uint_as_float((uint32_t)src[e * stride] << 16);
+	if constexpr (B == 16) {
+		nvfp4_quantize_block(x, g, search, pk, &sc);
+		*(uint2 *)codes = make_uint2(pk[0], pk[1]);
+	} else {
+		mxfp4_quantize_block(x, search, pk, &sc);
+		*(uint4 *)codes = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+	}
+	*scale = (uint8_t)sc;
+}
+
+/* A page-head's K [128][d] token-major (NUMERICS.md §3, the scale search when search) and V
+ * [128][d] channel-major (§4, standard rule) in FP4 blocks of B, the threads of the CTA taking
+ * blocks in turn: codes and scales into the head's regions kc, ks, vc, vs. */
+template <int B>
+__device__ __forceinline__ void quant_head(const uint16_t *K, const uint16_t *V, int d, float gk,
+					   float gv, bool search, uint8_t *kc, uint8_t *ks,
+					   uint8_t *vc, uint8_t *vs)
+{
+	const int nt = BD_PAGE_TOKENS, nbk = d / B;
+	for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
+		const int tok = blk / nbk, bi = blk % nbk;
+		quant_block<B>(K + tok * d + bi * B, 1, gk, search,
+			       kc + (size_t)tok * d / 2 + bi * (B / 2), ks + (size_t)tok * nbk + bi);
+	}
+	for (int blk = threadIdx.x; blk < d * (nt / B); blk += blockDim.x) {
+		const int ch = blk / (nt / B), bi = blk % (nt / B);
+		quant_block<B>(V + bi * B * d + ch, d, gv, false,
+			       vc + (size_t)ch * (nt / 2) + bi * (B / 2), vs + (size_t)ch * (nt / B) + bi);
+	}
+}
+
 __device__ __forceinline__ float block_amax(float v, float *red)
 {
 	for (int o = 16; o > 0; o >>= 1)
@@ -143,55 +186,10 @@ __global__ void promote_kernel(const PromoteParams p)
 	uint8_t *kc = head + p.k_codes_off, *ks = head + p.k_scales_off;
 	uint8_t *vc = head + p.v_codes_off, *vs = head + p.v_scales_off;
 
-	if (p.fmt == BD_PAGE_NVFP4) {
-		const int nbk = d / 16;
-		for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
-			const int tok = blk / nbk, bi = blk % nbk;
-			float x[16];
-			uint32_t pk[2], sc;
-#pragma unroll
-			for (int e = 0; e < 16; e++)
-				x[e] = __uint_as_float((uint32_t)K[tok * d + bi * 16 + e] << 16);
-			nvfp4_quantize_block(x, gk, p.search, pk, &sc);
-			*(uint2 *)(kc + (size_t)tok * d / 2 + bi * 8) = make_uint2(pk[0], pk[1]);
-			ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
-		}
-		for (int blk = threadIdx.x; blk < d * (nt / 16); blk += blockDim.x) {
-			const int ch = blk / (nt / 16), bi = blk % (nt / 16);
-			float x[16];
-			uint32_t pk[2], sc;
-#pragma unroll
-			for (int e = 0; e < 16; e++)
-				x[e] = __uint_as_float((uint32_t)V[(bi * 16 + e) * d + ch] << 16);
-			nvfp4_quantize_block(x, gv, false, pk, &sc);
-			*(uint2 *)(vc + (size_t)ch * (nt / 2) + bi * 8) = make_uint2(pk[0], pk[1]);
-			vs[(size_t)ch * (nt / 16) + bi] = (uint8_t)sc;
-		}
-	} else {
-		const int nbk = d / 32;
-		for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
-			const int tok = blk / nbk, bi = blk % nbk;
-			float x[32];
-			uint32_t pk[4], sc;
-#pragma unroll
-			for (int e = 0; e < 32; e++)
-				x[e] = __uint_as_float((uint32_t)K[tok * d + bi * 32 + e] << 16);
-			mxfp4_quantize_block(x, p.search, pk, &sc);
-			*(uint4 *)(kc + (size_t)tok * d / 2 + bi * 16) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-			ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
-		}
-		for (int blk = threadIdx.x; blk < d * (nt / 32); blk += blockDim.x) {
-			const int ch = blk / (nt / 32), bi = blk % (nt / 32);
-			float x[32];
-			uint32_t pk[4], sc;
-#pragma unroll
-			for (int e = 0; e < 32; e++)
-				x[e] = __uint_as_float((uint32_t)V[(bi * 32 + e) * d + ch] << 16);
-			mxfp4_quantize_block(x, false, pk, &sc);
-			*(uint4 *)(vc + (size_t)ch * (nt / 2) + bi * 16) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-			vs[(size_t)ch * (nt / 32) + bi] = (uint8_t)sc;
-		}
-	}
+	if (p.fmt == BD_PAGE_NVFP4)
+		quant_head<16>(K, V, d, gk, gv, p.search, kc, ks, vc, vs);
+	else
+		quant_head<32>(K, V, d, gk, gv, p.search, kc, ks, vc, vs);
 	if (threadIdx.x == 0) {
 		float *g = (float *)(page + p.gscale_off + (size_t)h * 8);
 		g[0] = gk;
@@ -201,7 +199,10 @@ __global__ void promote_kernel(const PromoteParams p)
 
 /* ---- test hooks ------------------------------------------------------------------------------- */
 
-template <int D>
+/* The query of the decode prologue, one warp per head: MX false — query_quant_warp (NVFP4),
+ * codes [n][2][D/2], E4M3 scale codes [n][2][D/16], g [n][2]; MX true — mx_query_quant_warp,
+ * codes as NVFP4, UE8M0 scale codes [n][2][D/32] (gout unused). */
+template <int D, bool MX>
 __global__ void qquant_kernel(const float *q, int n, int hadamard, int nterms, float inv_sqrt_d,
 			      uint8_t *codes, uint8_t *scales, float *gout)
 {
@@ -214,7 +215,10 @@ __global__ void qquant_kernel(const float *q, int n, int hadamard, int nterms, f
 		x[i] = q[(size_t)hd * D + lane + 32 * i];
 	if (hadamard)
 		fwht_warp<D>(x, inv_sqrt_d);
-	query_quant_warp<D>(x, nterms, xs, c, sc, g);
+	if constexpr (MX)
+		mx_query_quant_warp<D>(x, nterms, xs, c, sc, g);
+	else
+		query_quant_warp<D>(x, nterms, xs, c, sc, g);
 	for (int t = 0; t < 2; t++) {
 		for (int i = 0; i < D / 32; i++) {
 			const int e = lane + 32 * i;
@@ -223,40 +227,12 @@ __global__ void qquant_kernel(const float *q, int n, int hadamard, int nterms, f
 			if ((e & 1) == 0)
 				codes[((size_t)hd * 2 + t) * (D / 2) + e / 2] =
 					(uint8_t)((c[t][i] & 0xfu) | ((hi & 0xfu) << 4));
-			if ((e & 15) == 0)
-				scales[((size_t)hd * 2 + t) * (D / 16) + e / 16] = (uint8_t)sc[t][i];
+			if (MX ? lane == 0 : (e & 15) == 0)
+				scales[((size_t)hd * 2 + t) * (D / (MX ? 32 : 16)) +
+				       (MX ? i : e / 16)] = (uint8_t)sc[t][i];
 		}
-		if (lane == 0)
+		if (!MX && lane == 0)
 			gout[(size_t)hd * 2 + t] = g[t];
-	}
-}
-
-/* The MXFP4 query of the decode prologue (mx_query_quant_warp), one warp per head: codes
- * [n][2][D/2], UE8M0 scale codes [n][2][D/32]. */
-template <int D>
-__global__ void qquant_mx_kernel(const float *q, int n, int hadamard, int nterms, float inv_sqrt_d,
-				 uint8_t *codes, uint8_t *scales)
-{
-	const int hd = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-	if (hd >= n)
-		return;
-	float x[D / 32], hq[2][D / 32], g[2];
-	uint32_t c[2][D / 32], sc[2][D / 32];
-	for (int i = 0; i < D / 32; i++)
-		x[i] = q[(size_t)hd * D + lane + 32 * i];
-	if (hadamard)
-		fwht_warp<D>(x, inv_sqrt_d);
-	mx_query_quant_warp<D>(x, nterms, hq, c, sc, g);
-	for (int t = 0; t < 2; t++) {
-		for (int i = 0; i < D / 32; i++) {
-			const int e = lane + 32 * i;
-			uint32_t hi = __shfl_down_sync(0xffffffffu, c[t][i], 1);
-			if ((e & 1) == 0)
-				codes[((size_t)hd * 2 + t) * (D / 2) + e / 2] =
-					(uint8_t)((c[t][i] & 0xfu) | ((hi & 0xfu) << 4));
-			if (lane == 0)
-				scales[((size_t)hd * 2 + t) * (D / 32) + i] = (uint8_t)sc[t][i];
-		}
 	}
 }
 
@@ -340,38 +316,35 @@ extern "C" int bd_promote_run(const struct bd_layout *lay, const struct bd_kvcfg
 	return 0;
 }
 
-extern "C" int bd_kernels_query_quantize(const float *q, int n, int d, int hadamard, int nterms,
-					 uint8_t *ret_codes, uint8_t *ret_scales, float *ret_g)
+/* bd_kernels_query_quantize(_mx): one warp per head, 4 per block, then a synchronize. */
+template <bool MX>
+static int query_quantize(const float *q, int n, int d, int hadamard, int nterms, uint8_t *codes,
+			  uint8_t *scales, float *g)
 {
-	if (!q || n < 1 || (d != 64 && d != 128) || (nterms != 1 && nterms != 2) || !ret_codes ||
-	    !ret_scales || !ret_g)
+	if (!q || n < 1 || (d != 64 && d != 128) || (nterms != 1 && nterms != 2) || !codes ||
+	    !scales || (!MX && !g))
 		return -EINVAL;
 	const float inv = 1.0f / sqrtf((float)d);
 	const int blocks = (n + 3) / 4;
 	if (d == 128)
-		qquant_kernel<128><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales, ret_g);
+		qquant_kernel<128, MX><<<blocks, 128>>>(q, n, hadamard, nterms, inv, codes, scales, g);
 	else
-		qquant_kernel<64><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales, ret_g);
+		qquant_kernel<64, MX><<<blocks, 128>>>(q, n, hadamard, nterms, inv, codes, scales, g);
 	BDK_TRY(cudaGetLastError());
 	BDK_TRY(cudaDeviceSynchronize());
 	return 0;
 }
 
+extern "C" int bd_kernels_query_quantize(const float *q, int n, int d, int hadamard, int nterms,
+					 uint8_t *ret_codes, uint8_t *ret_scales, float *ret_g)
+{
+	return query_quantize<false>(q, n, d, hadamard, nterms, ret_codes, ret_scales, ret_g);
+}
+
 extern "C" int bd_kernels_query_quantize_mx(const float *q, int n, int d, int hadamard, int nterms,
 					    uint8_t *ret_codes, uint8_t *ret_scales)
 {
-	if (!q || n < 1 || (d != 64 && d != 128) || (nterms != 1 && nterms != 2) || !ret_codes ||
-	    !ret_scales)
-		return -EINVAL;
-	const float inv = 1.0f / sqrtf((float)d);
-	const int blocks = (n + 3) / 4;
-	if (d == 128)
-		qquant_mx_kernel<128><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales);
-	else
-		qquant_mx_kernel<64><<<blocks, 128>>>(q, n, hadamard, nterms, inv, ret_codes, ret_scales);
-	BDK_TRY(cudaGetLastError());
-	BDK_TRY(cudaDeviceSynchronize());
-	return 0;
+	return query_quantize<true>(q, n, d, hadamard, nterms, ret_codes, ret_scales, nullptr);
 }
 
 extern "C" int bd_kernels_e4m3_exhaustive(uint64_t *ret_mismatch, uint32_t *ret_first)

@@ -15,6 +15,7 @@
 # BD_GPU_CAPTURE (real-KV file for gpu_check, as in run.sh). Exit status: non-zero when a build,
 # a check, a sanitizer or a benchmark run failed.
 set -u
+. "$(dirname "$0")/san.sh"
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 PFX=${AB_BUILD:-build-ab}
@@ -77,14 +78,7 @@ cap=${BD_GPU_CAPTURE:-$PFX-new/gpu-data/smollm2_kv.bin}
 step "check new${BD_GPU_CAPTURE:+ (real KV: $BD_GPU_CAPTURE)}"
 san_pid=
 if [ "$SAN" = 1 ]; then
-	(
-		S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-		for tool in memcheck racecheck; do
-			timeout 100 "$S" --tool $tool --error-exitcode 1 "$PFX-new/bin/gpu_check" --small \
-				>"$OUT/ab_san_$tool.log" 2>&1
-			echo $? >"$OUT/ab_san_$tool.rc"
-		done
-	) &
+	san_run "$PFX-new/bin/gpu_check" ab_san_ 100 &
 	san_pid=$!
 fi
 timeout 200 "$PFX-new/bin/gpu_check" >"$OUT/ab_check.log" 2>&1
@@ -94,12 +88,7 @@ tail -3 "$OUT/ab_check.log"
 [ "$r" = 0 ] || { echo "gpu_check FAILED (exit $r)"; rc=1; }
 if [ -n "$san_pid" ]; then
 	wait "$san_pid"
-	for tool in memcheck racecheck; do
-		r=$(cat "$OUT/ab_san_$tool.rc" 2>/dev/null || echo missing)
-		echo "compute-sanitizer $tool --small: exit $r"
-		tail -2 "$OUT/ab_san_$tool.log"
-		[ "$r" = 0 ] || rc=1
-	done
+	san_report ab_san_ 2 || rc=1
 fi
 
 # old, new, old, new: a drift of the card (clocks, heat) shows as old ≠ old

@@ -9,6 +9,7 @@
 # file of `make gpu-capture`; default $BUILD/gpu-data/smollm2_kv.bin when it exists).
 # With both check and san, the sanitizers run beside the check (both only verify).
 set -u
+. "$(dirname "$0")/san.sh"
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-dev}
@@ -33,26 +34,11 @@ if has build; then
 			>>"$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
 	fi
 fi
-san_run() {
-	SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-	for tool in memcheck racecheck; do
-		timeout 240 "$SAN" --tool $tool --error-exitcode 1 "$BUILD/bin/gpu_check" --small \
-			>"$OUT/san_$tool.log" 2>&1
-		echo $? >"$OUT/san_$tool.rc"
-	done
-}
-san_report() {
-	for tool in memcheck racecheck; do
-		r=$(cat "$OUT/san_$tool.rc" 2>/dev/null || echo missing)
-		echo "compute-sanitizer $tool: exit $r"; tail -3 "$OUT/san_$tool.log"
-		[ "$r" = 0 ] || rc=1
-	done
-}
 if has check; then
 	step "check${BD_GPU_CAPTURE:+ (real KV: $BD_GPU_CAPTURE)}"
 	san_pid=
 	if has san; then
-		san_run & san_pid=$!
+		san_run "$BUILD/bin/gpu_check" san_ 240 & san_pid=$!
 	fi
 	timeout 420 "$BUILD/bin/gpu_check" 2>&1 | tee "$OUT/check.log" | grep -E "FAIL|PASS|e4m3|query|promote|FATAL" | head -60
 	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
@@ -61,12 +47,12 @@ if has check; then
 	if [ -n "$san_pid" ]; then
 		wait "$san_pid"
 		step sanitizers
-		san_report
+		san_report san_ 3 || rc=1
 	fi
 elif has san; then
 	step sanitizers
-	san_run
-	san_report
+	san_run "$BUILD/bin/gpu_check" san_ 240
+	san_report san_ 3 || rc=1
 fi
 if has sass; then
 	step sass

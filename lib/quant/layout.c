@@ -328,8 +328,8 @@ static int quant_axis(int block, struct fp4_axis a, const bd_bf16 *x, float g,
 
 			for (int i = 0; i < block; i++)
 				buf[i] = bd_bf16_to_f32(src[(size_t)i * a.es]);
-			rc = quant_block(block, buf, g, rule, codes + r * (a.n / 2) + b * (size_t)block / 2,
-					 scales + r * nb + b);
+			rc = quant_block(block, buf, g, rule,
+					 codes + r * (a.n / 2) + b * (size_t)block / 2, scales + r * nb + b);
 			if (rc < 0)
 				return rc;
 		}

@@ -695,6 +695,37 @@ static void e4m3_checks(void)
 	free(c_sw);
 }
 
+/* The device's query bytes of the n heads q [n][d] (codes [n][2][d/2], block scale codes
+ * [n][2][d/block], NVFP4 decode scales g [n][2]; g NULL for MXFP4) against bd_query_quantize of
+ * each head (after bd_fwht when had): one check, and a line, of how many heads differ. */
+static void query_compare(const char *what, const float *q, int n, int d, int had, int nt,
+			  enum bd_fp4_format fmt, const uint8_t *codes, const uint8_t *scales,
+			  const float *g)
+{
+	const size_t nsb = (size_t)d / (fmt == BD_FP4_MXFP4 ? 32 : 16);
+	int bad = 0;
+
+	for (int i = 0; i < n; i++) {
+		float x[1024];
+		struct bd_qquant qq;
+		memcpy(x, q + (size_t)i * d, sizeof(float) * (size_t)d);
+		if (had)
+			CKR(bd_fwht(x, d));
+		CKR(bd_query_quantize(x, d, fmt, nt, &qq));
+		for (int t = 0; t < nt; t++) {
+			const uint8_t *gc = codes + ((size_t)i * 2 + t) * (d / 2);
+			const uint8_t *gs = scales + ((size_t)i * 2 + t) * nsb;
+			if (memcmp(gc, qq.codes[t], (size_t)d / 2) || memcmp(gs, qq.scales[t], nsb) ||
+			    (g && memcmp(&g[i * 2 + t], &qq.g[t], sizeof(float))))
+				bad++;
+		}
+	}
+	check(bad == 0, "%squery quantization d=%d hadamard=%d terms=%d: %d of %d heads differ",
+	      what, d, had, nt, bad, n);
+	printf("  %squery quantization d=%3d hadamard=%d terms=%d: %d/%d heads differ\n", what, d,
+	       had, nt, bad, n);
+}
+
 static void query_checks(void)
 {
 	const int n = 2048;
@@ -724,51 +755,14 @@ static void query_checks(void)
 				CK(cudaMemcpy(codes, dc, (size_t)n * d, cudaMemcpyDeviceToHost));
 				CK(cudaMemcpy(scales, ds, (size_t)n * 2 * (d / 16), cudaMemcpyDeviceToHost));
 				CK(cudaMemcpy(g, dg, sizeof(float) * 2 * (size_t)n, cudaMemcpyDeviceToHost));
-				int bad = 0;
-				for (int i = 0; i < n; i++) {
-					float x[1024];
-					struct bd_qquant qq;
-					memcpy(x, q + (size_t)i * d, sizeof(float) * (size_t)d);
-					if (had)
-						CKR(bd_fwht(x, d));
-					CKR(bd_query_quantize(x, d, BD_FP4_NVFP4, nt, &qq));
-					for (int t = 0; t < nt; t++) {
-						const uint8_t *gc = codes + ((size_t)i * 2 + t) * (d / 2);
-						const uint8_t *gs = scales + ((size_t)i * 2 + t) * (d / 16);
-						if (memcmp(gc, qq.codes[t], (size_t)d / 2) ||
-						    memcmp(gs, qq.scales[t], (size_t)d / 16) ||
-						    memcmp(&g[i * 2 + t], &qq.g[t], sizeof(float)))
-							bad++;
-					}
-				}
-				check(bad == 0, "query quantization d=%d hadamard=%d terms=%d: %d of %d heads differ",
-				      d, had, nt, bad, n);
-				printf("  query quantization d=%3d hadamard=%d terms=%d: %d/%d heads differ\n", d,
-				       had, nt, bad, n);
+				query_compare("", q, n, d, had, nt, BD_FP4_NVFP4, codes, scales, g);
 
 				/* MXFP4 (UE8M0 scales, blocks of 32, g = 1) */
 				CKR(bd_kernels_query_quantize_mx(dq, n, d, had, nt, dc, ds));
 				CK(cudaMemcpy(codes, dc, (size_t)n * d, cudaMemcpyDeviceToHost));
 				CK(cudaMemcpy(scales, ds, (size_t)n * 2 * (d / 32), cudaMemcpyDeviceToHost));
-				bad = 0;
-				for (int i = 0; i < n; i++) {
-					float x[1024];
-					struct bd_qquant qq;
-					memcpy(x, q + (size_t)i * d, sizeof(float) * (size_t)d);
-					if (had)
-						CKR(bd_fwht(x, d));
-					CKR(bd_query_quantize(x, d, BD_FP4_MXFP4, nt, &qq));
-					for (int t = 0; t < nt; t++)
-						if (memcmp(codes + ((size_t)i * 2 + t) * (d / 2), qq.codes[t],
-							   (size_t)d / 2) ||
-						    memcmp(scales + ((size_t)i * 2 + t) * (d / 32), qq.scales[t],
-							   (size_t)d / 32))
-							bad++;
-				}
-				check(bad == 0, "MXFP4 query quantization d=%d hadamard=%d terms=%d: %d of %d heads differ",
-				      d, had, nt, bad, n);
-				printf("  MXFP4 query quantization d=%3d hadamard=%d terms=%d: %d/%d heads differ\n",
-				       d, had, nt, bad, n);
+				query_compare("MXFP4 ", q, n, d, had, nt, BD_FP4_MXFP4, codes, scales,
+					      NULL);
 			}
 		}
 		CK(cudaFree(dq));

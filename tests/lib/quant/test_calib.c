@@ -380,6 +380,24 @@ Test(calib, tau_search_hand_blocks)
 	cr_assert_float_eq(all[126], 1.0 + 16 * u, 1e-15);
 }
 
+/* b, fresh, given by hand the two P blocks of the replay below (c = 8): block 0 all f, 0 at key 0
+ * (masked), 8f at key 2, p_max f; block 1 all 2^-8, 8 at key 4 (key 20 of the page), p_max 1. */
+static void hand_blocks(struct bd_tau_search *b, float f)
+{
+	float P[16];
+
+	cr_assert_eq(bd_tau_search_init(b, 8.0f), 0);
+	for (int i = 0; i < 16; i++)
+		P[i] = f;
+	P[0] = 0.0f;
+	P[2] = 8.0f * f;
+	cr_assert_eq(bd_tau_search_add_block(b, P, f), 0);
+	for (int i = 0; i < 16; i++)
+		P[i] = ldexpf(1.0f, -8);
+	P[4] = 8.0f;
+	cr_assert_eq(bd_tau_search_add_block(b, P, 1.0f), 0);
+}
+
 /* The softmax replay feeds the blocks a decoder would quantize. Two tiles of 16 keys, key 0
  * masked (sink): tile 0 has S = −3 except S_2 = 0, so m = 0 and P = 8·2^S: 8 at key 2, 1
  * elsewhere, 0 at key 0, p_max 1; tile 1 has S = −10 except S_20 = 1, so m = 1: P_20 = 8,
@@ -387,7 +405,7 @@ Test(calib, tau_search_hand_blocks)
 Test(calib, tau_replay_matches_hand_blocks)
 {
 	struct bd_tau_search a, b;
-	float S[32], P[16];
+	float S[32];
 
 	for (int i = 0; i < 32; i++)
 		S[i] = i < 16 ? -3.0f : -10.0f;
@@ -397,16 +415,7 @@ Test(calib, tau_replay_matches_hand_blocks)
 	cr_assert_eq(bd_tau_search_init(&a, 8.0f), 0);
 	cr_assert_eq(bd_tau_search_add_logits(&a, S, 32, 1, 16), 0);
 
-	cr_assert_eq(bd_tau_search_init(&b, 8.0f), 0);
-	for (int i = 0; i < 16; i++)
-		P[i] = 1.0f;
-	P[0] = 0.0f;
-	P[2] = 8.0f;
-	cr_assert_eq(bd_tau_search_add_block(&b, P, 1.0f), 0);
-	for (int i = 0; i < 16; i++)
-		P[i] = ldexpf(1.0f, -8);
-	P[4] = 8.0f;
-	cr_assert_eq(bd_tau_search_add_block(&b, P, 1.0f), 0);
+	hand_blocks(&b, 1.0f);
 
 	cr_assert_eq(a.n_blocks, 2);
 	cr_assert(a.err6 == b.err6);
@@ -415,16 +424,7 @@ Test(calib, tau_replay_matches_hand_blocks)
 	/* a tile of 32 keys (one tile): m = 1 from the start, so block 0 is scaled down by 2 */
 	cr_assert_eq(bd_tau_search_init(&a, 8.0f), 0);
 	cr_assert_eq(bd_tau_search_add_logits(&a, S, 32, 1, 32), 0);
-	cr_assert_eq(bd_tau_search_init(&b, 8.0f), 0);
-	for (int i = 0; i < 16; i++)
-		P[i] = 0.5f;
-	P[0] = 0.0f;
-	P[2] = 4.0f;
-	cr_assert_eq(bd_tau_search_add_block(&b, P, 0.5f), 0);
-	for (int i = 0; i < 16; i++)
-		P[i] = ldexpf(1.0f, -8);
-	P[4] = 8.0f;
-	cr_assert_eq(bd_tau_search_add_block(&b, P, 1.0f), 0);
+	hand_blocks(&b, 0.5f);
 	cr_assert(a.err6 == b.err6);
 	cr_assert(memcmp(a.delta, b.delta, sizeof(a.delta)) == 0);
 }

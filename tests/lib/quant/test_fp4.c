@@ -108,38 +108,32 @@ static void unpack(const uint8_t *packed, int n, uint8_t *codes)
 
 /* ---- shared vectors ------------------------------------------------------------------------- */
 
-Test(fp4, vectors_e2m1)
+/* Every x_bits → code pair of the vectors' section sec (an element encoder's): enc agrees. */
+static void check_encode_vectors(const char *sec, const char *name, uint8_t (*enc)(float))
 {
 	json_t *root = load_vectors();
-	json_t *x = json_object_get(json_object_get(root, "e2m1_encode"), "x_bits");
+	json_t *x = json_object_get(json_object_get(root, sec), "x_bits");
 	size_t n = json_array_size(x);
-	json_t *c = vec_array(root, "e2m1_encode", "code", n);
+	json_t *c = vec_array(root, sec, "code", n);
 
-	cr_assert_gt(n, 0, "vectors: e2m1_encode.x_bits missing");
+	cr_assert_gt(n, 0, "vectors: %s.x_bits missing", sec);
 	for (size_t i = 0; i < n; i++) {
 		float v = bd_f32_from_bits(vec_bits(x, i));
 
-		cr_assert_eq(bd_e2m1_encode(v), vec_int(c, i), "E2M1(%a) = %d, vectors say %d", v,
-			     bd_e2m1_encode(v), vec_int(c, i));
+		cr_assert_eq(enc(v), vec_int(c, i), "%s(%a) = %d, vectors say %d", name, v, enc(v),
+			     vec_int(c, i));
 	}
 	json_decref(root);
 }
 
+Test(fp4, vectors_e2m1)
+{
+	check_encode_vectors("e2m1_encode", "E2M1", bd_e2m1_encode);
+}
+
 Test(fp4, vectors_e4m3)
 {
-	json_t *root = load_vectors();
-	json_t *x = json_object_get(json_object_get(root, "e4m3_encode"), "x_bits");
-	size_t n = json_array_size(x);
-	json_t *c = vec_array(root, "e4m3_encode", "code", n);
-
-	cr_assert_gt(n, 0, "vectors: e4m3_encode.x_bits missing");
-	for (size_t i = 0; i < n; i++) {
-		float v = bd_f32_from_bits(vec_bits(x, i));
-
-		cr_assert_eq(bd_e4m3_encode(v), vec_int(c, i), "E4M3(%a) = %d, vectors say %d", v,
-			     bd_e4m3_encode(v), vec_int(c, i));
-	}
-	json_decref(root);
+	check_encode_vectors("e4m3_encode", "E4M3", bd_e4m3_encode);
 }
 
 /* 128 values, one decode scale g over all of them (smax 256), 8 blocks of 16. */
@@ -155,8 +149,8 @@ static void check_nvfp4_vectors(const char *sec, enum bd_scale_rule rule)
 	for (int i = 0; i < 128; i++)
 		x[i] = bd_f32_from_bits(vec_bits(xb, (size_t)i));
 	cr_assert_eq(bd_nvfp4_quantize(x, 128, BD_NVFP4_KV_SMAX, rule, packed, scales, &g), 0);
-	cr_assert_eq(bd_f32_bits(g), vec_bits(gb, 0), "%s: g = %08x, vectors say %08x", sec, bd_f32_bits(g),
-		     vec_bits(gb, 0));
+	cr_assert_eq(bd_f32_bits(g), vec_bits(gb, 0), "%s: g = %08x, vectors say %08x", sec,
+		     bd_f32_bits(g), vec_bits(gb, 0));
 	unpack(packed, 128, codes);
 	for (int b = 0; b < 8; b++) {
 		cr_assert_eq(scales[b], vec_int(sc, (size_t)b), "%s: block %d scale %d, vectors %d",
@@ -168,8 +162,8 @@ static void check_nvfp4_vectors(const char *sec, enum bd_scale_rule rule)
 			cr_assert_eq(codes[k], vec_int(cc, (size_t)k), "%s: code %d is %d, vectors %d",
 				     sec, k, codes[k], vec_int(cc, (size_t)k));
 			cr_assert_eq(bd_f32_bits(y[i]), vec_bits(db, (size_t)k),
-				     "%s: dequantized %d is %08x, vectors %08x", sec, k, bd_f32_bits(y[i]),
-				     vec_bits(db, (size_t)k));
+				     "%s: dequantized %d is %08x, vectors %08x", sec, k,
+				     bd_f32_bits(y[i]), vec_bits(db, (size_t)k));
 		}
 	}
 	json_decref(root);
@@ -389,7 +383,8 @@ Test(fp4, bf16_rounding)
 	/* A signalling NaN whose payload sits in the dropped bits must stay NaN, not become inf. */
 	cr_assert(isnan(bd_bf16_to_f32(bd_f32_to_bf16(bd_f32_from_bits(0x7f800001u)))));
 	cr_assert(isnan(bd_bf16_to_f32(bd_f32_to_bf16(NAN))));
-	cr_assert_eq(bd_f32_to_bf16(bd_f32_from_bits(0x7f800001u)) & 0x0040, 0x0040, "quiet bit set");
+	cr_assert_eq(bd_f32_to_bf16(bd_f32_from_bits(0x7f800001u)) & 0x0040, 0x0040,
+		     "quiet bit set");
 	/* Widening back is exact for every BF16. */
 	cr_assert_eq(bd_bf16_to_f32(0x3f81), 1.0078125f);
 }
@@ -501,7 +496,8 @@ Test(fp4, order_nvfp4_dequant)
 	rng = (struct tg_rng){ 47 };
 	for (int t = 0; t < 100000 && !found; t++) {
 		float g = (float)(1e-3 + tg_unit(&rng)), y[16];
-		uint8_t s = (uint8_t)(1 + tg_next(&rng) % 0x7e), c = (uint8_t)(1 + tg_next(&rng) % 7);
+		uint8_t s = (uint8_t)(1 + tg_next(&rng) % 0x7e);
+		uint8_t c = (uint8_t)(1 + tg_next(&rng) % 7);
 		uint8_t packed[8] = { 0 };
 		float sv = bd_e4m3_decode(s), xv = bd_e2m1_decode(c);
 
@@ -530,7 +526,8 @@ Test(fp4, fwht_scale_is_reciprocal_root)
 			x[0] = (float)k;
 			cr_assert_eq(bd_fwht(x, d), 0);
 			for (int i = 0; i < d; i++)
-				cr_assert_eq(bd_f32_bits(x[i]), bd_f32_bits(want), "d %d k %d [%d]", d, k, i);
+				cr_assert_eq(bd_f32_bits(x[i]), bd_f32_bits(want), "d %d k %d [%d]", d,
+					     k, i);
 			differs += want != (float)k / sqrtf((float)d);
 		}
 	cr_assert_gt(differs, 0);
@@ -591,8 +588,8 @@ Test(fp4, nvfp4_hand_block_standard)
 			     want_codes[i]);
 	bd_nvfp4_dequantize_block(packed, scale, g, y);
 	for (int i = 0; i < 16; i++)
-		cr_assert_eq(bd_f32_bits(y[i]), bd_f32_bits(want_deq[i]), "deq %d = %g, want %g", i, y[i],
-			     want_deq[i]);
+		cr_assert_eq(bd_f32_bits(y[i]), bd_f32_bits(want_deq[i]), "deq %d = %g, want %g", i,
+			     y[i], want_deq[i]);
 }
 
 Test(fp4, nvfp4_hand_block_search)

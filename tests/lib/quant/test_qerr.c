@@ -69,6 +69,15 @@ static void random_keys(float *k, int n, int d, uint64_t seed)
 		}
 }
 
+/* Values v [nv], then queries q [nq], standard normal from one stream seeded with seed. */
+static void random_vq(float *v, int nv, float *q, int nq, uint64_t seed)
+{
+	struct tg_rng r = { seed };
+
+	tg_fill_gauss(&r, v, (size_t)nv, 1.0f);
+	tg_fill_gauss(&r, q, (size_t)nq, 1.0f);
+}
+
 static void transform_all(const struct bd_kvcfg *cfg, const float *x, int n, int d,
 			  const float *mu, float *ret)
 {
@@ -129,16 +138,12 @@ Test(qerr, bf16_exact_keys_zero_key_term)
 	float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
 	float q[G * D];
 	struct bd_qerr_sums s1[G] = { 0 }, s0[G] = { 0 };
-	struct tg_rng r = { 7 };
 	struct cache c;
 
 	random_keys(k, N, D, 11);
-	for (int i = 0; i < N * D; i++) {
+	for (int i = 0; i < N * D; i++)
 		k[i] = bd_bf16_to_f32(bd_f32_to_bf16(k[i]));
-		v[i] = tg_gauss(&r);
-	}
-	for (int i = 0; i < G * D; i++)
-		q[i] = tg_gauss(&r);
+	random_vq(v, N * D, q, G * D, 7);
 	cache_build(&c, cfg, D, N, k, v, NULL);
 	cr_assert_eq(bd_qerr_group(cfg, &c.kv, q, G, k, 1.0f, s1), 0);
 	cr_assert_eq(bd_qerr_group(cfg, &c.kv, q, G, k, 0.0f, s0), 0);
@@ -167,14 +172,10 @@ Test(qerr, nvfp4_split_identity_and_dual)
 	float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
 	float q[G * D];
 	struct bd_qerr_sums sb[G] = { 0 }, sd[G] = { 0 };
-	struct tg_rng r = { 99 };
 	struct cache c;
 
 	random_keys(k, N, D, 5);
-	for (int i = 0; i < N * D; i++)
-		v[i] = tg_gauss(&r);
-	for (int i = 0; i < G * D; i++)
-		q[i] = tg_gauss(&r);
+	random_vq(v, N * D, q, G * D, 99);
 	cache_build(&c, base, D, N, k, v, NULL);
 	cr_assert_eq(bd_qerr_group(base, &c.kv, q, G, k, 0.0f, sb), 0);
 	cr_assert_eq(bd_qerr_group(dual, &c.kv, q, G, k, 0.0f, sd), 0);
@@ -204,14 +205,10 @@ Test(qerr, sink_tokens_excluded)
 	float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
 	float *kp = malloc(sizeof(float) * N * D), mu[D] = { 0 }, q[G * D], qp[G * D];
 	struct bd_qerr_sums s_ok[G] = { 0 }, s_nan[G] = { 0 }, s_kq[G], s_kq_before[G];
-	struct tg_rng r = { 3 };
 	struct cache c;
 
 	random_keys(k, N, D, 8);
-	for (int i = 0; i < N * D; i++)
-		v[i] = tg_gauss(&r);
-	for (int i = 0; i < G * D; i++)
-		q[i] = tg_gauss(&r);
+	random_vq(v, N * D, q, G * D, 3);
 	for (int t = 0; t < N; t++)
 		for (int i = 0; i < D; i++)
 			mu[i] += k[(size_t)t * D + i] / N;

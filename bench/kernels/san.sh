@@ -1,0 +1,27 @@
+# san.sh — compute-sanitizer memcheck and racecheck on `gpu_check --small`, shared by run.sh and
+# ab.sh (sourced, POSIX sh functions; they read $OUT, the log folder).
+#
+#   san_run BIN PREFIX SECONDS   both tools on BIN --small, each under a SECONDS time limit:
+#                                logs $OUT/PREFIX$tool.log, exit statuses $OUT/PREFIX$tool.rc
+#   san_report PREFIX LINES      one line per tool (its exit status) and the last LINES lines of
+#                                its log; returns 1 when a tool failed or left no status
+
+san_run() {
+	san_bin=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+	for tool in memcheck racecheck; do
+		timeout "$3" "$san_bin" --tool $tool --error-exitcode 1 "$1" --small \
+			>"$OUT/$2$tool.log" 2>&1
+		echo $? >"$OUT/$2$tool.rc"
+	done
+}
+
+san_report() {
+	san_rc=0
+	for tool in memcheck racecheck; do
+		r=$(cat "$OUT/$1$tool.rc" 2>/dev/null || echo missing)
+		echo "compute-sanitizer $tool --small: exit $r"
+		tail -"$2" "$OUT/$1$tool.log"
+		[ "$r" = 0 ] || san_rc=1
+	done
+	return $san_rc
+}
