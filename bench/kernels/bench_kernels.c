@@ -161,13 +161,8 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 				      cudaMemcpyDeviceToDevice));
 			done += c;
 		}
-		CK(cudaFree(ds));
-		CK(cudaFree(dptr));
-		CK(cudaFree(dpg));
-		CK(cudaFree(dst));
-		free(hs);
-		free(hp);
-		free(hpg);
+		FREE_DEV(ds, dptr, dpg, dst);
+		FREE_HOST(hs, hp, hpg);
 	}
 
 	/* requests: slots with random sink and recent rows, block tables, lengths, queries */
@@ -256,10 +251,7 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 				worst = rel;
 		}
 		ret->rel = worst;
-		free(out);
-		free(harena);
-		free(hbt0);
-		free(ref);
+		FREE_HOST(out, harena, hbt0, ref);
 	}
 
 	/* a CUDA graph of R runs (one per block-table copy), replayed: no launch gaps; the time of
@@ -309,20 +301,8 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 
 	CK(cudaEventDestroy(e0));
 	CK(cudaEventDestroy(e1));
-	CK(cudaFree(arena));
-	CK(cudaFree(dslots));
-	CK(cudaFree(dptrs));
-	CK(cudaFree(dbt));
-	CK(cudaFree(dlen));
-	CK(cudaFree(dq));
-	CK(cudaFree(dout));
-	CK(cudaFree(ws));
-	free(t);
-	free(hslots);
-	free(hbt);
-	free(hlen);
-	free(hq);
-	free(hptrs);
+	FREE_DEV(arena, dslots, dptrs, dbt, dlen, dq, dout, ws);
+	FREE_HOST(t, hslots, hbt, hlen, hq, hptrs);
 }
 
 int main(int argc, char **argv)

@@ -755,25 +755,19 @@ void bd_gmodel_free(struct bd_gmodel *g)
 		dev_free(g->pages);
 	if (g->own_slots)
 		dev_free(g->slots);
-	if (g->md_host)
-		cudaFreeHost(g->md_host);
-	if (g->res_host)
-		cudaFreeHost(g->res_host);
-	if (g->pf_host)
-		cudaFreeHost(g->pf_host);
-	if (g->pst_host)
-		cudaFreeHost(g->pst_host);
-	if (g->ev0)
-		cudaEventDestroy(g->ev0);
-	if (g->ev1)
-		cudaEventDestroy(g->ev1);
+	void *pinned[] = { g->md_host, g->res_host, g->pf_host, g->pst_host };
+	for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
+		if (pinned[i])
+			cudaFreeHost(pinned[i]);
+	cudaEvent_t evs[] = { g->ev0, g->ev1 };
+	for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+		if (evs[i])
+			cudaEventDestroy(evs[i]);
 	if (g->st)
 		cudaStreamDestroy(g->st);
-	free(g->ly);
-	free(g->seen);
-	free(g->bt_mirror);
-	free(g->bt_len);
-	free(g);
+	void *host[] = { g->ly, g->seen, g->bt_mirror, g->bt_len, g };
+	for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+		free(host[i]);
 }
 
 /* The common part of both constructors: shapes, opts, device state, the weight block. */

@@ -101,10 +101,7 @@ static void gen_kv(struct tg_rng *r, int d, const float *bias, const int *outl, 
 
 static void problem_free(struct problem *P)
 {
-	free(P->lens);
-	free(P->arena);
-	free(P->slots);
-	free(P->bt);
+	FREE_HOST(P->lens, P->arena, P->slots, P->bt);
 	if (!P->q_all)
 		free(P->q);
 	free(P->q_all);
@@ -126,11 +123,7 @@ struct capture {
 
 static void capture_free(struct capture *c)
 {
-	free(c->layers);
-	free(c->qpos);
-	free(c->k);
-	free(c->v);
-	free(c->q);
+	FREE_HOST(c->layers, c->qpos, c->k, c->v, c->q);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -268,11 +261,7 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 						    P->bt[(size_t)b * P->bt_stride + pos / BD_PAGE_TOKENS]));
 		}
 	}
-	free(k);
-	free(v);
-	free(bias);
-	free(mu);
-	free(outl);
+	FREE_HOST(k, v, bias, mu, outl);
 
 	if (cap) {
 		/* request b decodes at the capture's query position b (lens[b] = qpos[b] + 1) */
@@ -425,14 +414,8 @@ static void problem_run(struct problem *P, int n_splits, int layer, struct run_s
 		}
 	}
 	st->call_rel = den > 0 ? sqrt(num / den) : sqrt(num);
-	CK(cudaFree(d_out));
-	CK(cudaFree(d_lse));
-	CK(cudaFree(ws));
-	CK(cudaFree(d_status));
-	free(out);
-	free(lse);
-	free(ref);
-	free(rlse);
+	FREE_DEV(d_out, d_lse, ws, d_status);
+	FREE_HOST(out, lse, ref, rlse);
 }
 
 /* ---- decode checks ---------------------------------------------------------------------------- */
@@ -637,9 +620,7 @@ static void status_checks(const char *cfgname)
 	      "status %s: bad page and bad length must be flagged (got %#x)", cfgname, status);
 	check(finite, "status %s: outputs of a flagged run must be finite", cfgname);
 	check(zero1, "status %s: a request with length 0 must give a zero output", cfgname);
-	CK(cudaFree(d_out));
-	CK(cudaFree(ws));
-	CK(cudaFree(d_status));
+	FREE_DEV(d_out, ws, d_status);
 	problem_free(&P);
 }
 
@@ -690,9 +671,7 @@ static void e4m3_checks(void)
 	       bad_sw);
 	CK(cudaFree(dx));
 	CK(cudaFree(dc));
-	free(x);
-	free(c_hw);
-	free(c_sw);
+	FREE_HOST(x, c_hw, c_sw);
 }
 
 /* The device's query bytes of the n heads q [n][d] (codes [n][2][d/2], block scale codes
@@ -765,14 +744,8 @@ static void query_checks(void)
 					      NULL);
 			}
 		}
-		CK(cudaFree(dq));
-		CK(cudaFree(dc));
-		CK(cudaFree(ds));
-		CK(cudaFree(dg));
-		free(q);
-		free(codes);
-		free(scales);
-		free(g);
+		FREE_DEV(dq, dc, ds, dg);
+		FREE_HOST(q, codes, scales, g);
 	}
 }
 
@@ -889,14 +862,8 @@ static void promote_checks(bool small)
 				      "promote: NULL status must be -EINVAL");
 				free(ga2);
 			}
-			CK(cudaFree(d_arena));
-			CK(cudaFree(d_slots));
-			CK(cudaFree(d_ptrs));
-			CK(cudaFree(d_pages));
-			CK(cudaFree(d_status));
-			free(arena);
-			free(ga);
-			free(slots);
+			FREE_DEV(d_arena, d_slots, d_ptrs, d_pages, d_status);
+			FREE_HOST(arena, ga, slots);
 			if (small)
 				return;
 		}

@@ -30,6 +30,21 @@
 		}                                                                        \
 	} while (0)
 
+/* free() of every host pointer, cudaFree() of every device pointer of the list (NULL entries
+ * too): the cleanup of a check or a benchmark case; a failed cudaFree ends the program (CK). */
+#define FREE_HOST(...)                                                                 \
+	do {                                                                           \
+		const void *fh_[] = { __VA_ARGS__ };                                   \
+		for (size_t i_ = 0; i_ < sizeof(fh_) / sizeof(fh_[0]); i_++)           \
+			free((void *)fh_[i_]);                                         \
+	} while (0)
+#define FREE_DEV(...)                                                                  \
+	do {                                                                           \
+		const void *fd_[] = { __VA_ARGS__ };                                   \
+		for (size_t i_ = 0; i_ < sizeof(fd_) / sizeof(fd_[0]); i_++)           \
+			CK(cudaFree((void *)fd_[i_]));                                 \
+	} while (0)
+
 /* n zeroed bytes (at least one) from calloc, never NULL: out of memory ends the program. */
 static inline void *xmalloc(size_t n)
 {

@@ -295,12 +295,8 @@ static void check_embed(const struct shape *s)
 		free(ht);
 		CK(cudaFree(dtab));
 	}
-	free(tab);
-	free(view);
-	free(x);
-	CK(cudaFree(dtok));
-	CK(cudaFree(dx));
-	CK(cudaFree(dst));
+	FREE_HOST(tab, view, x);
+	FREE_DEV(dtok, dx, dst);
 }
 
 static void check_rmsnorm(const struct shape *s)
@@ -370,17 +366,8 @@ static void check_rmsnorm(const struct shape *s)
 		free(hw);
 		CK(cudaFree(dw));
 	}
-	free(x);
-	free(w);
-	free(wv);
-	free(y);
-	free(xh);
-	free(yh);
-	free(wh);
-	free(whv);
-	CK(cudaFree(dxx));
-	CK(cudaFree(dy));
-	CK(cudaFree(dxh));
+	FREE_HOST(x, w, wv, y, xh, yh, wh, whv);
+	FREE_DEV(dxx, dy, dxh);
 }
 
 static void check_bias_add_cast(const struct shape *s)
@@ -472,12 +459,7 @@ static void check_bias_add_cast(const struct shape *s)
 	       "check_finite %s: status %d finite, %d with a NaN last, %d with -inf", s->name, st[0],
 	       st[1], st[2]);
 	CK(cudaFree(dst));
-	free(x);
-	free(b);
-	free(bv);
-	free(y);
-	free(want);
-	free(got);
+	FREE_HOST(x, b, bv, y, want, got);
 	CK(cudaFree(dx));
 	CK(cudaFree(dy));
 }
@@ -535,9 +517,7 @@ static void check_rope(const struct shape *s)
 			       worst);
 		}
 	}
-	free(x);
-	free(y);
-	free(got);
+	FREE_HOST(x, y, got);
 	CK(cudaFree(dx));
 	CK(cudaFree(dpos));
 }
@@ -663,10 +643,7 @@ static void check_kv_write(void)
 						}
 					free(k);
 					free(v);
-					CK(cudaFree(dptrs));
-					CK(cudaFree(dpos));
-					CK(cudaFree(dk));
-					CK(cudaFree(dv));
+					FREE_DEV(dptrs, dpos, dk, dv);
 				}
 				n_cfg++;
 				n_cfg_ok += ok;
@@ -674,9 +651,7 @@ static void check_kv_write(void)
 					report(false, "kv_write %s d %d %s: slot bytes differ from "
 						      "bd_kv_write_token's, first at byte %zu",
 					       cfg->name, d, withmu ? "with mu" : "mu NULL", first_bad);
-				free(hs);
-				free(gs);
-				free(mu);
+				FREE_HOST(hs, gs, mu);
 				CK(cudaFree(ds));
 				CK(cudaFree(dmu));
 			}
@@ -804,16 +779,8 @@ static void check_prefill(const struct shape *s, int n)
 	       "prefill_attn %s n %d: max error %.3g (FP32 CPU order %.3g, bound %.3g) of Σp|v|/Σp "
 	       "over %zu (row, head)",
 	       s->name, n, err.gpu, err.cpu32, tol, err.rows);
-	free(q);
-	free(k);
-	free(v);
-	free(out);
-	free(pd);
-	free(pf);
-	CK(cudaFree(dq));
-	CK(cudaFree(dk));
-	CK(cudaFree(dv));
-	CK(cudaFree(dout));
+	FREE_HOST(q, k, v, out, pd, pf);
+	FREE_DEV(dq, dk, dv, dout);
 }
 
 static void time_prefill(void)
@@ -851,11 +818,7 @@ static void time_prefill(void)
 	       s->name, n, ms, tflops, st ? "NOT finite" : "finite");
 	CK(cudaEventDestroy(e0));
 	CK(cudaEventDestroy(e1));
-	CK(cudaFree(dq));
-	CK(cudaFree(dk));
-	CK(cudaFree(dv));
-	CK(cudaFree(dout));
-	CK(cudaFree(dst));
+	FREE_DEV(dq, dk, dv, dout, dst);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------------ */
@@ -942,10 +905,7 @@ static void check_greedy(int V)
 	       V, bad, N, got[0], got[1], got[2], got[3], got[4], got[5], got[6], got[7], got[8],
 	       want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8]);
 	free(lg);
-	CK(cudaFree(dlg));
-	CK(cudaFree(dp));
-	CK(cudaFree(dret));
-	CK(cudaFree(ws));
+	FREE_DEV(dlg, dp, dret, ws);
 }
 
 /* Upper 1 − α quantile of χ²(df) by Wilson–Hilferty; z the normal quantile. */
@@ -1083,13 +1043,8 @@ static void check_sample_dist(int V, const struct scfg *c, int launches)
 	       "%zu outside the kept set, %zu refused, deterministic %s; %.2f ms per launch of %d rows",
 	       V, c->T, c->top_k, c->top_p, n_kept, kept_diff, gmass, kmass, draws, chi2, df, crit,
 	       outside, neg, same ? "yes" : "NO", 1e3 * secs / launches, ROWS);
-	free(lg);
-	free(probs);
-	free(count);
-	CK(cudaFree(dlg));
-	CK(cudaFree(dp));
-	CK(cudaFree(dret));
-	CK(cudaFree(ws));
+	FREE_HOST(lg, probs, count);
+	FREE_DEV(dlg, dp, dret, ws);
 }
 
 static const float *cmp_vals;
@@ -1206,12 +1161,8 @@ static void check_fill_normal(void)
 	       "|z| ≤ 1 fraction %.5f (5σ %.1e); len %zu: %zu of its values differ; bf16 %zu differ; "
 	       "seed 43 shares %zu of %zu",
 	       N, m, 5 * se_m, var, 5 * se_v, f1, 5 * se_f, M, tail, bfbad, same_other, M);
-	free(x);
-	free(y);
-	free(xb);
-	CK(cudaFree(dx));
-	CK(cudaFree(dy));
-	CK(cudaFree(dxb));
+	FREE_HOST(x, y, xb);
+	FREE_DEV(dx, dy, dxb);
 }
 
 /* ---- refusals ------------------------------------------------------------------------------------- */
@@ -1284,13 +1235,7 @@ static void check_refusals(void)
 	       "refusals: %d calls did not return -EINVAL, %zu output bytes touched, empty calls %d",
 	       fails, touched, zero);
 	free(h);
-	CK(cudaFree(dx));
-	CK(cudaFree(dy));
-	CK(cudaFree(dw));
-	CK(cudaFree(dpos));
-	CK(cudaFree(dids));
-	CK(cudaFree(dp));
-	CK(cudaFree(ws));
+	FREE_DEV(dx, dy, dw, dpos, dids, dp, ws);
 }
 
 /* ---- graph capture ---------------------------------------------------------------------------------- */
@@ -1435,13 +1380,7 @@ static void check_graph(void)
 		free(res[pass]);
 		free(slot_res[pass]);
 	}
-	free(hx);
-	free(hq);
-	free(hk);
-	free(hv);
-	free(hl);
-	free(hw);
-	free(ptrs);
+	FREE_HOST(hx, hq, hk, hv, hl, hw, ptrs);
 	void *dev[] = { g.x, g.w, g.xn, g.q, g.k, g.v, g.o, g.lg, g.tv, g.nrm, g.pos, g.tok, g.tid,
 			g.slot, g.slots, g.p, g.ws };
 	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
