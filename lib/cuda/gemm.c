@@ -251,17 +251,17 @@ void bd_gemm_free(struct bd_gemm *gm)
 		gemm_entry_free(&gm->gc[i]);
 	if (gm->pref)
 		cublasLtMatmulPreferenceDestroy(gm->pref);
-	if (gm->mm)
-		cublasLtMatmulDescDestroy(gm->mm);
-	if (gm->mm_alt)
-		cublasLtMatmulDescDestroy(gm->mm_alt);
+	cublasLtMatmulDesc_t descs[] = { gm->mm, gm->mm_alt };
+	for (size_t i = 0; i < sizeof(descs) / sizeof(descs[0]); i++)
+		if (descs[i])
+			cublasLtMatmulDescDestroy(descs[i]);
 	if (gm->lt_ok)
 		cublasLtDestroy(gm->lt);
 	if (gm->ws)
 		cudaFree(gm->ws);
-	if (gm->tev0)
-		cudaEventDestroy(gm->tev0);
-	if (gm->tev1)
-		cudaEventDestroy(gm->tev1);
+	cudaEvent_t evs[] = { gm->tev0, gm->tev1 };
+	for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+		if (evs[i])
+			cudaEventDestroy(evs[i]);
 	free(gm);
 }

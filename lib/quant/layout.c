@@ -396,29 +396,44 @@ static void get_g(const struct bd_layout *lay, const uint8_t *page, int kv_head,
 	       2 * sizeof(float));
 }
 
+/* A page-head's shape: channels d (K) and dv (V), values nk, nv of a page's K and V, and
+ * whether it is an MLA latent head (no channel-major V). */
+struct head_shape {
+	size_t d, dv, nk, nv;
+	bool mla;
+};
+
+/* false unless lay is set, kv_head is one of its heads and it has channels; else *ret. */
+static bool head_shape_of(const struct bd_layout *lay, int kv_head, struct head_shape *ret)
+{
+	if (!lay || kv_head < 0 || kv_head >= lay->n_kv_heads || lay->d < 1 || lay->dv < 1)
+		return false;
+	ret->d = (size_t)lay->d;
+	ret->dv = (size_t)lay->dv;
+	ret->nk = BD_PAGE_TOKENS * ret->d;
+	ret->nv = BD_PAGE_TOKENS * ret->dv;
+	ret->mla = lay->d_rope > 0;
+	return true;
+}
+
 int bd_page_write_head(const struct bd_layout *lay, const struct bd_kvcfg *cfg,
 		       const bd_bf16 *k, const bd_bf16 *v, const float fp8_scale[2], void *page,
 		       int kv_head)
 {
 	uint8_t *head;
-	size_t d, dv, nk, nv;
+	struct head_shape hs;
 	float amax_k, amax_v, g_k = 1.0f, g_v = 1.0f;
-	bool mla;
 	int block, r = 0;
 
-	if (!lay || !cfg || !k || !v || !page || kv_head < 0 || kv_head >= lay->n_kv_heads ||
-	    lay->d < 1 || lay->dv < 1)
+	if (!cfg || !k || !v || !page || !head_shape_of(lay, kv_head, &hs))
 		return -EINVAL;
 	if (lay->fmt == BD_PAGE_FP8 &&
 	    (!fp8_scale || !isfinite(fp8_scale[0]) || !isfinite(fp8_scale[1]) ||
 	     !(fp8_scale[0] > 0.0f) || !(fp8_scale[1] > 0.0f)))
 		return -EINVAL;
 
-	d = (size_t)lay->d;
-	dv = (size_t)lay->dv;
-	nk = BD_PAGE_TOKENS * d;
-	nv = BD_PAGE_TOKENS * dv;
-	mla = lay->d_rope > 0;
+	const size_t d = hs.d, dv = hs.dv, nk = hs.nk, nv = hs.nv;
+	const bool mla = hs.mla;
 	block = lay->block;
 	amax_k = bf16_amax(k, nk);
 	amax_v = bf16_amax(v, nv);
@@ -488,19 +503,14 @@ int bd_page_read_head(const struct bd_layout *lay, const void *page, int kv_head
 		      float *ret_v, float *ret_g)
 {
 	const uint8_t *head;
-	size_t d, dv, nk, nv;
+	struct head_shape hs;
 	float g[2], g_k, g_v;
-	bool mla;
 
-	if (!lay || !page || !ret_k || !ret_v || kv_head < 0 || kv_head >= lay->n_kv_heads ||
-	    lay->d < 1 || lay->dv < 1)
+	if (!page || !ret_k || !ret_v || !head_shape_of(lay, kv_head, &hs))
 		return -EINVAL;
 
-	d = (size_t)lay->d;
-	dv = (size_t)lay->dv;
-	nk = BD_PAGE_TOKENS * d;
-	nv = BD_PAGE_TOKENS * dv;
-	mla = lay->d_rope > 0;
+	const size_t d = hs.d, dv = hs.dv, nk = hs.nk, nv = hs.nv;
+	const bool mla = hs.mla;
 	head = (const uint8_t *)page + (size_t)kv_head * lay->head_bytes;
 	get_g(lay, page, kv_head, g);
 	if (lay->fmt == BD_PAGE_BF16 || lay->fmt == BD_PAGE_MXFP4)
