@@ -52,7 +52,7 @@ struct bd_pool_op {
 /* Packs op as one PoolRequest frame into buf (cap bytes; buf may be NULL when cap is 0) when
  * it fits, like snprintf: returns the frame's length in bytes, and a length above cap means
  * nothing was written (call again with a buffer that large). Returns -EINVAL for a NULL op,
- * an unknown kind or n_pages ids without a list. */
+ * an unknown kind or n_pages ids without a list, -EMSGSIZE for a frame beyond SSIZE_MAX. */
 ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap);
 
 #ifdef __cplusplus

@@ -434,7 +434,8 @@ static int call(struct bd_pool_conn *c, const struct bd_pool_op *op, struct take
 	free(rbuf);
 	if (!rep) {
 		c->code = BD_POOL_OK;
-		return bd_errf(c->err, sizeof(c->err), -EBADMSG, "kvpoold: the reply does not parse");
+		return bd_errf(c->err, sizeof(c->err), -EBADMSG,
+			       "kvpoold: the reply does not parse");
 	}
 	if (rep->error != BDFP4__POOL_ERROR__POOL_OK) {
 		c->code = rep->error;

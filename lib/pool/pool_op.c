@@ -33,20 +33,20 @@ static int put_fields(ProtobufCMessage *m, const struct bd_pool_op *op)
 
 	for (unsigned i = 0; i < d->n_fields; i++) {
 		const ProtobufCFieldDescriptor *f = &d->fields[i];
-		bool repeated = f->label == PROTOBUF_C_LABEL_REPEATED;
+		bool one = f->label != PROTOBUF_C_LABEL_REPEATED;
 		uint8_t *p = (uint8_t *)m + f->offset;
 
-		if (f->type == PROTOBUF_C_TYPE_UINT64 && !repeated && !strcmp(f->name, "request_id"))
+		if (f->type == PROTOBUF_C_TYPE_UINT64 && one && !strcmp(f->name, "request_id"))
 			*(uint64_t *)p = op->request_id;
-		else if (f->type == PROTOBUF_C_TYPE_UINT64 && !repeated && !strcmp(f->name, "owner"))
+		else if (f->type == PROTOBUF_C_TYPE_UINT64 && one && !strcmp(f->name, "owner"))
 			*(uint64_t *)p = op->owner;
-		else if (f->type == PROTOBUF_C_TYPE_UINT32 && !repeated &&
+		else if (f->type == PROTOBUF_C_TYPE_UINT32 && one &&
 			 (!strcmp(f->name, "n") || !strcmp(f->name, "top")))
 			*(uint32_t *)p = op->n;
-		else if (f->type == PROTOBUF_C_TYPE_INT32 && !repeated &&
+		else if (f->type == PROTOBUF_C_TYPE_INT32 && one &&
 			 (!strcmp(f->name, "page") || !strcmp(f->name, "slot")))
 			*(int32_t *)p = op->index;
-		else if (f->type == PROTOBUF_C_TYPE_INT32 && repeated && !strcmp(f->name, "pages")) {
+		else if (f->type == PROTOBUF_C_TYPE_INT32 && !one && !strcmp(f->name, "pages")) {
 			*(size_t *)((uint8_t *)m + f->quantifier_offset) = op->n_pages;
 			*(const int32_t **)p = op->pages;
 		} else {
@@ -61,6 +61,7 @@ ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap)
 	Bdfp4__PoolRequest req = BDFP4__POOL_REQUEST__INIT;
 	_Alignas(max_align_t) uint8_t mem[128]; /* the member message, whichever it is */
 	const ProtobufCFieldDescriptor *f;
+	const ProtobufCMessageDescriptor *md;
 	ProtobufCMessage *m = (ProtobufCMessage *)mem;
 	size_t len;
 	int e;
@@ -69,13 +70,13 @@ ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap)
 	    (unsigned)op->kind >= BD_POOL_OP_COUNT)
 		return -EINVAL;
 	if (op->kind != BD_POOL_OP_NONE) {
-		/* the oneof member numbered kind: its message, and where PoolRequest points to it */
+		/* the oneof member numbered kind: its message, and where PoolRequest points at it */
 		f = protobuf_c_message_descriptor_get_field(&bdfp4__pool_request__descriptor,
 							    (unsigned)op->kind);
-		if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE ||
-		    ((const ProtobufCMessageDescriptor *)f->descriptor)->sizeof_message > sizeof(mem))
+		md = f && f->type == PROTOBUF_C_TYPE_MESSAGE ? f->descriptor : NULL;
+		if (!md || md->sizeof_message > sizeof(mem))
 			return -EINVAL;
-		protobuf_c_message_init(f->descriptor, m);
+		protobuf_c_message_init(md, m);
 		e = put_fields(m, op);
 		if (e < 0)
 			return e;

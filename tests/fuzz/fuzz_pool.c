@@ -61,7 +61,8 @@ static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 
 	if (n < 4)
 		return;
-	op.kind = (enum bd_pool_op_kind)((b[0] % 12 + 1) % 12); /* 0 → PAGE_ALLOC ... 11 → NONE */
+	/* 0 → PAGE_ALLOC, ..., 10 → REQUESTS, 11 → NONE */
+	op.kind = (enum bd_pool_op_kind)((b[0] % 12 + 1) % 12);
 	op.request_id = b[1] % (N_REQ + 1); /* 0 is invalid on purpose */
 	op.owner = b[2] % 3;
 	if (count_mod[op.kind])

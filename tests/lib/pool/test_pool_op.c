@@ -45,7 +45,8 @@ Test(pool_op, each_kind_is_its_member_with_its_fields)
 
 		op.kind = want[i].kind;
 		n = bd_pool_op_pack(&op, buf, sizeof(buf));
-		cr_assert_eq(n, want[i].len, "kind %d: %zd bytes, want %u", op.kind, n, want[i].len);
+		cr_assert_eq(n, want[i].len, "kind %d: %zd bytes, want %u", op.kind, n,
+			     want[i].len);
 		cr_expect_eq(memcmp(buf, want[i].frame, want[i].len), 0, "kind %d: other bytes",
 			     op.kind);
 		/* and protobuf-c reads the member back */
