@@ -64,49 +64,6 @@ __global__ void promote_check_kernel(const PromoteParams p)
 		p.status[i] = nonfinite ? -EDOM : 0;
 }
 
-/* One FP4 block of B BF16 values src[e·stride] (B = 16: NVFP4 with decode scale g, 32: MXFP4),
- * as bd_nvfp4_quantize_block / bd_mxfp4_quantize_block: B/2 code bytes at codes, the scale
- * code at *scale. */
-template <int B>
-__device__ __forceinline__ void quant_block(const uint16_t *src, int stride, float g, bool search,
-					    uint8_t *codes, uint8_t *scale)
-{
-	float x[B];
-	uint32_t pk[B / 8], sc;
-#pragma unroll
-	for (int e = 0; e < B; e++)
-		x[e] = __uint_as_float((uint32_t)src[e * stride] << 16);
-	if constexpr (B == 16) {
-		nvfp4_quantize_block(x, g, search, pk, &sc);
-		*(uint2 *)codes = make_uint2(pk[0], pk[1]);
-	} else {
-		mxfp4_quantize_block(x, search, pk, &sc);
-		*(uint4 *)codes = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-	}
-	*scale = (uint8_t)sc;
-}
-
-/* A page-head's K [128][d] token-major (NUMERICS.md §3, the scale search when search) and V
- * [128][d] channel-major (§4, standard rule) in FP4 blocks of B, the threads of the CTA taking
- * blocks in turn: codes and scales into the head's regions kc, ks, vc, vs. */
-template <int B>
-__device__ __forceinline__ void quant_head(const uint16_t *K, const uint16_t *V, int d, float gk,
-					   float gv, bool search, uint8_t *kc, uint8_t *ks,
-					   uint8_t *vc, uint8_t *vs)
-{
-	const int nt = BD_PAGE_TOKENS, nbk = d / B;
-	for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
-		const int tok = blk / nbk, bi = blk % nbk;
-		quant_block<B>(K + tok * d + bi * B, 1, gk, search,
-			       kc + (size_t)tok * d / 2 + bi * (B / 2), ks + (size_t)tok * nbk + bi);
-	}
-	for (int blk = threadIdx.x; blk < d * (nt / B); blk += blockDim.x) {
-		const int ch = blk / (nt / B), bi = blk % (nt / B);
-		quant_block<B>(V + bi * B * d + ch, d, gv, false,
-			       vc + (size_t)ch * (nt / 2) + bi * (B / 2), vs + (size_t)ch * (nt / B) + bi);
-	}
-}
-
 __device__ __forceinline__ float block_amax(float v, float *red)
 {
 	for (int o = 16; o > 0; o >>= 1)
@@ -186,10 +143,55 @@ __global__ void promote_kernel(const PromoteParams p)
 	uint8_t *kc = head + p.k_codes_off, *ks = head + p.k_scales_off;
 	uint8_t *vc = head + p.v_codes_off, *vs = head + p.v_scales_off;
 
-	if (p.fmt == BD_PAGE_NVFP4)
-		quant_head<16>(K, V, d, gk, gv, p.search, kc, ks, vc, vs);
-	else
-		quant_head<32>(K, V, d, gk, gv, p.search, kc, ks, vc, vs);
+	if (p.fmt == BD_PAGE_NVFP4) {
+		const int nbk = d / 16;
+		for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
+			const int tok = blk / nbk, bi = blk % nbk;
+			float x[16];
+			uint32_t pk[2], sc;
+#pragma unroll
+			for (int e = 0; e < 16; e++)
+				x[e] = __uint_as_float((uint32_t)K[tok * d + bi * 16 + e] << 16);
+			nvfp4_quantize_block(x, gk, p.search, pk, &sc);
+			*(uint2 *)(kc + (size_t)tok * d / 2 + bi * 8) = make_uint2(pk[0], pk[1]);
+			ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
+		}
+		for (int blk = threadIdx.x; blk < d * (nt / 16); blk += blockDim.x) {
+			const int ch = blk / (nt / 16), bi = blk % (nt / 16);
+			float x[16];
+			uint32_t pk[2], sc;
+#pragma unroll
+			for (int e = 0; e < 16; e++)
+				x[e] = __uint_as_float((uint32_t)V[(bi * 16 + e) * d + ch] << 16);
+			nvfp4_quantize_block(x, gv, false, pk, &sc);
+			*(uint2 *)(vc + (size_t)ch * (nt / 2) + bi * 8) = make_uint2(pk[0], pk[1]);
+			vs[(size_t)ch * (nt / 16) + bi] = (uint8_t)sc;
+		}
+	} else {
+		const int nbk = d / 32;
+		for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
+			const int tok = blk / nbk, bi = blk % nbk;
+			float x[32];
+			uint32_t pk[4], sc;
+#pragma unroll
+			for (int e = 0; e < 32; e++)
+				x[e] = __uint_as_float((uint32_t)K[tok * d + bi * 32 + e] << 16);
+			mxfp4_quantize_block(x, p.search, pk, &sc);
+			*(uint4 *)(kc + (size_t)tok * d / 2 + bi * 16) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+			ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
+		}
+		for (int blk = threadIdx.x; blk < d * (nt / 32); blk += blockDim.x) {
+			const int ch = blk / (nt / 32), bi = blk % (nt / 32);
+			float x[32];
+			uint32_t pk[4], sc;
+#pragma unroll
+			for (int e = 0; e < 32; e++)
+				x[e] = __uint_as_float((uint32_t)V[(bi * 32 + e) * d + ch] << 16);
+			mxfp4_quantize_block(x, false, pk, &sc);
+			*(uint4 *)(vc + (size_t)ch * (nt / 2) + bi * 16) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+			vs[(size_t)ch * (nt / 32) + bi] = (uint8_t)sc;
+		}
+	}
 	if (threadIdx.x == 0) {
 		float *g = (float *)(page + p.gscale_off + (size_t)h * 8);
 		g[0] = gk;
