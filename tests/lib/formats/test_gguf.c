@@ -20,13 +20,13 @@
 #include <jansson.h>
 
 #include "formats/bd_gguf.h"
+#include "gguf_writer.h"
 #include "model_data.h"
 
 /* ---- a GGUF image builder -------------------------------------------------------------- */
 
 struct img {
-	uint8_t *p;
-	size_t n, cap;
+	struct gguf_w w; /* the bytes */
 	/* byte offsets of the fields the corruption tests patch */
 	size_t version, n_tensors, n_kv;
 	size_t key0_len;   /* length of the first key */
@@ -48,39 +48,11 @@ struct build_opts {
 	int nest;         /* levels of the nested-array entry; 0: 2 */
 };
 
-static void put(struct img *m, const void *src, size_t n)
-{
-	if (m->n + n > m->cap) {
-		m->cap = (m->n + n) * 2 + 64;
-		m->p = realloc(m->p, m->cap);
-		cr_assert_not_null(m->p);
-	}
-	memcpy(m->p + m->n, src, n);
-	m->n += n;
-}
-
-static void put_le(struct img *m, uint64_t v, int bytes)
-{
-	for (int i = 0; i < bytes; i++) {
-		uint8_t b = (uint8_t)(v >> (8 * i));
-		put(m, &b, 1);
-	}
-}
-
-static void put_u32(struct img *m, uint32_t v) { put_le(m, v, 4); }
-static void put_u64(struct img *m, uint64_t v) { put_le(m, v, 8); }
-
-static void put_str(struct img *m, const char *s)
-{
-	put_u64(m, strlen(s));
-	put(m, s, strlen(s));
-}
-
 static void patch_le(struct img *m, size_t off, uint64_t v, int bytes)
 {
-	cr_assert_leq(off + (size_t)bytes, m->n);
+	cr_assert_leq(off + (size_t)bytes, m->w.n);
 	for (int i = 0; i < bytes; i++)
-		m->p[off + i] = (uint8_t)(v >> (8 * i));
+		m->w.p[off + i] = (uint8_t)(v >> (8 * i));
 }
 
 static uint32_t f32_bits(float f)
@@ -97,25 +69,18 @@ static uint64_t f64_bits(double d)
 	return u;
 }
 
-/* key, type, and leaves the cursor at the value */
-static void put_key(struct img *m, const char *key, uint32_t type)
-{
-	put_str(m, key);
-	put_u32(m, type);
-}
-
 /* An array whose elements are arrays, `levels` deep in all, the innermost holding u8 {7, 8}. */
 static void put_nested(struct img *m, int levels)
 {
 	if (levels == 1) {
-		put_u32(m, BD_GGUF_UINT8);
-		put_u64(m, 2);
-		put_le(m, 7, 1);
-		put_le(m, 8, 1);
+		gw_u32(&m->w, BD_GGUF_UINT8);
+		gw_u64(&m->w, 2);
+		gw_le(&m->w, 7, 1);
+		gw_le(&m->w, 8, 1);
 		return;
 	}
-	put_u32(m, BD_GGUF_ARRAY);
-	put_u64(m, 2);
+	gw_u32(&m->w, BD_GGUF_ARRAY);
+	gw_u64(&m->w, 2);
 	put_nested(m, levels - 1);
 	put_nested(m, levels - 1);
 }
@@ -133,73 +98,73 @@ static struct img build(const struct build_opts *o)
 	struct img m = { 0 };
 	int nest = o && o->nest ? o->nest : 2;
 
-	put(&m, "GGUF", 4);
-	m.version = m.n;
-	put_u32(&m, o && o->version ? o->version : 3);
-	m.n_tensors = m.n;
-	put_u64(&m, 3);
-	m.n_kv = m.n;
-	put_u64(&m, o && o->no_align ? 17 : 18);
+	gw_put(&m.w, "GGUF", 4);
+	m.version = m.w.n;
+	gw_u32(&m.w, o && o->version ? o->version : 3);
+	m.n_tensors = m.w.n;
+	gw_u64(&m.w, 3);
+	m.n_kv = m.w.n;
+	gw_u64(&m.w, o && o->no_align ? 17 : 18);
 
-	m.key0_len = m.n;
-	put_key(&m, "general.architecture", BD_GGUF_STRING);
-	m.arch_len = m.n;
-	put_str(&m, "llama");
+	m.key0_len = m.w.n;
+	gw_key(&m.w, "general.architecture", BD_GGUF_STRING);
+	m.arch_len = m.w.n;
+	gw_cstr(&m.w, "llama");
 	if (!(o && o->no_align)) {
-		put_key(&m, "general.alignment", BD_GGUF_UINT32);
-		m.align_val = m.n;
-		put_u32(&m, 64);
+		gw_key(&m.w, "general.alignment", BD_GGUF_UINT32);
+		m.align_val = m.w.n;
+		gw_u32(&m.w, 64);
 	}
-	put_str(&m, "test.u8");
-	m.u8_type = m.n;
-	put_u32(&m, BD_GGUF_UINT8);
-	put_le(&m, 200, 1);
-	m.i8_key = m.n + 8;
-	put_key(&m, "test.i8", BD_GGUF_INT8);
-	put_le(&m, (uint8_t)-100, 1);
-	put_key(&m, "test.u16", BD_GGUF_UINT16);
-	put_le(&m, 60000, 2);
-	put_key(&m, "test.i16", BD_GGUF_INT16);
-	put_le(&m, (uint16_t)-30000, 2);
-	put_key(&m, "test.u32", BD_GGUF_UINT32);
-	put_u32(&m, 4000000000u);
-	put_key(&m, "test.i32", BD_GGUF_INT32);
-	put_u32(&m, (uint32_t)-2000000000);
-	put_key(&m, "test.f32", BD_GGUF_FLOAT32);
-	put_u32(&m, f32_bits(0.1f));
-	put_key(&m, "test.bool", BD_GGUF_BOOL);
-	m.bool_val = m.n;
-	put_le(&m, 1, 1);
-	put_key(&m, "test.u64", BD_GGUF_UINT64);
-	put_u64(&m, (1ull << 63) + 5);
-	put_key(&m, "test.i64", BD_GGUF_INT64);
-	put_u64(&m, (uint64_t)-(1ll << 40));
-	put_key(&m, "test.f64", BD_GGUF_FLOAT64);
-	put_u64(&m, f64_bits(-1.5e300));
-	put_key(&m, "test.arr_i32", BD_GGUF_ARRAY);
-	put_u32(&m, BD_GGUF_INT32);
-	m.arr_i32_n = m.n;
-	put_u64(&m, 3);
-	put_u32(&m, 1);
-	put_u32(&m, (uint32_t)-2);
-	put_u32(&m, 3);
-	put_key(&m, "test.arr_str", BD_GGUF_ARRAY);
-	put_u32(&m, BD_GGUF_STRING);
-	m.arr_str_n = m.n;
-	put_u64(&m, 3);
-	put_str(&m, "a");
-	put_str(&m, "");
-	put_str(&m, "h\xc3\xa9llo");
-	put_key(&m, "test.arr_f32", BD_GGUF_ARRAY);
-	m.arr_f32_type = m.n;
-	put_u32(&m, BD_GGUF_FLOAT32);
-	put_u64(&m, 2);
-	put_u32(&m, f32_bits(0.25f));
-	put_u32(&m, f32_bits(-8.0f));
-	put_key(&m, "test.empty", BD_GGUF_ARRAY);
-	put_u32(&m, BD_GGUF_UINT8);
-	put_u64(&m, 0);
-	put_key(&m, "test.nested", BD_GGUF_ARRAY);
+	gw_cstr(&m.w, "test.u8");
+	m.u8_type = m.w.n;
+	gw_u32(&m.w, BD_GGUF_UINT8);
+	gw_le(&m.w, 200, 1);
+	m.i8_key = m.w.n + 8;
+	gw_key(&m.w, "test.i8", BD_GGUF_INT8);
+	gw_le(&m.w, (uint8_t)-100, 1);
+	gw_key(&m.w, "test.u16", BD_GGUF_UINT16);
+	gw_le(&m.w, 60000, 2);
+	gw_key(&m.w, "test.i16", BD_GGUF_INT16);
+	gw_le(&m.w, (uint16_t)-30000, 2);
+	gw_key(&m.w, "test.u32", BD_GGUF_UINT32);
+	gw_u32(&m.w, 4000000000u);
+	gw_key(&m.w, "test.i32", BD_GGUF_INT32);
+	gw_u32(&m.w, (uint32_t)-2000000000);
+	gw_key(&m.w, "test.f32", BD_GGUF_FLOAT32);
+	gw_u32(&m.w, f32_bits(0.1f));
+	gw_key(&m.w, "test.bool", BD_GGUF_BOOL);
+	m.bool_val = m.w.n;
+	gw_le(&m.w, 1, 1);
+	gw_key(&m.w, "test.u64", BD_GGUF_UINT64);
+	gw_u64(&m.w, (1ull << 63) + 5);
+	gw_key(&m.w, "test.i64", BD_GGUF_INT64);
+	gw_u64(&m.w, (uint64_t)-(1ll << 40));
+	gw_key(&m.w, "test.f64", BD_GGUF_FLOAT64);
+	gw_u64(&m.w, f64_bits(-1.5e300));
+	gw_key(&m.w, "test.arr_i32", BD_GGUF_ARRAY);
+	gw_u32(&m.w, BD_GGUF_INT32);
+	m.arr_i32_n = m.w.n;
+	gw_u64(&m.w, 3);
+	gw_u32(&m.w, 1);
+	gw_u32(&m.w, (uint32_t)-2);
+	gw_u32(&m.w, 3);
+	gw_key(&m.w, "test.arr_str", BD_GGUF_ARRAY);
+	gw_u32(&m.w, BD_GGUF_STRING);
+	m.arr_str_n = m.w.n;
+	gw_u64(&m.w, 3);
+	gw_cstr(&m.w, "a");
+	gw_cstr(&m.w, "");
+	gw_cstr(&m.w, "h\xc3\xa9llo");
+	gw_key(&m.w, "test.arr_f32", BD_GGUF_ARRAY);
+	m.arr_f32_type = m.w.n;
+	gw_u32(&m.w, BD_GGUF_FLOAT32);
+	gw_u64(&m.w, 2);
+	gw_u32(&m.w, f32_bits(0.25f));
+	gw_u32(&m.w, f32_bits(-8.0f));
+	gw_key(&m.w, "test.empty", BD_GGUF_ARRAY);
+	gw_u32(&m.w, BD_GGUF_UINT8);
+	gw_u64(&m.w, 0);
+	gw_key(&m.w, "test.nested", BD_GGUF_ARRAY);
 	put_nested(&m, nest);
 
 	static const char *const names[3] = { "a", "b", "c" };
@@ -207,38 +172,38 @@ static struct img build(const struct build_opts *o)
 	static const uint64_t ne[3][2] = { { 4, 2 }, { 32, 2 }, { 3, 0 } };
 	static const uint64_t offs[3] = { 0, 64, 192 };
 	for (int t = 0; t < 3; t++) {
-		m.t_name[t] = m.n;
-		put_str(&m, names[t]);
-		m.t_ndims[t] = m.n;
+		m.t_name[t] = m.w.n;
+		gw_cstr(&m.w, names[t]);
+		m.t_ndims[t] = m.w.n;
 		int nd = ne[t][1] ? 2 : 1;
-		put_u32(&m, (uint32_t)nd);
-		m.t_ne[t] = m.n;
+		gw_u32(&m.w, (uint32_t)nd);
+		m.t_ne[t] = m.w.n;
 		for (int i = 0; i < nd; i++)
-			put_u64(&m, ne[t][i]);
-		m.t_type[t] = m.n;
-		put_u32(&m, types[t]);
-		m.t_off[t] = m.n;
-		put_u64(&m, offs[t]);
+			gw_u64(&m.w, ne[t][i]);
+		m.t_type[t] = m.w.n;
+		gw_u32(&m.w, types[t]);
+		m.t_off[t] = m.w.n;
+		gw_u64(&m.w, offs[t]);
 	}
 	size_t align = o && o->no_align ? 32 : 64;
-	while (m.n % align)
-		put_le(&m, 0, 1);
-	m.data = m.n;
+	while (m.w.n % align)
+		gw_le(&m.w, 0, 1);
+	m.data = m.w.n;
 	for (int i = 0; i < T_A_VALUES; i++)
-		put_u32(&m, f32_bits(-1.0f + 0.5f * (float)i));
-	while (m.n < m.data + 64)
-		put_le(&m, 0, 1);
-	put_le(&m, 0x3800, 2); /* 0.5 */
+		gw_u32(&m.w, f32_bits(-1.0f + 0.5f * (float)i));
+	while (m.w.n < m.data + 64)
+		gw_le(&m.w, 0, 1);
+	gw_le(&m.w, 0x3800, 2); /* 0.5 */
 	for (int j = 0; j < 32; j++)
-		put_le(&m, (uint8_t)(j - 16), 1);
-	put_le(&m, 0xc000, 2); /* -2 */
+		gw_le(&m.w, (uint8_t)(j - 16), 1);
+	gw_le(&m.w, 0xc000, 2); /* -2 */
 	for (int j = 0; j < 32; j++)
-		put_le(&m, (uint8_t)(127 - 8 * j), 1);
-	while (m.n < m.data + 192)
-		put_le(&m, 0, 1);
-	put_le(&m, 0x3c00, 2);
-	put_le(&m, 0x8001, 2);
-	put_le(&m, 0x7bff, 2);
+		gw_le(&m.w, (uint8_t)(127 - 8 * j), 1);
+	while (m.w.n < m.data + 192)
+		gw_le(&m.w, 0, 1);
+	gw_le(&m.w, 0x3c00, 2);
+	gw_le(&m.w, 0x8001, 2);
+	gw_le(&m.w, 0x7bff, 2);
 	return m;
 }
 
@@ -309,16 +274,16 @@ Test(gguf, valid_header_and_lookups)
 	struct img m = build(NULL);
 	struct bd_gguf *g = NULL;
 	char err[BD_GGUF_ERR_MAX] = "junk";
-	void *copy = malloc(m.n);
-	memcpy(copy, m.p, m.n);
+	void *copy = malloc(m.w.n);
+	memcpy(copy, m.w.p, m.w.n);
 
-	cr_assert_eq(bd_gguf_open_mem(copy, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(bd_gguf_open_mem(copy, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_str_empty(err);
 	cr_assert_eq(bd_gguf_version(g), 3);
 	cr_assert_eq(bd_gguf_alignment(g), 64);
 	cr_assert_eq(bd_gguf_data_offset(g), m.data);
 	cr_assert_eq(bd_gguf_data_offset(g) % 64, 0);
-	cr_assert_eq(bd_gguf_file_size(g), m.n);
+	cr_assert_eq(bd_gguf_file_size(g), m.w.n);
 	cr_assert_eq(bd_gguf_n_kv(g), 18);
 	cr_assert_eq(bd_gguf_n_tensors(g), 3);
 	cr_assert_str_eq(bd_gguf_kv_at(g, 0)->key, "general.architecture");
@@ -418,7 +383,7 @@ Test(gguf, valid_header_and_lookups)
 	cr_assert_str_eq(bd_gguf_type_name(13), "?");
 	bd_gguf_free(g);
 	free(copy);
-	free(m.p);
+	free(m.w.p);
 }
 
 Test(gguf, valid_tensors)
@@ -426,7 +391,7 @@ Test(gguf, valid_tensors)
 	struct img m = build(NULL);
 	struct bd_gguf *g = NULL;
 	char err[BD_GGUF_ERR_MAX];
-	char *path = write_tmp(m.p, m.n);
+	char *path = write_tmp(m.w.p, m.w.n);
 
 	cr_assert_eq(bd_gguf_open(path, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_n_tensors(g), 3);
@@ -481,7 +446,7 @@ Test(gguf, valid_tensors)
 	bd_gguf_free(NULL);
 	unlink(path);
 	free(path);
-	free(m.p);
+	free(m.w.p);
 }
 
 Test(gguf, valid_variants)
@@ -492,28 +457,28 @@ Test(gguf, valid_variants)
 	/* no general.alignment: the default 32 */
 	struct build_opts o = { .no_align = true };
 	struct img m = build(&o);
-	cr_assert_eq(open_exact(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_alignment(g), 32);
 	cr_assert_eq(bd_gguf_data_offset(g), m.data);
 	cr_assert_eq(bd_gguf_data_offset(g) % 32, 0);
 	cr_assert_eq(bd_gguf_n_kv(g), 17);
 	close_exact(g);
-	free(m.p);
+	free(m.w.p);
 
 	/* version 2 has the same layout */
 	o = (struct build_opts){ .version = 2 };
 	m = build(&o);
-	cr_assert_eq(open_exact(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_version(g), 2);
 	close_exact(g);
-	free(m.p);
+	free(m.w.p);
 
 	/* four levels of arrays are accepted */
 	o = (struct build_opts){ .nest = 4 };
 	m = build(&o);
-	cr_assert_eq(open_exact(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	close_exact(g);
-	free(m.p);
+	free(m.w.p);
 
 	/* the smallest file: a header with nothing in it */
 	uint8_t h[24] = { 'G', 'G', 'U', 'F', 3 };
@@ -531,16 +496,16 @@ Test(gguf, bad_magic_and_version)
 {
 	struct img m = build(NULL);
 
-	m.p[3] = 'X';
-	expect_err(m.p, m.n, -ENOEXEC, "not a GGUF file");
-	m.p[3] = 'F';
+	m.w.p[3] = 'X';
+	expect_err(m.w.p, m.w.n, -ENOEXEC, "not a GGUF file");
+	m.w.p[3] = 'F';
 	patch_le(&m, m.version, 1, 4);
-	expect_err(m.p, m.n, -EPROTONOSUPPORT, "version 1");
+	expect_err(m.w.p, m.w.n, -EPROTONOSUPPORT, "version 1");
 	patch_le(&m, m.version, 4, 4);
-	expect_err(m.p, m.n, -EPROTONOSUPPORT, "version 4");
+	expect_err(m.w.p, m.w.n, -EPROTONOSUPPORT, "version 4");
 	patch_le(&m, m.version, 0x03000000u, 4); /* 3 written big-endian */
-	expect_err(m.p, m.n, -EPROTONOSUPPORT, "big-endian");
-	free(m.p);
+	expect_err(m.w.p, m.w.n, -EPROTONOSUPPORT, "big-endian");
+	free(m.w.p);
 }
 
 Test(gguf, truncated_everywhere)
@@ -548,32 +513,32 @@ Test(gguf, truncated_everywhere)
 	struct img m = build(NULL);
 
 	/* every strict prefix lacks bytes somewhere: the last tensor ends at EOF */
-	for (size_t n = 0; n < m.n; n++) {
+	for (size_t n = 0; n < m.w.n; n++) {
 		struct bd_gguf *g = NULL;
 		char err[BD_GGUF_ERR_MAX] = "";
-		int r = open_exact(m.p, n, &g, err);
+		int r = open_exact(m.w.p, n, &g, err);
 		cr_assert_eq(r, -EBADMSG, "prefix %zu: %d (%s)", n, r, err);
 		cr_assert_null(g);
 		cr_assert(strstr(err, "truncated"), "prefix %zu: '%s'", n, err);
 	}
-	expect_err(m.p, 10, -EBADMSG, "header");
-	expect_err(m.p, 0, -EBADMSG, "truncated");
-	free(m.p);
+	expect_err(m.w.p, 10, -EBADMSG, "header");
+	expect_err(m.w.p, 0, -EBADMSG, "truncated");
+	free(m.w.p);
 }
 
 Test(gguf, string_length_past_eof)
 {
 	struct img m = build(NULL);
-	size_t left = m.n - (m.key0_len + 8);
+	size_t left = m.w.n - (m.key0_len + 8);
 
 	patch_le(&m, m.key0_len, left + 1, 8);
-	expect_err(m.p, m.n, -EBADMSG, "past the end");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "past the end");
 	patch_le(&m, m.key0_len, UINT64_MAX, 8); /* off + len would wrap */
-	expect_err(m.p, m.n, -EBADMSG, "past the end");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "past the end");
 	patch_le(&m, m.key0_len, 20, 8);
 	patch_le(&m, m.arch_len, UINT64_MAX - 3, 8);
-	expect_err(m.p, m.n, -EBADMSG, "past the end");
-	free(m.p);
+	expect_err(m.w.p, m.w.n, -EBADMSG, "past the end");
+	free(m.w.p);
 }
 
 Test(gguf, tensor_data_past_eof)
@@ -582,15 +547,15 @@ Test(gguf, tensor_data_past_eof)
 
 	/* "c" moved one alignment step on: its 6 bytes now end past EOF */
 	patch_le(&m, m.t_off[2], 256, 8);
-	expect_err(m.p, m.n, -EBADMSG, "tensor 'c'");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "tensor 'c'");
 	/* an offset so large that data_offset + offset wraps */
 	patch_le(&m, m.t_off[2], UINT64_MAX - 63, 8);
-	expect_err(m.p, m.n, -EBADMSG, "past the end");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "past the end");
 	/* a row count that makes "a" larger than the file */
 	patch_le(&m, m.t_off[2], 192, 8);
 	patch_le(&m, m.t_ne[0] + 8, 1u << 20, 8);
-	expect_err(m.p, m.n, -EBADMSG, "tensor 'a'");
-	free(m.p);
+	expect_err(m.w.p, m.w.n, -EBADMSG, "tensor 'a'");
+	free(m.w.p);
 }
 
 Test(gguf, overflowing_dims)
@@ -600,26 +565,26 @@ Test(gguf, overflowing_dims)
 	/* 2^32 · 2^32 elements overflow 64 bits */
 	patch_le(&m, m.t_ne[0], 1ull << 32, 8);
 	patch_le(&m, m.t_ne[0] + 8, 1ull << 32, 8);
-	expect_err(m.p, m.n, -EOVERFLOW, "overflow");
+	expect_err(m.w.p, m.w.n, -EOVERFLOW, "overflow");
 	/* one dim above INT64_MAX */
 	patch_le(&m, m.t_ne[0], 4, 8);
 	patch_le(&m, m.t_ne[0] + 8, 1ull << 63, 8);
-	expect_err(m.p, m.n, -EOVERFLOW, "overflow");
+	expect_err(m.w.p, m.w.n, -EOVERFLOW, "overflow");
 	/* elements fit in 63 bits but their bytes do not: Q8_0 [992, 2^53] is 31·2^58 ≈ 8.9e18
 	 * elements (< 2^63 ≈ 9.2e18) in 31·2^53 blocks of 34 bytes ≈ 9.5e18 bytes */
 	patch_le(&m, m.t_ne[0] + 8, 2, 8);
 	patch_le(&m, m.t_ne[1], 992, 8);
 	patch_le(&m, m.t_ne[1] + 8, 1ull << 53, 8);
-	expect_err(m.p, m.n, -EOVERFLOW, "byte size");
+	expect_err(m.w.p, m.w.n, -EOVERFLOW, "byte size");
 	/* a zero dim with a huge one is no overflow, and an empty tensor fits anywhere */
 	patch_le(&m, m.t_ne[1], 0, 8);
 	patch_le(&m, m.t_ne[1] + 8, UINT64_MAX >> 1, 8);
 	struct bd_gguf *g = NULL;
 	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(open_exact(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_find_tensor(g, "b")->nbytes, 0);
 	close_exact(g);
-	free(m.p);
+	free(m.w.p);
 }
 
 Test(gguf, misaligned_offset)
@@ -627,13 +592,13 @@ Test(gguf, misaligned_offset)
 	struct img m = build(NULL);
 
 	patch_le(&m, m.t_off[1], 64 + 32, 8); /* a multiple of 32, not of general.alignment 64 */
-	expect_err(m.p, m.n, -EBADMSG, "not a multiple of the alignment 64");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "not a multiple of the alignment 64");
 	patch_le(&m, m.t_off[1], 64, 8);
 	patch_le(&m, m.align_val, 48, 4);
-	expect_err(m.p, m.n, -EBADMSG, "power of two");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "power of two");
 	patch_le(&m, m.align_val, 0, 4);
-	expect_err(m.p, m.n, -EBADMSG, "power of two");
-	free(m.p);
+	expect_err(m.w.p, m.w.n, -EBADMSG, "power of two");
+	free(m.w.p);
 }
 
 Test(gguf, huge_counts)
@@ -645,23 +610,23 @@ Test(gguf, huge_counts)
 	for (size_t k = 0; k < sizeof(huge) / sizeof(huge[0]); k++) {
 		struct img c = build(NULL);
 		patch_le(&c, c.n_kv, huge[k], 8);
-		expect_err(c.p, c.n, -EBADMSG, "metadata entries");
+		expect_err(c.w.p, c.w.n, -EBADMSG, "metadata entries");
 		patch_le(&c, c.n_kv, 18, 8);
 		patch_le(&c, c.n_tensors, huge[k], 8);
-		expect_err(c.p, c.n, -EBADMSG, "tensor infos");
+		expect_err(c.w.p, c.w.n, -EBADMSG, "tensor infos");
 		patch_le(&c, c.n_tensors, 3, 8);
 		patch_le(&c, c.arr_i32_n, huge[k], 8);
-		expect_err(c.p, c.n, -EBADMSG, "test.arr_i32");
+		expect_err(c.w.p, c.w.n, -EBADMSG, "test.arr_i32");
 		patch_le(&c, c.arr_i32_n, 3, 8);
 		patch_le(&c, c.arr_str_n, huge[k], 8);
-		expect_err(c.p, c.n, -EBADMSG, "test.arr_str");
-		free(c.p);
+		expect_err(c.w.p, c.w.n, -EBADMSG, "test.arr_str");
+		free(c.w.p);
 	}
 	/* one more metadata entry than the bytes after the header could hold at 13 bytes each */
-	patch_le(&m, m.n_kv, (m.n - 24) / 13 + 1, 8);
-	expect_err(m.p, m.n, -EBADMSG, "metadata entries");
+	patch_le(&m, m.n_kv, (m.w.n - 24) / 13 + 1, 8);
+	expect_err(m.w.p, m.w.n, -EBADMSG, "metadata entries");
 	patch_le(&m, m.n_kv, 18, 8);
-	free(m.p);
+	free(m.w.p);
 }
 
 Test(gguf, bad_types_and_names)
@@ -669,50 +634,50 @@ Test(gguf, bad_types_and_names)
 	struct img m = build(NULL);
 
 	patch_le(&m, m.u8_type, 13, 4);
-	expect_err(m.p, m.n, -EBADMSG, "unknown value type 13");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "unknown value type 13");
 	patch_le(&m, m.u8_type, BD_GGUF_UINT8, 4);
 	patch_le(&m, m.arr_f32_type, 99, 4);
-	expect_err(m.p, m.n, -EBADMSG, "unknown array element type 99");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "unknown array element type 99");
 	patch_le(&m, m.arr_f32_type, BD_GGUF_FLOAT32, 4);
 	patch_le(&m, m.t_type[2], 4, 4); /* Q4_2: an id ggml retired */
-	expect_err(m.p, m.n, -EBADMSG, "unknown type 4");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "unknown type 4");
 	patch_le(&m, m.t_type[2], 1000, 4);
-	expect_err(m.p, m.n, -EBADMSG, "unknown type 1000");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "unknown type 1000");
 	patch_le(&m, m.t_type[2], BD_GGML_F16, 4);
 	patch_le(&m, m.t_ndims[0], 5, 4);
-	expect_err(m.p, m.n, -EBADMSG, "5 dims");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "5 dims");
 	patch_le(&m, m.t_ndims[0], 2, 4);
 	patch_le(&m, m.t_ne[1], 33, 8); /* Q8_0 rows are whole blocks of 32 */
-	expect_err(m.p, m.n, -EBADMSG, "not a multiple of the Q8_0 block");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "not a multiple of the Q8_0 block");
 	patch_le(&m, m.t_ne[1], 32, 8);
-	m.p[m.bool_val] = 2;
-	expect_err(m.p, m.n, -EBADMSG, "not 0 or 1");
-	m.p[m.bool_val] = 1;
-	m.p[m.i8_key + 5] = 'u'; /* "test.i8" → "test.u8" */
-	expect_err(m.p, m.n, -EBADMSG, "duplicate metadata key 'test.u8'");
-	m.p[m.i8_key + 5] = 'i';
-	m.p[m.i8_key + 2] = 0;
-	expect_err(m.p, m.n, -EBADMSG, "NUL");
-	m.p[m.i8_key + 2] = 's';
-	m.p[m.t_name[1] + 8] = 'a';
-	expect_err(m.p, m.n, -EBADMSG, "duplicate tensor name 'a'");
-	m.p[m.t_name[1] + 8] = 'b';
+	m.w.p[m.bool_val] = 2;
+	expect_err(m.w.p, m.w.n, -EBADMSG, "not 0 or 1");
+	m.w.p[m.bool_val] = 1;
+	m.w.p[m.i8_key + 5] = 'u'; /* "test.i8" → "test.u8" */
+	expect_err(m.w.p, m.w.n, -EBADMSG, "duplicate metadata key 'test.u8'");
+	m.w.p[m.i8_key + 5] = 'i';
+	m.w.p[m.i8_key + 2] = 0;
+	expect_err(m.w.p, m.w.n, -EBADMSG, "NUL");
+	m.w.p[m.i8_key + 2] = 's';
+	m.w.p[m.t_name[1] + 8] = 'a';
+	expect_err(m.w.p, m.w.n, -EBADMSG, "duplicate tensor name 'a'");
+	m.w.p[m.t_name[1] + 8] = 'b';
 	/* general.alignment of another type than UINT32 */
 	patch_le(&m, m.align_val - 4, BD_GGUF_INT32, 4);
-	expect_err(m.p, m.n, -EBADMSG, "general.alignment has type INT32");
+	expect_err(m.w.p, m.w.n, -EBADMSG, "general.alignment has type INT32");
 	patch_le(&m, m.align_val - 4, BD_GGUF_UINT32, 4);
 
 	/* after all the patches undone, the image is valid again */
 	struct bd_gguf *g = NULL;
 	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(open_exact(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	close_exact(g);
-	free(m.p);
+	free(m.w.p);
 
 	struct build_opts o = { .nest = 5 };
 	m = build(&o);
-	expect_err(m.p, m.n, -EBADMSG, "nested deeper than 4");
-	free(m.p);
+	expect_err(m.w.p, m.w.n, -EBADMSG, "nested deeper than 4");
+	free(m.w.p);
 }
 
 Test(gguf, bad_arguments_and_files)
@@ -740,8 +705,8 @@ Test(gguf, bad_arguments_and_files)
 
 static void put_u32_kv(struct img *m, const char *key, uint32_t v)
 {
-	put_key(m, key, BD_GGUF_UINT32);
-	put_u32(m, v);
+	gw_key(&m->w, key, BD_GGUF_UINT32);
+	gw_u32(&m->w, v);
 }
 
 /* A Qwen3-4B-shaped image (its published config: hidden 2560, 36 layers, 32 query / 8 KV heads
@@ -753,12 +718,12 @@ static struct img build_qwen3(const char *arch, bool with_key_length, uint32_t k
 	char key[96];
 	int nkv = with_key_length ? 10 : 9;
 
-	put(&m, "GGUF", 4);
-	put_u32(&m, 3);
-	put_u64(&m, 2);
-	put_u64(&m, (uint64_t)nkv);
-	put_key(&m, "general.architecture", BD_GGUF_STRING);
-	put_str(&m, arch);
+	gw_put(&m.w, "GGUF", 4);
+	gw_u32(&m.w, 3);
+	gw_u64(&m.w, 2);
+	gw_u64(&m.w, (uint64_t)nkv);
+	gw_key(&m.w, "general.architecture", BD_GGUF_STRING);
+	gw_cstr(&m.w, arch);
 #define KV(suffix, v)                                            \
 	do {                                                     \
 		snprintf(key, sizeof(key), "%s." suffix, arch);  \
@@ -774,26 +739,26 @@ static struct img build_qwen3(const char *arch, bool with_key_length, uint32_t k
 		KV("attention.key_length", 128);
 #undef KV
 	snprintf(key, sizeof(key), "%s.rope.freq_base", arch);
-	put_key(&m, key, BD_GGUF_FLOAT32);
-	put_u32(&m, f32_bits(1000000.0f));
+	gw_key(&m.w, key, BD_GGUF_FLOAT32);
+	gw_u32(&m.w, f32_bits(1000000.0f));
 	snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", arch);
-	put_key(&m, key, BD_GGUF_FLOAT32);
-	put_u32(&m, f32_bits(1e-6f));
-	put_str(&m, "token_embd.weight");
-	put_u32(&m, 2);
-	put_u64(&m, 2560);
-	put_u64(&m, 16);
-	put_u32(&m, BD_GGML_F16);
-	put_u64(&m, 0);
-	put_str(&m, "blk.0.attn_q_norm.weight");
-	put_u32(&m, 1);
-	put_u64(&m, 128);
-	put_u32(&m, BD_GGML_F32);
-	put_u64(&m, 2560 * 16 * 2);
-	while (m.n % 32)
-		put_le(&m, 0, 1);
+	gw_key(&m.w, key, BD_GGUF_FLOAT32);
+	gw_u32(&m.w, f32_bits(1e-6f));
+	gw_cstr(&m.w, "token_embd.weight");
+	gw_u32(&m.w, 2);
+	gw_u64(&m.w, 2560);
+	gw_u64(&m.w, 16);
+	gw_u32(&m.w, BD_GGML_F16);
+	gw_u64(&m.w, 0);
+	gw_cstr(&m.w, "blk.0.attn_q_norm.weight");
+	gw_u32(&m.w, 1);
+	gw_u64(&m.w, 128);
+	gw_u32(&m.w, BD_GGML_F32);
+	gw_u64(&m.w, 2560 * 16 * 2);
+	while (m.w.n % 32)
+		gw_le(&m.w, 0, 1);
 	static const uint8_t zero[2560 * 16 * 2 + 128 * 4];
-	put(&m, zero, sizeof(zero));
+	gw_put(&m.w, zero, sizeof(zero));
 	return m;
 }
 
@@ -804,7 +769,7 @@ Test(gguf, hparams_qwen3)
 	char err[BD_GGUF_ERR_MAX];
 	struct bd_model_hparams hp;
 
-	cr_assert_eq(bd_gguf_open_mem(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(bd_gguf_open_mem(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_model_hparams(g, &hp, err), 0, "%s", err);
 	cr_assert_eq(hp.arch, BD_ARCH_QWEN3);
 	cr_assert_str_eq(hp.arch_name, "qwen3");
@@ -825,41 +790,41 @@ Test(gguf, hparams_qwen3)
 	cr_assert(!hp.attn_bias);
 	cr_assert(hp.tied_embeddings);
 	bd_gguf_free(g);
-	free(m.p);
+	free(m.w.p);
 
 	/* without key_length the head dim is n_embd / n_heads = 80 */
 	m = build_qwen3("qwen2", false, 8);
-	cr_assert_eq(bd_gguf_open_mem(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(bd_gguf_open_mem(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_model_hparams(g, &hp, err), 0, "%s", err);
 	cr_assert_eq(hp.arch, BD_ARCH_QWEN2);
 	cr_assert_eq(hp.head_dim, 80);
 	bd_gguf_free(g);
-	free(m.p);
+	free(m.w.p);
 
 	/* 32 query heads over 5 KV heads: refused, hp untouched */
 	m = build_qwen3("qwen3", true, 5);
-	cr_assert_eq(bd_gguf_open_mem(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(bd_gguf_open_mem(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	memset(&hp, 0x5a, sizeof(hp));
 	cr_assert_eq(bd_gguf_model_hparams(g, &hp, err), -EBADMSG);
 	cr_assert(strstr(err, "KV heads"), "%s", err);
 	cr_assert_eq(hp.n_layers, 0x5a5a5a5a);
 	bd_gguf_free(g);
-	free(m.p);
+	free(m.w.p);
 
 	m = build_qwen3("gemma", true, 8);
-	cr_assert_eq(bd_gguf_open_mem(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(bd_gguf_open_mem(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_model_hparams(g, &hp, err), -ENOTSUP);
 	cr_assert(strstr(err, "gemma"), "%s", err);
 	bd_gguf_free(g);
-	free(m.p);
+	free(m.w.p);
 
 	/* the test image of build() is "llama" without any llama.* keys */
 	m = build(NULL);
-	cr_assert_eq(bd_gguf_open_mem(m.p, m.n, &g, err), 0, "%s", err);
+	cr_assert_eq(bd_gguf_open_mem(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_model_hparams(g, &hp, err), -EBADMSG);
 	cr_assert(strstr(err, "llama.block_count is missing"), "%s", err);
 	bd_gguf_free(g);
-	free(m.p);
+	free(m.w.p);
 }
 
 /* ---- dequantization ---------------------------------------------------------------------- */

@@ -23,6 +23,7 @@
 
 #include "formats/bd_gguf.h"
 #include "model/bd_tokenizer.h"
+#include "gguf_writer.h"
 #include "model_data.h"
 
 static json_t *golden(void)
@@ -702,76 +703,34 @@ Test(tokenizer, bad_arguments)
 
 /* ---- a small vocabulary in a GGUF image built here ---------------------------------------- */
 
-struct img {
-	uint8_t *p;
-	size_t n, cap;
-	uint64_t n_kv;
-};
-
-static void put(struct img *m, const void *s, size_t n)
+static void kv_str(struct gguf_w *m, const char *key, const char *v)
 {
-	if (m->n + n > m->cap) {
-		m->cap = (m->n + n) * 2 + 64;
-		m->p = realloc(m->p, m->cap);
-		cr_assert_not_null(m->p);
-	}
-	memcpy(m->p + m->n, s, n);
-	m->n += n;
+	gw_key(m, key, BD_GGUF_STRING);
+	gw_cstr(m, v);
 }
 
-static void put_u32(struct img *m, uint32_t v)
+static void kv_u32(struct gguf_w *m, const char *key, uint32_t v)
 {
-	uint8_t b[4] = { (uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24) };
-	put(m, b, 4);
+	gw_key(m, key, BD_GGUF_UINT32);
+	gw_u32(m, v);
 }
 
-static void put_u64(struct img *m, uint64_t v)
+static void kv_strs(struct gguf_w *m, const char *key, char **v, const size_t *len, size_t n)
 {
-	put_u32(m, (uint32_t)v);
-	put_u32(m, (uint32_t)(v >> 32));
-}
-
-static void put_str(struct img *m, const char *s, size_t n)
-{
-	put_u64(m, n);
-	put(m, s, n);
-}
-
-static void kv_key(struct img *m, const char *key, uint32_t type)
-{
-	put_str(m, key, strlen(key));
-	put_u32(m, type);
-	m->n_kv++;
-}
-
-static void kv_str(struct img *m, const char *key, const char *v)
-{
-	kv_key(m, key, BD_GGUF_STRING);
-	put_str(m, v, strlen(v));
-}
-
-static void kv_u32(struct img *m, const char *key, uint32_t v)
-{
-	kv_key(m, key, BD_GGUF_UINT32);
-	put_u32(m, v);
-}
-
-static void kv_strs(struct img *m, const char *key, char **v, const size_t *len, size_t n)
-{
-	kv_key(m, key, BD_GGUF_ARRAY);
-	put_u32(m, BD_GGUF_STRING);
-	put_u64(m, n);
+	gw_key(m, key, BD_GGUF_ARRAY);
+	gw_u32(m, BD_GGUF_STRING);
+	gw_u64(m, n);
 	for (size_t i = 0; i < n; i++)
-		put_str(m, v[i], len[i]);
+		gw_str(m, v[i], len[i]);
 }
 
-static void kv_i32s(struct img *m, const char *key, const int32_t *v, size_t n)
+static void kv_i32s(struct gguf_w *m, const char *key, const int32_t *v, size_t n)
 {
-	kv_key(m, key, BD_GGUF_ARRAY);
-	put_u32(m, BD_GGUF_INT32);
-	put_u64(m, n);
+	gw_key(m, key, BD_GGUF_ARRAY);
+	gw_u32(m, BD_GGUF_INT32);
+	gw_u64(m, n);
 	for (size_t i = 0; i < n; i++)
-		put_u32(m, (uint32_t)v[i]);
+		gw_u32(m, (uint32_t)v[i]);
 }
 
 /* What to build; zero fields give the valid default. */
@@ -790,7 +749,7 @@ struct mini {
 #define MINI_N 263
 static struct bd_gguf *mini_gguf(const struct mini *o, uint8_t **ret_buf)
 {
-	struct img m = { 0 };
+	struct gguf_w m = { 0 };
 	char *tok[MINI_N];
 	size_t len[MINI_N];
 	int32_t type[MINI_N];
@@ -845,7 +804,7 @@ static struct bd_gguf *mini_gguf(const struct mini *o, uint8_t **ret_buf)
 	uint8_t *buf = malloc(24 + m.n);
 	cr_assert_not_null(buf);
 	memcpy(buf, "GGUF", 4);
-	uint64_t hdr[2] = { 0, m.n_kv };
+	uint64_t hdr[2] = { 0, m.keys };
 	uint32_t ver = 3;
 	memcpy(buf + 4, &ver, 4); /* the test machines are little-endian, as GGUF is */
 	memcpy(buf + 8, hdr, 16);
@@ -1065,13 +1024,13 @@ Test(tokenizer, mini_malformed_metadata)
 
 /* ---- other pre-tokenizers and tokenizer.json, over the embedded model's vocabulary -------- */
 
-static void kv_gstrs(struct img *m, const char *key, const struct bd_gguf_kv *kv)
+static void kv_gstrs(struct gguf_w *m, const char *key, const struct bd_gguf_kv *kv)
 {
-	kv_key(m, key, BD_GGUF_ARRAY);
-	put_u32(m, BD_GGUF_STRING);
-	put_u64(m, kv->n);
+	gw_key(m, key, BD_GGUF_ARRAY);
+	gw_u32(m, BD_GGUF_STRING);
+	gw_u64(m, kv->n);
 	for (size_t i = 0; i < kv->n; i++)
-		put_str(m, kv->strs[i].s, kv->strs[i].len);
+		gw_str(m, kv->strs[i].s, kv->strs[i].len);
 }
 
 /* The model's tokenizer metadata with another tokenizer.ggml.pre. */
@@ -1082,7 +1041,7 @@ static struct bd_tokenizer *model_tok_with_pre(const char *pre)
 	const struct bd_gguf_kv *types = bd_gguf_find_kv(src, "tokenizer.ggml.token_type");
 	const struct bd_gguf_kv *merges = bd_gguf_find_kv(src, "tokenizer.ggml.merges");
 	cr_assert(toks && types && merges);
-	struct img m = { 0 };
+	struct gguf_w m = { 0 };
 	kv_str(&m, "tokenizer.ggml.model", "gpt2");
 	kv_str(&m, "tokenizer.ggml.pre", pre);
 	kv_gstrs(&m, "tokenizer.ggml.tokens", toks);
@@ -1100,7 +1059,7 @@ static struct bd_tokenizer *model_tok_with_pre(const char *pre)
 	uint8_t *buf = malloc(24 + m.n);
 	cr_assert_not_null(buf);
 	uint32_t ver = 3;
-	uint64_t hdr[2] = { 0, m.n_kv };
+	uint64_t hdr[2] = { 0, m.keys };
 	memcpy(buf, "GGUF", 4);
 	memcpy(buf + 4, &ver, 4);
 	memcpy(buf + 8, hdr, 16);
