@@ -77,7 +77,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu
+$(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(if $(findstring _sm90.cu,$<),$(GENCODE_90),$(if $(findstring _sm100.cu,$<),$(GENCODE_BW),$(GENCODE_90) $(GENCODE_BW))) -MMD -MP -c $< -o $@
 
@@ -135,8 +135,11 @@ endif
 
 # ---- the CUDA library: kernels/ and lib/cuda/ (the one lib/ folder that includes kernels/) --------
 # The decode and model kernels and the CUDA host code (runtime API, cuBLASLt, NCCL, VMM import)
-# of the cuda backend, in libbd_cuda.a; never part of the CPU layers.
-CU_SRC     := $(sort $(wildcard kernels/*.cu))
+# of the cuda backend, in libbd_cuda.a; never part of the CPU layers. DECODE_SRC is the decode
+# kernels' translation unit: bench/kernels/ab.sh builds a second library with a benchmark
+# variant of it in its place (bench/kernels/decode_v6_sm90.cu, the v6 page loop).
+DECODE_SRC ?= kernels/decode_sm90.cu
+CU_SRC     := $(filter-out kernels/decode_sm90.cu,$(sort $(wildcard kernels/*.cu))) $(DECODE_SRC)
 SRC_cuda   := $(sort $(wildcard lib/cuda/*.c))
 OBJ_cuda   := $(CU_SRC:%.cu=$(BUILD)/%.o) $(SRC_cuda:%.c=$(BUILD)/%.o)
 AR_cuda    := $(BUILD)/lib/libbd_cuda.a
@@ -168,27 +171,35 @@ $(eval $(call program,kvpoolctl,$(BUILD)/kvpoold/kvpoolctl.o,pool quant base,-lj
 all: $(KVPD_BIN)
 
 # ---- routerd --------------------------------------------------------------------------------------
-# The client API's ROUTER frontend, admission, continuous batching, step plans.
-ROUTER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard router/*.c)))
+# The client API's ROUTER frontend, admission, continuous batching, step plans. router/ minus
+# its main is librouter.a, linked into the daemon and the unit suite (the scheduler's tests).
+ROUTER_SRC := $(filter-out router/main.c,$(sort $(wildcard router/*.c)))
+ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
+ROUTER_LIB := $(BUILD)/router/librouter.a
 ROUTER_BIN := $(BUILD)/bin/routerd
-$(ROUTER_OBJ): | $(PROTO_H)
-$(eval $(call program,routerd,$(ROUTER_OBJ),serve pool model formats quant base))
+$(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
+$(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
+$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base))
 all: $(ROUTER_BIN)
 
 # ---- workerd --------------------------------------------------------------------------------------
 # One tensor-parallel rank: its model shard, kvpoold's arena, the router's step plans. Its cuda
-# backend (workerd/gpu.c, BD_WORKERD_CUDA) is compiled in where nvcc is; without it workerd
-# refuses a cuda pool at start.
-WORKERD_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard workerd/*.c)))
+# backend (workerd/gpu.c, with the plan mapping growmap.c) is compiled in where nvcc is, and
+# main.c lists it then (BD_WORKERD_CUDA); without it workerd refuses a cuda pool at start.
+# growmap.o is built either way: the unit suite tests it.
+WD_CUDA_SRC := workerd/gpu.c workerd/growmap.c
+WORKERD_SRC := $(filter-out $(if $(HAVE_NVCC),,$(WD_CUDA_SRC)),$(sort $(wildcard workerd/*.c)))
+WORKERD_OBJ := $(WORKERD_SRC:%.c=$(BUILD)/%.o)
 WORKERD_BIN := $(BUILD)/bin/workerd
 WD_LAYERS   := $(if $(HAVE_NVCC),cuda) serve pool model formats quant base
-$(WORKERD_OBJ): | $(PROTO_H)
+$(WORKERD_OBJ) $(BUILD)/workerd/growmap.o: | $(PROTO_H)
 $(BUILD)/workerd/cuda.flag: FORCE
 	@mkdir -p $(dir $@)
 	@echo '$(HAVE_NVCC)' | cmp -s - $@ || echo '$(HAVE_NVCC)' > $@
-$(BUILD)/workerd/gpu.o: $(BUILD)/workerd/cuda.flag
+$(BUILD)/workerd/main.o: $(BUILD)/workerd/cuda.flag
 ifeq ($(HAVE_NVCC),1)
-$(BUILD)/workerd/gpu.o: CFLAGS += -DBD_WORKERD_CUDA $(CUDA_CFLAGS)
+$(BUILD)/workerd/main.o $(BUILD)/workerd/gpu.o: CFLAGS += -DBD_WORKERD_CUDA
+$(BUILD)/workerd/gpu.o: CFLAGS += $(CUDA_CFLAGS)
 endif
 $(eval $(call program,workerd,$(WORKERD_OBJ),$(WD_LAYERS)))
 all: $(WORKERD_BIN)
@@ -198,7 +209,11 @@ all: $(WORKERD_BIN)
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard cli/*.c)))
 $(CLI_OBJ): | $(PROTO_H)
 $(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljansson))
-$(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o,quant base))
+# TESTGEN_OBJ: the shared generator of random test inputs (tests/common/testgen.h), linked by
+# the programs that make their own test data (bench_ref, gpu_check, bench_kernels).
+TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
+$(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(TESTGEN_OBJ),quant base))
+$(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/loadgen
@@ -209,7 +224,7 @@ bench: all
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,
 # tests/system the whole system; one Criterion binary. The daemons' pure parts link in as
-# objects or archives (libkvpoold.a, workerd's plan mapping).
+# objects or archives (libkvpoold.a, librouter.a, workerd's plan mapping).
 TEST_DIRS := $(addprefix tests/lib/,$(LAYERS)) tests/kvpoold tests/router tests/workerd \
 	tests/system tests/common
 TEST_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(sort $(foreach d,$(TEST_DIRS),$(wildcard $(d)/*.c))))
@@ -219,8 +234,9 @@ $(TEST_OBJ): CFLAGS += -Itests/common
 $(TEST_OBJ): | $(PROTO_H)
 $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
+$(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
-$(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
+$(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) \
 		-lm -pthread
@@ -255,13 +271,14 @@ GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
 GPU_BIN := $(addprefix $(BUILD)/bin/,gpu_check bench_kernels ops_check gmodel_check pool_vmm_check)
 all: $(BUILD)/bin/gpu_capture
 
-$(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += $(CUDA_CFLAGS) -Itests/gpu
+$(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += $(CUDA_CFLAGS) -Itests/gpu -Itests/common
 $(BUILD)/tests/gpu/%.o: | $(PROTO_H)
-$(eval $(call program,gpu_check,$(BUILD)/tests/gpu/gpu_check.o,cuda quant))
-$(eval $(call program,bench_kernels,$(BUILD)/bench/kernels/bench_kernels.o,cuda quant))
+$(eval $(call program,gpu_check,$(BUILD)/tests/gpu/gpu_check.o $(TESTGEN_OBJ),cuda quant base))
+$(eval $(call program,bench_kernels,$(BUILD)/bench/kernels/bench_kernels.o $(TESTGEN_OBJ),cuda quant base))
 $(eval $(call program,ops_check,$(BUILD)/tests/gpu/ops_check.o,cuda model formats quant base))
 $(eval $(call program,gmodel_check,$(BUILD)/tests/gpu/gmodel_check.o,cuda model formats quant base))
-$(eval $(call program,pool_vmm_check,$(BUILD)/tests/gpu/pool_vmm_check.o,cuda pool quant base))
+$(eval $(call program,pool_vmm_check,$(BUILD)/tests/gpu/pool_vmm_check.o $(BUILD)/tests/common/spawn.o $(BUILD)/tests/common/tmpdir.o,cuda pool quant base))
+$(BUILD)/tests/gpu/pool_vmm_check.o: CFLAGS += -Itests/common
 $(eval $(call program,gpu_capture,$(BUILD)/tests/gpu/gpu_capture.o,model formats quant base))
 ifeq ($(HAVE_NVCC),1)
 all: $(GPU_BIN)
@@ -333,7 +350,7 @@ FUZZ_TIME ?= 60
 .PHONY: fuzz fuzz-gguf fuzz-st fuzz-pool
 $(eval $(call program,fuzz_gguf,$(BUILD)/tests/fuzz/fuzz_gguf.o,formats base))
 $(eval $(call program,fuzz_safetensors,$(BUILD)/tests/fuzz/fuzz_safetensors.o,formats base))
-$(eval $(call program,fuzz_pool,$(BUILD)/tests/fuzz/fuzz_pool.o $(KVPD_LIB),pool quant base))
+$(eval $(call program,fuzz_pool,$(BUILD)/tests/fuzz/fuzz_pool.o $(KVPD_LIB),pool base))
 $(BUILD)/tests/fuzz/fuzz_pool.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/fuzz/fuzz_pool.o: | $(PROTO_H)
 

@@ -24,6 +24,24 @@ extern "C" {
  * it before binding a ZeroMQ ipc:// endpoint, which would silently take a live one over. */
 int bd_ipc_path_in_use(const char *path);
 
+/* The socket path of a ZeroMQ ipc:// endpoint ("ipc:///run/bdfp4/x.sock" gives
+ * "/run/bdfp4/x.sock", pointing into endpoint); NULL for another transport (tcp://, inproc://)
+ * or a NULL endpoint. */
+const char *bd_ipc_endpoint_path(const char *endpoint);
+
+/* bd_ipc_path_in_use() of an ipc:// endpoint's path: 1 when a process listens there, 0 when
+ * nothing does or the endpoint is of another transport, -EINVAL for a bad path. ZeroMQ binds an
+ * ipc:// path over a live listener's without an error, so a daemon asks this before
+ * zmq_bind(). */
+int bd_ipc_endpoint_in_use(const char *endpoint);
+
+/* Makes the directory a socket at path goes in (path up to its last '/', one level, with file
+ * mode `mode` less the umask) when it does not exist yet: a daemon's runtime directory where
+ * systemd has not made it. Returns 0 (made, there already, or path has no directory part),
+ * -EINVAL (NULL path, or one of PATH_MAX bytes or more), -ENOTDIR (something else than a
+ * directory is there), or the -errno of mkdir (-ENOENT when the level above is missing too). */
+int bd_ipc_mkdir_parent(const char *path, mode_t mode);
+
 /* Raises this process's soft limit of open files to its hard limit (a daemon's connections are
  * fds; running out makes libzmq abort). Returns the new soft limit (capped at INT32_MAX) or
  * -errno. */

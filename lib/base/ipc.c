@@ -2,6 +2,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,41 @@ int bd_ipc_path_in_use(const char *path)
 			return 1; /* EAGAIN: a listener whose backlog is full */
 	}
 	return 0;
+}
+
+const char *bd_ipc_endpoint_path(const char *endpoint)
+{
+	if (!endpoint || strncmp(endpoint, "ipc://", 6))
+		return NULL;
+	return endpoint + 6;
+}
+
+int bd_ipc_endpoint_in_use(const char *endpoint)
+{
+	const char *path = bd_ipc_endpoint_path(endpoint);
+
+	return path ? bd_ipc_path_in_use(path) : 0;
+}
+
+int bd_ipc_mkdir_parent(const char *path, mode_t mode)
+{
+	char dir[PATH_MAX], *slash;
+	struct stat st;
+
+	if (!path || strlen(path) >= sizeof(dir))
+		return -EINVAL;
+	memcpy(dir, path, strlen(path) + 1);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0; /* the working directory, or / */
+	*slash = 0;
+	if (mkdir(dir, mode) == 0)
+		return 0;
+	if (errno != EEXIST)
+		return -errno;
+	if (stat(dir, &st) < 0)
+		return -errno;
+	return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }
 
 int bd_ipc_raise_nofile(void)

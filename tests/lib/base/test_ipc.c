@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,15 +181,20 @@ Test(ipc, other_users_need_the_group)
 
 Test(ipc, a_live_listener_is_never_taken_over)
 {
-	char path[96], other[96];
+	char path[96], other[96], ep[128];
 	int l, l2, st, c;
 
 	snprintf(path, sizeof(path), "%s/live.sock", dir);
 	snprintf(other, sizeof(other), "%s/stream.sock", dir);
+	snprintf(ep, sizeof(ep), "ipc://%s", path);
 	cr_assert_eq(bd_ipc_path_in_use(path), 0, "no file yet");
+	cr_expect_eq(bd_ipc_endpoint_in_use(ep), 0);
 	l = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
 	cr_assert_geq(l, 0, "%s", strerror(-l));
 	cr_assert_eq(bd_ipc_path_in_use(path), 1);
+	/* the same listener named as a ZeroMQ endpoint; a bare path is no ipc:// endpoint */
+	cr_expect_eq(bd_ipc_endpoint_in_use(ep), 1);
+	cr_expect_eq(bd_ipc_endpoint_in_use(path), 0);
 	/* a second daemon on the same path is refused, and the first still accepts */
 	l2 = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
 	cr_assert_eq(l2, -EADDRINUSE, "%d", l2);
@@ -198,6 +204,7 @@ Test(ipc, a_live_listener_is_never_taken_over)
 	close(l);
 	/* the file the closed listener left is stale: it is replaced */
 	cr_assert_eq(bd_ipc_path_in_use(path), 0);
+	cr_expect_eq(bd_ipc_endpoint_in_use(ep), 0);
 	l2 = bd_ipc_listen(path, 0660, (gid_t)-1, 4);
 	cr_assert_geq(l2, 0, "%s", strerror(-l2));
 	close(l2);
@@ -223,4 +230,61 @@ Test(ipc, the_open_file_limit_is_raised_to_the_hard_limit)
 	struct rlimit after;
 	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &after), 0);
 	cr_assert_eq(after.rlim_cur, rl.rlim_max);
+}
+
+Test(ipc, endpoint_paths)
+{
+	cr_expect_str_eq(bd_ipc_endpoint_path("ipc:///run/bdfp4/router.sock"),
+			 "/run/bdfp4/router.sock");
+	cr_expect_str_eq(bd_ipc_endpoint_path("ipc://rel.sock"), "rel.sock");
+	cr_expect_null(bd_ipc_endpoint_path("tcp://127.0.0.1:5555"));
+	cr_expect_null(bd_ipc_endpoint_path("inproc://x"));
+	cr_expect_null(bd_ipc_endpoint_path("ipc:/one-slash"));
+	cr_expect_null(bd_ipc_endpoint_path(NULL));
+	cr_expect_eq(bd_ipc_endpoint_in_use("tcp://127.0.0.1:1"), 0);
+	cr_expect_eq(bd_ipc_endpoint_in_use(NULL), 0);
+	cr_expect_eq(bd_ipc_endpoint_in_use("ipc://"), -EINVAL);
+}
+
+Test(ipc, the_directory_of_a_socket_is_made_once)
+{
+	char path[192], sub[128], deep[192];
+	char *big = malloc(PATH_MAX + 8);
+	struct stat st;
+	mode_t old = umask(022);
+
+	snprintf(sub, sizeof(sub), "%s/run", dir);
+	snprintf(path, sizeof(path), "%s/x.sock", sub);
+	cr_assert_eq(bd_ipc_mkdir_parent(path, 0750), 0);
+	cr_assert_eq(stat(sub, &st), 0);
+	cr_expect(S_ISDIR(st.st_mode));
+	cr_expect_eq(st.st_mode & 0777, 0750);
+	/* there already: fine, and its mode is left alone */
+	cr_expect_eq(bd_ipc_mkdir_parent(path, 0700), 0);
+	cr_assert_eq(stat(sub, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0750);
+	/* the umask applies */
+	snprintf(path, sizeof(path), "%s/open/y.sock", dir);
+	cr_expect_eq(bd_ipc_mkdir_parent(path, 0777), 0);
+	snprintf(sub, sizeof(sub), "%s/open", dir);
+	cr_assert_eq(stat(sub, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0755);
+	/* one level only */
+	snprintf(deep, sizeof(deep), "%s/a/b/z.sock", dir);
+	cr_expect_eq(bd_ipc_mkdir_parent(deep, 0755), -ENOENT);
+	/* no directory part, or the root */
+	cr_expect_eq(bd_ipc_mkdir_parent("z.sock", 0755), 0);
+	cr_expect_eq(bd_ipc_mkdir_parent("/z.sock", 0755), 0);
+	/* a file where the directory would go */
+	snprintf(sub, sizeof(sub), "%s/file", dir);
+	close(creat(sub, 0600));
+	snprintf(path, sizeof(path), "%s/file/x.sock", dir);
+	cr_expect_eq(bd_ipc_mkdir_parent(path, 0755), -ENOTDIR);
+	cr_expect_eq(bd_ipc_mkdir_parent(NULL, 0755), -EINVAL);
+	cr_assert_not_null(big);
+	memset(big, 'a', PATH_MAX + 7);
+	big[PATH_MAX + 7] = 0;
+	cr_expect_eq(bd_ipc_mkdir_parent(big, 0755), -EINVAL);
+	free(big);
+	umask(old);
 }
