@@ -57,13 +57,13 @@ static int data_gen(struct data *x, int n, uint64_t seed)
 	if (!x->k || !x->v || !x->q || !x->mu)
 		return -ENOMEM;
 	for (int c = 0; c < D; c++)
-		bias[c] = (tg_next(&r) & 1 ? 1.0 : -1.0) * (1.0 + 2.0 * tg_unit(&r)) *
-			  (c % 32 == 7 ? 10.0 + 10.0 * tg_unit(&r) : 1.0);
+		bias[c] = (tg_next(&r) & 1 ? 1.0 : -1.0) * (1.0 + 2.0 * tg_uniform(&r)) *
+			  (c % 32 == 7 ? 10.0 + 10.0 * tg_uniform(&r) : 1.0);
 	for (int t = 0; t < n; t++)
 		for (int c = 0; c < D; c++)
-			x->k[(size_t)t * D + c] = (float)(bias[c] + tg_gauss(&r));
+			x->k[(size_t)t * D + c] = (float)(bias[c] + tg_normal(&r));
 	for (size_t i = 0; i < (size_t)n * D; i++)
-		x->v[i] = tg_gauss(&r);
+		x->v[i] = (float)tg_normal(&r);
 	for (int c = 0; c < D; c++) {
 		double m = 0.0;
 
@@ -73,7 +73,7 @@ static int data_gen(struct data *x, int n, uint64_t seed)
 	}
 	/* q ∝ the centred key u of one random token, scaled so that ⟨q, u⟩/√d = 10 nats */
 	for (int g = 0; g < G; g++) {
-		const float *kn = x->k + (size_t)(tg_unit(&r) * n) * D;
+		const float *kn = x->k + (size_t)(tg_uniform(&r) * n) * D;
 		double nrm = 0.0;
 
 		for (int c = 0; c < D; c++)

@@ -21,6 +21,18 @@ float tg_gauss(struct tg_rng *r)
 	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
 }
 
+double tg_uniform(struct tg_rng *r)
+{
+	return (double)(tg_next(r) >> 11) * 0x1p-53;
+}
+
+double tg_normal(struct tg_rng *r)
+{
+	double u1 = 1.0 - tg_uniform(r), u2 = tg_uniform(r);
+
+	return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
 float tg_norm4(struct tg_rng *r)
 {
 	uint64_t x = tg_next(r);

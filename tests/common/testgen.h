@@ -28,6 +28,14 @@ double tg_unit(struct tg_rng *r);
  * rounded to FP32; two draws. */
 float tg_gauss(struct tg_rng *r);
 
+/* Uniform in [0, 1): top 53 bits / 2^53, one draw. */
+double tg_uniform(struct tg_rng *r);
+
+/* Standard normal in FP64: sqrt(−2 ln(1 − u))·cos(2π v) of two tg_uniform draws, u first (the
+ * Box–Muller form of bd_rand.h, its cosine half only). bench/bench_ref.c draws its data from it:
+ * the errors it reports (bench/RESULTS.md) are recorded for these inputs. */
+double tg_normal(struct tg_rng *r);
+
 /* A cheap approximately normal value (mean 0, variance 1, bounded by ±2√3): the centred sum of
  * the four 16-bit fields of one draw, for bulk benchmark data. */
 float tg_norm4(struct tg_rng *r);
