@@ -35,10 +35,11 @@ struct bd_gemm {
 	struct bd_gemm_opts o;
 	cublasLtHandle_t lt;
 	bool lt_ok;
-	cublasLtMatmulDesc_t mm, mm_alt; /* the context's compute type; plain FP32 compute */
+	cublasLtMatmulDesc_t mm[2];      /* the context's compute type; plain FP32 compute (FP32
+					  * inputs only: shapes with no pedantic algorithm) */
 	cublasLtMatmulPreference_t pref;
 	void *ws;                        /* LT_WS_BYTES of device workspace */
-	cudaEvent_t tev0, tev1;          /* candidate timing */
+	cudaEvent_t tev[2];              /* candidate timing */
 	bool tuning;                     /* new skinny shapes are timed */
 	struct gemm_entry gc[GEMM_CACHE];
 	int gc_next;
@@ -88,13 +89,13 @@ static int gemm_find(struct bd_gemm *gm, int M, int N, int K, int ldb, struct ge
 	/* skinny BF16 products may be timed (gemm_tune): ask for several candidates */
 	int want = gm->o.skinny_tuning && N <= TUNE_MAX_ROWS ? GEMM_CANDIDATES : 1;
 	memset(h, 0, sizeof(h));
-	cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm, e->a, e->b, e->c, e->c,
+	cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm[0], e->a, e->b, e->c, e->c,
 							  gm->pref, want, h, &nres);
 	e->alt = false;
-	if ((s != CUBLAS_STATUS_SUCCESS || nres < 1) && gm->mm_alt) {
+	if ((s != CUBLAS_STATUS_SUCCESS || nres < 1) && gm->mm[1]) {
 		/* FP32 without the pedantic flag: still FP32 products and sums, never TF32 */
 		nres = 0;
-		s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm_alt, e->a, e->b, e->c, e->c,
+		s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm[1], e->a, e->b, e->c, e->c,
 						   gm->pref, 1, h, &nres);
 		e->alt = true;
 	}
@@ -140,15 +141,15 @@ static void gemm_tune(struct bd_gemm *gm, struct gemm_entry *e, const void *w, c
 		bool ok = true;
 		for (int rep = 0; rep < 4 && ok; rep++) {
 			if (rep == 1)
-				ok = cudaEventRecord(gm->tev0, st) == cudaSuccess;
-			ok = ok && cublasLtMatmul(gm->lt, gm->mm, &alpha, w, e->a, x, e->b, &zero, out,
-						  e->c, out, e->c, &e->cand[i], gm->ws, LT_WS_BYTES,
-						  st) == CUBLAS_STATUS_SUCCESS;
+				ok = cudaEventRecord(gm->tev[0], st) == cudaSuccess;
+			ok = ok && cublasLtMatmul(gm->lt, gm->mm[0], &alpha, w, e->a, x, e->b,
+						  &zero, out, e->c, out, e->c, &e->cand[i], gm->ws,
+						  LT_WS_BYTES, st) == CUBLAS_STATUS_SUCCESS;
 		}
 		float ms = 0.0f;
-		ok = ok && cudaEventRecord(gm->tev1, st) == cudaSuccess &&
-		     cudaEventSynchronize(gm->tev1) == cudaSuccess &&
-		     cudaEventElapsedTime(&ms, gm->tev0, gm->tev1) == cudaSuccess;
+		ok = ok && cudaEventRecord(gm->tev[1], st) == cudaSuccess &&
+		     cudaEventSynchronize(gm->tev[1]) == cudaSuccess &&
+		     cudaEventElapsedTime(&ms, gm->tev[0], gm->tev[1]) == cudaSuccess;
 		if (ok && (pick < 0 || ms < best)) {
 			best = ms;
 			pick = i;
@@ -170,7 +171,7 @@ int bd_gemm_run(struct bd_gemm *gm, const void *w, int M, int K, const void *x, 
 	if (!e->tuned && gm->tuning)
 		gemm_tune(gm, e, w, x, y, beta);
 	const float alpha = 1.0f;
-	cublasStatus_t s = cublasLtMatmul(gm->lt, e->alt ? gm->mm_alt : gm->mm, &alpha, w, e->a, x,
+	cublasStatus_t s = cublasLtMatmul(gm->lt, gm->mm[e->alt], &alpha, w, e->a, x,
 					  e->b, &beta, y, e->c, y, e->c, &e->algo, gm->ws,
 					  LT_WS_BYTES, gm->o.stream);
 	if (s != CUBLAS_STATUS_SUCCESS)
@@ -206,8 +207,8 @@ static int gemm_init(struct bd_gemm *gm, char *ret_err)
 	if (cublasLtCreate(&gm->lt) != CUBLAS_STATUS_SUCCESS)
 		return fail(ret_err, -EIO, "cublasLtCreate failed");
 	gm->lt_ok = true;
-	if (!desc_make(&gm->mm, f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F) ||
-	    (f32 && !desc_make(&gm->mm_alt, CUBLAS_COMPUTE_32F)))
+	if (!desc_make(&gm->mm[0], f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F) ||
+	    (f32 && !desc_make(&gm->mm[1], CUBLAS_COMPUTE_32F)))
 		return fail(ret_err, -EIO, "cuBLASLt matmul descriptor");
 	if (cublasLtMatmulPreferenceCreate(&gm->pref) != CUBLAS_STATUS_SUCCESS ||
 	    cublasLtMatmulPreferenceSetAttribute(gm->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -218,9 +219,10 @@ static int gemm_init(struct bd_gemm *gm, char *ret_err)
 		return fail(ret_err, bd_cuda_errno(e), "cudaMalloc of %zu bytes: %s", LT_WS_BYTES,
 			    cudaGetErrorString(e));
 	}
-	if ((e = cudaEventCreate(&gm->tev0)) != cudaSuccess ||
-	    (e = cudaEventCreate(&gm->tev1)) != cudaSuccess)
-		return fail(ret_err, bd_cuda_errno(e), "cudaEventCreate: %s", cudaGetErrorString(e));
+	if ((e = cudaEventCreate(&gm->tev[0])) != cudaSuccess ||
+	    (e = cudaEventCreate(&gm->tev[1])) != cudaSuccess)
+		return fail(ret_err, bd_cuda_errno(e), "cudaEventCreate: %s",
+			    cudaGetErrorString(e));
 	return 0;
 }
 
@@ -251,17 +253,15 @@ void bd_gemm_free(struct bd_gemm *gm)
 		gemm_entry_free(&gm->gc[i]);
 	if (gm->pref)
 		cublasLtMatmulPreferenceDestroy(gm->pref);
-	cublasLtMatmulDesc_t descs[] = { gm->mm, gm->mm_alt };
-	for (size_t i = 0; i < sizeof(descs) / sizeof(descs[0]); i++)
-		if (descs[i])
-			cublasLtMatmulDescDestroy(descs[i]);
+	for (int i = 0; i < 2; i++) {
+		if (gm->mm[i])
+			cublasLtMatmulDescDestroy(gm->mm[i]);
+		if (gm->tev[i])
+			cudaEventDestroy(gm->tev[i]);
+	}
 	if (gm->lt_ok)
 		cublasLtDestroy(gm->lt);
 	if (gm->ws)
 		cudaFree(gm->ws);
-	cudaEvent_t evs[] = { gm->tev0, gm->tev1 };
-	for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
-		if (evs[i])
-			cudaEventDestroy(evs[i]);
 	free(gm);
 }
