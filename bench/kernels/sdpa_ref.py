@@ -6,14 +6,13 @@ back-to-back calls between events (time per call),
 median of the repeats, rotating over several KV copies when one copy is small
 enough to sit in L2. Prints markdown rows: time and the bandwidth of the K and V bytes read.
 
-usage: python3 sdpa_ref.py [--B 1,64] [--N 8192,32768,131072] [--hq 32] [--hkv 8] [--d 128]
+usage: python3 sdpa_ref.py [--B 1,8,64] [--N 8192,32768,131072] [--hq 32] [--hkv 8] [--d 128]
 """
-import argparse
-import statistics
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from timing import ints, median_ms, shape_args
 
 
 def bench(B, N, hq, hkv, d, reps):
@@ -35,42 +34,27 @@ def bench(B, N, hq, hkv, d, reps):
     # back-to-back calls between two events (a torch CUDA graph of cuDNN SDPA captured nothing
     # here); at these sizes the GPU work per call exceeds the host's dispatch time
     runs = max(8, copies)
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    times = []
-    torch.cuda.synchronize()
+
+    def call(j):
+        k, v = kvs[j % copies]
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        for i in range(2 + reps):
-            start.record()
-            for j in range(runs):
-                k, v = kvs[j % copies]
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            end.record()
-            end.synchronize()
-            if i >= 2:
-                times.append(start.elapsed_time(end) / runs)
+        ms = median_ms(call, runs, reps)
     mode = "loop"
-    ms = statistics.median(times)
     del kvs
     torch.cuda.empty_cache()
     return ms, kv_bytes, rel, mode
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--B", default="1,64")
-    ap.add_argument("--N", default="8192,32768,131072")
-    ap.add_argument("--hq", type=int, default=32)
-    ap.add_argument("--hkv", type=int, default=8)
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=20)
-    a = ap.parse_args()
+    a = shape_args(__doc__).parse_args()
     print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           f"{torch.cuda.get_device_name()}")
     print("| kernel | B | N | time (us) | GB read (K, V) | GB/s | check rel err vs FP32 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for N in [int(x) for x in a.N.split(",")]:
-        for B in [int(x) for x in a.B.split(",")]:
+    for N in ints(a.N):
+        for B in ints(a.B):
             ms, nbytes, rel, mode = bench(B, N, a.hq, a.hkv, a.d, a.reps)
             print(f"| cudnn-sdpa-bf16 ({mode}) | {B} | {N} | {ms * 1e3:.1f} | {nbytes / 1e9:.3f} | "
                   f"{nbytes / (ms * 1e-3) / 1e9:.0f} | {rel:.2e} |", flush=True)
