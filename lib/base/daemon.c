@@ -167,48 +167,52 @@ int64_t bd_daemon_watchdog(struct bd_daemon *d, int64_t now_ms)
 	return d->next_watchdog_ms - now_ms;
 }
 
-static const struct bd_config_key *find_key(const struct bd_daemon *d, const char *key)
-{
-	for (const struct bd_config_key *k = d->keys; k->name; k++)
-		if (!strcmp(k->name, key))
-			return k;
-	return NULL;
-}
-
 const char *bd_daemon_get_str(const struct bd_daemon *d, const char *key)
 {
 	return bd_config_str(d->cfg, d->section, d->keys, key);
 }
 
-static int bad_value(const struct bd_daemon *d, const char *key, int e, const char *what)
+/* The default text of key in d's table ("" when it has none). -ENOENT: key is not there. */
+static int key_default(const struct bd_daemon *d, const char *key, const char **ret)
 {
-	bd_log_err("%s = '%s': %s", key, bd_daemon_get_str(d, key),
-		   e == -ERANGE ? what : "does not parse");
+	for (const struct bd_config_key *k = d->keys; k->name; k++)
+		if (!strcmp(k->name, key)) {
+			*ret = k->def ? k->def : "";
+			return 0;
+		}
+	return -ENOENT;
+}
+
+/* Logs key's refused value once: what it should be (`not_a`) when it does not parse, the
+ * allowed `range` when it is out of range (-ERANGE). Returns e. */
+static int refused(const struct bd_daemon *d, const char *key, int e, const char *not_a,
+		   const char *range)
+{
+	if (e == -ERANGE)
+		bd_log_err("%s = '%s': out of range (allowed %s)", key, bd_daemon_get_str(d, key),
+			   range);
+	else
+		bd_log_err("%s = '%s': %s", key, bd_daemon_get_str(d, key), not_a);
 	return e;
 }
 
 int bd_daemon_get_i64(const struct bd_daemon *d, const char *key, int64_t min, int64_t max,
 		      int64_t *ret)
 {
-	const struct bd_config_key *k = find_key(d, key);
+	const char *def_text;
+	char range[64], not_a[96];
 	int64_t def = 0;
-	char what[96];
-	int e;
+	int e = key_default(d, key, &def_text);
 
-	if (!k)
-		return -ENOENT;
-	if (k->def && *k->def)
-		def = strtoll(k->def, NULL, 0);
+	if (e < 0)
+		return e;
+	if (*def_text)
+		def = strtoll(def_text, NULL, 0);
 	e = bd_config_get_i64(d->cfg, d->section, key, def, min, max, ret);
 	if (e < 0) {
-		if (e == -EINVAL) {
-			bd_log_err("%s = '%s': not an integer (allowed %lld..%lld)", key,
-				   bd_daemon_get_str(d, key), (long long)min, (long long)max);
-			return e;
-		}
-		snprintf(what, sizeof(what), "out of range (allowed %lld..%lld)", (long long)min,
-			 (long long)max);
-		return bad_value(d, key, e, what);
+		snprintf(range, sizeof(range), "%lld..%lld", (long long)min, (long long)max);
+		snprintf(not_a, sizeof(not_a), "not an integer (allowed %s)", range);
+		return refused(d, key, e, not_a, range);
 	}
 	return 0;
 }
@@ -226,24 +230,20 @@ int bd_daemon_get_int(const struct bd_daemon *d, const char *key, int min, int m
 int bd_daemon_get_bytes(const struct bd_daemon *d, const char *key, uint64_t min, uint64_t max,
 			uint64_t *ret)
 {
-	const struct bd_config_key *k = find_key(d, key);
+	const char *def_text;
+	char range[96];
 	uint64_t def = 0;
-	char what[96];
-	int e;
+	int e = key_default(d, key, &def_text);
 
-	if (!k)
-		return -ENOENT;
-	if (k->def && *k->def)
-		bd_config_parse_bytes(k->def, &def);
-	e = bd_config_get_bytes(d->cfg, d->section, key, def, min, max, ret);
-	if (e == -EINVAL) {
-		bd_log_err("%s = '%s': not a byte size", key, bd_daemon_get_str(d, key));
+	if (e < 0)
 		return e;
-	}
+	if (*def_text)
+		bd_config_parse_bytes(def_text, &def);
+	e = bd_config_get_bytes(d->cfg, d->section, key, def, min, max, ret);
 	if (e < 0) {
-		snprintf(what, sizeof(what), "out of range (allowed %llu..%llu bytes)",
-			 (unsigned long long)min, (unsigned long long)max);
-		return bad_value(d, key, e, what);
+		snprintf(range, sizeof(range), "%llu..%llu bytes", (unsigned long long)min,
+			 (unsigned long long)max);
+		return refused(d, key, e, "not a byte size", range);
 	}
 	return 0;
 }
@@ -251,40 +251,35 @@ int bd_daemon_get_bytes(const struct bd_daemon *d, const char *key, uint64_t min
 int bd_daemon_get_double(const struct bd_daemon *d, const char *key, double min, double max,
 			 double *ret)
 {
-	const struct bd_config_key *k = find_key(d, key);
+	const char *def_text;
+	char range[96];
 	double def = 0.0;
-	char what[96];
-	int e;
+	int e = key_default(d, key, &def_text);
 
-	if (!k)
-		return -ENOENT;
-	if (k->def && *k->def)
-		def = strtod(k->def, NULL);
-	e = bd_config_get_double(d->cfg, d->section, key, def, min, max, ret);
-	if (e == -EINVAL) {
-		bd_log_err("%s = '%s': not a number", key, bd_daemon_get_str(d, key));
+	if (e < 0)
 		return e;
-	}
+	if (*def_text)
+		def = strtod(def_text, NULL);
+	e = bd_config_get_double(d->cfg, d->section, key, def, min, max, ret);
 	if (e < 0) {
-		snprintf(what, sizeof(what), "out of range (allowed %g..%g)", min, max);
-		return bad_value(d, key, e, what);
+		snprintf(range, sizeof(range), "%g..%g", min, max);
+		return refused(d, key, e, "not a number", range);
 	}
 	return 0;
 }
 
 int bd_daemon_get_bool(const struct bd_daemon *d, const char *key, bool *ret)
 {
-	const struct bd_config_key *k = find_key(d, key);
+	const char *def_text;
 	bool def = false;
-	int e;
+	int e = key_default(d, key, &def_text);
 
-	if (!k)
-		return -ENOENT;
-	if (k->def && *k->def)
-		bd_config_parse_bool(k->def, &def);
+	if (e < 0)
+		return e;
+	if (*def_text)
+		bd_config_parse_bool(def_text, &def);
 	e = bd_config_get_bool(d->cfg, d->section, key, def, ret);
 	if (e < 0)
-		bd_log_err("%s = '%s': not a boolean (1/0, true/false, yes/no, on/off)", key,
-			   bd_daemon_get_str(d, key));
+		refused(d, key, e, "not a boolean (1/0, true/false, yes/no, on/off)", NULL);
 	return e;
 }
