@@ -92,33 +92,15 @@ struct stream {
 	long *rss_kib; /* set at every token: the cache is still alive then */
 };
 
-static int append(struct stream *s, const char *p, size_t n)
-{
-	if (s->len + n + 1 > s->cap) {
-		size_t cap = (s->len + n + 1) * 2;
-		char *t = realloc(s->text, cap);
-		if (!t)
-			return -ENOMEM;
-		s->text = t;
-		s->cap = cap;
-	}
-	memcpy(s->text + s->len, p, n);
-	s->len += n;
-	s->text[s->len] = '\0';
-	return 0;
-}
-
 /* Print what is final: up to a stop string, holding back a tail that may start one. */
 static bool show(struct stream *s, bool final)
 {
-	bool hit = false;
-	size_t upto = bd_stop_scan(s->text, s->len, s->stops, s->n_stops, &hit);
-	if (final && !hit)
-		upto = s->len;
-	if (upto > s->shown) {
-		fwrite(s->text + s->shown, 1, upto - s->shown, stdout);
+	size_t from = s->shown;
+	bool hit = bd_stop_text_scan(s->text, s->len, s->stops, s->n_stops, final, &s->shown);
+
+	if (s->shown > from) {
+		fwrite(s->text + from, 1, s->shown - from, stdout);
 		fflush(stdout);
-		s->shown = upto;
 	}
 	return hit;
 }
@@ -135,7 +117,7 @@ static int on_token(void *ctx, int32_t t)
 	if (s->n_tokens++ == 0)
 		s->t_first = s->t_last;
 	if ((r = bd_tokenizer_stream_push(s->tok, &s->st, t, s->piece, s->piece_cap, &n)) < 0 ||
-	    (r = append(s, s->piece, n)) < 0) {
+	    (r = bd_stop_text_append(&s->text, &s->len, &s->cap, s->piece, n)) < 0) {
 		s->err = r;
 		return 1;
 	}
@@ -316,7 +298,7 @@ int cmd_generate(int argc, char **argv)
 	}
 	size_t tail = 0;
 	if (bd_tokenizer_stream_flush(&s.st, s.piece, s.piece_cap, &tail) == 0 && tail &&
-	    append(&s, s.piece, tail) < 0)
+	    bd_stop_text_append(&s.text, &s.len, &s.cap, s.piece, tail) < 0)
 		goto out;
 	show(&s, true);
 	if (s.shown == 0 || s.text[s.shown - 1] != '\n')

@@ -175,39 +175,16 @@ static void release_all(struct bd_sched *s, struct bd_req *r)
 
 /* ---- output text ----------------------------------------------------------------------------- */
 
-static int text_append(struct bd_req *r, const char *p, size_t n)
-{
-	if (r->len + n + 1 > r->cap_text) {
-		size_t cap = (r->len + n + 1) * 2;
-		char *t = realloc(r->text, cap);
-
-		if (!t)
-			return -ENOMEM;
-		r->text = t;
-		r->cap_text = cap;
-	}
-	memcpy(r->text + r->len, p, n);
-	r->len += n;
-	r->text[r->len] = 0;
-	return 0;
-}
-
 /* Advances r->shown to what is final; true when a stop string matched (text cut there). */
 static bool text_scan(struct bd_req *r, bool final)
 {
-	bool hit = false;
-	size_t upto = bd_stop_scan(r->text ? r->text : "", r->len,
-				   (const char *const *)r->stops, r->n_stops, &hit);
+	bool hit = bd_stop_text_scan(r->text, r->len, (const char *const *)r->stops, r->n_stops,
+				     final, &r->shown);
 
 	if (hit) {
-		r->len = upto;
-		if (r->text)
-			r->text[upto] = 0;
-	} else if (final) {
-		upto = r->len;
+		r->len = r->shown;
+		r->text[r->len] = 0;
 	}
-	if (upto > r->shown)
-		r->shown = upto;
 	return hit;
 }
 
@@ -219,7 +196,7 @@ static void text_final(struct bd_sched *s, struct bd_req *r, int reason)
 	if (reason == BDFP4__FINISH_REASON__FINISH_STOP_STRING)
 		return;
 	if (s->cfg.tok && bd_tokenizer_stream_flush(&r->ts, s->piece, s->piece_cap, &n) == 0 && n)
-		text_append(r, s->piece, n);
+		bd_stop_text_append(&r->text, &r->len, &r->cap_text, s->piece, n);
 	text_scan(r, true);
 }
 
@@ -234,7 +211,7 @@ static int append_token(struct bd_sched *s, struct bd_req *r, int32_t t)
 		return BDFP4__FINISH_REASON__FINISH_STOP;
 	if (s->cfg.tok &&
 	    bd_tokenizer_stream_push(s->cfg.tok, &r->ts, t, s->piece, s->piece_cap, &n) == 0 && n)
-		text_append(r, s->piece, n);
+		bd_stop_text_append(&r->text, &r->len, &r->cap_text, s->piece, n);
 	if (text_scan(r, false))
 		return BDFP4__FINISH_REASON__FINISH_STOP_STRING;
 	if (r->n_gen >= r->max_tokens)

@@ -59,6 +59,19 @@ int bd_argmax(const float *x, int n);
 size_t bd_stop_scan(const char *text, size_t len, const char *const *stops, int n_stops,
 		    bool *ret_hit);
 
+/* Generated text as it streams in, for the stop strings: *text holds *len bytes and a NUL in
+ * *cap bytes of malloc'ed memory (NULL, 0, 0 to start; the caller frees *text). Appends p[n],
+ * growing the buffer to twice what it needs when it is full. Returns 0, or -ENOMEM with the text
+ * as it was. */
+int bd_stop_text_append(char **text, size_t *len, size_t *cap, const char *p, size_t n);
+
+/* Advances *shown, the count of leading bytes of text[len] that are final (it never moves back),
+ * by bd_stop_scan: to the start of a stop string on a hit, else to all but the tail that may
+ * begin one — or to len when final (the text is complete, nothing more can match). text may be
+ * NULL when len is 0. Returns true on a hit; the text from *shown on is then not output. */
+bool bd_stop_text_scan(const char *text, size_t len, const char *const *stops, int n_stops,
+		       bool final, size_t *shown);
+
 #ifdef __cplusplus
 }
 #endif

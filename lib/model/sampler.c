@@ -204,3 +204,33 @@ size_t bd_stop_scan(const char *text, size_t len, const char *const *stops, int 
 		*ret_hit = hit;
 	return hit ? first : len - hold;
 }
+
+int bd_stop_text_append(char **text, size_t *len, size_t *cap, const char *p, size_t n)
+{
+	if (*len + n + 1 > *cap) {
+		size_t want = (*len + n + 1) * 2;
+		char *t = realloc(*text, want);
+
+		if (!t)
+			return -ENOMEM;
+		*text = t;
+		*cap = want;
+	}
+	memcpy(*text + *len, p, n);
+	*len += n;
+	(*text)[*len] = '\0';
+	return 0;
+}
+
+bool bd_stop_text_scan(const char *text, size_t len, const char *const *stops, int n_stops,
+		       bool final, size_t *shown)
+{
+	bool hit = false;
+	size_t upto = bd_stop_scan(text, len, stops, n_stops, &hit);
+
+	if (final && !hit)
+		upto = len;
+	if (upto > *shown)
+		*shown = upto;
+	return hit;
+}

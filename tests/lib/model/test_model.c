@@ -921,6 +921,47 @@ Test(model, stop_strings)
 	cr_assert(!hit);
 }
 
+/* Streamed text: pieces appended one by one, *shown advanced as each settles. */
+Test(model, stop_text_stream)
+{
+	const char *stops[] = { "\nUser:" };
+	char *text = NULL;
+	size_t len = 0, cap = 0, shown = 0;
+
+	cr_assert(!bd_stop_text_scan(text, len, stops, 1, false, &shown));
+	cr_assert_eq(shown, 0);
+	cr_assert_eq(bd_stop_text_append(&text, &len, &cap, "Paris", 5), 0);
+	/* room for "Paris" and its NUL, doubled */
+	cr_assert_eq(cap, 12);
+	cr_assert_str_eq(text, "Paris");
+	cr_assert(!bd_stop_text_scan(text, len, stops, 1, false, &shown));
+	cr_assert_eq(shown, 5);
+	/* ".\nUs" may begin "\nUser:": "\nUs" is held back, only "." is final */
+	cr_assert_eq(bd_stop_text_append(&text, &len, &cap, ".\nUs", 4), 0);
+	cr_assert_eq(cap, 12);
+	cr_assert(!bd_stop_text_scan(text, len, stops, 1, false, &shown));
+	cr_assert_eq(shown, 6);
+	/* "er: hi" completes the stop string at 6: nothing more is final */
+	cr_assert_eq(bd_stop_text_append(&text, &len, &cap, "er: hi", 6), 0);
+	cr_assert_eq(len, 15);
+	cr_assert_eq(cap, 32);
+	cr_assert_str_eq(text, "Paris.\nUser: hi");
+	cr_assert(bd_stop_text_scan(text, len, stops, 1, true, &shown));
+	cr_assert_eq(shown, 6);
+	free(text);
+
+	/* without a hit, the end of the stream shows the held-back tail; *shown never moves back */
+	text = NULL, len = cap = 0, shown = 0;
+	cr_assert_eq(bd_stop_text_append(&text, &len, &cap, "a\nUse", 5), 0);
+	cr_assert(!bd_stop_text_scan(text, len, stops, 1, false, &shown));
+	cr_assert_eq(shown, 1);
+	cr_assert(!bd_stop_text_scan(text, len, stops, 1, true, &shown));
+	cr_assert_eq(shown, 5);
+	cr_assert(!bd_stop_text_scan(text, 2, stops, 1, false, &shown));
+	cr_assert_eq(shown, 5);
+	free(text);
+}
+
 /* ---- bad inputs ----------------------------------------------------------------------------- */
 
 Test(model, generate_bad_inputs)
