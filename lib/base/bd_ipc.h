@@ -54,6 +54,12 @@ int bd_ipc_raise_nofile(void);
  * -EADDRINUSE (a process listens there), or the -errno of the failed call. */
 int bd_ipc_listen(const char *path, mode_t mode, gid_t gid, int backlog);
 
+/* Creates a Unix socket of `type` (SOCK_DGRAM, SOCK_SEQPACKET or SOCK_STREAM, with
+ * SOCK_CLOEXEC or SOCK_NONBLOCK ORed in as wanted) bound at path, with the process's umask;
+ * a file already at path stays and the bind fails. Returns the fd, or -EINVAL (NULL, empty or
+ * longer than sun_path), -EADDRINUSE (something is at path), or the -errno of socket or bind. */
+int bd_ipc_bind(const char *path, int type);
+
 /* Connects a blocking SOCK_SEQPACKET socket to path. Returns the fd or -errno (-ENOENT when
  * nothing listens there, -ECONNREFUSED, -EACCES, -EINVAL for a bad path). */
 int bd_ipc_connect(const char *path);

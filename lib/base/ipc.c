@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,23 @@ static int fill_addr(struct sockaddr_un *sa, const char *path)
 	sa->sun_family = AF_UNIX;
 	memcpy(sa->sun_path, path, n + 1);
 	return 0;
+}
+
+/* A new Unix socket of type `type` (flags included), bound to sa (do_bind) or connected to it.
+ * Returns the fd or the -errno of socket, bind or connect. */
+static int open_at(const struct sockaddr_un *sa, int type, bool do_bind)
+{
+	const struct sockaddr *a = (const struct sockaddr *)sa;
+	int fd = socket(AF_UNIX, type, 0), r;
+
+	if (fd < 0)
+		return -errno;
+	if ((do_bind ? bind(fd, a, sizeof(*sa)) : connect(fd, a, sizeof(*sa))) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
 }
 
 int bd_ipc_path_in_use(const char *path)
@@ -118,11 +136,9 @@ int bd_ipc_listen(const char *path, mode_t mode, gid_t gid, int backlog)
 		if (unlink(path) < 0)
 			return -errno;
 	}
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	fd = open_at(&sa, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, true);
 	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		goto fail;
+		return fd;
 	if (chmod(path, mode) < 0)
 		goto fail_unlink;
 	if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0)
@@ -136,29 +152,22 @@ fail_unlink:
 	unlink(path);
 	close(fd);
 	return r;
-fail:
-	r = -errno;
-	close(fd);
-	return r;
+}
+
+int bd_ipc_bind(const char *path, int type)
+{
+	struct sockaddr_un sa;
+	int r = fill_addr(&sa, path);
+
+	return r < 0 ? r : open_at(&sa, type, true);
 }
 
 int bd_ipc_connect(const char *path)
 {
 	struct sockaddr_un sa;
-	int fd, r;
+	int r = fill_addr(&sa, path);
 
-	r = fill_addr(&sa, path);
-	if (r < 0)
-		return r;
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = -errno;
-		close(fd);
-		return r;
-	}
-	return fd;
+	return r < 0 ? r : open_at(&sa, SOCK_SEQPACKET | SOCK_CLOEXEC, false);
 }
 
 int bd_ipc_send(int sock, const void *buf, size_t len, const int *fds, int n_fds)

@@ -13,26 +13,15 @@
 #include <unistd.h>
 
 #include "base/bd_clock.h"
+#include "base/bd_ipc.h"
 #include "spawn.h"
 
 int sp_notify_open(const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd, e;
-
-	if (!path || strlen(path) >= sizeof(sa.sun_path))
+	if (!path || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
 		return -ENAMETOOLONG;
-	memcpy(sa.sun_path, path, strlen(path) + 1);
 	unlink(path);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		e = -errno;
-		close(fd);
-		return e;
-	}
-	return fd;
+	return bd_ipc_bind(path, SOCK_DGRAM | SOCK_CLOEXEC);
 }
 
 pid_t sp_spawn(const char *const *argv, const char *log, const char *notify,

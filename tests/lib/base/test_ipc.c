@@ -209,16 +209,48 @@ Test(ipc, a_live_listener_is_never_taken_over)
 	cr_assert_geq(l2, 0, "%s", strerror(-l2));
 	close(l2);
 	/* ZeroMQ's ipc endpoints are stream sockets: those count too */
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", other);
-	st = socket(AF_UNIX, SOCK_STREAM, 0);
-	cr_assert_geq(st, 0);
-	cr_assert_eq(bind(st, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	st = bd_ipc_bind(other, SOCK_STREAM);
+	cr_assert_geq(st, 0, "%s", strerror(-st));
 	cr_assert_eq(listen(st, 1), 0);
 	cr_assert_eq(bd_ipc_path_in_use(other), 1);
 	close(st);
 	cr_assert_eq(bd_ipc_path_in_use(other), 0);
 	cr_assert_eq(bd_ipc_path_in_use(""), -EINVAL);
+}
+
+Test(ipc, a_bound_datagram_socket_receives_and_keeps_its_path)
+{
+	char path[96], buf[16], big[200];
+	int fd, again, tx, type = 0;
+	socklen_t len = sizeof(type);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+	snprintf(path, sizeof(path), "%s/notify.sock", dir);
+	fd = bd_ipc_bind(path, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK);
+	cr_assert_geq(fd, 0, "%s", strerror(-fd));
+	cr_expect(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	cr_expect(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	cr_assert_eq(getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len), 0);
+	cr_expect_eq(type, SOCK_DGRAM);
+	cr_expect_eq(recv(fd, buf, sizeof(buf), 0), -1, "nothing sent yet, and it does not block");
+	cr_expect_eq(errno, EAGAIN);
+	/* a second socket on the same path fails and leaves the first one its file */
+	again = bd_ipc_bind(path, SOCK_DGRAM);
+	cr_expect_eq(again, -EADDRINUSE, "%d", again);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	tx = socket(AF_UNIX, SOCK_DGRAM, 0);
+	cr_assert_geq(tx, 0);
+	cr_assert_eq(sendto(tx, "READY=1", 7, 0, (struct sockaddr *)&sa, sizeof(sa)), 7);
+	cr_assert_eq(recv(fd, buf, sizeof(buf), 0), 7);
+	cr_expect_eq(memcmp(buf, "READY=1", 7), 0);
+	close(tx);
+	close(fd);
+	/* no path, an empty one, one longer than sun_path */
+	memset(big, 'a', sizeof(big) - 1);
+	big[sizeof(big) - 1] = 0;
+	cr_expect_eq(bd_ipc_bind(NULL, SOCK_DGRAM), -EINVAL);
+	cr_expect_eq(bd_ipc_bind("", SOCK_DGRAM), -EINVAL);
+	cr_expect_eq(bd_ipc_bind(big, SOCK_DGRAM), -EINVAL);
 }
 
 Test(ipc, the_open_file_limit_is_raised_to_the_hard_limit)
