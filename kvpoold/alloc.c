@@ -248,6 +248,15 @@ static int in_range(struct bd_kvpool_alloc *a, const char *what, int32_t id, siz
 	return fail(a, BD_POOL_ERR_RANGE, "%s %d is outside 0..%zu", what, id, n ? n - 1 : 0);
 }
 
+/* find_known, then in_range for the page or slot the call names (what, id, n as in_range) */
+static int find_known_with(struct bd_kvpool_alloc *a, uint64_t req, const char *what,
+			   int32_t id, size_t n, struct req **ret)
+{
+	int e = find_known(a, req, ret);
+
+	return e < 0 ? e : in_range(a, what, id, n);
+}
+
 /* n pages in one operation: 1..max pages per request, else POOL_ERR_RANGE */
 static int count_in_range(struct bd_kvpool_alloc *a, size_t n)
 {
@@ -395,10 +404,8 @@ int bd_kvpool_page_reserve(struct bd_kvpool_alloc *a, uint64_t req, uint64_t own
 int bd_kvpool_page_commit(struct bd_kvpool_alloc *a, uint64_t req, int32_t page)
 {
 	struct req *r;
-	int e = find_known(a, req, &r);
+	int e = find_known_with(a, req, "page", page, a->n_pages, &r);
 
-	if (e == 0)
-		e = in_range(a, "page", page, a->n_pages);
 	if (e < 0)
 		return e;
 	if (r->reserved != page)
@@ -556,10 +563,8 @@ static void put_slot(struct bd_kvpool_alloc *a, struct req *r)
 int bd_kvpool_slot_release(struct bd_kvpool_alloc *a, uint64_t req, int32_t slot)
 {
 	struct req *r;
-	int e = find_known(a, req, &r);
+	int e = find_known_with(a, req, "slot", slot, a->n_slots, &r);
 
-	if (e == 0)
-		e = in_range(a, "slot", slot, a->n_slots);
 	if (e < 0)
 		return e;
 	if (!a->slot_holder[slot])
