@@ -1,10 +1,12 @@
 /* fuzz_walk.h — what the weight-format fuzzers (tests/fuzz/fuzz_gguf.c, fuzz_safetensors.c)
  * check alike, header-only so that each links nothing more: every byte a parsed handle hands
- * out is read, a refusal always says why, and a tensor's first and last rows convert.
+ * out is read, a refusal always says why (and a success says nothing), and a tensor's first
+ * and last rows convert.
  */
 #ifndef TEST_FUZZ_WALK_H
 #define TEST_FUZZ_WALK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,11 +22,14 @@ static inline void fw_touch(const void *p, size_t n)
 		fw_sink += b[i];
 }
 
-/* A refusal's message (err, cap bytes): aborts unless it is non-empty and terminated. */
-static inline void fw_says_why(const char *err, size_t cap)
+/* What a parser's open over the input returned: r, and its message buffer err of cap bytes.
+ * True when it made a handle, whose message must then be the empty string; false for a
+ * refusal, whose message must be non-empty and terminated. Aborts on either breach. */
+static inline bool fw_opened(int r, const char *err, size_t cap)
 {
-	if (!err[0] || !memchr(err, 0, cap))
+	if (!memchr(err, 0, cap) || (r >= 0) != (err[0] == 0))
 		abort();
+	return r >= 0;
 }
 
 /* Converts the first and the last row of a tensor of n_elements in rows of cols elements,

@@ -64,10 +64,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct bd_gguf *g = NULL;
 	char err[BD_GGUF_ERR_MAX];
 
-	if (bd_gguf_open_mem(data, size, &g, err) < 0) {
-		fw_says_why(err, sizeof(err));
+	if (!fw_opened(bd_gguf_open_mem(data, size, &g, err), err, sizeof(err)))
 		return 0;
-	}
 	for (size_t i = 0; i < bd_gguf_n_kv(g); i++)
 		walk_kv(g, bd_gguf_kv_at(g, i));
 	for (size_t i = 0; i < bd_gguf_n_tensors(g); i++)

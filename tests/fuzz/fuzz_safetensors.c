@@ -37,10 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct bd_st *st = NULL;
 	char err[BD_ST_ERR_MAX];
 
-	if (bd_st_open_mem(data, size, &st, err) < 0) {
-		fw_says_why(err, sizeof(err));
+	if (!fw_opened(bd_st_open_mem(data, size, &st, err), err, sizeof(err)))
 		return 0;
-	}
 	uint64_t at = 0;
 	for (size_t i = 0; i < bd_st_n_tensors(st); i++) {
 		const struct bd_st_tensor *t = bd_st_tensor_at(st, i);
