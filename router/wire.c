@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "router.h"
+#include "serve/bd_wire.h"
 
 void *bd_router_socket(void *zctx, int64_t maxmsg)
 {
@@ -28,20 +29,9 @@ void *bd_router_socket(void *zctx, int64_t maxmsg)
 int bd_router_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
 		   const ProtobufCMessage *m)
 {
-	size_t n = protobuf_c_message_get_packed_size(m);
-	uint8_t stackbuf[1024], *buf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
-	int e = 0;
+	int e = bd_wire_send(sock, ident, ident_len, delim, m, ZMQ_DONTWAIT);
 
-	if (!buf)
-		return -ENOMEM;
-	protobuf_c_message_pack(m, buf);
-	if (zmq_send(sock, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    (delim && zmq_send(sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
-	    zmq_send(sock, buf, n, ZMQ_DONTWAIT) < 0)
-		e = -EHOSTUNREACH;
-	if (buf != stackbuf)
-		free(buf);
-	return e;
+	return e == 0 || e == -ENOMEM ? e : -EHOSTUNREACH;
 }
 
 void bd_router_frames_close(zmq_msg_t *parts, int n, int max)

@@ -14,6 +14,7 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
+#include "serve/bd_wire.h"
 #include "workerd.h"
 
 struct io {
@@ -27,7 +28,6 @@ static void send_heartbeat(struct io *io)
 {
 	Bdfp4__WorkerMessage m = BDFP4__WORKER_MESSAGE__INIT;
 	Bdfp4__WorkerHeartbeat hb = BDFP4__WORKER_HEARTBEAT__INIT;
-	uint8_t buf[64];
 
 	hb.rank = io->w->o.rank;
 	hb.epoch = atomic_load(&io->w->pub_epoch);
@@ -35,11 +35,8 @@ static void send_heartbeat(struct io *io)
 	hb.pid = (int32_t)getpid();
 	m.msg_case = BDFP4__WORKER_MESSAGE__MSG_HEARTBEAT;
 	m.heartbeat = &hb;
-	size_t n = bdfp4__worker_message__get_packed_size(&m);
-	if (n > sizeof(buf))
-		return;
-	bdfp4__worker_message__pack(&m, buf);
-	zmq_send(io->dealer, buf, n, ZMQ_DONTWAIT); /* a full queue: the next one will do */
+	/* a full queue: the next one will do */
+	bd_wire_send(io->dealer, NULL, 0, false, &m.base, ZMQ_DONTWAIT);
 }
 
 /* Move every pending message of `from` to `to`, one frame each (extra frames of a router
@@ -182,15 +179,8 @@ void wd_io_stop(struct wd *w)
 
 int wd_send(struct wd *w, const Bdfp4__WorkerMessage *m)
 {
-	size_t n = bdfp4__worker_message__get_packed_size(m);
-	uint8_t *buf = malloc(n ? n : 1);
-	int r = 0;
-
-	if (!buf)
-		return -ENOMEM;
-	bdfp4__worker_message__pack(m, buf);
-	if (n == 0 || zmq_send(w->pair, buf, n, 0) < 0)
-		r = n == 0 ? -EINVAL : -zmq_errno();
-	free(buf);
-	return r;
+	/* a message without its oneof packs to the empty frame that stops the I/O thread */
+	if (m->msg_case == BDFP4__WORKER_MESSAGE__MSG__NOT_SET)
+		return -EINVAL;
+	return bd_wire_send(w->pair, NULL, 0, false, &m->base, 0);
 }

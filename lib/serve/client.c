@@ -9,6 +9,7 @@
 
 #include "base/bd_clock.h"
 #include "serve/bd_client.h"
+#include "serve/bd_wire.h"
 #include "serve.pb-c.h"
 
 #define MAX_PROMPT_BYTES (64 << 10)
@@ -92,17 +93,7 @@ void bd_client_free(struct bd_client *c)
 
 static int send_request(struct bd_client *c, const Bdfp4__ClientRequest *req)
 {
-	size_t n = bdfp4__client_request__get_packed_size(req);
-	uint8_t *buf = malloc(n ? n : 1);
-	int e = 0;
-
-	if (!buf)
-		return -ENOMEM;
-	bdfp4__client_request__pack(req, buf);
-	if (zmq_send(c->sock, buf, n, 0) < 0)
-		e = -zmq_errno();
-	free(buf);
-	return e;
+	return bd_wire_send(c->sock, NULL, 0, false, &req->base, 0);
 }
 
 int bd_client_send_raw(struct bd_client *c, const void *frame, size_t len)

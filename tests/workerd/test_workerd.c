@@ -30,6 +30,7 @@
 #include "base/bd_clock.h"
 #include "model/bd_forward.h"
 #include "model/bd_sampler.h"
+#include "serve/bd_wire.h"
 #include "serve.pb-c.h"
 #include "spawn.h"
 
@@ -183,13 +184,8 @@ static bool got_notify(int rank, const char *what, int timeout_ms)
 
 static void send_to(int rank, const Bdfp4__RouterMessage *m)
 {
-	size_t n = bdfp4__router_message__get_packed_size(m);
-	uint8_t *buf = malloc(n ? n : 1);
-	bdfp4__router_message__pack(m, buf);
-	cr_assert_eq(zmq_send(T.router, T.ident[rank], T.ident_len[rank], ZMQ_SNDMORE),
-		     (int)T.ident_len[rank]);
-	cr_assert_eq(zmq_send(T.router, buf, n, 0), (int)n);
-	free(buf);
+	cr_assert_eq(bd_wire_send(T.router, T.ident[rank], T.ident_len[rank], false, &m->base, 0),
+		     0);
 }
 
 static void send_raw(int rank, const void *buf, size_t n)
