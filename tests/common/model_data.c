@@ -70,3 +70,30 @@ struct bd_model_hparams td_tiny_hparams(enum bd_arch arch)
 		.tied_embeddings = arch == BD_ARCH_LLAMA,
 	};
 }
+
+void td_expect_hparams(const struct bd_model_hparams *got, const struct bd_model_hparams *want,
+		       const char *what)
+{
+	cr_expect_str_eq(got->arch_name, want->arch_name, "%s: arch_name", what);
+#define EXPECT_FIELD(f, fmt, type)                                                         \
+	cr_expect(got->f == want->f, "%s: " #f " " fmt ", want " fmt, what, (type)got->f,    \
+		  (type)want->f)
+	EXPECT_FIELD(arch, "%d", int);
+	EXPECT_FIELD(n_layers, "%d", int);
+	EXPECT_FIELD(n_embd, "%d", int);
+	EXPECT_FIELD(n_ff, "%d", int);
+	EXPECT_FIELD(n_heads, "%d", int);
+	EXPECT_FIELD(n_kv_heads, "%d", int);
+	EXPECT_FIELD(head_dim, "%d", int);
+	EXPECT_FIELD(head_dim_v, "%d", int);
+	EXPECT_FIELD(n_rot, "%d", int);
+	EXPECT_FIELD(rope_style, "%d", int);
+	EXPECT_FIELD(rope_base, "%g", double);
+	EXPECT_FIELD(norm_eps, "%g", double);
+	EXPECT_FIELD(n_ctx_train, "%d", int);
+	EXPECT_FIELD(n_vocab, "%d", int);
+	EXPECT_FIELD(qk_norm, "%d", int);
+	EXPECT_FIELD(attn_bias, "%d", int);
+	EXPECT_FIELD(tied_embeddings, "%d", int);
+#undef EXPECT_FIELD
+}

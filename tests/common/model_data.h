@@ -35,4 +35,9 @@ struct bd_gguf *td_open_model(void);
  * arch_name is left empty. */
 struct bd_model_hparams td_tiny_hparams(enum bd_arch arch);
 
+/* Expects (Criterion, the test goes on) every field of got to equal want's, floats exactly;
+ * a failure names what, the field and both values. */
+void td_expect_hparams(const struct bd_model_hparams *got, const struct bd_model_hparams *want,
+		       const char *what);
+
 #endif

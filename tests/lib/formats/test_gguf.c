@@ -243,6 +243,22 @@ static void close_exact(struct bd_gguf *g)
 	last_copy = NULL;
 }
 
+/* The image build(o) makes, parsed through open_exact() and asserted valid; the built bytes
+ * are freed (the handle reads open_exact's copy, which close_exact() frees). ret_data: NULL, or
+ * the data section offset build() recorded. */
+static struct bd_gguf *open_built(const struct build_opts *o, size_t *ret_data)
+{
+	struct img m = build(o);
+	struct bd_gguf *g = NULL;
+	char err[BD_GGUF_ERR_MAX];
+
+	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
+	if (ret_data)
+		*ret_data = m.data;
+	free(m.w.p);
+	return g;
+}
+
 /* Both paths must refuse p[n] with code, say something containing what, and leave *ret alone. */
 static void expect_err(const void *p, size_t n, int code, const char *what)
 {
@@ -451,34 +467,24 @@ Test(gguf, valid_tensors)
 
 Test(gguf, valid_variants)
 {
-	struct bd_gguf *g = NULL;
 	char err[BD_GGUF_ERR_MAX];
+	size_t data;
 
 	/* no general.alignment: the default 32 */
-	struct build_opts o = { .no_align = true };
-	struct img m = build(&o);
-	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
+	struct bd_gguf *g = open_built(&(struct build_opts){ .no_align = true }, &data);
 	cr_assert_eq(bd_gguf_alignment(g), 32);
-	cr_assert_eq(bd_gguf_data_offset(g), m.data);
+	cr_assert_eq(bd_gguf_data_offset(g), data);
 	cr_assert_eq(bd_gguf_data_offset(g) % 32, 0);
 	cr_assert_eq(bd_gguf_n_kv(g), 17);
 	close_exact(g);
-	free(m.w.p);
 
 	/* version 2 has the same layout */
-	o = (struct build_opts){ .version = 2 };
-	m = build(&o);
-	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
+	g = open_built(&(struct build_opts){ .version = 2 }, NULL);
 	cr_assert_eq(bd_gguf_version(g), 2);
 	close_exact(g);
-	free(m.w.p);
 
 	/* four levels of arrays are accepted */
-	o = (struct build_opts){ .nest = 4 };
-	m = build(&o);
-	cr_assert_eq(open_exact(m.w.p, m.w.n, &g, err), 0, "%s", err);
-	close_exact(g);
-	free(m.w.p);
+	close_exact(open_built(&(struct build_opts){ .nest = 4 }, NULL));
 
 	/* the smallest file: a header with nothing in it */
 	uint8_t h[24] = { 'G', 'G', 'U', 'F', 3 };
@@ -771,24 +777,14 @@ Test(gguf, hparams_qwen3)
 
 	cr_assert_eq(bd_gguf_open_mem(m.w.p, m.w.n, &g, err), 0, "%s", err);
 	cr_assert_eq(bd_gguf_model_hparams(g, &hp, err), 0, "%s", err);
-	cr_assert_eq(hp.arch, BD_ARCH_QWEN3);
-	cr_assert_str_eq(hp.arch_name, "qwen3");
-	cr_assert_eq(hp.n_layers, 36);
-	cr_assert_eq(hp.n_embd, 2560);
-	cr_assert_eq(hp.n_heads, 32);
-	cr_assert_eq(hp.n_kv_heads, 8);
-	/* key_length wins over 2560 / 32 = 80 */
-	cr_assert_eq(hp.head_dim, 128);
-	cr_assert_eq(hp.head_dim_v, 128);
-	cr_assert_eq(hp.n_rot, 128);
-	cr_assert_eq(hp.rope_style, BD_ROPE_NEOX);
-	cr_assert_eq(hp.rope_base, 1000000.0f);
-	cr_assert_eq(hp.norm_eps, 1e-6f);
-	cr_assert_eq(hp.n_ctx_train, 40960);
-	cr_assert_eq(hp.n_vocab, 16); /* no vocab_size, no tokens: the embedding's rows */
-	cr_assert(hp.qk_norm);
-	cr_assert(!hp.attn_bias);
-	cr_assert(hp.tied_embeddings);
+	/* key_length 128 wins over 2560 / 32 = 80 (value length and rotated dims follow it);
+	 * n_vocab: no vocab_size, no tokens, so the embedding's 16 rows; no output.weight: tied */
+	td_expect_hparams(&hp, &(struct bd_model_hparams){
+		.arch = BD_ARCH_QWEN3, .arch_name = "qwen3", .n_layers = 36, .n_embd = 2560,
+		.n_ff = 9728, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .head_dim_v = 128,
+		.n_rot = 128, .rope_style = BD_ROPE_NEOX, .rope_base = 1000000.0f, .norm_eps = 1e-6f,
+		.n_ctx_train = 40960, .n_vocab = 16, .qk_norm = true, .tied_embeddings = true },
+		"qwen3 image");
 	bd_gguf_free(g);
 	free(m.w.p);
 

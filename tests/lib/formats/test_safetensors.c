@@ -284,61 +284,73 @@ Test(safetensors, header_errors)
 	expect_code("{\"__metadata__\": {\"k\": \"v\"}}", 0, 0);
 }
 
+/* One tensor entry {"t": {"dtype": dtype, "shape": shape, "data_offsets": offsets}}, each a
+ * JSON value, a field left out where NULL, over data_len zero bytes: expect code. */
+static void expect_entry(const char *dtype, const char *shape, const char *offsets,
+			 size_t data_len, int code)
+{
+	char hdr[256];
+	int n = snprintf(hdr, sizeof(hdr), "{\"t\": {");
+
+	if (dtype)
+		n += snprintf(hdr + n, sizeof(hdr) - (size_t)n, "\"dtype\": %s, ", dtype);
+	if (shape)
+		n += snprintf(hdr + n, sizeof(hdr) - (size_t)n, "\"shape\": %s, ", shape);
+	if (offsets)
+		n += snprintf(hdr + n, sizeof(hdr) - (size_t)n, "\"data_offsets\": %s, ", offsets);
+	cr_assert_lt((size_t)n, sizeof(hdr) - 2);
+	snprintf(hdr + n - 2, sizeof(hdr) - (size_t)n + 2, "}}"); /* over the last ", " */
+	expect_code(hdr, data_len, code);
+}
+
 Test(safetensors, tensor_entry_errors)
 {
-#define T(fields) "{\"t\": {" fields "}}"
-	/* the reference: F32 [2] in [0, 8) */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]"), 8, 0);
-	/* unknown dtype, dtype not a string */
-	expect_code(T("\"dtype\": \"F128\", \"shape\": [2], \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"f32\", \"shape\": [2], \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": 4, \"shape\": [2], \"data_offsets\": [0, 8]"), 8, -EBADMSG);
-	/* missing and unknown fields */
-	expect_code(T("\"shape\": [2], \"data_offsets\": [0, 8]"), 8, -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"data_offsets\": [0, 8]"), 8, -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2]"), 8, -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8], "
-		      "\"x\": 1"), 8, -EBADMSG);
-	/* bad shapes: negative, fractional, not an array, 9 dims */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [-2], \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2.0], \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": 2, \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,2], "
-		      "\"data_offsets\": [0, 8]"), 8, -EBADMSG);
-	/* 8 dims are fine */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,2], "
-		      "\"data_offsets\": [0, 8]"), 8, 0);
-	/* offsets: three of them, negative, backwards, past the end of the file */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [-8, 0]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [8, 0]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]"), 4,
-		    -EBADMSG);
-	/* size mismatch: 3 F32 are 12 bytes, not 8; BF16 [2] is 4 bytes */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	expect_code(T("\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [0, 8]"), 8,
-		    -EBADMSG);
-	/* overflow: 2^32 · 2^32 elements; 2^62 · 2 elements fit but 2^63 · 4 bytes do not */
-	expect_code(T("\"dtype\": \"U8\", \"shape\": [4294967296, 4294967296], "
-		      "\"data_offsets\": [0, 8]"), 8, -EOVERFLOW);
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [4611686018427387904, 2], "
-		      "\"data_offsets\": [0, 8]"), 8, -EOVERFLOW);
-	/* a zero dim makes the product 0 whatever the others are */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [4294967296, 0, 4294967296], "
-		      "\"data_offsets\": [0, 0]"), 0, 0);
-	/* a number too large for jansson's integers is refused as JSON */
-	expect_code(T("\"dtype\": \"F32\", \"shape\": [99999999999999999999], "
-		      "\"data_offsets\": [0, 8]"), 8, -EBADMSG);
-#undef T
+#define Q(s) "\"" s "\""
+	static const struct {
+		const char *dtype, *shape, *offsets;
+		size_t data_len;
+		int code;
+	} cases[] = {
+		/* the reference: F32 [2] in [0, 8) */
+		{ Q("F32"), "[2]", "[0, 8]", 8, 0 },
+		/* unknown dtype, dtype not a string */
+		{ Q("F128"), "[2]", "[0, 8]", 8, -EBADMSG },
+		{ Q("f32"), "[2]", "[0, 8]", 8, -EBADMSG },
+		{ "4", "[2]", "[0, 8]", 8, -EBADMSG },
+		/* missing fields */
+		{ NULL, "[2]", "[0, 8]", 8, -EBADMSG },
+		{ Q("F32"), NULL, "[0, 8]", 8, -EBADMSG },
+		{ Q("F32"), "[2]", NULL, 8, -EBADMSG },
+		/* bad shapes: negative, fractional, not an array, 9 dims */
+		{ Q("F32"), "[-2]", "[0, 8]", 8, -EBADMSG },
+		{ Q("F32"), "[2.0]", "[0, 8]", 8, -EBADMSG },
+		{ Q("F32"), "2", "[0, 8]", 8, -EBADMSG },
+		{ Q("F32"), "[1,1,1,1,1,1,1,1,2]", "[0, 8]", 8, -EBADMSG },
+		/* 8 dims are fine */
+		{ Q("F32"), "[1,1,1,1,1,1,1,2]", "[0, 8]", 8, 0 },
+		/* offsets: three of them, negative, backwards, past the end of the file */
+		{ Q("F32"), "[2]", "[0, 8, 8]", 8, -EBADMSG },
+		{ Q("F32"), "[2]", "[-8, 0]", 8, -EBADMSG },
+		{ Q("F32"), "[0]", "[8, 0]", 8, -EBADMSG },
+		{ Q("F32"), "[2]", "[0, 8]", 4, -EBADMSG },
+		/* size mismatch: 3 F32 are 12 bytes, not 8; BF16 [2] is 4 bytes */
+		{ Q("F32"), "[3]", "[0, 8]", 8, -EBADMSG },
+		{ Q("BF16"), "[2]", "[0, 8]", 8, -EBADMSG },
+		/* overflow: 2^32 · 2^32 elements; 2^62 · 2 elements fit but 2^63 · 4 bytes do not */
+		{ Q("U8"), "[4294967296, 4294967296]", "[0, 8]", 8, -EOVERFLOW },
+		{ Q("F32"), "[4611686018427387904, 2]", "[0, 8]", 8, -EOVERFLOW },
+		/* a zero dim makes the product 0 whatever the others are */
+		{ Q("F32"), "[4294967296, 0, 4294967296]", "[0, 0]", 0, 0 },
+		/* a number too large for jansson's integers is refused as JSON */
+		{ Q("F32"), "[99999999999999999999]", "[0, 8]", 8, -EBADMSG },
+	};
+#undef Q
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		expect_entry(cases[i].dtype, cases[i].shape, cases[i].offsets, cases[i].data_len,
+			     cases[i].code);
+	/* an unknown field */
+	expect_code("{\"t\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8], "
+		    "\"x\": 1}}", 8, -EBADMSG);
 }
 
 Test(safetensors, layout_errors)
@@ -487,25 +499,13 @@ Test(safetensors, config_llama)
 	char err[BD_MODEL_ERR_MAX];
 	int r = parse_cfg(cfg, &hp, err);
 	cr_assert_eq(r, 0, "%d %s", r, err);
-	cr_expect_eq(hp.arch, BD_ARCH_LLAMA);
-	cr_expect_str_eq(hp.arch_name, "llama");
-	cr_expect_eq(hp.n_embd, 576);
-	cr_expect_eq(hp.n_ff, 1536);
-	cr_expect_eq(hp.n_heads, 9);
-	cr_expect_eq(hp.n_kv_heads, 3);
-	cr_expect_eq(hp.head_dim, 64);
-	cr_expect_eq(hp.head_dim_v, 64);
-	cr_expect_eq(hp.n_rot, 64);
-	cr_expect_eq(hp.n_layers, 30);
-	cr_expect_eq(hp.norm_eps, 1e-5f);
-	cr_expect_eq(hp.rope_base, 100000.0f);
-	cr_expect_eq(hp.n_vocab, 49152);
-	cr_expect_eq(hp.n_ctx_train, 8192);
-	cr_expect(hp.tied_embeddings);
-	cr_expect(!hp.attn_bias);
-	cr_expect(!hp.qk_norm);
-	/* HF keeps q/k rows unpermuted: rotate_half pairs (i, i + d/2) */
-	cr_expect_eq(hp.rope_style, BD_ROPE_NEOX);
+	/* HF keeps q/k rows unpermuted: rotate_half pairs (i, i + d/2), NEOX */
+	td_expect_hparams(&hp, &(struct bd_model_hparams){
+		.arch = BD_ARCH_LLAMA, .arch_name = "llama", .n_layers = 30, .n_embd = 576,
+		.n_ff = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64, .head_dim_v = 64,
+		.n_rot = 64, .rope_style = BD_ROPE_NEOX, .rope_base = 100000.0f, .norm_eps = 1e-5f,
+		.n_ctx_train = 8192, .n_vocab = 49152, .tied_embeddings = true },
+		"SmolLM2 config");
 }
 
 Test(safetensors, config_qwen_defaults_and_options)
