@@ -305,49 +305,51 @@ static void expect_entry(const char *dtype, const char *shape, const char *offse
 
 Test(safetensors, tensor_entry_errors)
 {
-#define Q(s) "\"" s "\""
-	static const struct {
+	struct entry {
 		const char *dtype, *shape, *offsets;
 		size_t data_len;
 		int code;
-	} cases[] = {
-		/* the reference: F32 [2] in [0, 8) */
-		{ Q("F32"), "[2]", "[0, 8]", 8, 0 },
-		/* unknown dtype, dtype not a string */
-		{ Q("F128"), "[2]", "[0, 8]", 8, -EBADMSG },
-		{ Q("f32"), "[2]", "[0, 8]", 8, -EBADMSG },
-		{ "4", "[2]", "[0, 8]", 8, -EBADMSG },
+	};
+	static const struct entry accepted[] = {
+		{ "\"F32\"", "[2]", "[0, 8]", 8, 0 }, /* the reference: F32 [2] in [0, 8) */
+		{ "\"F32\"", "[1,1,1,1,1,1,1,2]", "[0, 8]", 8, 0 }, /* 8 dims */
+		/* a zero dim makes the product 0 whatever the others are */
+		{ "\"F32\"", "[4294967296, 0, 4294967296]", "[0, 0]", 0, 0 },
+	};
+	static const struct entry refused[] = {
 		/* missing fields */
 		{ NULL, "[2]", "[0, 8]", 8, -EBADMSG },
-		{ Q("F32"), NULL, "[0, 8]", 8, -EBADMSG },
-		{ Q("F32"), "[2]", NULL, 8, -EBADMSG },
+		{ "\"F32\"", NULL, "[0, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "[2]", NULL, 8, -EBADMSG },
+		/* unknown dtype, dtype not a string */
+		{ "\"F128\"", "[2]", "[0, 8]", 8, -EBADMSG },
+		{ "\"f32\"", "[2]", "[0, 8]", 8, -EBADMSG },
+		{ "4", "[2]", "[0, 8]", 8, -EBADMSG },
 		/* bad shapes: negative, fractional, not an array, 9 dims */
-		{ Q("F32"), "[-2]", "[0, 8]", 8, -EBADMSG },
-		{ Q("F32"), "[2.0]", "[0, 8]", 8, -EBADMSG },
-		{ Q("F32"), "2", "[0, 8]", 8, -EBADMSG },
-		{ Q("F32"), "[1,1,1,1,1,1,1,1,2]", "[0, 8]", 8, -EBADMSG },
-		/* 8 dims are fine */
-		{ Q("F32"), "[1,1,1,1,1,1,1,2]", "[0, 8]", 8, 0 },
+		{ "\"F32\"", "[-2]", "[0, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "[2.0]", "[0, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "2", "[0, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "[1,1,1,1,1,1,1,1,2]", "[0, 8]", 8, -EBADMSG },
 		/* offsets: three of them, negative, backwards, past the end of the file */
-		{ Q("F32"), "[2]", "[0, 8, 8]", 8, -EBADMSG },
-		{ Q("F32"), "[2]", "[-8, 0]", 8, -EBADMSG },
-		{ Q("F32"), "[0]", "[8, 0]", 8, -EBADMSG },
-		{ Q("F32"), "[2]", "[0, 8]", 4, -EBADMSG },
+		{ "\"F32\"", "[2]", "[0, 8, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "[2]", "[-8, 0]", 8, -EBADMSG },
+		{ "\"F32\"", "[0]", "[8, 0]", 8, -EBADMSG },
+		{ "\"F32\"", "[2]", "[0, 8]", 4, -EBADMSG },
 		/* size mismatch: 3 F32 are 12 bytes, not 8; BF16 [2] is 4 bytes */
-		{ Q("F32"), "[3]", "[0, 8]", 8, -EBADMSG },
-		{ Q("BF16"), "[2]", "[0, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "[3]", "[0, 8]", 8, -EBADMSG },
+		{ "\"BF16\"", "[2]", "[0, 8]", 8, -EBADMSG },
 		/* overflow: 2^32 · 2^32 elements; 2^62 · 2 elements fit but 2^63 · 4 bytes do not */
-		{ Q("U8"), "[4294967296, 4294967296]", "[0, 8]", 8, -EOVERFLOW },
-		{ Q("F32"), "[4611686018427387904, 2]", "[0, 8]", 8, -EOVERFLOW },
-		/* a zero dim makes the product 0 whatever the others are */
-		{ Q("F32"), "[4294967296, 0, 4294967296]", "[0, 0]", 0, 0 },
+		{ "\"U8\"", "[4294967296, 4294967296]", "[0, 8]", 8, -EOVERFLOW },
+		{ "\"F32\"", "[4611686018427387904, 2]", "[0, 8]", 8, -EOVERFLOW },
 		/* a number too large for jansson's integers is refused as JSON */
-		{ Q("F32"), "[99999999999999999999]", "[0, 8]", 8, -EBADMSG },
+		{ "\"F32\"", "[99999999999999999999]", "[0, 8]", 8, -EBADMSG },
 	};
-#undef Q
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		expect_entry(cases[i].dtype, cases[i].shape, cases[i].offsets, cases[i].data_len,
-			     cases[i].code);
+	const struct entry *e;
+
+	for (e = accepted; e < accepted + sizeof(accepted) / sizeof(accepted[0]); e++)
+		expect_entry(e->dtype, e->shape, e->offsets, e->data_len, e->code);
+	for (e = refused; e < refused + sizeof(refused) / sizeof(refused[0]); e++)
+		expect_entry(e->dtype, e->shape, e->offsets, e->data_len, e->code);
 	/* an unknown field */
 	expect_code("{\"t\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8], "
 		    "\"x\": 1}}", 8, -EBADMSG);
