@@ -764,28 +764,30 @@ Test(fp4, mxfp4_hand_block_search)
 	 * e = 1: 7.9/2 = 3.95 → 4 (code 6) → 8, error 0.01; 2, 4, 6 → 1, 2, 3 (codes 2, 4, 5), exact.
 	 * Standard keeps scale 127; search takes 128. */
 	static const float base[8] = { 7.9f, 2, -4, 6, 0, -2, 4, -6 };
-	static const uint8_t std_codes[8] = { 7, 4, 14, 7, 0, 12, 6, 15 };
-	static const uint8_t srch_codes[8] = { 6, 2, 12, 5, 0, 10, 4, 13 };
+	static const struct {
+		enum bd_scale_rule rule;
+		uint8_t scale, codes[8];
+		float y0; /* 7.9 dequantized */
+	} want[] = {
+		{ BD_SCALE_STANDARD, 127, { 7, 4, 14, 7, 0, 12, 6, 15 }, 6.0f },
+		{ BD_SCALE_SEARCH, 128, { 6, 2, 12, 5, 0, 10, 4, 13 }, 8.0f },
+	};
 	float x[32], y[32];
 	uint8_t packed[16], scale;
 
 	for (int i = 0; i < 32; i++)
 		x[i] = i == 0 ? base[0] : base[1 + (i - 1) % 7];
-	cr_assert_eq(bd_mxfp4_quantize_block(x, BD_SCALE_STANDARD, packed, &scale), 0);
-	cr_assert_eq(scale, 127);
-	for (int i = 0; i < 8; i++)
-		cr_assert_eq(bd_fp4_get(packed, (size_t)i), std_codes[i], "std code %d", i);
-	bd_mxfp4_dequantize_block(packed, scale, y);
-	cr_assert_eq(y[0], 6.0f);
-
-	cr_assert_eq(bd_mxfp4_quantize_block(x, BD_SCALE_SEARCH, packed, &scale), 0);
-	cr_assert_eq(scale, 128);
-	for (int i = 0; i < 8; i++)
-		cr_assert_eq(bd_fp4_get(packed, (size_t)i), srch_codes[i], "search code %d", i);
-	bd_mxfp4_dequantize_block(packed, scale, y);
-	cr_assert_eq(y[0], 8.0f);
-	for (int i = 1; i < 32; i++)
-		cr_assert_eq(y[i], x[i]);
+	for (size_t w = 0; w < 2; w++) {
+		cr_assert_eq(bd_mxfp4_quantize_block(x, want[w].rule, packed, &scale), 0);
+		cr_assert_eq(scale, want[w].scale, "rule %d", want[w].rule);
+		for (int i = 0; i < 8; i++)
+			cr_assert_eq(bd_fp4_get(packed, (size_t)i), want[w].codes[i],
+				     "rule %d code %d", want[w].rule, i);
+		bd_mxfp4_dequantize_block(packed, scale, y);
+		cr_assert_eq(y[0], want[w].y0);
+		for (int i = 1; i < 32; i++) /* exact under either rule */
+			cr_assert_eq(y[i], x[i], "rule %d value %d", want[w].rule, i);
+	}
 }
 
 Test(fp4, mxfp4_scale_extremes)
@@ -1200,18 +1202,26 @@ Test(fp4, query_terms_structure)
 static const struct bd_pscale ps_uf = { .c = 8.0f, .tau = 21.0f / 1024.0f, .underflow_aware = true };
 static const struct bd_pscale ps_std = { .c = 1.0f, .tau = 21.0f / 1024.0f, .underflow_aware = false };
 
+/* bd_p_quantize_block_nvfp4 of P[16] into ph[16]; returns the block's scale code. */
+static uint8_t pquant(const float *P, float p_max, const struct bd_pscale *ps, float *ph)
+{
+	uint8_t s;
+
+	bd_p_quantize_block_nvfp4(P, p_max, ps, ph, &s);
+	return s;
+}
+
 Test(fp4, pquant_small_block_uses_kappa2)
 {
 	/* p_max = 0.002 ≤ τ/c = 21/8192 ≈ 0.00256 → κ = 2: s_P = E4M3(8·0.002/2 = 0.008);
 	 * 0.008 < 2^-6 is subnormal, 0.008·512 = 4.096 → 4: code 4 (4·2^-9 = 0.0078125).
 	 * The block's largest P = c·p_max = 0.016; 0.016·128 = 2.048 → E2M1 2. */
 	float P[16] = { 0 }, ph[16];
-	uint8_t s;
 	const float p_max = 0.002f;
 
 	for (int i = 0; i < 16; i++)
 		P[i] = 8.0f * p_max * (float)(16 - i) / 16.0f;
-	bd_p_quantize_block_nvfp4(P, p_max, &ps_uf, ph, &s);
+	uint8_t s = pquant(P, p_max, &ps_uf, ph);
 	cr_assert_eq(s, bd_e4m3_encode(8.0f * p_max / 2.0f));
 	cr_assert_eq(s, 4);
 	cr_assert_eq(ph[0], 2.0f);
@@ -1222,27 +1232,22 @@ Test(fp4, pquant_small_block_uses_kappa2)
 Test(fp4, pquant_boundary_and_kappa6)
 {
 	float P[16] = { 0 }, ph[16];
-	uint8_t s;
 
 	/* p_max = τ/c exactly (21/8192) is still κ = 2: 8·(21/8192)/2 = 21/2048, subnormal,
 	 * ·512 = 5.25 → code 5 (κ = 6 would give 1.75 → 2). */
 	P[0] = 8.0f * (21.0f / 8192.0f);
-	bd_p_quantize_block_nvfp4(P, 21.0f / 8192.0f, &ps_uf, ph, &s);
-	cr_assert_eq(s, 5);
+	cr_assert_eq(pquant(P, 21.0f / 8192.0f, &ps_uf, ph), 5);
 	/* Next float above τ/c: κ = 6, s = E4M3(0.0034180…) → 0.00341·512 = 1.75 → 2. */
-	bd_p_quantize_block_nvfp4(P, nextafterf(21.0f / 8192.0f, 1.0f), &ps_uf, ph, &s);
-	cr_assert_eq(s, 2);
+	cr_assert_eq(pquant(P, nextafterf(21.0f / 8192.0f, 1.0f), &ps_uf, ph), 2);
 	/* p_max = 0.5 (> τ/c): κ = 6, s = E4M3(4/6) = 0x33 (0.6875); P = 4 → 4/0.6875 = 5.82 → 6. */
 	P[0] = 4.0f;
-	bd_p_quantize_block_nvfp4(P, 0.5f, &ps_uf, ph, &s);
-	cr_assert_eq(s, 0x33);
+	cr_assert_eq(pquant(P, 0.5f, &ps_uf, ph), 0x33);
 	cr_assert_eq(ph[0], 6.0f);
 	/* The tile max itself, standard rule (c = 1, κ = 6): P = p_max = 1, s = E4M3(1/6) =
 	 * 1.333·2^-3, mantissa 2.67 → 3, exponent −3 + 7 = 4: code 4<<3 | 3 = 0x23 (0.171875);
 	 * 1/0.171875 = 5.82 → 6. */
 	P[0] = 1.0f;
-	bd_p_quantize_block_nvfp4(P, 1.0f, &ps_std, ph, &s);
-	cr_assert_eq(s, 0x23);
+	cr_assert_eq(pquant(P, 1.0f, &ps_std, ph), 0x23);
 	cr_assert_eq(ph[0], 6.0f);
 }
 
@@ -1252,19 +1257,16 @@ Test(fp4, pquant_underflow)
 	 * → 0: the whole block is lost (all P̂ = 0). Underflow-aware (c = 8, τ/c ≈ 0.00256 ≥ p_max,
 	 * κ = 2): s_P = E4M3(8·2^-11/2 = 2^-9) = code 1; P_max = 8·2^-11 = 2^-8, ·512 = 2 → 2. */
 	float P[16], ph[16];
-	uint8_t s;
 
 	for (int i = 0; i < 16; i++)
 		P[i] = 0x1p-11f * (i == 0 ? 1.0f : 0.5f);
-	bd_p_quantize_block_nvfp4(P, 0x1p-11f, &ps_std, ph, &s);
-	cr_assert_eq(s, 0);
+	cr_assert_eq(pquant(P, 0x1p-11f, &ps_std, ph), 0);
 	for (int i = 0; i < 16; i++)
 		cr_assert_eq(ph[i], 0.0f);
 
 	for (int i = 0; i < 16; i++)
 		P[i] = 8.0f * 0x1p-11f * (i == 0 ? 1.0f : 0.5f);
-	bd_p_quantize_block_nvfp4(P, 0x1p-11f, &ps_uf, ph, &s);
-	cr_assert_eq(s, 1);
+	cr_assert_eq(pquant(P, 0x1p-11f, &ps_uf, ph), 1);
 	cr_assert_eq(ph[0], 2.0f);
 	cr_assert_eq(ph[1], 1.0f);
 }
