@@ -78,6 +78,63 @@ __device__ __forceinline__ float block_amax(float v, float *red)
 	return r;
 }
 
+/* One block of BS values x quantized (NUMERICS.md §2): BS = 16 NVFP4 under the page's g, an
+ * E4M3 scale code; BS = 32 MXFP4, a UE8M0 scale code (g unused). */
+template <int BS>
+__device__ __forceinline__ void quantize_block(const float (&x)[BS], float g, bool search,
+					       uint32_t (&pk)[BS / 8], uint32_t *ret_scale)
+{
+	if constexpr (BS == 16)
+		nvfp4_quantize_block(x, g, search, pk, ret_scale);
+	else
+		mxfp4_quantize_block(x, search, pk, ret_scale);
+}
+
+/* A block's BS/2 code bytes to dst, in one aligned store. */
+template <int BS>
+__device__ __forceinline__ void store_codes(uint8_t *dst, const uint32_t (&pk)[BS / 8])
+{
+	if constexpr (BS == 16)
+		*(uint2 *)dst = make_uint2(pk[0], pk[1]);
+	else
+		*(uint4 *)dst = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+}
+
+/* The FP4 regions of one page head from K' and V [128][d] BF16 (bd_page_promote's layout,
+ * BS as quantize_block): K in blocks of BS channels of a token (token-major codes and
+ * scales, the searched block scale when search), V in blocks of BS tokens of a channel
+ * (channel-major). */
+template <int BS>
+__device__ __forceinline__ void quantize_page(const uint16_t *K, const uint16_t *V, int d, float gk,
+					      float gv, bool search, uint8_t *kc, uint8_t *ks,
+					      uint8_t *vc, uint8_t *vs)
+{
+	const int nt = BD_PAGE_TOKENS, nbk = d / BS;
+
+	for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
+		const int tok = blk / nbk, bi = blk % nbk;
+		float x[BS];
+		uint32_t pk[BS / 8], sc;
+#pragma unroll
+		for (int e = 0; e < BS; e++)
+			x[e] = __uint_as_float((uint32_t)K[tok * d + bi * BS + e] << 16);
+		quantize_block<BS>(x, gk, search, pk, &sc);
+		store_codes<BS>(kc + (size_t)tok * d / 2 + bi * (BS / 2), pk);
+		ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
+	}
+	for (int blk = threadIdx.x; blk < d * (nt / BS); blk += blockDim.x) {
+		const int ch = blk / (nt / BS), bi = blk % (nt / BS);
+		float x[BS];
+		uint32_t pk[BS / 8], sc;
+#pragma unroll
+		for (int e = 0; e < BS; e++)
+			x[e] = __uint_as_float((uint32_t)V[(bi * BS + e) * d + ch] << 16);
+		quantize_block<BS>(x, gv, false, pk, &sc);
+		store_codes<BS>(vc + (size_t)ch * (nt / 2) + bi * (BS / 2), pk);
+		vs[(size_t)ch * (nt / BS) + bi] = (uint8_t)sc;
+	}
+}
+
 /* Pass 2: one CTA per (layer · KV head, promotion). smem: K' [128][d] and V [128][d] BF16. */
 __global__ void promote_kernel(const PromoteParams p)
 {
@@ -143,55 +200,10 @@ __global__ void promote_kernel(const PromoteParams p)
 	uint8_t *kc = head + p.k_codes_off, *ks = head + p.k_scales_off;
 	uint8_t *vc = head + p.v_codes_off, *vs = head + p.v_scales_off;
 
-	if (p.fmt == BD_PAGE_NVFP4) {
-		const int nbk = d / 16;
-		for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
-			const int tok = blk / nbk, bi = blk % nbk;
-			float x[16];
-			uint32_t pk[2], sc;
-#pragma unroll
-			for (int e = 0; e < 16; e++)
-				x[e] = __uint_as_float((uint32_t)K[tok * d + bi * 16 + e] << 16);
-			nvfp4_quantize_block(x, gk, p.search, pk, &sc);
-			*(uint2 *)(kc + (size_t)tok * d / 2 + bi * 8) = make_uint2(pk[0], pk[1]);
-			ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
-		}
-		for (int blk = threadIdx.x; blk < d * (nt / 16); blk += blockDim.x) {
-			const int ch = blk / (nt / 16), bi = blk % (nt / 16);
-			float x[16];
-			uint32_t pk[2], sc;
-#pragma unroll
-			for (int e = 0; e < 16; e++)
-				x[e] = __uint_as_float((uint32_t)V[(bi * 16 + e) * d + ch] << 16);
-			nvfp4_quantize_block(x, gv, false, pk, &sc);
-			*(uint2 *)(vc + (size_t)ch * (nt / 2) + bi * 8) = make_uint2(pk[0], pk[1]);
-			vs[(size_t)ch * (nt / 16) + bi] = (uint8_t)sc;
-		}
-	} else {
-		const int nbk = d / 32;
-		for (int blk = threadIdx.x; blk < nt * nbk; blk += blockDim.x) {
-			const int tok = blk / nbk, bi = blk % nbk;
-			float x[32];
-			uint32_t pk[4], sc;
-#pragma unroll
-			for (int e = 0; e < 32; e++)
-				x[e] = __uint_as_float((uint32_t)K[tok * d + bi * 32 + e] << 16);
-			mxfp4_quantize_block(x, p.search, pk, &sc);
-			*(uint4 *)(kc + (size_t)tok * d / 2 + bi * 16) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-			ks[(size_t)tok * nbk + bi] = (uint8_t)sc;
-		}
-		for (int blk = threadIdx.x; blk < d * (nt / 32); blk += blockDim.x) {
-			const int ch = blk / (nt / 32), bi = blk % (nt / 32);
-			float x[32];
-			uint32_t pk[4], sc;
-#pragma unroll
-			for (int e = 0; e < 32; e++)
-				x[e] = __uint_as_float((uint32_t)V[(bi * 32 + e) * d + ch] << 16);
-			mxfp4_quantize_block(x, false, pk, &sc);
-			*(uint4 *)(vc + (size_t)ch * (nt / 2) + bi * 16) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-			vs[(size_t)ch * (nt / 32) + bi] = (uint8_t)sc;
-		}
-	}
+	if (p.fmt == BD_PAGE_NVFP4)
+		quantize_page<16>(K, V, d, gk, gv, p.search, kc, ks, vc, vs);
+	else
+		quantize_page<32>(K, V, d, gk, gv, p.search, kc, ks, vc, vs);
 	if (threadIdx.x == 0) {
 		float *g = (float *)(page + p.gscale_off + (size_t)h * 8);
 		g[0] = gk;
