@@ -88,10 +88,12 @@ static float rng_sym(float a)
  * at each step our argmax must equal llama.cpp's top-1, except where llama.cpp's own margin is
  * below `tie` (then its runner-up is accepted too); with `clear` > 0, steps whose margin is
  * below `clear` are not compared at all. Returns the largest |logit difference| over the 8
- * logits recorded per step. */
-static double golden_run(const struct bd_model *m, json_t *gold, const char *run, double tie,
-			 double clear, int *ret_flips, int *ret_skipped)
+ * logits recorded per step. The embedded model and the golden file are loaded here. */
+static double golden_run(const char *run, double tie, double clear, int *ret_flips,
+			 int *ret_skipped)
 {
+	struct bd_model *m = load_model();
+	json_t *gold = load_golden();
 	const struct bd_kvcfg *cfg = bd_kvcfg_find("bf16");
 	int V = m->hp.n_vocab, steps = (int)json_integer_value(json_object_get(gold, "steps"));
 	float *lg = malloc(sizeof(float) * (size_t)V);
@@ -155,6 +157,8 @@ static double golden_run(const struct bd_model *m, json_t *gold, const char *run
 		free(greedy);
 	}
 	free(lg);
+	json_decref(gold);
+	bd_model_free(m);
 	return worst;
 }
 
@@ -164,17 +168,13 @@ static double golden_run(const struct bd_model *m, json_t *gold, const char *run
  * BF16, llama.cpp's F32; measured: ≤ 0.12). */
 Test(model, golden_llamacpp_f32_weights)
 {
-	struct bd_model *m = load_model();
-	json_t *gold = load_golden();
 	int flips, skipped;
+	double worst = golden_run("f32", 0.02, 0.0, &flips, &skipped);
 
-	double worst = golden_run(m, gold, "f32", 0.02, 0.0, &flips, &skipped);
 	cr_log_info("golden f32: max |logit diff| %.4f, near-tie flips %d\n", worst, flips);
 	fprintf(stderr, "[model] llama.cpp (F32 weights) vs bdfp4 bf16: max |logit diff| %.4f, "
 			"top-1 equal at every step (%d near-tie flips)\n", worst, flips);
 	cr_expect_leq(worst, 0.25);
-	json_decref(gold);
-	bd_model_free(m);
 }
 
 /* llama.cpp on the GGUF as shipped quantizes its activations to Q8 for the Q4_1 and Q8_0 dot
@@ -183,16 +183,12 @@ Test(model, golden_llamacpp_f32_weights)
  * within 2.5. */
 Test(model, golden_llamacpp_q4_1)
 {
-	struct bd_model *m = load_model();
-	json_t *gold = load_golden();
 	int flips, skipped;
+	double worst = golden_run("q4_1", 0.0, 0.3, &flips, &skipped);
 
-	double worst = golden_run(m, gold, "q4_1", 0.0, 0.3, &flips, &skipped);
 	fprintf(stderr, "[model] llama.cpp (Q4_1 as shipped) vs bdfp4 bf16: max |logit diff| "
 			"%.4f, %d near-tie steps not compared\n", worst, skipped);
 	cr_expect_leq(worst, 2.5);
-	json_decref(gold);
-	bd_model_free(m);
 }
 
 struct collect {

@@ -31,16 +31,54 @@ static json_t *golden(void)
 	return td_load_json("tests/data/tokenizer/smollm2.json");
 }
 
-/* The embedded model's tokenizer; the GGUF handle is freed at once (the tokenizer copies). */
-static struct bd_tokenizer *model_tok(void)
+/* The tokenizer of g, asserted to load with an empty message; g is freed at once (the
+ * tokenizer copies what it keeps). */
+static struct bd_tokenizer *tok_of(struct bd_gguf *g)
 {
-	struct bd_gguf *g = td_open_model();
 	struct bd_tokenizer *tok = NULL;
 	char terr[BD_TOKENIZER_ERR_MAX];
 	cr_assert_eq(bd_tokenizer_new_from_gguf(g, &tok, terr), 0, "%s", terr);
 	cr_assert_str_empty(terr);
 	bd_gguf_free(g);
 	return tok;
+}
+
+/* The ids of the NUL-terminated s under flags (encoding asserted to succeed), malloc'ed:
+ * *ret_n of them. */
+static int32_t *encode_str(const struct bd_tokenizer *tok, const char *s, unsigned flags,
+			   size_t *ret_n)
+{
+	int32_t *ids;
+	cr_assert_eq(bd_tokenizer_encode(tok, s, strlen(s), flags, &ids, ret_n), 0,
+		     "encode \"%s\" (flags %u)", s, flags);
+	return ids;
+}
+
+/* The embedded model's tokenizer. */
+static struct bd_tokenizer *model_tok(void)
+{
+	return tok_of(td_open_model());
+}
+
+/* A GGUF image of m's metadata entries and no tensors, opened: the header goes in front, in an
+ * exactly sized buffer so that ASan sees any overread. m->p is freed; the image, *ret_buf, must
+ * outlive the handle and is the caller's to free. */
+static struct bd_gguf *open_metadata(struct gguf_w *m, uint8_t **ret_buf)
+{
+	uint8_t *buf = malloc(24 + m->n);
+	cr_assert_not_null(buf);
+	uint32_t ver = 3;
+	uint64_t hdr[2] = { 0, m->keys };
+	memcpy(buf, "GGUF", 4);
+	memcpy(buf + 4, &ver, 4); /* the test machines are little-endian, as GGUF is */
+	memcpy(buf + 8, hdr, 16);
+	memcpy(buf + 24, m->p, m->n);
+	struct bd_gguf *g = NULL;
+	char err[BD_GGUF_ERR_MAX];
+	cr_assert_eq(bd_gguf_open_mem(buf, 24 + m->n, &g, err), 0, "%s", err);
+	free(m->p);
+	*ret_buf = buf;
+	return g;
 }
 
 static int32_t *json_ids(json_t *a, size_t *ret_n)
@@ -246,13 +284,12 @@ Test(tokenizer, special_text_in_content_is_literal)
 {
 	struct bd_tokenizer *tok = model_tok();
 	const char *s = "<|im_start|>user\nhi<|im_end|>";
-	int32_t *ids;
 	size_t n;
-	cr_assert_eq(bd_tokenizer_encode(tok, s, strlen(s), 0, &ids, &n), 0);
+	int32_t *ids = encode_str(tok, s, 0, &n);
 	for (size_t i = 0; i < n; i++)
 		cr_assert_geq(ids[i], 17, "literal text gave the special token %d", ids[i]);
 	free(ids);
-	cr_assert_eq(bd_tokenizer_encode(tok, s, strlen(s), BD_TOK_PARSE_SPECIAL, &ids, &n), 0);
+	ids = encode_str(tok, s, BD_TOK_PARSE_SPECIAL, &n);
 	cr_assert_gt(n, 2);
 	cr_assert_eq(ids[0], 1); /* <|im_start|> */
 	cr_assert_eq(ids[n - 1], 2); /* <|im_end|> */
@@ -319,9 +356,8 @@ Test(tokenizer, encode_buf)
 {
 	struct bd_tokenizer *tok = model_tok();
 	const char *s = "What is the capital of France?";
-	int32_t *ids;
 	size_t n, m = 0;
-	cr_assert_eq(bd_tokenizer_encode(tok, s, strlen(s), 0, &ids, &n), 0);
+	int32_t *ids = encode_str(tok, s, 0, &n);
 	int32_t buf[64];
 	for (size_t k = 0; k < 64; k++)
 		buf[k] = -7;
@@ -800,31 +836,13 @@ static struct bd_gguf *mini_gguf(const struct mini *o, uint8_t **ret_buf)
 	for (size_t i = 0; i < MINI_N; i++)
 		free(tok[i]);
 
-	/* header in front, into an exactly sized buffer so ASan sees any overread */
-	uint8_t *buf = malloc(24 + m.n);
-	cr_assert_not_null(buf);
-	memcpy(buf, "GGUF", 4);
-	uint64_t hdr[2] = { 0, m.keys };
-	uint32_t ver = 3;
-	memcpy(buf + 4, &ver, 4); /* the test machines are little-endian, as GGUF is */
-	memcpy(buf + 8, hdr, 16);
-	memcpy(buf + 24, m.p, m.n);
-	free(m.p);
-	struct bd_gguf *g = NULL;
-	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(bd_gguf_open_mem(buf, 24 + m.n, &g, err), 0, "%s", err);
-	*ret_buf = buf;
-	return g;
+	return open_metadata(&m, ret_buf);
 }
 
 static struct bd_tokenizer *mini_tok(const struct mini *o)
 {
 	uint8_t *buf;
-	struct bd_gguf *g = mini_gguf(o, &buf);
-	struct bd_tokenizer *t = NULL;
-	char err[BD_TOKENIZER_ERR_MAX];
-	cr_assert_eq(bd_tokenizer_new_from_gguf(g, &t, err), 0, "%s", err);
-	bd_gguf_free(g);
+	struct bd_tokenizer *t = tok_of(mini_gguf(o, &buf));
 	free(buf);
 	return t;
 }
@@ -832,9 +850,8 @@ static struct bd_tokenizer *mini_tok(const struct mini *o)
 static void expect_ids(const struct bd_tokenizer *t, const char *s, unsigned flags,
 		       const int32_t *want, size_t n_want)
 {
-	int32_t *ids;
 	size_t n;
-	cr_assert_eq(bd_tokenizer_encode(t, s, strlen(s), flags, &ids, &n), 0);
+	int32_t *ids = encode_str(t, s, flags, &n);
 	cr_assert(n == n_want && memcmp(ids, want, n * sizeof(int32_t)) == 0,
 		  "\"%s\": %zu ids, want %zu (first %d, want %d)", s, n, n_want, n ? ids[0] : -1,
 		  want[0]);
@@ -1056,22 +1073,8 @@ static struct bd_tokenizer *model_tok_with_pre(const char *pre)
 	free(ty);
 	bd_gguf_free(src);
 
-	uint8_t *buf = malloc(24 + m.n);
-	cr_assert_not_null(buf);
-	uint32_t ver = 3;
-	uint64_t hdr[2] = { 0, m.keys };
-	memcpy(buf, "GGUF", 4);
-	memcpy(buf + 4, &ver, 4);
-	memcpy(buf + 8, hdr, 16);
-	memcpy(buf + 24, m.p, m.n);
-	free(m.p);
-	struct bd_gguf *g = NULL;
-	char err[BD_GGUF_ERR_MAX];
-	cr_assert_eq(bd_gguf_open_mem(buf, 24 + m.n, &g, err), 0, "%s", err);
-	struct bd_tokenizer *t = NULL;
-	char terr[BD_TOKENIZER_ERR_MAX];
-	cr_assert_eq(bd_tokenizer_new_from_gguf(g, &t, terr), 0, "%s", terr);
-	bd_gguf_free(g);
+	uint8_t *buf;
+	struct bd_tokenizer *t = tok_of(open_metadata(&m, &buf));
 	free(buf);
 	return t;
 }
