@@ -76,32 +76,61 @@ __device__ __forceinline__ void store_dt(void *p, int dt, size_t i, float x)
 		((float *)p)[i] = x;
 }
 
-template <typename T> __device__ __forceinline__ T warp_sum(T v)
+struct OpSum {
+	template <typename T> __device__ __forceinline__ T operator()(T a, T b) const
+	{
+		return a + b;
+	}
+};
+
+struct OpMax {
+	template <typename T> __device__ __forceinline__ T operator()(T a, T b) const
+	{
+		return max(a, b);
+	}
+};
+
+/* op over the warp (every lane gets it), by xor butterfly. */
+template <typename T, typename Op> __device__ __forceinline__ T warp_reduce(T v, Op op)
 {
 	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
+		v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
 	return v;
 }
 
-/* Sum over the block (every thread gets it); sh: 32 scratch values. Fixed tree: the result
- * does not depend on timing. */
-template <typename T> __device__ T block_sum(T v, T *sh)
+template <typename T> __device__ __forceinline__ T warp_sum(T v)
 {
-	const int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+	return warp_reduce(v, OpSum());
+}
 
-	v = warp_sum(v);
+/* op over the block's nw warps (every thread gets it); sh: 32 scratch values, free to reuse
+ * after the next barrier. (T)0 stands for the warps past nw, so op must have it as its
+ * identity (a sum; the max of unsigned values). Fixed tree: the result does not depend on
+ * timing. */
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T (&sh)[32], Op op, int nw)
+{
+	const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+
+	v = warp_reduce(v, op);
 	__syncthreads();
 	if (l == 0)
 		sh[w] = v;
 	__syncthreads();
 	if (w == 0) {
 		T r = l < nw ? sh[l] : (T)0;
-		r = warp_sum(r);
+		r = warp_reduce(r, op);
 		if (l == 0)
 			sh[0] = r;
 	}
 	__syncthreads();
 	return sh[0];
+}
+
+/* Sum over the block (every thread gets it); sh: 32 scratch values. */
+template <typename T> __device__ T block_sum(T v, T (&sh)[32])
+{
+	return block_reduce(v, sh, OpSum(), blockDim.x / 32);
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z)
@@ -660,26 +689,11 @@ __device__ unsigned long long block_excl_scan(unsigned long long v, SelShared &s
 	return sh.red[w] + x - v;
 }
 
+/* Max over a CTA of SNT threads; sh.red is free again when it returns. */
 __device__ unsigned long long block_max_u64(unsigned long long v, SelShared &sh)
 {
-	const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const unsigned long long r = block_reduce(v, sh.red, OpMax(), SNT / 32);
 
-	for (int o = 16; o > 0; o >>= 1)
-		v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-	__syncthreads();
-	if (lane == 0)
-		sh.red[w] = v;
-	__syncthreads();
-	if (w == 0) {
-		unsigned long long y = sh.red[lane];
-
-		for (int o = 16; o > 0; o >>= 1)
-			y = max(y, __shfl_xor_sync(0xffffffffu, y, o));
-		if (lane == 0)
-			sh.red[0] = y;
-	}
-	__syncthreads();
-	const unsigned long long r = sh.red[0];
 	__syncthreads();
 	return r;
 }
