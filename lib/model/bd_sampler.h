@@ -46,6 +46,11 @@ int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs
  * Returns 0 and *ret_token, -EINVAL, -EDOM (as bd_sampler_probs). */
 int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_token);
 
+/* Sorts ids[n], indices into x, by descending x and then ascending id: a total order for
+ * values that are not NaN (−0 and +0 are equal, −inf comes last). The order in which top-k
+ * and top-p keep candidates. */
+void bd_sampler_order(const float *x, int32_t *ids, size_t n);
+
 /* Index of the largest of x[n] (the first one on ties; NaN never wins), or -EINVAL for
  * NULL or n < 1. */
 int bd_argmax(const float *x, int n);

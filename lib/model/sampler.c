@@ -76,6 +76,13 @@ static int cmp_desc(const void *a, const void *b)
 	return (i > j) - (i < j);
 }
 
+void bd_sampler_order(const float *x, int32_t *ids, size_t n)
+{
+	cmp_logits = x;
+	qsort(ids, n, sizeof(*ids), cmp_desc);
+	cmp_logits = NULL;
+}
+
 /* Fill s->idx[0..*ret_m) and s->prob with the kept candidates (unnormalized), most likely
  * first when sorting was needed, and *ret_total with their mass; a greedy sampler keeps the
  * argmax alone (mass 1). Returns 0 or -EDOM (a NaN or +inf logit, or all of them -inf). */
@@ -105,9 +112,7 @@ static int candidates(struct bd_sampler *s, const float *logits, int *ret_m, dou
 		s->idx[i] = i;
 	bool sort = (s->p.top_k > 0 && s->p.top_k < n) || s->p.top_p < 1.0f;
 	if (sort) {
-		cmp_logits = logits;
-		qsort(s->idx, (size_t)n, sizeof(*s->idx), cmp_desc);
-		cmp_logits = NULL;
+		bd_sampler_order(logits, s->idx, (size_t)n);
 		if (s->p.top_k > 0 && s->p.top_k < n)
 			m = s->p.top_k;
 	}

@@ -1047,20 +1047,6 @@ static void check_sample_dist(int V, const struct scfg *c, int launches)
 	FREE_DEV(dlg, dp, dret, ws);
 }
 
-static const float *cmp_vals;
-
-static int cmp_desc(const void *a, const void *b)
-{
-	int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-	float x = cmp_vals[i], y = cmp_vals[j];
-
-	if (x > y)
-		return -1;
-	if (x < y)
-		return 1;
-	return (i > j) - (i < j);
-}
-
 static void check_topk(int V)
 {
 	enum { N = 4 };
@@ -1099,8 +1085,7 @@ static void check_topk(int V)
 
 			for (int i = 0; i < V; i++)
 				idx[i] = i;
-			cmp_vals = row;
-			qsort(idx, (size_t)V, sizeof(*idx), cmp_desc);
+			bd_sampler_order(row, idx, (size_t)V);
 			for (int j = 0; j < k; j++)
 				bad += ids[r * k + j] != idx[j] ||
 				       fbits(vals[r * k + j]) != fbits(row[idx[j]]);

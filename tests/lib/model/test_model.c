@@ -893,6 +893,22 @@ Test(model, sampler_bad_inputs)
 	bd_sampler_free(NULL);
 }
 
+/* The candidates' order: by value, largest first, ties (−0 = +0 included) by id, −inf last. */
+Test(model, sampler_order)
+{
+	const float x[8] = { 1.0f, -INFINITY, 2.5f, -0.0f, 1.0f, 0.0f, -INFINITY, -3.0f };
+	int32_t ids[8] = { 7, 6, 5, 4, 3, 2, 1, 0 };
+	static const int32_t want[8] = { 2, 0, 4, 3, 5, 7, 1, 6 };
+
+	bd_sampler_order(x, ids, 8);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(ids[i], want[i], "rank %d: id %d, want %d", i, ids[i], want[i]);
+	/* a subset of the ids is ordered the same way */
+	int32_t sub[3] = { 6, 4, 0 };
+	bd_sampler_order(x, sub, 3);
+	cr_assert(sub[0] == 0 && sub[1] == 4 && sub[2] == 6);
+}
+
 Test(model, stop_strings)
 {
 	const char *stops[] = { "</s>", "\nUser:", "" };
