@@ -100,23 +100,22 @@ class Client:
                 return (tokens, text, pb.FinishReason.Name(ch.finish_reason),
                         pb.ServeError.Name(ch.error), ch.message, usage)
 
-    def health(self):
+    def _query(self, field):
+        """Sends the empty request `field` ("health", "info") and returns the reply's field of
+        the same name, passing over any other reply."""
         req = self.pb.ClientRequest()
-        req.health.SetInParent()
+        getattr(req, field).SetInParent()
         self._send(req)
         while True:
             rep = self._recv()
-            if rep.WhichOneof("msg") == "health":
-                return rep.health
+            if rep.WhichOneof("msg") == field:
+                return getattr(rep, field)
+
+    def health(self):
+        return self._query("health")
 
     def info(self):
-        req = self.pb.ClientRequest()
-        req.info.SetInParent()
-        self._send(req)
-        while True:
-            rep = self._recv()
-            if rep.WhichOneof("msg") == "info":
-                return rep.info
+        return self._query("info")
 
 
 def main():
