@@ -1,7 +1,7 @@
 /* model_data.h — what the tests of the model and formats layers (tests/lib/model,
- * tests/lib/formats, tests/lib/pool) read from the tree and build alike: the repository root,
- * the golden JSON files under tests/data, the embedded model file, and the shape of the tiny
- * random models. Each helper asserts (Criterion) instead of returning an error, naming the
+ * tests/lib/formats, tests/lib/pool, tests/lib/serve) read from the tree and build alike: the
+ * repository root, the golden JSON files under tests/data, the embedded model file, and the
+ * shape of the tiny random models. Each helper asserts (Criterion) instead of returning an error, naming the
  * file and how to get it.
  */
 #ifndef TEST_MODEL_DATA_H

@@ -26,20 +26,8 @@
 
 #include "base/bd_clock.h"
 #include "serve/bd_allreduce.h"
-#include "tmpdir.h"
+#include "ar_file.h"
 
-static char dir[64], path[96];
-
-static void setup(void)
-{
-	cr_assert_eq(td_make(dir, sizeof(dir), "bdfp4-ar"), 0);
-	snprintf(path, sizeof(path), "%s/ar", dir);
-}
-
-static void teardown(void)
-{
-	td_remove(dir);
-}
 
 /* xorshift64*: the test's own inputs */
 static uint64_t rng_next(uint64_t *s)
@@ -70,7 +58,7 @@ static void *rank_main(void *arg)
 {
 	struct rank_job *j = arg;
 	struct bd_allreduce *ar = NULL;
-	j->rc = bd_allreduce_open(path, j->rank, j->tp, j->cap, 20000, &ar);
+	j->rc = bd_allreduce_open(ar_path, j->rank, j->tp, j->cap, 20000, &ar);
 	if (j->rc < 0)
 		return NULL;
 	j->join_rc = bd_allreduce_join(ar, 20000);
@@ -100,7 +88,7 @@ static void run_ranks(int tp, size_t cap, size_t n, int rounds, float **in, floa
 	}
 }
 
-TestSuite(allreduce, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(allreduce, .init = ar_file_setup, .fini = ar_file_teardown, .timeout = 120);
 
 /* Integers: every sum exact, every rank the same; 300 rounds alternate the two buffers, and a
  * length of 2.5 caps cuts each sum into three rounds. */
@@ -171,23 +159,23 @@ Test(allreduce, bad_arguments_leave_nothing)
 {
 	struct bd_allreduce *ar = (struct bd_allreduce *)0x1, *a0 = NULL;
 	cr_assert_eq(bd_allreduce_open(NULL, 0, 2, 16, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, 0, 1, 16, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, 2, 2, 16, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, -1, 2, 16, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, 0, BD_ALLREDUCE_MAX_TP + 1, 16, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 0, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 16, 0, NULL), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 1, 16, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 2, 2, 16, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, -1, 2, 16, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, BD_ALLREDUCE_MAX_TP + 1, 16, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 0, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, NULL), -EINVAL);
 	cr_assert_eq(ar, (struct bd_allreduce *)0x1);
-	cr_assert_eq(access(path, F_OK), -1, "a refused open created the file");
+	cr_assert_eq(access(ar_path, F_OK), -1, "a refused open created the file");
 
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 16, 0, &a0), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &a0), 0);
 	cr_assert_eq(bd_allreduce_rank(a0), 0);
 	cr_assert_eq(bd_allreduce_tp(a0), 2);
 	/* the same rank twice while the first is open */
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 16, 0, &ar), -EBUSY);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &ar), -EBUSY);
 	/* another geometry while a rank lives */
-	cr_assert_eq(bd_allreduce_open(path, 1, 2, 32, 0, &ar), -EINVAL);
-	cr_assert_eq(bd_allreduce_open(path, 1, 3, 16, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 32, 0, &ar), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 3, 16, 0, &ar), -EINVAL);
 	cr_assert_eq(ar, (struct bd_allreduce *)0x1);
 
 	/* no session yet: rounds refused, the buffer untouched */
@@ -209,7 +197,7 @@ Test(allreduce, bad_arguments_leave_nothing)
 	bd_allreduce_close(NULL);
 
 	/* with no live rank, a new geometry re-initializes the file */
-	cr_assert_eq(bd_allreduce_open(path, 1, 2, 32, 0, &a0), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 32, 0, &a0), 0);
 	bd_allreduce_close(a0);
 }
 
@@ -217,8 +205,8 @@ Test(allreduce, bad_arguments_leave_nothing)
 Test(allreduce, silent_peer_times_out)
 {
 	struct bd_allreduce *a0, *a1;
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 8, 300, &a0), 0);
-	cr_assert_eq(bd_allreduce_open(path, 1, 2, 8, 300, &a1), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 8, 300, &a0), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 8, 300, &a1), 0);
 	/* join from one thread: alternate short attempts until both are in */
 	int j0 = -ETIMEDOUT, j1 = -ETIMEDOUT;
 	for (int i = 0; i < 200 && (j0 || j1); i++) {
@@ -255,7 +243,7 @@ static pid_t fork_peer(int rounds, bool wait_forever)
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		struct bd_allreduce *ar;
-		if (bd_allreduce_open(path, 1, 2, 8, 20000, &ar) < 0 ||
+		if (bd_allreduce_open(ar_path, 1, 2, 8, 20000, &ar) < 0 ||
 		    bd_allreduce_join(ar, 20000) < 0)
 			_exit(3);
 		for (int i = 0; i < rounds; i++) {
@@ -276,7 +264,7 @@ static pid_t fork_peer(int rounds, bool wait_forever)
 Test(allreduce, dead_peer_fails_fast_and_rejoin_works)
 {
 	struct bd_allreduce *a0;
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 8, 20000, &a0), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 8, 20000, &a0), 0);
 
 	pid_t pid = fork_peer(1, false);
 	cr_assert_eq(bd_allreduce_join(a0, 20000), 0);
@@ -329,7 +317,7 @@ static void *late_rank1(void *arg)
 {
 	struct barrier_job *j = arg;
 	struct bd_allreduce *ar = NULL;
-	j->rc = bd_allreduce_open(path, 1, 2, 4, 10000, &ar);
+	j->rc = bd_allreduce_open(ar_path, 1, 2, 4, 10000, &ar);
 	if (j->rc == 0 && (j->rc = bd_allreduce_join(ar, 10000)) == 0) {
 		usleep(300000);
 		j->arrived_ms = bd_now_ms();
@@ -344,7 +332,7 @@ Test(allreduce, empty_sum_is_a_barrier)
 	struct bd_allreduce *a0;
 	struct barrier_job j = { 0 };
 	pthread_t th;
-	cr_assert_eq(bd_allreduce_open(path, 0, 2, 4, 10000, &a0), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 4, 10000, &a0), 0);
 	cr_assert_eq(pthread_create(&th, NULL, late_rank1, &j), 0);
 	cr_assert_eq(bd_allreduce_join(a0, 10000), 0);
 	int rc = bd_allreduce_sum(a0, NULL, 0);
@@ -361,16 +349,16 @@ Test(allreduce, empty_sum_is_a_barrier)
  * initializes it. (Seen as a race between two workerd starting together.) */
 Test(allreduce, empty_file_with_a_live_peer_is_initialized)
 {
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	int fd = open(ar_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	cr_assert_geq(fd, 0);
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 	cr_assert_eq(fcntl(fd, F_OFD_SETLK, &fl), 0); /* "rank 0", alive, mid-open */
 	struct bd_allreduce *a1;
-	cr_assert_eq(bd_allreduce_open(path, 1, 2, 16, 1000, &a1), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 16, 1000, &a1), 0);
 	/* now the header is there: another geometry is refused while "rank 0" lives */
 	struct bd_allreduce *a1b = (void *)0x1;
 	bd_allreduce_close(a1);
-	cr_assert_eq(bd_allreduce_open(path, 1, 2, 32, 1000, &a1b), -EINVAL);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 32, 1000, &a1b), -EINVAL);
 	cr_assert_eq(a1b, (void *)0x1);
 	close(fd);
 }

@@ -36,41 +36,11 @@
 #include "base/bd_clock.h"
 #include "serve/bd_allreduce.h"
 #include "model/bd_forward.h"
+#include "model_data.h"
 #include "model_fill.h"
-#include "tmpdir.h"
+#include "ar_file.h"
 
-static char dir[64], arpath[96];
-
-static void setup(void)
-{
-	cr_assert_eq(td_make(dir, sizeof(dir), "bdfp4-tp"), 0);
-	snprintf(arpath, sizeof(arpath), "%s/ar", dir);
-}
-
-static void teardown(void)
-{
-	td_remove(dir);
-}
-
-TestSuite(tp, .init = setup, .fini = teardown, .timeout = 900);
-
-static const char *srcdir(void)
-{
-	const char *d = getenv("BD_SRCDIR");
-	return d && *d ? d : ".";
-}
-
-static const char *model_path(char *buf, size_t len)
-{
-	const char *path = getenv("BD_MODEL");
-	if (!path || !*path) {
-		snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", srcdir());
-		path = buf;
-	}
-	cr_assert(access(path, R_OK) == 0, "the embedded model %s is missing: run `make model`",
-		  path);
-	return path;
-}
+TestSuite(tp, .init = ar_file_setup, .fini = ar_file_teardown, .timeout = 900);
 
 static uint64_t rng_state;
 
@@ -176,7 +146,7 @@ static void *rank_main(void *arg)
 		m = own;
 	}
 	V = m->hp.n_vocab;
-	STEP(bd_allreduce_open(arpath, j->rank, 2, 4096, 60000, &ar), "all-reduce open");
+	STEP(bd_allreduce_open(ar_path, j->rank, 2, 4096, 60000, &ar), "all-reduce open");
 	STEP(bd_layout_init(&lay, cfg->page_fmt, m->hp.n_layers, KV_HEADS_PER_RANK,
 			    m->hp.head_dim, 0, N_PAGES), "layout");
 	arena = aligned_alloc(BD_PAGE_ALIGN, lay.arena_bytes);
@@ -404,12 +374,9 @@ Test(tp, tiny_models_match_single_process)
 /* The check on the real model (see the header comment for the tolerance). */
 Test(tp, smollm2_tp2_matches_single_process_64_steps)
 {
-	char buf[512], path[512], err[BD_MODEL_ERR_MAX];
-	snprintf(path, sizeof(path), "%s", model_path(buf, sizeof(buf)));
-	snprintf(buf, sizeof(buf), "%s/tests/data/model/golden.json", srcdir());
-	json_error_t je;
-	json_t *gold = json_load_file(buf, 0, &je);
-	cr_assert_not_null(gold, "%s: %s", buf, je.text);
+	char path[TD_PATH_MAX], err[BD_MODEL_ERR_MAX];
+	td_model_path(path);
+	json_t *gold = td_load_json("tests/data/model/golden.json");
 	json_t *ps = json_object_get(gold, "prompts"), *p = NULL;
 	for (size_t i = 0; i < json_array_size(ps); i++)
 		if (!strcmp(json_string_value(json_object_get(json_array_get(ps, i), "name")),
@@ -451,8 +418,8 @@ Test(tp, smollm2_tp2_matches_single_process_64_steps)
 /* A GGUF shard is the same as the whole model cut in memory (two ways to the same slices). */
 Test(tp, gguf_shard_equals_shard_of_whole)
 {
-	char buf[512], err[BD_MODEL_ERR_MAX];
-	const char *path = model_path(buf, sizeof(buf));
+	char buf[TD_PATH_MAX], err[BD_MODEL_ERR_MAX];
+	const char *path = td_model_path(buf);
 	struct bd_model *m, *g1, *c1;
 	cr_assert_eq(bd_model_load(path, &m, err), 0, "%s", err);
 	cr_assert_eq(bd_model_load_shard(path, 1, 2, &g1, err), 0, "%s", err);
@@ -492,8 +459,8 @@ Test(tp, shard_misuse_refused)
 
 	/* a no-op "all-reduce" lets one rank run alone for the argument checks */
 	struct bd_allreduce *ar0, *ar1;
-	cr_assert_eq(bd_allreduce_open(arpath, 0, 2, 64, 2000, &ar0), 0);
-	cr_assert_eq(bd_allreduce_open(arpath, 1, 2, 64, 2000, &ar1), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 64, 2000, &ar0), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 64, 2000, &ar1), 0);
 	o.allreduce = bd_allreduce_model_cb;
 	o.allreduce_ctx = ar1;
 	cr_assert_eq(bd_seq_new(s1, cfg, &o, &s, err), 0, "%s", err);
@@ -524,7 +491,7 @@ static void *dying_rank1(void *arg)
 	struct bd_allreduce *ar = NULL;
 	struct bd_seq *s = NULL;
 	int32_t toks[4] = { 5, 6, 7, 8 };
-	j->rc = bd_allreduce_open(arpath, 1, 2, 256, 30000, &ar);
+	j->rc = bd_allreduce_open(ar_path, 1, 2, 256, 30000, &ar);
 	if (j->rc == 0)
 		j->rc = bd_allreduce_join(ar, 30000);
 	struct bd_seq_opts o = { .max_tokens = 16, .allreduce = bd_allreduce_model_cb,
@@ -549,7 +516,7 @@ Test(tp, dead_peer_fails_the_step_without_hanging)
 	float lg[37];
 	cr_assert_eq(bd_model_shard_of(m, 0, 2, &s0), 0);
 	cr_assert_eq(bd_model_shard_of(m, 1, 2, &j.shard), 0);
-	cr_assert_eq(bd_allreduce_open(arpath, 0, 2, 256, 30000, &ar), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 256, 30000, &ar), 0);
 	cr_assert_eq(pthread_create(&th, NULL, dying_rank1, &j), 0);
 	cr_assert_eq(bd_allreduce_join(ar, 30000), 0);
 	struct bd_seq_opts o = { .max_tokens = 16, .allreduce = bd_allreduce_model_cb,
@@ -669,7 +636,7 @@ static void *batch_rank(void *arg)
 	int32_t prompt[127];
 	int st[2];
 	batch_prompt(prompt);
-	j->rc = bd_allreduce_open(arpath, j->rank, 2, 512, 30000, &ar);
+	j->rc = bd_allreduce_open(ar_path, j->rank, 2, 512, 30000, &ar);
 	if (j->rc == 0)
 		j->rc = bd_allreduce_join(ar, 30000);
 	for (int i = 0; i < 2 && j->rc == 0; i++) {
