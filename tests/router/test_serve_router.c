@@ -1069,6 +1069,52 @@ static bool pool_down(const struct bd_client_health *h)
 	return !h->pool_ok;
 }
 
+/* The router up as up_slow(extra) brings it; returns its client, and in *ret_watch a second
+ * one, for health while the first one's requests run. */
+static struct bd_client *up_watched(const char *const *extra, struct bd_client **ret_watch)
+{
+	struct bd_client *c = up_slow(extra);
+
+	*ret_watch = sv_client(&E);
+	return c;
+}
+
+/* kvpoold, failed at t0 under the running request tag of c, shows in health through watch
+ * within within_ms (else what): unhealthy, degraded, the reason "kvpoold unreachable: …", a
+ * pool error (the health in *h); and the request ends FINISH_ERROR, UNAVAILABLE, naming
+ * kvpoold. */
+static void expect_pool_down(struct bd_client *c, struct bd_client *watch, uint64_t tag,
+			     int64_t t0, int within_ms, const char *what,
+			     struct bd_client_health *h)
+{
+	struct result r;
+
+	cr_assert(wait_health_for(watch, pool_down, WAIT_MS, h), "%s", what);
+	cr_expect_lt(sv_now_ms() - t0, within_ms, "noticed after %lld ms",
+		     (long long)(sv_now_ms() - t0));
+	cr_expect_not(h->healthy);
+	cr_expect_eq(h->state, 2);
+	cr_expect_eq(strncmp(h->reason, "kvpoold unreachable: ", 21), 0, "reason: %s", h->reason);
+	cr_expect_neq(h->pool_error[0], 0);
+	collect(c, tag, &r);
+	cr_expect_eq(r.finish, BD_FINISH_ERROR);
+	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
+	cr_expect_not_null(strstr(r.message, "kvpoold unreachable"), "message: %s", r.message);
+}
+
+/* Serving again: a request of c, 10 prompt tokens (prompt_ids of salt), runs to its 3 tokens
+ * of this seed. */
+static void expect_serving(struct bd_client *c, int salt, uint64_t seed)
+{
+	int32_t ids[10];
+	struct result r;
+
+	prompt_ids(ids, 10, salt);
+	generate(c, ids, 10, 3, seed, &r);
+	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
+	expect_tokens(&r, 10, seed, 3);
+}
+
 /* SIGTERM to the router, then health (asked through c) says STOPPING; its reply in *h. */
 static void sigterm_until_stopping(struct bd_client *c, struct bd_client_health *h)
 {
@@ -1178,8 +1224,7 @@ static uint64_t draining(struct bd_client **c, struct bd_client **c2, int salt, 
 	int32_t ids[10];
 	uint64_t tag;
 
-	*c = up_slow(NULL);
-	*c2 = sv_client(&E);
+	*c = up_watched(NULL, c2);
 	tag = start_long(*c, ids, 10, salt, seed);
 	sigterm_until_stopping(*c2, &h);
 	return tag;
@@ -1218,39 +1263,25 @@ Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
 {
 	const char *pool_extra[] = { "--layers", "1", "--pages", "16", "--slots", "4",
 				     "--max-seq-len", "1024", NULL };
-	struct bd_client *c, *c2;
+	struct bd_client *c2, *c = up_watched(NULL, &c2);
 	struct bd_client_health h;
 	struct result r;
 	int32_t ids[10];
-	uint64_t tag;
-	int64_t t0;
 
 	/* pool_timeout_ms 2000, pool_probe_ms 1000: the defaults */
-	c = up_slow(NULL);
-	c2 = sv_client(&E);
 	cr_assert_eq(bd_client_health(c2, WAIT_MS, &h), 0);
 	cr_expect(h.pool_ok);
 	cr_expect_str_eq(h.pool_error, "");
 	cr_expect_lt(h.pool_last_ok_ms, 3000, "the probe keeps it fresh");
-	tag = start_long(c, ids, 10, 4, 41);
+	uint64_t tag = start_long(c, ids, 10, 4, 41);
 
-	t0 = sv_now_ms();
+	int64_t t0 = sv_now_ms();
 	cr_expect_eq(sv_stop(&E.pool, SIGKILL, WAIT_MS), 128 + SIGKILL);
-	cr_assert(wait_health_for(c2, pool_down, WAIT_MS, &h), "the pool's death went unnoticed");
-	cr_expect_lt(sv_now_ms() - t0, 4000, "noticed after %lld ms",
-		     (long long)(sv_now_ms() - t0));
-	cr_expect_not(h.healthy);
-	cr_expect_eq(h.state, 2);
-	cr_expect_eq(strncmp(h.reason, "kvpoold unreachable: ", 21), 0, "reason: %s", h.reason);
-	cr_expect_neq(h.pool_error[0], 0);
-	collect(c, tag, &r);
-	cr_expect_eq(r.finish, BD_FINISH_ERROR);
-	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
-	cr_expect_not_null(strstr(r.message, "kvpoold unreachable"), "message: %s", r.message);
+	expect_pool_down(c, c2, tag, t0, 4000, "the pool's death went unnoticed", &h);
 
 	/* refused at once, not after one or more pool timeouts of 2 s */
 	t0 = sv_now_ms();
-	tag = generate(c, ids, 10, 3, 42, &r);
+	generate(c, ids, 10, 3, 42, &r);
 	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
 	cr_expect_not_null(strstr(r.message, "kvpoold unreachable"), "message: %s", r.message);
 	cr_expect_lt(sv_now_ms() - t0, 500, "refusal took %lld ms", (long long)(sv_now_ms() - t0));
@@ -1264,9 +1295,7 @@ Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
 	cr_assert_eq(bd_client_health(c2, WAIT_MS, &h), 0);
 	cr_expect(h.pool_ok);
 	cr_expect_str_eq(h.reason, "");
-	tag = generate(c, ids, 10, 3, 43, &r);
-	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
-	expect_tokens(&r, 10, 43, 3);
+	expect_serving(c, 4, 43);
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
 	bd_client_free(c);
 	bd_client_free(c2);
@@ -1278,31 +1307,20 @@ Test(serve_router, kvpoold_death_shows_in_health_and_refuses_fast)
 Test(serve_router, hung_kvpoold_times_out_then_records_are_reclaimed)
 {
 	const char *extra[] = { "--pool-timeout-ms", "500", "--pool-probe-ms", "200", NULL };
-	struct bd_client *c, *c2;
+	struct bd_client *c2, *c = up_watched(extra, &c2);
 	struct bd_client_health h;
-	struct result r;
 	int32_t ids[140];
-	uint64_t tag;
-	int64_t t0;
 
-	c = up_slow(extra);
-	c2 = sv_client(&E);
 	/* 140 tokens fill a page at prefill: the request holds a page and a slot */
-	tag = start_long(c, ids, 140, 5, 51);
-	t0 = sv_now_ms();
+	uint64_t tag = start_long(c, ids, 140, 5, 51);
+	int64_t t0 = sv_now_ms();
 	cr_assert_eq(kill(E.pool.pid, SIGSTOP), 0);
-	cr_assert(wait_health_for(c2, pool_down, WAIT_MS, &h), "a hung pool went unnoticed");
-	cr_expect_lt(sv_now_ms() - t0, 3000);
-	cr_expect_not_null(strstr(h.reason, "kvpoold unreachable: "), "reason: %s", h.reason);
+	expect_pool_down(c, c2, tag, t0, 3000, "a hung pool went unnoticed", &h);
 	cr_expect_not_null(strstr(h.pool_error, "no answer"), "pool_error: %s", h.pool_error);
-	collect(c, tag, &r);
-	cr_expect_eq(r.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", r.error, r.message);
 	cr_assert_eq(kill(E.pool.pid, SIGCONT), 0);
 	sv_expect_healthy(&E, WAIT_MS, "no recovery");
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's records were not reclaimed");
-	tag = generate(c, ids, 10, 3, 52, &r);
-	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "after recovery: %d %s", r.error, r.message);
-	expect_tokens(&r, 10, 52, 3);
+	expect_serving(c, 5, 52);
 	bd_client_free(c);
 	bd_client_free(c2);
 	expect_no_violations();
