@@ -88,7 +88,8 @@ struct bd_calib {
 };
 
 /* A calibration of this shape with μ_k zero and τ = 21/1024, c = 8, B_k = 64 (the defaults of
- * NUMERICS.md §6), everything else zero. Sizes must be positive, L·Hkv·d ≤ 2^26.
+ * NUMERICS.md §6), everything else zero. Sizes must be positive, L·Hkv·d ≤ 2^26. μ_k lies in
+ * the calibration's own allocation (bd_calib_free releases both; do not repoint mu_k).
  * Returns 0, -EINVAL, -ENOMEM; *ret only on success. */
 int bd_calib_new(int n_layers, int n_kv_heads, int head_dim, struct bd_calib **ret);
 

@@ -189,29 +189,24 @@ int bd_calib_new(int n_layers, int n_kv_heads, int head_dim, struct bd_calib **r
 {
 	if (!ret || !shape_ok(n_layers, n_kv_heads, head_dim))
 		return -EINVAL;
-	struct bd_calib *c = calloc(1, sizeof(*c));
+	struct bd_calib shape = { .n_layers = n_layers, .n_kv_heads = n_kv_heads,
+				  .head_dim = head_dim };
+	/* the calibration and its μ_k in one allocation, μ_k right after the struct */
+	struct bd_calib *c = calloc(1, sizeof(*c) + n_mu(&shape) * sizeof(*c->mu_k));
 	if (!c)
 		return -ENOMEM;
-	c->n_layers = n_layers;
-	c->n_kv_heads = n_kv_heads;
-	c->head_dim = head_dim;
+	*c = shape;
 	c->tile_keys = 64;
 	c->tau = 21.0f / 1024.0f;
 	c->c = 8.0f;
 	c->tau_index = 11;
-	if (!(c->mu_k = calloc(n_mu(c), sizeof(float)))) {
-		free(c);
-		return -ENOMEM;
-	}
+	c->mu_k = (float *)(c + 1);
 	*ret = c;
 	return 0;
 }
 
 void bd_calib_free(struct bd_calib *c)
 {
-	if (!c)
-		return;
-	free(c->mu_k);
 	free(c);
 }
 
@@ -469,36 +464,28 @@ int bd_calib_load(const char *path, const struct bd_calib_expect *want, struct b
 
 struct bd_mu_acc {
 	int L, H, d;
-	double *sum;      /* [L][H][d] */
-	uint64_t *count;  /* [L] positions added */
+	uint64_t *count;  /* [L] positions added; after sum[] */
+	double sum[];     /* [L][H][d] */
 };
 
 int bd_mu_acc_new(int n_layers, int n_kv_heads, int head_dim, struct bd_mu_acc **ret)
 {
 	if (!ret || !shape_ok(n_layers, n_kv_heads, head_dim))
 		return -EINVAL;
-	struct bd_mu_acc *a = calloc(1, sizeof(*a));
+	size_t n = (size_t)n_layers * (size_t)n_kv_heads * (size_t)head_dim;
+	/* the accumulator and its two arrays in one allocation */
+	struct bd_mu_acc *a = calloc(1, sizeof(*a) + n * sizeof(*a->sum) +
+					       (size_t)n_layers * sizeof(*a->count));
 	if (!a)
 		return -ENOMEM;
-	a->L = n_layers;
-	a->H = n_kv_heads;
-	a->d = head_dim;
-	a->sum = calloc((size_t)n_layers * (size_t)n_kv_heads * (size_t)head_dim, sizeof(double));
-	a->count = calloc((size_t)n_layers, sizeof(uint64_t));
-	if (!a->sum || !a->count) {
-		bd_mu_acc_free(a);
-		return -ENOMEM;
-	}
+	*a = (struct bd_mu_acc){ .L = n_layers, .H = n_kv_heads, .d = head_dim };
+	a->count = (uint64_t *)(a->sum + n);
 	*ret = a;
 	return 0;
 }
 
 void bd_mu_acc_free(struct bd_mu_acc *a)
 {
-	if (!a)
-		return;
-	free(a->sum);
-	free(a->count);
 	free(a);
 }
 
