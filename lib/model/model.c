@@ -13,6 +13,8 @@
 #define FLOAT_ALIGN 16 /* tensors start on 64-byte boundaries inside the model's allocation */
 
 #define fail(ret_err, code, ...) bd_errf((ret_err), BD_MODEL_ERR_MAX, (code), __VA_ARGS__)
+/* The GGUF calls write their messages straight into a model call's ret_err. */
+_Static_assert(BD_GGUF_ERR_MAX <= BD_MODEL_ERR_MAX, "a GGUF message must fit ret_err");
 
 /* ---- the tensors --------------------------------------------------------------------------- */
 
@@ -310,15 +312,14 @@ int bd_model_from_gguf_shard(const struct bd_gguf *g, int rank, int tp, struct b
 	struct bd_model_hparams hp;
 	struct bd_model_shard sh;
 	struct bd_model *m = NULL;
-	char gerr[BD_GGUF_ERR_MAX];
 	int r;
 
 	if (ret_err)
 		ret_err[0] = '\0';
 	if (!g || !ret)
 		return fail(ret_err, -EINVAL, "no model or no result pointer");
-	if ((r = bd_gguf_model_hparams(g, &hp, gerr)) < 0)
-		return fail(ret_err, r, "%s", gerr);
+	if ((r = bd_gguf_model_hparams(g, &hp, ret_err)) < 0)
+		return r;
 	if (hp.head_dim_v != hp.head_dim)
 		return fail(ret_err, -ENOTSUP, "value head dim %d differs from key head dim %d",
 			    hp.head_dim_v, hp.head_dim);
@@ -349,16 +350,13 @@ int bd_model_load_shard(const char *path, int rank, int tp, struct bd_model **re
 			char *ret_err)
 {
 	struct bd_gguf *g = NULL;
-	char gerr[BD_GGUF_ERR_MAX];
 	int r;
 
-	if (ret_err)
-		ret_err[0] = '\0';
 	if (!path || !ret)
 		return fail(ret_err, -EINVAL, "no path or no result pointer");
-	if ((r = bd_gguf_open(path, &g, gerr)) < 0)
-		return gerr[0] ? fail(ret_err, r, "%s", gerr)
-			       : fail(ret_err, r, "%s: %s", path, strerror(-r));
+	/* its message names the file; on success bd_model_from_gguf_shard clears ret_err */
+	if ((r = bd_gguf_open(path, &g, ret_err)) < 0)
+		return r;
 	r = bd_model_from_gguf_shard(g, rank, tp, ret, ret_err);
 	bd_gguf_free(g);
 	return r;
