@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,101 @@ static struct bd_layout layout_ok(enum bd_page_format fmt, int L, int H, int d, 
 	cr_assert_eq(bd_layout_init(&lay, fmt, L, H, d, d_rope, n_pages), 0,
 		     "init fmt %d L %d H %d d %d d_rope %d", fmt, L, H, d, d_rope);
 	return lay;
+}
+
+/* How fill_bf16 fills one operand of a round trip. */
+struct fill {
+	uint64_t seed;
+	size_t outlier_every;
+	float gain;
+};
+
+/* A page round trip's buffers: one page-head's K [T][dk] and V [T][dv] as BF16 (filled as fk
+ * and fv say) and as FP32, room for them read back (rk, rv), and a zeroed page of l. */
+struct trip {
+	bd_bf16 *k, *v;
+	float *kf, *vf, *rk, *rv;
+	uint8_t *page;
+};
+
+static struct trip trip_new(const struct bd_layout *l, size_t dk, size_t dv, struct fill fk,
+			    struct fill fv)
+{
+	const size_t T = BD_PAGE_TOKENS;
+	struct trip r = {
+		.k = malloc(T * dk * sizeof(bd_bf16)), .v = malloc(T * dv * sizeof(bd_bf16)),
+		.kf = malloc(T * dk * sizeof(float)), .vf = malloc(T * dv * sizeof(float)),
+		.rk = malloc(T * dk * sizeof(float)), .rv = malloc(T * dv * sizeof(float)),
+		.page = calloc(1, l->page_bytes),
+	};
+
+	cr_assert(r.k && r.v && r.kf && r.vf && r.rk && r.rv && r.page);
+	fill_bf16(r.k, T, dk, fk.seed, fk.outlier_every, fk.gain);
+	fill_bf16(r.v, T, dv, fv.seed, fv.outlier_every, fv.gain);
+	to_f32(r.k, T * dk, r.kf);
+	to_f32(r.v, T * dv, r.vf);
+	return r;
+}
+
+static void trip_free(struct trip *r)
+{
+	free(r->k), free(r->v), free(r->kf), free(r->vf), free(r->rk), free(r->rv), free(r->page);
+}
+
+/* The test's own indexing of an FP4 region pair (codes, scales) holding x [T][D]: token-major,
+ * region row t holds token t's D channels; channel-major, row c holds channel c's T tokens.
+ * Each row runs in blocks of l->block values, its codes at row·len/2 bytes, its scales at
+ * row·len/block. */
+struct fp4_region {
+	const struct bd_layout *l;
+	const uint8_t *codes, *scales;
+	size_t T, D;
+	bool channel_major;
+};
+
+/* Every block of the region equals the block quantizer's output for the same values of x
+ * (NVFP4 with decode scale g, or MXFP4) under rule. */
+static void expect_blocks(const struct fp4_region *q, const float *x, float g,
+			  enum bd_scale_rule rule, const char *what)
+{
+	const size_t B = (size_t)q->l->block;
+	const size_t rows = q->channel_major ? q->D : q->T, len = q->channel_major ? q->T : q->D;
+
+	for (size_t r = 0; r < rows; r++)
+		for (size_t b = 0; b < len / B; b++) {
+			float blk[BD_MXFP4_BLOCK];
+			uint8_t want[BD_MXFP4_BLOCK / 2], s;
+
+			for (size_t i = 0; i < B; i++) {
+				size_t e = b * B + i;
+				blk[i] = x[q->channel_major ? e * q->D + r : r * q->D + e];
+			}
+			if (B == BD_MXFP4_BLOCK)
+				cr_assert_eq(bd_mxfp4_quantize_block(blk, rule, want, &s), 0);
+			else
+				cr_assert_eq(bd_nvfp4_quantize_block(blk, g, rule, want, &s), 0);
+			cr_assert_eq(memcmp(q->codes + r * (len / 2) + b * (B / 2), want, B / 2), 0,
+				     "%s codes row %zu block %zu", what, r, b);
+			cr_assert_eq(q->scales[r * (len / B) + b], s, "%s scale row %zu block %zu",
+				     what, r, b);
+		}
+}
+
+/* Values read back, y [T][D] token-major, equal (g·s)·x̂ of the region: x̂ the element's E2M1
+ * code, s its block's scale (E4M3 for NVFP4, UE8M0 for MXFP4). */
+static void expect_read(const struct fp4_region *q, const float *y, float g, const char *what)
+{
+	const size_t B = (size_t)q->l->block, len = q->channel_major ? q->T : q->D;
+
+	for (size_t t = 0; t < q->T; t++)
+		for (size_t c = 0; c < q->D; c++) {
+			size_t r = q->channel_major ? c : t, i = q->channel_major ? t : c;
+			uint8_t sc = q->scales[r * (len / B) + i / B];
+			float s = B == BD_MXFP4_BLOCK ? bd_ue8m0_decode(sc) : bd_e4m3_decode(sc);
+			float x = bd_e2m1_decode(nib(q->codes + r * (len / 2), i));
+
+			cr_assert(y[t * q->D + c] == (g * s) * x, "%s t %zu c %zu", what, t, c);
+		}
 }
 
 /* ---- geometry ---------------------------------------------------------------------------- */
@@ -360,19 +456,14 @@ Test(layout, nvfp4_page_bytes_and_round_trip)
 	enum { D = 128, T = BD_PAGE_TOKENS };
 	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 1, 2, D, 0, 1);
 	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4"); /* key search on */
-	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
-	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
-	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
-	uint8_t *page = malloc(l.page_bytes), *page2 = malloc(l.page_bytes);
+	/* outlier channels 3, 35, 67, 99 at 4× */
+	struct trip r = trip_new(&l, D, D, (struct fill){ 11, 32, 4.0f },
+				 (struct fill){ 12, 32, 4.0f });
+	uint8_t *page = r.page, *page2 = malloc(l.page_bytes);
 	const int h = 1;
 
-	/* outlier channels 3, 35, 67, 99 at 4× */
-	fill_bf16(k, T, D, 11, 32, 4.0f);
-	fill_bf16(v, T, D, 12, 32, 4.0f);
-	to_f32(k, T * D, kf);
-	to_f32(v, T * D, vf);
 	memset(page, 0x5a, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, h), 0);
+	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page, h), 0);
 	const uint8_t *hd = page + (size_t)h * l.head_bytes;
 
 	/* head 0 and the padding after the g table are not this head's */
@@ -383,80 +474,49 @@ Test(layout, nvfp4_page_bytes_and_round_trip)
 
 	/* decode scales: amax / (6·256) over the whole page-head */
 	float gk, gv;
-	cr_assert_eq(bd_nvfp4_decode_scale(kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
-	cr_assert_eq(bd_nvfp4_decode_scale(vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
-	cr_assert(gk == bd_abs_max(kf, T * D) / 1536.0f);
-	cr_assert(gv == bd_abs_max(vf, T * D) / 1536.0f);
+	cr_assert_eq(bd_nvfp4_decode_scale(r.kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
+	cr_assert_eq(bd_nvfp4_decode_scale(r.vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
+	cr_assert(gk == bd_abs_max(r.kf, T * D) / 1536.0f);
+	cr_assert(gv == bd_abs_max(r.vf, T * D) / 1536.0f);
 	cr_assert(page_g(&l, page, h, 0) == gk);
 	cr_assert(page_g(&l, page, h, 1) == gv);
 
-	/* (a) K: token t, block b → codes row t bytes 8b..8b+7, scale [t][b]; search rule */
-	for (size_t t = 0; t < T; t++)
-		for (size_t b = 0; b < D / 16; b++) {
-			uint8_t codes[8], s;
-
-			cr_assert_eq(bd_nvfp4_quantize_block(kf + t * D + 16 * b, gk, BD_SCALE_SEARCH,
-							     codes, &s), 0);
-			cr_assert_eq(memcmp(hd + l.k_codes_off + t * (D / 2) + 8 * b, codes, 8), 0,
-				     "K codes t %zu b %zu", t, b);
-			cr_assert_eq(hd[l.k_scales_off + t * (D / 16) + b], s, "K scale t %zu b %zu",
-				     t, b);
-		}
-	/* (b) V: channel c, tokens 16b..16b+15 → codes row c bytes 8b.., scale [c][b]; standard */
-	for (size_t c = 0; c < D; c++)
-		for (size_t b = 0; b < T / 16; b++) {
-			float x[16];
-			uint8_t codes[8], s;
-
-			for (size_t i = 0; i < 16; i++)
-				x[i] = vf[(16 * b + i) * D + c];
-			cr_assert_eq(bd_nvfp4_quantize_block(x, gv, BD_SCALE_STANDARD, codes, &s), 0);
-			cr_assert_eq(memcmp(hd + l.v_codes_off + c * (T / 2) + 8 * b, codes, 8), 0,
-				     "V codes c %zu b %zu", c, b);
-			cr_assert_eq(hd[l.v_scales_off + c * (T / 16) + b], s);
-		}
+	/* (a) K: token t, block b → codes row t bytes 8b..8b+7, scale [t][b]; search rule.
+	 * (b) V: channel c, tokens 16b..16b+15 → codes row c bytes 8b.., scale [c][b]; standard */
+	const struct fp4_region K = { &l, hd + l.k_codes_off, hd + l.k_scales_off, T, D, false };
+	const struct fp4_region V = { &l, hd + l.v_codes_off, hd + l.v_scales_off, T, D, true };
+	expect_blocks(&K, r.kf, gk, BD_SCALE_SEARCH, "K");
+	expect_blocks(&V, r.vf, gv, BD_SCALE_STANDARD, "V");
 
 	/* (c) full dequantization equals (g·s)·x̂ read with the test's own indexing */
-	cr_assert_eq(bd_page_read_head(&l, page, h, rk, rv, NULL), 0);
-	for (size_t t = 0; t < T; t++)
-		for (size_t c = 0; c < D; c++) {
-			float sk = bd_e4m3_decode(hd[l.k_scales_off + t * (D / 16) + c / 16]);
-			float xk = bd_e2m1_decode(nib(hd + l.k_codes_off + t * (D / 2), c));
-			float sv = bd_e4m3_decode(hd[l.v_scales_off + c * (T / 16) + t / 16]);
-			float xv = bd_e2m1_decode(nib(hd + l.v_codes_off + c * (T / 2), t));
-
-			cr_assert(rk[t * D + c] == (gk * sk) * xk, "K t %zu c %zu", t, c);
-			cr_assert(rv[t * D + c] == (gv * sv) * xv, "V t %zu c %zu", t, c);
-		}
+	cr_assert_eq(bd_page_read_head(&l, page, h, r.rk, r.rv, NULL), 0);
+	expect_read(&K, r.rk, gk, "K");
+	expect_read(&V, r.rv, gv, "V");
 	/* NVFP4 on Gaussian data: relative error ≈ 0.095 with κ = 6 (V), ≈ 0.087 with the
 	 * search (K); a misplaced block or scale gives errors of order 1 */
-	cr_assert_lt(rel_frob(rk, kf, T * D), 0.11);
-	cr_assert_lt(rel_frob(rv, vf, T * D), 0.11);
+	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.11);
 
 	/* with ret_g: s·x̂ without g, and g returned */
 	float g[2] = { 0, 0 };
-	cr_assert_eq(bd_page_read_head(&l, page, h, rk, rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&l, page, h, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == gv);
-	for (size_t t = 0; t < T; t++)
-		for (size_t c = 0; c < D; c++) {
-			float sk = bd_e4m3_decode(hd[l.k_scales_off + t * (D / 16) + c / 16]);
-			float xk = bd_e2m1_decode(nib(hd + l.k_codes_off + t * (D / 2), c));
-
-			cr_assert(rk[t * D + c] == sk * xk);
-		}
+	expect_read(&K, r.rk, 1.0f, "K without g");
+	expect_read(&V, r.rv, 1.0f, "V without g");
 
 	/* (d) the same input twice gives the same bytes, whatever the page held before */
 	memset(page2, 0x00, l.page_bytes);
 	memset(page, 0x00, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page, h), 0);
-	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page2, h), 0);
+	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page, h), 0);
+	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page2, h), 0);
 	cr_assert_eq(memcmp(page, page2, l.page_bytes), 0);
 	memset(page2, 0xff, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg, k, v, NULL, page2, h), 0);
+	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page2, h), 0);
 	cr_assert_eq(memcmp(page + l.head_bytes, page2 + l.head_bytes, l.head_bytes), 0);
 	cr_assert_eq(memcmp(page + l.gscale_off + 8, page2 + l.gscale_off + 8, 8), 0);
 
-	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page), free(page2);
+	trip_free(&r);
+	free(page2);
 }
 
 /* K[3][5] = 1.5 and V[3][5] = −1.5 (d = l->d) in otherwise zero k, v, written into page (head 0,
@@ -534,212 +594,154 @@ Test(layout, bf16_round_trip_exact)
 {
 	enum { D = 64, T = BD_PAGE_TOKENS };
 	struct bd_layout l = layout_ok(BD_PAGE_BF16, 2, 3, D, 0, 2);
-	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
-	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
-	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
-	uint8_t *page = calloc(1, l.page_bytes);
+	struct trip r = trip_new(&l, D, D, (struct fill){ 21, 16, 30.0f },
+				 (struct fill){ 22, 0, 1.0f });
 	float g[2];
 
-	fill_bf16(k, T, D, 21, 16, 30.0f);
-	fill_bf16(v, T, D, 22, 0, 1.0f);
-	to_f32(k, T * D, kf);
-	to_f32(v, T * D, vf);
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bf16"), k, v, NULL, page, 2), 0);
-	const uint8_t *hd = page + 2 * l.head_bytes;
-	cr_assert_eq(memcmp(hd + l.k_codes_off, k, T * D * 2), 0);
-	cr_assert_eq(memcmp(hd + l.v_codes_off, v, T * D * 2), 0);
-	cr_assert_eq(bd_page_read_head(&l, page, 2, rk, rv, NULL), 0);
-	cr_assert_eq(memcmp(rk, kf, T * D * sizeof(float)), 0);
-	cr_assert_eq(memcmp(rv, vf, T * D * sizeof(float)), 0);
-	cr_assert_eq(bd_page_read_head(&l, page, 2, rk, rv, g), 0);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bf16"), r.k, r.v, NULL, r.page, 2), 0);
+	const uint8_t *hd = r.page + 2 * l.head_bytes;
+	cr_assert_eq(memcmp(hd + l.k_codes_off, r.k, T * D * 2), 0);
+	cr_assert_eq(memcmp(hd + l.v_codes_off, r.v, T * D * 2), 0);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 2, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(memcmp(r.rk, r.kf, T * D * sizeof(float)), 0);
+	cr_assert_eq(memcmp(r.rv, r.vf, T * D * sizeof(float)), 0);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 2, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
-	cr_assert_eq(memcmp(rk, kf, T * D * sizeof(float)), 0);
-	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page);
+	cr_assert_eq(memcmp(r.rk, r.kf, T * D * sizeof(float)), 0);
+	trip_free(&r);
 }
 
 Test(layout, fp8_round_trip)
 {
 	enum { D = 128, T = BD_PAGE_TOKENS };
 	struct bd_layout l = layout_ok(BD_PAGE_FP8, 1, 2, D, 0, 1);
-	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
-	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
-	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
-	uint8_t *page = calloc(1, l.page_bytes);
+	struct trip r = trip_new(&l, D, D, (struct fill){ 31, 32, 8.0f },
+				 (struct fill){ 32, 0, 1.0f });
+	const float *kf = r.kf, *vf = r.vf, *rk = r.rk, *rv = r.rv;
 	float g[2];
 
-	fill_bf16(k, T, D, 31, 32, 8.0f);
-	fill_bf16(v, T, D, 32, 0, 1.0f);
-	to_f32(k, T * D, kf);
-	to_f32(v, T * D, vf);
 	const float s[2] = { bd_abs_max(kf, T * D) / 448.0f, bd_abs_max(vf, T * D) / 448.0f };
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("fp8"), k, v, s, page, 1), 0);
-	const uint8_t *hd = page + l.head_bytes;
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("fp8"), r.k, r.v, s, r.page, 1), 0);
+	const uint8_t *hd = r.page + l.head_bytes;
 	for (size_t i = 0; i < T * D; i++) {
 		cr_assert_eq(hd[l.k_codes_off + i], bd_e4m3_encode(kf[i] / s[0]), "K %zu", i);
 		cr_assert_eq(hd[l.v_codes_off + i], bd_e4m3_encode(vf[i] / s[1]), "V %zu", i);
 	}
-	cr_assert(page_g(&l, page, 1, 0) == s[0] && page_g(&l, page, 1, 1) == s[1]);
-	cr_assert_eq(bd_page_read_head(&l, page, 1, rk, rv, NULL), 0);
+	cr_assert(page_g(&l, r.page, 1, 0) == s[0] && page_g(&l, r.page, 1, 1) == s[1]);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 1, r.rk, r.rv, NULL), 0);
 	for (size_t i = 0; i < T * D; i++) {
 		cr_assert(rk[i] == bd_e4m3_decode(hd[l.k_codes_off + i]) * s[0]);
 		/* E4M3: 3 mantissa bits → half-ulp ≤ |x|/16, subnormal step 2^-9 → ≤ s·2^-10 */
 		cr_assert_leq(fabsf(rk[i] - kf[i]), fabsf(kf[i]) / 16.0f * 1.0001f + s[0] * 0x1p-10f);
 		cr_assert_leq(fabsf(rv[i] - vf[i]), fabsf(vf[i]) / 16.0f * 1.0001f + s[1] * 0x1p-10f);
 	}
-	cr_assert_eq(bd_page_read_head(&l, page, 1, rk, rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 1, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == s[0] && g[1] == s[1]);
 	for (size_t i = 0; i < T * D; i++) {
 		cr_assert(rk[i] == bd_e4m3_decode(hd[l.k_codes_off + i]));
 		cr_assert(rv[i] == bd_e4m3_decode(hd[l.v_codes_off + i]));
 	}
-	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page);
+	trip_free(&r);
 }
 
 Test(layout, mxfp4_round_trip)
 {
 	enum { D = 128, T = BD_PAGE_TOKENS };
 	struct bd_layout l = layout_ok(BD_PAGE_MXFP4, 1, 1, D, 0, 1);
-	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
-	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
-	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
+	struct trip r = trip_new(&l, D, D, (struct fill){ 41, 0, 1.0f },
+				 (struct fill){ 42, 0, 1.0f });
 	float *rk2 = malloc(T * D * sizeof(float));
-	uint8_t *page = calloc(1, l.page_bytes);
 	float g[2];
 
-	fill_bf16(k, T, D, 41, 0, 1.0f);
-	fill_bf16(v, T, D, 42, 0, 1.0f);
-	to_f32(k, T * D, kf);
-	to_f32(v, T * D, vf);
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-mxfp4"), k, v, NULL, page, 0),
-		     0);
-	for (size_t t = 0; t < T; t++)
-		for (size_t b = 0; b < D / 32; b++) {
-			uint8_t codes[16], s;
-
-			cr_assert_eq(bd_mxfp4_quantize_block(kf + t * D + 32 * b, BD_SCALE_SEARCH, codes,
-							     &s), 0);
-			cr_assert_eq(memcmp(page + l.k_codes_off + t * (D / 2) + 16 * b, codes, 16), 0);
-			cr_assert_eq(page[l.k_scales_off + t * (D / 32) + b], s);
-		}
-	for (size_t c = 0; c < D; c++)
-		for (size_t b = 0; b < T / 32; b++) {
-			float x[32];
-			uint8_t codes[16], s;
-
-			for (size_t i = 0; i < 32; i++)
-				x[i] = vf[(32 * b + i) * D + c];
-			cr_assert_eq(bd_mxfp4_quantize_block(x, BD_SCALE_STANDARD, codes, &s), 0);
-			cr_assert_eq(memcmp(page + l.v_codes_off + c * (T / 2) + 16 * b, codes, 16), 0);
-			cr_assert_eq(page[l.v_scales_off + c * (T / 32) + b], s);
-		}
-	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, NULL), 0);
-	for (size_t t = 0; t < T; t++)
-		for (size_t c = 0; c < D; c++) {
-			float sv = bd_ue8m0_decode(page[l.v_scales_off + c * (T / 32) + t / 32]);
-
-			cr_assert(rv[t * D + c] ==
-				  sv * bd_e2m1_decode(nib(page + l.v_codes_off + c * (T / 2), t)));
-		}
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-mxfp4"), r.k, r.v, NULL,
+					r.page, 0), 0);
+	/* K token-major with the search, V channel-major standard, UE8M0 scales of 32 */
+	const struct fp4_region K = { &l, r.page + l.k_codes_off, r.page + l.k_scales_off, T, D,
+				      false };
+	const struct fp4_region V = { &l, r.page + l.v_codes_off, r.page + l.v_scales_off, T, D,
+				      true };
+	expect_blocks(&K, r.kf, 1.0f, BD_SCALE_SEARCH, "K");
+	expect_blocks(&V, r.vf, 1.0f, BD_SCALE_STANDARD, "V");
+	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
+	expect_read(&K, r.rk, 1.0f, "K");
+	expect_read(&V, r.rv, 1.0f, "V");
 	/* power-of-two scales cost accuracy vs NVFP4: about 0.11–0.12 on Gaussian data */
-	cr_assert_lt(rel_frob(rk, kf, T * D), 0.16);
-	cr_assert_lt(rel_frob(rv, vf, T * D), 0.16);
+	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.16);
+	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.16);
 	/* no page decode scale: ret_g = {1, 1} and the same values */
-	cr_assert_eq(bd_page_read_head(&l, page, 0, rk2, rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 0, rk2, r.rv, g), 0);
 	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
-	cr_assert_eq(memcmp(rk, rk2, T * D * sizeof(float)), 0);
-	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(rk2), free(page);
+	cr_assert_eq(memcmp(r.rk, rk2, T * D * sizeof(float)), 0);
+	trip_free(&r);
+	free(rk2);
 }
 
 Test(layout, nvfp4_ch_round_trip)
 {
 	enum { D = 64, T = BD_PAGE_TOKENS };
 	struct bd_layout l = layout_ok(BD_PAGE_NVFP4_CH, 1, 1, D, 0, 1);
-	bd_bf16 *k = malloc(T * D * sizeof(*k)), *v = malloc(T * D * sizeof(*v));
-	float *kf = malloc(T * D * sizeof(float)), *vf = malloc(T * D * sizeof(float));
-	float *rk = malloc(T * D * sizeof(float)), *rv = malloc(T * D * sizeof(float));
-	uint8_t *page = calloc(1, l.page_bytes);
+	struct trip r = trip_new(&l, D, D, (struct fill){ 51, 16, 4.0f },
+				 (struct fill){ 52, 0, 1.0f });
 	float gk, gv, g[2];
 
-	fill_bf16(k, T, D, 51, 16, 4.0f);
-	fill_bf16(v, T, D, 52, 0, 1.0f);
-	to_f32(k, T * D, kf);
-	to_f32(v, T * D, vf);
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("trtllm-nvfp4"), k, v, NULL, page, 0), 0);
-	cr_assert_eq(bd_nvfp4_decode_scale(kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
-	cr_assert_eq(bd_nvfp4_decode_scale(vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
-	cr_assert(page_g(&l, page, 0, 0) == gk && page_g(&l, page, 0, 1) == gv);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("trtllm-nvfp4"), r.k, r.v, NULL, r.page, 0),
+		     0);
+	cr_assert_eq(bd_nvfp4_decode_scale(r.kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
+	cr_assert_eq(bd_nvfp4_decode_scale(r.vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
+	cr_assert(page_g(&l, r.page, 0, 0) == gk && page_g(&l, r.page, 0, 1) == gv);
 	/* both K and V token-major, blocks along channels, standard rule */
-	for (size_t t = 0; t < T; t++)
-		for (size_t b = 0; b < D / 16; b++) {
-			uint8_t codes[8], s;
-
-			bd_nvfp4_quantize_block(kf + t * D + 16 * b, gk, BD_SCALE_STANDARD, codes, &s);
-			cr_assert_eq(memcmp(page + l.k_codes_off + t * (D / 2) + 8 * b, codes, 8), 0);
-			cr_assert_eq(page[l.k_scales_off + t * (D / 16) + b], s);
-			bd_nvfp4_quantize_block(vf + t * D + 16 * b, gv, BD_SCALE_STANDARD, codes, &s);
-			cr_assert_eq(memcmp(page + l.v_codes_off + t * (D / 2) + 8 * b, codes, 8), 0);
-			cr_assert_eq(page[l.v_scales_off + t * (D / 16) + b], s);
-		}
-	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, NULL), 0);
-	for (size_t t = 0; t < T; t++)
-		for (size_t c = 0; c < D; c++) {
-			float sv = bd_e4m3_decode(page[l.v_scales_off + t * (D / 16) + c / 16]);
-
-			cr_assert(rv[t * D + c] ==
-				  (gv * sv) * bd_e2m1_decode(nib(page + l.v_codes_off + t * (D / 2), c)));
-		}
+	const struct fp4_region K = { &l, r.page + l.k_codes_off, r.page + l.k_scales_off, T, D,
+				      false };
+	const struct fp4_region V = { &l, r.page + l.v_codes_off, r.page + l.v_scales_off, T, D,
+				      false };
+	expect_blocks(&K, r.kf, gk, BD_SCALE_STANDARD, "K");
+	expect_blocks(&V, r.vf, gv, BD_SCALE_STANDARD, "V");
+	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
+	expect_read(&K, r.rk, gk, "K");
+	expect_read(&V, r.rv, gv, "V");
 	/* ≈ 0.095: NVFP4, κ = 6 on Gaussian data */
-	cr_assert_lt(rel_frob(rk, kf, T * D), 0.11);
-	cr_assert_lt(rel_frob(rv, vf, T * D), 0.11);
-	cr_assert_eq(bd_page_read_head(&l, page, 0, rk, rv, g), 0);
+	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.11);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == gv);
-	free(k), free(v), free(kf), free(vf), free(rk), free(rv), free(page);
+	trip_free(&r);
 }
 
 Test(layout, mla_round_trip)
 {
 	enum { D = 512, R = 64, T = BD_PAGE_TOKENS };
 	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 2, 1, D, R, 2);
-	bd_bf16 *c = malloc(T * D * sizeof(*c)), *kr = malloc(T * R * sizeof(*kr));
-	float *cf = malloc(T * D * sizeof(float)), *krf = malloc(T * R * sizeof(float));
-	float *rc = malloc(T * D * sizeof(float)), *rr = malloc(T * R * sizeof(float));
-	uint8_t *page = calloc(1, l.page_bytes);
+	/* the latent C as K [T][D], the positional part as V [T][R] */
+	struct trip r = trip_new(&l, D, R, (struct fill){ 61, 64, 4.0f },
+				 (struct fill){ 62, 0, 3.0f });
 	float gk, g[2];
 
-	fill_bf16(c, T, D, 61, 64, 4.0f);
-	fill_bf16(kr, T, R, 62, 0, 3.0f);
-	to_f32(c, T * D, cf);
-	to_f32(kr, T * R, krf);
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-nvfp4"), c, kr, NULL, page, 0),
-		     0);
+	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-nvfp4"), r.k, r.v, NULL,
+					r.page, 0), 0);
 	/* latent C token-major NVFP4 with the search rule, positional part BF16 in V codes */
-	cr_assert_eq(bd_nvfp4_decode_scale(cf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
-	cr_assert(page_g(&l, page, 0, 0) == gk);
-	cr_assert(page_g(&l, page, 0, 1) == 1.0f);
-	for (size_t t = 0; t < T; t++)
-		for (size_t b = 0; b < D / 16; b++) {
-			uint8_t codes[8], s;
-
-			bd_nvfp4_quantize_block(cf + t * D + 16 * b, gk, BD_SCALE_SEARCH, codes, &s);
-			cr_assert_eq(memcmp(page + l.k_codes_off + t * (D / 2) + 8 * b, codes, 8), 0);
-			cr_assert_eq(page[l.k_scales_off + t * (D / 16) + b], s);
-		}
-	cr_assert_eq(memcmp(page + l.v_codes_off, kr, T * R * 2), 0);
-	cr_assert_eq(bd_page_read_head(&l, page, 0, rc, rr, NULL), 0);
-	cr_assert_eq(memcmp(rr, krf, T * R * sizeof(float)), 0);
-	cr_assert_lt(rel_frob(rc, cf, T * D), 0.11);
-	cr_assert_eq(bd_page_read_head(&l, page, 0, rc, rr, g), 0);
+	cr_assert_eq(bd_nvfp4_decode_scale(r.kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
+	cr_assert(page_g(&l, r.page, 0, 0) == gk);
+	cr_assert(page_g(&l, r.page, 0, 1) == 1.0f);
+	const struct fp4_region C = { &l, r.page + l.k_codes_off, r.page + l.k_scales_off, T, D,
+				      false };
+	expect_blocks(&C, r.kf, gk, BD_SCALE_SEARCH, "C");
+	cr_assert_eq(memcmp(r.page + l.v_codes_off, r.v, T * R * 2), 0);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
+	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
+	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == 1.0f);
-	cr_assert_eq(memcmp(rr, krf, T * R * sizeof(float)), 0);
+	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
 
 	/* BF16 MLA page: both parts exact */
 	struct bd_layout lb = layout_ok(BD_PAGE_BF16, 1, 1, D, R, 1);
 	uint8_t *pb = calloc(1, lb.page_bytes);
-	cr_assert_eq(bd_page_write_head(&lb, cfg_named("bf16"), c, kr, NULL, pb, 0), 0);
-	cr_assert_eq(bd_page_read_head(&lb, pb, 0, rc, rr, NULL), 0);
-	cr_assert_eq(memcmp(rc, cf, T * D * sizeof(float)), 0);
-	cr_assert_eq(memcmp(rr, krf, T * R * sizeof(float)), 0);
-	free(c), free(kr), free(cf), free(krf), free(rc), free(rr), free(page), free(pb);
+	cr_assert_eq(bd_page_write_head(&lb, cfg_named("bf16"), r.k, r.v, NULL, pb, 0), 0);
+	cr_assert_eq(bd_page_read_head(&lb, pb, 0, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(memcmp(r.rk, r.kf, T * D * sizeof(float)), 0);
+	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
+	trip_free(&r);
+	free(pb);
 }
 
 /* ---- page write errors -------------------------------------------------------------------- */
