@@ -34,6 +34,24 @@
 #ifndef BD_V8_VPRE
 #define BD_V8_VPRE 2
 #endif
+/* The v9 variants (bench/KERNELS-NOTES.md), off until gpu_check has passed with them on an
+ * H200: BD_V9_LDSM 1 reads the V words of the FP4 pages by ldmatrix.x4 (four channel rows per
+ * instruction) instead of one LDS.32 per row; BD_V9_SOFT 1 shares the tile maximum through one
+ * LDS.128 per head, divides c·p_max by 6 without the division's slow path and takes g_prev/g_cur
+ * from rcp.approx (see the page loop); BD_V9_MXK 1 gives MXFP4 key rows one MMA k-step pair per
+ * block, so the UE8M0 block scales multiply FP32 sums instead of FP16 operands (s_tile_mx). */
+#ifndef BD_V9_LDSM
+#define BD_V9_LDSM 0
+#endif
+#ifndef BD_V9_SOFT
+#define BD_V9_SOFT 0
+#endif
+#ifndef BD_V9_MXK
+#define BD_V9_MXK 0
+#endif
+/* With any of them, <128, 2, NVFP4> is held to 128 registers (4 CTAs per SM; ptxas took 133
+ * with all three, which leaves 3) */
+#define BD_V9_ANY (BD_V9_LDSM || BD_V9_SOFT || BD_V9_MXK)
 
 namespace bdk {
 
@@ -54,6 +72,26 @@ __device__ __forceinline__ float e4m3_rcp(uint32_t code)
 	if (e == 0)
 		return c_rcp[8 + m];
 	return __uint_as_float(__float_as_uint(c_rcp[m]) + ((7u - e) << 23));
+}
+
+/* RN(x / 6) for finite x ≥ 0 without __fdiv_rn's range check and slow path: q = RN(x·RN(1/6)),
+ * the exact remainder x − 6q (one FMA), then RN(q + r·RN(1/6)) (Markstein's correction). Equal
+ * to x / 6 for every FP32 x in [2^-126, 2^127) (checked exhaustively on the CPU); below, it may
+ * differ in the last bit of a quotient under 2^-128, which E4M3 encodes as 0 either way. */
+__device__ __forceinline__ float div6_rn(float x)
+{
+	const float z = 1.0f / 6.0f;
+	const float q = __fmul_rn(x, z);
+	return __fmaf_rn(__fmaf_rn(-6.0f, q, x), z, q);
+}
+
+/* 1/x by the SFU alone (rcp.approx.ftz: relative error about 2^-23, as __fdividef's), for the
+ * ratio of two pages' g_V, where x ≥ FLT_MIN. */
+__device__ __forceinline__ float rcp_ftz(float x)
+{
+	float y;
+	asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
 }
 
 struct DecodeParams {
@@ -328,6 +366,17 @@ __device__ __forceinline__ void bf16_query(const DecodeParams &p, int b, int h, 
 	}
 }
 
+/* q' of (b, h) rounded to BF16 through qbf [8][D] (shared) into every warp's B fragments qb;
+ * a __syncthreads between (the CTA's threads all call it). */
+template <int D>
+__device__ __forceinline__ void bf16_query_frag(const DecodeParams &p, int b, int h,
+						__nv_bfloat16 *qbf, uint32_t (&qb)[D / 16][2])
+{
+	bf16_query<D>(p, b, h, qbf);
+	__syncthreads();
+	bf16_qfrag<D>(qbf, p.G, qb);
+}
+
 /* Per-warp state → shared (o, m, ℓ per head) for write_partial. red must not alias live data. */
 template <int D>
 __device__ __forceinline__ void bf16_state_to_smem(Bf16State<D> &st, float *red, float *rm, float *rl)
@@ -350,6 +399,10 @@ __device__ __forceinline__ void bf16_state_to_smem(Bf16State<D> &st, float *red,
 		for (int e = 0; e < 4; e++)
 			red[(warp * 8 + 2 * t + (e & 1)) * D + 16 * mc + g + 8 * (e >> 1)] = st.o[mc][e];
 }
+
+template <int D>
+__device__ void bf16_split_end(const DecodeParams &p, Bf16State<D> &st, uint8_t *smem, float *rm,
+			       float *rl);
 
 /* The BF16 partial CTA: the sink and recent rows in chunks of 64 through shared memory
  * (K chunk [64][ROWB], V chunk [64][ROWB], then q' [8][D] BF16), warp w taking key tile w of
@@ -375,10 +428,8 @@ __device__ void bf16_partial(const DecodeParams &p, int b, int h, uint8_t *smem,
 	const uint8_t *sh = slot + p.slot_head_off + (size_t)h * p.slot_head_bytes;
 	constexpr int CPR = 2 * D / 16; /* 16-byte pieces per row */
 
-	bf16_query<D>(p, b, h, qbf);
-	__syncthreads();
 	uint32_t qb[D / 16][2];
-	bf16_qfrag<D>(qbf, p.G, qb);
+	bf16_query_frag<D>(p, b, h, qbf, qb);
 
 	Bf16State<D> st;
 	st.reset();
@@ -409,10 +460,7 @@ __device__ void bf16_partial(const DecodeParams &p, int b, int h, uint8_t *smem,
 			bf16_tile16<D, ROWB>(Ks, Vs, warp * 16, n - warp * 16, qb, p.gamma, st);
 		__syncthreads(); /* the chunk is free for the next one (or the reduction) */
 	}
-	float *red = (float *)smem;
-	bf16_state_to_smem<D>(st, red, rm, rl);
-	__syncthreads();
-	write_partial<D>(p, b, h, p.NS, red, rm, rl, 0.0f);
+	bf16_split_end<D>(p, st, smem, rm, rl);
 }
 
 /* ---- the LSE combine, fused: the last CTA of a (request, KV head) to finish does it ---------- */
@@ -531,6 +579,34 @@ __device__ __forceinline__ void finish_group(const DecodeParams &p, int b, int h
 	}
 }
 
+/* The end of every CTA whose warps hold a Bf16State (the BF16 partial and the BF16-row split
+ * kernels): no copies left in flight, the warps' states → this CTA's normalized partial
+ * (split blockIdx.x; smem reused from 0, [WARPS][8][D] floats), then the count and the combine. */
+template <int D>
+__device__ void bf16_split_end(const DecodeParams &p, Bf16State<D> &st, uint8_t *smem, float *rm,
+			       float *rl)
+{
+	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+	float *red = (float *)smem;
+	cp_async_wait<0>();
+	__syncthreads();
+	bf16_state_to_smem<D>(st, red, rm, rl);
+	__syncthreads();
+	write_partial<D>(p, b, h, s, red, rm, rl, 0.0f);
+	finish_group<D>(p, b, h, smem);
+}
+
+/* The pages of this CTA's split (blockIdx.x < NS) of (request blockIdx.z, KV head blockIdx.y);
+ * the first ≤ maxids checked page ids go to ids (shared: the caller's __syncthreads publishes
+ * them). Every CTA with blockIdx.x = NS runs bf16_partial instead. */
+__device__ __forceinline__ Split split_pages(const DecodeParams &p, int32_t *ids, int maxids)
+{
+	const Split sp = split_of(p, blockIdx.z, blockIdx.x);
+	for (int i = threadIdx.x; i < sp.np && i < maxids; i += THREADS)
+		ids[i] = checked_page(p, sp.bt[i]);
+	return sp;
+}
+
 /* ---- the FP4 page path ----------------------------------------------------------------------- */
 
 /* Where a warp reads the V rows of a page in shared memory: vcw word t of the warp's tokens in
@@ -541,64 +617,84 @@ struct VRows {
 	int warp, g;
 };
 
-/* The parts of fp4_decode_kernel's page loop in which its timed versions differ
- * (bench/KERNELS-NOTES.md), as one policy: how an FP4 word expands, how the E4M3 K scales enter
- * the HMUL2, how a V row pair is expanded, and whether the tile-maximum barrier may be split.
- * PageLoop is the product's loop (v8). BD_DECODE_PAGE names the policy the kernel uses, so that
- * a benchmark translation unit can compile this file with another one
- * (bench/kernels/decode_v6_sm90.cu, the v6 loop, which bench/kernels/ab.sh times against it).
- * Every member is straight-line code (no branch on a run-time value): the kernel's loop
- * structure stays in the kernel, and its code is the same as with the pieces written inline. */
-struct PageLoop {
-	/* mbarriers beyond the stages' (the split tile-maximum barrier), and whether MODE 0/1
-	 * split it (MODE 2 has no registers to spare) */
-	static constexpr int TILE_BARS = 1;
-	static constexpr bool SPLIT = true;
+/* Word t of the warp's tokens in V channel row c + g (rows 64 bytes apart). */
+__device__ __forceinline__ uint32_t v_word(const VRows &vr, int c)
+{
+	return *(const uint32_t *)(vr.vcw + (c + vr.g) * 64);
+}
 
-	/* 8 E2M1 codes → 4 FP16 pairs × 2^-14 (fp4x8_h2's bits, odd codes' shift on the FMA pipe) */
-	__device__ static __forceinline__ void expand(uint32_t w, uint32_t (&a)[4])
-	{
-		fp4x8_h2_fma(w, a);
-	}
-
-	/* E4M3 scale bytes s of a K row's blocks (D = 128: two, D = 64: one, high half 0) as the
-	 * row's HMUL2 operands ks[0..1] for its words in the low and high block */
-	template <int D>
-	__device__ static __forceinline__ void kscale(uint32_t s, uint32_t (&ks)[2])
-	{
-		ks[0] = ks[1] = e4m3x2_to_h2(s); /* one FP16 pair; the operand selector broadcasts */
-	}
-
-	/* a × the scale of block hi (ks from kscale) */
-	__device__ static __forceinline__ uint32_t kmul(uint32_t a, const uint32_t (&ks)[2], bool hi)
-	{
-		return hi ? hmul2_hi(a, ks[0]) : hmul2_lo(a, ks[0]);
-	}
-
-	/* V row pair mc of the page (channels c0 = 16mc + g, c1 = c0 + 8) as MMA A halves: NVFP4
-	 * × the V block scales (exact, as fp4x8_h2 says), MXFP4 bare x̂_V */
-	template <bool MX>
-	__device__ static __forceinline__ void vexpand(const VRows &vr, int mc, uint32_t (&a0)[4],
-						       uint32_t (&a1)[4])
-	{
-		const int c0 = 16 * mc + vr.g, c1 = c0 + 8;
-		fp4x8_h2_fma(*(const uint32_t *)(vr.vcw + c0 * 64), a0);
-		fp4x8_h2_fma(*(const uint32_t *)(vr.vcw + c1 * 64), a1);
-		if constexpr (!MX) {
-			/* the two rows' scale bytes merged by an IMAD into one cvt */
-			const uint32_t sc = e4m3x2_to_h2(mad256(vr.vsw[c1 * 8], vr.vsw[c0 * 8]));
+/* V row pair mc of a page (channels c0 = 16mc + g, c1 = c0 + 8; words x0, x1 of the warp's
+ * tokens) as MMA A halves: NVFP4 × the V block scales (exact, as fp4x8_h2 says), MXFP4 bare x̂_V.
+ * The two rows' scale bytes are merged by an IMAD into one cvt. */
+template <bool MX>
+__device__ __forceinline__ void v_rows(const VRows &vr, int mc, uint32_t x0, uint32_t x1,
+				       uint32_t (&a0)[4], uint32_t (&a1)[4])
+{
+	const int c0 = 16 * mc + vr.g, c1 = c0 + 8;
+	fp4x8_h2_fma(x0, a0);
+	fp4x8_h2_fma(x1, a1);
+	if constexpr (!MX) {
+		const uint32_t sc = e4m3x2_to_h2(mad256(vr.vsw[c1 * 8], vr.vsw[c0 * 8]));
 #pragma unroll
-			for (int j = 0; j < 4; j++) {
-				a0[j] = hmul2_lo(a0[j], sc);
-				a1[j] = hmul2_hi(a1[j], sc);
+		for (int j = 0; j < 4; j++) {
+			a0[j] = hmul2_lo(a0[j], sc);
+			a1[j] = hmul2_hi(a1[j], sc);
+		}
+	}
+}
+
+/* MXK (BD_V9_MXK): one S^T tile of MXFP4 keys with the block scales outside the MMA. The two
+ * k-steps of a thread's word (fp4x8_h2's pairs) are then block kb for all four threads (word t
+ * of block kb, by ldmatrix), so each block's dot of the FP16 x̂·2^-14 with the query's
+ * x̂·2^(e − r_q) is summed on its own and added into sacc (FP32) times 2^(e_K − 127), exactly: no
+ * FP16 rounding of key blocks far under the row's largest. A scale code 0 (2^-127) counts as 0,
+ * its block weighing under 6·2^-127·|q|. kw: this lane's ldmatrix row address (tile rows g,
+ * g + 8, blocks 2kp + (lane >> 4)); sc: the UE8M0 scales of row g ([KB] bytes a row, row g + 8
+ * the next); qf[nt][2kb + hh]: the query's B fragments; sacc[nt][e] as mma_f16's c. */
+template <int D, int NTS>
+__device__ __forceinline__ void s_tile_mx(const uint8_t *kw, const uint8_t *sc,
+					  const uint32_t (&qf)[NTS][D / 16][2], float (&sacc)[NTS][4])
+{
+	constexpr int KB = D / 32;
+	uint32_t sw[2];
+	if constexpr (KB == 4) {
+		sw[0] = *(const uint32_t *)sc;
+		sw[1] = *(const uint32_t *)(sc + KB);
+	} else {
+		sw[0] = *(const uint16_t *)sc;
+		sw[1] = *(const uint16_t *)(sc + KB);
+	}
+#pragma unroll
+	for (int kp = 0; kp < KB / 2; kp++) {
+		uint32_t w[4]; /* row g block 2kp, row g + 8, row g block 2kp + 1, row g + 8 */
+		ldmatrix_x4(w, kw + 32 * kp);
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			const int kb = 2 * kp + j;
+			uint32_t a0[4], a1[4];
+			fp4x8_h2_fma(w[2 * j], a0);
+			fp4x8_h2_fma(w[2 * j + 1], a1);
+			float f[2];
+#pragma unroll
+			for (int r = 0; r < 2; r++) /* byte kb of sw[r] to the FP32 exponent field */
+				f[r] = __uint_as_float((kb < 3 ? sw[r] << (23 - 8 * kb) : sw[r] >> (8 * kb - 23)) &
+						       0x7f800000u);
+#pragma unroll
+			for (int nt = 0; nt < NTS; nt++) {
+				float d[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll
+				for (int hh = 0; hh < 2; hh++) {
+					const uint32_t a[4] = { a0[2 * hh], a1[2 * hh], a0[2 * hh + 1],
+								a1[2 * hh + 1] };
+					mma_f16(d, a, qf[nt][2 * kb + hh][0], qf[nt][2 * kb + hh][1]);
+				}
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					sacc[nt][e] = __fmaf_rn(d[e], f[e >> 1], sacc[nt][e]);
 			}
 		}
 	}
-};
-
-#ifndef BD_DECODE_PAGE
-#define BD_DECODE_PAGE PageLoop
-#endif
+}
 
 /* MODE 0: one query term, G ≤ 8 (column g = head g; a thread holds heads 2t, 2t+1).
  * MODE 1: two terms, G ≤ 4 (column g = head g/2, term g%2; a thread holds head t).
@@ -627,7 +723,7 @@ struct Fp4Cfg {
 	static constexpr int RM_OFF = RED_OFF + 2 * WARPS * 2 * 8 * 4; /* block maxima */
 	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
 	static constexpr int BAR_OFF = RL_OFF + WARPS * 8 * 4;
-	static constexpr int SMEM = BAR_OFF + (STAGES + BD_DECODE_PAGE::TILE_BARS) * 8;
+	static constexpr int SMEM = BAR_OFF + (STAGES + 1) * 8; /* stages, tile maximum */
 };
 
 /* MX: MXFP4 pages (UE8M0 scales, blocks of 32; NUMERICS.md §2, §6). A warp's 32 tokens are
@@ -636,15 +732,20 @@ struct Fp4Cfg {
  * its scales inside the MMA (a k-step mixes the four threads' blocks), as FP16 powers of two
  * relative to the row's largest block exponent, which the logit's FP32 factor restores. */
 template <int D, int MODE, bool MX>
-__global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_decode_kernel(const DecodeParams p)
+__global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2 && (MX || !BD_V9_ANY)) ? 3 : 4)
+	fp4_decode_kernel(const DecodeParams p)
 {
 	using C = Fp4Cfg<D>;
 	using M = ModeT<MODE>;
 	constexpr int NTS = M::NTS, HS = M::HS, KSTEPS = D / 16, W = D / 32, MC = D / 16;
 	constexpr int STAGES = C::STAGES;
-	using L = BD_DECODE_PAGE;
-	constexpr bool SPLIT = L::SPLIT && BD_V8_SPLIT && MODE != 2;
+	/* MODE 2 keeps the __syncthreads: no registers to spare for the split barrier's V rows */
+	constexpr bool SPLIT = BD_V8_SPLIT && MODE != 2;
 	constexpr int VPRE = SPLIT ? BD_V8_VPRE : 0;
+	constexpr bool MXK = MX && BD_V9_MXK; /* MXFP4 block scales on the FP32 sums */
+	constexpr bool LDSM = BD_V9_LDSM;      /* V words by ldmatrix */
+	constexpr bool SOFT = BD_V9_SOFT;      /* the tile maximum by LDS.128, the fast divisions */
+	constexpr int KB = D / 32;             /* MXFP4 blocks of a key row */
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint8_t *aux = smem + C::AUX_OFF;
 	float *gbuf = (float *)(smem + C::GBUF_OFF);
@@ -656,17 +757,13 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
 	if (s == p.NS) {
 		bf16_partial<D, 2 * D>(p, b, h, smem, rm, rl);
-		finish_group<D>(p, b, h, smem);
 		return;
 	}
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-
-	const Split sp = split_of(p, b, s);
+	int32_t *ids = (int32_t *)aux;
+	const Split sp = split_pages(p, ids, MAXIDS);
 	const int pb = sp.pb, np = sp.np;
 	const int32_t *bt = sp.bt;
-	int32_t *ids = (int32_t *)aux;
-	for (int i = tid; i < np && i < MAXIDS; i += THREADS)
-		ids[i] = checked_page(p, bt[i]);
 	if (tid == 0) {
 		for (int i = 0; i < STAGES; i++)
 			mbar_init(&bar[i], 1);
@@ -720,7 +817,11 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 		const __half *src = sq + (term * 8 + hd) * D;
 #pragma unroll
 		for (int kk = 0; kk < KSTEPS; kk++) {
-			const int c0 = t * (D / 4) + 8 * (kk >> 1) + 2 * (kk & 1);
+			/* k-step kk: thread t's k 2t, 2t + 1 are channels c0, c0 + 4 of its word kk/2 of
+			 * a key row, k 2t + 8, 2t + 9 channels c0 + 1, c0 + 5 (fp4x8_h2's pairs); MXK:
+			 * the thread's word of k-steps 2kb, 2kb + 1 is word t of block kb */
+			const int c0 = MXK ? 32 * (kk >> 1) + 8 * t + 2 * (kk & 1) :
+					     t * (D / 4) + 8 * (kk >> 1) + 2 * (kk & 1);
 			if (hd < p.G) {
 				qf[nt][kk][0] = (uint32_t)__half_as_ushort(src[c0]) |
 						((uint32_t)__half_as_ushort(src[c0 + 4]) << 16);
@@ -734,9 +835,9 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 	for (int hs = 0; hs < HS; hs++) {
 		const int hd = M::head(hs, t);
-		/* the K operand carries 2^-14 (fp4x2_h2); fold it back with g_q, exactly (MXFP4:
-		 * the row factor restores it, all but the 1/2 taken here) */
-		const float kq = MX ? 0.5f : 16384.0f;
+		/* the K operand carries 2^-14 (fp4x2_h2); fold it back with g_q, exactly (MXFP4
+		 * without MXK: the row factor restores it, all but the 1/2 taken here) */
+		const float kq = MX && !MXK ? 0.5f : 16384.0f;
 		k1[hs] = hd < p.G ? kq * qg[hd] : 0.0f;
 		k2[hs] = hd < p.G ? kq * qg[8 + hd] : 0.0f;
 	}
@@ -752,6 +853,12 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 	 * k-step ks. So S^T tile ks row g is token 8(g>>1) + 2ks + 4(g&1), row g + 8 the next one,
 	 * and all four logits of a thread lie in one P block: tokens 0–15 for g < 4, 16–31 else. */
 	const int krow = 32 * warp + 8 * (g >> 1) + 4 * (g & 1);
+	/* ldmatrix rows: lane l gives row l & 7 of matrix l >> 3. MXK's K words: matrix j holds
+	 * the rows of tile row g + 8(j & 1) (keys krow + 2mt, + 1), word t of block kb + (j >> 1);
+	 * LDSM's V words: matrix j holds channel rows 16(mc + (j >> 1)) + 8(j & 1) + row. */
+	const int kld = (32 * warp + 8 * ((lane & 7) >> 1) + 4 * (lane & 1) + ((lane >> 3) & 1)) *
+				(D / 2) + 16 * (lane >> 4);
+	const int vld = lane * 64 + 16 * warp;
 	const bool sink0 = p.sink && pb == 0 && warp == 0 && g < 4;
 	float m_run[HS], l_run[HS], o[MC][4], gv2_prev = 1.0f;
 #pragma unroll
@@ -783,77 +890,83 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					sacc[mt][nt][e] = 0.0f;
-			const int r0 = krow + 2 * mt;
-			uint32_t w0[W], w1[W], s0 = 0, s1 = 0;
-			if constexpr (D == 128) {
-				uint4 a = *(const uint4 *)(kc + r0 * (D / 2) + t * 16);
-				uint4 bq = *(const uint4 *)(kc + (r0 + 1) * (D / 2) + t * 16);
-				w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;
-				w1[0] = bq.x; w1[1] = bq.y; w1[2] = bq.z; w1[3] = bq.w;
-				if constexpr (!MX) {
-					s0 = *(const uint16_t *)(ks + r0 * (D / 16) + 2 * t);
-					s1 = *(const uint16_t *)(ks + (r0 + 1) * (D / 16) + 2 * t);
-				}
+			if constexpr (MXK) {
+				s_tile_mx<D, NTS>(kc + kld + mt * 2 * (D / 2), ks + (krow + 2 * mt) * KB, qf,
+						  sacc[mt]);
+				kf[mt][0] = kf[mt][1] = 1.0f; /* the block factors are in sacc */
 			} else {
-				uint2 a = *(const uint2 *)(kc + r0 * (D / 2) + t * 8);
-				uint2 bq = *(const uint2 *)(kc + (r0 + 1) * (D / 2) + t * 8);
-				w0[0] = a.x; w0[1] = a.y;
-				w1[0] = bq.x; w1[1] = bq.y;
-				if constexpr (!MX) {
-					s0 = ks[r0 * (D / 16) + t];
-					s1 = ks[(r0 + 1) * (D / 16) + t];
-				}
-			}
-			/* the HMUL2 scale operands of rows r0 and r0 + 1, for their words in the low
-			 * and the high block */
-			uint32_t ks0[2] = { 0, 0 }, ks1[2] = { 0, 0 };
-			if constexpr (MX) {
-				/* the thread's channels are one MXFP4 block (D = 128: block t; 64: t/2) */
-				const int sb = D == 128 ? t : (t >> 1);
-				const int e0 = ks[r0 * (D / 32) + sb], e1 = ks[(r0 + 1) * (D / 32) + sb];
-				int m0 = max(e0, __shfl_xor_sync(0xffffffffu, e0, 1));
-				int m1 = max(e1, __shfl_xor_sync(0xffffffffu, e1, 1));
-				m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-				m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-				/* FP16 2^(e − m + 15), at least 2^-14: blocks 24 binades under the row's
-				 * largest stay exact, lower ones round (their weight is < 2^-24) */
-				const uint32_t b0 = (uint32_t)(max(e0 - m0 + 15, -14) + 15) << 10;
-				const uint32_t b1 = (uint32_t)(max(e1 - m1 + 15, -14) + 15) << 10;
-				ks0[0] = ks0[1] = b0 | (b0 << 16);
-				ks1[0] = ks1[1] = b1 | (b1 << 16);
-				kf[mt][0] = ue8m0_f32((uint32_t)m0); /* × the 1/2 in k1, k2 */
-				kf[mt][1] = ue8m0_f32((uint32_t)m1);
-			} else {
-				L::template kscale<D>(s0, ks0);
-				L::template kscale<D>(s1, ks1);
-				kf[mt][0] = kf[mt][1] = gk;
-			}
-#pragma unroll
-			for (int wi = 0; wi < W; wi++) {
-				/* word wi of the thread's channels lies in block (D == 128 ? wi/2 : 0) */
-				const bool hi = D == 128 && (wi >> 1);
-				const uint32_t sc0 = hi ? ks0[1] : ks0[0], sc1 = hi ? ks1[1] : ks1[0];
-				uint32_t a0[4], a1[4];
-				L::expand(w0[wi], a0);
-				L::expand(w1[wi], a1);
-#pragma unroll
-				for (int j = 0; j < 4; j++) {
-					if constexpr (MX) {
-						a0[j] = hmul2(a0[j], sc0);
-						a1[j] = hmul2(a1[j], sc1);
-					} else {
-						a0[j] = L::kmul(a0[j], ks0, hi);
-						a1[j] = L::kmul(a1[j], ks1, hi);
+				const int r0 = krow + 2 * mt;
+				uint32_t w0[W], w1[W], s0 = 0, s1 = 0;
+				if constexpr (D == 128) {
+					uint4 a = *(const uint4 *)(kc + r0 * (D / 2) + t * 16);
+					uint4 bq = *(const uint4 *)(kc + (r0 + 1) * (D / 2) + t * 16);
+					w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;
+					w1[0] = bq.x; w1[1] = bq.y; w1[2] = bq.z; w1[3] = bq.w;
+					if constexpr (!MX) {
+						s0 = *(const uint16_t *)(ks + r0 * (D / 16) + 2 * t);
+						s1 = *(const uint16_t *)(ks + (r0 + 1) * (D / 16) + 2 * t);
+					}
+				} else {
+					uint2 a = *(const uint2 *)(kc + r0 * (D / 2) + t * 8);
+					uint2 bq = *(const uint2 *)(kc + (r0 + 1) * (D / 2) + t * 8);
+					w0[0] = a.x; w0[1] = a.y;
+					w1[0] = bq.x; w1[1] = bq.y;
+					if constexpr (!MX) {
+						s0 = ks[r0 * (D / 16) + t];
+						s1 = ks[(r0 + 1) * (D / 16) + t];
 					}
 				}
+				/* the HMUL2 scale operands of rows r0 and r0 + 1: MXFP4 one FP16 pair for the
+				 * thread's block; NVFP4 the FP16 scales of the low and the high block, which the
+				 * HMUL2 operand selector broadcasts (.H0_H0 / .H1_H1) */
+				uint32_t ks0, ks1;
+				if constexpr (MX) {
+					/* the thread's channels are one MXFP4 block (D = 128: block t; 64: t/2) */
+					const int sb = D == 128 ? t : (t >> 1);
+					const int e0 = ks[r0 * (D / 32) + sb], e1 = ks[(r0 + 1) * (D / 32) + sb];
+					int m0 = max(e0, __shfl_xor_sync(0xffffffffu, e0, 1));
+					int m1 = max(e1, __shfl_xor_sync(0xffffffffu, e1, 1));
+					m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+					m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+					/* FP16 2^(e − m + 15), at least 2^-14: blocks 24 binades under the row's
+					 * largest stay exact, lower ones round (their weight is < 2^-24) */
+					const uint32_t b0 = (uint32_t)(max(e0 - m0 + 15, -14) + 15) << 10;
+					const uint32_t b1 = (uint32_t)(max(e1 - m1 + 15, -14) + 15) << 10;
+					ks0 = b0 | (b0 << 16);
+					ks1 = b1 | (b1 << 16);
+					kf[mt][0] = ue8m0_f32((uint32_t)m0); /* × the 1/2 in k1, k2 */
+					kf[mt][1] = ue8m0_f32((uint32_t)m1);
+				} else {
+					ks0 = e4m3x2_to_h2(s0); /* D = 64: one block, high half 0 */
+					ks1 = e4m3x2_to_h2(s1);
+					kf[mt][0] = kf[mt][1] = gk;
+				}
 #pragma unroll
-				for (int hh = 0; hh < 2; hh++) {
-					const uint32_t a[4] = { a0[2 * hh], a1[2 * hh], a0[2 * hh + 1],
-								a1[2 * hh + 1] };
+				for (int wi = 0; wi < W; wi++) {
+					/* word wi of the thread's channels lies in block (D == 128 ? wi/2 : 0) */
+					const bool hi = D == 128 && (wi >> 1);
+					uint32_t a0[4], a1[4];
+					fp4x8_h2_fma(w0[wi], a0);
+					fp4x8_h2_fma(w1[wi], a1);
 #pragma unroll
-					for (int nt = 0; nt < NTS; nt++)
-						mma_f16(sacc[mt][nt], a, qf[nt][2 * wi + hh][0],
-							qf[nt][2 * wi + hh][1]);
+					for (int j = 0; j < 4; j++) {
+						if constexpr (MX) {
+							a0[j] = hmul2(a0[j], ks0);
+							a1[j] = hmul2(a1[j], ks1);
+						} else {
+							a0[j] = hi ? hmul2_hi(a0[j], ks0) : hmul2_lo(a0[j], ks0);
+							a1[j] = hi ? hmul2_hi(a1[j], ks1) : hmul2_lo(a1[j], ks1);
+						}
+					}
+#pragma unroll
+					for (int hh = 0; hh < 2; hh++) {
+						const uint32_t a[4] = { a0[2 * hh], a1[2 * hh], a0[2 * hh + 1],
+									a1[2 * hh + 1] };
+#pragma unroll
+						for (int nt = 0; nt < NTS; nt++)
+							mma_f16(sacc[mt][nt], a, qf[nt][2 * wi + hh][0],
+								qf[nt][2 * wi + hh][1]);
+					}
 				}
 			}
 		}
@@ -888,7 +1001,16 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
 			bm[hs] = v;
 		}
-		if (g == 0 || g == 4) {
+		if constexpr (SOFT) {
+			/* the warp's maximum of each head (the two P blocks' maxima: lanes g, g ^ 4) at
+			 * red[i & 1][head][warp], so that one LDS.128 reads a head's four */
+#pragma unroll
+			for (int hs = 0; hs < HS; hs++) {
+				const float wm = MX ? bm[hs] : fmaxf(bm[hs], __shfl_xor_sync(0xffffffffu, bm[hs], 16));
+				if (g == 0)
+					red[((i & 1) * 8 + M::head(hs, t)) * WARPS + warp] = wm;
+			}
+		} else if (g == 0 || g == 4) {
 #pragma unroll
 			for (int hs = 0; hs < HS; hs++)
 				red[(((i & 1) * WARPS + warp) * 2 + (g >> 2)) * 8 + M::head(hs, t)] = bm[hs];
@@ -896,6 +1018,27 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 		fence_proxy_async(); /* this thread's reads of page i-1's stage precede its refill */
 		/* word t of the warp's tokens, its V block's scale */
 		const VRows vr = { vc + 16 * warp + 4 * t, vs + 2 * warp + (t >> 1), vs, warp, g };
+		/* the V words of row pair mc (channels 16mc + g, + 8; word t of the warp's tokens):
+		 * LDSM, one ldmatrix.x4 per two pairs (matrix j: channels 16(mc + (j >> 1)) +
+		 * 8(j & 1) + row) */
+		uint32_t vw4[4];
+		auto v_pair = [&](int mc, uint32_t &x0, uint32_t &x1) {
+			if constexpr (LDSM) {
+				if ((mc & 1) == 0)
+					ldmatrix_x4(vw4, vc + vld + mc * 16 * 64);
+				x0 = vw4[2 * (mc & 1)];
+				x1 = vw4[2 * (mc & 1) + 1];
+			} else {
+				x0 = v_word(vr, 16 * mc);
+				x1 = v_word(vr, 16 * mc + 8);
+			}
+		};
+		/* pair mc as the MMA A halves a0, a1 (v_rows) */
+		auto v_operand = [&](int mc, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+			uint32_t x0, x1;
+			v_pair(mc, x0, x1);
+			v_rows<MX>(vr, mc, x0, x1, a0, a1);
+		};
 		uint32_t vpre[VPRE > 0 ? VPRE : 1][2][4];
 		if constexpr (SPLIT) {
 			/* every thread arrives (release of its maxima and its reads of page i-1),
@@ -903,7 +1046,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 			mbar_arrive(&bar[STAGES]);
 #pragma unroll
 			for (int mc = 0; mc < VPRE; mc++)
-				L::template vexpand<MX>(vr, mc, vpre[mc][0], vpre[mc][1]);
+				v_operand(mc, vpre[mc][0], vpre[mc][1]);
 			mbar_wait(&bar[STAGES], (uint32_t)i & 1u);
 		} else {
 			__syncthreads();
@@ -915,10 +1058,17 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 #pragma unroll
 		for (int hs = 0; hs < HS; hs++) {
 			const int hd = M::head(hs, t);
-			float mx = red[((i & 1) * WARPS * 2) * 8 + hd];
+			float mx;
+			if constexpr (SOFT) {
+				static_assert(WARPS == 4, "one float4 of warp maxima per head");
+				const float4 r4 = *(const float4 *)(red + ((i & 1) * 8 + hd) * WARPS);
+				mx = fmaxf(fmaxf(r4.x, r4.y), fmaxf(r4.z, r4.w));
+			} else {
+				mx = red[((i & 1) * WARPS * 2) * 8 + hd];
 #pragma unroll
-			for (int w = 1; w < 2 * WARPS; w++)
-				mx = fmaxf(mx, red[((i & 1) * WARPS * 2 + w) * 8 + hd]);
+				for (int w = 1; w < 2 * WARPS; w++)
+					mx = fmaxf(mx, red[((i & 1) * WARPS * 2 + w) * 8 + hd]);
+			}
 			m_new[hs] = fmaxf(m_run[hs], mx);
 			alpha[hs] = m_run[hs] == -INFINITY ? 0.0f : ex2_ftz(m_run[hs] - m_new[hs]);
 		}
@@ -942,7 +1092,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 				/* κ = 2 below τ/c (x/2 is x·0.5 exactly), else κ = 6 */
 				const uint32_t sp = e4m3_encode((p.underflow && pmax <= p.tau_c) ?
 									__fmul_rn(cp, 0.5f) :
-									__fdiv_rn(cp, 6.0f));
+									SOFT ? div6_rn(cp) : __fdiv_rn(cp, 6.0f));
 				spv = e4m3_decode(sp);
 				inv = e4m3_rcp(sp);
 			}
@@ -981,7 +1131,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 		/* a garbage page (flagged id) must not turn o into inf: g ≥ FLT_MIN for real pages
 		 * (MXFP4 keeps o in absolute units) */
 		const float gv2 = MX ? 1.0f : fmaxf(16384.0f * gv, FLT_MIN);
-		const float rg = MX ? 1.0f : __fdividef(gv2_prev, gv2);
+		const float rg = MX ? 1.0f : SOFT ? gv2_prev * rcp_ftz(gv2) : __fdividef(gv2_prev, gv2);
 		float fct[2];
 #pragma unroll
 		for (int hs = 0; hs < 2; hs++)
@@ -998,7 +1148,7 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 					a1[j] = vpre[mc < VPRE ? mc : 0][1][j];
 				}
 			} else {
-				L::template vexpand<MX>(vr, mc, a0, a1);
+				v_operand(mc, a0, a1);
 			}
 			float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 			if constexpr (!MX) {
@@ -1054,19 +1204,46 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2) ? 3 : 4) fp4_
 
 /* ---- the BF16 page path (the in-house baseline) ----------------------------------------------- */
 
+/* The start of a kernel whose splits stream BF16 rows (the BF16 and the channel-blocked NVFP4
+ * paths; C its shared-memory layout: ROWB, IDS_OFF, MAX_IDS, RM_OFF, RL_OFF): the CTA with
+ * blockIdx.x = NS runs the BF16 partial and gets false; a split CTA gets its pages in *ret and
+ * its first page ids in shared memory, published by a __syncthreads. */
+template <int D, class C>
+__device__ __forceinline__ bool rows_split_begin(const DecodeParams &p, uint8_t *smem, Split *ret)
+{
+	if (blockIdx.x == p.NS) {
+		bf16_partial<D, C::ROWB>(p, blockIdx.z, blockIdx.y, smem, (float *)(smem + C::RM_OFF),
+					 (float *)(smem + C::RL_OFF));
+		return false;
+	}
+	*ret = split_pages(p, (int32_t *)(smem + C::IDS_OFF), C::MAX_IDS);
+	__syncthreads();
+	return true;
+}
+
+/* Shared memory of a BF16-row kernel after its main region of MAIN bytes: q' BF16 [8][D]
+ * (AUX_BYTES), page ids [MAX_IDS], then the warps' m and ℓ [WARPS][8] each. */
+template <int MAIN>
+struct RowsTail {
+	static constexpr int MAX_IDS = 512;
+	static constexpr int AUX_OFF = MAIN;
+	static constexpr int IDS_OFF = AUX_OFF + AUX_BYTES;
+	static constexpr int RM_OFF = IDS_OFF + MAX_IDS * 4;
+	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
+	static constexpr int SMEM = RL_OFF + WARPS * 8 * 4;
+};
+
 template <int D>
-struct Bf16Cfg {
+struct Bf16Main {
 	static constexpr int ROWB = 2 * D + 16; /* padded rows: conflict-free ldmatrix */
 	static constexpr int STAGES = 3;
 	static constexpr int STAGE_BYTES = 2 * BD_PAGE_TOKENS * ROWB;
 	static constexpr int PART_BYTES = 2 * PARTIAL_ROWS * ROWB;
 	static constexpr int MAIN = STAGES * STAGE_BYTES > PART_BYTES ? STAGES * STAGE_BYTES : PART_BYTES;
-	static constexpr int MAXIDS_BF = 512;
-	static constexpr int AUX_OFF = MAIN;                     /* q' BF16 [8][D] */
-	static constexpr int IDS_OFF = AUX_OFF + AUX_BYTES;      /* page ids */
-	static constexpr int RM_OFF = IDS_OFF + MAXIDS_BF * 4;
-	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
-	static constexpr int SMEM = RL_OFF + WARPS * 8 * 4;
+};
+
+template <int D>
+struct Bf16Cfg : Bf16Main<D>, RowsTail<Bf16Main<D>::MAIN> {
 };
 
 template <int D>
@@ -1076,26 +1253,17 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 	constexpr int ROWB = C::ROWB, STAGES = C::STAGES, CPR = 2 * D / 16;
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint8_t *aux = smem + C::AUX_OFF;
-	int32_t *ids = (int32_t *)(smem + C::IDS_OFF);
-	float *rm = (float *)(smem + C::RM_OFF);
-	float *rl = (float *)(smem + C::RL_OFF);
-	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-	if (s == p.NS) {
-		bf16_partial<D, ROWB>(p, b, h, smem, rm, rl);
-		finish_group<D>(p, b, h, smem);
+	const int32_t *ids = (const int32_t *)(smem + C::IDS_OFF);
+	Split sp;
+	if (!rows_split_begin<D, C>(p, smem, &sp))
 		return;
-	}
-	const int tid = threadIdx.x, warp = tid >> 5;
-	const Split sp = split_of(p, b, s);
+	const int tid = threadIdx.x, warp = tid >> 5, h = blockIdx.y, b = blockIdx.z;
 	const int np = sp.np;
 	const int32_t *bt = sp.bt;
-	for (int i = tid; i < np && i < C::MAXIDS_BF; i += THREADS)
-		ids[i] = checked_page(p, bt[i]);
-	__syncthreads();
 	/* every thread copies 16-byte pieces of the page-head's K and V rows into padded rows */
 	auto issue = [&](int i, int stg) {
 		if (i < np) {
-			const int32_t id = i < C::MAXIDS_BF ? ids[i] : checked_page(p, bt[i]);
+			const int32_t id = i < C::MAX_IDS ? ids[i] : checked_page(p, bt[i]);
 			const uint8_t *src = p.arena + (size_t)id * p.page_bytes + (size_t)h * p.head_bytes;
 			uint8_t *dst = smem + (size_t)stg * C::STAGE_BYTES;
 			for (int e = tid; e < 2 * BD_PAGE_TOKENS * CPR; e += THREADS) {
@@ -1110,10 +1278,8 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 	for (int i = 0; i < STAGES - 1; i++)
 		issue(i, i);
 	__nv_bfloat16 *qbf = (__nv_bfloat16 *)aux;
-	bf16_query<D>(p, b, h, qbf);
-	__syncthreads();
 	uint32_t qb[D / 16][2];
-	bf16_qfrag<D>(qbf, p.G, qb);
+	bf16_query_frag<D>(p, b, h, qbf, qb);
 
 	Bf16State<D> st;
 	st.reset();
@@ -1126,13 +1292,7 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 		bf16_tile16<D, ROWB>(Ks, Vs, 32 * warp, 16, qb, p.gamma, st);
 		bf16_tile16<D, ROWB>(Ks, Vs, 32 * warp + 16, 16, qb, p.gamma, st);
 	}
-	cp_async_wait<0>();
-	__syncthreads();
-	float *red = (float *)smem;
-	bf16_state_to_smem<D>(st, red, rm, rl);
-	__syncthreads();
-	write_partial<D>(p, b, h, s, red, rm, rl, 0.0f);
-	finish_group<D>(p, b, h, smem);
+	bf16_split_end<D>(p, st, smem, (float *)(smem + C::RM_OFF), (float *)(smem + C::RL_OFF));
 }
 
 /* ---- the channel-blocked NVFP4 page path (trtllm-nvfp4) --------------------------------------- */
@@ -1146,7 +1306,7 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
  * Layout of a warp's region: STAGES × raw [K codes 32·D/2][K scales 32·D/16][V codes][V scales]
  * [g: 16 bytes], then K [16][ROWB] and V [16][ROWB] BF16. */
 template <int D>
-struct ChCfg {
+struct ChMain {
 	static constexpr int ROWB = 2 * D + 16; /* padded rows: conflict-free ldmatrix */
 	static constexpr int STAGES = D == 128 ? 4 : 3;
 	static constexpr int CODES = 32 * D / 2;  /* a warp's K (V) codes per page */
@@ -1158,13 +1318,11 @@ struct ChCfg {
 	static constexpr int WARP_BYTES = TILE_OFF + 2 * 16 * ROWB;
 	static constexpr int PART_BYTES = 2 * PCHUNK * ROWB + 8 * D * 2; /* BF16 partial */
 	static constexpr int MAIN = WARPS * WARP_BYTES > PART_BYTES ? WARPS * WARP_BYTES : PART_BYTES;
-	static constexpr int MAXIDS_CH = 512;
-	static constexpr int AUX_OFF = MAIN;                /* q' BF16 [8][D] */
-	static constexpr int IDS_OFF = AUX_OFF + AUX_BYTES; /* page ids */
-	static constexpr int RM_OFF = IDS_OFF + MAXIDS_CH * 4;
-	static constexpr int RL_OFF = RM_OFF + WARPS * 8 * 4;
-	static constexpr int SMEM = RL_OFF + WARPS * 8 * 4;
 	static_assert(RAW % 16 == 0 && WARP_BYTES % 16 == 0, "16-byte aligned buffers");
+};
+
+template <int D>
+struct ChCfg : ChMain<D>, RowsTail<ChMain<D>::MAIN> {
 };
 
 /* Rows r0..r0+15 of a warp's raw token-major NVFP4 (codes [32][D/2], scales [32][D/16]) to
@@ -1206,22 +1364,12 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 	using C = ChCfg<D>;
 	constexpr int ROWB = C::ROWB, STAGES = C::STAGES;
 	extern __shared__ __align__(128) uint8_t smem[];
-	int32_t *ids = (int32_t *)(smem + C::IDS_OFF);
-	float *rm = (float *)(smem + C::RM_OFF);
-	float *rl = (float *)(smem + C::RL_OFF);
-	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-	if (s == p.NS) {
-		bf16_partial<D, ROWB>(p, b, h, smem, rm, rl);
-		finish_group<D>(p, b, h, smem);
+	Split sp;
+	if (!rows_split_begin<D, C>(p, smem, &sp))
 		return;
-	}
+	const int32_t *ids = (const int32_t *)(smem + C::IDS_OFF), *bt = sp.bt;
+	const int h = blockIdx.y, b = blockIdx.z, np = sp.np;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-	const Split sp = split_of(p, b, s);
-	const int np = sp.np;
-	const int32_t *bt = sp.bt;
-	for (int i = tid; i < np && i < C::MAXIDS_CH; i += THREADS)
-		ids[i] = checked_page(p, bt[i]);
-	__syncthreads();
 
 	uint8_t *wbuf = smem + (size_t)warp * C::WARP_BYTES;
 	uint8_t *Kt = wbuf + C::TILE_OFF, *Vt = Kt + 16 * ROWB;
@@ -1229,7 +1377,7 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 	 * call (empty past the split's end) keeps the wait counts uniform */
 	auto issue = [&](int i) {
 		if (i < np) {
-			const int32_t id = i < C::MAXIDS_CH ? ids[i] : checked_page(p, bt[i]);
+			const int32_t id = i < C::MAX_IDS ? ids[i] : checked_page(p, bt[i]);
 			const uint8_t *pg = p.arena + (size_t)id * p.page_bytes;
 			const uint8_t *hd = pg + (size_t)h * p.head_bytes;
 			uint8_t *dst = wbuf + (size_t)(i % STAGES) * C::RAW;
@@ -1300,18 +1448,12 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 			__syncwarp(); /* the rows are read before the next half overwrites them */
 		}
 	}
-	cp_async_wait<0>();
-	__syncthreads();
 #pragma unroll
 	for (int mc = 0; mc < D / 16; mc++)
 #pragma unroll
 		for (int e = 0; e < 4; e++)
 			st.o[mc][e] = (st.o[mc][e] * 16384.0f) * gv_prev;
-	float *red = (float *)smem;
-	bf16_state_to_smem<D>(st, red, rm, rl);
-	__syncthreads();
-	write_partial<D>(p, b, h, s, red, rm, rl, 0.0f);
-	finish_group<D>(p, b, h, smem);
+	bf16_split_end<D>(p, st, smem, (float *)(smem + C::RM_OFF), (float *)(smem + C::RL_OFF));
 }
 
 /* ---- host side ------------------------------------------------------------------------------- */

@@ -1,11 +1,12 @@
 #!/bin/bash
-# ab.sh — one device call that compares two builds of the decode kernels side by side
-# (bench/KERNELS-NOTES.md, v8): builds gpu_check and bench_kernels twice, sm_90a only, "old"
-# with the decode kernels from AB_OLD_SRC and AB_OLD as EXTRA_NVCCFLAGS, "new" from AB_NEW_SRC
-# with AB_NEW (default: bench/kernels/decode_v6_sm90.cu, the v6 page loop, against the
-# product's kernels/decode_sm90.cu, v8), runs gpu_check on new (compute-sanitizer memcheck and
-# racecheck --small beside it: v8 replaces a __syncthreads by an mbarrier), then bench_kernels
-# for old, new, old, new at one point and prints a table of the four times and new/old.
+# ab.sh — one device call that compares two builds of the decode kernels side by side: builds
+# gpu_check and bench_kernels twice, sm_90a only, "old" with the decode kernels from AB_OLD_SRC
+# and AB_OLD as EXTRA_NVCCFLAGS, "new" from AB_NEW_SRC with AB_NEW (default: the product's
+# kernels/decode_sm90.cu both times, new with the v9 variants switched on, see
+# bench/KERNELS-NOTES.md), runs gpu_check on new (compute-sanitizer memcheck and racecheck
+# --small beside it), then bench_kernels for old, new, old, new at one point and prints a table
+# of the four times and new/old. bench/kernels/speed.sh does the same for several variants and
+# the full grid of shapes.
 #
 #   bench/kernels/ab.sh            from the repository root; logs under $OUT (or ./out)
 # Environment: AB_OLD_SRC, AB_NEW_SRC (the decode kernels' translation unit, make's
@@ -19,10 +20,10 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 PFX=${AB_BUILD:-build-ab}
-OLD_SRC=${AB_OLD_SRC:-bench/kernels/decode_v6_sm90.cu}
+OLD_SRC=${AB_OLD_SRC:-kernels/decode_sm90.cu}
 NEW_SRC=${AB_NEW_SRC:-kernels/decode_sm90.cu}
 OLD_FLAGS=${AB_OLD-}
-NEW_FLAGS=${AB_NEW-}
+NEW_FLAGS=${AB_NEW--DBD_V9_LDSM=1 -DBD_V9_MXF8=1}
 BENCH=${AB_BENCH:---B 1,64 --N 131072 --cfg bitdecoding-nvfp4 --reps 20}
 SAN=${AB_SAN:-1}
 JOBS=$(($(nproc) / 2))
