@@ -34,7 +34,8 @@
  * tiles row for row, the query's and P's scales likewise.
  *
  * Usable from C and CUDA (kernels/ includes only quant/): the placement functions below are
- * inline and __host__ __device__ under nvcc; the rest is the CPU side (lib/quant/mma_sm100.c).
+ * inline, and constexpr __host__ __device__ under nvcc; the rest is the CPU side
+ * (lib/quant/mma_sm100.c).
  */
 #ifndef BD_MMA_SM100_H
 #define BD_MMA_SM100_H
@@ -48,7 +49,7 @@
 #include "quant/bd_layout.h"
 
 #ifdef __CUDACC__
-#define BD_UMMA_FN static inline __host__ __device__
+#define BD_UMMA_FN static inline constexpr __host__ __device__
 #else
 #define BD_UMMA_FN static inline
 #endif

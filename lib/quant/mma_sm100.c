@@ -214,34 +214,48 @@ static int bf16_row(const struct ectx *x, int i, const bd_bf16 **ret_k, const bd
 	return rows;
 }
 
-/* The BF16 partial of head e into its slot ns: FP32 softmax over the BF16 rows, each sum in
- * row (channel) order, γ·⟨q', k⟩ logits (NUMERICS.md §5, §8). */
-static void bf16_part(const struct ectx *x, struct ehead *e, float *S)
+/* Σ_c q[c]·k[c] in FP32, c ascending (the products of BF16 values are exact). */
+static float bf16_dot(const float *q, const bd_bf16 *k, int d)
+{
+	float acc = 0.0f;
+
+	for (int c = 0; c < d; c++)
+		acc = acc + q[c] * bd_bf16_to_f32(k[c]);
+	return acc;
+}
+
+/* Σ_i P[i]·v_i[c] over the BF16 rows in row order. */
+static float bf16_pv(const struct ectx *x, const float *P, int rows, int c)
 {
 	const bd_bf16 *k, *v;
-	const int rows = bf16_row(x, -1, NULL, NULL), d = x->d;
-	float *o = e->o + (size_t)x->ns * (size_t)d, m = -INFINITY, l = 0.0f;
+	float acc = 0.0f;
 
 	for (int i = 0; i < rows; i++) {
 		bf16_row(x, i, &k, &v);
-		float dot = 0.0f;
-		for (int c = 0; c < d; c++)
-			dot = dot + e->qbf[c] * bd_bf16_to_f32(k[c]);
-		S[i] = x->gamma * dot;
+		acc = acc + P[i] * bd_bf16_to_f32(v[c]);
+	}
+	return acc;
+}
+
+/* The BF16 partial of head e into its slot ns: FP32 softmax over the BF16 rows, each sum in
+ * row (channel) order, γ·⟨q', k⟩ logits (NUMERICS.md §5, §8). S: scratch of 144 floats. */
+static void bf16_part(const struct ectx *x, struct ehead *e, float *S)
+{
+	const bd_bf16 *k, *v;
+	const int rows = bf16_row(x, -1, NULL, NULL);
+	float *o = e->o + (size_t)x->ns * (size_t)x->d, m = -INFINITY, l = 0.0f;
+
+	for (int i = 0; i < rows; i++) {
+		bf16_row(x, i, &k, &v);
+		S[i] = x->gamma * bf16_dot(e->qbf, k, x->d);
 		m = fmaxf(m, S[i]);
 	}
 	for (int i = 0; i < rows; i++) {
-		S[i] = exp2f(S[i] - m);
+		S[i] = exp2f(S[i] - m); /* now P_i */
 		l = l + S[i];
 	}
-	for (int c = 0; c < d; c++) {
-		float acc = 0.0f;
-		for (int i = 0; i < rows; i++) {
-			bf16_row(x, i, &k, &v);
-			acc = acc + S[i] * bd_bf16_to_f32(v[c]);
-		}
-		o[c] = rows ? acc / l : 0.0f;
-	}
+	for (int c = 0; c < x->d; c++)
+		o[c] = rows ? bf16_pv(x, S, rows, c) / l : 0.0f;
 	e->lse[x->ns] = rows ? m + log2f(l) : -INFINITY;
 }
 
