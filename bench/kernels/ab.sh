@@ -60,12 +60,7 @@ for s in old new; do
 	fi
 	# registers and local memory (spills) of the FP4 decode kernels, <D,MODE,NV|MX>
 	CO=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-	"$CO" --dump-resource-usage "$obj" 2>/dev/null |
-		awk -v s=$s '/Function .*fp4_decode_kernel/ { match($0, /ILi[0-9]+ELi[0-9]ELb[01]/)
-				k = substr($0, RSTART, RLENGTH); gsub(/ILi|ELi|ELb/, " ", k); split(k, a, " ")
-				name = "<" a[1] "," a[2] "," (a[3] == 1 ? "MX" : "NV") ">"; next }
-			name != "" { out = out " " name ":" $1 "," $4; name = "" }
-			END { print "  " s ":" out }'
+	fp4_regs "$s" "$obj"
 done
 
 # static SASS of the page loops, by pipe (bench/kernels/sass_loop.py)
