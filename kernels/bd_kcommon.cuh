@@ -121,6 +121,18 @@ __device__ __forceinline__ uint32_t e4m3_encode(float x)
 #endif
 }
 
+/* RN(x / 6) for finite x ≥ 0 without __fdiv_rn's range check and slow path: q = RN(x·RN(1/6)),
+ * the exact remainder x − 6q (one FMA), then RN(q + r·RN(1/6)) (Markstein's correction). The
+ * same bits as x / 6 for every FP32 x in [2^-125, 2^127) (checked exhaustively; on the device
+ * for [0, 8] by bd_kernels_div6_exhaustive); below 2^-125 the quotient is subnormal and may
+ * differ in its last bit, which E4M3 encodes as 0 either way. */
+__device__ __forceinline__ float div6_rn(float x)
+{
+	const float z = 1.0f / 6.0f;
+	const float q = __fmul_rn(x, z);
+	return __fmaf_rn(__fmaf_rn(-6.0f, q, x), z, q);
+}
+
 /* Exact E4M3 decode of a non-NaN code. */
 __device__ __forceinline__ float e4m3_decode(uint32_t code)
 {

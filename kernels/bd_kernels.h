@@ -146,6 +146,12 @@ int bd_kernels_query_quantize_mx(const float *q, int n, int d, int hadamard, int
  * Synchronous. Returns 0, -EINVAL, -EIO. */
 int bd_kernels_e4m3_exhaustive(uint64_t *ret_mismatch, uint32_t *ret_first);
 
+/* Test hook: the decode kernels' division of c·p_max by 6 (div6_rn, NUMERICS.md §6: s_P =
+ * E4M3(c·p_max/6)) against __fdiv_rn on every FP32 x in [0, 8]: the same bits for x ≥ 2^-125,
+ * the same E4M3 code below. ret_mismatch: the count of x where they differ, ret_first: the
+ * first one's bit pattern (or 0). Synchronous. Returns 0, -EINVAL, -EIO. */
+int bd_kernels_div6_exhaustive(uint64_t *ret_mismatch, uint32_t *ret_first);
+
 /* Test hook: encode x[n] (device) with the kernels' E4M3 encoder into ret_codes[n] (device),
  * hardware path when hw != 0. Synchronous. Returns 0, -EINVAL, -EIO. */
 int bd_kernels_e4m3_encode(const float *x, size_t n, int hw, uint8_t *ret_codes);

@@ -74,17 +74,6 @@ __device__ __forceinline__ float e4m3_rcp(uint32_t code)
 	return __uint_as_float(__float_as_uint(c_rcp[m]) + ((7u - e) << 23));
 }
 
-/* RN(x / 6) for finite x ≥ 0 without __fdiv_rn's range check and slow path: q = RN(x·RN(1/6)),
- * the exact remainder x − 6q (one FMA), then RN(q + r·RN(1/6)) (Markstein's correction). Equal
- * to x / 6 for every FP32 x in [2^-126, 2^127) (checked exhaustively on the CPU); below, it may
- * differ in the last bit of a quotient under 2^-128, which E4M3 encodes as 0 either way. */
-__device__ __forceinline__ float div6_rn(float x)
-{
-	const float z = 1.0f / 6.0f;
-	const float q = __fmul_rn(x, z);
-	return __fmaf_rn(__fmaf_rn(-6.0f, q, x), z, q);
-}
-
 /* 1/x by the SFU alone (rcp.approx.ftz: relative error about 2^-23, as __fdividef's), for the
  * ratio of two pages' g_V, where x ≥ FLT_MIN. */
 __device__ __forceinline__ float rcp_ftz(float x)
@@ -1493,6 +1482,26 @@ static int plan_mode(const struct bd_decode_plan *pl)
 	return pl->G <= 4 ? 1 : pl->nterms == 1 ? 0 : 2;
 }
 
+/* Every FP32 x in [0, 8] (c·p_max with c ≤ 8): div6_rn(x) against __fdiv_rn(x, 6) — the same
+ * bits for x ≥ 2^-125, the same E4M3 code below. */
+__global__ void div6_exhaustive_kernel(unsigned long long *mismatch, unsigned int *first)
+{
+	const uint32_t hi = 0x41000000u; /* 8.0f */
+	const uint32_t stride = gridDim.x * blockDim.x;
+	unsigned long long bad = 0;
+	for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u <= hi; u += stride) {
+		const float x = __uint_as_float(u), a = div6_rn(x), b = __fdiv_rn(x, 6.0f);
+		const bool same = u >= 0x01000000u ? __float_as_uint(a) == __float_as_uint(b) :
+						     e4m3_encode(a) == e4m3_encode(b);
+		if (!same) {
+			bad++;
+			atomicMin(first, u);
+		}
+	}
+	if (bad)
+		atomicAdd(mismatch, bad);
+}
+
 /* c_rcp from the host's IEEE divisions (once per process and device) */
 static int rcp_table_init(void)
 {
@@ -1705,6 +1714,38 @@ extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_de
 	dim3 grid(pl->n_splits + 1, pl->Hkv, pl->B);
 	k<<<grid, THREADS, smem, st>>>(p);
 	BDK_TRY(cudaGetLastError());
+	return 0;
+}
+
+extern "C" int bd_kernels_div6_exhaustive(uint64_t *ret_mismatch, uint32_t *ret_first)
+{
+	unsigned long long *dm;
+	unsigned int *df;
+	unsigned long long m = 0;
+	unsigned int f = 0xffffffffu;
+
+	if (!ret_mismatch || !ret_first)
+		return -EINVAL;
+	BDK_TRY(cudaMalloc((void **)&dm, sizeof(m)));
+	int r = cuda_err(cudaMalloc((void **)&df, sizeof(f)));
+	if (r == 0)
+		r = cuda_err(cudaMemcpy(dm, &m, sizeof(m), cudaMemcpyHostToDevice));
+	if (r == 0)
+		r = cuda_err(cudaMemcpy(df, &f, sizeof(f), cudaMemcpyHostToDevice));
+	if (r == 0) {
+		div6_exhaustive_kernel<<<1024, 256>>>(dm, df);
+		r = cuda_err(cudaGetLastError());
+	}
+	if (r == 0)
+		r = cuda_err(cudaMemcpy(&m, dm, sizeof(m), cudaMemcpyDeviceToHost));
+	if (r == 0)
+		r = cuda_err(cudaMemcpy(&f, df, sizeof(f), cudaMemcpyDeviceToHost));
+	cudaFree(dm);
+	cudaFree(df);
+	if (r < 0)
+		return r;
+	*ret_mismatch = m;
+	*ret_first = m ? f : 0;
 	return 0;
 }
 

@@ -5,7 +5,8 @@
  * bd_page_promote when a page fills and a later token exists), into a shuffled block table;
  * the CPU reference decoder runs with the kernels' tiling (B_k = 128) and the plan's n_splits.
  *   - E4M3: hardware cvt vs the device software encoder on every finite FP32 pattern, and the
- *     device encoders vs bd_e4m3_encode on 2^24 spread patterns;
+ *     device encoders vs bd_e4m3_encode on 2^24 spread patterns; the page loop's division of
+ *     c·p_max by 6 against __fdiv_rn on every FP32 in [0, 8];
  *   - query preparation (FWHT + dual residual) bytes vs bd_fwht + bd_query_quantize;
  *   - promotion bytes (NVFP4 with and without scale search, MXFP4, BF16) vs bd_page_promote,
  *     with special blocks (zeros, ties, tiny, huge), and its refusals (-EDOM, -EINVAL);
@@ -637,6 +638,13 @@ static void e4m3_checks(void)
 	      (unsigned long long)mism, first);
 	printf("  e4m3 hw vs soft on all finite FP32: %llu mismatches (%.2fs)\n",
 	       (unsigned long long)mism, bd_now_s() - t0);
+
+	/* the page loop's c·p_max / 6 without the division's slow path (BD_V9_SOFT) */
+	CKR(bd_kernels_div6_exhaustive(&mism, &first));
+	check(mism == 0, "div6: fast division differs from __fdiv_rn on %llu of [0, 8] (first %#x)",
+	      (unsigned long long)mism, first);
+	printf("  div6 fast vs __fdiv_rn on every FP32 in [0, 8]: %llu mismatches\n",
+	       (unsigned long long)mism);
 
 	const size_t n = (size_t)1 << 24;
 	float *x = xmalloc(sizeof(float) * n);
