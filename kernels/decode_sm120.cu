@@ -49,15 +49,15 @@ struct Smem {
 	static constexpr int STAGES = D == 128 ? 2 : 4;
 	static constexpr int STAGE_BYTES = 144 * D;
 	static constexpr int MAIN = STAGES * STAGE_BYTES;
-	static constexpr int GBUF = MAIN;                        /* float [STAGES][4] */
-	static constexpr int QC = GBUF + 16 * STAGES;            /* [2][8][D/2] packed codes */
-	static constexpr int QS = QC + 2 * 8 * (D / 2);          /* [2][8][D/16] scale bytes */
-	static constexpr int GQ = QS + 2 * 8 * (D / 16);         /* float [2][8] */
-	static constexpr int PT = GQ + 2 * 8 * 4;                /* [8][64] P̂ codes */
-	static constexpr int PS = PT + 8 * BD_MMA120_P_ROW;      /* [8][8] P scales */
-	static constexpr int REDM = PS + 8 * 8;                  /* float [WARPS][8] */
-	static constexpr int REDL = REDM + WARPS * 8 * 4;        /* float [WARPS][8] */
-	static constexpr int BAR = REDL + WARPS * 8 * 4;         /* u64 [STAGES] */
+	static constexpr int GBUF = MAIN;                   /* float [STAGES][4] */
+	static constexpr int QC = GBUF + 16 * STAGES;       /* [2][8][D/2] packed codes */
+	static constexpr int QS = QC + 2 * 8 * (D / 2);     /* [2][8][D/16] scale bytes */
+	static constexpr int GQ = QS + 2 * 8 * (D / 16);    /* float [2][8] */
+	static constexpr int PT = GQ + 2 * 8 * 4;           /* [8][64] P̂ codes */
+	static constexpr int PS = PT + 8 * BD_MMA120_P_ROW; /* [8][8] P scales */
+	static constexpr int REDM = PS + 8 * 8;             /* float [WARPS][8] */
+	static constexpr int REDL = REDM + WARPS * 8 * 4;   /* float [WARPS][8] */
+	static constexpr int BAR = REDL + WARPS * 8 * 4;    /* u64 [STAGES] */
 	static constexpr int BYTES = BAR + 8 * STAGES;
 	/* the BF16 CTA: key or value rows padded by 16 bytes (conflict-free row reads), q'
 	 * transposed [D][8], logits then P [8][144] */
@@ -119,11 +119,12 @@ __device__ __forceinline__ size_t part_at(const bd_decode_plan &pl, int b, int h
 
 /* d += (A·SF_A)(B·SF_B) for k-step KS of an operand pair (selectors of bd_mma_sm120.h). One
  * PTX template, the scale vector and type pasted in. */
-#define BD120_MMA(vec_type)                                                                       \
-	asm("mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale." vec_type              \
-	    " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3}, %10, {%11,%12}, %13, {%14,%15};" \
-	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                        \
-	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(sfa), "h"(bid),     \
+#define BD120_MMA(vec_type)                                                                        \
+	asm("mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale." vec_type               \
+	    " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3}, %10, {%11,%12}, %13, "         \
+	    "{%14,%15};"                                                                           \
+	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                       \
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(sfa), "h"(bid),    \
 	      "h"(ta), "r"(sfb), "h"(bid), "h"(tb))
 template <bool MX, int KS>
 __device__ __forceinline__ void mma_fp4(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -140,8 +141,8 @@ __device__ __forceinline__ void mma_fp4(float (&d)[4], const uint32_t (&a)[4], u
 
 /* The same with the k-step a (constant after unrolling) loop index. */
 template <bool MX>
-__device__ __forceinline__ void mma_step(int ks, float (&d)[4], const uint32_t (&a)[4],
-					 uint32_t b0, uint32_t b1, uint32_t sfa, uint32_t sfb)
+__device__ __forceinline__ void mma_step(int ks, float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+					 uint32_t b1, uint32_t sfa, uint32_t sfb)
 {
 	if (ks == 0)
 		mma_fp4<MX, 0>(d, a, b0, b1, sfa, sfb);
@@ -161,8 +162,8 @@ __device__ __forceinline__ uint32_t ld_scales(const uint8_t *p, int bytes)
 }
 
 /* Query head hd of the group of (b, h): [d] FP32. */
-__device__ __forceinline__ const float *query_head(const bd_decode_plan &pl, const bd_decode_args &a,
-						   int b, int h, int hd)
+__device__ __forceinline__ const float *query_head(const bd_decode_plan &pl,
+						   const bd_decode_args &a, int b, int h, int hd)
 {
 	return a.q + ((size_t)b * pl.Hq + (size_t)h * pl.G + hd) * pl.d;
 }
@@ -198,7 +199,8 @@ __device__ void bf16_partial(const bd_decode_plan &pl, const bd_decode_args &a, 
 	int n_full;
 	const int len = context_len(a, b, &n_full);
 	const int nsink = pl.sink ? min(len, BD_SINK_TOKENS) : 0;
-	const int t_recent = pl.sink ? max(n_full * BD_PAGE_TOKENS, BD_SINK_TOKENS) : n_full * BD_PAGE_TOKENS;
+	const int t_recent = pl.sink ? max(n_full * BD_PAGE_TOKENS, BD_SINK_TOKENS)
+				     : n_full * BD_PAGE_TOKENS;
 	const int r0 = t_recent - n_full * BD_PAGE_TOKENS;
 	const uint8_t *slot = (const uint8_t *)a.slots[b];
 	int cnt = nsink + max(len - t_recent, 0);
@@ -211,10 +213,12 @@ __device__ void bf16_partial(const bd_decode_plan &pl, const bd_decode_args &a, 
 	const uint8_t *sh = slot + ((size_t)a.layer * pl.Hkv + h) * pl.lay.slot_head_bytes;
 	/* row k of the region: sink row k, then recent row r0 + k − nsink; V when v */
 	auto row_src = [&](int k, bool v) {
-		const size_t off = k < nsink ? (v ? pl.lay.slot_sink_v_off : pl.lay.slot_sink_k_off) +
-						       (size_t)k * 2 * D :
-					       (v ? pl.lay.slot_recent_v_off : pl.lay.slot_recent_k_off) +
-						       (size_t)(r0 + k - nsink) * 2 * D;
+		const size_t off = k < nsink
+					   ? (v ? pl.lay.slot_sink_v_off : pl.lay.slot_sink_k_off) +
+						     (size_t)k * 2 * D
+					   : (v ? pl.lay.slot_recent_v_off
+						: pl.lay.slot_recent_k_off) +
+						     (size_t)(r0 + k - nsink) * 2 * D;
 		return sh + off;
 	};
 	auto load_rows = [&](int k0, int n, bool v) {
@@ -242,13 +246,16 @@ __device__ void bf16_partial(const bd_decode_plan &pl, const bd_decode_args &a, 
 		const int n = min(BF16_CHUNK, cnt - k0);
 		load_rows(k0, n, false);
 		for (int it = 0; it < 4; it++) {
-			const int k = (lane & 7) + 8 * (warp + WARPS * (it & 1)), hd = (lane >> 3) + 4 * (it >> 1);
+			const int k = (lane & 7) + 8 * (warp + WARPS * (it & 1)),
+				  hd = (lane >> 3) + 4 * (it >> 1);
 			if (k >= n || hd >= G)
 				continue;
-			const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(rows + (size_t)k * S::ROWB);
+			const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(rows +
+									  (size_t)k * S::ROWB);
 			float acc = 0.0f;
 			for (int c = 0; c < D; c++)
-				acc = __fadd_rn(acc, __fmul_rn(qt[c * 8 + hd], __bfloat162float(kr[c])));
+				acc = __fadd_rn(acc,
+						__fmul_rn(qt[c * 8 + hd], __bfloat162float(kr[c])));
 			sv[hd * BF16_ROWS + k0 + k] = __fmul_rn(pl.gamma, acc);
 		}
 		__syncthreads();
@@ -280,9 +287,13 @@ __device__ void bf16_partial(const bd_decode_plan &pl, const bd_decode_args &a, 
 			const int e = tid + THREADS * u, hd = e / D, c = e % D;
 			if (hd >= G)
 				continue;
-			for (int k = 0; k < n; k++)
-				acc[u] = __fadd_rn(acc[u], __fmul_rn(sv[hd * BF16_ROWS + k0 + k],
-								     __bfloat162float(((const __nv_bfloat16 *)(rows + (size_t)k * S::ROWB))[c])));
+			const uint8_t *col = rows + 2 * c; /* value c of row k: col + k·ROWB */
+			for (int k = 0; k < n; k++) {
+				const float v = __bfloat162float(
+					*(const __nv_bfloat16 *)(col + (size_t)k * S::ROWB));
+				acc[u] = __fadd_rn(acc[u],
+						   __fmul_rn(sv[hd * BF16_ROWS + k0 + k], v));
+			}
 		}
 		__syncthreads();
 	}
@@ -294,10 +305,11 @@ __device__ void bf16_partial(const bd_decode_plan &pl, const bd_decode_args &a, 
 			st.ws_o[(pi * G + hd) * D + c] = cnt ? __fdiv_rn(acc[u], head_l[hd]) : 0.0f;
 	}
 	if (tid < G)
-		st.ws_lse[pi * G + tid] = cnt ? __fadd_rn(head_m[tid], log2f(head_l[tid])) : -INFINITY;
+		st.ws_lse[pi * G + tid] = cnt ? __fadd_rn(head_m[tid], log2f(head_l[tid]))
+					      : -INFINITY;
 }
 
-/* ---- the LSE combine: the last CTA of a (request, KV head) to finish -------------------------- */
+/* ---- the LSE combine: the last CTA of a (request, KV head) to finish ------------------------ */
 
 /* bd_lse_combine of the NS + 1 partials, in its FP64 order: M = max lse_s, weights
  * w_s = exp2(lse_s − M) (partials with lse −inf skipped), o = Σ_s w_s·o_s / Σ_s w_s summed in
@@ -343,8 +355,9 @@ __device__ void combine(const bd_decode_plan &pl, const bd_decode_args &a, const
 				continue;
 			for (int s = 0; s < n; s++) {
 				const double ws = w[s * G + hd];
+				const float *os = st.ws_o + ((base + s0 + s) * G + hd) * D;
 				if (ws != 0.0)
-					acc[u] += ws * (double)__ldcg(st.ws_o + ((base + s0 + s) * G + hd) * D + c);
+					acc[u] += ws * (double)__ldcg(os + c);
 			}
 		}
 		__syncthreads();
@@ -358,7 +371,8 @@ __device__ void combine(const bd_decode_plan &pl, const bd_decode_args &a, const
 	}
 	if (a.lse && tid < G)
 		a.lse[(size_t)b * pl.Hq + (size_t)h * G + tid] =
-			head_M[tid] == -INFINITY ? -INFINITY : (float)(head_M[tid] + log2(head_W[tid]));
+			head_M[tid] == -INFINITY ? -INFINITY
+						 : (float)(head_M[tid] + log2(head_W[tid]));
 }
 
 /* Count this CTA's partial; the last of the NS + 1 CTAs of (b, h) to count (every thread of it
@@ -382,7 +396,7 @@ __device__ void finish(const bd_decode_plan &pl, const bd_decode_args &a, const 
 	combine<D>(pl, a, st, b, h, smem);
 }
 
-/* ---- the FP4 page splits ------------------------------------------------------------------------ */
+/* ---- the FP4 page splits --------------------------------------------------------------------- */
 
 /* PAIRS: the query columns are (head, term) pairs, NTS column tiles (bd_mma120_pairs /
  * _col_tiles); else one term per head, one tile. A thread's S slots: HS heads. */
@@ -414,7 +428,8 @@ __device__ __forceinline__ void rescale(const float *redm, int hd, float m, floa
  * terms). MX: MXFP4 pages. */
 template <int D, int MODE, bool MX>
 __global__ void __launch_bounds__(THREADS, 2)
-	fp4_mma_decode(const __grid_constant__ bd_decode_plan pl, const __grid_constant__ bd_decode_args a)
+	fp4_mma_decode(const __grid_constant__ bd_decode_plan pl,
+		       const __grid_constant__ bd_decode_args a)
 {
 	using S = Smem<D>;
 	using C = Cols<MODE>;
@@ -461,8 +476,10 @@ __global__ void __launch_bounds__(THREADS, 2)
 		}
 		const uint8_t *src = st.arena + (size_t)id * pl.lay.page_bytes;
 		bdk::mbar_arrive_tx(&bar[stg], hb + 16u);
-		bdk::bulk_g2s(smem + (size_t)stg * S::STAGE_BYTES, src + (size_t)h * hb, hb, &bar[stg]);
-		bdk::bulk_g2s(gbuf + 4 * stg, src + pl.lay.gscale_off + (size_t)(h & ~1) * 8, 16, &bar[stg]);
+		bdk::bulk_g2s(smem + (size_t)stg * S::STAGE_BYTES, src + (size_t)h * hb, hb,
+			      &bar[stg]);
+		bdk::bulk_g2s(gbuf + 4 * stg, src + pl.lay.gscale_off + (size_t)(h & ~1) * 8, 16,
+			      &bar[stg]);
 	};
 	if (tid == 0)
 		for (int i = 0; i < STAGES && i < np; i++)
@@ -482,17 +499,20 @@ __global__ void __launch_bounds__(THREADS, 2)
 		for (int tt = 0; tt < 2; tt++) {
 			if (tt >= pl.nterms)
 				break;
-			uint8_t *crow = qc + (tt * 8 + hd) * (D / 2), *srow = qs + (tt * 8 + hd) * (D / 16);
+			uint8_t *crow = qc + (tt * 8 + hd) * (D / 2),
+				*srow = qs + (tt * 8 + hd) * (D / 16);
 #pragma unroll
 			for (int i = 0; i < W; i++) {
 				const uint32_t up = __shfl_down_sync(0xffffffffu, codes[tt][i], 1);
 				if ((lane & 1) == 0)
-					crow[(lane + 32 * i) / 2] = (uint8_t)((codes[tt][i] & 0xfu) | (up & 0xfu) << 4);
+					crow[(lane + 32 * i) / 2] =
+						(uint8_t)((codes[tt][i] & 0xfu) | (up & 0xfu) << 4);
 				if (MX ? lane == 0 : (lane & 15) == 0)
 					srow[MX ? i : (lane + 32 * i) / 16] = (uint8_t)scode[tt][i];
 			}
 			if (lane == 0)
-				gq[tt * 8 + hd] = MX ? 1.0f : gt[tt]; /* MXFP4: g = 1, the scales carry all */
+				/* MXFP4: g = 1, the scales carry all */
+				gq[tt * 8 + hd] = MX ? 1.0f : gt[tt];
 		}
 	}
 	__syncthreads();
@@ -502,9 +522,11 @@ __global__ void __launch_bounds__(THREADS, 2)
 	for (int nt = 0; nt < NTS; nt++) {
 		const int bn = bd_mma120_b_n(lane), sn = bd_mma120_sfb_col(lane);
 		const uint8_t *ccol = qc + (bd_mma120_col_term(C::PAIRS, bn) * 8 +
-					   bd_mma120_col_head(C::PAIRS, nt, bn)) * (D / 2);
+					    bd_mma120_col_head(C::PAIRS, nt, bn)) *
+						   (D / 2);
 		const uint8_t *scol = qs + (bd_mma120_col_term(C::PAIRS, sn) * 8 +
-					   bd_mma120_col_head(C::PAIRS, nt, sn)) * (D / 16);
+					    bd_mma120_col_head(C::PAIRS, nt, sn)) *
+						   (D / 16);
 #pragma unroll
 		for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -534,14 +556,16 @@ __global__ void __launch_bounds__(THREADS, 2)
 		const uint8_t *vc = page + pl.lay.v_codes_off, *vsc = page + pl.lay.v_scales_off;
 		const float gk = MX ? 1.0f : gbuf[4 * stg + 2 * (h & 1)];
 		const float gv = MX ? 1.0f : gbuf[4 * stg + 2 * (h & 1) + 1];
-		const bool masked_page = pl.sink && pb + i == 0; /* keys 0..15: the sink's page copy */
+		/* keys 0..15 of the request's first page: the sink's page copy, masked */
+		const bool masked_page = pl.sink && pb + i == 0;
 
-		/* S^T for key tiles 2·warp + j, logits S[j][hs][r] (r: accumulator rows g, g + 8) */
+		/* S^T for key tiles 2·warp + j; logits S[j][hs][r], r: accumulator rows g, g + 8 */
 		float S[2][HS][2], bm[2][HS];
 #pragma unroll
 		for (int j = 0; j < 2; j++) {
 			const int mt = 2 * warp + j;
-			const uint32_t sfa = ld_scales(ksc + bd_mma120_k_sfa_off(MX, D, mt, lane), sb);
+			const uint32_t sfa = ld_scales(ksc + bd_mma120_k_sfa_off(MX, D, mt, lane),
+						       sb);
 			float acc[NTS][4];
 #pragma unroll
 			for (int nt = 0; nt < NTS; nt++)
@@ -553,10 +577,12 @@ __global__ void __launch_bounds__(THREADS, 2)
 				uint32_t af[4];
 #pragma unroll
 				for (int r = 0; r < 4; r++)
-					af[r] = ld_u32(kc + bd_mma120_k_codes_off(D, mt, ks, lane, r));
+					af[r] = ld_u32(kc +
+						       bd_mma120_k_codes_off(D, mt, ks, lane, r));
 #pragma unroll
 				for (int nt = 0; nt < NTS; nt++)
-					mma_step<MX>(ks, acc[nt], af, qb[nt][ks][0], qb[nt][ks][1], sfa, qsf[nt]);
+					mma_step<MX>(ks, acc[nt], af, qb[nt][ks][0], qb[nt][ks][1],
+						     sfa, qsf[nt]);
 			}
 #pragma unroll
 			for (int hs = 0; hs < HS; hs++) {
@@ -567,14 +593,17 @@ __global__ void __launch_bounds__(THREADS, 2)
 					if constexpr (C::PAIRS) {
 						dot = __fmul_rn(acc[hs][2 * r], k1[hs]);
 						if (pl.nterms == 2)
-							dot = __fadd_rn(dot, __fmul_rn(acc[hs][2 * r + 1], k2[hs]));
+							dot = __fadd_rn(
+								dot, __fmul_rn(acc[hs][2 * r + 1],
+									       k2[hs]));
 					} else {
 						dot = __fmul_rn(acc[0][2 * r + hs], k1[hs]);
 					}
-					S[j][hs][r] = live ? __fmul_rn(__fmul_rn(dot, gk), pl.gamma) : -INFINITY;
+					S[j][hs][r] = live ? __fmul_rn(__fmul_rn(dot, gk), pl.gamma)
+							   : -INFINITY;
 				}
-				/* the P block maximum: NVFP4 a tile (16 keys over the 8 lanes of column t),
-				 * MXFP4 the warp's 32 keys */
+				/* the P block maximum: NVFP4 a tile (16 keys over the 8 lanes of
+				 * column t), MXFP4 the warp's 32 keys */
 				float v = fmaxf(S[j][hs][0], S[j][hs][1]);
 				v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
 				v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
@@ -590,8 +619,10 @@ __global__ void __launch_bounds__(THREADS, 2)
 			if (g == 0)
 				redm[warp * 8 + C::head(hs, t)] = wmax;
 		}
-		bdk::fence_proxy_async(); /* this thread's reads of page i-1's stage precede its refill */
-		__syncthreads();          /* the tile maximum; page i-1 is consumed by everyone */
+		/* this thread's reads of page i-1's stage precede its refill; then the barrier of
+		 * the tile maximum, after which page i-1 is consumed by everyone */
+		bdk::fence_proxy_async();
+		__syncthreads();
 		if (tid == 0 && i >= 1 && i - 1 + STAGES < np)
 			issue(i - 1 + STAGES, (i - 1) % STAGES);
 
@@ -603,7 +634,7 @@ __global__ void __launch_bounds__(THREADS, 2)
 		for (int e = 0; e < 2; e++)
 			rescale(redm, 2 * t + e, m_o[e], &mn_o[e], &al_o[e]);
 
-		/* P, ℓ, and the P tile (NUMERICS.md §6) */
+			/* P, ℓ, and the P tile (NUMERICS.md §6) */
 #pragma unroll
 		for (int hs = 0; hs < HS; hs++) {
 			const int hd = C::head(hs, t);
@@ -624,9 +655,10 @@ __global__ void __launch_bounds__(THREADS, 2)
 				} else {
 					/* κ = 2 below τ/c (x/2 is x·0.5 exactly), else 6 */
 					const float cp = __fmul_rn(pl.c, pmax);
-					sp = bdk::e4m3_encode(pl.underflow && pmax <= __fdiv_rn(pl.tau, pl.c) ?
-								      __fmul_rn(cp, 0.5f) :
-								      __fdiv_rn(cp, 6.0f));
+					sp = bdk::e4m3_encode(
+						pl.underflow && pmax <= __fdiv_rn(pl.tau, pl.c)
+							? __fmul_rn(cp, 0.5f)
+							: __fdiv_rn(cp, 6.0f));
 					const float spv = bdk::e4m3_decode(sp);
 					inv = spv == 0.0f ? 0.0f : __fdiv_rn(1.0f, spv);
 				}
@@ -634,15 +666,18 @@ __global__ void __launch_bounds__(THREADS, 2)
 #pragma unroll
 				for (int r = 0; r < 2; r++) {
 					const float sr = S[j][hs][r];
-					const float P = live && sr != -INFINITY ?
-								exp2f(__fadd_rn(__fsub_rn(sr, mn), pl.log2c)) :
-								0.0f;
+					const float P = live && sr != -INFINITY
+								? exp2f(__fadd_rn(__fsub_rn(sr, mn),
+										  pl.log2c))
+								: 0.0f;
 					lsum = __fadd_rn(lsum, P);
 					code[r] = bdk::e2m1_encode(__fmul_rn(P, inv)) & 0xfu;
 				}
-				pt[hd * BD_MMA120_P_ROW + bd_mma120_p_byte(mt, lane)] = (uint8_t)(code[0] | code[1] << 4);
+				pt[hd * BD_MMA120_P_ROW + bd_mma120_p_byte(mt, lane)] =
+					(uint8_t)(code[0] | code[1] << 4);
 				if (g == 0 && (!MX || j == 0))
-					ps[hd * bd_mma120_p_scale_row(MX) + (MX ? warp : mt)] = (uint8_t)sp;
+					ps[hd * bd_mma120_p_scale_row(MX) + (MX ? warp : mt)] =
+						(uint8_t)sp;
 			}
 			l_run[hs] = __fadd_rn(__fmul_rn(al_s[hs], l_run[hs]), lsum);
 		}
@@ -661,12 +696,15 @@ __global__ void __launch_bounds__(THREADS, 2)
 #pragma unroll
 				for (int r = 0; r < 4; r++)
 					af[r] = ld_u32(vc + bd_mma120_v_codes_off(mc, ks, lane, r));
-				mma_step<MX>(ks, acc, af, ld_u32(pt + bd_mma120_p_codes_off(ks, lane, 0)),
-					     ld_u32(pt + bd_mma120_p_codes_off(ks, lane, 1)), vsf, psf);
+				mma_step<MX>(ks, acc, af,
+					     ld_u32(pt + bd_mma120_p_codes_off(ks, lane, 0)),
+					     ld_u32(pt + bd_mma120_p_codes_off(ks, lane, 1)), vsf,
+					     psf);
 			}
 #pragma unroll
 			for (int e = 0; e < 4; e++)
-				o[j][e] = __fadd_rn(__fmul_rn(al_o[e & 1], o[j][e]), __fmul_rn(acc[e], gv));
+				o[j][e] = __fadd_rn(__fmul_rn(al_o[e & 1], o[j][e]),
+						    __fmul_rn(acc[e], gv));
 		}
 #pragma unroll
 		for (int hs = 0; hs < HS; hs++)
@@ -695,7 +733,8 @@ __global__ void __launch_bounds__(THREADS, 2)
 	for (int j = 0; j < KS; j++)
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			const int hd = bd_mma120_c_col(lane, e), ch = 16 * (KS * warp + j) + bd_mma120_c_row(lane, e);
+			const int hd = bd_mma120_c_col(lane, e),
+				  ch = 16 * (KS * warp + j) + bd_mma120_c_row(lane, e);
 			if (hd >= G)
 				continue;
 			float L = 0.0f;
@@ -709,8 +748,9 @@ __global__ void __launch_bounds__(THREADS, 2)
 #pragma unroll
 		for (int w = 0; w < WARPS; w++)
 			L = __fadd_rn(L, redl[w * 8 + tid]);
-		st.ws_lse[pi * G + tid] =
-			L == 0.0f ? -INFINITY : __fsub_rn(__fadd_rn(redm[tid], log2f(L)), pl.log2c);
+		st.ws_lse[pi * G + tid] = L == 0.0f ? -INFINITY
+						    : __fsub_rn(__fadd_rn(redm[tid], log2f(L)),
+								pl.log2c);
 	}
 	finish<D>(pl, a, st, b, h, smem);
 }
@@ -721,14 +761,20 @@ typedef void (*kern_t)(const bd_decode_plan, const bd_decode_args);
 static kern_t pick(const bd_decode_plan &pl, int *ret_smem)
 {
 	const bool mx = pl.kind == 3;
-	const int mode = !bd_mma120_pairs(pl.G, pl.nterms) ? 0 : bd_mma120_col_tiles(pl.G, pl.nterms) == 2 ? 2 : 1;
+	const int mode = !bd_mma120_pairs(pl.G, pl.nterms)           ? 0
+			 : bd_mma120_col_tiles(pl.G, pl.nterms) == 2 ? 2
+								     : 1;
 	static const kern_t k128[2][3] = {
-		{ fp4_mma_decode<128, 0, false>, fp4_mma_decode<128, 1, false>, fp4_mma_decode<128, 2, false> },
-		{ fp4_mma_decode<128, 0, true>, fp4_mma_decode<128, 1, true>, fp4_mma_decode<128, 2, true> },
+		{ fp4_mma_decode<128, 0, false>, fp4_mma_decode<128, 1, false>,
+		  fp4_mma_decode<128, 2, false> },
+		{ fp4_mma_decode<128, 0, true>, fp4_mma_decode<128, 1, true>,
+		  fp4_mma_decode<128, 2, true> },
 	};
 	static const kern_t k64[2][3] = {
-		{ fp4_mma_decode<64, 0, false>, fp4_mma_decode<64, 1, false>, fp4_mma_decode<64, 2, false> },
-		{ fp4_mma_decode<64, 0, true>, fp4_mma_decode<64, 1, true>, fp4_mma_decode<64, 2, true> },
+		{ fp4_mma_decode<64, 0, false>, fp4_mma_decode<64, 1, false>,
+		  fp4_mma_decode<64, 2, false> },
+		{ fp4_mma_decode<64, 0, true>, fp4_mma_decode<64, 1, true>,
+		  fp4_mma_decode<64, 2, true> },
 	};
 
 	if ((pl.kind != 1 && pl.kind != 3) || (pl.d != 64 && pl.d != 128) || pl.G < 1 ||
@@ -763,8 +809,10 @@ extern "C" int bd_decode_prepare_sm120(const struct bd_decode_plan *pl)
 	BDK_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
 	if (major != 12 || minor != 0)
 		return -ENODEV; /* sm_120a code runs on compute capability 12.0 only */
-	BDK_TRY(cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-	BDK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, (const void *)k, THREADS, (size_t)smem));
+	BDK_TRY(cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				     smem));
+	BDK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, (const void *)k, THREADS,
+							      (size_t)smem));
 	return occ >= 1 ? 0 : -EOPNOTSUPP;
 }
 
@@ -780,15 +828,18 @@ extern "C" int bd_decode_run_sm120(const struct bd_decode_plan *pl, const struct
 		uintptr_t align;
 		bool required;
 	} bufs[] = {
-		{ a->q, 16, true },          { a->out, 16, true },         { a->arena, 128, true },
-		{ a->workspace, BD_KERNEL_ALIGN, true }, { a->block_table, 4, true }, { a->seq_lens, 4, true },
-		{ a->slots, 8, true },       { a->lse, 4, false },         { a->status, 4, false },
+		{ a->q, 16, true },          { a->out, 16, true },
+		{ a->arena, 128, true },     { a->workspace, BD_KERNEL_ALIGN, true },
+		{ a->block_table, 4, true }, { a->seq_lens, 4, true },
+		{ a->slots, 8, true },       { a->lse, 4, false },
+		{ a->status, 4, false },
 	};
 	for (const auto &x : bufs)
 		if ((x.required && !x.p) || ((uintptr_t)x.p & (x.align - 1)))
 			return -EINVAL;
-	if (a->layer < 0 || a->layer >= pl->lay.n_layers || a->bt_stride < pl->bt_stride || a->bt_stride < 0 ||
-	    pl->B < 1 || pl->Hkv < 1 || pl->n_splits < 1 || pl->Hq != pl->G * pl->Hkv)
+	if (a->layer < 0 || a->layer >= pl->lay.n_layers || a->bt_stride < pl->bt_stride ||
+	    a->bt_stride < 0 || pl->B < 1 || pl->Hkv < 1 || pl->n_splits < 1 ||
+	    pl->Hq != pl->G * pl->Hkv)
 		return -EINVAL;
 	const kern_t k = pick(*pl, &smem);
 	if (!k)

@@ -28,13 +28,9 @@ if [ "${1:-}" = --fetch ]; then
 		sum=${spec##*:}
 		rm -rf "$tmp/dl" "$tmp/whl" && mkdir "$tmp/dl" || exit 1
 		echo "fetching $pkg for $dest"
-		if [ -n "${BD_WHEELS:-}" ]; then
-			python3 -m pip download --quiet --no-deps --only-binary=:all: --no-index \
-				--find-links "$BD_WHEELS" --dest "$tmp/dl" "$pkg" || exit 1
-		else
-			python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp/dl" \
-				"$pkg" || exit 1
-		fi
+		set -- --quiet --no-deps --only-binary=:all: --dest "$tmp/dl"
+		[ -z "${BD_WHEELS:-}" ] || set -- "$@" --no-index --find-links "$BD_WHEELS"
+		python3 -m pip download "$@" "$pkg" || exit 1
 		set -- "$tmp"/dl/*.whl
 		if [ $# -ne 1 ] || ! echo "$sum  $1" | sha256sum --check --status; then
 			echo "$pkg: not one wheel with sha256 $sum" >&2
@@ -86,8 +82,15 @@ check() {
 		/Function : / { fn = $3; if (index(fn, kernel)) { n++; hits[fn] = 0 }; next }
 		fn != "" && (fn in hits) && $0 ~ insn { hits[fn]++ }
 		END {
-			if (n == 0) { print "check-sass: " what ": no function named *" kernel "*"; exit 1 }
-			for (f in hits) if (hits[f] == 0) { print "check-sass: " what ": " f " has no " name; bad = 1 }
+			if (n == 0) {
+				print "check-sass: " what ": no function named *" kernel "*"
+				exit 1
+			}
+			for (f in hits)
+				if (hits[f] == 0) {
+					print "check-sass: " what ": " f " has no " name
+					bad = 1
+				}
 			if (bad) exit 1
 			print "check-sass: " what ": " n " " kernel " kernels, each with " name
 		}' "$sass"; then

@@ -63,12 +63,12 @@ extern "C" {
 
 enum {
 	BD_MMA120_LANES = 32,
-	BD_MMA120_M = 16,    /* rows of A, D */
-	BD_MMA120_N = 8,     /* columns of B, D */
-	BD_MMA120_K = 64,    /* E2M1 elements of K per instruction */
-	BD_MMA120_WARPS = 4, /* warps of a decode CTA */
-	BD_MMA120_S_TILES = 8, /* S^T M-tiles of a page: 128 keys / 16 */
-	BD_MMA120_P_ROW = 64,  /* bytes of a P tile row: 128 keys */
+	BD_MMA120_M = 16,        /* rows of A, D */
+	BD_MMA120_N = 8,         /* columns of B, D */
+	BD_MMA120_K = 64,        /* E2M1 elements of K per instruction */
+	BD_MMA120_WARPS = 4,     /* warps of a decode CTA */
+	BD_MMA120_S_TILES = 8,   /* S^T M-tiles of a page: 128 keys / 16 */
+	BD_MMA120_P_ROW = 64,    /* bytes of a P tile row: 128 keys */
 	BD_MMA120_MAX_HEADS = 8, /* rows of the P tile: the GQA group */
 };
 
@@ -171,7 +171,8 @@ BD_MMA120_FN uint32_t bd_mma120_k_sfa_off(int mx, int d, int mt, int lane)
 
 	if (mx)
 		return (uint32_t)(key * (d / BD_MXFP4_BLOCK));
-	return (uint32_t)(key * (d / BD_NVFP4_BLOCK) + 4 * (d == 128 ? bd_mma120_sfa_tid(lane) : 0));
+	return (uint32_t)(key * (d / BD_NVFP4_BLOCK) +
+			  4 * (d == 128 ? bd_mma120_sfa_tid(lane) : 0));
 }
 
 /* Bytes of a K (or query) scale register: 4, but 2 for MXFP4 with d = 64 (one k-step). */
@@ -257,7 +258,8 @@ BD_MMA120_FN uint32_t bd_mma120_v_sfa_off(int mx, int mc, int lane)
  * bd_mma120_b_n(lane), 8 keys. */
 BD_MMA120_FN uint32_t bd_mma120_p_codes_off(int ks, int lane, int r)
 {
-	return (uint32_t)(bd_mma120_b_n(lane) * BD_MMA120_P_ROW + (64 * ks + bd_mma120_b_k(lane, r, 0)) / 2);
+	return (uint32_t)(bd_mma120_b_n(lane) * BD_MMA120_P_ROW +
+			  (64 * ks + bd_mma120_b_k(lane, r, 0)) / 2);
 }
 
 /* Bytes of a P scale row: 8 (NVFP4) or 4 (MXFP4). */

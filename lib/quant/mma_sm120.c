@@ -24,8 +24,8 @@ static double scale_value(enum bd_fp4_format fmt, uint32_t s)
 
 static int selectors_ok(enum bd_fp4_format fmt, const struct bd_mma120_op *op)
 {
-	int bid_ok = fmt == BD_FP4_NVFP4 ? op->bid_a == 0 && op->bid_b == 0 :
-					   (op->bid_a == 0 || op->bid_a == 2) &&
+	int bid_ok = fmt == BD_FP4_NVFP4 ? op->bid_a == 0 && op->bid_b == 0
+					 : (op->bid_a == 0 || op->bid_a == 2) &&
 						   (op->bid_b == 0 || op->bid_b == 2);
 
 	return bid_ok && (op->tid_a == 0 || op->tid_a == 1) && op->tid_b >= 0 && op->tid_b <= 3;
@@ -49,18 +49,20 @@ int bd_mma120_emulate(enum bd_fp4_format fmt, const struct bd_mma120_op *op,
 					bd_e2m1_decode((uint8_t)(op->a[lane][r] >> (4 * i)));
 		for (int r = 0; r < 2; r++)
 			for (int i = 0; i < 8; i++)
-				B[bd_mma120_b_k(lane, r, i)][bd_mma120_b_n(lane)] =
-					bd_e2m1_decode((uint8_t)(op->b[lane][r] >> (4 * i)));
+				B[bd_mma120_b_k(lane, r, i)][bd_mma120_b_n(lane)] = bd_e2m1_decode(
+					(uint8_t)(op->b[lane][r] >> (4 * i)));
 		/* each row (column) has exactly one supplying lane for a given thread-id */
 		for (int j = 0; j < nb; j++) {
 			if (bd_mma120_sfa_tid(lane) == op->tid_a) {
-				double v = scale_value(fmt, (op->sfa[lane] >> (8 * (op->bid_a + j))) & 0xffu);
+				double v = scale_value(
+					fmt, (op->sfa[lane] >> (8 * (op->bid_a + j))) & 0xffu);
 				if (v < 0.0)
 					return -EDOM;
 				sa[bd_mma120_sfa_row(lane)][j] = v;
 			}
 			if (bd_mma120_sfb_tid(lane) == op->tid_b) {
-				double v = scale_value(fmt, (op->sfb[lane] >> (8 * (op->bid_b + j))) & 0xffu);
+				double v = scale_value(
+					fmt, (op->sfb[lane] >> (8 * (op->bid_b + j))) & 0xffu);
 				if (v < 0.0)
 					return -EDOM;
 				sb[j][bd_mma120_sfb_col(lane)] = v;
