@@ -2,8 +2,9 @@
 #
 #   make            build everything into build/ (the lib/ layers, the daemons, the tools, the
 #                   unit suite; the CUDA library and the GPU programs where nvcc is)
-#   make test       install missing Debian packages, check the include layering, run the
-#                   Criterion suite plain and under ASan+UBSan
+#   make test       install missing Debian packages, check the include layering, check that
+#                   the native Blackwell kernels' SASS holds their FP4 MMA, run the Criterion
+#                   suite plain and under ASan+UBSan
 #   make run        install missing packages, build, run the main job: kvpoold, the router and
 #                   two workers on the CPU backend answer PROMPT="..." (a default question)
 #   make bench      the CPU reference decoder's benchmark
@@ -49,8 +50,9 @@ LDFLAGS   += -fsanitize=fuzzer,address,undefined
 endif
 
 # CUDA: generic kernels are built for Hopper (sm_90a) and the Blackwell targets; files named
-# *_sm90.cu hold Hopper-only code (wgmma, setmaxnreg), *_sm100.cu Blackwell-only code. The
-# sanitizer and fuzzer builds have no CUDA part.
+# *_sm90.cu hold Hopper-only code (wgmma, setmaxnreg), *_sm100.cu code for sm_100a and sm_103a
+# only (tcgen05), *_sm120.cu code for sm_120a only (block-scaled mma.sync). The sanitizer and
+# fuzzer builds have no CUDA part.
 CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_INC    := $(or $(CUDA_HOME),/usr/local/cuda)/include
 HAVE_NVCC   := $(if $(SAN)$(FUZZ),,$(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1))
@@ -58,6 +60,8 @@ HAVE_CUDA_H := $(if $(wildcard $(CUDA_INC)/cuda.h),1)
 GENCODE_90  := -gencode=arch=compute_90a,code=sm_90a
 GENCODE_BW  := -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103a,code=sm_103a \
 	-gencode=arch=compute_120a,code=sm_120a
+GENCODE_100 := -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103a,code=sm_103a
+GENCODE_120 := -gencode=arch=compute_120a,code=sm_120a
 NVCCFLAGS   := -std=c++17 -O3 -g -lineinfo -Ilib -Ikernels -fmad=false \
 	-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $(EXTRA_NVCCFLAGS)
 CUDA_CFLAGS := -Ikernels -isystem $(CUDA_INC) -DBD_HAVE_CUDA_H
@@ -79,7 +83,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(if $(findstring _sm90.cu,$<),$(GENCODE_90),$(if $(findstring _sm100.cu,$<),$(GENCODE_BW),$(GENCODE_90) $(GENCODE_BW))) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(if $(findstring _sm90.cu,$<),$(GENCODE_90),$(if $(findstring _sm100.cu,$<),$(GENCODE_100),$(if $(findstring _sm120.cu,$<),$(GENCODE_120),$(GENCODE_90) $(GENCODE_BW)))) -MMD -MP -c $< -o $@
 
 # An archive of objects: $(call archive,objects) as the recipe of a .a target.
 define archive
@@ -136,8 +140,8 @@ endif
 # ---- the CUDA library: kernels/ and lib/cuda/ (the one lib/ folder that includes kernels/) --------
 # The decode and model kernels and the CUDA host code (runtime API, cuBLASLt, NCCL, VMM import)
 # of the cuda backend, in libbd_cuda.a; never part of the CPU layers. DECODE_SRC is the decode
-# kernels' translation unit: bench/kernels/ab.sh builds a second library with a benchmark
-# variant of it in its place (bench/kernels/decode_v6_sm90.cu, the v6 page loop).
+# kernels' translation unit (bench/kernels/ab.sh can build a library with another one in its
+# place); the kernels' variants are build flags in EXTRA_NVCCFLAGS (bench/kernels/speed.sh).
 DECODE_SRC ?= kernels/decode_sm90.cu
 CU_SRC     := $(filter-out kernels/decode_sm90.cu,$(sort $(wildcard kernels/*.cu))) $(DECODE_SRC)
 SRC_cuda   := $(sort $(wildcard lib/cuda/*.c))
@@ -150,6 +154,50 @@ $(AR_cuda): $(OBJ_cuda) ; $(archive)
 $(SRC_cuda:%.c=$(BUILD)/%.o): CFLAGS += $(CUDA_CFLAGS)
 ifeq ($(HAVE_NVCC),1)
 all: $(AR_cuda)
+endif
+
+# CUTLASS/CuTe headers for the sm_100a/sm_103a objects (*_sm100.cu: the tcgen05 MMA atoms, TMEM
+# handling and block-scaled layouts; DESIGN.md "Dependencies"): the headers of the PyPI wheel
+# nvidia-cutlass, pinned and hash-checked, unpacked into .deps/ by `make deps` or by the first
+# build that needs them, on the include path of those objects only (with the relaxed constexpr
+# rule CuTe's host-and-device helpers are written for). BD_WHEELS=dir takes the same wheel from
+# a local folder.
+CUTLASS_PKG    := nvidia-cutlass==4.2.0.0
+CUTLASS_SHA256 := f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
+CUTLASS_DIR    := .deps/pypi/cutlass
+CUTLASS_INC    := $(CUTLASS_DIR)/include
+CUTLASS_STAMP  := $(CUTLASS_DIR)/$(CUTLASS_SHA256).stamp
+OBJ_sm100      := $(patsubst %.cu,$(BUILD)/%.o,$(filter %_sm100.cu,$(CU_SRC)))
+$(OBJ_sm100): NVCCFLAGS += -isystem $(CUTLASS_INC) --expt-relaxed-constexpr
+$(OBJ_sm100): | $(CUTLASS_STAMP)
+deps: $(if $(HAVE_NVCC),$(CUTLASS_STAMP))
+
+$(CUTLASS_STAMP):
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	echo "fetching $(CUTLASS_PKG) for $(CUTLASS_INC)" && \
+	python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$$tmp" \
+		$(if $(BD_WHEELS),--no-index --find-links "$(BD_WHEELS)") "$(CUTLASS_PKG)" && \
+	whl=$$(ls "$$tmp"/*.whl) && \
+	if ! echo "$(CUTLASS_SHA256)  $$whl" | sha256sum --check --status; then \
+		echo "$(CUTLASS_PKG): $$whl has the wrong sha256" >&2; exit 1; \
+	fi && python3 -m zipfile -e "$$whl" "$$tmp/whl" && \
+	rm -rf $(CUTLASS_DIR) && mkdir -p $(CUTLASS_DIR) && \
+	mv "$$tmp/whl/cutlass_library/source/include" $(CUTLASS_INC) && touch $@
+
+# CuTe's layouts of those objects' MMA operands evaluated on the host against
+# quant/bd_mma_sm100.h (tests/gpu/umma_sm100_check.cu: host code, it needs no GPU); `make test`
+# runs it where nvcc is.
+UMMA_CHECK := $(BUILD)/bin/umma_sm100_check
+.PHONY: umma-sm100-check
+$(UMMA_CHECK): tests/gpu/umma_sm100_check.cu kernels/bd_umma_sm100.cuh lib/quant/bd_mma_sm100.h \
+		| $(CUTLASS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O1 -Ilib -Ikernels -isystem $(CUTLASS_INC) --expt-relaxed-constexpr \
+		-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $< -o $@
+umma-sm100-check: $(if $(HAVE_NVCC),$(UMMA_CHECK))
+	$(if $(HAVE_NVCC),$(UMMA_CHECK),@echo "umma-sm100-check: no nvcc: skipped")
+ifeq ($(HAVE_NVCC),1)
+all: $(UMMA_CHECK)
 endif
 
 # ---- kvpoold and kvpoolctl ------------------------------------------------------------------------
@@ -254,9 +302,26 @@ unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp
 check-layers:
 	sh tests/check-layers.sh
 
+# The native Blackwell kernels' SASS holds their FP4 MMA instruction (tests/check-sass.sh, with
+# cuobjdump and nvdisasm from the PyPI wheels below, pinned and hash-checked, unpacked into
+# .deps/ by `make deps`; BD_WHEELS=dir takes the same wheels from a local folder). Skipped
+# without nvcc.
+SASS_TOOLS  := .deps/pypi/cuda-sass
+SASS_WHEELS := nvidia-cuda-cuobjdump==13.5.37:38780fee50863252a0b8926357faa91615ca1c8346490563f33a06100cd73f58 \
+	nvidia-cuda-nvdisasm==13.5.37:d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca
+SASS_STAMPS := $(foreach w,$(SASS_WHEELS),$(SASS_TOOLS)/$(lastword $(subst :, ,$(w))).stamp)
+.PHONY: check-sass
+deps: $(if $(HAVE_NVCC),$(SASS_STAMPS))
+$(SASS_TOOLS)/%.stamp:
+	sh tests/check-sass.sh --fetch $(SASS_TOOLS) $(filter %:$*,$(SASS_WHEELS)) && touch $@
+check-sass: $(if $(HAVE_NVCC),$(AR_cuda) | $(SASS_STAMPS))
+	$(if $(HAVE_NVCC),sh tests/check-sass.sh $(BUILD) $(SASS_TOOLS),@echo "check-sass: no CUDA part in this build: skipped")
+
 test: deps model
 	$(MAKE) --no-print-directory check-layers
 	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory check-sass
+	$(MAKE) --no-print-directory umma-sm100-check
 	$(MAKE) --no-print-directory unit-run
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/san SAN=1 unit-run
 
