@@ -60,6 +60,8 @@ HAVE_CUDA_H := $(if $(wildcard $(CUDA_INC)/cuda.h),1)
 GENCODE_90  := -gencode=arch=compute_90a,code=sm_90a
 GENCODE_BW  := -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103a,code=sm_103a \
 	-gencode=arch=compute_120a,code=sm_120a
+# HAVE_BW: this build compiles Blackwell code (nvcc, and GENCODE_BW not emptied)
+HAVE_BW     := $(if $(HAVE_NVCC),$(if $(strip $(GENCODE_BW)),1))
 GENCODE_100 := -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103a,code=sm_103a
 GENCODE_120 := -gencode=arch=compute_120a,code=sm_120a
 NVCCFLAGS   := -std=c++17 -O3 -g -lineinfo -Ilib -Ikernels -fmad=false \
@@ -144,6 +146,10 @@ endif
 # place); the kernels' variants are build flags in EXTRA_NVCCFLAGS (bench/kernels/speed.sh).
 DECODE_SRC ?= kernels/decode_sm90.cu
 CU_SRC     := $(filter-out kernels/decode_sm90.cu,$(sort $(wildcard kernels/*.cu))) $(DECODE_SRC)
+# GENCODE_BW= (a Hopper-only build) leaves out the objects that hold Blackwell code only
+ifneq ($(HAVE_BW),1)
+CU_SRC     := $(filter-out %_sm100.cu %_sm120.cu,$(CU_SRC))
+endif
 SRC_cuda   := $(sort $(wildcard lib/cuda/*.c))
 OBJ_cuda   := $(CU_SRC:%.cu=$(BUILD)/%.o) $(SRC_cuda:%.c=$(BUILD)/%.o)
 AR_cuda    := $(BUILD)/lib/libbd_cuda.a
@@ -170,7 +176,7 @@ CUTLASS_STAMP  := $(CUTLASS_DIR)/$(CUTLASS_SHA256).stamp
 OBJ_sm100      := $(patsubst %.cu,$(BUILD)/%.o,$(filter %_sm100.cu,$(CU_SRC)))
 $(OBJ_sm100): NVCCFLAGS += -isystem $(CUTLASS_INC) --expt-relaxed-constexpr
 $(OBJ_sm100): | $(CUTLASS_STAMP)
-deps: $(if $(HAVE_NVCC),$(CUTLASS_STAMP))
+deps: $(if $(HAVE_BW),$(CUTLASS_STAMP))
 
 $(CUTLASS_STAMP):
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
@@ -194,9 +200,9 @@ $(UMMA_CHECK): tests/gpu/umma_sm100_check.cu kernels/bd_umma_sm100.cuh lib/quant
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O1 -Ilib -Ikernels -isystem $(CUTLASS_INC) --expt-relaxed-constexpr \
 		-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $< -o $@
-umma-sm100-check: $(if $(HAVE_NVCC),$(UMMA_CHECK))
-	$(if $(HAVE_NVCC),$(UMMA_CHECK),@echo "umma-sm100-check: no nvcc: skipped")
-ifeq ($(HAVE_NVCC),1)
+umma-sm100-check: $(if $(HAVE_BW),$(UMMA_CHECK))
+	$(if $(HAVE_BW),$(UMMA_CHECK),@echo "umma-sm100-check: no Blackwell build: skipped")
+ifeq ($(HAVE_BW),1)
 all: $(UMMA_CHECK)
 endif
 
@@ -311,11 +317,11 @@ SASS_WHEELS := nvidia-cuda-cuobjdump==13.5.37:38780fee50863252a0b8926357faa91615
 	nvidia-cuda-nvdisasm==13.5.37:d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca
 SASS_STAMPS := $(foreach w,$(SASS_WHEELS),$(SASS_TOOLS)/$(lastword $(subst :, ,$(w))).stamp)
 .PHONY: check-sass
-deps: $(if $(HAVE_NVCC),$(SASS_STAMPS))
+deps: $(if $(HAVE_BW),$(SASS_STAMPS))
 $(SASS_TOOLS)/%.stamp:
 	sh tests/check-sass.sh --fetch $(SASS_TOOLS) $(filter %:$*,$(SASS_WHEELS)) && touch $@
-check-sass: $(if $(HAVE_NVCC),$(AR_cuda) | $(SASS_STAMPS))
-	$(if $(HAVE_NVCC),sh tests/check-sass.sh $(BUILD) $(SASS_TOOLS),@echo "check-sass: no CUDA part in this build: skipped")
+check-sass: $(if $(HAVE_BW),$(AR_cuda) | $(SASS_STAMPS))
+	$(if $(HAVE_BW),sh tests/check-sass.sh $(BUILD) $(SASS_TOOLS),@echo "check-sass: no Blackwell code in this build: skipped")
 
 test: deps model
 	$(MAKE) --no-print-directory check-layers
