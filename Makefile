@@ -2,9 +2,9 @@
 #
 #   make            build everything into build/ (the lib/ layers, the daemons, the tools, the
 #                   unit suite; the CUDA library and the GPU programs where nvcc is)
-#   make test       install missing Debian packages, check the include layering, check that
-#                   the native Blackwell kernels' SASS holds their FP4 MMA, run the Criterion
-#                   suite plain and under ASan+UBSan
+#   make test       install missing Debian packages, check the include layering and the calls
+#                   between a daemon's files, check that the native Blackwell kernels' SASS holds
+#                   their FP4 MMA, run the Criterion suite plain and under ASan+UBSan
 #   make run        install missing packages, build, run the main job: kvpoold, the router and
 #                   two workers on the CPU backend answer PROMPT="..." (a default question)
 #   make bench      the CPU reference decoder's benchmark
@@ -24,7 +24,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers run bench bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -308,6 +308,10 @@ unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp
 check-layers:
 	sh tests/check-layers.sh
 
+# No file of router/ or workerd/ calls main.c or a sibling that calls back (read from the objects)
+check-calls: all
+	sh tests/check-calls.sh $(BUILD)
+
 # The native Blackwell kernels' SASS holds their FP4 MMA instruction (tests/check-sass.sh, with
 # cuobjdump and nvdisasm from the PyPI wheels below, pinned and hash-checked, unpacked into
 # .deps/ by `make deps`; BD_WHEELS=dir takes the same wheels from a local folder). Skipped
@@ -326,6 +330,7 @@ check-sass: $(if $(HAVE_BW),$(AR_cuda) | $(SASS_STAMPS))
 test: deps model
 	$(MAKE) --no-print-directory check-layers
 	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory check-calls
 	$(MAKE) --no-print-directory check-sass
 	$(MAKE) --no-print-directory umma-sm100-check
 	$(MAKE) --no-print-directory unit-run
