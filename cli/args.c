@@ -41,6 +41,20 @@ bool cli_parse_float(const char *s, float *ret)
 	return true;
 }
 
+int cli_int_opt(const struct cli_int_opt *opts, size_t n, int c, const char *arg,
+		const char **ret_bad)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (opts[i].code != c)
+			continue;
+		if (cli_parse_int(arg, opts[i].lo, opts[i].hi, opts[i].ret))
+			return 1;
+		*ret_bad = opts[i].bad;
+		return -1;
+	}
+	return 0;
+}
+
 int cli_bad_usage(const char *tool, void (*usage)(FILE *f), const char *fmt, const char *arg)
 {
 	fprintf(stderr, "bdfp4 %s: ", tool);

@@ -24,6 +24,22 @@ bool cli_parse_long(const char *s, long lo, long hi, long *ret);
 bool cli_parse_int(const char *s, long lo, long hi, int *ret);
 bool cli_parse_float(const char *s, float *ret);
 
+/* An integer option of a subcommand: its getopt_long code, the allowed range [lo, hi] (inside
+ * int), where the value goes and the message for cli_bad_usage when it is refused (one %s: the
+ * value). */
+struct cli_int_opt {
+	int code;
+	long lo, hi;
+	int *ret;
+	const char *bad;
+};
+
+/* When c (getopt_long's return) is the code of one of the n entries of opts, parses arg into
+ * that entry's *ret (cli_parse_int). Returns 0 when c is none of them, 1 when arg was taken,
+ * -1 when it was refused (*ret unchanged; *ret_bad: the entry's message). */
+int cli_int_opt(const struct cli_int_opt *opts, size_t n, int c, const char *arg,
+		const char **ret_bad);
+
 /* Bad usage (cli/args.c): "bdfp4 TOOL: " and fmt (one %s: arg) on stderr, then the tool's
  * usage; returns 2, the exit status of bad usage. */
 int cli_bad_usage(const char *tool, void (*usage)(FILE *f), const char *fmt, const char *arg);

@@ -231,16 +231,24 @@ int cmd_client(int argc, char **argv)
 	};
 	const char *router = getenv("BD_ROUTER"), *system_msg = NULL, *bad;
 	const char *stops[BD_CLIENT_MAX_STOPS];
-	struct bd_client_gen g = { .max_tokens = 256, .stream = true, .chat = true };
+	struct bd_client_gen g = { .stream = true, .chat = true };
 	struct bd_client_msg msgs[2];
 	bool json = false, stats = false, health = false, info = false, done = false;
-	long v, timeout_ms = 30000, wait_s = 0;
+	int max_tokens = 256, deadline_ms = 0, timeout_ms = 30000, wait_s = 0;
+	const struct cli_int_opt ints[] = {
+		{ O_MAX, 1, INT_MAX, &max_tokens, "--max-tokens wants an integer >= 1, not '%s'" },
+		{ O_DEADLINE, 1, INT_MAX, &deadline_ms,
+		  "--deadline-ms wants an integer >= 1, not '%s'" },
+		{ O_TIMEOUT, 1, INT_MAX, &timeout_ms,
+		  "--timeout-ms wants an integer >= 1, not '%s'" },
+		{ O_WAIT, 0, 86400, &wait_s, "--wait-ready wants seconds, not '%s'" },
+	};
 	struct bd_client *c = NULL;
 	struct bd_client_event ev;
 	uint64_t tag;
 	double t0, t_first = 0;
 	size_t n_tokens = 0;
-	int opt, e, rc = 1;
+	int opt, k, e, rc = 1;
 
 	g.sampling = bd_sampler_params_greedy();
 	if (!router || !*router)
@@ -248,6 +256,10 @@ int cmd_client(int argc, char **argv)
 	optind = 0;
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), opt, optarg, &bad)) < 0)
+			return bad_usage(bad, optarg);
+		if (k > 0)
+			continue;
 		switch (opt) {
 		case O_ROUTER:
 			router = optarg;
@@ -260,12 +272,6 @@ int cmd_client(int argc, char **argv)
 			break;
 		case O_SYSTEM:
 			system_msg = optarg;
-			break;
-		case O_MAX:
-			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
-				return bad_usage("--max-tokens wants an integer >= 1, not '%s'",
-						 optarg);
-			g.max_tokens = (uint32_t)v;
 			break;
 		case CLI_O_TEMP:
 		case CLI_O_TOPK:
@@ -287,23 +293,6 @@ int cmd_client(int argc, char **argv)
 		case O_NOSTREAM:
 			g.stream = false;
 			break;
-		case O_DEADLINE:
-			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
-				return bad_usage("--deadline-ms wants an integer >= 1, not '%s'",
-						 optarg);
-			g.deadline_ms = (uint32_t)v;
-			break;
-		case O_TIMEOUT:
-			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
-				return bad_usage("--timeout-ms wants an integer >= 1, not '%s'",
-						 optarg);
-			timeout_ms = v;
-			break;
-		case O_WAIT:
-			if (!cli_parse_long(optarg, 0, 86400, &v))
-				return bad_usage("--wait-ready wants seconds, not '%s'", optarg);
-			wait_s = v;
-			break;
 		case O_STATS:
 			stats = true;
 			break;
@@ -323,6 +312,8 @@ int cmd_client(int argc, char **argv)
 	if ((health || info) && optind != argc)
 		return bad_usage("--health and --info take no PROMPT%s", "");
 	g.stops = stops;
+	g.max_tokens = (uint32_t)max_tokens;
+	g.deadline_ms = (uint32_t)deadline_ms;
 
 	g_router = router;
 	e = bd_client_new(router, &c);
@@ -335,7 +326,7 @@ int cmd_client(int argc, char **argv)
 		return 1;
 	}
 	if (health || info) {
-		rc = health ? do_health(c, (int)timeout_ms, json) : do_info(c, (int)timeout_ms, json);
+		rc = health ? do_health(c, timeout_ms, json) : do_info(c, timeout_ms, json);
 		bd_client_free(c);
 		return rc;
 	}
@@ -357,7 +348,7 @@ int cmd_client(int argc, char **argv)
 		return 1;
 	}
 	while (!done) {
-		e = bd_client_next(c, (int)timeout_ms, &ev);
+		e = bd_client_next(c, timeout_ms, &ev);
 		if (e < 0) {
 			if (e == -ETIMEDOUT)
 				fprintf(stderr, "\nbdfp4 client: no answer from the router at %s for "

@@ -862,8 +862,18 @@ int cmd_eval_kl(int argc, char **argv)
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
 			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	const struct cli_int_opt ints[] = {
+		{ O_CTX, 2, INT_MAX, &o.ctx, "--ctx wants an integer ≥ 2, not '%s'" },
+		{ O_STEPS, 1, INT_MAX, &o.steps, "--steps wants an integer ≥ 1, not '%s'" },
+		{ O_TRAJ, 1, 1 << 20, &o.trajectories,
+		  "--trajectories wants an integer ≥ 1, not '%s'" },
+		{ O_QERR, 1, INT_MAX, &o.qerr_every,
+		  "--qerr-every wants an integer ≥ 1, not '%s'" },
+		{ O_THREADS, 1, 1024, &o.threads,
+		  "--threads wants an integer in 1..1024, not '%s'" },
+	};
 	const char *summary = NULL, *bad;
-	int c;
+	int c, k;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
 	for (int i = 0; i < BD_KVCFG_COUNT; i++)
@@ -871,6 +881,10 @@ int cmd_eval_kl(int argc, char **argv)
 	optind = 0;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
+		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), c, optarg, &bad)) < 0)
+			return bad_usage(bad, optarg);
+		if (k > 0)
+			continue;
 		switch (c) {
 		case O_MODEL:
 			o.model = optarg;
@@ -879,19 +893,6 @@ int cmd_eval_kl(int argc, char **argv)
 			if (parse_kv_list(&o, optarg) < 0)
 				return bad_usage("--kv wants a comma-separated list of "
 						 "configurations, not '%s'",
-						 optarg);
-			break;
-		case O_CTX:
-			if (!cli_parse_int(optarg, 2, INT_MAX, &o.ctx))
-				return bad_usage("--ctx wants an integer ≥ 2, not '%s'", optarg);
-			break;
-		case O_STEPS:
-			if (!cli_parse_int(optarg, 1, INT_MAX, &o.steps))
-				return bad_usage("--steps wants an integer ≥ 1, not '%s'", optarg);
-			break;
-		case O_TRAJ:
-			if (!cli_parse_int(optarg, 1, 1 << 20, &o.trajectories))
-				return bad_usage("--trajectories wants an integer ≥ 1, not '%s'",
 						 optarg);
 			break;
 		case CLI_O_TEMP:
@@ -904,15 +905,6 @@ int cmd_eval_kl(int argc, char **argv)
 			break;
 		case O_NOCALIB:
 			o.no_calib = true;
-			break;
-		case O_QERR:
-			if (!cli_parse_int(optarg, 1, INT_MAX, &o.qerr_every))
-				return bad_usage("--qerr-every wants an integer ≥ 1, not '%s'", optarg);
-			break;
-		case O_THREADS:
-			if (!cli_parse_int(optarg, 1, 1024, &o.threads))
-				return bad_usage("--threads wants an integer in 1..1024, not '%s'",
-						 optarg);
 			break;
 		case O_LOG:
 			o.log = optarg;

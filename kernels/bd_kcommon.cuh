@@ -15,25 +15,17 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "bd_cuda_errno.h"
+
 namespace bdk {
 
 /* ---- CUDA errors → -errno ------------------------------------------------------------------ */
 
+/* bd_cuda_errno.h's mapping, and -EINVAL for cudaErrorInvalidValue: the launchers pass their
+ * callers' sizes and pointers on to the runtime. */
 static inline int cuda_err(cudaError_t e)
 {
-	switch (e) {
-	case cudaSuccess:
-		return 0;
-	case cudaErrorMemoryAllocation:
-		return -ENOMEM;
-	case cudaErrorNoDevice:
-	case cudaErrorInsufficientDriver:
-		return -ENODEV;
-	case cudaErrorInvalidValue:
-		return -EINVAL;
-	default:
-		return -EIO;
-	}
+	return e == cudaErrorInvalidValue ? -EINVAL : bd_cuda_errno_of(e);
 }
 
 #define BDK_TRY(call)                                  \

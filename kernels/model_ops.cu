@@ -56,6 +56,17 @@ static unsigned grid_for(size_t len)
 	return (unsigned)(b < 8192 ? (b ? b : 1) : 8192);
 }
 
+/* Launches the grid-stride kernel k over len items (grid_for, 256 threads) on stream with
+ * args; nothing for len 0. Returns 0, or -EIO when the launch failed. */
+template <typename... P, typename... A>
+static int launch_items(void (*k)(P...), size_t len, void *stream, A... args)
+{
+	if (len == 0)
+		return 0;
+	k<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(args...);
+	return launched();
+}
+
 __device__ __forceinline__ float bf16_to_f32(uint16_t h)
 {
 	return __uint_as_float((uint32_t)h << 16);
@@ -881,10 +892,7 @@ extern "C" int bd_op_bias_add(float *x, const void *b, enum bd_dtype bdt, int n,
 	if (!x || !b || !dt_ok(bdt) || n < 0 || width < 1)
 		return -EINVAL;
 	const size_t len = (size_t)n * (size_t)width;
-	if (len == 0)
-		return 0;
-	bias_add_kernel<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(x, b, bdt, len, width);
-	return launched();
+	return launch_items(bias_add_kernel, len, stream, x, b, bdt, len, width);
 }
 
 extern "C" int bd_op_rope(float *x, int n, int H, int d, int n_rot, const int32_t *pos,
@@ -910,30 +918,21 @@ extern "C" int bd_op_swiglu(const float *gu, int n, int F, void *y, enum bd_dtyp
 	if (!gu || n < 0 || F < 1 || !y || !dt_ok(ydt))
 		return -EINVAL;
 	const size_t len = (size_t)n * (size_t)F;
-	if (len == 0)
-		return 0;
-	swiglu_kernel<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(gu, len, F, y, ydt);
-	return launched();
+	return launch_items(swiglu_kernel, len, stream, gu, len, F, y, ydt);
 }
 
 extern "C" int bd_op_add(float *x, const float *y, size_t len, void *stream)
 {
 	if (!x || !y)
 		return -EINVAL;
-	if (len == 0)
-		return 0;
-	add_kernel<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(x, y, len);
-	return launched();
+	return launch_items(add_kernel, len, stream, x, y, len);
 }
 
 extern "C" int bd_op_cast(const float *x, void *y, enum bd_dtype ydt, size_t len, void *stream)
 {
 	if (!x || !y || !dt_ok(ydt))
 		return -EINVAL;
-	if (len == 0)
-		return 0;
-	cast_kernel<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(x, y, ydt, len);
-	return launched();
+	return launch_items(cast_kernel, len, stream, x, y, ydt, len);
 }
 
 template <int D>
@@ -1036,19 +1035,12 @@ extern "C" int bd_op_fill_normal(void *x, enum bd_dtype dt, size_t len, uint64_t
 {
 	if (!x || !dt_ok(dt) || !isfinite(mean) || !isfinite(sigma))
 		return -EINVAL;
-	if (len == 0)
-		return 0;
-	fill_normal_kernel<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(x, dt, len, seed, mean,
-									    sigma);
-	return launched();
+	return launch_items(fill_normal_kernel, len, stream, x, dt, len, seed, mean, sigma);
 }
 
 extern "C" int bd_op_check_finite(const float *x, size_t len, int *status, void *stream)
 {
 	if (!x || !status)
 		return -EINVAL;
-	if (len == 0)
-		return 0;
-	check_finite_kernel<<<grid_for(len), 256, 0, (cudaStream_t)stream>>>(x, len, status);
-	return launched();
+	return launch_items(check_finite_kernel, len, stream, x, len, status);
 }

@@ -1,20 +1,8 @@
-/* cuda_err.c — CUDA runtime errors as -errno (bd_cuda_err.h). */
-#include <errno.h>
-
+/* cuda_err.c — CUDA runtime errors as -errno (bd_cuda_err.h), by the kernels' mapping. */
 #include "cuda/bd_cuda_err.h"
+#include "bd_cuda_errno.h"
 
 int bd_cuda_errno(cudaError_t e)
 {
-	switch (e) {
-	case cudaSuccess:
-		return 0;
-	case cudaErrorMemoryAllocation:
-		return -ENOMEM;
-	case cudaErrorNoDevice:
-	case cudaErrorInvalidDevice:
-	case cudaErrorInsufficientDriver:
-		return -ENODEV;
-	default:
-		return -EIO;
-	}
+	return bd_cuda_errno_of(e);
 }

@@ -607,46 +607,61 @@ static double float_at(enum bd_gguf_type t, const uint8_t *p)
 	return d;
 }
 
-/* The entry for key as a scalar: -EINVAL, -ENOENT, or 0. */
-static int scalar(const struct bd_gguf *g, const char *key, const struct bd_gguf_kv **ret)
+/* Element i of the values of type t at data (strs: their strings) as an integer, a float or
+ * a string: 0, -EBADMSG when t is not of that kind, -ERANGE (int_at); *ret is set only on
+ * success. */
+static int int_elem(enum bd_gguf_type t, const void *data, uint64_t i, int64_t *ret)
 {
-	if (!g || !key)
+	if (!is_int_type(t))
+		return -EBADMSG;
+	return int_at(t, (const uint8_t *)data + i * fixed_size(t), ret);
+}
+
+static int float_elem(enum bd_gguf_type t, const void *data, uint64_t i, double *ret)
+{
+	if (t != BD_GGUF_FLOAT32 && t != BD_GGUF_FLOAT64)
+		return -EBADMSG;
+	*ret = float_at(t, (const uint8_t *)data + i * fixed_size(t));
+	return 0;
+}
+
+static int str_elem(enum bd_gguf_type t, const struct bd_gguf_str *strs, uint64_t i,
+		    struct bd_gguf_str *ret)
+{
+	if (t != BD_GGUF_STRING)
+		return -EBADMSG;
+	*ret = strs[i];
+	return 0;
+}
+
+/* The entry for key as a scalar: -EINVAL (also for a NULL ret), -ENOENT, or 0. */
+static int scalar(const struct bd_gguf *g, const char *key, const void *ret,
+		  const struct bd_gguf_kv **ret_kv)
+{
+	if (!g || !key || !ret)
 		return -EINVAL;
-	*ret = bd_gguf_find_kv(g, key);
-	return *ret ? 0 : -ENOENT;
+	*ret_kv = bd_gguf_find_kv(g, key);
+	return *ret_kv ? 0 : -ENOENT;
 }
 
 int bd_gguf_get_int(const struct bd_gguf *g, const char *key, int64_t *ret)
 {
 	const struct bd_gguf_kv *kv;
-	int r = ret ? scalar(g, key, &kv) : -EINVAL;
-	if (r < 0)
-		return r;
-	if (!is_int_type(kv->type))
-		return -EBADMSG;
-	int64_t v;
-	if ((r = int_at(kv->type, kv->data, &v)) < 0)
-		return r;
-	*ret = v;
-	return 0;
+	int r = scalar(g, key, ret, &kv);
+	return r < 0 ? r : int_elem(kv->type, kv->data, 0, ret);
 }
 
 int bd_gguf_get_float(const struct bd_gguf *g, const char *key, double *ret)
 {
 	const struct bd_gguf_kv *kv;
-	int r = ret ? scalar(g, key, &kv) : -EINVAL;
-	if (r < 0)
-		return r;
-	if (kv->type != BD_GGUF_FLOAT32 && kv->type != BD_GGUF_FLOAT64)
-		return -EBADMSG;
-	*ret = float_at(kv->type, kv->data);
-	return 0;
+	int r = scalar(g, key, ret, &kv);
+	return r < 0 ? r : float_elem(kv->type, kv->data, 0, ret);
 }
 
 int bd_gguf_get_bool(const struct bd_gguf *g, const char *key, bool *ret)
 {
 	const struct bd_gguf_kv *kv;
-	int r = ret ? scalar(g, key, &kv) : -EINVAL;
+	int r = scalar(g, key, ret, &kv);
 	if (r < 0)
 		return r;
 	if (kv->type != BD_GGUF_BOOL)
@@ -658,15 +673,11 @@ int bd_gguf_get_bool(const struct bd_gguf *g, const char *key, bool *ret)
 int bd_gguf_get_str(const struct bd_gguf *g, const char *key, struct bd_gguf_str *ret)
 {
 	const struct bd_gguf_kv *kv;
-	int r = ret ? scalar(g, key, &kv) : -EINVAL;
-	if (r < 0)
-		return r;
-	if (kv->type != BD_GGUF_STRING)
-		return -EBADMSG;
-	*ret = kv->strs[0];
-	return 0;
+	int r = scalar(g, key, ret, &kv);
+	return r < 0 ? r : str_elem(kv->type, kv->strs, 0, ret);
 }
 
+/* Element i of kv's array: -EINVAL (not an array, i out of range, NULL), or 0. */
 static int arr_check(const struct bd_gguf_kv *kv, uint64_t i, const void *ret)
 {
 	if (!kv || !ret || kv->type != BD_GGUF_ARRAY || i >= kv->n)
@@ -677,38 +688,19 @@ static int arr_check(const struct bd_gguf_kv *kv, uint64_t i, const void *ret)
 int bd_gguf_arr_int(const struct bd_gguf_kv *kv, uint64_t i, int64_t *ret)
 {
 	int r = arr_check(kv, i, ret);
-	if (r < 0)
-		return r;
-	if (!is_int_type(kv->arr_type))
-		return -EBADMSG;
-	int64_t v;
-	if ((r = int_at(kv->arr_type, (const uint8_t *)kv->data + i * fixed_size(kv->arr_type),
-			&v)) < 0)
-		return r;
-	*ret = v;
-	return 0;
+	return r < 0 ? r : int_elem(kv->arr_type, kv->data, i, ret);
 }
 
 int bd_gguf_arr_float(const struct bd_gguf_kv *kv, uint64_t i, double *ret)
 {
 	int r = arr_check(kv, i, ret);
-	if (r < 0)
-		return r;
-	if (kv->arr_type != BD_GGUF_FLOAT32 && kv->arr_type != BD_GGUF_FLOAT64)
-		return -EBADMSG;
-	*ret = float_at(kv->arr_type, (const uint8_t *)kv->data + i * fixed_size(kv->arr_type));
-	return 0;
+	return r < 0 ? r : float_elem(kv->arr_type, kv->data, i, ret);
 }
 
 int bd_gguf_arr_str(const struct bd_gguf_kv *kv, uint64_t i, struct bd_gguf_str *ret)
 {
 	int r = arr_check(kv, i, ret);
-	if (r < 0)
-		return r;
-	if (kv->arr_type != BD_GGUF_STRING)
-		return -EBADMSG;
-	*ret = kv->strs[i];
-	return 0;
+	return r < 0 ? r : str_elem(kv->arr_type, kv->strs, i, ret);
 }
 
 /* ---- tensors ------------------------------------------------------------------------------ */
