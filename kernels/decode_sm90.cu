@@ -98,7 +98,7 @@ struct DecodeParams {
 	const int32_t *seq_lens;
 	void *const *slots;
 	float *ws_o;   /* [B][Hkv][NS+1][G][D] */
-	int *sched;    /* persistent kernel: [2] claims, CTAs done; zero between runs */
+	int *sched;    /* persistent kernel: claims made this run, zero between runs */
 	int n_items, n_bh; /* persistent kernel: B·Hkv·(NS+1) work items, B·Hkv */
 	float *ws_lse; /* [B][Hkv][NS+1][G] */
 	int *counters; /* [B][Hkv] partials written this run, zero between runs */
@@ -755,22 +755,12 @@ __device__ __forceinline__ void mbar_inval(uint64_t *bar)
 }
 
 /* The persistent kernel's next work item: items 0 .. gridDim.x − 1 are the CTAs' first ones,
- * then p.sched[0] counts claims. Nothing waits on the result until it is stored, so its
- * latency overlaps the rest of the current item. */
+ * then *p.sched counts claims. Nothing waits on the result until it is stored, so its latency
+ * overlaps the rest of the current item. Every item processed is followed by exactly one claim,
+ * so a run makes n_items claims and the one that returns gridDim.x + n_items − 1 is its last. */
 __device__ __forceinline__ int claim_item(const DecodeParams &p)
 {
 	return (int)gridDim.x + atomicAdd(p.sched, 1);
-}
-
-/* A CTA that claimed an item ≥ n_items (or has none) is done: the last of them (p.sched[1]
- * counts them) zeroes both counters for the next run, as no claim of this run can follow. */
-__device__ __forceinline__ void claims_done(const DecodeParams &p)
-{
-	__threadfence(); /* after this CTA's last claim */
-	if (atomicAdd(p.sched + 1, 1) == (int)gridDim.x - 1) {
-		atomicExch(p.sched, 0);
-		atomicExch(p.sched + 1, 0);
-	}
 }
 
 /* Split s < NS of (request b, KV head h) on the FP4 pages: the whole work of one CTA of
@@ -1308,8 +1298,9 @@ __global__ void __launch_bounds__(THREADS, fp4_min_ctas(D, MODE, MX))
 		j = claim;
 		__syncthreads(); /* every thread has read it before the next item claims again */
 	}
-	if (threadIdx.x == 0)
-		claims_done(p);
+	/* the run's last claim: none can follow it, so the counter is zeroed for the next run */
+	if (threadIdx.x == 0 && j == (int)gridDim.x + p.n_items - 1)
+		atomicExch(p.sched, 0);
 }
 
 /* ---- the BF16 page path (the in-house baseline) ----------------------------------------------- */
@@ -1814,7 +1805,7 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 		pl.ws_lse_off = (o_bytes + BD_KERNEL_ALIGN - 1) / BD_KERNEL_ALIGN * BD_KERNEL_ALIGN;
 		pl.ws_cnt_off = (pl.ws_lse_off + parts * sizeof(float) + BD_KERNEL_ALIGN - 1) /
 				BD_KERNEL_ALIGN * BD_KERNEL_ALIGN;
-		pl.ws_bytes = pl.ws_cnt_off + ((size_t)B * pl.Hkv + 2) * sizeof(int);
+		pl.ws_bytes = pl.ws_cnt_off + ((size_t)B * pl.Hkv + 1) * sizeof(int);
 	}
 	*ret = pl;
 	return 0;
@@ -1939,6 +1930,6 @@ extern "C" int bd_decode_workspace_init(const struct bd_decode_plan *pl, void *w
 	if (!pl || !workspace || ((uintptr_t)workspace & (BD_KERNEL_ALIGN - 1)))
 		return -EINVAL;
 	BDK_TRY(cudaMemsetAsync((uint8_t *)workspace + pl->ws_cnt_off, 0,
-				((size_t)pl->B * pl->Hkv + 2) * sizeof(int), (cudaStream_t)stream));
+				((size_t)pl->B * pl->Hkv + 1) * sizeof(int), (cudaStream_t)stream));
 	return 0;
 }
