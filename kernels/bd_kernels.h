@@ -66,6 +66,9 @@ struct bd_decode_plan {
 	size_t ws_lse_off;     /* internal: offset of the partial LSEs in the workspace */
 	size_t ws_cnt_off;     /* internal: offset of the per-(request, KV head) counters */
 	struct bd_layout lay;  /* copy of the arena geometry */
+	int persist_ctas;      /* > 0: the run launches the persistent kernel with this many CTAs,
+				* which claim the grid's CTAs' work as items (same results, bit for
+				* bit, at any count ≥ 1: a test may set it); 0: grid_ctas CTAs */
 };
 
 /* Plan a decode step of B requests with Hq query heads over an arena laid out by lay (one
@@ -107,9 +110,13 @@ int bd_decode_workspace_init(const struct bd_decode_plan *plan, void *workspace,
 /* Enqueue one decode step on stream (a cudaStream_t; NULL for the default stream): one kernel
  * whose CTAs are the FP4 (or BF16) page splits and the BF16 sink+recent partial of every
  * (request, KV head), query rotation and dual-residual quantization in their prologue; the last
- * CTA of each (request, KV head) to finish does the LSE combine. Asynchronous; capturable in a
- * CUDA graph; runs sharing a workspace must be ordered (one stream). Returns 0, -EINVAL (NULL or
- * misaligned buffer, bad layer, bt_stride too small), -EIO (launch failed). */
+ * CTA of each (request, KV head) to finish does the LSE combine. With plan->persist_ctas > 0
+ * (FP4 pages, a build with -DBD_PERSIST=1) that many resident CTAs take the same splits and
+ * partials as work items from a counter in the workspace, longest first. Asynchronous;
+ * capturable in a CUDA graph; runs sharing a workspace must be ordered (one stream). Returns 0,
+ * -EINVAL (NULL or misaligned buffer, bad layer, bt_stride too small, persist_ctas < 0),
+ * -EOPNOTSUPP (persist_ctas > 0 without the persistent kernel or on BF16 or channel-blocked
+ * pages), -EIO (launch failed). */
 int bd_decode_run(const struct bd_decode_plan *plan, const struct bd_decode_args *args,
 		  void *stream);
 

@@ -51,6 +51,12 @@
 #ifndef BD_V9_MXK
 #define BD_V9_MXK 1
 #endif
+/* BD_PERSIST 1 builds fp4_decode_kernel_persist, a fixed grid of resident CTAs that claim the
+ * splits and the BF16 partials as work items, and lets the plan choose it for small batches
+ * whose BF16-partial CTAs would need a wave of their own (bd_decode_plan_init). */
+#ifndef BD_PERSIST
+#define BD_PERSIST 0
+#endif
 /* With any of them, <128, 2, NVFP4> is held to 128 registers (4 CTAs per SM; ptxas took 133
  * with all three, which leaves 3) */
 #define BD_V9_ANY (BD_V9_LDSM || BD_V9_SOFT || BD_V9_MXK)
@@ -92,6 +98,8 @@ struct DecodeParams {
 	const int32_t *seq_lens;
 	void *const *slots;
 	float *ws_o;   /* [B][Hkv][NS+1][G][D] */
+	int *sched;    /* persistent kernel: claims made this run, zero between runs */
+	int n_items, n_bh; /* persistent kernel: B·Hkv·(NS+1) work items, B·Hkv */
 	float *ws_lse; /* [B][Hkv][NS+1][G] */
 	int *counters; /* [B][Hkv] partials written this run, zero between runs */
 	float *out;    /* [B][Hq][D] */
@@ -126,13 +134,14 @@ __device__ __forceinline__ void split_range(int n_full, int NS, int s, int *pb, 
 	*pe = (int)(e < n_full ? e : n_full);
 }
 
-/* Validated context length and full-page count of request b. */
-__device__ __forceinline__ int request_len(const DecodeParams &p, int b, int *n_full)
+/* Validated context length and full-page count of request b; report: this CTA flags a bad
+ * length (one work item per request does: split 0 of KV head 0). */
+__device__ __forceinline__ int request_len(const DecodeParams &p, int b, bool report, int *n_full)
 {
 	int len = p.seq_lens[b];
 	int nf = len >= 1 ? (len - 1) / BD_PAGE_TOKENS : 0;
 	if (len < 1 || nf > p.bt_stride) {
-		if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+		if (threadIdx.x == 0 && report)
 			flag(p, BD_KSTATUS_BAD_LEN);
 		len = 0;
 		nf = 0;
@@ -147,10 +156,10 @@ struct Split {
 	const int32_t *bt;
 };
 
-__device__ __forceinline__ Split split_of(const DecodeParams &p, int b, int s)
+__device__ __forceinline__ Split split_of(const DecodeParams &p, int b, int h, int s)
 {
 	int n_full, pb, pe;
-	(void)request_len(p, b, &n_full);
+	(void)request_len(p, b, s == 0 && h == 0, &n_full);
 	split_range(n_full, p.NS, s, &pb, &pe);
 	return Split{ pb, pe - pb, p.bt + (size_t)b * p.bt_stride + pb };
 }
@@ -392,21 +401,24 @@ __device__ __forceinline__ void bf16_state_to_smem(Bf16State<D> &st, float *red,
 }
 
 template <int D>
-__device__ void bf16_split_end(const DecodeParams &p, Bf16State<D> &st, uint8_t *smem, float *rm,
-			       float *rl);
+__device__ void bf16_split_end(const DecodeParams &p, int b, int h, int s, Bf16State<D> &st,
+			       uint8_t *smem, float *rm, float *rl);
+
+__device__ __forceinline__ int claim_item(const DecodeParams &p);
 
 /* The BF16 partial CTA: the sink and recent rows in chunks of 64 through shared memory
  * (K chunk [64][ROWB], V chunk [64][ROWB], then q' [8][D] BF16), warp w taking key tile w of
- * each chunk with its own online softmax. */
+ * each chunk with its own online softmax. PER (a work item of the persistent kernel): thread 0
+ * claims the next item when the rows are done and stores it in *claim (shared) at the end. */
 constexpr int PCHUNK = 64;
 
-template <int D, int ROWB>
+template <int D, int ROWB, bool PER = false>
 __device__ void bf16_partial(const DecodeParams &p, int b, int h, uint8_t *smem, float *rm,
-			     float *rl)
+			     float *rl, int *claim = nullptr)
 {
 	const int tid = threadIdx.x, warp = tid >> 5;
 	int n_full;
-	const int len = request_len(p, b, &n_full);
+	const int len = request_len(p, b, false, &n_full);
 	Bf16Rows rows = bf16_rows(p, len, n_full);
 	const uint8_t *slot = (const uint8_t *)p.slots[b];
 	if (rows.cnt > 0 && (slot == nullptr || ((uintptr_t)slot & 15) != 0)) {
@@ -451,7 +463,16 @@ __device__ void bf16_partial(const DecodeParams &p, int b, int h, uint8_t *smem,
 			bf16_tile16<D, ROWB>(Ks, Vs, warp * 16, n - warp * 16, qb, p.gamma, st);
 		__syncthreads(); /* the chunk is free for the next one (or the reduction) */
 	}
-	bf16_split_end<D>(p, st, smem, rm, rl);
+	[[maybe_unused]] int next = 0;
+	if constexpr (PER) {
+		if (tid == 0)
+			next = claim_item(p);
+	}
+	bf16_split_end<D>(p, b, h, p.NS, st, smem, rm, rl);
+	if constexpr (PER) {
+		if (tid == 0)
+			*claim = next;
+	}
 }
 
 /* ---- the LSE combine, fused: the last CTA of a (request, KV head) to finish does it ---------- */
@@ -570,14 +591,13 @@ __device__ __forceinline__ void finish_group(const DecodeParams &p, int b, int h
 	}
 }
 
-/* The end of every CTA whose warps hold a Bf16State (the BF16 partial and the BF16-row split
- * kernels): no copies left in flight, the warps' states → this CTA's normalized partial
- * (split blockIdx.x; smem reused from 0, [WARPS][8][D] floats), then the count and the combine. */
+/* The end of every work item whose warps hold a Bf16State (the BF16 partial and the BF16-row
+ * split kernels): no copies left in flight, the warps' states → the normalized partial of split
+ * s of (b, h) (smem reused from 0, [WARPS][8][D] floats), then the count and the combine. */
 template <int D>
-__device__ void bf16_split_end(const DecodeParams &p, Bf16State<D> &st, uint8_t *smem, float *rm,
-			       float *rl)
+__device__ void bf16_split_end(const DecodeParams &p, int b, int h, int s, Bf16State<D> &st,
+			       uint8_t *smem, float *rm, float *rl)
 {
-	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
 	float *red = (float *)smem;
 	cp_async_wait<0>();
 	__syncthreads();
@@ -587,12 +607,13 @@ __device__ void bf16_split_end(const DecodeParams &p, Bf16State<D> &st, uint8_t 
 	finish_group<D>(p, b, h, smem);
 }
 
-/* The pages of this CTA's split (blockIdx.x < NS) of (request blockIdx.z, KV head blockIdx.y);
- * the first ≤ maxids checked page ids go to ids (shared: the caller's __syncthreads publishes
- * them). Every CTA with blockIdx.x = NS runs bf16_partial instead. */
-__device__ __forceinline__ Split split_pages(const DecodeParams &p, int32_t *ids, int maxids)
+/* The pages of split s < NS of (request b, KV head h); the first ≤ maxids checked page ids go
+ * to ids (shared: the caller's __syncthreads publishes them). Split NS is the BF16 partial
+ * (bf16_partial) instead. */
+__device__ __forceinline__ Split split_pages(const DecodeParams &p, int b, int h, int s,
+					     int32_t *ids, int maxids)
 {
-	const Split sp = split_of(p, blockIdx.z, blockIdx.x);
+	const Split sp = split_of(p, b, h, s);
 	for (int i = threadIdx.x; i < sp.np && i < maxids; i += THREADS)
 		ids[i] = checked_page(p, sp.bt[i]);
 	return sp;
@@ -722,9 +743,32 @@ struct Fp4Cfg {
  * PV MMA: it multiplies bare x̂_V by bare P̂, and 2^(e_V + e_P) scales its FP32 output. K keeps
  * its scales inside the MMA (a k-step mixes the four threads' blocks), as FP16 powers of two
  * relative to the row's largest block exponent, which the logit's FP32 factor restores. */
-template <int D, int MODE, bool MX>
-__global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2 && (MX || !BD_V9_ANY)) ? 3 : 4)
-	fp4_decode_kernel(const DecodeParams p)
+constexpr int fp4_min_ctas(int D, int MODE, bool MX)
+{
+	return (D == 128 && MODE == 2 && (MX || !BD_V9_ANY)) ? 3 : 4;
+}
+
+/* Invalidate an mbarrier whose phases are all complete, so that mbar_init may reuse it. */
+__device__ __forceinline__ void mbar_inval(uint64_t *bar)
+{
+	asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/* The persistent kernel's next work item: items 0 .. gridDim.x − 1 are the CTAs' first ones,
+ * then *p.sched counts claims. Nothing waits on the result until it is stored, so its latency
+ * overlaps the rest of the current item. Every item processed is followed by exactly one claim,
+ * so a run makes n_items claims and the one that returns gridDim.x + n_items − 1 is its last. */
+__device__ __forceinline__ int claim_item(const DecodeParams &p)
+{
+	return (int)gridDim.x + atomicAdd(p.sched, 1);
+}
+
+/* Split s < NS of (request b, KV head h) on the FP4 pages: the whole work of one CTA of
+ * fp4_decode_kernel, or one work item of fp4_decode_kernel_persist (PER), which then claims its
+ * next item into *claim (shared) after the page loop, and leaves the shared memory and the
+ * mbarriers free for the next item. */
+template <int D, int MODE, bool MX, bool PER>
+__device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, int s, int *claim)
 {
 	using C = Fp4Cfg<D>;
 	using M = ModeT<MODE>;
@@ -745,14 +789,9 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2 && (MX || !BD_
 	float *rl = (float *)(smem + C::RL_OFF);
 	uint64_t *bar = (uint64_t *)(smem + C::BAR_OFF);
 
-	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-	if (s == p.NS) {
-		bf16_partial<D, 2 * D>(p, b, h, smem, rm, rl);
-		return;
-	}
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	int32_t *ids = (int32_t *)aux;
-	const Split sp = split_pages(p, ids, MAXIDS);
+	const Split sp = split_pages(p, b, h, s, ids, MAXIDS);
 	const int pb = sp.pb, np = sp.np;
 	const int32_t *bt = sp.bt;
 	if (tid == 0) {
@@ -1166,6 +1205,11 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2 && (MX || !BD_
 		}
 	}
 
+	[[maybe_unused]] int next = 0; /* PER: the claimed item, in thread 0 */
+	if constexpr (PER) {
+		if (tid == 0)
+			next = claim_item(p); /* used after the partial's write and the combine */
+	}
 	/* ---- the four warps' partial sums (same m) → this split's normalized partial ---- */
 	__syncthreads(); /* all stages consumed: reuse them */
 	float *redo = (float *)smem;
@@ -1191,6 +1235,72 @@ __global__ void __launch_bounds__(THREADS, (D == 128 && MODE == 2 && (MX || !BD_
 	__syncthreads();
 	write_partial<D>(p, b, h, s, redo, rm, rl, p.log2c);
 	finish_group<D>(p, b, h, smem);
+	if constexpr (PER) {
+		/* every thread's generic accesses to the stages precede the next item's bulk
+		 * copies; every wait on the barriers is done */
+		if (tid == 0)
+			*claim = next;
+		fence_proxy_async();
+		__syncthreads();
+		if (tid == 0) {
+			for (int i = 0; i < STAGES; i++)
+				mbar_inval(&bar[i]);
+			if (SPLIT)
+				mbar_inval(&bar[STAGES]);
+		}
+	}
+}
+
+template <int D, int MODE, bool MX>
+__global__ void __launch_bounds__(THREADS, fp4_min_ctas(D, MODE, MX))
+	fp4_decode_kernel(const DecodeParams p)
+{
+	using C = Fp4Cfg<D>;
+	extern __shared__ __align__(128) uint8_t smem[];
+	const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+	if (s == p.NS) {
+		bf16_partial<D, 2 * D>(p, b, h, smem, (float *)(smem + C::RM_OFF),
+				       (float *)(smem + C::RL_OFF));
+		return;
+	}
+	fp4_split<D, MODE, MX, false>(p, b, h, s, nullptr);
+}
+
+/* The persistent form for small batches (BD_PERSIST): gridDim.x CTAs, all resident, take the
+ * n_items = B·Hkv·(NS + 1) work items of fp4_decode_kernel's grid in the order: the splits of
+ * every (b, h), (b·Hkv + h)·NS + s, then the BF16 partials, b·Hkv + h; CTA c starts with item c
+ * and claims the next free one when it is done with an item's pages or rows (before the
+ * partial's write and the combine). The longest items go first and the BF16 partials fill the
+ * slots that splits leave, instead of a wave of their own. Each item computes exactly what its
+ * CTA in fp4_decode_kernel computes, and the last of a group's NS + 1 items combines, so the
+ * results are the same bits whatever the CTA count. No CTA waits for another. */
+template <int D, int MODE, bool MX>
+__global__ void __launch_bounds__(THREADS, fp4_min_ctas(D, MODE, MX))
+	fp4_decode_kernel_persist(const DecodeParams p)
+{
+	using C = Fp4Cfg<D>;
+	extern __shared__ __align__(128) uint8_t smem[];
+	__shared__ int claim;
+	float *rm = (float *)(smem + C::RM_OFF), *rl = (float *)(smem + C::RL_OFF);
+	const int nsp = p.n_bh * p.NS;
+	int j = blockIdx.x;
+	while (j < p.n_items) {
+		const int bh = j < nsp ? j / p.NS : j - nsp;
+		if (j < nsp) {
+			const int s = j - bh * p.NS;
+			fp4_split<D, MODE, MX, true>(p, bh / p.Hkv, bh % p.Hkv, s, &claim);
+		} else {
+			const int b = bh / p.Hkv, h = bh % p.Hkv;
+			bf16_partial<D, 2 * D, true>(p, b, h, smem, rm, rl, &claim);
+			fence_proxy_async(); /* its generic writes precede the next bulk copies */
+			__syncthreads();
+		}
+		j = claim;
+		__syncthreads(); /* every thread has read it before the next item claims again */
+	}
+	/* the run's last claim: none can follow it, so the counter is zeroed for the next run */
+	if (threadIdx.x == 0 && j == (int)gridDim.x + p.n_items - 1)
+		atomicExch(p.sched, 0);
 }
 
 /* ---- the BF16 page path (the in-house baseline) ----------------------------------------------- */
@@ -1207,7 +1317,8 @@ __device__ __forceinline__ bool rows_split_begin(const DecodeParams &p, uint8_t 
 					 (float *)(smem + C::RL_OFF));
 		return false;
 	}
-	*ret = split_pages(p, (int32_t *)(smem + C::IDS_OFF), C::MAX_IDS);
+	*ret = split_pages(p, blockIdx.z, blockIdx.y, blockIdx.x, (int32_t *)(smem + C::IDS_OFF),
+			   C::MAX_IDS);
 	__syncthreads();
 	return true;
 }
@@ -1283,7 +1394,8 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
 		bf16_tile16<D, ROWB>(Ks, Vs, 32 * warp, 16, qb, p.gamma, st);
 		bf16_tile16<D, ROWB>(Ks, Vs, 32 * warp + 16, 16, qb, p.gamma, st);
 	}
-	bf16_split_end<D>(p, st, smem, (float *)(smem + C::RM_OFF), (float *)(smem + C::RL_OFF));
+	bf16_split_end<D>(p, blockIdx.z, blockIdx.y, blockIdx.x, st, smem,
+			  (float *)(smem + C::RM_OFF), (float *)(smem + C::RL_OFF));
 }
 
 /* ---- the channel-blocked NVFP4 page path (trtllm-nvfp4) --------------------------------------- */
@@ -1444,7 +1556,8 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 #pragma unroll
 		for (int e = 0; e < 4; e++)
 			st.o[mc][e] = (st.o[mc][e] * 16384.0f) * gv_prev;
-	bf16_split_end<D>(p, st, smem, (float *)(smem + C::RM_OFF), (float *)(smem + C::RL_OFF));
+	bf16_split_end<D>(p, blockIdx.z, blockIdx.y, blockIdx.x, st, smem,
+			  (float *)(smem + C::RM_OFF), (float *)(smem + C::RL_OFF));
 }
 
 /* ---- host side ------------------------------------------------------------------------------- */
@@ -1475,6 +1588,28 @@ static kern_t pick_kernel(int kind, int d, int mode, int *ret_smem)
 	return mode == 0 ? fp4_decode_kernel<64, 0, false> :
 	       mode == 1 ? fp4_decode_kernel<64, 1, false> : fp4_decode_kernel<64, 2, false>;
 }
+
+#if BD_PERSIST
+static kern_t pick_persist(int kind, int d, int mode)
+{
+	if (kind == 3) {
+		if (d == 128)
+			return mode == 0 ? fp4_decode_kernel_persist<128, 0, true> :
+			       mode == 1 ? fp4_decode_kernel_persist<128, 1, true> :
+					   fp4_decode_kernel_persist<128, 2, true>;
+		return mode == 0 ? fp4_decode_kernel_persist<64, 0, true> :
+		       mode == 1 ? fp4_decode_kernel_persist<64, 1, true> :
+				   fp4_decode_kernel_persist<64, 2, true>;
+	}
+	if (d == 128)
+		return mode == 0 ? fp4_decode_kernel_persist<128, 0, false> :
+		       mode == 1 ? fp4_decode_kernel_persist<128, 1, false> :
+				   fp4_decode_kernel_persist<128, 2, false>;
+	return mode == 0 ? fp4_decode_kernel_persist<64, 0, false> :
+	       mode == 1 ? fp4_decode_kernel_persist<64, 1, false> :
+			   fp4_decode_kernel_persist<64, 2, false>;
+}
+#endif
 
 /* G ≤ 4 always uses the stacked layout (one head per thread); with one query term the
  * second term's columns are zero. G > 4 with one term fits one column tile (two heads per
@@ -1639,13 +1774,38 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 		pl.n_splits = best_ns;
 	}
 	pl.grid_ctas = B * pl.Hkv * (pl.n_splits + 1);
+	pl.persist_ctas = 0;
+#if BD_PERSIST
+	if (pl.kind == 1 || pl.kind == 3) {
+		/* the persistent kernel for small batches (B ≤ 16) when the splits fit one wave,
+		 * the BF16 partials' CTAs would add one, and the slots the splits leave free can
+		 * take the partials while the splits run: a partial (144 rows in three dependent
+		 * loads) takes about as long as 4 pages of a split at full occupancy (same work
+		 * items, same results) */
+		kern_t kp = pick_persist(pl.kind, pl.d, plan_mode(&pl));
+		int occ_p = 0;
+		BDK_TRY(cudaFuncSetAttribute((const void *)kp,
+					     cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     pl.smem_bytes));
+		BDK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_p, (const void *)kp,
+								      THREADS,
+								      (size_t)pl.smem_bytes));
+		const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
+		const long long sw = (work * pl.n_splits + slots - 1) / slots;
+		const long long aw = (work * (pl.n_splits + 1) + slots - 1) / slots;
+		const long long per = (pages + pl.n_splits - 1) / pl.n_splits;
+		const long long free_slots = slots - work * pl.n_splits;
+		if (B <= 16 && occ_p == occ && sw == 1 && aw > sw && free_slots * per >= 4 * work)
+			pl.persist_ctas = (int)(slots < pl.grid_ctas ? slots : pl.grid_ctas);
+	}
+#endif
 	{
 		size_t parts = (size_t)B * pl.Hkv * (size_t)(pl.n_splits + 1) * pl.G;
 		size_t o_bytes = parts * (size_t)pl.d * sizeof(float);
 		pl.ws_lse_off = (o_bytes + BD_KERNEL_ALIGN - 1) / BD_KERNEL_ALIGN * BD_KERNEL_ALIGN;
 		pl.ws_cnt_off = (pl.ws_lse_off + parts * sizeof(float) + BD_KERNEL_ALIGN - 1) /
 				BD_KERNEL_ALIGN * BD_KERNEL_ALIGN;
-		pl.ws_bytes = pl.ws_cnt_off + (size_t)B * pl.Hkv * sizeof(int);
+		pl.ws_bytes = pl.ws_cnt_off + ((size_t)B * pl.Hkv + 1) * sizeof(int);
 	}
 	*ret = pl;
 	return 0;
@@ -1665,8 +1825,10 @@ extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_de
 	    ((uintptr_t)a->status & 3))
 		return -EINVAL;
 	if (a->layer < 0 || a->layer >= pl->lay.n_layers || a->bt_stride < pl->bt_stride ||
-	    a->bt_stride < 0)
+	    a->bt_stride < 0 || pl->persist_ctas < 0)
 		return -EINVAL;
+	if (pl->persist_ctas > 0 && (!BD_PERSIST || (pl->kind != 1 && pl->kind != 3)))
+		return -EOPNOTSUPP;
 
 	DecodeParams p;
 	memset(&p, 0, sizeof(p));
@@ -1678,6 +1840,9 @@ extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_de
 	p.ws_o = (float *)a->workspace;
 	p.ws_lse = (float *)((uint8_t *)a->workspace + pl->ws_lse_off);
 	p.counters = (int *)((uint8_t *)a->workspace + pl->ws_cnt_off);
+	p.sched = p.counters + (size_t)pl->B * pl->Hkv;
+	p.n_bh = pl->B * pl->Hkv;
+	p.n_items = p.n_bh * (pl->n_splits + 1);
 	p.out = a->out;
 	p.lse = a->lse;
 	p.status = a->status;
@@ -1713,6 +1878,14 @@ extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_de
 	int smem;
 	kern_t k = pick_kernel(pl->kind, pl->d, plan_mode(pl), &smem);
 	cudaStream_t st = (cudaStream_t)stream;
+#if BD_PERSIST
+	if (pl->persist_ctas > 0) {
+		kern_t kp = pick_persist(pl->kind, pl->d, plan_mode(pl));
+		kp<<<pl->persist_ctas, THREADS, smem, st>>>(p);
+		BDK_TRY(cudaGetLastError());
+		return 0;
+	}
+#endif
 	dim3 grid(pl->n_splits + 1, pl->Hkv, pl->B);
 	k<<<grid, THREADS, smem, st>>>(p);
 	BDK_TRY(cudaGetLastError());
@@ -1757,6 +1930,6 @@ extern "C" int bd_decode_workspace_init(const struct bd_decode_plan *pl, void *w
 	if (!pl || !workspace || ((uintptr_t)workspace & (BD_KERNEL_ALIGN - 1)))
 		return -EINVAL;
 	BDK_TRY(cudaMemsetAsync((uint8_t *)workspace + pl->ws_cnt_off, 0,
-				(size_t)pl->B * pl->Hkv * sizeof(int), (cudaStream_t)stream));
+				((size_t)pl->B * pl->Hkv + 1) * sizeof(int), (cudaStream_t)stream));
 	return 0;
 }

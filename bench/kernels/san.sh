@@ -7,7 +7,8 @@
 #   san_report PREFIX LINES      one line per tool (its exit status) and the last LINES lines of
 #                                its log; returns 1 when a tool failed or left no status
 #   fp4_regs NAME OBJ            one line "  NAME: <D,MODE,NV|MX>:registers,local-bytes ..." for
-#                                every fp4_decode_kernel in OBJ (cuobjdump --dump-resource-usage)
+#                                every fp4_decode_kernel in OBJ (cuobjdump --dump-resource-usage;
+#                                a trailing p: its persistent form)
 
 san_run() {
 	san_bin=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -33,7 +34,9 @@ fp4_regs() {
 	"${CO:-cuobjdump}" --dump-resource-usage "$2" 2>/dev/null |
 		awk -v s="$1" '/Function .*fp4_decode_kernel/ { match($0, /ILi[0-9]+ELi[0-9]ELb[01]/)
 				k = substr($0, RSTART, RLENGTH); gsub(/ILi|ELi|ELb/, " ", k); split(k, a, " ")
-				name = "<" a[1] "," a[2] "," (a[3] == 1 ? "MX" : "NV") ">"; next }
+				name = "<" a[1] "," a[2] "," (a[3] == 1 ? "MX" : "NV") ">"
+				if (index($0, "persist")) name = name "p"
+				next }
 			name != "" { out = out " " name ":" $1 "," $4; name = "" }
 			END { print "  " s ":" out }'
 }

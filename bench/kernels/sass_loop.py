@@ -5,6 +5,9 @@
     bench/kernels/sass_loop.py a.sass [b.sass ...]          table: totals, then per pipe a/b/...
     bench/kernels/sass_loop.py --mix a.sass ILi128ELi1ELb0   opcode histogram of one kernel
 
+Rows: every instantiation in any of the files (<D,MODE,NV|MX>, a trailing p for the
+persistent form); '-' where a file lacks it.
+
 The page loop is the smallest backward-branch range that holds both the stage mbarrier wait
 (SYNCS...TRYWAIT) and HMMAs. Pipes as Hopper issues them: alu = the integer/logic pipe at half
 rate (LOP3, SHF, PRMT, IADD3, ISETP, FMNMX, ...), fma = IMAD*/FFMA/FMUL/FADD/HMUL2/HFMA2,
@@ -80,7 +83,8 @@ def summarize(path, filt=None):
 
 def short(f):
     m = re.search(r'ILi(\d+)ELi(\d)ELb(\d)', f)
-    return '<%s,%s,%s>' % (m.group(1), m.group(2), 'MX' if m.group(3) == '1' else 'NV')
+    return '<%s,%s,%s>%s' % (m.group(1), m.group(2), 'MX' if m.group(3) == '1' else 'NV',
+                             'p' if 'persist' in f else '')
 
 
 def main(argv):
@@ -96,7 +100,10 @@ def main(argv):
     rs = [summarize(p) for p in argv]
     print('| kernel | total | ' + ' | '.join(ORDER) + ' |')
     print('| --- ' * (2 + len(ORDER)) + '|')
-    for f in rs[0]:
+    keys = []
+    for r in rs:
+        keys += [f for f in r if f not in keys]
+    for f in keys:
         cells = ['/'.join(str(r[f][0]) if f in r else '-' for r in rs)]
         cells += ['/'.join(str(r[f][1].get(p, 0)) if f in r else '-' for r in rs) for p in ORDER]
         print('| %s | %s |' % (short(f), ' | '.join(cells)))
