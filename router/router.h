@@ -106,7 +106,10 @@ struct bd_router {
 	/* pool health (pool.c): down after a call without an answer (timeout, connection gone);
 	 * back when a probe is answered */
 	bool pool_ok;
-	bool pool_went_down;        /* noted inside a call; the tick fails the requests */
+	bool pool_waiting;          /* down, and the running requests wait for it (pool_wait_ms) */
+	bool pool_lost;             /* their KV is gone or the wait ran out: the tick fails them */
+	bool pool_arena_known;
+	uint8_t pool_arena_id[16];  /* the pool's arenas (stats): a restart that kept them keeps it */
 	bool pool_reclaim;          /* records may be left behind: reclaim before serving again */
 	char pool_err[256];         /* why it is down ("" while up) */
 	int64_t pool_last_ok, pool_down_since; /* ms, monotonic */
@@ -173,9 +176,11 @@ void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap);
 /* Refreshes pages/slots free from the pool; 0 or -errno (-EHOSTDOWN while it is down). */
 int bd_router_pool_refresh(struct bd_router *rt);
 
-/* A blocking pool call through the health gate: -EHOSTDOWN at once while the pool is down,
- * else the call, its outcome recorded. */
-#define POOL_CALL(rt, call) ((rt)->pool_ok ? bd_router_pool_note((rt), (call)) : -EHOSTDOWN)
+/* A blocking pool call through the health gate: -EHOSTDOWN at once while the pool is down and
+ * no longer waited for, else the call (repeated on a fresh connection until pool_timeout_ms when
+ * its connection closes: a restarting kvpoold answers it), its outcome recorded. */
+#define POOL_CALL(rt, call)                                                                \
+	((rt)->pool_ok || (rt)->pool_waiting ? bd_router_pool_note((rt), (call)) : -EHOSTDOWN)
 
 /* ---- workers.c ---- */
 /* Reads every pending worker frame: registrations (a group forms: bd_sched_group_up),

@@ -281,6 +281,13 @@ int fs_find(const struct fs_store *s, const char *name)
 	return -1;
 }
 
+void fs_clear(struct fs_store *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		close(s->fds[i]);
+	s->n = 0;
+}
+
 int fs_replace(struct fs_store *s, const char *name, int fd)
 {
 	for (size_t i = 0; i < s->n; i++)

@@ -65,6 +65,10 @@ int fs_pump(struct fs_store *s, const char *what, bool *saw);
 /* The kept fd named name (the first of that name), or -1. It stays the store's. */
 int fs_find(const struct fs_store *s, const char *name);
 
+/* Closes every kept fd, as a service manager does whose fd store was emptied (systemctl clean
+ * --what=fdstore): the next start gets no LISTEN_FDS. */
+void fs_clear(struct fs_store *s);
+
 /* Puts fd (taken over) in place of the kept fd named name, which is closed: a test's way to hand
  * a restarted daemon something else than what it stored. Returns 0 or -ENOENT. */
 int fs_replace(struct fs_store *s, const char *name, int fd);
