@@ -65,8 +65,8 @@ static const struct bd_config_key keys[] = {
 	{ "chunk_bytes", "1G", "largest arena chunk (one fd each)" },
 	{ "max_requests", "4096", "request records" },
 	{ "max_frame_bytes", "65536",
-	  "largest allocation frame; a larger one gets an OVERSIZE error reply (one over 16M: no "
-	  "reply, the connection is closed)" },
+	  "largest allocation frame (at most 16M); a larger one gets an OVERSIZE error reply, "
+	  "but one over 16M (16777216 bytes) gets none: its connection is closed" },
 	{ "max_clients", "64", "attach connections" },
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
 	{ "attach_timeout_ms", "5000", "time a new connection has to send its attach request" },

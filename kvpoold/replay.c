@@ -59,8 +59,10 @@ void bd_kvpool_replay_free(struct bd_kvpool_replay *r)
 
 size_t bd_kvpool_replay_reply_max(uint32_t max_pages_per_request)
 {
-	/* the packed page ids (5 bytes each at most), the other fields and their tags */
-	return 5 * (size_t)max_pages_per_request + 64;
+	/* the packed page ids (5 bytes each at most), the other fields and their tags, and an
+	 * error reply's text (the allocator's reasons are under 200 bytes): a refusal is
+	 * answered again as it was, not applied a second time */
+	return 5 * (size_t)max_pages_per_request + 64 + 256;
 }
 
 static struct entry *find(const struct bd_kvpool_replay *r, uint64_t client)

@@ -778,3 +778,92 @@ Test(pool_daemon, kvpoolctl_shows_a_live_pool)
 	bd_pool_conn_free(c);
 	cr_expect_eq(stop(), 0);
 }
+
+/* The frame limits as --help states them: up to max_frame_bytes served, above it up to 16 MiB
+ * an OVERSIZE reply, above 16 MiB no reply and the connection closed (the client refuses to
+ * send such a frame); the daemon serves on and keeps what it held. */
+Test(pool_daemon, frames_over_the_limits_get_oversize_or_a_closed_connection)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	size_t hard = BD_POOL_FRAME_HARD_MAX;
+	uint8_t *big = calloc(1, hard + 1);
+	void *ctx, *req, *mon;
+	void *rep;
+	size_t rlen;
+	int32_t p[3];
+	int zero = 0;
+	bool closed = false;
+	int64_t end;
+	char help[8192];
+	FILE *f;
+	size_t n;
+
+	/* --help says what happens */
+	snprintf(help, sizeof(help), "%s --help 2>&1", D.e.kvpoold);
+	f = popen(help, "r");
+	cr_assert_not_null(f);
+	n = fread(help, 1, sizeof(help) - 1, f);
+	help[n] = 0;
+	pclose(f);
+	cr_expect_not_null(strstr(help, "over 16M (16777216 bytes) gets none: its connection is "
+				  "closed"), "%s", help);
+
+	cr_assert_not_null(big);
+	start(false, NULL);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 3, 1, 3, p), 0);
+	/* the default limit, 65536: one byte over it gets OVERSIZE, as does 16 MiB */
+	cr_expect_eq(raw_code(c, big, 65537), BD_POOL_ERR_OVERSIZE);
+	cr_expect_eq(raw_code(c, big, hard), BD_POOL_ERR_OVERSIZE);
+	/* one byte more: the client does not send it */
+	cr_expect_eq(bd_pool_call_raw(c, big, hard + 1, &rep, &rlen), -EMSGSIZE);
+	/* sent anyway, by a socket of our own: the daemon closes the connection */
+	ctx = zmq_ctx_new();
+	req = zmq_socket(ctx, ZMQ_REQ);
+	mon = zmq_socket(ctx, ZMQ_PAIR);
+	cr_assert_not_null(req);
+	cr_assert_not_null(mon);
+	zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof(zero));
+	zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof(zero));
+	cr_assert_eq(zmq_socket_monitor(req, "inproc://oversize-mon", ZMQ_EVENT_DISCONNECTED), 0);
+	cr_assert_eq(zmq_connect(mon, "inproc://oversize-mon"), 0);
+	cr_assert_eq(zmq_connect(req, D.e.endpoint), 0);
+	cr_assert_eq(zmq_send(req, big, hard + 1, 0), (int)(hard + 1));
+	end = bd_now_ms() + TIMEOUT_MS;
+	while (!closed && bd_now_ms() < end) {
+		zmq_pollitem_t it = { .socket = mon, .events = ZMQ_POLLIN };
+		zmq_msg_t ev;
+		uint16_t id = 0;
+		int more = 0;
+		size_t ml = sizeof(more);
+
+		if (zmq_poll(&it, 1, 100) <= 0)
+			continue;
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, mon, 0) >= 2)
+			memcpy(&id, zmq_msg_data(&ev), 2);
+		zmq_getsockopt(mon, ZMQ_RCVMORE, &more, &ml);
+		zmq_msg_close(&ev);
+		if (more) {
+			zmq_msg_init(&ev);
+			zmq_msg_recv(&ev, mon, 0);
+			zmq_msg_close(&ev);
+		}
+		closed = id == ZMQ_EVENT_DISCONNECTED;
+	}
+	cr_expect(closed, "the daemon did not close the connection of a frame over 16 MiB");
+	zmq_socket_monitor(req, NULL, 0);
+	zmq_close(mon);
+	zmq_close(req);
+	zmq_ctx_term(ctx);
+	free(big);
+	/* serving on, the pages of request 3 still held */
+	s = stats(c);
+	cr_expect_eq(s->pages_used, 3);
+	cr_expect_eq(s->requests, 1);
+	bd_pool_stats_free(s);
+	cr_expect_eq(bd_pool_page_free(c, 3, p, 3, NULL), 0);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}

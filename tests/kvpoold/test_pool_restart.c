@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,6 +337,61 @@ Test(pool_restart, a_repeated_call_is_answered_once_across_the_restart)
 	free(r1);
 	free(r2);
 	free(r3);
+	bd_pool_conn_free(c);
+}
+
+/* A client's call in flight when kvpoold is killed: the connection's retry sends it again, with
+ * its number, to the restarted daemon. Whether the killed daemon had applied it (its reply
+ * lost) or never read it, the call succeeds once: the pool holds its pages once. Several
+ * rounds, so that the kill falls at different points of the calls. */
+struct inflight {
+	struct bd_pool_conn *c;
+	uint64_t id;
+	int32_t pages[2];
+	int e;
+};
+
+static void *alloc_call(void *arg)
+{
+	struct inflight *f = arg;
+
+	f->e = bd_pool_page_alloc(f->c, f->id, 8, 2, f->pages);
+	return NULL;
+}
+
+Test(pool_restart, a_call_in_flight_across_kill_9_is_applied_once)
+{
+	struct bd_pool_conn *c, *q;
+	struct bd_pool_stats *s;
+
+	start(NULL);
+	cr_assert_eq(bd_pool_conn_new(E.endpoint, 5000, &c), 0);
+	cr_assert_eq(bd_pool_conn_set_retry(c, TIMEOUT_MS), 0);
+	cr_assert_eq(bd_pool_conn_set_retry(c, -1), -EINVAL);
+	q = pt_conn(&E);
+	for (uint64_t round = 0; round < 4; round++) {
+		struct inflight f = { .c = c, .id = 60 + round };
+		pthread_t t;
+
+		cr_assert_eq(pthread_create(&t, NULL, alloc_call, &f), 0);
+		restart();
+		pthread_join(t, NULL);
+		cr_expect_eq(f.e, 0, "round %llu: %s", (unsigned long long)round,
+			     bd_pool_conn_error(c, NULL));
+		s = pt_stats(q);
+		cr_expect_eq(s->pages_used, 2 * (round + 1), "round %llu: applied once",
+			     (unsigned long long)round);
+		cr_expect_eq(s->requests, round + 1);
+		bd_pool_stats_free(s);
+	}
+	/* the requests hold what their replies said */
+	for (uint64_t round = 0; round < 4; round++) {
+		uint64_t freed = 0;
+
+		cr_expect_eq(bd_pool_request_release(c, 60 + round, &freed), 0);
+		cr_expect_eq(freed, 2);
+	}
+	bd_pool_conn_free(q);
 	bd_pool_conn_free(c);
 }
 
