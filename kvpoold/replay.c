@@ -59,10 +59,9 @@ void bd_kvpool_replay_free(struct bd_kvpool_replay *r)
 
 size_t bd_kvpool_replay_reply_max(uint32_t max_pages_per_request)
 {
-	/* the packed page ids (5 bytes each at most), the other fields and their tags, and an
-	 * error reply's text (the allocator's reasons are under 200 bytes): a refusal is
-	 * answered again as it was, not applied a second time */
-	return 5 * (size_t)max_pages_per_request + 64 + 256;
+	/* the packed page ids (5 bytes each at most), the other fields and their tags; refusals
+	 * are not kept (they changed nothing, so a repeat of one may be applied) */
+	return 5 * (size_t)max_pages_per_request + 64;
 }
 
 static struct entry *find(const struct bd_kvpool_replay *r, uint64_t client)
