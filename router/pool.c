@@ -163,8 +163,19 @@ int bd_router_pool_refresh(struct bd_router *rt)
 	return 0;
 }
 
-/* The pool answered while down: reclaim what the failed requests may have left, then serve.
- * busy: a step is in flight or a request holds a record. */
+/* Request id ended, its record possibly left in the pool (a release or an assignment without an
+ * answer): released again when the pool answers, since a reclaim of the whole owner would take
+ * the records of the requests that wait for it. A full list falls back to that reclaim. */
+static void unreleased(struct bd_router *rt, uint64_t id)
+{
+	if (rt->n_pool_unreleased < sizeof(rt->pool_unreleased) / sizeof(rt->pool_unreleased[0]))
+		rt->pool_unreleased[rt->n_pool_unreleased++] = id;
+	else
+		rt->pool_reclaim = true;
+}
+
+/* The pool answered while down: release or reclaim what ended requests may have left, then
+ * serve. busy: a step is in flight or a request holds a record. */
 static void recover(struct bd_router *rt, bool busy)
 {
 	uint64_t n_req = 0, n_pages = 0;
@@ -176,6 +187,20 @@ static void recover(struct bd_router *rt, bool busy)
 	if (rt->pool_lost || (rt->pool_reclaim && busy))
 		return;
 	rt->pool_ok = true; /* lets the calls below through; a failure marks it down again */
+	while (rt->n_pool_unreleased) {
+		uint64_t id = rt->pool_unreleased[rt->n_pool_unreleased - 1];
+
+		e = POOL_CALL(rt, bd_pool_request_release(rt->pool, id, NULL));
+		if (e < 0 && e != -ENOENT) {
+			if (rt->pool_ok) {
+				bd_log_err("pool: release of request %llu: %s",
+					   (unsigned long long)id, strerror(-e));
+				rt->pool_ok = false;
+			}
+			return;
+		}
+		rt->n_pool_unreleased--;
+	}
 	if (rt->pool_reclaim) {
 		e = POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages));
 		if (e < 0) {
@@ -309,6 +334,7 @@ bool bd_router_pool_tick(struct bd_router *rt, int64_t now)
 	 * allocates none; and they may have left records behind */
 	rt->pool_lost = false;
 	rt->pool_reclaim = true;
+	rt->n_pool_unreleased = 0; /* the reclaim takes them */
 	return true;
 }
 
@@ -320,7 +346,7 @@ static int pool_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
 	int e = POOL_CALL(rt, bd_pool_slot_assign(rt->pool, id, rt->o.owner, ret_slot));
 
 	if (e < 0 && !rt->pool_ok)
-		rt->pool_reclaim = true; /* the slot may be assigned, its answer lost */
+		unreleased(rt, id); /* the slot may be assigned, its answer lost */
 	return e;
 }
 
@@ -351,7 +377,7 @@ static int pool_release(void *ctx, uint64_t id)
 	int e = POOL_CALL(rt, bd_pool_request_release(rt->pool, id, NULL));
 
 	if (e < 0 && e != -ENOENT)
-		rt->pool_reclaim = true; /* the record stays behind until the reclaim */
+		unreleased(rt, id); /* the record stays behind until it is released again */
 	return e;
 }
 

@@ -111,6 +111,8 @@ struct bd_router {
 	bool pool_arena_known;
 	uint8_t pool_arena_id[16];  /* the pool's arenas (stats): a restart that kept them keeps it */
 	bool pool_reclaim;          /* records may be left behind: reclaim before serving again */
+	uint64_t pool_unreleased[64]; /* ended requests whose release got no answer: sent again */
+	size_t n_pool_unreleased;
 	char pool_err[256];         /* why it is down ("" while up) */
 	int64_t pool_last_ok, pool_down_since; /* ms, monotonic */
 	uint64_t pool_failures;     /* calls and probes unanswered since the last answer */
