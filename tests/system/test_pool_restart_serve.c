@@ -6,8 +6,9 @@
  * mappings and attach again, the router's running request waits for the pool and then goes on,
  * and its greedy tokens are exactly those of an undisturbed run of the same request. Started
  * with an empty store, the pool is new: the workers are told so (-ESTALE) and exit to be
- * restarted, the running request fails with a clear UNAVAILABLE, and the system serves again
- * once the workers are back.
+ * restarted, the running request fails with a clear error, and the system serves again once
+ * the workers are back. Gone for longer than the router's pool_wait_ms, the pool costs the
+ * running request (UNAVAILABLE) but nothing it held once it is back.
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -83,13 +84,19 @@ static void start_pool(void)
 	memcpy(E.pool.log, pool_log, sizeof(pool_log));
 }
 
-static void up(void)
+static void up_with(const char *pool_wait_ms)
 {
 	start_pool();
-	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000", NULL });
+	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
+						   "--pool-wait-ms", pool_wait_ms, NULL });
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
 	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+}
+
+static void up(void)
+{
+	up_with("30000");
 }
 
 static const struct bd_client_gen GEN = {
@@ -238,6 +245,55 @@ Test(pool_restart_serve, a_restart_on_an_empty_store_fails_the_request_clearly)
 	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK, "%s", ev.message);
 	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "finish %s: %s",
 		  bd_finish_name(ev.finish), ev.message);
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages after the answers");
+	bd_client_free(c);
+}
+
+/* kvpoold gone for longer than the router's pool_wait_ms: the running request fails with a
+ * clear UNAVAILABLE instead of waiting on; the pool, started again on its store later, gets
+ * back everything the failed request held, and the workers (still within their wait) attach
+ * again and serve. */
+Test(pool_restart_serve, a_wait_past_pool_wait_ms_fails_the_request_and_leaks_nothing)
+{
+	int32_t got[N_TOKENS];
+	struct bd_client *c;
+	struct bd_client_event ev;
+	size_t n = 0;
+	uint64_t tag;
+
+	up_with("1500");
+	c = sv_client(&E);
+	cr_assert_eq(bd_client_generate_start(c, &GEN, &tag), 0);
+	stream(c, tag, got, N_TOKENS, &n, BEFORE, &ev);
+	cr_assert_eq(ev.finish, BD_FINISH_NONE, "%s", ev.message);
+	cr_assert_eq(kill(S.pid, SIGKILL), 0);
+	sp_reap(S.pid, WAIT_MS);
+	S.pid = E.pool.pid = 0;
+	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
+	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK);
+	cr_expect_eq(ev.finish, BD_FINISH_ERROR, "finish %s", bd_finish_name(ev.finish));
+	cr_expect_eq(ev.error, BD_SERVE_ERR_UNAVAILABLE, "error %d: %s", ev.error, ev.message);
+	cr_expect_not_null(strstr(ev.message, "kvpoold unreachable"), "%s", ev.message);
+	cr_expect_lt(n, N_TOKENS, "the request ran on without its pool");
+	cr_expect(log_has(E.router.log, "did not answer for 1500 ms (pool_wait_ms)"),
+		  "router log:\n%s", sv_log_tail(&E.router));
+	/* back on what it stored: the failed request's pages and slot go back */
+	cr_assert_eq(fs_restart(&S, SIGKILL, WAIT_MS), 0, "kvpoold did not come back; log:\n%s",
+		     sv_log_tail(&E.pool));
+	E.pool.pid = S.pid;
+	cr_expect(log_has(pool_log, "adopted the stored arenas and state"), "log:\n%s",
+		  sv_log_tail(&E.pool));
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's pages were not released");
+	sv_expect_healthy(&E, WAIT_MS, "no recovery");
+	n = 0;
+	cr_assert_eq(bd_client_generate_start(c, &(struct bd_client_gen){ .prompt = "Hi!",
+		     .chat = true, .max_tokens = 4 }, &tag), 0);
+	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
+	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK, "%s", ev.message);
+	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "finish %s: %s",
+		  bd_finish_name(ev.finish), ev.message);
+	cr_expect_eq(kill(E.worker[0].pid, 0), 0, "rank 0 exited");
+	cr_expect_eq(kill(E.worker[1].pid, 0), 0, "rank 1 exited");
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages after the answers");
 	bd_client_free(c);
 }
