@@ -40,6 +40,8 @@ static inline void bd_kvpool_put(struct bd_kvpool_cur *c, const void *x, size_t 
 		c->ok = false;
 		return;
 	}
+	if (!n)
+		return; /* x may be NULL (a record without pages) */
 	memcpy(c->w + c->off, x, n);
 	c->off += n;
 }
@@ -50,6 +52,8 @@ static inline bool bd_kvpool_get(struct bd_kvpool_cur *c, void *x, size_t n)
 		c->ok = false;
 		return false;
 	}
+	if (!n)
+		return true;
 	memcpy(x, c->r + c->off, n);
 	c->off += n;
 	return true;

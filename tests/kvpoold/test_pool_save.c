@@ -121,6 +121,25 @@ Test(pool_save, a_loaded_pool_is_the_saved_one_and_goes_on_alike)
 	cr_expect_eq(bd_kvpool_alloc_check(B), 0, "%s", bd_kvpool_alloc_error(B));
 }
 
+/* A record that holds a slot and no page (its page list is empty) round trips too. */
+Test(pool_save, a_request_with_a_slot_and_no_pages_round_trips)
+{
+	struct bd_pool_holder h;
+	int32_t s;
+	ssize_t n;
+
+	cr_assert_eq(bd_kvpool_slot_assign(A, 9, 2, &s), 0);
+	n = bd_kvpool_alloc_save(A, buf, cap);
+	cr_assert_gt(n, 0);
+	cr_assert_eq(bd_kvpool_alloc_load(B, buf, (size_t)n), n, "%s", bd_kvpool_alloc_error(B));
+	cr_assert_eq(bd_kvpool_alloc_holders(B, false, &h, 1), 1);
+	cr_expect_eq(h.request_id, 9);
+	cr_expect_eq(h.owner, 2);
+	cr_expect_eq(h.pages, 0);
+	cr_expect_eq(h.slot, s);
+	cr_expect_eq(bd_kvpool_slot_release(B, 9, s), 0);
+}
+
 /* Bytes of a saved pool with one field changed at off (a uint32 or int32): refused. */
 static void expect_refused_with(size_t off, int32_t value, const char *why)
 {
