@@ -15,7 +15,9 @@
  * all; nothing is global. The loop is single-threaded: pool calls are blocking round trips on
  * an ipc:// socket, bounded by a timeout; so that a dead kvpoold costs that timeout once and not
  * once per call, pool.c watches the pool (a non-blocking probe and the connection's events) and,
- * while it is down, pool calls fail at once (POOL_CALL) and new requests get UNAVAILABLE.
+ * while it is down, new requests get UNAVAILABLE, nothing is planned and the running requests
+ * wait for it (pool_wait_ms: a restart on its stored arenas lets them go on); past that wait,
+ * pool calls fail at once (POOL_CALL).
  *
  * Stopping (SIGTERM/SIGINT): the router drains: new requests get SHUTTING_DOWN, the running
  * and queued ones are stepped to their end for up to drain_timeout_ms; then what is left fails
