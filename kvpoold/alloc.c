@@ -41,6 +41,8 @@ struct bd_kvpool_alloc {
 	struct req **tab; /* power-of-two size ≥ 2·max_requests */
 	size_t tab_mask, n_reqs;
 
+	uint64_t changes; /* operations that changed the pool */
+
 	char err[200];
 };
 
@@ -61,6 +63,36 @@ static int ok(struct bd_kvpool_alloc *a)
 {
 	a->err[0] = 0;
 	return 0;
+}
+
+/* ok() of an operation that changed the pool */
+static int changed(struct bd_kvpool_alloc *a)
+{
+	a->changes++;
+	return ok(a);
+}
+
+/* Every page and slot free, no record: the stacks as a fresh pool has them. */
+static void reset(struct bd_kvpool_alloc *a)
+{
+	for (size_t i = 0; i <= a->tab_mask; i++)
+		if (a->tab[i]) {
+			free(a->tab[i]->pages);
+			free(a->tab[i]);
+			a->tab[i] = NULL;
+		}
+	a->n_reqs = 0;
+	memset(a->state, PAGE_FREE, a->n_pages);
+	memset(a->ref, 0, a->n_pages * sizeof(*a->ref));
+	memset(a->mark, 0, a->n_pages);
+	/* the top of the stack is the lowest id */
+	for (size_t i = 0; i < a->n_pages; i++)
+		a->free_pages[i] = (int32_t)(a->n_pages - 1 - i);
+	a->n_free = a->n_pages;
+	memset(a->slot_holder, 0, (a->n_slots ? a->n_slots : 1) * sizeof(uint64_t));
+	for (size_t i = 0; i < a->n_slots; i++)
+		a->free_slots[i] = (int32_t)(a->n_slots - 1 - i);
+	a->n_free_slots = a->n_slots;
 }
 
 int bd_kvpool_alloc_new(size_t n_pages, size_t n_slots, uint32_t max_pages_per_request,
@@ -94,13 +126,7 @@ int bd_kvpool_alloc_new(size_t n_pages, size_t n_slots, uint32_t max_pages_per_r
 		bd_kvpool_alloc_free(a);
 		return -ENOMEM;
 	}
-	/* the top of the stack is the lowest id */
-	for (size_t i = 0; i < n_pages; i++)
-		a->free_pages[i] = (int32_t)(n_pages - 1 - i);
-	a->n_free = n_pages;
-	for (size_t i = 0; i < n_slots; i++)
-		a->free_slots[i] = (int32_t)(n_slots - 1 - i);
-	a->n_free_slots = n_slots;
+	reset(a);
 	*ret = a;
 	return 0;
 }
@@ -379,7 +405,7 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 	}
 	if (state == PAGE_RESERVED)
 		r->reserved = ret[0];
-	return ok(a);
+	return changed(a);
 out:
 	drop_fresh(r, fresh);
 	return e;
@@ -414,7 +440,7 @@ int bd_kvpool_page_commit(struct bd_kvpool_alloc *a, uint64_t req, int32_t page)
 			    (unsigned long long)req);
 	a->state[page] = PAGE_USED;
 	r->reserved = -1;
-	return ok(a);
+	return changed(a);
 }
 
 /* Checks a page list against r: ids in range, no repeats; `held` says whether every page must
@@ -482,7 +508,7 @@ int bd_kvpool_page_free(struct bd_kvpool_alloc *a, uint64_t req, const int32_t *
 		freed += (uint64_t)drop_page(a, r, pages[i]);
 	if (ret_freed)
 		*ret_freed = freed;
-	return ok(a);
+	return changed(a);
 }
 
 int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
@@ -513,7 +539,7 @@ int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
 		a->ref[pages[i]]++;
 		add_page(r, pages[i]);
 	}
-	return ok(a);
+	return changed(a);
 out:
 	drop_fresh(r, fresh);
 	return e;
@@ -547,7 +573,7 @@ int bd_kvpool_slot_assign(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owne
 	r->slot = a->free_slots[--a->n_free_slots];
 	a->slot_holder[r->slot] = req;
 	*ret_slot = r->slot;
-	return ok(a);
+	return changed(a);
 out:
 	drop_fresh(r, fresh);
 	return e;
@@ -573,7 +599,7 @@ int bd_kvpool_slot_release(struct bd_kvpool_alloc *a, uint64_t req, int32_t slot
 		return fail(a, BD_POOL_ERR_NOT_HELD, "slot %d is not held by request %llu", slot,
 			    (unsigned long long)req);
 	put_slot(a, r);
-	return ok(a);
+	return changed(a);
 }
 
 /* ---- requests ----------------------------------------------------------------------------- */
@@ -601,7 +627,7 @@ int bd_kvpool_request_release(struct bd_kvpool_alloc *a, uint64_t req, uint64_t 
 	freed = release(a, r);
 	if (ret_freed)
 		*ret_freed = freed;
-	return ok(a);
+	return changed(a);
 }
 
 int bd_kvpool_owner_reclaim(struct bd_kvpool_alloc *a, uint64_t owner, uint64_t *ret_requests,
@@ -636,7 +662,7 @@ int bd_kvpool_owner_reclaim(struct bd_kvpool_alloc *a, uint64_t owner, uint64_t 
 		*ret_requests = n;
 	if (ret_freed)
 		*ret_freed = freed;
-	return ok(a);
+	return n ? changed(a) : ok(a);
 }
 
 /* ---- queries ------------------------------------------------------------------------------ */
@@ -797,4 +823,186 @@ int bd_kvpool_alloc_check(struct bd_kvpool_alloc *a)
 	}
 	free(count);
 	return e;
+}
+
+/* ---- the pool as bytes -------------------------------------------------------------------- */
+
+uint64_t bd_kvpool_alloc_changes(const struct bd_kvpool_alloc *a)
+{
+	return a ? a->changes : 0;
+}
+
+/* a record's fixed part: id, owner, reserved page, slot, page count */
+#define REC_BYTES (2 * sizeof(uint64_t) + 3 * sizeof(int32_t))
+
+size_t bd_kvpool_alloc_save_max(size_t n_pages, size_t n_slots, uint32_t max_pages_per_request,
+				size_t max_requests)
+{
+	size_t rec, recs, total;
+
+	if (__builtin_mul_overflow((size_t)max_pages_per_request, sizeof(int32_t), &rec) ||
+	    __builtin_add_overflow(rec, REC_BYTES, &rec) ||
+	    __builtin_mul_overflow(rec, max_requests, &recs) ||
+	    __builtin_add_overflow(n_pages, n_slots, &total) ||
+	    __builtin_mul_overflow(total, sizeof(int32_t), &total) ||
+	    __builtin_add_overflow(total, recs, &total) ||
+	    __builtin_add_overflow(total, 3 * sizeof(uint32_t), &total))
+		return 0;
+	return total;
+}
+
+ssize_t bd_kvpool_alloc_save(const struct bd_kvpool_alloc *a, void *buf, size_t cap)
+{
+	struct bd_kvpool_cur c = { .w = buf, .len = cap, .ok = buf != NULL };
+	uint32_t n;
+
+	if (!a)
+		return -EINVAL;
+	n = (uint32_t)a->n_free;
+	bd_kvpool_put(&c, &n, sizeof(n));
+	bd_kvpool_put(&c, a->free_pages, a->n_free * sizeof(int32_t));
+	n = (uint32_t)a->n_free_slots;
+	bd_kvpool_put(&c, &n, sizeof(n));
+	bd_kvpool_put(&c, a->free_slots, a->n_free_slots * sizeof(int32_t));
+	n = (uint32_t)a->n_reqs;
+	bd_kvpool_put(&c, &n, sizeof(n));
+	for (size_t i = 0; i <= a->tab_mask && c.ok; i++) {
+		const struct req *r = a->tab[i];
+
+		if (!r)
+			continue;
+		bd_kvpool_put(&c, &r->id, sizeof(r->id));
+		bd_kvpool_put(&c, &r->owner, sizeof(r->owner));
+		bd_kvpool_put(&c, &r->reserved, sizeof(r->reserved));
+		bd_kvpool_put(&c, &r->slot, sizeof(r->slot));
+		bd_kvpool_put(&c, &r->n_pages, sizeof(r->n_pages));
+		bd_kvpool_put(&c, r->pages, r->n_pages * sizeof(int32_t));
+	}
+	return c.ok ? (ssize_t)c.off : -ENOSPC;
+}
+
+/* A stack of n ids (pages or slots, 0..max-1) from c into dst: each id once (mark[] is the
+ * scratch of max flags, left clear). 0 or -EBADMSG with the reason. */
+static int load_stack(struct bd_kvpool_alloc *a, struct bd_kvpool_cur *c, const char *what,
+		      int32_t *dst, size_t max, size_t *ret_n, uint8_t *mark)
+{
+	uint32_t n;
+	int e = 0;
+
+	if (!bd_kvpool_get(c, &n, sizeof(n)) || n > max ||
+	    !bd_kvpool_get(c, dst, (size_t)n * sizeof(int32_t)))
+		return fail(a, EBADMSG, "the free %s stack is truncated or too long", what);
+	for (uint32_t i = 0; i < n && !e; i++) {
+		if (dst[i] < 0 || (size_t)dst[i] >= max || mark[dst[i]])
+			e = fail(a, EBADMSG, "free %s stack entry %u (%d) is out of range or repeated",
+				 what, i, dst[i]);
+		else
+			mark[dst[i]] = 1;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if (dst[i] >= 0 && (size_t)dst[i] < max)
+			mark[dst[i]] = 0;
+	*ret_n = n;
+	return e;
+}
+
+/* One record from c, checked against what a holds so far, then inserted with its references.
+ * 0 or -EBADMSG / -ENOMEM with the reason. */
+static int load_req(struct bd_kvpool_alloc *a, struct bd_kvpool_cur *c, const uint8_t *slot_free)
+{
+	struct req q = { 0 }, *r;
+	bool has_reserved = false;
+
+	bd_kvpool_get(c, &q.id, sizeof(q.id));
+	bd_kvpool_get(c, &q.owner, sizeof(q.owner));
+	bd_kvpool_get(c, &q.reserved, sizeof(q.reserved));
+	bd_kvpool_get(c, &q.slot, sizeof(q.slot));
+	if (!bd_kvpool_get(c, &q.n_pages, sizeof(q.n_pages)))
+		return fail(a, EBADMSG, "a request record is truncated");
+	if (q.id == 0 || lookup(a, q.id))
+		return fail(a, EBADMSG, "request id %llu is 0 or repeated",
+			    (unsigned long long)q.id);
+	if (q.n_pages > a->max_ppr || (size_t)q.n_pages * sizeof(int32_t) > c->len - c->off)
+		return fail(a, EBADMSG, "request %llu: %u pages (at most %u) or truncated",
+			    (unsigned long long)q.id, q.n_pages, a->max_ppr);
+	if (q.slot < -1 || (q.slot >= 0 && ((size_t)q.slot >= a->n_slots ||
+					    slot_free[q.slot] || a->slot_holder[q.slot])))
+		return fail(a, EBADMSG, "request %llu: slot %d is out of range, free or taken",
+			    (unsigned long long)q.id, q.slot);
+	if (q.reserved < -1)
+		return fail(a, EBADMSG, "request %llu: reserved page %d",
+			    (unsigned long long)q.id, q.reserved);
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return fail(a, ENOMEM, "out of memory for a request record");
+	*r = q;
+	r->cap = q.n_pages;
+	r->pages = malloc((q.n_pages ? q.n_pages : 1) * sizeof(int32_t));
+	if (!r->pages) {
+		free(r);
+		return fail(a, ENOMEM, "out of memory for a request record");
+	}
+	bd_kvpool_get(c, r->pages, q.n_pages * sizeof(int32_t));
+	/* inserted now, so that a reset frees it whatever follows */
+	insert(a, r);
+	for (uint32_t k = 0; k < r->n_pages; k++) {
+		int32_t p = r->pages[k];
+
+		if (p < 0 || (size_t)p >= a->n_pages || (k && r->pages[k - 1] >= p) ||
+		    a->ref[p] == UINT32_MAX)
+			return fail(a, EBADMSG, "request %llu: page list unsorted or out of range",
+				    (unsigned long long)r->id);
+		a->ref[p]++;
+		a->state[p] = PAGE_USED;
+		has_reserved |= p == r->reserved;
+	}
+	if (r->reserved >= 0 && !has_reserved)
+		return fail(a, EBADMSG, "request %llu: reserved page %d is not among its pages",
+			    (unsigned long long)r->id, r->reserved);
+	if (r->reserved >= 0)
+		a->state[r->reserved] = PAGE_RESERVED;
+	if (r->slot >= 0)
+		a->slot_holder[r->slot] = r->id;
+	return 0;
+}
+
+ssize_t bd_kvpool_alloc_load(struct bd_kvpool_alloc *a, const void *buf, size_t len)
+{
+	struct bd_kvpool_cur c = { .r = buf, .len = len, .ok = buf != NULL };
+	uint8_t *slot_free = NULL;
+	uint32_t n_reqs = 0;
+	int e;
+
+	if (!a)
+		return -EINVAL;
+	reset(a);
+	slot_free = calloc(a->n_slots ? a->n_slots : 1, 1);
+	if (!slot_free)
+		return fail(a, ENOMEM, "out of memory");
+	/* the page stack is checked against the references below (bd_kvpool_alloc_check) */
+	e = load_stack(a, &c, "page", a->free_pages, a->n_pages, &a->n_free, a->mark);
+	if (e == 0)
+		e = load_stack(a, &c, "slot", a->free_slots, a->n_slots, &a->n_free_slots, slot_free);
+	for (size_t i = 0; e == 0 && i < a->n_free_slots; i++)
+		slot_free[a->free_slots[i]] = 1;
+	if (e == 0 && (!bd_kvpool_get(&c, &n_reqs, sizeof(n_reqs)) || n_reqs > a->max_requests))
+		e = fail(a, EBADMSG, "the request count is missing or above %zu", a->max_requests);
+	for (uint32_t i = 0; e == 0 && i < n_reqs; i++)
+		e = load_req(a, &c, slot_free);
+	free(slot_free);
+	/* the rest of the invariants; the violation stays in a->err */
+	if (e == 0 && bd_kvpool_alloc_check(a) < 0)
+		e = -EBADMSG;
+	if (e < 0) {
+		char why[sizeof(a->err)];
+
+		/* the reason outlives the reset */
+		memcpy(why, a->err, sizeof(why));
+		reset(a);
+		memcpy(a->err, why, sizeof(why));
+		return e;
+	}
+	a->changes = 0;
+	ok(a);
+	return (ssize_t)c.off;
 }

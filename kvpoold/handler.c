@@ -4,6 +4,9 @@
  * hostile: size first, then protobuf-c's own checks, then the allocator's. protobuf-c refuses
  * truncated and malformed wire data and keeps unknown fields aside; a oneof that names no known
  * operation reads as NOT_SET and gets POOL_ERR_UNKNOWN_TYPE.
+ *
+ * A frame that names its client and call (kvpool.proto) and repeats that client's last call
+ * that changed the pool gets the reply that call got, from the replay table, and changes nothing.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -120,6 +123,8 @@ static int fill_stats(struct bd_kvpool_handler *h, uint32_t top, Bdfp4__PoolStat
 		st->max_seq_len = in->max_seq_len;
 		st->page_bytes = in->page_bytes;
 		st->slot_bytes = in->slot_bytes;
+		if (in->arena_id)
+			st->arena_id = (ProtobufCBinaryData){ 16, (uint8_t *)in->arena_id };
 	}
 	n_top = bd_kvpool_alloc_holders(h->alloc, true, hold, top);
 	holders_to_msgs(hold, n_top, hm, hp);
@@ -176,6 +181,44 @@ static int fill_requests(struct bd_kvpool_handler *h, Bdfp4__PoolReply *rep, voi
 	return 0;
 }
 
+/* Operations that may change the pool: their repeats must not be applied again. */
+static bool changes_pool(Bdfp4__PoolRequest__OpCase op)
+{
+	return op != BDFP4__POOL_REQUEST__OP_STATS && op != BDFP4__POOL_REQUEST__OP_REQUESTS &&
+	       op != BDFP4__POOL_REQUEST__OP__NOT_SET;
+}
+
+/* The answer to a frame that repeats a call of its client (1: *ret_reply, a copy of the first
+ * reply, or an error reply for a call older than the last one), 0 when the frame is new. */
+static int repeated(struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *req,
+		    uint8_t **ret_reply, size_t *ret_len)
+{
+	const uint8_t *prev;
+	size_t len;
+	char text[160];
+	int r;
+
+	if (!h->replay || !req->client || !changes_pool(req->op_case))
+		return 0;
+	r = bd_kvpool_replay_find(h->replay, req->client, req->call, &prev, &len);
+	if (r == 0)
+		return 0;
+	if (r < 0) {
+		snprintf(text, sizeof(text), "call %llu of client %llx is older than its last one: "
+			 "not applied", (unsigned long long)req->call,
+			 (unsigned long long)req->client);
+		r = bd_kvpool_error_reply(h, BD_POOL_ERR_INVALID, text, ret_reply, ret_len);
+		return r < 0 ? r : 1;
+	}
+	*ret_reply = malloc(len ? len : 1);
+	if (!*ret_reply)
+		return -ENOMEM;
+	memcpy(*ret_reply, prev, len);
+	*ret_len = len;
+	h->served++;
+	return 1;
+}
+
 static int oom(char *text, size_t len, bool *own)
 {
 	snprintf(text, len, "kvpoold is out of memory");
@@ -208,6 +251,11 @@ int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t l
 	if (!req)
 		return bd_kvpool_error_reply(h, BD_POOL_ERR_MALFORMED,
 					     "the frame is not a PoolRequest", ret_reply, ret_len);
+	r = repeated(h, req, ret_reply, ret_len);
+	if (r != 0) {
+		bdfp4__pool_request__free_unpacked(req, NULL);
+		return r < 0 ? r : 0;
+	}
 	rep.slot = -1;
 	switch (req->op_case) {
 	case BDFP4__POOL_REQUEST__OP_PAGE_ALLOC: {
@@ -303,6 +351,9 @@ int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t l
 	}
 	h->served++;
 	r = pack(&rep, ret_reply, ret_len);
+	/* a reply too large for the table is not kept: a repeat of it would be applied again */
+	if (r == 0 && h->replay && req->client && changes_pool(req->op_case))
+		bd_kvpool_replay_put(h->replay, req->client, req->call, *ret_reply, *ret_len);
 	bdfp4__pool_request__free_unpacked(req, NULL);
 	free(pages);
 	free(mem);

@@ -17,9 +17,47 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
 
 #include "quant/bd_layout.h"
 #include "pool/bd_pool_client.h"
+
+/* ---- bytes of a saved state (alloc.c, replay.c, state.c) ------------------------------------ */
+
+/* A cursor over len bytes: writing at w or reading at r, from off. A put or get past the end
+ * clears ok and does nothing, so a sequence of them is checked once at its end. */
+struct bd_kvpool_cur {
+	uint8_t *w;
+	const uint8_t *r;
+	size_t len, off;
+	bool ok;
+};
+
+static inline void bd_kvpool_put(struct bd_kvpool_cur *c, const void *x, size_t n)
+{
+	if (!c->ok || n > c->len - c->off) {
+		c->ok = false;
+		return;
+	}
+	if (!n)
+		return; /* x may be NULL (a record without pages) */
+	memcpy(c->w + c->off, x, n);
+	c->off += n;
+}
+
+static inline bool bd_kvpool_get(struct bd_kvpool_cur *c, void *x, size_t n)
+{
+	if (!c->ok || n > c->len - c->off) {
+		c->ok = false;
+		return false;
+	}
+	if (!n)
+		return true;
+	memcpy(x, c->r + c->off, n);
+	c->off += n;
+	return true;
+}
 
 /* ---- allocator --------------------------------------------------------------------------- */
 
@@ -82,6 +120,28 @@ long bd_kvpool_alloc_pages_of(const struct bd_kvpool_alloc *a, uint64_t req, int
  * slots). Returns 0, or -EFAULT with the first violation in bd_kvpool_alloc_error(). */
 int bd_kvpool_alloc_check(struct bd_kvpool_alloc *a);
 
+/* The number of operations that changed the pool since it was made (or loaded): the daemon
+ * saves its state when this moves. */
+uint64_t bd_kvpool_alloc_changes(const struct bd_kvpool_alloc *a);
+
+/* The most bytes bd_kvpool_alloc_save writes for a pool of this geometry (every record holding
+ * max_pages_per_request pages); 0 when that overflows size_t. */
+size_t bd_kvpool_alloc_save_max(size_t n_pages, size_t n_slots, uint32_t max_pages_per_request,
+				size_t max_requests);
+
+/* Writes the whole pool into buf (cap bytes): the free page stack in its order, the free slot
+ * stack, and every request record (id, owner, reserved page, slot, page references); page
+ * states, refcounts and slot holders follow from those. Native byte order (the record never
+ * leaves the machine). Returns the bytes written, or -ENOSPC when cap is short. */
+ssize_t bd_kvpool_alloc_save(const struct bd_kvpool_alloc *a, void *buf, size_t cap);
+
+/* Makes a (a pool of the geometry the bytes were saved with, whatever it holds) exactly the pool
+ * saved at the start of buf[len]: every id range-checked, every reference and the free stacks
+ * checked against each other (bd_kvpool_alloc_check), so bytes that are not a saved pool of
+ * this geometry are refused rather than adopted. Returns the bytes read; on -EBADMSG (the
+ * reason in bd_kvpool_alloc_error) or -ENOMEM a is left empty (all pages and slots free). */
+ssize_t bd_kvpool_alloc_load(struct bd_kvpool_alloc *a, const void *buf, size_t len);
+
 /* ---- allocation protocol ------------------------------------------------------------------- */
 
 /* What the stats reply says besides the allocator's counts; the daemon keeps it current. */
@@ -93,10 +153,47 @@ struct bd_kvpool_info {
 	size_t n_devices;
 	const struct bd_pool_attachment *attachments;
 	size_t n_attachments;
+	const uint8_t *arena_id; /* 16 bytes, may be NULL */
 };
+
+/* ---- repeats of a call whose reply was lost (kvpool.proto's client and call) -------------- */
+
+struct bd_kvpool_replay;
+
+/* A table of the last pool-changing call of up to n_clients clients (least recently used ones
+ * make room), with replies of up to reply_max bytes. Returns 0 and *ret, -EINVAL, -ENOMEM. */
+int bd_kvpool_replay_new(size_t n_clients, size_t reply_max, struct bd_kvpool_replay **ret);
+void bd_kvpool_replay_free(struct bd_kvpool_replay *r);
+
+/* The largest reply a pool-changing call of a pool with max_pages_per_request gets (a PageAlloc
+ * of that many pages), for bd_kvpool_replay_new's reply_max. */
+size_t bd_kvpool_replay_reply_max(uint32_t max_pages_per_request);
+
+/* What (client, call) is to the table: 1, a repeat of the client's last call, whose reply is at
+ * *ret_reply (*ret_len bytes, valid until the next change of the table); -ESTALE, older than
+ * that call; 0, a new call (or client). */
+int bd_kvpool_replay_find(const struct bd_kvpool_replay *r, uint64_t client, uint64_t call,
+			  const uint8_t **ret_reply, size_t *ret_len);
+
+/* Records reply[len] as the answer to the client's call (it changed the pool). Returns 0, or
+ * -EMSGSIZE for a reply over reply_max (not recorded). */
+int bd_kvpool_replay_put(struct bd_kvpool_replay *r, uint64_t client, uint64_t call,
+			 const uint8_t *reply, size_t len);
+
+/* Changes of the table since it was made (the daemon saves its state when this moves). */
+uint64_t bd_kvpool_replay_changes(const struct bd_kvpool_replay *r);
+
+/* The table as bytes, like bd_kvpool_alloc_save/_load: the most bytes it takes, the bytes
+ * written (-ENOSPC), and a load that replaces the table's contents with the saved ones
+ * (returns the bytes read, or -EBADMSG for bytes that are not a saved table of this size;
+ * the table is then empty). */
+size_t bd_kvpool_replay_save_max(size_t n_clients, size_t reply_max);
+ssize_t bd_kvpool_replay_save(const struct bd_kvpool_replay *r, void *buf, size_t cap);
+ssize_t bd_kvpool_replay_load(struct bd_kvpool_replay *r, const void *buf, size_t len);
 
 struct bd_kvpool_handler {
 	struct bd_kvpool_alloc *alloc;
+	struct bd_kvpool_replay *replay;   /* NULL: every frame is applied, repeats too */
 	const struct bd_kvpool_info *info; /* may be NULL (tests) */
 	size_t max_frame;                  /* larger frames get POOL_ERR_OVERSIZE */
 	uint32_t default_top;              /* largest holders in stats when the query says 0 */
@@ -148,6 +245,9 @@ struct bd_kvpool_plan {
 int bd_kvpool_plan(const struct bd_kvpool_params *p, struct bd_kvpool_plan *ret, char *err,
 		   size_t errlen);
 
+/* The bytes of chunk i (0..n_chunks-1) of the plan: chunk_bytes, the last one last_chunk_bytes. */
+size_t bd_kvpool_plan_chunk(const struct bd_kvpool_plan *p, size_t i);
+
 /* ---- memory backends ----------------------------------------------------------------------- */
 
 struct bd_kvpool_chunk {
@@ -174,6 +274,12 @@ struct bd_kvpool_mem_ops {
 	/* the chunks of one arena (sizes multiples of the granularity); all or none */
 	int (*arena_create)(int device, const struct bd_kvpool_plan *plan,
 			    struct bd_kvpool_arena *ret, char *err, size_t errlen);
+	/* the arena of an earlier run from its chunk fds (fds[i] for chunk i of the plan, kept
+	 * by the fd store): each checked to be such a chunk (cpu: a memfd of the chunk's size,
+	 * sealed against shrinking and growing; cuda: a VMM allocation of this device, imported),
+	 * then owned by ret. All or none: on failure the fds stay the caller's, err says why. */
+	int (*arena_adopt)(int device, const struct bd_kvpool_plan *plan, const int *fds,
+			   struct bd_kvpool_arena *ret, char *err, size_t errlen);
 	/* releases the chunks (fds closed); accepts an arena already destroyed */
 	void (*arena_destroy)(struct bd_kvpool_arena *a);
 };
@@ -183,5 +289,92 @@ extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda;
 
 /* The backend called name ("cpu", "cuda"), or NULL. */
 const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name);
+
+/* ---- the state record (state.c): what a restarted kvpoold adopts ---------------------------- *
+ *
+ * The allocation state lives in a memfd the daemon keeps in systemd's fd store beside its arena
+ * chunks. The memfd has a fixed size, chosen at start for the largest state of the geometry, and
+ * is sealed against shrinking and growing; it holds a header and two record areas. Each change is
+ * written whole into the area not holding the latest record, and published by a generation
+ * number stored last, so a kill at any point leaves the latest complete record readable: the
+ * area with the higher generation is the latest, and it must pass its checksum (a corrupted latest
+ * record is refused, never replaced by the older one, which the router may already have
+ * outgrown).
+ *
+ * Layout (native byte order): struct bd_kvpool_state_head at 0; at each of its two area
+ * offsets a struct bd_kvpool_state_area, then the record: the geometry (struct
+ * bd_kvpool_state_geo), the replay table, the allocator. */
+
+#define BD_KVPOOL_STATE_MAGIC "bdfp4kvs"
+#define BD_KVPOOL_STATE_VERSION 1
+#define BD_KVPOOL_STATE_BOM 0x01020304u
+#define BD_KVPOOL_STATE_FDNAME "state"
+
+struct bd_kvpool_state_head {
+	char magic[8];         /* BD_KVPOOL_STATE_MAGIC, no NUL */
+	uint32_t version, bom; /* BD_KVPOOL_STATE_VERSION, BD_KVPOOL_STATE_BOM */
+	uint64_t area_cap;     /* record bytes each area holds */
+	uint64_t area_off[2];  /* where the areas start in the memfd */
+};
+
+struct bd_kvpool_state_area {
+	uint64_t generation; /* 0: never written; the higher of the two is the latest record */
+	uint64_t len;        /* bytes of the record that follows */
+	uint64_t sum;        /* checksum of len and the record */
+	uint64_t pad;
+};
+
+_Static_assert(sizeof(struct bd_kvpool_state_head) == 40, "part of the record format");
+_Static_assert(sizeof(struct bd_kvpool_state_area) == 32, "part of the record format");
+
+/* What the arenas and the record were made for; a record whose geometry differs from the
+ * configuration's in any field but arena_id is refused. Fixed-size fields only (it is copied as
+ * bytes). */
+struct bd_kvpool_state_geo {
+	char backend[8], kv_config[32];
+	uint32_t tp, page_format, n_layers, n_kv_heads, head_dim, d_rope;
+	uint32_t max_seq_len, max_pages_per_request;
+	uint64_t n_pages, n_slots, max_requests, page_bytes, slot_bytes;
+	uint64_t pages_offset, slots_offset, arena_bytes, n_chunks, chunk_bytes, last_chunk_bytes;
+	uint64_t replay_clients, replay_reply_max;
+	uint8_t arena_id[16];
+};
+
+struct bd_kvpool_state;
+
+/* A new state memfd for records of up to record_max bytes (sized, sealed, mapped; no record
+ * yet). Returns 0 and *ret, or -errno with err saying why. */
+int bd_kvpool_state_create(size_t record_max, struct bd_kvpool_state **ret, char *err,
+			   size_t errlen);
+
+/* The state memfd of an earlier run (fd, which becomes the state's on success): the header
+ * checked (magic, version, byte order, areas inside the file, the seals) and mapped. Returns 0;
+ * -EPROTONOSUPPORT for a version this build does not know; -EBADMSG for anything else that is
+ * not such a memfd (too short, bad header, not sealed); err says why. */
+int bd_kvpool_state_open(int fd, struct bd_kvpool_state **ret, char *err, size_t errlen);
+
+/* Unmaps and closes. NULL is fine. */
+void bd_kvpool_state_free(struct bd_kvpool_state *s);
+
+/* The memfd (owned by s). */
+int bd_kvpool_state_fd(const struct bd_kvpool_state *s);
+
+/* The bytes a record of this geometry takes at most (0 on overflow). */
+size_t bd_kvpool_state_record_max(const struct bd_kvpool_state_geo *geo);
+
+/* Writes geo, the replay table and the allocator as the next record and publishes it. Returns
+ * 0, or -ENOSPC when it does not fit the areas (the latest record stays). */
+int bd_kvpool_state_save(struct bd_kvpool_state *s, const struct bd_kvpool_state_geo *geo,
+			 const struct bd_kvpool_replay *replay, const struct bd_kvpool_alloc *a);
+
+/* Reads the latest record into replay and a, both fresh, of the configured geometry *want.
+ * Returns 0 and the record's arena id in ret_arena_id; -ENODATA when none was written; -EBADMSG
+ * when it is corrupted or truncated (checksum, lengths, the allocator's or the table's own
+ * checks); -ESTALE when its geometry is not *want (err names the first field that differs, with
+ * both values); -ENOSPC when the areas are too small for *want's records; -ENOMEM. On failure
+ * replay and a are left empty and err says why. */
+int bd_kvpool_state_load(struct bd_kvpool_state *s, const struct bd_kvpool_state_geo *want,
+			 struct bd_kvpool_replay *replay, struct bd_kvpool_alloc *a,
+			 uint8_t ret_arena_id[16], char *err, size_t errlen);
 
 #endif

@@ -8,6 +8,14 @@
  *
  * Configuration: [pool] of /etc/bdfp4/bdfp4.conf, every key overridable by a flag of the same
  * name (--max-seq-len=N for max_seq_len). Exit: 0 after SIGTERM/SIGINT, 1 on a fatal error.
+ *
+ * Restarts: the arena chunks and a memfd with the allocation state (state.c) go to systemd's fd
+ * store at start (FDSTORE=1, one FDNAME each: arena-r<rank>-c<chunk>, state), and the state is
+ * saved after every allocation call that changed it, before its reply is sent. Started with
+ * stored fds (LISTEN_FDS), the daemon adopts them when the state record matches its
+ * configuration: the same memory, every page, slot, reference and owner as before. A record that
+ * does not match (another geometry, corrupted, truncated, an unknown version) is refused with
+ * the reason in the log; the stored fds are then dropped and the daemon starts empty.
  */
 #include <errno.h>
 #include <grp.h>
@@ -16,10 +24,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <systemd/sd-daemon.h>
 #include <zmq.h>
 
 #include "base/bd_clock.h"
@@ -33,7 +43,7 @@
 #include "kvpool.pb-c.h"
 
 #define SECTION "pool"
-#define ZMQ_HARD_MAX (16 << 20) /* frames above this drop the peer instead of an error reply */
+#define REPLAY_CLIENTS 64 /* clients whose last call is kept for repeats (handler.c) */
 
 static const struct bd_config_key keys[] = {
 	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
@@ -54,7 +64,9 @@ static const struct bd_config_key keys[] = {
 	{ "pages", "0", "fixed page count (0: as many as the budget holds)" },
 	{ "chunk_bytes", "1G", "largest arena chunk (one fd each)" },
 	{ "max_requests", "4096", "request records" },
-	{ "max_frame_bytes", "65536", "largest allocation frame; larger ones get an error reply" },
+	{ "max_frame_bytes", "65536",
+	  "largest allocation frame (at most 16M); a larger one gets an OVERSIZE error reply, "
+	  "but one over 16M (16777216 bytes) gets none: its connection is closed" },
 	{ "max_clients", "64", "attach connections" },
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
 	{ "attach_timeout_ms", "5000", "time a new connection has to send its attach request" },
@@ -93,8 +105,20 @@ struct ctx {
 	int n_arenas;
 
 	struct bd_kvpool_alloc *alloc;
+	struct bd_kvpool_replay *replay;
 	struct bd_kvpool_handler handler;
 	struct bd_kvpool_info info;
+
+	/* the state record (state.c) and what it was made for */
+	struct bd_kvpool_state *state;
+	struct bd_kvpool_state_geo geo;
+	uint64_t saved_alloc, saved_replay; /* the change counters the last record holds */
+	bool save_failed;                   /* logged once */
+
+	/* the fds systemd passed (LISTEN_FDS): -1 once adopted or closed */
+	int n_stored;
+	int *stored_fds;
+	char **stored_names;
 	struct bd_pool_device *devices;
 	struct bd_pool_attachment *attachments;
 
@@ -162,7 +186,7 @@ static int read_opts(struct ctx *c)
 	INT("slots", 1, 1 << 20, o->slots);
 	INT("pages", 0, INT32_MAX, o->pages);
 	INT("max_requests", 1, 1 << 24, o->max_requests);
-	INT("max_frame_bytes", 64, 16 << 20, o->max_frame);
+	INT("max_frame_bytes", 64, BD_POOL_FRAME_HARD_MAX, o->max_frame);
 	INT("max_clients", 1, 4096, o->max_clients);
 	INT("status_interval_ms", 10, 3600000, o->status_ms);
 	INT("attach_timeout_ms", 10, 3600000, o->attach_ms);
@@ -189,6 +213,297 @@ static int read_opts(struct ctx *c)
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* ---- the fd store and the state record ----------------------------------------------------- */
+
+/* The fds a service manager passed us (LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES): ours to adopt
+ * or drop. Returns 0 or -ENOMEM. */
+static int take_stored(struct ctx *c)
+{
+	char **names = NULL;
+	int n = sd_listen_fds_with_names(1, &names);
+
+	if (n > 0)
+		c->stored_fds = calloc((size_t)n, sizeof(*c->stored_fds));
+	if (n <= 0 || !c->stored_fds) {
+		if (n < 0)
+			bd_log_warn("the passed fds (LISTEN_FDS): %s; starting empty",
+				    strerror(-n));
+		for (int i = 0; i < n; i++)
+			close(SD_LISTEN_FDS_START + i);
+		for (size_t i = 0; names && names[i]; i++)
+			free(names[i]);
+		free(names);
+		return n > 0 ? -ENOMEM : 0;
+	}
+	c->n_stored = n;
+	c->stored_names = names;
+	for (int i = 0; i < n; i++)
+		c->stored_fds[i] = SD_LISTEN_FDS_START + i;
+	bd_log_info("%d fd(s) from the service manager's fd store", n);
+	return 0;
+}
+
+/* The stored fd named name, taken out of the list (the caller owns it), or -1. */
+static int take_fd(struct ctx *c, const char *name)
+{
+	for (int i = 0; i < c->n_stored; i++)
+		if (c->stored_fds[i] >= 0 && c->stored_names && c->stored_names[i] &&
+		    !strcmp(c->stored_names[i], name)) {
+			int fd = c->stored_fds[i];
+
+			c->stored_fds[i] = -1;
+			return fd;
+		}
+	return -1;
+}
+
+/* Closes the stored fds not adopted and asks the service manager to forget them too; with all,
+ * every stored name (a refused state's arenas must not come back at the next restart). */
+static void drop_stored(struct ctx *c, bool all)
+{
+	for (int i = 0; i < c->n_stored; i++) {
+		const char *name = c->stored_names ? c->stored_names[i] : NULL;
+		bool left = c->stored_fds[i] >= 0;
+
+		if (left)
+			close(c->stored_fds[i]);
+		c->stored_fds[i] = -1;
+		/* sd_listen_fds_with_names names an fd "unknown" without LISTEN_FDNAMES */
+		if ((left || all) && name && *name && strcmp(name, "unknown"))
+			sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name);
+	}
+}
+
+static void free_stored(struct ctx *c)
+{
+	for (int i = 0; i < c->n_stored; i++) {
+		if (c->stored_fds[i] >= 0)
+			close(c->stored_fds[i]);
+		if (c->stored_names)
+			free(c->stored_names[i]);
+	}
+	free(c->stored_fds);
+	free(c->stored_names);
+	c->n_stored = 0;
+}
+
+static void chunk_name(char *buf, size_t len, int rank, size_t chunk)
+{
+	snprintf(buf, len, "arena-r%d-c%zu", rank, chunk);
+}
+
+/* What this configuration makes: the geometry a stored record must have. */
+static void fill_geo(struct ctx *c)
+{
+	struct bd_kvpool_state_geo *g = &c->geo;
+
+	memset(g, 0, sizeof(*g));
+	snprintf(g->backend, sizeof(g->backend), "%s", c->mem->name);
+	snprintf(g->kv_config, sizeof(g->kv_config), "%s", c->kvcfg->name);
+	g->tp = (uint32_t)c->o.tp;
+	g->page_format = c->plan.layout.fmt;
+	g->n_layers = (uint32_t)c->plan.layout.n_layers;
+	g->n_kv_heads = (uint32_t)c->plan.layout.n_kv_heads;
+	g->head_dim = (uint32_t)c->plan.layout.d;
+	g->d_rope = (uint32_t)c->plan.layout.d_rope;
+	g->max_seq_len = c->o.max_seq_len;
+	g->max_pages_per_request = c->plan.max_pages_per_request;
+	g->n_pages = c->plan.n_pages;
+	g->n_slots = c->plan.n_slots;
+	g->max_requests = c->o.max_requests;
+	g->page_bytes = c->plan.layout.page_bytes;
+	g->slot_bytes = c->plan.layout.slot_bytes;
+	g->pages_offset = c->plan.pages_offset;
+	g->slots_offset = c->plan.slots_offset;
+	g->arena_bytes = c->plan.arena_bytes;
+	g->n_chunks = c->plan.n_chunks;
+	g->chunk_bytes = c->plan.chunk_bytes;
+	g->last_chunk_bytes = c->plan.last_chunk_bytes;
+	g->replay_clients = REPLAY_CLIENTS;
+	g->replay_reply_max = bd_kvpool_replay_reply_max(c->plan.max_pages_per_request);
+}
+
+static void arena_id_text(const uint8_t id[16], char out[33])
+{
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 2 * i, 3, "%02x", id[i]);
+}
+
+/* The stored state and arenas, when they are what this configuration makes. Returns true when
+ * adopted; false when there was nothing to adopt or it was refused (logged with the reason),
+ * with the allocator and the replay table empty and no arena made. */
+static bool adopt_stored(struct ctx *c)
+{
+	char err[400], why[300], id[33];
+	int fd, e, fds[BD_POOL_MAX_CHUNKS];
+	struct bd_kvpool_counts k;
+
+	if (!c->n_stored)
+		return false;
+	fd = take_fd(c, BD_KVPOOL_STATE_FDNAME);
+	if (fd < 0) {
+		bd_log_warn("the stored fds hold no state record ('%s'): starting empty",
+			    BD_KVPOOL_STATE_FDNAME);
+		return false;
+	}
+	e = bd_kvpool_state_open(fd, &c->state, err, sizeof(err));
+	if (e < 0) {
+		close(fd);
+		goto refused;
+	}
+	e = bd_kvpool_state_load(c->state, &c->geo, c->replay, c->alloc, c->geo.arena_id, err,
+				 sizeof(err));
+	if (e < 0)
+		goto refused;
+	for (int r = 0; r < c->o.tp; r++) {
+		for (size_t i = 0; i < c->plan.n_chunks; i++) {
+			char name[48];
+
+			chunk_name(name, sizeof(name), r, i);
+			fds[i] = take_fd(c, name);
+			if (fds[i] < 0) {
+				snprintf(err, sizeof(err), "no stored fd '%s'", name);
+				for (size_t j = 0; j < i; j++)
+					close(fds[j]);
+				e = -ENOENT;
+				goto refused;
+			}
+		}
+		e = c->mem->arena_adopt(r, &c->plan, fds, &c->arenas[r], why, sizeof(why));
+		if (e < 0) {
+			for (size_t j = 0; j < c->plan.n_chunks; j++)
+				close(fds[j]);
+			snprintf(err, sizeof(err), "the arena of rank %d: %.300s", r, why);
+			goto refused;
+		}
+		c->n_arenas = r + 1;
+	}
+	c->saved_alloc = bd_kvpool_alloc_changes(c->alloc);
+	c->saved_replay = bd_kvpool_replay_changes(c->replay);
+	/* fds of other names (none that this configuration stores) */
+	drop_stored(c, false);
+	bd_kvpool_alloc_counts(c->alloc, &k);
+	arena_id_text(c->geo.arena_id, id);
+	bd_log_info("adopted the stored arenas and state (arena id %s): %zu of %zu pages held "
+		    "(%zu reserved, %zu shared), %zu of %zu slots, %zu request record(s)", id,
+		    k.pages_total - k.pages_free, k.pages_total, k.pages_reserved, k.pages_shared,
+		    k.slots_total - k.slots_free, k.slots_total, k.requests);
+	return true;
+refused:
+	bd_log_err("the stored state is refused: %s; starting empty (the stored fds are dropped)",
+		   err);
+	for (int r = 0; r < c->n_arenas; r++)
+		c->mem->arena_destroy(&c->arenas[r]);
+	c->n_arenas = 0;
+	bd_kvpool_state_free(c->state);
+	c->state = NULL;
+	bd_kvpool_alloc_load(c->alloc, NULL, 0);
+	bd_kvpool_replay_load(c->replay, NULL, 0);
+	return false;
+}
+
+/* Hands fd to the service manager's fd store under name. Returns sd_pid_notify_with_fds'
+ * result: > 0 sent, 0 no service manager, < 0 an error. */
+static int store_fd(const char *name, int fd)
+{
+	char msg[128];
+
+	/* FDPOLL=0: memfds and exported VMM fds never signal a hang-up worth dropping them for */
+	snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s\nFDPOLL=0", name);
+	return sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
+}
+
+/* The chunks of every arena, then the state memfd, to the fd store (the state last: a state
+ * record is stored only beside its arenas). */
+static void store_all(struct ctx *c)
+{
+	const char *limit = getenv("FDSTORE");
+	int n = 0, e = 0;
+
+	for (int r = 0; r < c->n_arenas && e >= 0; r++)
+		for (size_t i = 0; i < c->arenas[r].n_chunks && e >= 0; i++) {
+			char name[48];
+
+			chunk_name(name, sizeof(name), r, i);
+			e = store_fd(name, c->arenas[r].chunks[i].fd);
+			n++;
+		}
+	if (e >= 0) {
+		e = store_fd(BD_KVPOOL_STATE_FDNAME, bd_kvpool_state_fd(c->state));
+		n++;
+	}
+	if (e < 0)
+		bd_log_warn("storing fds with the service manager: %s; a restart starts empty",
+			    strerror(-e));
+	else if (e == 0)
+		bd_log_info("no service manager (NOTIFY_SOCKET unset): the pool's memory and state "
+			    "end with this process");
+	else if (limit && atoi(limit) < n)
+		/* systemd names its FileDescriptorStoreMax= in $FDSTORE */
+		bd_log_warn("FileDescriptorStoreMax=%s is below the %d fds the pool stores: a "
+			    "restart starts empty", limit, n);
+	else
+		bd_log_info("%d fd(s) stored with the service manager (arenas and state)", n);
+}
+
+/* Fresh arenas, an empty state record (so that a restart before the first allocation finds
+ * these arenas), a new arena id; all of them stored. */
+static int create_memory(struct ctx *c)
+{
+	char err[512];
+	size_t max = bd_kvpool_state_record_max(&c->geo);
+	int e;
+
+	for (int r = 0; r < c->o.tp; r++) {
+		e = c->mem->arena_create(r, &c->plan, &c->arenas[r], err, sizeof(err));
+		if (e < 0) {
+			bd_log_err("arena of rank %d: %s", r, err);
+			return e;
+		}
+		c->n_arenas = r + 1;
+	}
+	if (getrandom(c->geo.arena_id, sizeof(c->geo.arena_id), 0) !=
+	    (ssize_t)sizeof(c->geo.arena_id)) {
+		bd_log_err("getrandom: %s", strerror(errno));
+		return -EIO;
+	}
+	if (!max) {
+		bd_log_err("the state record of %zu request records of up to %u pages overflows",
+			   c->o.max_requests, c->plan.max_pages_per_request);
+		return -EOVERFLOW;
+	}
+	e = bd_kvpool_state_create(max, &c->state, err, sizeof(err));
+	if (e == 0)
+		e = bd_kvpool_state_save(c->state, &c->geo, c->replay, c->alloc);
+	if (e < 0) {
+		bd_log_err("state record: %s", e == -ENOSPC ? "too small" : err);
+		return e;
+	}
+	store_all(c);
+	return 0;
+}
+
+/* A new record after a call that changed the pool or the replay table; before the reply goes
+ * out, so that what a client was told survives a kill. */
+static void save_state(struct ctx *c)
+{
+	uint64_t a = bd_kvpool_alloc_changes(c->alloc), r = bd_kvpool_replay_changes(c->replay);
+	int e;
+
+	if (a == c->saved_alloc && r == c->saved_replay)
+		return;
+	e = bd_kvpool_state_save(c->state, &c->geo, c->replay, c->alloc);
+	if (e < 0) {
+		if (!c->save_failed)
+			bd_log_err("saving the state record: %s; a restart would adopt an older "
+				   "state", strerror(-e));
+		c->save_failed = true;
+		return;
+	}
+	c->saved_alloc = a;
+	c->saved_replay = r;
 }
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -259,13 +574,24 @@ static int setup_memory(struct ctx *c)
 	c->devices = calloc((size_t)c->o.tp, sizeof(*c->devices));
 	if (!c->arenas || !c->devices)
 		return -ENOMEM;
-	for (int r = 0; r < c->o.tp; r++) {
-		e = c->mem->arena_create(r, &c->plan, &c->arenas[r], err, sizeof(err));
-		if (e < 0) {
-			bd_log_err("arena of rank %d: %s", r, err);
+	e = bd_kvpool_alloc_new(c->plan.n_pages, c->plan.n_slots, c->plan.max_pages_per_request,
+				c->o.max_requests, &c->alloc);
+	if (e == 0)
+		e = bd_kvpool_replay_new(REPLAY_CLIENTS,
+					 bd_kvpool_replay_reply_max(c->plan.max_pages_per_request),
+					 &c->replay);
+	if (e < 0) {
+		bd_log_err("allocator: %s", strerror(-e));
+		return e;
+	}
+	fill_geo(c);
+	if (!adopt_stored(c)) {
+		drop_stored(c, true);
+		e = create_memory(c);
+		if (e < 0)
 			return e;
-		}
-		c->n_arenas = r + 1;
+	}
+	for (int r = 0; r < c->o.tp; r++)
 		c->devices[r] = (struct bd_pool_device){
 			.rank = r,
 			.device = c->arenas[r].device,
@@ -273,13 +599,6 @@ static int setup_memory(struct ctx *c)
 			.page_region_bytes = c->plan.layout.arena_bytes,
 			.slot_region_bytes = c->plan.n_slots * c->plan.layout.slot_bytes,
 		};
-	}
-	e = bd_kvpool_alloc_new(c->plan.n_pages, c->plan.n_slots, c->plan.max_pages_per_request,
-				c->o.max_requests, &c->alloc);
-	if (e < 0) {
-		bd_log_err("allocator: %s", strerror(-e));
-		return e;
-	}
 	bd_log_info("backend %s, %d rank(s): %zu pages of %zu bytes (x%d layers, %s), %zu slots of "
 		 "%zu bytes, %zu bytes per rank in %zu chunk(s)",
 		 c->mem->name, c->o.tp, c->plan.n_pages, c->plan.layout.page_bytes, c->o.layers,
@@ -408,6 +727,7 @@ static void send_attach(struct ctx *c, struct client *cl)
 	rep.n_chunk_bytes = ar->n_chunks;
 	rep.chunk_bytes = sizes;
 	rep.max_seq_len = c->o.max_seq_len;
+	rep.arena_id = (ProtobufCBinaryData){ sizeof(c->geo.arena_id), c->geo.arena_id };
 	e = bd_ipc_send(cl->fd, buf, bdfp4__attach_reply__pack(&rep, buf), fds,
 			(int)ar->n_chunks);
 	if (e < 0) {
@@ -524,6 +844,7 @@ static void on_rep(struct ctx *c)
 					     &out_len);
 		}
 		zmq_msg_close(&m);
+		save_state(c);
 		if (e < 0) {
 			/* no memory for a reply: an empty frame still unblocks the peer */
 			zmq_send(c->rep, "", 0, 0);
@@ -538,7 +859,8 @@ static void on_rep(struct ctx *c)
 static int setup_sockets(struct ctx *c)
 {
 	int zero = 0, e;
-	int64_t maxmsg = ZMQ_HARD_MAX;
+	/* above this ZeroMQ closes the connection instead of handing us the frame */
+	int64_t maxmsg = BD_POOL_FRAME_HARD_MAX;
 
 	/* the runtime directory, when systemd has not made it */
 	e = bd_ipc_mkdir_parent(c->o.socket, 0750);
@@ -681,6 +1003,9 @@ static void cleanup(struct ctx *c)
 	free(c->devices);
 	free(c->attachments);
 	bd_kvpool_alloc_free(c->alloc);
+	bd_kvpool_replay_free(c->replay);
+	bd_kvpool_state_free(c->state);
+	free_stored(c);
 	bd_daemon_end(&c->d);
 }
 
@@ -700,7 +1025,7 @@ int main(int argc, char **argv)
 		goto fail;
 	c.clients = calloc(c.o.max_clients, sizeof(*c.clients));
 	c.attachments = calloc(c.o.max_clients, sizeof(*c.attachments));
-	if (!c.clients || !c.attachments)
+	if (!c.clients || !c.attachments || take_stored(&c) < 0)
 		goto fail;
 	if (setup_memory(&c) < 0)
 		goto fail;
@@ -715,9 +1040,11 @@ int main(int argc, char **argv)
 		.devices = c.devices,
 		.n_devices = (size_t)c.n_arenas,
 		.attachments = c.attachments,
+		.arena_id = c.geo.arena_id,
 	};
 	c.handler = (struct bd_kvpool_handler){
 		.alloc = c.alloc,
+		.replay = c.replay,
 		.info = &c.info,
 		.max_frame = c.o.max_frame,
 		.default_top = (uint32_t)c.o.stats_top,

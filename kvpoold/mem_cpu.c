@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvpool.h"
@@ -80,7 +81,7 @@ static int cpu_arena_create(int device, const struct bd_kvpool_plan *plan,
 	memset(ret, 0, sizeof(*ret));
 	ret->device = -1;
 	for (size_t i = 0; i < plan->n_chunks; i++) {
-		size_t bytes = i + 1 < plan->n_chunks ? plan->chunk_bytes : plan->last_chunk_bytes;
+		size_t bytes = bd_kvpool_plan_chunk(plan, i);
 		int fd;
 
 		snprintf(name, sizeof(name), "bdfp4-kvpool-r%d-c%zu", device, i);
@@ -107,12 +108,46 @@ fail:
 	return e;
 }
 
+/* The chunks of an earlier run: each must still be the sealed memfd of its size that
+ * cpu_arena_create made (a worker's mapping of it must not shrink under it). */
+static int cpu_arena_adopt(int device, const struct bd_kvpool_plan *plan, const int *fds,
+			   struct bd_kvpool_arena *ret, char *err, size_t errlen)
+{
+	const int need = F_SEAL_SHRINK | F_SEAL_GROW;
+
+	(void)device;
+	if (!plan || !fds || !ret || plan->n_chunks < 1 || plan->n_chunks > BD_POOL_MAX_CHUNKS)
+		return -EINVAL;
+	for (size_t i = 0; i < plan->n_chunks; i++) {
+		size_t bytes = bd_kvpool_plan_chunk(plan, i);
+		int seals = fcntl(fds[i], F_GET_SEALS);
+		struct stat st;
+
+		if (fstat(fds[i], &st) < 0 || !S_ISREG(st.st_mode) || seals < 0 ||
+		    (seals & need) != need || (uint64_t)st.st_size != bytes) {
+			snprintf(err, errlen, "chunk %zu is not a sealed memfd of %zu bytes", i,
+				 bytes);
+			return -EBADMSG;
+		}
+	}
+	memset(ret, 0, sizeof(*ret));
+	ret->device = -1;
+	for (size_t i = 0; i < plan->n_chunks; i++) {
+		ret->chunks[i] = (struct bd_kvpool_chunk){ .fd = fds[i],
+							   .bytes = bd_kvpool_plan_chunk(plan, i) };
+		ret->bytes += ret->chunks[i].bytes;
+	}
+	ret->n_chunks = plan->n_chunks;
+	return 0;
+}
+
 const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu = {
 	.name = "cpu",
 	.supported = cpu_supported,
 	.device_memory = cpu_device_memory,
 	.granularity = cpu_granularity,
 	.arena_create = cpu_arena_create,
+	.arena_adopt = cpu_arena_adopt,
 	.arena_destroy = cpu_arena_destroy,
 };
 

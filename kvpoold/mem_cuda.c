@@ -2,12 +2,15 @@
  *
  * Each chunk is one cuMemCreate allocation of physical memory on the device (a multiple of the
  * recommended granularity, a few large chunks rather than one per page), exported with
- * cuMemExportToShareableHandle; the daemon never maps it. libcuda is opened at run time with
+ * cuMemExportToShareableHandle; the daemon never maps it. A restarted daemon adopts the exported
+ * fds of its predecessor (kept by the fd store) by importing them again: the fd names the same
+ * physical memory, which lives as long as any handle, mapping or exported fd of it does. libcuda is opened at run time with
  * dlopen, so kvpoold has no link-time dependency on the driver and starts with the CPU backend
  * on machines without one. Compiled only where cuda.h exists (BD_HAVE_CUDA_H); elsewhere the
  * backend reports itself unsupported.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -108,11 +111,24 @@ static void cuda_arena_destroy(struct bd_kvpool_arena *a)
 	a->bytes = 0;
 }
 
+/* Makes the device's primary context current: some drivers want one for the VMM calls. */
+static CUresult primary_context(int device)
+{
+	CUcontext ctx;
+	CUdevice dev;
+	CUresult r = cu->device_get(&dev, device);
+
+	if (r == CUDA_SUCCESS)
+		r = cu->ctx_retain(&ctx, dev);
+	if (r == CUDA_SUCCESS)
+		r = cu->ctx_set(ctx);
+	return r;
+}
+
 static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 			     struct bd_kvpool_arena *ret, char *err, size_t errlen)
 {
 	CUmemAllocationProp prop;
-	CUcontext ctx;
 	CUresult r;
 	int e;
 
@@ -125,23 +141,13 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 	ret->device = device;
 	bd_cudrv_chunk_prop(&prop, device);
 	for (size_t i = 0; i < plan->n_chunks; i++) {
-		size_t bytes = i + 1 < plan->n_chunks ? plan->chunk_bytes : plan->last_chunk_bytes;
+		size_t bytes = bd_kvpool_plan_chunk(plan, i);
 		CUmemGenericAllocationHandle h = 0;
 		int fd = -1;
 
 		r = cu->create(&h, bytes, &prop, 0);
-		if (r == CUDA_ERROR_INVALID_CONTEXT) {
-			/* some drivers want a current context: the device's primary one */
-			CUdevice dev;
-
-			r = cu->device_get(&dev, device);
-			if (r == CUDA_SUCCESS)
-				r = cu->ctx_retain(&ctx, dev);
-			if (r == CUDA_SUCCESS)
-				r = cu->ctx_set(ctx);
-			if (r == CUDA_SUCCESS)
-				r = cu->create(&h, bytes, &prop, 0);
-		}
+		if (r == CUDA_ERROR_INVALID_CONTEXT && (r = primary_context(device)) == CUDA_SUCCESS)
+			r = cu->create(&h, bytes, &prop, 0);
 		if (r != CUDA_SUCCESS) {
 			bd_cudrv_errf(r, err, errlen, "cuMemCreate(%zu bytes on device %d)", bytes,
 				      device);
@@ -162,6 +168,65 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 	return 0;
 fail:
 	cuda_arena_destroy(ret);
+	return e;
+}
+
+/* The chunks of an earlier run: each fd imported (it must be a VMM allocation, pinned on this
+ * device, exportable as a POSIX fd: what cuda_arena_create made), the imported handle and the fd
+ * then kept as a created chunk's are. The driver cannot tell an allocation's size from its
+ * handle; the sizes are the plan's, which the state record matched. */
+static int cuda_arena_adopt(int device, const struct bd_kvpool_plan *plan, const int *fds,
+			    struct bd_kvpool_arena *ret, char *err, size_t errlen)
+{
+	CUmemAllocationProp prop;
+	size_t i;
+	CUresult r;
+	int e;
+
+	if (!plan || !fds || !ret || plan->n_chunks < 1 || plan->n_chunks > BD_POOL_MAX_CHUNKS)
+		return -EINVAL;
+	e = cu_load(err, errlen);
+	if (e < 0)
+		return e;
+	memset(ret, 0, sizeof(*ret));
+	ret->device = device;
+	for (i = 0; i < plan->n_chunks; i++) {
+		CUmemGenericAllocationHandle h = 0;
+		void *shared = (void *)(uintptr_t)fds[i];
+
+		r = cu->import(&h, shared, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		if (r == CUDA_ERROR_INVALID_CONTEXT && (r = primary_context(device)) == CUDA_SUCCESS)
+			r = cu->import(&h, shared, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		if (r != CUDA_SUCCESS) {
+			e = -EBADMSG;
+			bd_cudrv_errf(r, err, errlen, "cuMemImportFromShareableHandle(chunk %zu)", i);
+			goto fail;
+		}
+		ret->chunks[i] = (struct bd_kvpool_chunk){ .fd = fds[i],
+							   .bytes = bd_kvpool_plan_chunk(plan, i),
+							   .handle = h };
+		ret->n_chunks = i + 1;
+		r = cu->get_prop(&prop, h);
+		if (r != CUDA_SUCCESS || prop.type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+		    prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device ||
+		    !(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+			e = -EBADMSG;
+			if (r != CUDA_SUCCESS)
+				bd_cudrv_errf(r, err, errlen, "the properties of chunk %zu", i);
+			else
+				snprintf(err, errlen, "chunk %zu is not pinned memory of device %d "
+					 "exportable as a POSIX fd", i, device);
+			goto fail;
+		}
+		ret->bytes += ret->chunks[i].bytes;
+	}
+	return 0;
+fail:
+	/* the handles imported here go; the fds stay the caller's */
+	for (i = 0; i < ret->n_chunks; i++)
+		cu->release((CUmemGenericAllocationHandle)ret->chunks[i].handle);
+	ret->n_chunks = 0;
+	ret->bytes = 0;
 	return e;
 }
 
@@ -197,6 +262,16 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 	return cuda_supported(1, err, errlen);
 }
 
+static int cuda_arena_adopt(int device, const struct bd_kvpool_plan *plan, const int *fds,
+			    struct bd_kvpool_arena *ret, char *err, size_t errlen)
+{
+	(void)device;
+	(void)plan;
+	(void)fds;
+	(void)ret;
+	return cuda_supported(1, err, errlen);
+}
+
 static void cuda_arena_destroy(struct bd_kvpool_arena *a)
 {
 	(void)a;
@@ -210,5 +285,6 @@ const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda = {
 	.device_memory = cuda_device_memory,
 	.granularity = cuda_granularity,
 	.arena_create = cuda_arena_create,
+	.arena_adopt = cuda_arena_adopt,
 	.arena_destroy = cuda_arena_destroy,
 };

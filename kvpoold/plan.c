@@ -138,3 +138,8 @@ int bd_kvpool_plan(const struct bd_kvpool_params *p, struct bd_kvpool_plan *ret,
 	ret->max_pages_per_request = (uint32_t)need_pages;
 	return 0;
 }
+
+size_t bd_kvpool_plan_chunk(const struct bd_kvpool_plan *p, size_t i)
+{
+	return i + 1 < p->n_chunks ? p->chunk_bytes : p->last_chunk_bytes;
+}

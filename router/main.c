@@ -59,7 +59,8 @@ static const struct bd_config_key keys[] = {
 	{ "step_timeout_ms", "120000", "a step not answered in this time fails the group" },
 	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests" },
 	{ "pool_timeout_ms", "2000", "one pool round trip" },
-	{ "pool_wait_ms", "30000", "wait this long for kvpoold at start" },
+	{ "pool_wait_ms", "30000",
+	  "wait this long for kvpoold at start, and running requests for a restarting one" },
 	{ "pool_probe_ms", "1000",
 	  "period of the non-blocking kvpoold probe (a dead pool shows in health within this plus "
 	  "pool_timeout_ms; it is back at the first answer)" },

@@ -1,12 +1,16 @@
 /* pool.c — routerd's watch on kvpoold.
  *
- * The pool calls of the scheduler are blocking round trips bounded by pool_timeout_ms. A dead or
- * hung kvpoold would cost that timeout on every call, and the loop (heartbeats, clients) would
- * stall once per call. So the pool has a state here: up, or down after a call or a probe got no
- * answer, or the connection closed. While it is down, POOL_CALL fails at once (-EHOSTDOWN), new
- * requests get UNAVAILABLE, health says "kvpoold unreachable: ...", and the requests that were
- * accepted fail with UNAVAILABLE (their pages are gone with a restarted pool; a hung one cannot
- * serve them).
+ * The pool calls of the scheduler are blocking round trips bounded by pool_timeout_ms; one whose
+ * connection closes before the answer (kvpoold killed) is sent again on a fresh connection with
+ * its call number (bd_pool_conn_set_retry), so a kvpoold restarted within pool_timeout_ms
+ * answers it, and one that had applied it answers with the first reply instead of applying it
+ * twice. The pool has a state here: up, or down after a call or a probe got no answer, or the
+ * connection closed. While it is down new requests get UNAVAILABLE and health says "kvpoold
+ * unreachable: ..."; nothing is planned (the scheduler asks), and the running requests wait
+ * for it, up to pool_wait_ms. A kvpoold that comes back on its stored arenas (the same arena
+ * id: every page and record as before) lets them go on where they were. One that comes back
+ * with other arenas (it started empty: their KV is gone), or none within pool_wait_ms, fails
+ * them with UNAVAILABLE; from then on POOL_CALL fails at once (-EHOSTDOWN) until it answers.
  *
  * The probe is a StatsQuery on a DEALER socket of its own, sent every pool_probe_ms and never
  * waited for: its answer is read by the event loop. ZMQ_IMMEDIATE makes a send fail when no
@@ -49,6 +53,9 @@ int bd_router_pool_open(struct bd_router *rt)
 	rt->pool_ok = true;
 	rt->pool_last_ok = now;
 	rt->next_probe = now + rt->o.pool_probe_ms;
+	/* a call whose connection closes is sent again until its timeout: a restart is quick */
+	if (rt->pool)
+		bd_pool_conn_set_retry(rt->pool, rt->o.pool_timeout_ms);
 	return 0;
 fail:
 	bd_log_err("pool probe %s: %s", rt->o.pool, zmq_strerror(zmq_errno()));
@@ -72,10 +79,36 @@ static void mark_down(struct bd_router *rt, const char *why)
 	if (!rt->pool_ok)
 		return;
 	rt->pool_ok = false;
-	rt->pool_went_down = true;
+	rt->pool_waiting = true;
 	rt->pool_down_since = bd_now_ms();
 	snprintf(rt->pool_err, sizeof(rt->pool_err), "%.250s", why);
-	bd_log_err("kvpoold unreachable: %s; new requests are refused until it answers again", why);
+	bd_log_err("kvpoold unreachable: %s; new requests are refused until it answers again, "
+		   "running ones wait up to %d ms (pool_wait_ms)", why, rt->o.pool_wait_ms);
+}
+
+/* Takes the arena id of a stats reply. Returns false when the pool had other arenas before:
+ * it restarted empty and the KV of every running request is gone (the tick fails them). */
+static bool same_arenas(struct bd_router *rt, const ProtobufCBinaryData *id)
+{
+	bool same = !rt->pool_arena_known || id->len != sizeof(rt->pool_arena_id) ||
+		    !memcmp(rt->pool_arena_id, id->data, sizeof(rt->pool_arena_id));
+
+	if (id->len == sizeof(rt->pool_arena_id)) {
+		memcpy(rt->pool_arena_id, id->data, sizeof(rt->pool_arena_id));
+		rt->pool_arena_known = true;
+	}
+	if (same)
+		return true;
+	if (rt->pool_ok) {
+		rt->pool_ok = false;
+		rt->pool_down_since = bd_now_ms();
+	}
+	rt->pool_waiting = false;
+	rt->pool_lost = true;
+	snprintf(rt->pool_err, sizeof(rt->pool_err), "kvpoold restarted without its stored arenas "
+		 "(another arena id): the KV of the running requests is gone");
+	bd_log_err("%s", rt->pool_err);
+	return false;
 }
 
 int bd_router_pool_note(struct bd_router *rt, int e)
@@ -121,12 +154,28 @@ int bd_router_pool_refresh(struct bd_router *rt)
 	rt->slots_free = st->slots_free;
 	rt->pages_total = st->pages_total;
 	rt->slots_total = st->slots_total;
+	/* the first refresh (at start) learns the arena id; a later one holds the pool to it */
+	if (!same_arenas(rt, &(ProtobufCBinaryData){ sizeof(st->arena_id), st->arena_id })) {
+		bd_pool_stats_free(st);
+		return -ESTALE;
+	}
 	bd_pool_stats_free(st);
 	return 0;
 }
 
-/* The pool answered while down: reclaim what the failed requests may have left, then serve.
- * busy: a step is in flight or a request holds a record. */
+/* Request id ended, its record possibly left in the pool (a release or an assignment without an
+ * answer): released again when the pool answers, since a reclaim of the whole owner would take
+ * the records of the requests that wait for it. A full list falls back to that reclaim. */
+static void unreleased(struct bd_router *rt, uint64_t id)
+{
+	if (rt->n_pool_unreleased < sizeof(rt->pool_unreleased) / sizeof(rt->pool_unreleased[0]))
+		rt->pool_unreleased[rt->n_pool_unreleased++] = id;
+	else
+		rt->pool_reclaim = true;
+}
+
+/* The pool answered while down: release or reclaim what ended requests may have left, then
+ * serve. busy: a step is in flight or a request holds a record. */
 static void recover(struct bd_router *rt, bool busy)
 {
 	uint64_t n_req = 0, n_pages = 0;
@@ -135,9 +184,23 @@ static void recover(struct bd_router *rt, bool busy)
 
 	/* first the requests fail (the tick), and the step in flight ends: a worker may still
 	 * write into its pages, and a reclaim must not take a live request's record */
-	if (rt->pool_went_down || (rt->pool_reclaim && busy))
+	if (rt->pool_lost || (rt->pool_reclaim && busy))
 		return;
 	rt->pool_ok = true; /* lets the calls below through; a failure marks it down again */
+	while (rt->n_pool_unreleased) {
+		uint64_t id = rt->pool_unreleased[rt->n_pool_unreleased - 1];
+
+		e = POOL_CALL(rt, bd_pool_request_release(rt->pool, id, NULL));
+		if (e < 0 && e != -ENOENT) {
+			if (rt->pool_ok) {
+				bd_log_err("pool: release of request %llu: %s",
+					   (unsigned long long)id, strerror(-e));
+				rt->pool_ok = false;
+			}
+			return;
+		}
+		rt->n_pool_unreleased--;
+	}
 	if (rt->pool_reclaim) {
 		e = POOL_CALL(rt, bd_pool_owner_reclaim(rt->pool, rt->o.owner, &n_req, &n_pages));
 		if (e < 0) {
@@ -157,6 +220,7 @@ static void recover(struct bd_router *rt, bool busy)
 	if (bd_router_pool_refresh(rt) < 0)
 		return;
 	bd_log_info("kvpoold answers again (down for %lld ms): serving", (long long)down_ms);
+	rt->pool_waiting = false;
 	rt->pool_err[0] = 0;
 	rt->pool_failures = 0;
 }
@@ -171,6 +235,10 @@ static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len, boo
 	}
 	rt->probe_out = false;
 	rt->pool_last_ok = bd_now_ms();
+	if (rep->stats && !same_arenas(rt, &rep->stats->arena_id)) {
+		bdfp4__pool_reply__free_unpacked(rep, NULL);
+		return;
+	}
 	if (rt->pool_ok) {
 		rt->pool_failures = 0;
 		if (rep->stats) {
@@ -228,7 +296,8 @@ static void send_probe(struct bd_router *rt, int64_t now)
 	q.top = 1;
 	req.op_case = BDFP4__POOL_REQUEST__OP_STATS;
 	req.stats = &q;
-	rt->next_probe = now + rt->o.pool_probe_ms;
+	/* while it is down, often: the requests wait for the first answer */
+	rt->next_probe = now + (rt->pool_ok || rt->o.pool_probe_ms < 100 ? rt->o.pool_probe_ms : 100);
 	if (bd_router_send(rt->probe, (const uint8_t *)"", 0, false, &req.base) < 0) {
 		char why[300];
 
@@ -253,12 +322,19 @@ bool bd_router_pool_tick(struct bd_router *rt, int64_t now)
 	}
 	if (!rt->probe_out && now >= rt->next_probe)
 		send_probe(rt, now);
-	if (!rt->pool_went_down)
+	if (!rt->pool_ok && rt->pool_waiting && now - rt->pool_down_since >= rt->o.pool_wait_ms) {
+		bd_log_err("kvpoold did not answer for %d ms (pool_wait_ms): the running requests "
+			   "fail", rt->o.pool_wait_ms);
+		rt->pool_waiting = false;
+		rt->pool_lost = true;
+	}
+	if (!rt->pool_lost)
 		return false;
-	/* what was accepted cannot be served: a restarted pool lost its pages, a hung one
+	/* what was accepted cannot be served: a pool restarted empty lost its pages, a hung one
 	 * allocates none; and they may have left records behind */
-	rt->pool_went_down = false;
+	rt->pool_lost = false;
 	rt->pool_reclaim = true;
+	rt->n_pool_unreleased = 0; /* the reclaim takes them */
 	return true;
 }
 
@@ -270,7 +346,7 @@ static int pool_slot_assign(void *ctx, uint64_t id, int32_t *ret_slot)
 	int e = POOL_CALL(rt, bd_pool_slot_assign(rt->pool, id, rt->o.owner, ret_slot));
 
 	if (e < 0 && !rt->pool_ok)
-		rt->pool_reclaim = true; /* the slot may be assigned, its answer lost */
+		unreleased(rt, id); /* the slot may be assigned, its answer lost */
 	return e;
 }
 
@@ -301,7 +377,7 @@ static int pool_release(void *ctx, uint64_t id)
 	int e = POOL_CALL(rt, bd_pool_request_release(rt->pool, id, NULL));
 
 	if (e < 0 && e != -ENOENT)
-		rt->pool_reclaim = true; /* the record stays behind until the reclaim */
+		unreleased(rt, id); /* the record stays behind until it is released again */
 	return e;
 }
 

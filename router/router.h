@@ -15,7 +15,9 @@
  * all; nothing is global. The loop is single-threaded: pool calls are blocking round trips on
  * an ipc:// socket, bounded by a timeout; so that a dead kvpoold costs that timeout once and not
  * once per call, pool.c watches the pool (a non-blocking probe and the connection's events) and,
- * while it is down, pool calls fail at once (POOL_CALL) and new requests get UNAVAILABLE.
+ * while it is down, new requests get UNAVAILABLE, nothing is planned and the running requests
+ * wait for it (pool_wait_ms: a restart on its stored arenas lets them go on); past that wait,
+ * pool calls fail at once (POOL_CALL).
  *
  * Stopping (SIGTERM/SIGINT): the router drains: new requests get SHUTTING_DOWN, the running
  * and queued ones are stepped to their end for up to drain_timeout_ms; then what is left fails
@@ -106,8 +108,13 @@ struct bd_router {
 	/* pool health (pool.c): down after a call without an answer (timeout, connection gone);
 	 * back when a probe is answered */
 	bool pool_ok;
-	bool pool_went_down;        /* noted inside a call; the tick fails the requests */
+	bool pool_waiting;          /* down, and the running requests wait for it (pool_wait_ms) */
+	bool pool_lost;             /* their KV is gone or the wait ran out: the tick fails them */
+	bool pool_arena_known;
+	uint8_t pool_arena_id[16];  /* the pool's arenas (stats): a restart that kept them keeps it */
 	bool pool_reclaim;          /* records may be left behind: reclaim before serving again */
+	uint64_t pool_unreleased[64]; /* ended requests whose release got no answer: sent again */
+	size_t n_pool_unreleased;
 	char pool_err[256];         /* why it is down ("" while up) */
 	int64_t pool_last_ok, pool_down_since; /* ms, monotonic */
 	uint64_t pool_failures;     /* calls and probes unanswered since the last answer */
@@ -173,9 +180,11 @@ void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap);
 /* Refreshes pages/slots free from the pool; 0 or -errno (-EHOSTDOWN while it is down). */
 int bd_router_pool_refresh(struct bd_router *rt);
 
-/* A blocking pool call through the health gate: -EHOSTDOWN at once while the pool is down,
- * else the call, its outcome recorded. */
-#define POOL_CALL(rt, call) ((rt)->pool_ok ? bd_router_pool_note((rt), (call)) : -EHOSTDOWN)
+/* A blocking pool call through the health gate: -EHOSTDOWN at once while the pool is down and
+ * no longer waited for, else the call (repeated on a fresh connection until pool_timeout_ms when
+ * its connection closes: a restarting kvpoold answers it), its outcome recorded. */
+#define POOL_CALL(rt, call)                                                                \
+	((rt)->pool_ok || (rt)->pool_waiting ? bd_router_pool_note((rt), (call)) : -EHOSTDOWN)
 
 /* ---- workers.c ---- */
 /* Reads every pending worker frame: registrations (a group forms: bd_sched_group_up),

@@ -27,6 +27,9 @@
 #include "workerd.h"
 
 #define SECTION "worker"
+/* how long a worker waits for a stopped kvpoold to come back, and its retry period */
+#define POOL_REATTACH_MS 30000
+#define POOL_REATTACH_RETRY_MS 50
 #define ABOUT "One tensor-parallel rank: its model shard, kvpoold's arena, the router's plans."
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define DEFAULT_ROUTER "ipc:///run/bdfp4/router-workers.sock"
@@ -418,25 +421,63 @@ static int on_signals(struct wd *w)
 	return 0;
 }
 
+/* kvpoold stopped at lost_ms (its attach socket read EOF): the mapping stays valid while the
+ * memory lives, and a kvpoold restarted on its stored arenas hands out the same memory, so the
+ * worker attaches again and keeps serving meanwhile. Returns 0 when attached again or still
+ * trying, -1 when it must exit (other arenas: its pages are gone; or no kvpoold in time). */
+static int pool_reattach(struct wd *w, int64_t lost_ms, int64_t now)
+{
+	char perr[256];
+	int r = bd_pool_reattach(w->pool, w->o.pool_socket, perr, sizeof(perr));
+
+	if (r == 0) {
+		bd_log_info("attached again to kvpoold after %lld ms: the same arenas, the mapping "
+			    "kept", (long long)(now - lost_ms));
+		return 0;
+	}
+	if (r == -ESTALE) {
+		bd_log_err("kvpoold at %s: %s: exiting (to be restarted on the new arenas)",
+			   w->o.pool_socket, perr);
+		return -1;
+	}
+	if (now - lost_ms >= POOL_REATTACH_MS) {
+		bd_log_err("kvpoold at %s did not come back in %d ms (%s): exiting",
+			   w->o.pool_socket, POOL_REATTACH_MS, perr);
+		return -1;
+	}
+	return 1;
+}
+
 /* Returns the exit status. */
 static int run(struct wd *w)
 {
+	int64_t pool_lost = 0, pool_retry = 0; /* ms: kvpoold stopped, the next reattach */
+
 	send_register(w);
 	for (;;) {
 		zmq_pollitem_t it[3] = {
 			{ w->pair, 0, ZMQ_POLLIN, 0 },
 			{ NULL, w->d.signal_fd, ZMQ_POLLIN, 0 },
-			{ NULL, bd_pool_attach_fd(w->pool), ZMQ_POLLIN, 0 },
+			{ NULL, bd_pool_attach_fd(w->pool), pool_lost ? 0 : ZMQ_POLLIN, 0 },
 		};
-		if (zmq_poll(it, 3, 200) < 0 && zmq_errno() != EINTR) {
+		if (zmq_poll(it, 3, pool_lost ? POOL_REATTACH_RETRY_MS : 200) < 0 && zmq_errno() != EINTR) {
 			bd_log_err("poll: %s", zmq_strerror(zmq_errno()));
 			return 1;
 		}
 		if ((it[1].revents & ZMQ_POLLIN) && on_signals(w))
 			return 0;
 		if (it[2].revents & ZMQ_POLLIN) {
-			bd_log_err("kvpoold closed the attach socket (it stopped): exiting");
-			return 1;
+			bd_log_warn("kvpoold closed the attach socket (it stopped): attaching again "
+				    "when it is back (up to %d ms)", POOL_REATTACH_MS);
+			pool_lost = pool_retry = bd_now_ms();
+		}
+		if (pool_lost && bd_now_ms() >= pool_retry) {
+			int r = pool_reattach(w, pool_lost, bd_now_ms());
+
+			if (r < 0)
+				return 1;
+			pool_lost = r ? pool_lost : 0;
+			pool_retry = bd_now_ms() + POOL_REATTACH_RETRY_MS;
 		}
 		for (int budget = 0; (it[0].revents & ZMQ_POLLIN) && budget < 64; budget++) {
 			zmq_msg_t msg;

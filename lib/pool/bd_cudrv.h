@@ -32,6 +32,7 @@ struct bd_cudrv {
 	__typeof__(cuMemMap) *map;
 	__typeof__(cuMemUnmap) *unmap;
 	__typeof__(cuMemSetAccess) *set_access;
+	__typeof__(cuMemGetAllocationPropertiesFromHandle) *get_prop;
 };
 
 /* The name of a driver result ("CUDA_ERROR_OUT_OF_MEMORY"), or "unknown CUDA error". */

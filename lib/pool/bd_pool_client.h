@@ -8,7 +8,11 @@
  *     cuMemSetAccess). The daemon drops the attachment when the socket closes.
  *   - allocation (ZeroMQ REQ to the daemon's REP, default BD_POOL_DEFAULT_ENDPOINT): pages, the
  *     reserved next page, slots, shared references, whole-request release and owner reclaim,
- *     stats. Messages are proto/kvpool.proto's; every call is one round trip.
+ *     stats. Messages are proto/kvpool.proto's; every call is one round trip. A call that gets no
+ *     answer leaves no stuck socket behind: the connection's REQ socket is replaced by a fresh
+ *     one, and with bd_pool_conn_set_retry() the call is sent again on it (a kvpoold restarting
+ *     answers once it is back; one that had applied the call before it died answers the repeat
+ *     with the first reply, so nothing is applied twice).
  *
  * Arena of one rank: pages at pages_offset, laid out by bd_layout.h (layer l of page p at
  * pages + l·layer_stride + p·page_bytes, the rank's KV heads only), then n_slots BF16 slots of
@@ -19,8 +23,9 @@
  * message type, -EINVAL bad argument, -ERANGE count or id out of range, -ENOENT unknown request,
  * -EPERM page or slot held by another request, -EALREADY double free, -ENOSPC pool exhausted,
  * -EACCES owner mismatch or peer denied, -EBUSY wrong state, -ENODEV no such rank, -EPROTO
- * version mismatch; -ETIMEDOUT when the daemon does not answer in time. The daemon's code and
- * text of the last error stay readable with bd_pool_conn_error().
+ * version mismatch; -ETIMEDOUT when the daemon does not answer in time, -ECONNRESET when its
+ * connection closed before the answer (it died). The daemon's code and text of the last error
+ * stay readable with bd_pool_conn_error().
  * Handles are not thread-safe: one per thread, or a lock around them.
  */
 #ifndef BD_POOL_CLIENT_H
@@ -40,6 +45,10 @@ extern "C" {
 #define BD_POOL_DEFAULT_SOCKET "/run/bdfp4/kvpool.sock"
 #define BD_POOL_DEFAULT_ENDPOINT "ipc:///run/bdfp4/kvpool-alloc.sock"
 #define BD_POOL_MAX_CHUNKS 64 /* arena chunks of one rank (fds in one packet) */
+/* The largest allocation frame kvpoold reads: it answers frames up to its max_frame_bytes, and
+ * up to this size those over it with POOL_ERR_OVERSIZE; ZeroMQ closes the connection of a peer
+ * that sends a larger one (no reply). The client refuses to send one (-EMSGSIZE). */
+#define BD_POOL_FRAME_HARD_MAX (16 << 20)
 
 /* The PoolError codes of kvpool.proto, for C callers that do not include the generated code. */
 enum bd_pool_error {
@@ -75,6 +84,7 @@ struct bd_pool_geometry {
 	size_t pages_offset, slots_offset, arena_bytes; /* bytes */
 	size_t n_chunks;
 	uint64_t chunk_bytes[BD_POOL_MAX_CHUNKS];
+	uint8_t arena_id[16];    /* the same after a kvpoold restart on its stored arenas */
 	struct bd_layout layout; /* recomputed here and checked against the daemon's sizes */
 };
 
@@ -110,13 +120,31 @@ size_t bd_pool_attach_chunks(const struct bd_pool_attach *a, const int **ret_fds
 /* The attach socket: it becomes readable (EOF) when the daemon exits. */
 int bd_pool_attach_fd(const struct bd_pool_attach *a);
 
+/* Attaches a again, to the kvpoold now listening at socket_path (NULL: the default), after the
+ * one it was attached to stopped (its attach socket reads EOF): a daemon restarted on its stored
+ * arenas hands out the same memory. When the new attachment names the same arenas (arena id,
+ * geometry, the same files), a keeps its mapping and its fds and takes the new connection (the
+ * daemon counts it attached again); the new fds are closed. Returns 0; -ESTALE when the daemon
+ * has other arenas (it started empty: the pages held before are gone; a is unchanged and its
+ * mapping still valid, the caller detaches and attaches anew); or bd_pool_attach's errors. */
+int bd_pool_reattach(struct bd_pool_attach *a, const char *socket_path, char *errbuf,
+		     size_t errlen);
+
 /* ---- allocation ------------------------------------------------------------------------------ */
 
 struct bd_pool_conn;
 
 /* Connects to the allocation endpoint (NULL: the default); timeout_ms bounds each round trip
- * (≤ 0: 5000). Returns 0 and *ret, -EINVAL, -ENOMEM, or the -errno of ZeroMQ. */
+ * (≤ 0: 5000). The connection names itself to the daemon by a random client id and numbers its
+ * calls (kvpool.proto's repeat protection). Returns 0 and *ret, -EINVAL, -ENOMEM, or the -errno
+ * of ZeroMQ. */
 int bd_pool_conn_new(const char *endpoint, int timeout_ms, struct bd_pool_conn **ret);
+
+/* From now on a call that gets no answer in timeout_ms, or whose connection closes before the
+ * answer (kvpoold died), is sent again with the same call number on a fresh socket, until
+ * retry_ms have passed since it was first sent; then it fails as without retries. 0 (the
+ * default): no second send. Returns 0 or -EINVAL. */
+int bd_pool_conn_set_retry(struct bd_pool_conn *c, int retry_ms);
 
 /* Closes the connection (pending messages are dropped). NULL is accepted. */
 void bd_pool_conn_free(struct bd_pool_conn *c);
@@ -189,6 +217,7 @@ struct bd_pool_stats {
 	struct bd_pool_holder *largest;         /* by pages held, largest first */
 	struct bd_pool_device *devices;
 	struct bd_pool_attachment *attachments;
+	uint8_t arena_id[16];                   /* as in bd_pool_geometry; zeros: not said */
 };
 
 /* The pool's counters and its `top` largest holders (0: the daemon's default). *ret is one
@@ -200,8 +229,9 @@ void bd_pool_stats_free(struct bd_pool_stats *s);
 int bd_pool_requests(struct bd_pool_conn *c, struct bd_pool_holder **ret, size_t *ret_n);
 
 /* One raw round trip (tests, tools): sends len bytes as one frame and returns the reply frame
- * in *ret_reply (free() it), its length in *ret_len. Returns 0, -EINVAL, -ETIMEDOUT, -ENOMEM or
- * a ZeroMQ -errno. */
+ * in *ret_reply (free() it), its length in *ret_len. Sent once whatever set_retry says (a raw
+ * frame carries no call number to make a repeat safe). Returns 0, -EINVAL, -EMSGSIZE (over
+ * BD_POOL_FRAME_HARD_MAX: not sent), -ETIMEDOUT, -ECONNRESET, -ENOMEM or a ZeroMQ -errno. */
 int bd_pool_call_raw(struct bd_pool_conn *c, const void *frame, size_t len, void **ret_reply,
 		     size_t *ret_len);
 

@@ -38,6 +38,7 @@ enum bd_pool_op_kind {
  *   SLOT_RELEASE   request_id, index (the slot)     REQUEST_RELEASE request_id
  *   OWNER_RECLAIM  owner                            STATS          n (largest holders, 0: the
  *   REQUESTS, NONE nothing                                         daemon's default)
+ * Any kind carries client and call, the caller's id and the call's number (kvpool.proto).
  * The allocation calls of bd_pool_client.h build one each; tests and tools that speak the
  * protocol themselves (a fuzzer, an asynchronous probe) pack them with bd_pool_op_pack(). */
 struct bd_pool_op {
@@ -47,6 +48,7 @@ struct bd_pool_op {
 	int32_t index;
 	const int32_t *pages; /* n_pages page ids, borrowed */
 	size_t n_pages;
+	uint64_t client, call; /* repeat protection (kvpool.proto); 0: none */
 };
 
 /* Packs op as one PoolRequest frame into buf (cap bytes; buf may be NULL when cap is 0) when

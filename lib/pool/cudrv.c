@@ -101,6 +101,7 @@ static int load(void)
 	SYM(drv.map, "cuMemMap");
 	SYM(drv.unmap, "cuMemUnmap");
 	SYM(drv.set_access, "cuMemSetAccess");
+	SYM(drv.get_prop, "cuMemGetAllocationPropertiesFromHandle");
 #undef SYM
 	r = drv_init(0);
 	if (r != CUDA_SUCCESS) {

@@ -1,4 +1,10 @@
 /* pool_client.c — attach to kvpoold's arenas and allocate from it (bd_pool_client.h).
+ *
+ * The allocation connection keeps its REQ socket only while calls are answered: a call that
+ * times out, or whose connection closes first (a monitor on the socket reports it at once),
+ * closes the socket and opens a fresh one, so that no lost reply leaves the REQ state machine
+ * waiting and no stale message waits in its queue. A retried call carries its first number, so
+ * a daemon that applied it before the reply was lost answers the repeat without applying it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -8,11 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <zmq.h>
 
+#include "base/bd_clock.h"
 #include "base/bd_err.h"
 #include "base/bd_ipc.h"
 #include "pool/bd_pool_client.h"
@@ -113,6 +121,8 @@ static int take_geometry(struct bd_pool_geometry *g, const Bdfp4__AttachReply *r
 	g->slots_offset = r->slots_offset;
 	g->arena_bytes = r->arena_bytes;
 	g->n_chunks = n_fds;
+	if (r->arena_id.len == sizeof(g->arena_id))
+		memcpy(g->arena_id, r->arena_id.data, sizeof(g->arena_id));
 	for (size_t i = 0; i < n_fds; i++) {
 		g->chunk_bytes[i] = r->chunk_bytes[i];
 		if (r->chunk_bytes[i] == 0 || __builtin_add_overflow(sum, r->chunk_bytes[i], &sum))
@@ -175,8 +185,10 @@ static int map_chunks(struct bd_pool_attach *a, char *errbuf, size_t errlen)
 	return 0;
 }
 
-int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errlen,
-		   struct bd_pool_attach **ret)
+/* The attach exchange: connects to socket_path, asks for rank, takes the reply's fds and its
+ * checked geometry into a fresh *ret (nothing mapped). Returns 0 or -errno with errbuf. */
+static int attach_exchange(const char *socket_path, int rank, char *errbuf, size_t errlen,
+			   struct bd_pool_attach **ret)
 {
 	Bdfp4__AttachRequest req = BDFP4__ATTACH_REQUEST__INIT;
 	Bdfp4__AttachReply *rep = NULL;
@@ -251,11 +263,6 @@ int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errle
 	e = take_geometry(&a->geo, rep, rank, a->n_fds, errbuf, errlen);
 	if (e < 0)
 		goto fail;
-	if (!strcmp(a->geo.backend, "cpu")) {
-		e = map_chunks(a, errbuf, errlen);
-		if (e < 0)
-			goto fail;
-	}
 	bdfp4__attach_reply__free_unpacked(rep, NULL);
 	free(in);
 	*ret = a;
@@ -267,6 +274,74 @@ fail:
 	free(in);
 	bd_pool_detach(a);
 	return e;
+}
+
+int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errlen,
+		   struct bd_pool_attach **ret)
+{
+	struct bd_pool_attach *a;
+	int e = attach_exchange(socket_path, rank, errbuf, errlen, &a);
+
+	if (e < 0)
+		return e;
+	if (!strcmp(a->geo.backend, "cpu")) {
+		e = map_chunks(a, errbuf, errlen);
+		if (e < 0) {
+			bd_pool_detach(a);
+			return e;
+		}
+	}
+	*ret = a;
+	return 0;
+}
+
+/* a and b attach the same arenas: the id, the geometry, and chunk files that are the same
+ * files (fds of one open file, whichever process passed them on). */
+static bool same_arenas(const struct bd_pool_attach *a, const struct bd_pool_attach *b)
+{
+	const struct bd_pool_geometry *g = &a->geo, *h = &b->geo;
+
+	if (memcmp(g->arena_id, h->arena_id, sizeof(g->arena_id)) || strcmp(g->backend, h->backend) ||
+	    strcmp(g->kv_config, h->kv_config) || g->rank != h->rank || g->device != h->device ||
+	    g->tp != h->tp || g->n_pages != h->n_pages || g->n_slots != h->n_slots ||
+	    g->pages_offset != h->pages_offset || g->slots_offset != h->slots_offset ||
+	    g->arena_bytes != h->arena_bytes || g->n_chunks != h->n_chunks ||
+	    g->layout.page_bytes != h->layout.page_bytes ||
+	    g->layout.slot_bytes != h->layout.slot_bytes || a->n_fds != b->n_fds)
+		return false;
+	for (size_t i = 0; i < a->n_fds; i++) {
+		struct stat x, y;
+
+		if (g->chunk_bytes[i] != h->chunk_bytes[i] || fstat(a->fds[i], &x) < 0 ||
+		    fstat(b->fds[i], &y) < 0 || x.st_dev != y.st_dev || x.st_ino != y.st_ino)
+			return false;
+	}
+	return true;
+}
+
+int bd_pool_reattach(struct bd_pool_attach *a, const char *socket_path, char *errbuf,
+		     size_t errlen)
+{
+	struct bd_pool_attach *b;
+	int e;
+
+	if (!a)
+		return bd_errf(errbuf, errlen, -EINVAL, "bad argument");
+	e = attach_exchange(socket_path, a->geo.rank, errbuf, errlen, &b);
+	if (e < 0)
+		return e;
+	if (!same_arenas(a, b)) {
+		bd_pool_detach(b);
+		return bd_errf(errbuf, errlen, -ESTALE,
+			       "kvpoold has other arenas now (it started empty): the pages held "
+			       "before are gone");
+	}
+	/* the new connection is the attachment now; the memory is the one a has */
+	close(a->sock);
+	a->sock = b->sock;
+	b->sock = -1;
+	bd_pool_detach(b);
+	return 0;
 }
 
 const struct bd_pool_geometry *bd_pool_attach_geometry(const struct bd_pool_attach *a)
@@ -305,57 +380,95 @@ int bd_pool_attach_fd(const struct bd_pool_attach *a)
 /* ---- allocation ------------------------------------------------------------------------------ */
 
 struct bd_pool_conn {
-	void *ctx, *sock;
+	void *ctx, *sock, *mon; /* REQ, and the PAIR end of its monitor */
+	char *endpoint;
+	int timeout_ms, retry_ms;
+	unsigned sockets;       /* made so far: names each monitor's endpoint */
+	uint64_t client, call;  /* repeat protection (kvpool.proto) */
 	int code;
 	char err[256];
 };
+
+static void close_socket(struct bd_pool_conn *c)
+{
+	if (c->sock) {
+		zmq_socket_monitor(c->sock, NULL, 0);
+		zmq_close(c->sock);
+	}
+	if (c->mon)
+		zmq_close(c->mon);
+	c->sock = c->mon = NULL;
+}
+
+/* A fresh REQ socket connected to the endpoint, with a monitor that reports its connection
+ * closing. Returns 0 or a ZeroMQ -errno. */
+static int open_socket(struct bd_pool_conn *c)
+{
+	char mon[64];
+	int zero = 0, e;
+
+	snprintf(mon, sizeof(mon), "inproc://bd-pool-conn-%u", c->sockets++);
+	c->sock = zmq_socket(c->ctx, ZMQ_REQ);
+	c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
+	if (!c->sock || !c->mon || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_socket_monitor(c->sock, mon, ZMQ_EVENT_DISCONNECTED) < 0 ||
+	    zmq_connect(c->mon, mon) < 0 || zmq_connect(c->sock, c->endpoint) < 0) {
+		e = -(zmq_errno() ? zmq_errno() : ENOMEM);
+		close_socket(c);
+		return e;
+	}
+	return 0;
+}
 
 void bd_pool_conn_free(struct bd_pool_conn *c)
 {
 	if (!c)
 		return;
-	if (c->sock)
-		zmq_close(c->sock);
+	close_socket(c);
 	if (c->ctx)
 		zmq_ctx_term(c->ctx);
+	free(c->endpoint);
 	free(c);
 }
 
 int bd_pool_conn_new(const char *endpoint, int timeout_ms, struct bd_pool_conn **ret)
 {
 	struct bd_pool_conn *c;
-	int one = 1, zero = 0, e;
+	int e;
 
 	if (!ret)
 		return -EINVAL;
 	if (!endpoint)
 		endpoint = BD_POOL_DEFAULT_ENDPOINT;
-	if (timeout_ms <= 0)
-		timeout_ms = 5000;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	c->timeout_ms = timeout_ms > 0 ? timeout_ms : 5000;
+	c->endpoint = strdup(endpoint);
 	c->ctx = zmq_ctx_new();
-	if (!c->ctx)
-		goto fail;
-	c->sock = zmq_socket(c->ctx, ZMQ_REQ);
-	if (!c->sock)
-		goto fail;
-	/* RELAXED + CORRELATE: after a timeout the next call may send again and a late reply
-	 * to the old request is discarded rather than taken as the answer to the new one */
-	if (zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-	    zmq_setsockopt(c->sock, ZMQ_REQ_RELAXED, &one, sizeof(one)) < 0 ||
-	    zmq_setsockopt(c->sock, ZMQ_REQ_CORRELATE, &one, sizeof(one)) < 0 ||
-	    zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) < 0 ||
-	    zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms)) < 0 ||
-	    zmq_connect(c->sock, endpoint) < 0)
-		goto fail;
+	if (!c->endpoint || !c->ctx) {
+		bd_pool_conn_free(c);
+		return -ENOMEM;
+	}
+	if (getrandom(&c->client, sizeof(c->client), 0) != sizeof(c->client))
+		c->client = (uint64_t)getpid() << 32 ^ (uint64_t)bd_now_ms();
+	c->client |= 1; /* never 0, which asks for no protection */
+	e = open_socket(c);
+	if (e < 0) {
+		bd_pool_conn_free(c);
+		return e;
+	}
 	*ret = c;
 	return 0;
-fail:
-	e = -(zmq_errno() ? zmq_errno() : ENOMEM);
-	bd_pool_conn_free(c);
-	return e;
+}
+
+int bd_pool_conn_set_retry(struct bd_pool_conn *c, int retry_ms)
+{
+	if (!c || retry_ms < 0)
+		return -EINVAL;
+	c->retry_ms = retry_ms;
+	return 0;
 }
 
 const char *bd_pool_conn_error(const struct bd_pool_conn *c, int *ret_code)
@@ -367,24 +480,101 @@ const char *bd_pool_conn_error(const struct bd_pool_conn *c, int *ret_code)
 	return c->err;
 }
 
-int bd_pool_call_raw(struct bd_pool_conn *c, const void *frame, size_t len, void **ret_reply,
-		     size_t *ret_len)
+/* True when the monitor reports the connection closed (events before now are read too). */
+static bool disconnected(struct bd_pool_conn *c)
 {
+	bool seen = false;
+
+	for (;;) {
+		zmq_msg_t ev;
+		uint16_t id = 0;
+		int more = 0;
+		size_t more_len = sizeof(more);
+
+		/* [event id (16 bits) + value (32 bits)] [endpoint] */
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			return seen;
+		}
+		if (zmq_msg_size(&ev) >= 2)
+			memcpy(&id, zmq_msg_data(&ev), 2);
+		seen |= id == ZMQ_EVENT_DISCONNECTED;
+		zmq_getsockopt(c->mon, ZMQ_RCVMORE, &more, &more_len);
+		zmq_msg_close(&ev);
+		if (more) {
+			zmq_msg_init(&ev);
+			zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT);
+			zmq_msg_close(&ev);
+		}
+	}
+}
+
+/* One send and the wait for its answer, until end_ms: 0 and the reply in *m; -ETIMEDOUT;
+ * -ECONNRESET when the connection closed first; a ZeroMQ -errno. */
+static int attempt(struct bd_pool_conn *c, const void *frame, size_t len, int64_t end_ms,
+		   zmq_msg_t *m)
+{
+	disconnected(c); /* what happened before this call is not its news */
+	if (zmq_send(c->sock, frame, len, ZMQ_DONTWAIT) < 0)
+		return zmq_errno() == EAGAIN ? -ETIMEDOUT : -zmq_errno();
+	for (;;) {
+		zmq_pollitem_t it[2] = {
+			{ .socket = c->sock, .events = ZMQ_POLLIN },
+			{ .socket = c->mon, .events = ZMQ_POLLIN },
+		};
+		int64_t left = end_ms - bd_now_ms();
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (zmq_poll(it, 2, (long)left) < 0) {
+			if (zmq_errno() == EINTR)
+				continue;
+			return -zmq_errno();
+		}
+		if (it[0].revents & ZMQ_POLLIN)
+			return zmq_msg_recv(m, c->sock, ZMQ_DONTWAIT) < 0 ? -zmq_errno() : 0;
+		if ((it[1].revents & ZMQ_POLLIN) && disconnected(c))
+			return -ECONNRESET;
+	}
+}
+
+/* The round trip of frame: attempts of up to timeout_ms each, a fresh socket after each that
+ * failed, more of them until retry_ms since the first when retry is set. 0 and the reply in
+ * *ret_reply (*ret_len bytes), or -errno with the text in c->err. */
+static int roundtrip(struct bd_pool_conn *c, const void *frame, size_t len, bool retry,
+		     void **ret_reply, size_t *ret_len)
+{
+	int64_t start = bd_now_ms(), end = start + (retry ? c->retry_ms : 0);
 	zmq_msg_t m;
 	void *out;
 	int e;
 
-	if (!c || (!frame && len) || !ret_reply || !ret_len)
-		return -EINVAL;
-	if (zmq_send(c->sock, frame, len, 0) < 0) {
-		e = zmq_errno() == EAGAIN ? -ETIMEDOUT : -zmq_errno();
-		goto fail;
+	if (len > BD_POOL_FRAME_HARD_MAX) {
+		c->code = BD_POOL_OK;
+		return bd_errf(c->err, sizeof(c->err), -EMSGSIZE,
+			       "a frame of %zu bytes is over kvpoold's hard limit of %d", len,
+			       BD_POOL_FRAME_HARD_MAX);
 	}
-	zmq_msg_init(&m);
-	if (zmq_msg_recv(&m, c->sock, 0) < 0) {
-		e = zmq_errno() == EAGAIN ? -ETIMEDOUT : -zmq_errno();
+	for (int n = 0;; n++) {
+		int64_t until = bd_now_ms() + c->timeout_ms;
+
+		/* the first send gets its whole timeout, repeats what is left of retry_ms */
+		if (n && until > end)
+			until = end;
+		e = c->sock ? 0 : open_socket(c);
+		zmq_msg_init(&m);
+		if (e == 0)
+			e = attempt(c, frame, len, until, &m);
+		if (e == 0)
+			break;
 		zmq_msg_close(&m);
-		goto fail;
+		/* the socket may hold the lost request or wait for its reply: never reused */
+		close_socket(c);
+		if (!retry || bd_now_ms() >= end)
+			goto fail;
+		if (e == -ECONNRESET)
+			usleep(10000); /* the daemon is gone: give its successor a moment to bind */
 	}
 	out = malloc(zmq_msg_size(&m) ? zmq_msg_size(&m) : 1);
 	if (!out) {
@@ -398,7 +588,18 @@ int bd_pool_call_raw(struct bd_pool_conn *c, const void *frame, size_t len, void
 	return 0;
 fail:
 	c->code = BD_POOL_OK;
+	if (e == -ETIMEDOUT)
+		return bd_errf(c->err, sizeof(c->err), e, "kvpoold: no answer in %lld ms",
+			       (long long)(bd_now_ms() - start));
 	return bd_errf(c->err, sizeof(c->err), e, "kvpoold: %s", strerror(-e));
+}
+
+int bd_pool_call_raw(struct bd_pool_conn *c, const void *frame, size_t len, void **ret_reply,
+		     size_t *ret_len)
+{
+	if (!c || (!frame && len) || !ret_reply || !ret_len)
+		return -EINVAL;
+	return roundtrip(c, frame, len, false, ret_reply, ret_len);
 }
 
 /* What a call takes out of a POOL_OK reply; NULL members are not wanted. */
@@ -412,21 +613,27 @@ struct take {
 
 /* The round trip of every allocation call: op packed and sent, the reply parsed, a refusal
  * turned into its -errno, what t asks for copied out of a success. */
-static int call(struct bd_pool_conn *c, const struct bd_pool_op *op, struct take t)
+static int call(struct bd_pool_conn *c, const struct bd_pool_op *op_in, struct take t)
 {
+	struct bd_pool_op op = op_in ? *op_in : (struct bd_pool_op){ 0 };
 	Bdfp4__PoolReply *rep;
-	ssize_t len = c ? bd_pool_op_pack(op, NULL, 0) : -EINVAL;
+	ssize_t len;
 	void *frame, *rbuf;
 	size_t rlen;
 	int e;
 
+	if (!c || !op_in)
+		return -EINVAL;
+	op.client = c->client;
+	op.call = ++c->call;
+	len = bd_pool_op_pack(&op, NULL, 0);
 	if (len < 0)
 		return (int)len;
 	frame = malloc(len ? (size_t)len : 1);
 	if (!frame)
 		return -ENOMEM;
-	bd_pool_op_pack(op, frame, (size_t)len);
-	e = bd_pool_call_raw(c, frame, (size_t)len, &rbuf, &rlen);
+	bd_pool_op_pack(&op, frame, (size_t)len);
+	e = roundtrip(c, frame, (size_t)len, c->retry_ms > 0, &rbuf, &rlen);
 	free(frame);
 	if (e < 0)
 		return e;
@@ -607,6 +814,8 @@ int bd_pool_stats(struct bd_pool_conn *c, uint32_t top, struct bd_pool_stats **r
 	s->n_largest = p->n_largest;
 	s->n_devices = p->n_devices;
 	s->n_attachments = p->n_attachments;
+	if (p->arena_id.len == sizeof(s->arena_id))
+		memcpy(s->arena_id, p->arena_id.data, sizeof(s->arena_id));
 	for (size_t i = 0; i < p->n_largest; i++)
 		holder_from(&s->largest[i], p->largest[i]);
 	for (size_t i = 0; i < p->n_devices; i++) {

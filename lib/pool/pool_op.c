@@ -83,6 +83,8 @@ ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap)
 		*(ProtobufCMessage **)((uint8_t *)&req + f->offset) = m;
 		req.op_case = (Bdfp4__PoolRequest__OpCase)op->kind;
 	}
+	req.client = op->client;
+	req.call = op->call;
 	len = bdfp4__pool_request__get_packed_size(&req);
 	if (len > SSIZE_MAX)
 		return -EMSGSIZE;

@@ -35,13 +35,13 @@
 #include "quant/bd_layout.h"
 #include "pool/bd_pool_client.h"
 #include "kvpool.pb-c.h"
+#include "pool_test.h"
 #include "spawn.h"
-#include "tmpdir.h"
 
 #define TIMEOUT_MS 20000
 
 static struct {
-	char dir[40], sock[96], endpoint[128], notify[96], log[96], bin[PATH_MAX];
+	struct pt_env e;
 	pid_t pid;
 	int notify_fd;
 } D;
@@ -52,29 +52,11 @@ static const char *const SMALL[] = { "--tp", "1", "--layers", "1", "--kv-heads",
 
 static void init(void)
 {
-	const char *bin = getenv("BD_BIN");
-	char exe[PATH_MAX - 16];
-	ssize_t n;
-
 	memset(&D, 0, sizeof(D));
 	D.notify_fd = -1;
-	if (bin && *bin) {
-		snprintf(D.bin, sizeof(D.bin), "%s", bin);
-	} else {
-		/* $(BUILD)/tests/unit → $(BUILD)/bin */
-		n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-		cr_assert_gt(n, 0);
-		exe[n] = 0;
-		*strrchr(exe, '/') = 0;
-		snprintf(D.bin, sizeof(D.bin), "%s/../bin", exe);
-	}
-	cr_assert_eq(td_make(D.dir, sizeof(D.dir), "bdfp4-pool"), 0);
-	snprintf(D.sock, sizeof(D.sock), "%s/kvpool.sock", D.dir);
-	snprintf(D.endpoint, sizeof(D.endpoint), "ipc://%s/alloc.sock", D.dir);
-	snprintf(D.notify, sizeof(D.notify), "%s/notify.sock", D.dir);
-	snprintf(D.log, sizeof(D.log), "%s/kvpoold.log", D.dir);
-	D.notify_fd = sp_notify_open(D.notify);
-	cr_assert_geq(D.notify_fd, 0, "notify socket %s: %d", D.notify, D.notify_fd);
+	pt_init(&D.e, "bdfp4-pool");
+	D.notify_fd = sp_notify_open(D.e.notify);
+	cr_assert_geq(D.notify_fd, 0, "notify socket %s: %d", D.e.notify, D.notify_fd);
 }
 
 static void fini(void)
@@ -86,8 +68,7 @@ static void fini(void)
 	}
 	if (D.notify_fd >= 0)
 		close(D.notify_fd);
-	if (td_remove(D.dir) < 0)
-		fprintf(stderr, "could not remove %s\n", D.dir);
+	pt_fini(&D.e);
 }
 
 TestSuite(pool_daemon, .init = init, .fini = fini, .timeout = 120);
@@ -97,27 +78,10 @@ TestSuite(pool_daemon, .init = init, .fini = fini, .timeout = 120);
 static pid_t spawn(bool own, const char *const *extra, const char *env_extra)
 {
 	const char *argv[64];
-	char path[PATH_MAX + 16];
-	size_t n = 0;
 	pid_t pid;
 
-	snprintf(path, sizeof(path), "%s/kvpoold", D.bin);
-	cr_assert_eq(access(path, X_OK), 0, "no kvpoold at %s (set BD_BIN)", path);
-	argv[n++] = path;
-	if (!own)
-		argv[n++] = "--no-config";
-	argv[n++] = "--socket";
-	argv[n++] = D.sock;
-	argv[n++] = "--endpoint";
-	argv[n++] = D.endpoint;
-	argv[n++] = "--status-interval-ms";
-	argv[n++] = "100";
-	for (size_t i = 0; !own && SMALL[i]; i++)
-		argv[n++] = SMALL[i];
-	for (size_t i = 0; extra && extra[i]; i++)
-		argv[n++] = extra[i];
-	argv[n] = NULL;
-	pid = sp_spawn(argv, D.log, D.notify, env_extra);
+	pt_argv(&D.e, argv, 64, own, own ? NULL : SMALL, extra);
+	pid = sp_spawn(argv, D.e.log, D.e.notify, env_extra);
 	cr_assert_gt(pid, 0);
 	D.pid = pid;
 	return pid;
@@ -133,7 +97,7 @@ static void start(bool own, const char *const *extra)
 {
 	spawn(own, extra, NULL);
 	cr_assert(wait_notify("READY=1", TIMEOUT_MS), "kvpoold did not get ready (log in %s)",
-		  D.log);
+		  D.e.log);
 }
 
 static int stop(void)
@@ -148,19 +112,12 @@ static int stop(void)
 
 static struct bd_pool_conn *conn(void)
 {
-	struct bd_pool_conn *c;
-
-	cr_assert_eq(bd_pool_conn_new(D.endpoint, 5000, &c), 0);
-	return c;
+	return pt_conn(&D.e);
 }
 
 static struct bd_pool_stats *stats(struct bd_pool_conn *c)
 {
-	struct bd_pool_stats *s;
-	int e = bd_pool_stats(c, 0, &s);
-
-	cr_assert_eq(e, 0, "stats: %s", bd_pool_conn_error(c, NULL));
-	return s;
+	return pt_stats(c);
 }
 
 static int count_fds(pid_t pid)
@@ -182,16 +139,7 @@ static int count_fds(pid_t pid)
 
 static bool log_has(const char *what)
 {
-	char buf[8192];
-	FILE *f = fopen(D.log, "r");
-	size_t n;
-
-	if (!f)
-		return false;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	return strstr(buf, what) != NULL;
+	return pt_log_has(&D.e, what);
 }
 
 /* ---- start, stats, stop ------------------------------------------------------------------ */
@@ -222,12 +170,12 @@ Test(pool_daemon, ready_status_stats_and_clean_stop)
 	bd_pool_stats_free(s);
 	bd_pool_conn_free(c);
 	/* both sockets are 0660 */
-	cr_assert_eq(stat(D.sock, &st), 0);
+	cr_assert_eq(stat(D.e.sock, &st), 0);
 	cr_expect_eq(st.st_mode & 0777, 0660);
-	cr_assert_eq(stat(D.endpoint + 6, &st), 0);
+	cr_assert_eq(stat(D.e.endpoint + 6, &st), 0);
 	cr_expect_eq(st.st_mode & 0777, 0660);
-	cr_expect_eq(stop(), 0, "SIGTERM must exit 0 (log in %s)", D.log);
-	cr_expect_neq(access(D.sock, F_OK), 0, "the attach socket was left behind");
+	cr_expect_eq(stop(), 0, "SIGTERM must exit 0 (log in %s)", D.e.log);
+	cr_expect_neq(access(D.e.sock, F_OK), 0, "the attach socket was left behind");
 }
 
 Test(pool_daemon, watchdog_pings)
@@ -294,10 +242,10 @@ Test(pool_daemon, cuda_backend_without_a_gpu_says_why)
 	D.pid = 0;
 	cr_assert(WIFEXITED(st), "kvpoold --backend cuda did not exit by itself (status %d)", st);
 	cr_expect_eq(WEXITSTATUS(st), 1);
-	cr_expect(log_has("backend cuda: "), "the log names the backend (log in %s)", D.log);
+	cr_expect(log_has("backend cuda: "), "the log names the backend (log in %s)", D.e.log);
 	cr_expect(log_has("no CUDA driver") || log_has("CUDA devices") || log_has("cuInit") ||
-		  log_has("built without CUDA"), "the log says what is missing (log in %s)", D.log);
-	cr_expect_neq(access(D.sock, F_OK), 0, "an attach socket was left behind");
+		  log_has("built without CUDA"), "the log says what is missing (log in %s)", D.e.log);
+	cr_expect_neq(access(D.e.sock, F_OK), 0, "an attach socket was left behind");
 }
 
 Test(pool_daemon, config_file_then_flags)
@@ -308,7 +256,7 @@ Test(pool_daemon, config_file_then_flags)
 	struct bd_pool_stats *s;
 	const char *extra[] = { "--config", conf, "--slots", "5", NULL };
 
-	snprintf(conf, sizeof(conf), "%s/bdfp4.conf", D.dir);
+	snprintf(conf, sizeof(conf), "%s/bdfp4.conf", D.e.dir);
 	f = fopen(conf, "w");
 	cr_assert_not_null(f);
 	fputs("[pool]\ntp = 1\nlayers = 1\nkv_heads = 1\nhead_dim = 64\npages = 40\n"
@@ -477,11 +425,11 @@ Test(pool_daemon, two_processes_share_a_page)
 	r = fork();
 	cr_assert_geq(r, 0);
 	if (r == 0)
-		_exit(reader(go[1], where[0], done[1], D.sock));
+		_exit(reader(go[1], where[0], done[1], D.e.sock));
 	w = fork();
 	cr_assert_geq(w, 0);
 	if (w == 0)
-		_exit(writer(go[0], where[1], done[0], D.sock, D.endpoint));
+		_exit(writer(go[0], where[1], done[0], D.e.sock, D.e.endpoint));
 	close(go[0]);
 	close(go[1]);
 	close(where[0]);
@@ -519,8 +467,8 @@ Test(pool_daemon, dead_client_is_detached_without_leaks)
 		struct bd_pool_conn *cc;
 		int32_t p[3];
 
-		if (bd_pool_attach(D.sock, 0, NULL, 0, &a) < 0 ||
-		    bd_pool_conn_new(D.endpoint, 5000, &cc) < 0 ||
+		if (bd_pool_attach(D.e.sock, 0, NULL, 0, &a) < 0 ||
+		    bd_pool_conn_new(D.e.endpoint, 5000, &cc) < 0 ||
 		    bd_pool_page_alloc(cc, 900, 42, 3, p) < 0)
 			_exit(1);
 		memset(bd_pool_attach_pages(a), 0x11, 64);
@@ -578,7 +526,7 @@ static int attach_as_nobody(void)
 
 		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
 			_exit(10);
-		e = bd_pool_attach(D.sock, 0, err, sizeof(err), &a);
+		e = bd_pool_attach(D.e.sock, 0, err, sizeof(err), &a);
 		if (e == -EACCES)
 			_exit(strstr(err, "not allowed") ? 1 : 11);
 		if (e < 0) {
@@ -595,8 +543,8 @@ static int attach_as_nobody(void)
 static void open_socket_to_all(void)
 {
 	/* let a non-member reach connect(), so SO_PEERCRED is what refuses it */
-	cr_assert_eq(chmod(D.dir, 0711), 0);
-	cr_assert_eq(chmod(D.sock, 0666), 0);
+	cr_assert_eq(chmod(D.e.dir, 0711), 0);
+	cr_assert_eq(chmod(D.e.sock, 0666), 0);
 }
 
 Test(pool_daemon, peers_outside_the_group_are_refused)
@@ -616,7 +564,7 @@ Test(pool_daemon, peers_outside_the_group_are_refused)
 		cr_expect_eq(rc, 1, "uid 65534 outside group 1 must be refused (child: %d)", rc);
 	}
 	/* and the daemon still serves the rest */
-	cr_assert_eq(bd_pool_attach(D.sock, 0, NULL, 0, &a), 0);
+	cr_assert_eq(bd_pool_attach(D.e.sock, 0, NULL, 0, &a), 0);
 	c = conn();
 	s = stats(c);
 	cr_expect_eq(s->devices[0].attached, 1);
@@ -644,13 +592,13 @@ Test(pool_daemon, attach_errors)
 	char err[256];
 
 	start(false, NULL);
-	cr_expect_eq(bd_pool_attach(D.sock, 1, err, sizeof(err), &a), -ENODEV); /* tp 1 */
+	cr_expect_eq(bd_pool_attach(D.e.sock, 1, err, sizeof(err), &a), -ENODEV); /* tp 1 */
 	cr_expect_neq(strstr(err, "rank 1"), NULL, "%s", err);
 	cr_expect_null(a);
-	cr_expect_eq(bd_pool_attach(D.sock, -1, err, sizeof(err), &a), -EINVAL);
+	cr_expect_eq(bd_pool_attach(D.e.sock, -1, err, sizeof(err), &a), -EINVAL);
 	/* a connection that sends something else than an AttachRequest */
 	{
-		const char *path = D.sock;
+		const char *path = D.e.sock;
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 		struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -720,7 +668,7 @@ Test(pool_daemon, malformed_frames_get_errors_and_the_daemon_serves_on)
 	req = zmq_socket(ctx, ZMQ_REQ);
 	zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout, sizeof(timeout));
 	zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof(zero));
-	cr_assert_eq(zmq_connect(req, D.endpoint), 0);
+	cr_assert_eq(zmq_connect(req, D.e.endpoint), 0);
 	cr_assert_eq(zmq_send(req, "a", 1, ZMQ_SNDMORE), 1);
 	cr_assert_eq(zmq_send(req, "b", 1, 0), 1);
 	zmq_msg_init(&m);
@@ -759,7 +707,7 @@ static char *run_ctl(const char *args, int *ret_status)
 	size_t n;
 	FILE *f;
 
-	snprintf(cmd, sizeof(cmd), "'%s/kvpoolctl' --endpoint '%s' %s 2>&1", D.bin, D.endpoint,
+	snprintf(cmd, sizeof(cmd), "'%s/kvpoolctl' --endpoint '%s' %s 2>&1", D.e.bin, D.e.endpoint,
 		 args);
 	f = popen(cmd, "r");
 	cr_assert_not_null(f);
@@ -784,7 +732,7 @@ Test(pool_daemon, kvpoolctl_shows_a_live_pool)
 	cr_assert_eq(bd_pool_page_alloc(c, 77, 5, 3, p), 0);
 	cr_assert_eq(bd_pool_slot_assign(c, 77, 5, &slot), 0);
 	cr_assert_eq(bd_pool_page_alloc(c, 78, 6, 1, p), 0);
-	cr_assert_eq(bd_pool_attach(D.sock, 0, NULL, 0, &a), 0);
+	cr_assert_eq(bd_pool_attach(D.e.sock, 0, NULL, 0, &a), 0);
 
 	out = run_ctl("stats --json", &st);
 	cr_assert_eq(st, 0, "%s", out);
@@ -827,6 +775,95 @@ Test(pool_daemon, kvpoolctl_shows_a_live_pool)
 	cr_expect_eq(WEXITSTATUS(st), 2);
 
 	bd_pool_detach(a);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* The frame limits as --help states them: up to max_frame_bytes served, above it up to 16 MiB
+ * an OVERSIZE reply, above 16 MiB no reply and the connection closed (the client refuses to
+ * send such a frame); the daemon serves on and keeps what it held. */
+Test(pool_daemon, frames_over_the_limits_get_oversize_or_a_closed_connection)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	size_t hard = BD_POOL_FRAME_HARD_MAX;
+	uint8_t *big = calloc(1, hard + 1);
+	void *ctx, *req, *mon;
+	void *rep;
+	size_t rlen;
+	int32_t p[3];
+	int zero = 0;
+	bool closed = false;
+	int64_t end;
+	char help[8192];
+	FILE *f;
+	size_t n;
+
+	/* --help says what happens */
+	snprintf(help, sizeof(help), "%s --help 2>&1", D.e.kvpoold);
+	f = popen(help, "r");
+	cr_assert_not_null(f);
+	n = fread(help, 1, sizeof(help) - 1, f);
+	help[n] = 0;
+	pclose(f);
+	cr_expect_not_null(strstr(help, "over 16M (16777216 bytes) gets none: its connection is "
+				  "closed"), "%s", help);
+
+	cr_assert_not_null(big);
+	start(false, NULL);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 3, 1, 3, p), 0);
+	/* the default limit, 65536: one byte over it gets OVERSIZE, as does 16 MiB */
+	cr_expect_eq(raw_code(c, big, 65537), BD_POOL_ERR_OVERSIZE);
+	cr_expect_eq(raw_code(c, big, hard), BD_POOL_ERR_OVERSIZE);
+	/* one byte more: the client does not send it */
+	cr_expect_eq(bd_pool_call_raw(c, big, hard + 1, &rep, &rlen), -EMSGSIZE);
+	/* sent anyway, by a socket of our own: the daemon closes the connection */
+	ctx = zmq_ctx_new();
+	req = zmq_socket(ctx, ZMQ_REQ);
+	mon = zmq_socket(ctx, ZMQ_PAIR);
+	cr_assert_not_null(req);
+	cr_assert_not_null(mon);
+	zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof(zero));
+	zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof(zero));
+	cr_assert_eq(zmq_socket_monitor(req, "inproc://oversize-mon", ZMQ_EVENT_DISCONNECTED), 0);
+	cr_assert_eq(zmq_connect(mon, "inproc://oversize-mon"), 0);
+	cr_assert_eq(zmq_connect(req, D.e.endpoint), 0);
+	cr_assert_eq(zmq_send(req, big, hard + 1, 0), (int)(hard + 1));
+	end = bd_now_ms() + TIMEOUT_MS;
+	while (!closed && bd_now_ms() < end) {
+		zmq_pollitem_t it = { .socket = mon, .events = ZMQ_POLLIN };
+		zmq_msg_t ev;
+		uint16_t id = 0;
+		int more = 0;
+		size_t ml = sizeof(more);
+
+		if (zmq_poll(&it, 1, 100) <= 0)
+			continue;
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, mon, 0) >= 2)
+			memcpy(&id, zmq_msg_data(&ev), 2);
+		zmq_getsockopt(mon, ZMQ_RCVMORE, &more, &ml);
+		zmq_msg_close(&ev);
+		if (more) {
+			zmq_msg_init(&ev);
+			zmq_msg_recv(&ev, mon, 0);
+			zmq_msg_close(&ev);
+		}
+		closed = id == ZMQ_EVENT_DISCONNECTED;
+	}
+	cr_expect(closed, "the daemon did not close the connection of a frame over 16 MiB");
+	zmq_socket_monitor(req, NULL, 0);
+	zmq_close(mon);
+	zmq_close(req);
+	zmq_ctx_term(ctx);
+	free(big);
+	/* serving on, the pages of request 3 still held */
+	s = stats(c);
+	cr_expect_eq(s->pages_used, 3);
+	cr_expect_eq(s->requests, 1);
+	bd_pool_stats_free(s);
+	cr_expect_eq(bd_pool_page_free(c, 3, p, 3, NULL), 0);
 	bd_pool_conn_free(c);
 	cr_expect_eq(stop(), 0);
 }

@@ -488,9 +488,9 @@ Test(serve, sigterm_drains_the_running_generation)
 	bd_client_free(c2);
 }
 
-/* kill -9 of kvpoold: the workers exit with it (their arena is gone); health names the pool
- * within a few seconds, a new request is refused at once, routerd stays up; a new kvpoold and
- * workers (as systemd restarts them) make it serve again. */
+/* kill -9 of kvpoold without an fd store: health names the pool within a few seconds, a new
+ * request is refused at once, routerd stays up; a new kvpoold (other arenas) makes the workers
+ * exit, and new workers (as systemd restarts them) make it serve again. */
 Test(serve, kill_9_of_kvpoold_shows_in_health_and_service_resumes)
 {
 	struct bd_client *c;
@@ -518,10 +518,11 @@ Test(serve, kill_9_of_kvpoold_shows_in_health_and_service_resumes)
 	cr_expect_eq(ev.error, BD_SERVE_ERR_UNAVAILABLE, "got %d: %s", ev.error, ev.message);
 	cr_expect_lt(sv_now_ms() - t0, 500);
 	cr_expect_eq(kill(E.router.pid, 0), 0, "routerd must stay up");
-	/* the workers exit 1 on purpose (to be restarted and attach to the new pool) */
+	/* the workers exit 1 on purpose once the new pool says its arenas are others (to be
+	 * restarted and attach to them) */
+	sv_start_pool(&E, NULL);
 	sv_stop(&E.worker[0], 0, WAIT_MS);
 	sv_stop(&E.worker[1], 0, WAIT_MS);
-	sv_start_pool(&E, NULL);
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
 	sv_expect_healthy(&E, WAIT_MS, "no recovery");
