@@ -71,8 +71,9 @@ static int device_ok(enum bd_kfamily f, const struct bd_kfamily_device *dev, cha
 		if (bw_cc && dev->have_bw)
 			return 0;
 		if (bw_cc)
-			return say(-ENODEV, why, cap, "compute capability %d.%d: this build has no "
-				   "Blackwell code (built with GENCODE_BW empty: sm_90a only)", M, m);
+			return say(-ENODEV, why, cap, "compute capability %d.%d: this build has "
+				   "no Blackwell code (built with GENCODE_BW empty: sm_90a only)",
+				   M, m);
 		return say(-ENODEV, why, cap, "compute capability %d.%d: no decode kernel of this "
 			   "build runs on it (sm_90a, sm_100a, sm_103a, sm_120a only)", M, m);
 	}
@@ -95,13 +96,15 @@ static int shape_ok(enum bd_kfamily f, const struct bd_kvcfg *cfg,
 	if (s->d_rope != 0)
 		return say(-EOPNOTSUPP, why, cap, "%s: no MLA layouts (d_rope %d)", fn, s->d_rope);
 	if (s->d != 64 && s->d != 128)
-		return say(-EOPNOTSUPP, why, cap, "%s: head dimension %d (64 or 128 only)", fn, s->d);
+		return say(-EOPNOTSUPP, why, cap, "%s: head dimension %d (64 or 128 only)", fn,
+			   s->d);
 	if (s->G < 1 || s->G > 8)
 		return say(-EOPNOTSUPP, why, cap, "%s: %d query heads per KV head (1 to 8 only)",
 			   fn, s->G);
 	switch (cfg->page_fmt) {
 	case BD_PAGE_NVFP4:
-		if (fp4q && (cfg->p_quant == BD_P_NVFP4_MAX6 || cfg->p_quant == BD_P_NVFP4_UNDERFLOW))
+		if (fp4q &&
+		    (cfg->p_quant == BD_P_NVFP4_MAX6 || cfg->p_quant == BD_P_NVFP4_UNDERFLOW))
 			return 0;
 		break;
 	case BD_PAGE_MXFP4:
@@ -161,7 +164,8 @@ int bd_kfamily_choose(enum bd_kfamily_mode mode, const struct bd_kfamily_device 
 		if (nat < 0) {
 			r = bd_kfamily_native(dev->cc_major, dev->cc_minor) >= 0 ? -EOPNOTSUPP :
 										  -ENODEV;
-			return say(r, ret->why, sizeof(ret->why), "decode kernel 'native': %s", nwhy);
+			return say(r, ret->why, sizeof(ret->why), "decode kernel 'native': %s",
+				   nwhy);
 		}
 		ret->family = nat;
 		ret->selfcheck = true;
@@ -194,14 +198,15 @@ int bd_kfamily_finish(struct bd_kfamily_choice *c, int result, const char *detai
 	if (c->mode == BD_KFAMILY_NATIVE) {
 		c->family = c->native;
 		if (result < 0)
-			return say(result, c->why, sizeof(c->why), "decode kernel 'native': %s cannot "
-				   "run: %s", names[c->native], detail);
+			return say(result, c->why, sizeof(c->why), "decode kernel 'native': %s "
+				   "cannot run: %s", names[c->native], detail);
 		return say(0, c->why, sizeof(c->why), "native forced; self-check %s: %s",
 			   result == 0 ? "passed" : "MISMATCH", detail);
 	}
 	if (result == 0) {
 		c->family = c->native;
-		return say(0, c->why, sizeof(c->why), "self-check against hopper passed: %s", detail);
+		return say(0, c->why, sizeof(c->why), "self-check against hopper passed: %s",
+			   detail);
 	}
 	c->family = BD_KFAMILY_HOPPER;
 	return say(0, c->why, sizeof(c->why), "%s self-check %s, serving hopper: %s",

@@ -137,14 +137,15 @@ Test(kfamily, supported_shapes)
 {
 	const struct bd_kvcfg *c = cfg("bitdecoding-mxfp4");
 	const struct { struct bd_kfamily_shape s; int want; } t[] = {
-		{ { 64, 0, 1 }, 0 },   { { 128, 0, 8 }, 0 },          { { 128, 0, 9 }, -EOPNOTSUPP },
-		{ { 128, 0, 0 }, -EOPNOTSUPP }, { { 96, 0, 4 }, -EOPNOTSUPP },
-		{ { 256, 0, 4 }, -EOPNOTSUPP }, { { 128, 64, 4 }, -EOPNOTSUPP },
+		{ { 64, 0, 1 }, 0 },            { { 128, 0, 8 }, 0 },
+		{ { 128, 0, 9 }, -EOPNOTSUPP }, { { 128, 0, 0 }, -EOPNOTSUPP },
+		{ { 96, 0, 4 }, -EOPNOTSUPP },  { { 256, 0, 4 }, -EOPNOTSUPP },
+		{ { 128, 64, 4 }, -EOPNOTSUPP },
 	};
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
 		for (int f = 0; f < BD_KFAMILY_COUNT; f++) {
-			const struct bd_kfamily_device *dev = f == BD_KFAMILY_BLACKWELL_MMA ? &RTX :
-												&B300;
+			const struct bd_kfamily_device *dev =
+				f == BD_KFAMILY_BLACKWELL_MMA ? &RTX : &B300;
 			cr_expect_eq(bd_kfamily_supported(f, dev, c, &t[i].s, NULL, 0), t[i].want,
 				     "family %d, d %d, d_rope %d, G %d", f, t[i].s.d, t[i].s.d_rope,
 				     t[i].s.G);
