@@ -43,6 +43,7 @@ int current(int *ret_dev)
 
 int prepare(enum bd_kfamily f, const struct bd_decode_plan *pl)
 {
+	(void)pl; /* unused without the native families */
 	switch (f) {
 	case BD_KFAMILY_HOPPER:
 		return 0; /* bd_decode_plan_init_hopper prepared it */
