@@ -12,9 +12,11 @@
  *     the native family when the self-check passes and falls back to hopper on a mismatch,
  *     with the reason; native serves despite a mismatch and says so; portable never checks;
  *   - bd_decode_select on the real device: on Hopper auto is hopper without a self-check and
- *     native is refused with -ENODEV; on a Blackwell GPU the real native family's self-check
- *     against hopper over the FP4 configurations, which must pass; FP8 pages are refused at
- *     selection with -EOPNOTSUPP; plans take the device's family.
+ *     native is refused with -ENODEV, and taken for a B300 (no stand-in) the native kernel's
+ *     failure to run is a fallback (auto) or a refusal (native); on a Blackwell GPU the real
+ *     native family's self-check against hopper over the FP4 configurations, which must
+ *     pass; FP8 pages are refused at selection with -EOPNOTSUPP; plans take the device's
+ *     family.
  * Exits 1 when a check fails, 2 when the program cannot run.
  */
 #include <errno.h>
@@ -220,6 +222,20 @@ static void check_select_real(const struct bd_kfamily_device *dev)
 	else
 		check(r == -ENODEV && strstr(ch.why, "native"), "native must be -ENODEV: %d (%s)",
 		      r, ch.why);
+	if (!native_here) {
+		/* taken for a B300 without the stand-in: the self-check's native kernel cannot run
+		 * here, so auto falls back with the reason and native is refused */
+		const struct bd_decode_select_test t = { 10, 3, false, 0.0f };
+		r = bd_decode_select(BD_KFAMILY_AUTO, c, &lay, 4, &t, &ch);
+		printf("  auto, 10.3 without its code: %d, %s (%s)\n", r,
+		       bd_kfamily_name(ch.family), ch.why);
+		check(r == 0 && ch.family == BD_KFAMILY_HOPPER && ch.selfcheck_result == -ENODEV &&
+		      strstr(ch.why, "failed"), "auto, native cannot run: %d %d (%s)", r,
+		      ch.selfcheck_result, ch.why);
+		r = bd_decode_select(BD_KFAMILY_NATIVE, c, &lay, 4, &t, &ch);
+		check(r == -ENODEV && strstr(ch.why, "cannot run"),
+		      "native that cannot run must be -ENODEV: %d (%s)", r, ch.why);
+	}
 	const struct bd_kvcfg *f8 = cfg("fp8");
 	const struct bd_layout l8 = lay_of(f8, 128);
 	r = bd_decode_select(BD_KFAMILY_AUTO, f8, &l8, 4, NULL, &ch);
