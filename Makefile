@@ -51,8 +51,9 @@ endif
 
 # CUDA: generic kernels are built for Hopper (sm_90a) and the Blackwell targets; files named
 # *_sm90.cu hold Hopper-only code (wgmma, setmaxnreg), *_sm100.cu code for sm_100a and sm_103a
-# only (tcgen05), *_sm120.cu code for sm_120a only (block-scaled mma.sync). The sanitizer and
-# fuzzer builds have no CUDA part.
+# only (tcgen05), *_sm120.cu code for sm_120a only (block-scaled mma.sync), except the decode
+# kernels' translation unit (DECODE_SRC below), the portable family, built for every target.
+# The sanitizer and fuzzer builds have no CUDA part.
 CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_INC    := $(or $(CUDA_HOME),/usr/local/cuda)/include
 HAVE_NVCC   := $(if $(SAN)$(FUZZ),,$(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1))
@@ -83,9 +84,15 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# The gencodes of a CUDA source, by the naming rule above
+gencode_of = $(strip $(if $(filter $(DECODE_SRC),$(1)),$(GENCODE_90) $(GENCODE_BW), \
+	$(if $(findstring _sm90.cu,$(1)),$(GENCODE_90), \
+	$(if $(findstring _sm100.cu,$(1)),$(GENCODE_100), \
+	$(if $(findstring _sm120.cu,$(1)),$(GENCODE_120),$(GENCODE_90) $(GENCODE_BW))))))
+
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(if $(findstring _sm90.cu,$<),$(GENCODE_90),$(if $(findstring _sm100.cu,$<),$(GENCODE_100),$(if $(findstring _sm120.cu,$<),$(GENCODE_120),$(GENCODE_90) $(GENCODE_BW)))) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(call gencode_of,$<) -MMD -MP -c $< -o $@
 
 # An archive of objects: $(call archive,objects) as the recipe of a .a target.
 define archive
@@ -157,6 +164,13 @@ LIBS_cuda  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lnc
 	-lcudart_static -lstdc++ -ldl -lrt
 
 $(AR_cuda): $(OBJ_cuda) ; $(archive)
+# The decode family table (kernels/decode_family.cu) links the native families' launchers only
+# where they are built (BD_HAVE_BW); the flag file rebuilds it when that changes.
+$(BUILD)/kernels/bw.flag: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(HAVE_BW)' | cmp -s - $@ || echo '$(HAVE_BW)' > $@
+$(BUILD)/kernels/decode_family.o: $(BUILD)/kernels/bw.flag
+$(BUILD)/kernels/decode_family.o: NVCCFLAGS += -DBD_HAVE_BW=$(if $(HAVE_BW),1,0)
 $(SRC_cuda:%.c=$(BUILD)/%.o): CFLAGS += $(CUDA_CFLAGS)
 ifeq ($(HAVE_NVCC),1)
 all: $(AR_cuda)
@@ -344,12 +358,14 @@ GPU_SANITIZE  ?= 1
 GPU_SANITIZER ?= $(firstword $(wildcard $(CUDA_HOME)/bin/compute-sanitizer) compute-sanitizer)
 GPU_CAPTURE_OUT  ?= $(BUILD)/gpu-data/smollm2_kv.bin
 GPU_CAPTURE_TEXT ?= /usr/share/common-licenses/GPL-3
-GPU_BIN := $(addprefix $(BUILD)/bin/,gpu_check bench_kernels ops_check gmodel_check pool_vmm_check)
+GPU_BIN := $(addprefix $(BUILD)/bin/,gpu_check decode_select_check bench_kernels ops_check \
+	gmodel_check pool_vmm_check)
 all: $(BUILD)/bin/gpu_capture
 
 $(BUILD)/tests/gpu/%.o $(BUILD)/bench/kernels/%.o: CFLAGS += $(CUDA_CFLAGS) -Itests/gpu -Itests/common
 $(BUILD)/tests/gpu/%.o: | $(PROTO_H)
 $(eval $(call program,gpu_check,$(BUILD)/tests/gpu/gpu_check.o $(TESTGEN_OBJ),cuda quant base))
+$(eval $(call program,decode_select_check,$(BUILD)/tests/gpu/decode_select_check.o,cuda quant base))
 $(eval $(call program,bench_kernels,$(BUILD)/bench/kernels/bench_kernels.o $(TESTGEN_OBJ),cuda quant base))
 $(eval $(call program,ops_check,$(BUILD)/tests/gpu/ops_check.o,cuda model formats quant base))
 $(eval $(call program,gmodel_check,$(BUILD)/tests/gpu/gmodel_check.o,cuda model formats quant base))
@@ -374,17 +390,20 @@ gpu-capture: $(BUILD)/bin/gpu_capture
 	@mkdir -p $(dir $(GPU_CAPTURE_OUT))
 	$< $(MODEL_FILE) $(GPU_CAPTURE_TEXT) $(GPU_CAPTURE_OUT)
 
-# The kernels against the CPU reference, then compute-sanitizer memcheck and racecheck on a
-# small case (GPU_SANITIZE=0 skips those), then the pool and the model ops.
+# The kernels against the CPU reference (every decode family the device supports), then
+# compute-sanitizer memcheck and racecheck on a small case (GPU_SANITIZE=0 skips those), the
+# family table with its self-check and fallback, then the pool and the model ops.
 HAVE_POOL_LIBS := $(shell pkg-config --exists libzmq libprotobuf-c inih libsystemd jansson \
 	libpcre2-8 2>/dev/null && echo 1)
-gpu-test: $(BUILD)/bin/gpu_check $(BUILD)/bin/bench_kernels $(BUILD)/bin/ops_check
+gpu-test: $(BUILD)/bin/gpu_check $(BUILD)/bin/decode_select_check $(BUILD)/bin/bench_kernels \
+		$(BUILD)/bin/ops_check
 	$(need_nvcc)
 	BD_SHARED=$(BD_SHARED) BD_GPU_CAPTURE=$(wildcard $(GPU_CAPTURE_OUT)) $(BUILD)/bin/gpu_check
 ifeq ($(GPU_SANITIZE),1)
 	$(GPU_SANITIZER) --tool memcheck --error-exitcode 1 $(BUILD)/bin/gpu_check --small
 	$(GPU_SANITIZER) --tool racecheck --error-exitcode 1 $(BUILD)/bin/gpu_check --small
 endif
+	$(BUILD)/bin/decode_select_check
 	$(if $(HAVE_POOL_LIBS),$(MAKE) --no-print-directory gpu-test-pool,@echo "gpu-test: no pool libraries (pkg-config libzmq libprotobuf-c ...): gpu-test-pool skipped")
 	$(MAKE) --no-print-directory gpu-test-ops
 

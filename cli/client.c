@@ -127,7 +127,7 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 	if (json) {
 		print_json(json_pack(
 			"{s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:I, s:I, "
-			"s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}",
+			"s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:s}",
 			"version", s.version, "model", s.model, "arch", s.arch, "n_vocab",
 			(int)s.n_vocab, "n_ctx", (int)s.n_ctx, "kv_config", s.kv_config, "tp",
 			(int)s.tp, "backend", s.backend, "max_batch", (int)s.max_batch, "max_queue",
@@ -138,7 +138,8 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 			(json_int_t)s.pages_total, "pages_free", (json_int_t)s.pages_free,
 			"pages_peak", (json_int_t)s.pages_peak, "slots_total",
 			(json_int_t)s.slots_total, "slots_free", (json_int_t)s.slots_free,
-			"uptime_ms", (json_int_t)s.uptime_ms, "healthy", s.healthy));
+			"uptime_ms", (json_int_t)s.uptime_ms, "healthy", s.healthy,
+			"decode_kernel", s.decode_kernel));
 		return 0;
 	}
 	printf("router %s: %s (%s, vocabulary %u, context %u), tp %u, %s backend, kv %s\n",
@@ -154,6 +155,8 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 	       (unsigned long long)s.pages_free, (unsigned long long)s.pages_total,
 	       (unsigned long long)s.pages_peak, (unsigned long long)s.slots_free,
 	       (unsigned long long)s.slots_total);
+	if (*s.decode_kernel)
+		printf("  decode kernel: %s\n", s.decode_kernel);
 	return 0;
 }
 

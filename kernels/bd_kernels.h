@@ -1,9 +1,18 @@
-/* bd_kernels.h — the C launchers of the CUDA decode kernels (Hopper sm_90a), callable from C.
+/* bd_kernels.h — the C launchers of the CUDA decode kernels, callable from C.
  *
  * One header in front of kernels/ (STYLE.md 1, 8): a decode step is split into a plan, computed
  * once per batch shape (splits, workspace size, launch geometry), and a run over caller-provided
  * device buffers. Block tables, sequence lengths and slot pointers are read from device arrays,
  * so a run can be captured in a CUDA graph and replayed with new contents.
+ *
+ * Kernel families (STYLE.md 2; the table and its rule in quant/bd_kfamily.h): the portable
+ * `hopper` family (kernels/decode_sm90.cu, built for sm_90a and, in a Blackwell build, for
+ * sm_100a, sm_103a and sm_120a), the native `blackwell-tc` (sm_100a/sm_103a) and
+ * `blackwell-mma` (sm_120a) families (bd_kernels_bw.h). Each device serves with one family,
+ * hopper unless bd_decode_family_set chose another (the worker does, after its self-check:
+ * cuda/bd_decode_select.h); a plan records its family and bd_decode_run launches that one.
+ * The description below is the hopper family's; the native ones compute the same quantities
+ * with the FP4 products on FP4 tensor cores (bd_kernels_bw.h).
  *
  * What the kernels compute is NUMERICS.md §5–§8 exactly as the CPU reference (bd_attn_ref.h) does
  * with tile_keys = BD_KERNEL_TILE_KEYS (one 128-token page per tile) and the plan's n_splits:
@@ -27,6 +36,7 @@
 #include <stdint.h>
 
 #include "quant/bd_attn_ref.h"
+#include "quant/bd_kfamily.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
 
@@ -69,7 +79,40 @@ struct bd_decode_plan {
 	int persist_ctas;      /* > 0: the run launches the persistent kernel with this many CTAs,
 				* which claim the grid's CTAs' work as items (same results, bit for
 				* bit, at any count ≥ 1: a test may set it); 0: grid_ctas CTAs */
+	int family;            /* enum bd_kfamily that bd_decode_run launches */
 };
+
+/* ---- the families ---- */
+
+/* Whether family f can serve cfg over lay with G query heads per KV head on the current
+ * device: bd_kfamily_supported with the device's compute capability and this build's objects
+ * (have_bw: the Blackwell objects were linked in), one sentence in why[cap] (may be NULL) on
+ * failure. Shared-memory limits show at bd_decode_plan_init_family (-EOPNOTSUPP). Returns 0,
+ * -ENODEV, -EOPNOTSUPP, -EINVAL, -EIO (the device could not be queried). */
+int bd_decode_family_supported(enum bd_kfamily f, const struct bd_kvcfg *cfg,
+			       const struct bd_layout *lay, int G, char *why, size_t cap);
+
+/* The family the current device serves with (hopper until bd_decode_family_set). */
+enum bd_kfamily bd_decode_family_get(void);
+
+/* Make f the current device's family for every later bd_decode_plan_init (plans made before
+ * keep theirs). Checks only that f's code can run on the device. Returns 0, -ENODEV, -EINVAL,
+ * -EIO. */
+int bd_decode_family_set(enum bd_kfamily f);
+
+/* This build's description of a device: compute capability of the current device and whether
+ * the Blackwell objects are linked in. Returns 0, -ENODEV, -EIO. */
+int bd_decode_device(struct bd_kfamily_device *ret);
+
+/* bd_decode_plan_init with family f instead of the device's: the same geometry (splits and
+ * workspace are the hopper family's rule, so every family runs every plan of the same shape
+ * on the same workspace), then f's preparation on the current device. Returns what
+ * bd_decode_plan_init returns; -ENODEV or -EOPNOTSUPP also when f cannot serve this device or
+ * shape (bd_decode_family_supported). */
+int bd_decode_plan_init_family(struct bd_decode_plan *ret, enum bd_kfamily f,
+			       const struct bd_kvcfg *cfg, const struct bd_layout *lay,
+			       const struct bd_decode_params *dp, int B, int Hq, int max_tokens,
+			       int n_splits);
 
 /* Plan a decode step of B requests with Hq query heads over an arena laid out by lay (one
  * layer of it per run), configuration cfg (NVFP4 pages: every §9 configuration that has them;
@@ -81,8 +124,10 @@ struct bd_decode_plan {
  * fills the device in whole waves (split-KV sized by bytes); > 0 forces that many (tests).
  * Shapes: Hq = G·lay->n_kv_heads, 1 ≤ G ≤ 8, lay->d ∈ {64, 128}, B ≥ 1, max_tokens ≥ 1.
  * Queries the current CUDA device (SM count, occupancy) and raises the kernels' shared-memory
- * limit. Returns 0, -EINVAL, -EOPNOTSUPP (FP8 pages, MLA, other d or G, channel-blocked pages
- * with a sink or a quantized P), -ENODEV, -EIO. */
+ * limit; the plan gets the device's family (bd_decode_family_get) and that family's
+ * preparation. Returns 0, -EINVAL, -EOPNOTSUPP (FP8 pages, MLA, other d or G, channel-blocked
+ * pages with a sink or a quantized P, a shape the family does not serve or whose shared
+ * memory the device lacks), -ENODEV (no code of the family for this device), -EIO. */
 int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
 			const struct bd_layout *lay, const struct bd_decode_params *dp, int B,
 			int Hq, int max_tokens, int n_splits);
@@ -107,18 +152,29 @@ struct bd_decode_args {
  * zero again, so this is needed once per workspace, not per run. Returns 0, -EINVAL, -EIO. */
 int bd_decode_workspace_init(const struct bd_decode_plan *plan, void *workspace, void *stream);
 
-/* Enqueue one decode step on stream (a cudaStream_t; NULL for the default stream): one kernel
- * whose CTAs are the FP4 (or BF16) page splits and the BF16 sink+recent partial of every
- * (request, KV head), query rotation and dual-residual quantization in their prologue; the last
- * CTA of each (request, KV head) to finish does the LSE combine. With plan->persist_ctas > 0
- * (FP4 pages, a build with -DBD_PERSIST=1) that many resident CTAs take the same splits and
- * partials as work items from a counter in the workspace, longest first. Asynchronous;
- * capturable in a CUDA graph; runs sharing a workspace must be ordered (one stream). Returns 0,
- * -EINVAL (NULL or misaligned buffer, bad layer, bt_stride too small, persist_ctas < 0),
- * -EOPNOTSUPP (persist_ctas > 0 without the persistent kernel or on BF16 or channel-blocked
- * pages), -EIO (launch failed). */
+/* Enqueue one decode step on stream (a cudaStream_t; NULL for the default stream) with the
+ * plan's family: one kernel whose CTAs are the FP4 (or BF16) page splits and the BF16
+ * sink+recent partial of every (request, KV head), query rotation and dual-residual
+ * quantization in their prologue; the last CTA of each (request, KV head) to finish does the
+ * LSE combine. With plan->persist_ctas > 0 (hopper family, FP4 pages, a build with
+ * -DBD_PERSIST=1) that many resident CTAs take the same splits and partials as work items from
+ * a counter in the workspace, longest first. Asynchronous; capturable in a CUDA graph; runs
+ * sharing a workspace must be ordered (one stream). Returns 0, -EINVAL (NULL or misaligned
+ * buffer, bad layer, bt_stride too small, persist_ctas < 0), -EOPNOTSUPP (persist_ctas > 0
+ * without the persistent kernel, on BF16 or channel-blocked pages or another family), -EIO
+ * (launch failed). */
 int bd_decode_run(const struct bd_decode_plan *plan, const struct bd_decode_args *args,
 		  void *stream);
+
+/* The hopper family's own plan and run (kernels/decode_sm90.cu): bd_decode_plan_init and
+ * bd_decode_run without the family table (a plan of family 0). On sm_120 the BF16-row kernels
+ * take fewer pipeline stages (99 KB of shared memory per block); BF16 pages at d = 128 do not
+ * fit and are -EOPNOTSUPP there. */
+int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
+			       const struct bd_layout *lay, const struct bd_decode_params *dp,
+			       int B, int Hq, int max_tokens, int n_splits);
+int bd_decode_run_hopper(const struct bd_decode_plan *plan, const struct bd_decode_args *args,
+			 void *stream);
 
 /* Promotion (NUMERICS.md §8) on the device: for i < n, quantize the full recent page of slot
  * slots[i] (all layers and KV heads of lay) into page pages[i] of arena, bytes identical to

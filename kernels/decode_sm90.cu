@@ -61,6 +61,15 @@
  * with all three, which leaves 3) */
 #define BD_V9_ANY (BD_V9_LDSM || BD_V9_SOFT || BD_V9_MXK)
 
+/* Code for sm_120 (99 KB of shared memory per block, 100 KB per SM, against Hopper's and sm_100's
+ * 227 KB) takes the BF16-row kernels with fewer stages; the host sizes a launch by the device's
+ * compute capability (major ≥ 12) to match. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define BDK_SMALL_SMEM true
+#else
+#define BDK_SMALL_SMEM false
+#endif
+
 namespace bdk {
 
 constexpr int WARPS = 4;
@@ -1335,17 +1344,17 @@ struct RowsTail {
 	static constexpr int SMEM = RL_OFF + WARPS * 8 * 4;
 };
 
-template <int D>
+template <int D, bool SMALL>
 struct Bf16Main {
 	static constexpr int ROWB = 2 * D + 16; /* padded rows: conflict-free ldmatrix */
-	static constexpr int STAGES = 3;
+	static constexpr int STAGES = SMALL ? 2 : 3;
 	static constexpr int STAGE_BYTES = 2 * BD_PAGE_TOKENS * ROWB;
 	static constexpr int PART_BYTES = 2 * PARTIAL_ROWS * ROWB;
 	static constexpr int MAIN = STAGES * STAGE_BYTES > PART_BYTES ? STAGES * STAGE_BYTES : PART_BYTES;
 };
 
-template <int D>
-struct Bf16Cfg : Bf16Main<D>, RowsTail<Bf16Main<D>::MAIN> {
+template <int D, bool SMALL = BDK_SMALL_SMEM>
+struct Bf16Cfg : Bf16Main<D, SMALL>, RowsTail<Bf16Main<D, SMALL>::MAIN> {
 };
 
 template <int D>
@@ -1408,10 +1417,10 @@ __global__ void __launch_bounds__(THREADS, 1) bf16_decode_kernel(const DecodePar
  * no CTA barrier in the main loop, and the four warps' expansions overlap each other's MMAs.
  * Layout of a warp's region: STAGES × raw [K codes 32·D/2][K scales 32·D/16][V codes][V scales]
  * [g: 16 bytes], then K [16][ROWB] and V [16][ROWB] BF16. */
-template <int D>
+template <int D, bool SMALL>
 struct ChMain {
 	static constexpr int ROWB = 2 * D + 16; /* padded rows: conflict-free ldmatrix */
-	static constexpr int STAGES = D == 128 ? 4 : 3;
+	static constexpr int STAGES = D == 128 && !SMALL ? 4 : 3;
 	static constexpr int CODES = 32 * D / 2;  /* a warp's K (V) codes per page */
 	static constexpr int SCALES = 32 * D / 16;
 	static constexpr int G_OFF = 2 * (CODES + SCALES);
@@ -1424,8 +1433,8 @@ struct ChMain {
 	static_assert(RAW % 16 == 0 && WARP_BYTES % 16 == 0, "16-byte aligned buffers");
 };
 
-template <int D>
-struct ChCfg : ChMain<D>, RowsTail<ChMain<D>::MAIN> {
+template <int D, bool SMALL = BDK_SMALL_SMEM>
+struct ChCfg : ChMain<D, SMALL>, RowsTail<ChMain<D, SMALL>::MAIN> {
 };
 
 /* Rows r0..r0+15 of a warp's raw token-major NVFP4 (codes [32][D/2], scales [32][D/16]) to
@@ -1564,14 +1573,17 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 
 typedef void (*kern_t)(DecodeParams);
 
-static kern_t pick_kernel(int kind, int d, int mode, int *ret_smem)
+/* small: the device's shared memory is sm_120's (BDK_SMALL_SMEM in its code) */
+static kern_t pick_kernel(int kind, int d, int mode, bool small, int *ret_smem)
 {
 	if (kind == 2) {
-		*ret_smem = d == 128 ? Bf16Cfg<128>::SMEM : Bf16Cfg<64>::SMEM;
+		*ret_smem = d == 128 ? (small ? Bf16Cfg<128, true>::SMEM : Bf16Cfg<128, false>::SMEM) :
+				       (small ? Bf16Cfg<64, true>::SMEM : Bf16Cfg<64, false>::SMEM);
 		return d == 128 ? bf16_decode_kernel<128> : bf16_decode_kernel<64>;
 	}
 	if (kind == 4) {
-		*ret_smem = d == 128 ? ChCfg<128>::SMEM : ChCfg<64>::SMEM;
+		*ret_smem = d == 128 ? (small ? ChCfg<128, true>::SMEM : ChCfg<128, false>::SMEM) :
+				       (small ? ChCfg<64, true>::SMEM : ChCfg<64, false>::SMEM);
 		return d == 128 ? ch_decode_kernel<128> : ch_decode_kernel<64>;
 	}
 	*ret_smem = d == 128 ? Fp4Cfg<128>::SMEM : Fp4Cfg<64>::SMEM;
@@ -1654,9 +1666,10 @@ static int rcp_table_init(void)
 
 using namespace bdk;
 
-extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
-				   const struct bd_layout *lay, const struct bd_decode_params *dp,
-				   int B, int Hq, int max_tokens, int n_splits)
+extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
+					  const struct bd_layout *lay,
+					  const struct bd_decode_params *dp, int B, int Hq,
+					  int max_tokens, int n_splits)
 {
 	struct bd_decode_plan pl;
 	struct bd_decode_params dflt = bd_decode_params_default();
@@ -1731,10 +1744,14 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 	pl.tile_keys = BD_KERNEL_TILE_KEYS;
 	pl.lay = *lay;
 
-	kern_t k = pick_kernel(pl.kind, pl.d, plan_mode(&pl), &pl.smem_bytes);
-	int dev = 0, sms = 0, occ = 0;
+	int dev = 0, sms = 0, occ = 0, major = 0, optin = 0;
 	BDK_TRY(cudaGetDevice(&dev));
 	BDK_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+	BDK_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+	BDK_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+	kern_t k = pick_kernel(pl.kind, pl.d, plan_mode(&pl), major >= 12, &pl.smem_bytes);
+	if (pl.smem_bytes > optin)
+		return -EOPNOTSUPP; /* BF16 pages at d = 128 on sm_120: two stages exceed 99 KB */
 	BDK_TRY(cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				     pl.smem_bytes));
 	{
@@ -1811,8 +1828,8 @@ extern "C" int bd_decode_plan_init(struct bd_decode_plan *ret, const struct bd_k
 	return 0;
 }
 
-extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_decode_args *a,
-			     void *stream)
+extern "C" int bd_decode_run_hopper(const struct bd_decode_plan *pl,
+				    const struct bd_decode_args *a, void *stream)
 {
 	if (!pl || !a || pl->kind < 1 || pl->kind > 4)
 		return -EINVAL;
@@ -1876,7 +1893,7 @@ extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_de
 	p.recent_v_off = (uint32_t)pl->lay.slot_recent_v_off;
 
 	int smem;
-	kern_t k = pick_kernel(pl->kind, pl->d, plan_mode(pl), &smem);
+	kern_t k = pick_kernel(pl->kind, pl->d, plan_mode(pl), false, &smem);
 	cudaStream_t st = (cudaStream_t)stream;
 #if BD_PERSIST
 	if (pl->persist_ctas > 0) {
@@ -1887,7 +1904,7 @@ extern "C" int bd_decode_run(const struct bd_decode_plan *pl, const struct bd_de
 	}
 #endif
 	dim3 grid(pl->n_splits + 1, pl->Hkv, pl->B);
-	k<<<grid, THREADS, smem, st>>>(p);
+	k<<<grid, THREADS, pl->smem_bytes, st>>>(p); /* the plan's: sized for its device */
 	BDK_TRY(cudaGetLastError());
 	return 0;
 }

@@ -251,6 +251,13 @@ static void on_info(struct bd_router *rt, const struct envelope *env)
 	si.pages_peak = rt->sched.pages_peak;
 	si.uptime_ms = (uint64_t)(bd_now_ms() - rt->t_start);
 	si.health = &h;
+	/* the ranks' decode kernels, "rank r: ..." each */
+	char dk[BD_ROUTER_MAX_TP * 272] = "";
+	for (int i = 0, n = 0; i < rt->o.tp; i++)
+		if (*rt->w[i].decode_kernel && n < (int)sizeof(dk))
+			n += snprintf(dk + n, sizeof(dk) - (size_t)n, "%srank %d: %s", n ? "; " : "",
+				      i, rt->w[i].decode_kernel);
+	si.decode_kernel = dk;
 	rep.msg_case = BDFP4__CLIENT_REPLY__MSG_INFO;
 	rep.info = &si;
 	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);

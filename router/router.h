@@ -75,6 +75,7 @@ struct bd_worker {
 	int64_t last_seen;
 	uint64_t steps;
 	char backend[8];
+	char decode_kernel[256]; /* RegisterRequest.decode_kernel ("" on the cpu backend) */
 	uint8_t nccl_id[128];
 	size_t nccl_len;
 };

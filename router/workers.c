@@ -197,6 +197,8 @@ static void on_register(struct bd_router *rt, const uint8_t *ident, size_t len,
 	w->device = reg->device;
 	w->last_seen = bd_now_ms();
 	snprintf(w->backend, sizeof(w->backend), "%s", reg->backend);
+	snprintf(w->decode_kernel, sizeof(w->decode_kernel), "%s",
+		 reg->decode_kernel ? reg->decode_kernel : "");
 	if (reg->nccl_unique_id.len)
 		memcpy(w->nccl_id, reg->nccl_unique_id.data, reg->nccl_unique_id.len);
 	w->nccl_len = reg->nccl_unique_id.len;

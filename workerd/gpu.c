@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "cuda/bd_decode_select.h"
 #include "cuda/bd_gmodel.h"
 #include "cuda/bd_pool_cuda.h"
 #include "growmap.h"
@@ -46,6 +47,8 @@ struct wd_gpu {
 	struct bd_model_shard shard;
 	int max_tokens, max_prefill;
 	struct wd_gtab gtab;     /* the requests this rank serves */
+	struct bd_kfamily_choice decode; /* the decode kernel family and why */
+	char decode_info[256];   /* what RegisterRequest.decode_kernel says */
 
 	/* step buffers */
 	struct wd_gitem *items;
@@ -167,6 +170,20 @@ static int gpu_setup(struct wd *w)
 		gp->base = NULL;
 		return r;
 	}
+	/* the decode kernel family, before any plan: refused here, not at a request */
+	r = bd_decode_select(w->o.decode_kernel, w->pool_cfg, &geo->layout,
+			     w->hp.n_heads / w->hp.n_kv_heads, NULL, &gp->decode);
+	if (r < 0) {
+		bd_log_err("decode kernel on device %d: %s (%s)", w->o.device, gp->decode.why,
+			   strerror(-r));
+		return r;
+	}
+	snprintf(gp->decode_info, sizeof(gp->decode_info), "%s (%s)",
+		 bd_kfamily_name(gp->decode.family), gp->decode.why);
+	if (gp->decode.selfcheck && gp->decode.selfcheck_result != 0)
+		bd_log_warn("decode kernel on device %d: %s", w->o.device, gp->decode_info);
+	else
+		bd_log_info("decode kernel on device %d: %s", w->o.device, gp->decode_info);
 	gp->hp = w->hp;
 	gp->max_tokens = w->o.max_tokens ? w->o.max_tokens : (int)geo->max_seq_len;
 	if (gp->max_tokens > (int)geo->max_seq_len)
@@ -206,6 +223,7 @@ static int gpu_register_fill(struct wd *w, Bdfp4__RegisterRequest *rq, uint8_t *
 	ncclResult_t nr;
 
 	rq->device = w->o.device;
+	rq->decode_kernel = gpu(w)->decode_info;
 	if (w->o.tp == 1 || w->o.rank != 0)
 		return 0;
 	if ((nr = ncclGetUniqueId(&uid)) != ncclSuccess) {

@@ -63,6 +63,9 @@ static const struct bd_config_key keys[] = {
 	{ "max_tokens", "0", "cuda: longest sequence, tokens (0: the pool's max_seq_len)" },
 	{ "max_prefill", "8192", "cuda: longest prompt one real prefill takes, tokens" },
 	{ "cuda_graphs", "1", "cuda: replay decode steps from CUDA graphs", true },
+	{ "decode_kernel", "auto",
+	  "cuda: decode kernels: auto (the GPU's native FP4 family once its start-up self-check "
+	  "against the portable one passes, else portable), native, portable" },
 	{ NULL, NULL, NULL, false },
 };
 
@@ -103,6 +106,11 @@ static int read_opts(struct wd *w)
 			       "qwen3-30b-a3b-attn)", o->random_weights);
 			return -EINVAL;
 		}
+	}
+	if (bd_kfamily_mode_parse(bd_daemon_get_str(d, "decode_kernel"), &o->decode_kernel) < 0) {
+		bd_log_err("decode_kernel = '%s': auto, native or portable",
+			   bd_daemon_get_str(d, "decode_kernel"));
+		return -EINVAL;
 	}
 	o->calib = bd_daemon_get_str(d, "calib");
 	o->model = bd_daemon_get_str(d, "model");

@@ -24,6 +24,7 @@
 #include "base/bd_log.h"
 #include "quant/bd_attn_ref.h"
 #include "quant/bd_calib.h"
+#include "quant/bd_kfamily.h"
 #include "model/bd_forward.h"
 #include "pool/bd_kvmem_pool.h"
 #include "pool/bd_pool_client.h"
@@ -52,6 +53,7 @@ struct wd_opts {
 	bool synthetic_prefill;
 	int max_batch, max_tokens, max_prefill; /* max_tokens 0: the pool's max_seq_len */
 	bool cuda_graphs;
+	enum bd_kfamily_mode decode_kernel; /* how the decode kernel family is chosen */
 	const char *calib;          /* calibration file (μ_k, τ), or "" */
 };
 

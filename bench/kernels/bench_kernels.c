@@ -14,6 +14,11 @@
  * Effective bandwidth counts every byte a run must read: codes, scales and decode scales of the
  * FP4 pages (or the BF16 pages), the BF16 sink and recent rows, the queries.
  *
+ * Every decode family the device supports (kernels/bd_kernels.h) is timed over the
+ * configurations it serves, hopper first; a native family's rows name it after the
+ * configuration ("bitdecoding-nvfp4 blackwell-tc"), the families this device does not support
+ * are listed with why.
+ *
  * Usage: bench_kernels [--hq 32] [--hkv 8] [--d 128] [--reps 20] [--B 1,64] [--N 8192,131072]
  *                      [--cfg bitdecoding-nvfp4,nvfp4-base,bf16] [--splits n] [--novalidate]
  * Prints one markdown row per point and a copy-bandwidth line.
@@ -91,8 +96,8 @@ struct point {
 };
 
 /* One (configuration, B, N) point. */
-static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hkv, int d, int reps,
-			bool validate, int splits, struct point *ret)
+static void bench_point(enum bd_kfamily fam, const struct bd_kvcfg *cfg, int B, int N, int Hq,
+			int Hkv, int d, int reps, bool validate, int splits, struct point *ret)
 {
 	struct bd_layout lay;
 	struct tg_rng r = { 7 + (uint64_t)B * 131 + (uint64_t)N };
@@ -205,7 +210,7 @@ static void bench_point(const struct bd_kvcfg *cfg, int B, int N, int Hq, int Hk
 	CK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)B * Hq * d));
 
 	struct bd_decode_plan pl;
-	CKR(bd_decode_plan_init(&pl, cfg, &lay, NULL, B, Hq, N, splits));
+	CKR(bd_decode_plan_init_family(&pl, fam, cfg, &lay, NULL, B, Hq, N, splits));
 	CK(cudaMalloc(&ws, pl.ws_bytes));
 	CKR(bd_decode_workspace_init(&pl, ws, NULL));
 	struct bd_decode_args a = {
@@ -351,26 +356,48 @@ int main(int argc, char **argv)
 	double cbw = copy_bandwidth();
 	printf("# %s, %d SMs; device-to-device copy %.0f GB/s (read + write)\n", prop.name,
 	       prop.multiProcessorCount, cbw / 1e9);
+	bool fam_ok[BD_KFAMILY_COUNT];
+	for (int f = 0; f < BD_KFAMILY_COUNT; f++) {
+		const struct bd_kvcfg *c = bd_kvcfg_find("bitdecoding-nvfp4");
+		struct bd_layout l;
+		char why[BD_KFAMILY_WHY_MAX] = "";
+		CKR(bd_layout_init(&l, c->page_fmt, 1, Hkv, d, 0, 1));
+		fam_ok[f] = bd_decode_family_supported(f, c, &l, Hq / Hkv, why, sizeof(why)) == 0;
+		printf("# family %s: %s%s\n", bd_kfamily_name(f),
+		       fam_ok[f] ? "supported on this device" : "unsupported on this device: ", why);
+	}
 	printf("| kernel | B | N | splits | time (us) | GB read | GB/s | %% of copy BW | check rel err |\n");
 	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
 	fflush(stdout);
 	int bad = 0;
-	for (int ni = 0; ni < nN; ni++)
-		for (int bi = 0; bi < nB; bi++)
-			for (int ci = 0; ci < ncfg; ci++) {
-				const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgs[ci]);
-				struct point pt;
-				if (!cfg) {
-					fprintf(stderr, "unknown configuration %s\n", cfgs[ci]);
-					return 2;
+	for (int f = 0; f < BD_KFAMILY_COUNT; f++)
+		for (int ni = 0; ni < nN && fam_ok[f]; ni++)
+			for (int bi = 0; bi < nB; bi++)
+				for (int ci = 0; ci < ncfg; ci++) {
+					const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgs[ci]);
+					struct bd_layout l;
+					struct point pt;
+					if (!cfg) {
+						fprintf(stderr, "unknown configuration %s\n",
+							cfgs[ci]);
+						return 2;
+					}
+					CKR(bd_layout_init(&l, cfg->page_fmt, 1, Hkv, d, 0, 1));
+					/* only the configurations this family serves */
+					if (bd_decode_family_supported(f, cfg, &l, Hq / Hkv, NULL,
+								       0) < 0)
+						continue;
+					bench_point(f, cfg, Bs[bi], Ns[ni], Hq, Hkv, d, reps,
+						    validate, splits, &pt);
+					if (pt.rel > 1e-3 || pt.rel != pt.rel)
+						bad++;
+					printf("| %s%s%s | %d | %d | %d | %.1f | %.3f | %.0f | "
+					       "%.1f | %s%.2e |\n", cfgs[ci], f ? " " : "",
+					       f ? bd_kfamily_name(f) : "", Bs[bi], Ns[ni],
+					       pt.n_splits, pt.us, pt.bytes / 1e9, pt.gbs,
+					       100.0 * pt.gbs * 1e9 / cbw,
+					       pt.rel > 1e-3 ? "FAIL " : "", pt.rel);
+					fflush(stdout);
 				}
-				bench_point(cfg, Bs[bi], Ns[ni], Hq, Hkv, d, reps, validate, splits, &pt);
-				if (pt.rel > 1e-3 || pt.rel != pt.rel)
-					bad++;
-				printf("| %s | %d | %d | %d | %.1f | %.3f | %.0f | %.1f | %s%.2e |\n", cfgs[ci],
-				       Bs[bi], Ns[ni], pt.n_splits, pt.us, pt.bytes / 1e9, pt.gbs,
-				       100.0 * pt.gbs * 1e9 / cbw, pt.rel > 1e-3 ? "FAIL " : "", pt.rel);
-				fflush(stdout);
-			}
 	return bad ? 1 : 0;
 }

@@ -185,6 +185,7 @@ struct bd_client_info {
 	uint64_t requests_total, requests_failed, tokens_generated, steps, preemptions;
 	uint64_t pages_total, pages_free, slots_total, slots_free, pages_peak, uptime_ms;
 	bool healthy;
+	char decode_kernel[1024]; /* the ranks' decode kernel families and why ("" on the cpu) */
 };
 
 /* Server info (synchronous, as bd_client_health). */

@@ -427,6 +427,7 @@ int bd_client_info(struct bd_client *c, int timeout_ms, struct bd_client_info *r
 	copy_str(ret->arch, sizeof(ret->arch), s->arch);
 	copy_str(ret->kv_config, sizeof(ret->kv_config), s->kv_config);
 	copy_str(ret->backend, sizeof(ret->backend), s->backend);
+	copy_str(ret->decode_kernel, sizeof(ret->decode_kernel), s->decode_kernel);
 	ret->n_vocab = s->n_vocab;
 	ret->n_ctx = s->n_ctx;
 	ret->tp = s->tp;

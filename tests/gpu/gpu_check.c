@@ -22,8 +22,11 @@
  *     BD_GPU_CAPTURE, through the same write path, every configuration and captured layer;
  *   - the launchers' refusals of bad arguments; a bad page id and a bad length flagged in
  *     *status with finite outputs (bitdecoding-nvfp4 and trtllm-nvfp4).
- * Exits non-zero on any failure. `--small` runs one small decode and one promotion (for
- * compute-sanitizer).
+ * The decode checks run once per decode family the device supports (kernels/bd_kernels.h:
+ * hopper on Hopper; hopper and the native family on Blackwell), each over the configurations
+ * and shapes that family serves; the others are reported as unsupported on this device.
+ * Exits non-zero on any failure. `--small` runs one small decode per family and one promotion
+ * (for compute-sanitizer).
  */
 #include <errno.h>
 #include <math.h>
@@ -49,6 +52,29 @@
 #define TOL 1e-3
 
 static int n_fail, n_pass;
+/* the decode family under test (plans by bd_decode_plan_init_family) */
+static enum bd_kfamily family = BD_KFAMILY_HOPPER;
+
+/* Whether the family under test serves cfg at head dim d with G heads per KV head here: its
+ * table entry, and a plan (the device's shared memory: BF16 pages at d = 128 on sm_120). */
+static bool family_serves(const struct bd_kvcfg *cfg, int d, int G, char *why, size_t cap)
+{
+	struct bd_layout lay;
+	struct bd_decode_plan pl;
+	int r;
+
+	CKR(bd_layout_init(&lay, cfg->page_fmt, 1, 1, d, 0, 1));
+	if (bd_decode_family_supported(family, cfg, &lay, G, why, cap) < 0)
+		return false;
+	r = bd_decode_plan_init_family(&pl, family, cfg, &lay, NULL, 1, G, 1000, 0);
+	if (r == -EOPNOTSUPP) {
+		printf("  %s %s d=%d G=%d: not served on this device (shared memory)\n",
+		       bd_kfamily_name(family), cfg->name, d, G);
+		return false;
+	}
+	CKR(r);
+	return true;
+}
 
 static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -369,7 +395,8 @@ static void problem_run(struct problem *P, int n_splits, int layer, struct run_s
 	double num = 0, den = 0;
 
 	memset(st, 0, sizeof(*st));
-	CKR(bd_decode_plan_init(&pl, P->cfg, &P->lay, NULL, P->B, P->Hq, P->max_len, n_splits));
+	CKR(bd_decode_plan_init_family(&pl, family, P->cfg, &P->lay, NULL, P->B, P->Hq, P->max_len,
+				       n_splits));
 	st->n_splits = pl.n_splits;
 	st->persist = pl.persist_ctas;
 	CK(cudaMalloc((void **)&d_out, sizeof(float) * on));
@@ -474,6 +501,8 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 		check(false, "unknown configuration %s", cfgname);
 		return;
 	}
+	if (!family_serves(cfg, d, G, NULL, 0))
+		return;
 	problem_build(&P, cfg, d, G, Hkv, n_layers, lens, B, seed, NULL);
 	double t1 = bd_now_s();
 	problem_upload(&P);
@@ -481,8 +510,8 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 		struct run_stats st;
 		problem_run(&P, splits[i], n_layers - 1, &st);
 		bool ok = st.max_rel <= TOL && st.max_lse <= 1e-3;
-		check(ok, "decode %-18s d=%3d G=%d Hkv=%d maxlen=%6d splits=%3d: rel %.3g (req %d head %d) call %.3g lse %.3g",
-		      cfgname, d, G, Hkv, P.max_len, st.n_splits, st.max_rel, st.worst_b, st.worst_h,
+		check(ok, "%s decode %-18s d=%3d G=%d Hkv=%d maxlen=%6d splits=%3d: rel %.3g (req %d head %d) call %.3g lse %.3g",
+		      bd_kfamily_name(family), cfgname, d, G, Hkv, P.max_len, st.n_splits, st.max_rel, st.worst_b, st.worst_h,
 		      st.call_rel, st.max_lse);
 		if (verbose || !ok)
 			printf("  decode %-18s d=%3d G=%d Hkv=%d B=%d maxlen=%6d splits=%3d  rel %.3e  call %.3e  lse %.3e  %s (build %.1fs)\n",
@@ -508,6 +537,10 @@ static void capture_case(const char *cfgname, const struct capture *cap)
 		free(lens);
 		return;
 	}
+	if (!family_serves(cfg, cap->d, cap->Hq / cap->Hkv, NULL, 0)) {
+		free(lens);
+		return;
+	}
 	for (int j = 0; j < cap->n_q; j++)
 		lens[j] = cap->qpos[j] + 1;
 	problem_build(&P, cfg, cap->d, cap->Hq / cap->Hkv, cap->Hkv, cap->n_cap, lens, cap->n_q, 0,
@@ -521,8 +554,8 @@ static void capture_case(const char *cfgname, const struct capture *cap)
 			struct run_stats st;
 			problem_run(&P, sp[i], l, &st);
 			bool ok = st.max_rel <= TOL && st.max_lse <= 1e-3;
-			check(ok, "real KV %-18s layer %2d splits=%3d: rel %.3g (req %d head %d) lse %.3g",
-			      cfgname, cap->layers[l], st.n_splits, st.max_rel, st.worst_b, st.worst_h,
+			check(ok, "%s real KV %-18s layer %2d splits=%3d: rel %.3g (req %d head %d) lse %.3g",
+			      bd_kfamily_name(family), cfgname, cap->layers[l], st.n_splits, st.max_rel, st.worst_b, st.worst_h,
 			      st.max_lse);
 			printf("  real KV %-18s d=%3d G=%d Hkv=%d B=%d layer %2d maxlen=%5d splits=%3d  rel %.3e  call %.3e  lse %.3e  %s\n",
 			       cfgname, P.d, P.G, P.Hkv, P.B, cap->layers[l], P.max_len, st.n_splits,
@@ -634,11 +667,13 @@ static void status_checks(const char *cfgname)
 	void *ws;
 	int *d_status, status = 0;
 
+	if (!family_serves(cfg, 128, 4, NULL, 0))
+		return;
 	problem_build(&P, cfg, 128, 4, 2, 1, lens, 2, 77, NULL);
 	P.bt[0] = 1 << 20; /* request 0, page 0 */
 	P.lens[1] = 0;
 	problem_upload(&P);
-	CKR(bd_decode_plan_init(&pl, cfg, &P.lay, NULL, 2, 8, 300, 0));
+	CKR(bd_decode_plan_init_family(&pl, family, cfg, &P.lay, NULL, 2, 8, 300, 0));
 	CK(cudaMalloc((void **)&d_out, sizeof(float) * 2 * 8 * 128));
 	CK(cudaMalloc(&ws, pl.ws_bytes));
 	CK(cudaMalloc((void **)&d_status, sizeof(int)));
@@ -932,44 +967,33 @@ static void promote_checks(bool small)
 	}
 }
 
-int main(int argc, char **argv)
+/* Family f becomes the one under test when the device supports it (else reported). */
+static bool next_family(int f)
 {
-	bool small = argc > 1 && strcmp(argv[1], "--small") == 0;
-	bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-	int dev = 0;
-	struct cudaDeviceProp prop;
-	double t0 = bd_now_s();
+	char why[BD_KFAMILY_WHY_MAX] = "";
 
-	CK(cudaGetDevice(&dev));
-	CK(cudaGetDeviceProperties(&prop, dev));
-	printf("gpu_check on %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
-
-	if (small) {
-		const int lens[3] = { 300, 17, 129 };
-		const int sp[1] = { 2 };
-		decode_case("bitdecoding-nvfp4", 128, 4, 2, lens, 3, 1, sp, 1, 11, true);
-		decode_case("bitdecoding-mxfp4", 64, 8, 1, lens, 3, 1, sp, 1, 13, true);
-		decode_case("bf16", 64, 2, 2, lens, 3, 1, sp, 1, 12, true);
-		decode_case("trtllm-nvfp4", 128, 3, 2, lens, 3, 1, sp, 1, 14, true);
-		promote_checks(true);
-		printf("%s: %d checks passed, %d failed\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail);
-		return n_fail ? 1 : 0;
+	family = (enum bd_kfamily)f;
+	if (!family_serves(bd_kvcfg_find("bitdecoding-nvfp4"), 128, 4, why, sizeof(why))) {
+		printf("family %s: unsupported on this device: %s\n", bd_kfamily_name(family), why);
+		return false;
 	}
+	printf("family %s:\n", bd_kfamily_name(family));
+	return true;
+}
 
-	refusal_checks();
-	status_checks("bitdecoding-nvfp4");
-	status_checks("trtllm-nvfp4");
-	e4m3_checks();
-	query_checks();
-	promote_checks(false);
-
+/* The decode checks of the family under test: status bits, real KV, every configuration and
+ * shape it serves over short and long contexts. *seed_io: the next problem's seed. */
+static void decode_checks(bool quick, uint64_t *seed_io)
+{
 	static const char *cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "+dual", "+pscale",
 				      "+keyquant", "bitdecoding-mxfp4", "bf16", "trtllm-nvfp4" };
 	const int ncfg = (int)(sizeof(cfgs) / sizeof(cfgs[0]));
 	static const int lens[8] = { 1, 15, 16, 17, 127, 128, 129, 4095 };
 	static const int Gs[4] = { 1, 3, 4, 8 };
-	uint64_t seed = 1000;
+	uint64_t seed = *seed_io;
 
+	status_checks("bitdecoding-nvfp4");
+	status_checks("trtllm-nvfp4");
 	/* real KV first: the model's captured K/V/q through every configuration */
 	{
 		const char *path = getenv("BD_GPU_CAPTURE");
@@ -1013,6 +1037,47 @@ int main(int argc, char **argv)
 		decode_case("bitdecoding-mxfp4", 128, 8, 4, l16, 8, 1, s0, 1, seed++, true);
 		decode_case("bitdecoding-nvfp4", 64, 8, 4, l16, 8, 1, s0, 1, seed++, true);
 	}
+	*seed_io = seed;
+}
+
+int main(int argc, char **argv)
+{
+	bool small = argc > 1 && strcmp(argv[1], "--small") == 0;
+	bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+	int dev = 0;
+	struct cudaDeviceProp prop;
+	double t0 = bd_now_s();
+
+	CK(cudaGetDevice(&dev));
+	CK(cudaGetDeviceProperties(&prop, dev));
+	printf("gpu_check on %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+
+	if (small) {
+		const int lens[3] = { 300, 17, 129 };
+		const int sp[1] = { 2 };
+		for (int f = 0; f < BD_KFAMILY_COUNT; f++) {
+			if (!next_family(f))
+				continue;
+			decode_case("bitdecoding-nvfp4", 128, 4, 2, lens, 3, 1, sp, 1, 11, true);
+			decode_case("bitdecoding-mxfp4", 64, 8, 1, lens, 3, 1, sp, 1, 13, true);
+			decode_case("bf16", 64, 2, 2, lens, 3, 1, sp, 1, 12, true);
+			decode_case("trtllm-nvfp4", 128, 3, 2, lens, 3, 1, sp, 1, 14, true);
+		}
+		promote_checks(true);
+		printf("%s: %d checks passed, %d failed\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail);
+		return n_fail ? 1 : 0;
+	}
+
+	refusal_checks();
+	e4m3_checks();
+	query_checks();
+	promote_checks(false);
+
+	uint64_t seed = 1000;
+
+	for (int f = 0; f < BD_KFAMILY_COUNT; f++)
+		if (next_family(f))
+			decode_checks(quick, &seed);
 	printf("%s: %d checks passed, %d failed (%.1fs)\n", n_fail ? "FAIL" : "PASS", n_pass, n_fail,
 	       bd_now_s() - t0);
 	return n_fail ? 1 : 0;

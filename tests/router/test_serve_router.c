@@ -98,7 +98,11 @@ static void fregister(struct fake *f, void *s)
 {
 	Bdfp4__WorkerMessage m = BDFP4__WORKER_MESSAGE__INIT;
 	Bdfp4__RegisterRequest r = BDFP4__REGISTER_REQUEST__INIT;
+	char dk[64];
 
+	/* what a cuda worker reports of its decode kernels; the router relays it to --info */
+	snprintf(dk, sizeof(dk), "%s (fake rank %d)", f->rank ? "blackwell-tc" : "hopper", f->rank);
+	r.decode_kernel = dk;
 	r.version = 1;
 	r.rank = f->rank;
 	r.tp = 2;
@@ -551,6 +555,8 @@ Test(serve_router, stream_tokens_pages_and_usage)
 	cr_expect_eq(info.requests_total, 1);
 	cr_expect_eq(info.n_ctx, 1024, "the pool's max_seq_len caps the model context");
 	cr_expect_str_eq(info.kv_config, "bitdecoding-nvfp4");
+	cr_expect_str_eq(info.decode_kernel,
+			 "rank 0: hopper (fake rank 0); rank 1: blackwell-tc (fake rank 1)");
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool still holds pages or slots");
 	bd_client_free(c);
 	expect_no_violations();

@@ -744,8 +744,9 @@ static pid_t start_worker_args(int rank, const char *const *extra)
 	return spawn("workerd", args, T.log[rank], NULL);
 }
 
-/* The cuda backend's flags: an unknown --random-weights shape or a --weights other
- * than bf16/f32 is a bad flag (exit 2 before anything is loaded); --synthetic-prefill and
+/* The cuda backend's flags: an unknown --random-weights shape, a --weights other than
+ * bf16/f32 or a --decode-kernel other than auto/native/portable is a bad flag (exit 2 before
+ * anything is loaded); --synthetic-prefill and
  * --random-weights need a pool of the cuda backend, so against this cpu pool they are refused
  * at start (exit 1) with a message that says so, and no group forms. */
 Test(workerd, cuda_backend_flags_are_checked)
@@ -753,9 +754,11 @@ Test(workerd, cuda_backend_flags_are_checked)
 	static const char *const bad_preset[] = { "--random-weights", "qwen3-5b", NULL };
 	static const char *const bad_weights[] = { "--weights", "fp16", NULL };
 	static const char *const bad_batch[] = { "--max-batch", "0", NULL };
+	static const char *const bad_kernel[] = { "--decode-kernel", "hopper", NULL };
 	static const char *const synth[] = { "--synthetic-prefill", NULL };
 	static const char *const synth_off[] = { "--synthetic-prefill=0", "--max-batch", "8",
-						 "--weights", "f32", NULL };
+						 "--weights", "f32", "--decode-kernel", "native",
+						 NULL };
 
 	T.w_pid[0] = start_worker_args(0, bad_preset);
 	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 2);
@@ -765,6 +768,10 @@ Test(workerd, cuda_backend_flags_are_checked)
 	cr_assert(log_has(T.log[0], "bf16 or f32"));
 	T.w_pid[0] = start_worker_args(0, bad_batch);
 	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 2);
+	T.w_pid[0] = start_worker_args(0, bad_kernel);
+	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 2);
+	cr_assert(log_has(T.log[0], "decode_kernel = 'hopper': auto, native or portable"), "log %s",
+		  T.log[0]);
 
 	start_pool();
 	T.w_pid[0] = start_worker_args(0, synth);
