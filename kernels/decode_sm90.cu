@@ -34,20 +34,22 @@
 #ifndef BD_V8_VPRE
 #define BD_V8_VPRE 2
 #endif
-/* The v9 variants (bench/KERNELS-NOTES.md), off until gpu_check has passed with them on an
- * H200: BD_V9_LDSM 1 reads the V words of the FP4 pages by ldmatrix.x4 (four channel rows per
+/* The v9 page loop (bench/KERNELS-NOTES.md), on by default since gpu_check, memcheck and
+ * racecheck passed with it on an H200 and it was 0.5-7 % faster at 52 of 54 timed points
+ * (bench/RESULTS.md); each switch set to 0 gives back the v8 code for A/B runs.
+ * BD_V9_LDSM 1 reads the V words of the FP4 pages by ldmatrix.x4 (four channel rows per
  * instruction) instead of one LDS.32 per row; BD_V9_SOFT 1 shares the tile maximum through one
  * LDS.128 per head, divides c·p_max by 6 without the division's slow path and takes g_prev/g_cur
  * from rcp.approx (see the page loop); BD_V9_MXK 1 gives MXFP4 key rows one MMA k-step pair per
  * block, so the UE8M0 block scales multiply FP32 sums instead of FP16 operands (s_tile_mx). */
 #ifndef BD_V9_LDSM
-#define BD_V9_LDSM 0
+#define BD_V9_LDSM 1
 #endif
 #ifndef BD_V9_SOFT
-#define BD_V9_SOFT 0
+#define BD_V9_SOFT 1
 #endif
 #ifndef BD_V9_MXK
-#define BD_V9_MXK 0
+#define BD_V9_MXK 1
 #endif
 /* With any of them, <128, 2, NVFP4> is held to 128 registers (4 CTAs per SM; ptxas took 133
  * with all three, which leaves 3) */

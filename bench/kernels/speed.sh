@@ -1,11 +1,11 @@
 #!/bin/bash
 # speed.sh — one device call (one H200, 16 cores, under 9 minutes) that checks and times the
-# decode kernels' v9 variants against the default build (bench/KERNELS-NOTES.md, session 4):
+# decode kernels' build-flag variants against the default build (bench/KERNELS-NOTES.md):
 #   1. builds gpu_check and bench_kernels for sm_90a only: "old" (the default flags) in full,
 #      then each variant as a copy of old's build directory with kernels/decode_sm90.o rebuilt
 #      under its flags (the BD_V9_* switches appear in no other file);
 #   2. static SASS of the page loops and the registers of every build (when cuobjdump is there);
-#   3. gpu_check on every variant: in full on the last one (all switches), --quick on the
+#   3. gpu_check on every variant: in full on the last one, --quick on the
 #      others, compute-sanitizer memcheck and racecheck --small on the last one beside it; a
 #      variant that fails is reported and not timed;
 #   4. bench_kernels (CUDA graph replays, median) at B 1, 8, 64, N 8K, 32K, 128K, Hkv 8 and 4,
@@ -26,7 +26,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 main() {
 PFX=${SPEED_BUILD:-build-speed}
-VARIANTS=${SPEED_VARIANTS:-v9l=-DBD_V9_LDSM=1 v9s=-DBD_V9_LDSM=1,-DBD_V9_SOFT=1 v9=-DBD_V9_LDSM=1,-DBD_V9_SOFT=1,-DBD_V9_MXK=1}
+VARIANTS=${SPEED_VARIANTS:-v8=-DBD_V9_LDSM=0,-DBD_V9_SOFT=0,-DBD_V9_MXK=0}
 REPS=${SPEED_REPS:-10}
 SAN=${SPEED_SAN:-1}
 CFGS=bitdecoding-nvfp4,nvfp4-base,bitdecoding-mxfp4
