@@ -427,7 +427,32 @@ static void fail_req(struct bd_sched *s, struct bd_req *r, int error, const char
 
 /* ---- steps ----------------------------------------------------------------------------------- */
 
-/* Decode rows, then admissions; fills s->step.rows. Returns the rows or -ENOMEM. */
+/* True when r's workers hold its whole prefill: its rows are decodes. */
+static bool decoding(const struct bd_req *r)
+{
+	return r->state == RQ_RUNNING && r->n_pos > 0 && r->n_pos >= r->n_fill;
+}
+
+/* The tokens of r's next prefill row when `left` tokens of the step's budget are left: the
+ * rest of its prefill when it fits (max_prefill_chunk and the budget), else whole pages up to
+ * both (a chunk other than the last ends on a page boundary, so that the next one starts on
+ * one); 0 when not a page fits. max_prefill_chunk 0: the whole prefill, budget or not (the
+ * caller keeps one prompt a step at least). */
+static int chunk_len(const struct bd_sched *s, const struct bd_req *r, int left)
+{
+	int rest = r->n_fill - r->n_pos, c = s->cfg.max_prefill_chunk, n;
+
+	if (c <= 0)
+		return rest;
+	if (rest <= c && rest <= left)
+		return rest;
+	n = c < left ? c : left;
+	n -= n % BD_PAGE_TOKENS;
+	return n < rest ? n : rest;
+}
+
+/* Decode rows, then the next chunk of each prefill under way, then admissions; fills
+ * s->step.rows. Returns the rows or -ENOMEM. */
 static int plan_rows(struct bd_sched *s, int64_t now)
 {
 	struct bd_sched_step *st = &s->step;
@@ -441,7 +466,7 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		struct bd_req *r = s->reqs[i];
 		uint64_t before = s->preemptions;
 
-		if (r->state != RQ_RUNNING || r->n_pos == 0 || r->finish_pending)
+		if (!decoding(r) || r->finish_pending)
 			continue;
 		if ((r->n_pos + 1) % BD_PAGE_TOKENS || r->reserved >= 0)
 			continue;
@@ -455,21 +480,39 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 	for (size_t i = 0; i < s->n_reqs && n < s->cfg.max_batch; i++) {
 		struct bd_req *r = s->reqs[i];
 
-		if (r->state != RQ_RUNNING || r->n_pos == 0)
+		if (!decoding(r))
 			continue;
 		st->rows[n++] = (struct bd_sched_row){
 			.r = r, .n_feed = 1,
 			.new_page = (r->n_pos + 1) % BD_PAGE_TOKENS ? -1 : r->reserved,
 		};
 	}
+	/* prefills under way, oldest first: their next chunk within the step's budget */
+	for (size_t i = 0; i < s->n_reqs && n < s->cfg.max_batch; i++) {
+		struct bd_req *r = s->reqs[i];
+		int feed;
+
+		if (r->state != RQ_RUNNING || r->n_pos >= r->n_fill)
+			continue;
+		feed = chunk_len(s, r, s->cfg.max_prefill_tokens - prefill_tokens);
+		if (feed <= 0)
+			break;
+		prefill_tokens += feed;
+		st->rows[n++] = (struct bd_sched_row){ .r = r, .prefill = true, .n_feed = feed,
+						       .new_page = -1 };
+	}
 	/* admissions, oldest first, unless the pool just ran short */
 	for (size_t i = 0; i < s->n_reqs && !preempted && n < s->cfg.max_batch; i++) {
 		struct bd_req *r = s->reqs[i];
-		int feed = r->n_prompt + r->n_gen;
+		int feed;
 
 		if (r->state != RQ_QUEUED)
 			continue;
-		if (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens)
+		r->n_pos = 0;
+		r->n_fill = r->n_prompt + r->n_gen;
+		feed = chunk_len(s, r, s->cfg.max_prefill_tokens - prefill_tokens);
+		if (feed <= 0 ||
+		    (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens))
 			break;
 		e = admit(s, r, now);
 		if (e == -ENOSPC) {
@@ -490,7 +533,8 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		st->rows[n++] = (struct bd_sched_row){ .r = r, .prefill = true, .n_feed = feed,
 						       .new_page = -1 };
 	}
-	/* one step ahead: the page the next decode of each row will fill */
+	/* one step ahead: the page the next decode of each row will fill (a chunk that leaves
+	 * more to prefill ends on a page boundary, so it never asks for one) */
 	for (int k = 0; k < n; k++) {
 		struct bd_req *r = st->rows[k].r;
 		int next = r->n_pos + st->rows[k].n_feed;
@@ -527,11 +571,16 @@ static int build_plan(struct bd_sched *s, int n)
 		p->n_tokens = (size_t)sr->n_feed;
 		p->tokens = r->toks + r->n_pos;
 		p->slot = r->slot;
-		p->sample = true;
-		p->logits_top_k = r->top_k;
+		p->sample = !sr->prefill || r->n_pos + sr->n_feed == r->n_fill;
+		p->logits_top_k = p->sample ? r->top_k : 0;
 		if (sr->prefill) {
-			p->n_new_pages = (size_t)r->n_pages;
-			p->new_pages = r->pages;
+			/* the pages this chunk fills; those before it are promoted */
+			int first = r->n_pos / BD_PAGE_TOKENS;
+
+			p->n_block_table = (size_t)first;
+			p->block_table = r->pages;
+			p->n_new_pages = (size_t)((r->n_pos + sr->n_feed) / BD_PAGE_TOKENS - first);
+			p->new_pages = r->pages + first;
 			p->capacity = (uint32_t)r->cap;
 			p->kv_config = (char *)r->kv_config;
 			p->sampling = &r->sampling;
@@ -656,6 +705,8 @@ static void complete_row(struct bd_sched *s, const struct bd_sched_row *sr,
 	}
 	if (apply_pending(s, r))
 		return;
+	if (sr->prefill && r->n_pos < r->n_fill)
+		return; /* a chunk that samples nothing: more of the prefill follows */
 	t = rr->token;
 	if (t < 0 || t >= s->cfg.n_vocab) {
 		snprintf(m, sizeof(m), "worker rank 0 sampled token %d, outside the vocabulary", t);

@@ -29,9 +29,12 @@
  * nothing; its admission again prefills prompt + generated tokens.
  *
  * Each step plans decode rows first (reserving the page a row's next token completes, one step
- * ahead), then admits queued requests in arrival order while rows (max_batch), slots, pages and
- * the step's prefill token budget (max_prefill_tokens; one prompt at least) allow. A row feeds
- * n_feed tokens from position n_pos, so a prefill row is a span of a sequence like a decode row.
+ * ahead), then the next chunk of each prefill under way, then admits queued requests in arrival
+ * order while rows (max_batch), slots, pages and the step's prefill token budget
+ * (max_prefill_tokens) allow. A prompt longer than max_prefill_chunk, or than the budget left,
+ * is prefilled in chunks of whole pages over several steps, between the decode steps of the
+ * others; only its last chunk samples. A row feeds n_feed tokens from position n_pos, so a
+ * prefill row is a span of a sequence like a decode row.
  *
  * Pages (NUMERICS.md §8, quant/bd_layout.h): position p lives in page p / 128; the token at
  * position p with (p + 1) % 128 == 0 completes its page, which the workers then promote from
@@ -81,6 +84,7 @@ struct bd_req {
 	enum bd_req_state state;
 	int n_gen;
 	int n_pos;          /* tokens the workers hold (0: needs a prefill) */
+	int n_fill;         /* RUNNING: tokens its prefill covers; n_pos < n_fill: prefilling */
 	int32_t slot;       /* -1: none */
 	int n_pages;        /* promoted pages in pages[] */
 	int32_t reserved;   /* the page reserved for the next promotion, -1: none */
@@ -128,7 +132,9 @@ struct bd_sched_pool_ops {
 struct bd_sched_cfg {
 	int max_batch;          /* rows per step, ≥ 1 */
 	int max_queue;          /* queued requests before bd_sched_submit refuses */
-	int max_prefill_tokens; /* prompt tokens prefilled in one step (one prompt at least) */
+	int max_prefill_tokens; /* prompt tokens prefilled in one step, over all its rows */
+	int max_prefill_chunk;  /* tokens of one prompt in one row, a multiple of 128, at most
+				 * max_prefill_tokens; 0: whole prompts (one a step at least) */
 	int n_vocab;
 	const bool *eog;        /* [n_vocab] end-of-generation tokens (borrowed) */
 	const struct bd_tokenizer *tok; /* NULL: no text, chunks carry token ids only (borrowed) */

@@ -415,8 +415,8 @@ static void fail_broken(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_o
 	drop(cpu(w), row->request_id);
 }
 
-/* Prefills one by one in plan order, then every decode row in one batch (the same order on
- * every rank, so the same all-reduce calls). */
+/* Every decode row in one batch, then the prefill rows (whole prompts or chunks) one by one
+ * in plan order: the same order on every rank, so the same all-reduce calls. */
 static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
 {
@@ -429,6 +429,21 @@ static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 		wd_rows_fail(plan, out, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
 			     "out of memory");
 		goto out;
+	}
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		const Bdfp4__PlanRow *row = plan->rows[i];
+		if (row->prefill)
+			continue;
+		struct wd_seq *s = prepare_row(w, row, &out[i]);
+		if (s) {
+			batch[nb] = s;
+			batch_rows[nb++] = i;
+		}
+	}
+	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
+		broken = true;
+		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+		snprintf(msg, cap, "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
 	}
 	for (size_t i = 0; i < plan->n_rows; i++) {
 		const Bdfp4__PlanRow *row = plan->rows[i];
@@ -445,24 +460,6 @@ static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 			*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
 			snprintf(msg, cap, "rank %d: %s", w->o.rank, o->msg);
 		}
-	}
-	for (size_t i = 0; i < plan->n_rows; i++) {
-		const Bdfp4__PlanRow *row = plan->rows[i];
-		if (row->prefill)
-			continue;
-		if (broken) {
-			fail_broken(w, row, &out[i]);
-			continue;
-		}
-		struct wd_seq *s = prepare_row(w, row, &out[i]);
-		if (s) {
-			batch[nb] = s;
-			batch_rows[nb++] = i;
-		}
-	}
-	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
-		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
-		snprintf(msg, cap, "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
 	}
 out:
 	free(batch);

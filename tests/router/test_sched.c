@@ -543,6 +543,129 @@ Test(sched, prefill_budget_spreads_admissions_but_admits_one_long_prompt)
 	answer(p);
 }
 
+/* A 600-token prompt beside a 10-token one, chunks of 256 within a budget of 256 a step: the
+ * short one decodes while the long one is prefilled in chunks of whole pages, each chunk's row
+ * naming the pages before it and the pages it fills, and only the last chunk samples. */
+Test(sched, a_long_prompt_is_prefilled_in_chunks_between_decode_steps)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *rb;
+	struct bd_req *a, *b;
+
+	setup(8, 8, 256, 16, 8);
+	S.cfg.max_prefill_chunk = 256;
+	a = submit(1, 10, 6, true);
+	b = submit(2, 600, 2, true);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 10);
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect(rb->prefill);
+	cr_expect_eq(rb->position, 0);
+	cr_expect_eq(rb->n_tokens, 128, "246 tokens of the budget are left: one whole page");
+	cr_expect_not(rb->sample, "more of the prompt follows");
+	cr_expect_eq(rb->logits_top_k, 0);
+	cr_expect_eq(rb->n_block_table, 0);
+	cr_assert_eq(rb->n_new_pages, 1);
+	cr_expect_eq(rb->new_pages[0], b->pages[0]);
+	cr_expect_eq(rb->capacity, 602);
+	cr_expect_eq(P.rec[1].n_pages, 4, "the prompt's 4 full pages are allocated at admission");
+	answer(p);
+	cr_expect_eq(a->n_gen, 1, "the short prompt's first token");
+	cr_expect_eq(b->n_gen, 0);
+	cr_expect_eq(chunks_of(2), 0, "nothing streams from a chunk that samples nothing");
+
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(p->rows[0]->request_id, a->id, "decode rows first");
+	cr_expect_not(p->rows[0]->prefill);
+	rb = p->rows[1];
+	cr_expect(rb->prefill);
+	cr_expect_eq(rb->position, 128);
+	cr_expect_eq(rb->n_tokens, 256);
+	cr_expect_eq(rb->tokens[0], 100 + 128);
+	cr_expect_not(rb->sample);
+	cr_assert_eq(rb->n_block_table, 1);
+	cr_expect_eq(rb->block_table[0], b->pages[0]);
+	cr_assert_eq(rb->n_new_pages, 2);
+	cr_expect_eq(rb->new_pages[0], b->pages[1]);
+	cr_expect_eq(rb->new_pages[1], b->pages[2]);
+	answer(p);
+	cr_expect_eq(a->n_gen, 2);
+	cr_expect_eq(b->n_gen, 0);
+
+	p = step();
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect(rb->prefill);
+	cr_expect_eq(rb->position, 384);
+	cr_expect_eq(rb->n_tokens, 216, "the rest of the prompt");
+	cr_expect(rb->sample, "the last chunk samples");
+	cr_expect_eq(rb->n_block_table, 3);
+	cr_assert_eq(rb->n_new_pages, 1, "600 tokens complete page 3 of 4");
+	cr_expect_eq(rb->new_pages[0], b->pages[3]);
+	answer(p);
+	cr_expect_eq(b->n_gen, 1);
+	cr_expect_eq(chunks_of(2), 1);
+
+	p = step();
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect_not(rb->prefill, "b decodes");
+	cr_expect_eq(rb->position, 600);
+	cr_expect_eq(rb->n_block_table, 4);
+	answer(p);
+	run_to_idle(20);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
+/* Prefills under way share the step's budget in arrival order, each one chunk a step, and a
+ * request cancelled between its chunks gives back every page of its prompt. */
+Test(sched, chunks_share_the_budget_and_a_cancel_between_chunks_frees_the_prompt)
+{
+	const Bdfp4__StepPlan *p;
+	struct bd_req *a, *b;
+
+	setup(8, 8, 512, 16, 8);
+	S.cfg.max_prefill_chunk = 384;
+	a = submit(1, 1000, 2, false);
+	b = submit(2, 700, 2, false);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 128, "512 - 384 left in the budget");
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(row_of(p, a->id)->position, 384);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	cr_expect_eq(row_of(p, b->id)->position, 128);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 128);
+	answer(p);
+	cr_expect_eq(pages_free(), 16 - 7 - 5);
+	bd_sched_cancel(&S, a);
+	drain();
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		   BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client");
+	cr_expect_eq(pages_free(), 16 - 5, "a's 7 pages are back");
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect(released(p, a->id), "the workers drop a's partial sequence");
+	cr_assert_eq(p->n_rows, 1);
+	cr_expect_eq(p->rows[0]->position, 256);
+	cr_expect_eq(p->rows[0]->n_tokens, 384);
+	cr_expect_not(p->rows[0]->sample, "700 - 640: 60 tokens to go");
+	answer(p);
+	run_to_idle(20);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
 Test(sched, streamed_requests_get_a_chunk_per_token)
 {
 	setup(4, 8, 8192, 16, 8);
