@@ -53,7 +53,7 @@ static const struct bd_config_key keys[] = {
 	{ "max_batch", "16", "rows (running requests) per step" },
 	{ "max_queue", "64", "queued requests before resource-exhausted" },
 	{ "max_frame_bytes", "1048576", "largest client frame; larger ones get an error reply" },
-	{ "max_prefill_tokens", "512",
+	{ "max_prefill_tokens", "1024",
 	  "prompt tokens prefilled in one step, over all its prefill rows (with max_prefill_chunk "
 	  "0: one whole prompt a step at least)" },
 	{ "max_prefill_chunk", "512",
