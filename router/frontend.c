@@ -550,7 +550,9 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 		snprintf(err, sizeof(err), "not serving: %s", pool);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
 	}
-	if (!code && rt->state != RS_SERVING) {
+	/* while the running requests wait for the group to form again, new ones queue behind them
+	 * (and share their resume_timeout_ms) */
+	if (!code && rt->state != RS_SERVING && !bd_sched_resuming(&rt->sched)) {
 		snprintf(err, sizeof(err), "not serving: %.200s", rt->reason);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
 	}

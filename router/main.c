@@ -63,6 +63,9 @@ static const struct bd_config_key keys[] = {
 	{ "heartbeat_ms", "250", "heartbeat period, both ways" },
 	{ "heartbeat_timeout_ms", "3000", "a worker silent this long is dead" },
 	{ "step_timeout_ms", "120000", "a step not answered in this time fails the group" },
+	{ "resume_timeout_ms", "30000",
+	  "when the worker group fails, running requests keep their KV in the pool and wait this "
+	  "long for it to form again, then continue from their last token (0: they fail at once)" },
 	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests" },
 	{ "pool_timeout_ms", "2000", "one pool round trip" },
 	{ "pool_wait_ms", "30000", "wait this long for kvpoold at start" },
@@ -122,6 +125,7 @@ static int read_opts(struct bd_router *rt)
 	    bd_daemon_get_int(d, "heartbeat_timeout_ms", 20, 3600000,
 			      &o->heartbeat_timeout_ms) < 0 ||
 	    bd_daemon_get_int(d, "step_timeout_ms", 100, INT_MAX, &o->step_timeout_ms) < 0 ||
+	    bd_daemon_get_int(d, "resume_timeout_ms", 0, 3600000, &o->resume_timeout_ms) < 0 ||
 	    bd_daemon_get_int(d, "keepalive_ms", 10, 3600000, &o->keepalive_ms) < 0 ||
 	    bd_daemon_get_int(d, "pool_timeout_ms", 10, 600000, &o->pool_timeout_ms) < 0 ||
 	    bd_daemon_get_int(d, "pool_wait_ms", 0, 3600000, &o->pool_wait_ms) < 0 ||
@@ -569,6 +573,7 @@ static int start_sched(struct bd_router *rt)
 		.max_queue = rt->o.max_queue,
 		.max_prefill_tokens = rt->o.max_prefill_tokens,
 		.max_prefill_chunk = rt->o.max_prefill_chunk,
+		.resume_timeout_ms = rt->o.resume_timeout_ms,
 		.n_vocab = rt->n_vocab,
 		.eog = rt->eog,
 		.tok = rt->tok,

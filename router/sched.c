@@ -292,8 +292,25 @@ void bd_sched_client_gone(struct bd_sched *s, const uint8_t *ident, size_t len)
 	}
 }
 
+/* Every live request that is not ending already ends FINISH_ERROR with (error, msg). */
+static void fail_all(struct bd_sched *s, int error, const char *msg)
+{
+	for (size_t i = s->n_reqs; i-- > 0;)
+		if (!s->reqs[i]->finish_pending)
+			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
+}
+
 void bd_sched_tick(struct bd_sched *s, int64_t now)
 {
+	if (!s->group_ready && s->resume_by && now >= s->resume_by) {
+		char m[sizeof(s->down_msg) + 96];
+
+		snprintf(m, sizeof(m), "the worker group did not form again within "
+			 "resume_timeout_ms (%d ms): %s", s->cfg.resume_timeout_ms, s->down_msg);
+		bd_log_warn("%zu request(s) fail: %s", s->n_reqs, m);
+		s->resume_by = 0;
+		fail_all(s, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, m);
+	}
 	for (size_t i = s->n_reqs; i-- > 0;) {
 		struct bd_req *r = s->reqs[i];
 		char m[96];
@@ -305,14 +322,6 @@ void bd_sched_tick(struct bd_sched *s, int64_t now)
 		finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR,
 		       BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED, m, true);
 	}
-}
-
-/* Every live request that is not ending already ends FINISH_ERROR with (error, msg). */
-static void fail_all(struct bd_sched *s, int error, const char *msg)
-{
-	for (size_t i = s->n_reqs; i-- > 0;)
-		if (!s->reqs[i]->finish_pending)
-			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
 }
 
 void bd_sched_pool_down(struct bd_sched *s, const char *msg)
@@ -571,6 +580,7 @@ static int build_plan(struct bd_sched *s, int n)
 		p->n_tokens = (size_t)sr->n_feed;
 		p->tokens = r->toks + r->n_pos;
 		p->slot = r->slot;
+		p->resume = r->resume && r->n_pos > 0;
 		p->sample = !sr->prefill || r->n_pos + sr->n_feed == r->n_fill;
 		p->logits_top_k = p->sample ? r->top_k : 0;
 		if (sr->prefill) {
@@ -589,6 +599,13 @@ static int build_plan(struct bd_sched *s, int n)
 			p->block_table = r->pages;
 			p->n_new_pages = sr->new_page >= 0 ? 1 : 0;
 			p->new_pages = (int32_t *)&sr->new_page;
+		}
+		if (p->resume) {
+			/* what a worker that holds nothing of r rebuilds it from */
+			p->capacity = (uint32_t)r->cap;
+			p->kv_config = (char *)r->kv_config;
+			p->sampling = &r->sampling;
+			p->draws = (uint64_t)r->n_gen;
 		}
 		st->pprow[k] = p;
 	}
@@ -750,6 +767,7 @@ void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n
 		int err;
 
 		r->in_step = false;
+		r->resume = false;
 		err = row_error(s, res, n_ranks, k, m, sizeof(m));
 		if (err) {
 			r->on_workers = true; /* the release is harmless if it dropped it already */
@@ -775,11 +793,54 @@ void bd_sched_group_up(struct bd_sched *s, uint64_t epoch)
 	s->group_ready = true;
 	s->epoch = epoch;
 	s->n_release = 0; /* a new group holds no sequence */
+	s->resume_by = 0;
 }
 
-void bd_sched_group_down(struct bd_sched *s, const char *msg)
+bool bd_sched_resuming(const struct bd_sched *s)
+{
+	return !s->group_ready && s->resume_by != 0;
+}
+
+/* The group failed and resume_timeout_ms allows a wait: the step in flight is given up without
+ * a trace (its rows run again: a position's KV write and a page's promotion give the same bytes
+ * when repeated, and the reserved pages stay reserved), and every running request keeps what
+ * it holds in the pool; its next row tells the workers to rebuild it (PlanRow.resume). */
+static void hold_for_resume(struct bd_sched *s, const char *msg, int64_t now)
+{
+	if (s->step.active) {
+		s->step.active = false;
+		for (int k = 0; k < s->step.n_rows; k++) {
+			struct bd_req *r = s->step.rows[k].r;
+
+			r->in_step = false;
+			apply_pending(s, r);
+		}
+		s->step.n_rows = 0;
+	}
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct bd_req *r = s->reqs[i];
+
+		if (r->state != RQ_RUNNING)
+			continue;
+		r->on_workers = false;
+		r->resume = r->n_pos > 0;
+	}
+	if (!s->resume_by) {
+		s->resume_by = now + s->cfg.resume_timeout_ms;
+		snprintf(s->down_msg, sizeof(s->down_msg), "%s", msg);
+	}
+	bd_log_info("%zu running request(s) wait up to %d ms for the worker group: %s",
+		    s->n_running, s->cfg.resume_timeout_ms, msg);
+}
+
+void bd_sched_group_down(struct bd_sched *s, const char *msg, int64_t now)
 {
 	s->group_ready = false;
+	if (s->cfg.resume_timeout_ms > 0) {
+		hold_for_resume(s, msg, now);
+		s->n_release = 0; /* every rank drops every sequence on reset */
+		return;
+	}
 	abort_step(s, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, msg);
 	for (size_t i = s->n_reqs; i-- > 0;)
 		if (s->reqs[i]->state == RQ_RUNNING)

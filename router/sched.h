@@ -91,6 +91,7 @@ struct bd_req {
 	bool pool_held;     /* the pool has a record for it */
 	bool on_workers;    /* workers hold a sequence for it */
 	bool in_step;
+	bool resume;        /* its next row rebuilds it on workers that lost it (a new group) */
 	char *text;         /* the output text so far (stop strings are matched on it) */
 	size_t len, cap_text, shown; /* shown: the part of text that is final */
 	int64_t t_admit, t_first;    /* ms, monotonic; 0: not yet */
@@ -135,6 +136,8 @@ struct bd_sched_cfg {
 	int max_prefill_tokens; /* prompt tokens prefilled in one step, over all its rows */
 	int max_prefill_chunk;  /* tokens of one prompt in one row, a multiple of 128, at most
 				 * max_prefill_tokens; 0: whole prompts (one a step at least) */
+	int resume_timeout_ms;  /* how long running requests wait for a failed group to form
+				 * again, then fail WORKER_FAILED; 0: they fail at once */
 	int n_vocab;
 	const bool *eog;        /* [n_vocab] end-of-generation tokens (borrowed) */
 	const struct bd_tokenizer *tok; /* NULL: no text, chunks carry token ids only (borrowed) */
@@ -189,6 +192,8 @@ struct bd_sched {
 
 	bool group_ready;
 	uint64_t epoch;
+	int64_t resume_by;          /* ms, monotonic: the held requests fail then (0: none held) */
+	char down_msg[320];         /* why the group failed */
 	struct bd_sched_step step;
 
 	struct bd_sched_act *acts;  /* queued actions: [next_act, n_acts) */
@@ -231,16 +236,25 @@ void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n
 			int64_t now);
 /* A worker group of this epoch formed: plans may go out. */
 void bd_sched_group_up(struct bd_sched *s, uint64_t epoch);
-/* The group failed: the step in flight is lost (its requests fail WORKER_FAILED with msg, or as
- * they were ending), so do the running requests; the queued ones wait for the next group. */
-void bd_sched_group_down(struct bd_sched *s, const char *msg);
+/* The group failed (msg says why; now: ms, monotonic). With resume_timeout_ms > 0 nothing
+ * fails: the step in flight is dropped, to run again; the running requests keep their slot,
+ * pages, reserved page and tokens, and continue from their last committed token once a group
+ * forms again (bd_sched_group_up), their first row marked resume; requests ending anyway
+ * (cancelled in the step) end. If no group forms by now + resume_timeout_ms, bd_sched_tick
+ * fails every live request WORKER_FAILED ("did not form again within resume_timeout_ms ...:
+ * msg"), everything released. With 0 the step in flight and the running requests fail
+ * WORKER_FAILED with msg at once; the queued ones wait for the next group. */
+void bd_sched_group_down(struct bd_sched *s, const char *msg, int64_t now);
+/* True while running requests wait for a failed group to form again. */
+bool bd_sched_resuming(const struct bd_sched *s);
 /* kvpoold stopped answering: every request fails UNAVAILABLE with msg (a restarted pool lost
  * their pages, a hung one allocates none); those in the step in flight when it ends. */
 void bd_sched_pool_down(struct bd_sched *s, const char *msg);
 /* True while a step is in flight or a request holds a pool record: a reclaim of the router's
  * records would take a live one's. */
 bool bd_sched_pool_busy(const struct bd_sched *s);
-/* The clock: requests past their deadline fail DEADLINE_EXCEEDED. now: ms, monotonic. */
+/* The clock: requests past their deadline fail DEADLINE_EXCEEDED, and held requests past
+ * resume_timeout_ms fail WORKER_FAILED (bd_sched_group_down). now: ms, monotonic. */
 void bd_sched_tick(struct bd_sched *s, int64_t now);
 /* The router stops: every request ends FINISH_ERROR with error and msg, the step in flight is
  * given up. */

@@ -1027,11 +1027,11 @@ Test(sched, results_of_another_step_are_ignored)
 
 /* ---- the worker group and the pool ----------------------------------------------------------- */
 
-Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
+Test(sched, without_a_resume_timeout_a_failed_group_fails_what_runs_and_keeps_the_queue)
 {
 	const Bdfp4__StepPlan *p = in_flight(2, 3);
 
-	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected");
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected", now);
 	drain();
 	cr_assert_eq(n_chunks, 2);
 	for (uint64_t tag = 1; tag <= 2; tag++)
@@ -1047,6 +1047,133 @@ Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
 	cr_expect_eq(p->n_release, 0, "a new group holds no sequence to drop");
 	cr_expect_eq(p->rows[0]->request_id, 3);
 	cr_expect(p->rows[0]->prefill);
+}
+
+/* A group fails with a decode row and a prefill chunk in flight: nothing fails, the pool keeps
+ * every record, and the next group re-runs the lost step, each request's row marked resume
+ * with what a worker needs to rebuild it; afterwards the requests go on to their length with
+ * no token lost or repeated. */
+Test(sched, a_failed_group_holds_the_running_requests_and_the_next_group_resumes_them)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *ra, *rb;
+	struct bd_req *a, *b;
+	int32_t tok_a;
+
+	setup(4, 8, 256, 16, 8);
+	S.cfg.max_prefill_chunk = 128;
+	S.cfg.resume_timeout_ms = 5000;
+	a = submit(1, 10, 20, true);
+	b = submit(2, 300, 5, true);
+	answer(step());
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	tok_a = row_of(p, a->id)->tokens[0];
+	cr_expect_eq(row_of(p, b->id)->position, 128);
+	cr_expect_not(row_of(p, a->id)->resume);
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected", now);
+	drain();
+	cr_expect_eq(n_chunks, 1, "only a's first token: nothing failed");
+	cr_expect_eq(records(), 2, "the pool keeps both records");
+	cr_expect_eq(pages_free(), 16 - 2, "b's prompt pages stay allocated");
+	cr_expect_eq(S.n_running, 2);
+	cr_expect(bd_sched_resuming(&S));
+	cr_expect_null(step(), "no plan without a group");
+	now += 1000;
+	bd_sched_tick(&S, now);
+	drain();
+	cr_expect_eq(n_chunks, 1, "within resume_timeout_ms nothing fails");
+
+	bd_sched_group_up(&S, 2);
+	cr_expect_not(bd_sched_resuming(&S));
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect_eq(p->epoch, 2);
+	cr_expect_eq(p->n_release, 0);
+	ra = row_of(p, a->id);
+	rb = row_of(p, b->id);
+	cr_assert(ra && rb);
+	cr_expect_not(ra->prefill);
+	cr_expect(ra->resume);
+	cr_expect_eq(ra->position, 10, "the lost step runs again");
+	cr_expect_eq(ra->tokens[0], tok_a);
+	cr_expect_eq(ra->draws, 1, "a sampled its first token");
+	cr_expect_eq(ra->capacity, 30);
+	cr_expect_str_eq(ra->kv_config, "bitdecoding-nvfp4");
+	cr_assert_not_null(ra->sampling);
+	cr_expect_eq(ra->sampling->seed, a->sampling.seed);
+	cr_expect(rb->prefill);
+	cr_expect(rb->resume);
+	cr_expect_eq(rb->position, 128);
+	cr_expect_eq(rb->n_tokens, 128);
+	cr_assert_eq(rb->n_block_table, 1, "the page the first chunk promoted");
+	cr_expect_eq(rb->block_table[0], b->pages[0]);
+	cr_expect_eq(rb->draws, 0);
+	answer(p);
+	p = step();
+	cr_expect_not(row_of(p, a->id)->resume, "only the first row after the new group");
+	cr_expect_not(row_of(p, b->id)->resume);
+	answer(p);
+	run_to_idle(40);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(a->n_gen, 20);
+	cr_expect_eq(S.tokens_generated, 25, "no token twice");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
+/* No group forms within resume_timeout_ms: every live request, running or queued, fails
+ * WORKER_FAILED saying so, and the pool gets everything back. */
+Test(sched, a_resume_that_times_out_fails_every_request_clearly_and_frees_the_pool)
+{
+	const Bdfp4__StepPlan *p = in_flight(2, 3);
+	const char *want = "the worker group did not form again within resume_timeout_ms "
+			   "(5000 ms): worker rank 1 (pid 7) stopped heartbeating (3000 ms)";
+
+	(void)p;
+	S.cfg.resume_timeout_ms = 5000;
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) stopped heartbeating (3000 ms)", now);
+	drain();
+	cr_expect_eq(n_chunks, 0);
+	cr_expect_eq(records(), 2);
+	bd_sched_tick(&S, now + 4999);
+	drain();
+	cr_expect_eq(n_chunks, 0);
+	bd_sched_tick(&S, now + 5000);
+	drain();
+	cr_assert_eq(n_chunks, 3);
+	for (uint64_t tag = 1; tag <= 3; tag++)
+		expect_failed(tag, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, want);
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+	cr_expect_eq(S.n_reqs, 0);
+	cr_expect_not(bd_sched_resuming(&S));
+	bd_sched_group_up(&S, 2);
+	cr_expect_null(step(), "nothing left to run");
+}
+
+/* A request cancelled while it waits for the group ends at once and frees its pages; the
+ * others resume. */
+Test(sched, a_cancel_while_held_ends_at_once)
+{
+	const Bdfp4__StepPlan *p = in_flight(2, 2);
+	struct bd_req *a = S.reqs[0];
+
+	S.cfg.resume_timeout_ms = 5000;
+	bd_sched_group_down(&S, "worker rank 0 (pid 9) disconnected", now);
+	bd_sched_cancel(&S, a);
+	drain();
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		   BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client");
+	cr_expect_eq(records(), 1);
+	bd_sched_group_up(&S, 2);
+	p = step();
+	cr_assert_eq(p->n_rows, 1);
+	cr_expect_eq(p->rows[0]->request_id, 2);
+	cr_expect(p->rows[0]->resume);
+	cr_expect_eq(p->n_release, 0, "a new group holds nothing to drop");
+	answer(p);
 }
 
 Test(sched, a_pool_that_goes_down_fails_every_request_unavailable)
