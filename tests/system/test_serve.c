@@ -52,7 +52,10 @@ TestSuite(serve, .init = init, .fini = fini, .timeout = 300);
 static void up(void)
 {
 	sv_start_pool(&E, NULL);
-	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000", NULL });
+	/* no resume: the failure tests below see the group's failure itself (test_resume.c runs
+	 * the resume) */
+	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
+						   "--resume-timeout-ms", "0", NULL });
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
 	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
