@@ -93,7 +93,10 @@ static void collect(struct bd_client *c, const uint64_t *tag, int32_t (*toks)[N_
 	}
 }
 
-static void kill_and_resume(int rank)
+/* Requests of N_REQ prompts run undisturbed, then again with rank lost after KILL_AFTER
+ * tokens: killed (kill -9) and restarted, or stopped (SIGSTOP) past the heartbeat timeout and
+ * continued (SIGCONT). Each must stream the undisturbed tokens, none twice. */
+static void lose_rank_and_resume(int rank, bool stop)
 {
 	static int32_t want[N_REQ][N_GEN], got[N_REQ][N_GEN];
 	int n_want[N_REQ] = { 0 }, n_got[N_REQ] = { 0 }, ended = 0;
@@ -115,9 +118,15 @@ static void kill_and_resume(int rank)
 	start(c, tag);
 	collect(c, tag, got, n_got, &ended, KILL_AFTER);
 	cr_assert_eq(ended, 0, "the requests ended before the kill");
-	cr_expect_eq(sv_stop(&E.worker[rank], SIGKILL, WAIT_MS), 128 + SIGKILL);
-	cr_expect(sv_wait_health(&E, false, WAIT_MS), "health does not show the lost rank");
-	sv_start_worker(&E, rank);
+	if (stop) {
+		cr_assert_eq(kill(E.worker[rank].pid, SIGSTOP), 0);
+		cr_expect(sv_wait_health(&E, false, WAIT_MS), "health does not show the lost rank");
+		cr_assert_eq(kill(E.worker[rank].pid, SIGCONT), 0);
+	} else {
+		cr_expect_eq(sv_stop(&E.worker[rank], SIGKILL, WAIT_MS), 128 + SIGKILL);
+		cr_expect(sv_wait_health(&E, false, WAIT_MS), "health does not show the lost rank");
+		sv_start_worker(&E, rank);
+	}
 	collect(c, tag, got, n_got, &ended, 0);
 	for (int i = 0; i < N_REQ; i++) {
 		cr_expect_eq(n_got[i], N_GEN, "request %d: %d tokens", i, n_got[i]);
@@ -134,12 +143,26 @@ static void kill_and_resume(int rank)
 
 Test(resume, kill_9_of_rank_1_mid_generation_loses_nothing)
 {
-	kill_and_resume(1);
+	lose_rank_and_resume(1, false);
 }
 
 Test(resume, kill_9_of_rank_0_mid_generation_loses_nothing)
 {
-	kill_and_resume(0);
+	lose_rank_and_resume(0, false);
+}
+
+/* The stopped process itself rejoins once continued: nothing restarts it. */
+Test(resume, sigstop_then_sigcont_of_rank_1_rejoins_and_loses_nothing)
+{
+	lose_rank_and_resume(1, true);
+	cr_expect_gt(E.worker[1].pid, 0);
+	cr_expect_eq(kill(E.worker[1].pid, 0), 0, "the same rank 1 process serves");
+}
+
+Test(resume, sigstop_then_sigcont_of_rank_0_rejoins_and_loses_nothing)
+{
+	lose_rank_and_resume(0, true);
+	cr_expect_eq(kill(E.worker[0].pid, 0), 0, "the same rank 0 process serves");
 }
 
 Test(resume, a_rank_that_does_not_come_back_fails_the_requests_clearly)
