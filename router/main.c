@@ -522,6 +522,19 @@ static void shutdown_requests(struct bd_router *rt)
 	/* every request ends SHUTTING_DOWN, those in the step in flight too */
 	bd_sched_stop(&rt->sched, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg);
 	carry_out(rt);
+	/* what clients sent meanwhile gets its answer (requests: SHUTTING_DOWN), not silence;
+	 * after a drain, for a moment more: closed-loop clients send again as they are answered */
+	for (int64_t end = bd_now_ms() + (rt->draining ? 500 : 0);;) {
+		zmq_pollitem_t it = { .socket = rt->front, .events = ZMQ_POLLIN };
+		int64_t left = end - bd_now_ms();
+
+		if (zmq_poll(&it, 1, left > 0 ? (long)left : 0) > 0) {
+			bd_router_on_frontend(rt);
+			carry_out(rt);
+		} else if (left <= 0) {
+			break;
+		}
+	}
 	bd_router_workers_shutdown(rt);
 	/* nothing of this router's stays in the pool (a release that failed left a record) */
 	if (rt->pool && rt->pool_ok &&

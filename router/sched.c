@@ -300,6 +300,27 @@ static void fail_all(struct bd_sched *s, int error, const char *msg)
 			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
 }
 
+int bd_sched_client_replaced(struct bd_sched *s, const uint8_t *ident, size_t len,
+			     uint64_t conn)
+{
+	int n = 0;
+
+	for (size_t i = s->n_reqs; conn && i-- > 0;) {
+		struct bd_req *r = s->reqs[i];
+
+		if (r->ident_len != len || memcmp(r->ident, ident, len) || r->finish_pending ||
+		    !r->conn || r->conn == conn)
+			continue;
+		bd_log_info("request %llu: its routing id reconnected (connection %llx, was "
+			    "%llx): cancelled", (unsigned long long)r->id,
+			    (unsigned long long)conn, (unsigned long long)r->conn);
+		finish(s, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		       BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "client reconnected", false);
+		n++;
+	}
+	return n;
+}
+
 void bd_sched_tick(struct bd_sched *s, int64_t now)
 {
 	if (!s->group_ready && s->resume_by && now >= s->resume_by) {

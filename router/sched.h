@@ -62,6 +62,7 @@ struct bd_req {
 	uint8_t ident[256]; /* the client's ZeroMQ routing id */
 	size_t ident_len;
 	bool delim;         /* a REQ client: replies carry an empty delimiter frame */
+	uint64_t conn;      /* the client's ClientRequest.connection (0: none) */
 	int32_t *toks;      /* [cap] the prompt (n_prompt), then the generated tokens */
 	int n_prompt, cap, max_tokens;
 	int32_t *pages;     /* [max_pages] room for its promoted pages */
@@ -225,6 +226,11 @@ struct bd_req *bd_sched_find(struct bd_sched *s, const uint8_t *ident, size_t le
 void bd_sched_cancel(struct bd_sched *s, struct bd_req *r);
 /* Every request of the client with this routing id ends CANCELLED, without a reply. */
 void bd_sched_client_gone(struct bd_sched *s, const uint8_t *ident, size_t len);
+/* A request came under this routing id from connection conn (≠ 0): the requests of the id
+ * made under another connection (≠ 0) are a departed predecessor's and end CANCELLED, without
+ * a reply. Returns how many. */
+int bd_sched_client_replaced(struct bd_sched *s, const uint8_t *ident, size_t len,
+			     uint64_t conn);
 /* Plans the next step when a group is formed and no step is in flight: admissions and
  * preemptions through the pool, then a PLAN action (the step is in flight from now on).
  * now: ms, monotonic. */
