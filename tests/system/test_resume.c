@@ -125,6 +125,14 @@ static void lose_rank_and_resume(int rank, bool stop)
 	} else {
 		cr_expect_eq(sv_stop(&E.worker[rank], SIGKILL, WAIT_MS), 128 + SIGKILL);
 		cr_expect(sv_wait_health(&E, false, WAIT_MS), "health does not show the lost rank");
+		{
+			struct bd_client *hc = sv_client(&E);
+			struct bd_client_health h;
+
+			cr_assert_eq(bd_client_health(hc, WAIT_MS, &h), 0);
+			cr_expect_not_null(strstr(h.reason, "rank"), "reason: %s", h.reason);
+			bd_client_free(hc);
+		}
 		sv_start_worker(&E, rank);
 	}
 	collect(c, tag, got, n_got, &ended, 0);
@@ -138,6 +146,15 @@ static void lose_rank_and_resume(int rank, bool stop)
 	/* the baseline: every page and slot free, no record */
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages or slots after the resume");
 	cr_expect(sv_wait_health(&E, true, WAIT_MS), "health did not recover");
+	{
+		struct bd_client *hc = sv_client(&E);
+		struct bd_client_health h;
+
+		cr_assert_eq(bd_client_health(hc, WAIT_MS, &h), 0);
+		cr_expect(h.healthy);
+		cr_expect_str_eq(h.reason, "", "the reason of the failure stays after the recovery");
+		bd_client_free(hc);
+	}
 	bd_client_free(c);
 }
 
