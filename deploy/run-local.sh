@@ -162,7 +162,9 @@ done
 
 say "starting the router"
 RMAX=
-[ "$BACKEND" = cuda ] && RMAX="--max-batch ${BD_MAX_BATCH:-64}"
+# the cuda backend prefills whole prompts only (no chunk at a position > 0)
+[ "$BACKEND" = cuda ] &&
+	RMAX="--max-batch ${BD_MAX_BATCH:-64} --max-prefill-chunk 0 --max-prefill-tokens 8192"
 # shellcheck disable=SC2086
 "$BIN/routerd" --no-config --frontend "$FRONT_EP" --workers "$WORKERS_EP" --pool "$POOL_EP" \
 	$MODEL_ARGS --tp "$TP" $RMAX ${BD_ROUTER_ARGS:-} 2>"$RT/routerd.log" &
