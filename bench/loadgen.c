@@ -26,7 +26,16 @@
  * --max-tokens must exceed N by the tokens the first ones get while the last ones wait for
  * theirs (about n with one prefill a step); a request that ends before it makes the window
  * invalid (steady_ok=0 in --kv).
+ *
+ * --fault kill9:R@S kills worker rank R with SIGKILL S seconds into each level; R's current pid
+ * is read from the R-th file of BD_WORKER_PIDFILES (deploy/run-local.sh, which restarts the
+ * rank as systemd would). Each level then reports the requests lost (failed: the goal is none)
+ * and the time to resume: from the kill to the first token any request gets after it.
+ * --long-prompt N makes the level's first request one of N random token ids (the others as
+ * usual) and reports the TTFT of the short requests sent while it was prefilling (from its send
+ * to its first token): what a long prompt costs the others.
  */
+#include <signal.h>
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
@@ -68,10 +77,14 @@ struct opts {
 	const char *router, *pool, *results, *note, *kv;
 	int levels[MAX_LEVELS], n_levels, requests, max_tokens, prompt_tokens;
 	int steady;       /* --steady N, 0: off */
+	int fault_rank;   /* --fault kill9:R@S: rank R killed S s into each level; -1: none */
+	double fault_at;
+	int long_prompt;  /* --long-prompt N: request 0 of each level has N token ids; 0: none */
 	uint32_t n_vocab; /* of the server, for --prompt-tokens */
 };
 
 struct sample {
+	double t_send;    /* bd_now_s() at the send */
 	double ttft, total, last;
 	uint32_t tokens;
 	bool ok;
@@ -92,6 +105,8 @@ struct level {
 	atomic_int n_first, n_reached;
 	atomic_bool all_first, window_done;
 	double t_a;
+	/* --fault: when the rank was killed (0: not yet), the first token after it */
+	_Atomic double t_kill, t_resumed;
 };
 
 static void note_error(struct level *L, const char *msg)
@@ -153,8 +168,9 @@ static void *client_main(void *arg)
 		return NULL;
 	}
 	int32_t *ids = NULL;
-	if (L->o->prompt_tokens > 0 &&
-	    !(ids = malloc(sizeof(int32_t) * (size_t)L->o->prompt_tokens))) {
+	int max_ids = L->o->prompt_tokens > L->o->long_prompt ? L->o->prompt_tokens
+							       : L->o->long_prompt;
+	if (max_ids > 0 && !(ids = malloc(sizeof(int32_t) * (size_t)max_ids))) {
 		note_error(L, "out of memory");
 		bd_client_free(c);
 		return NULL;
@@ -172,10 +188,11 @@ static void *client_main(void *arg)
 		if (i >= L->n_req)
 			break;
 		s = &L->s[i];
-		if (ids) {
+		int n_ids = L->o->long_prompt && i == 0 ? L->o->long_prompt : L->o->prompt_tokens;
+		if (n_ids > 0 && ids) {
 			/* xorshift64 seeded by the level and the request: ids differ per request */
 			uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1) + (uint64_t)L->conc;
-			for (int k = 0; k < L->o->prompt_tokens; k++) {
+			for (int k = 0; k < n_ids; k++) {
 				x ^= x << 13;
 				x ^= x >> 7;
 				x ^= x << 17;
@@ -183,11 +200,12 @@ static void *client_main(void *arg)
 			}
 			g.chat = false;
 			g.token_ids = ids;
-			g.n_token_ids = (size_t)L->o->prompt_tokens;
+			g.n_token_ids = (size_t)n_ids;
 		} else {
 			g.prompt = prompts[i % (int)(sizeof(prompts) / sizeof(prompts[0]))];
 		}
 		t0 = bd_now_s();
+		s->t_send = t0;
 		if (bd_client_generate_start(c, &g, &tag) < 0) {
 			note_error(L, "send failed");
 			continue;
@@ -209,6 +227,12 @@ static void *client_main(void *arg)
 				continue;
 			double t = bd_now_s();
 			bool first = ev.n_tokens && s->tokens == 0;
+			if (ev.n_tokens && atomic_load(&L->t_kill) > 0 &&
+			    atomic_load(&L->t_resumed) == 0) {
+				double zero = 0;
+
+				atomic_compare_exchange_strong(&L->t_resumed, &zero, t);
+			}
 			if (first)
 				s->ttft = t - t0;
 			if (ev.n_tokens)
@@ -292,6 +316,10 @@ struct row {
 	bool steady_ok;
 	uint64_t steady_tokens;
 	double steady_s;
+	/* --fault, --long-prompt */
+	bool fault, killed;
+	double resume_s, long_ttft, beside_ttft_mean, beside_ttft_max;
+	int beside_n;
 	char error[256];
 };
 
@@ -321,6 +349,64 @@ static void steady_window(const struct level *L, struct row *r)
 	}
 	r->steady_s = tb - ta;
 	r->steady_ok = r->steady_s > 0 && r->steady_tokens > 0;
+}
+
+/* The pid in the rank-th file of BD_WORKER_PIDFILES (space-separated), or -1. */
+static pid_t worker_pid(int rank)
+{
+	const char *files = getenv("BD_WORKER_PIDFILES");
+	char path[512];
+	long pid = -1;
+	int i = 0;
+
+	for (const char *p = files; p && *p; i++) {
+		size_t n = strcspn(p, " ");
+
+		if (i == rank && n < sizeof(path)) {
+			FILE *f;
+
+			memcpy(path, p, n);
+			path[n] = 0;
+			if ((f = fopen(path, "r"))) {
+				if (fscanf(f, "%ld", &pid) != 1)
+					pid = -1;
+				fclose(f);
+			}
+			break;
+		}
+		p += n;
+		p += *p == ' ';
+	}
+	return (pid_t)pid;
+}
+
+struct fault {
+	struct level *L;
+	double t0;
+	atomic_bool stop;
+	char error[128];
+};
+
+static void *fault_main(void *arg)
+{
+	struct fault *ft = arg;
+	const struct opts *o = ft->L->o;
+	pid_t pid;
+
+	while (!ft->stop && bd_now_s() - ft->t0 < o->fault_at)
+		usleep(10000);
+	if (ft->stop)
+		return NULL;
+	pid = worker_pid(o->fault_rank);
+	if (pid <= 0 || kill(pid, SIGKILL) < 0) {
+		snprintf(ft->error, sizeof(ft->error), "cannot kill rank %d (pid %d): set "
+			 "BD_WORKER_PIDFILES", o->fault_rank, (int)pid);
+		return NULL;
+	}
+	atomic_store(&ft->L->t_kill, bd_now_s());
+	fprintf(stderr, "loadgen: killed worker rank %d (pid %d) at %.1f s\n", o->fault_rank,
+		(int)pid, bd_now_s() - ft->t0);
+	return NULL;
 }
 
 static int run_level(const struct opts *o, int conc, int fit, struct row *r)
@@ -354,11 +440,42 @@ static int run_level(const struct opts *o, int conc, int fit, struct row *r)
 		L.n_req = MAX_REQ;
 	pthread_create(&sth, NULL, sampler_main, &sp);
 	t0 = bd_now_s();
+	struct fault ft = { .L = &L, .t0 = t0 };
+	pthread_t fth;
+	if (o->fault_rank >= 0)
+		pthread_create(&fth, NULL, fault_main, &ft);
 	for (int i = 0; i < conc; i++)
 		pthread_create(&th[i], NULL, client_main, &L);
 	for (int i = 0; i < conc; i++)
 		pthread_join(th[i], NULL);
 	r->wall = bd_now_s() - t0;
+	if (o->fault_rank >= 0) {
+		ft.stop = true;
+		pthread_join(fth, NULL);
+		r->fault = true;
+		r->killed = atomic_load(&L.t_kill) > 0;
+		r->resume_s = r->killed && atomic_load(&L.t_resumed) > 0
+				      ? atomic_load(&L.t_resumed) - atomic_load(&L.t_kill)
+				      : -1;
+		if (*ft.error)
+			fprintf(stderr, "loadgen: %s\n", ft.error);
+	}
+	if (o->long_prompt && L.s[0].ok) {
+		/* the short requests sent while the long one prefilled */
+		double a = L.s[0].t_send, b = a + L.s[0].ttft, sum = 0, mx = 0;
+		int n = 0;
+
+		for (int i = 1; i < L.n_req; i++)
+			if (L.s[i].ok && L.s[i].t_send >= a && L.s[i].t_send < b) {
+				sum += L.s[i].ttft;
+				mx = L.s[i].ttft > mx ? L.s[i].ttft : mx;
+				n++;
+			}
+		r->long_ttft = L.s[0].ttft;
+		r->beside_n = n;
+		r->beside_ttft_mean = n ? sum / n : 0;
+		r->beside_ttft_max = mx;
+	}
 	sp.stop = true;
 	pthread_join(sth, NULL);
 	if (o->steady) {
@@ -484,6 +601,23 @@ static void print_rows(FILE *f, const struct row *rows, int n, const struct opts
 			fprintf(f, "| %d | %d | no window (a request ended first: raise --max-tokens) "
 				   "| | |\n", r->conc, r->steady_n);
 	}
+	for (int i = 0; i < n; i++) {
+		const struct row *r = &rows[i];
+
+		if (r->fault && r->killed)
+			fprintf(f, "\nConcurrency %d, kill -9 of worker rank %d at %.1f s: %d "
+				   "request(s) lost of %d; time to resume (the kill to the next token) "
+				   "%.2f s.\n", r->conc, o->fault_rank, o->fault_at, r->n_req - r->ok,
+				r->n_req, r->resume_s);
+		else if (r->fault)
+			fprintf(f, "\nConcurrency %d: the fault was not injected (the level ended "
+				   "first, or no BD_WORKER_PIDFILES).\n", r->conc);
+		if (o->long_prompt)
+			fprintf(f, "\nConcurrency %d, one prompt of %d token ids first: its TTFT %.2f "
+				   "s; the %d short request(s) sent while it prefilled: TTFT mean %.2f "
+				   "s, max %.2f s.\n", r->conc, o->long_prompt, r->long_ttft,
+				r->beside_n, r->beside_ttft_mean, r->beside_ttft_max);
+	}
 	for (int i = 0; i < n; i++)
 		if (rows[i].error[0])
 			fprintf(f, "Concurrency %d: first error: %s\n", rows[i].conc, rows[i].error);
@@ -534,7 +668,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: loadgen --router EP [--pool EP] [--levels 1,4,16] [--requests N]\n"
 		   "               [--max-tokens T] [--prompt-tokens N] [--ignore-eos]\n"
-		   "               [--results FILE] [--note TEXT] [--kv FILE] [--steady N]\n");
+		   "               [--results FILE] [--note TEXT] [--kv FILE] [--steady N]\n"
+		   "               [--fault kill9:RANK@SECONDS] [--long-prompt N]\n");
 }
 
 int main(int argc, char **argv)
@@ -548,14 +683,17 @@ int main(int argc, char **argv)
 		{ "prompt-tokens", required_argument, NULL, 'P' },
 		{ "ignore-eos", no_argument, NULL, 'E' }, { "kv", required_argument, NULL, 'K' },
 		{ "steady", required_argument, NULL, 'S' },
+		{ "fault", required_argument, NULL, 'F' },
+		{ "long-prompt", required_argument, NULL, 'L' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
-	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128 };
+	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128, .fault_rank = -1 };
 	/* where each option's argument goes, by its getopt value */
 	const char **text[128] = { ['r'] = &o.router, ['p'] = &o.pool, ['o'] = &o.results,
 				   ['N'] = &o.note, ['K'] = &o.kv };
 	int *number[128] = { ['n'] = &o.requests, ['t'] = &o.max_tokens,
-			     ['P'] = &o.prompt_tokens, ['S'] = &o.steady };
+			     ['P'] = &o.prompt_tokens, ['S'] = &o.steady,
+			     ['L'] = &o.long_prompt };
 	struct row rows[MAX_LEVELS];
 	char mach[512], rev[128], date[64];
 	time_t now = time(NULL);
@@ -593,6 +731,14 @@ int main(int argc, char **argv)
 		}
 		case 'E':
 			break; /* the default: every request generates exactly max_tokens */
+		case 'F':
+			if (sscanf(optarg, "kill9:%d@%lf", &o.fault_rank, &o.fault_at) != 2 ||
+			    o.fault_rank < 0 || o.fault_rank > 7 || o.fault_at < 0) {
+				fprintf(stderr, "loadgen: bad --fault '%s' (kill9:RANK@SECONDS)\n",
+					optarg);
+				return 2;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -602,6 +748,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!o.router || o.max_tokens < 1 || o.requests < 0 || o.prompt_tokens < 0 ||
+	    o.long_prompt < 0 ||
 	    o.steady < 0 || (o.steady && o.steady >= o.max_tokens)) {
 		usage(stderr);
 		return 2;
@@ -617,7 +764,9 @@ int main(int argc, char **argv)
 		}
 		bd_client_free(c);
 		o.n_vocab = info.n_vocab;
-		if (o.prompt_tokens && (o.n_vocab < 1 || (uint32_t)o.prompt_tokens >= info.n_ctx)) {
+		if ((o.prompt_tokens || o.long_prompt) &&
+		    (o.n_vocab < 1 || (uint32_t)o.prompt_tokens >= info.n_ctx ||
+		     (uint32_t)o.long_prompt >= info.n_ctx)) {
 			fprintf(stderr, "loadgen: --prompt-tokens %d: the server's context is %u\n",
 				o.prompt_tokens, info.n_ctx);
 			return 2;

@@ -11,7 +11,12 @@
 # BD_MAX_TOKENS (default 200) and BD_KV (default bitdecoding-nvfp4) tune the run; with
 # BD_LOADGEN="ARGS" set, bench/loadgen runs with ARGS instead of the prompt (make bench-serve);
 # with BD_RUN_CMD="COMMAND" set, COMMAND runs instead (sh -c), with BD_FRONT_EP, BD_POOL_EP,
-# BD_RUN_DIR (the logs) and BD_WORKER_PIDS exported (bench/serve_gpu.sh).
+# BD_RUN_DIR (the logs), BD_WORKER_PIDS (the workers' first pids) and BD_WORKER_PIDFILES (files
+# that hold each rank's current pid) exported (bench/serve_gpu.sh, loadgen --fault).
+#
+# Each worker runs as systemd's Restart=on-failure with RestartSec=1 runs it: a worker that ends
+# other than with exit 0 (kill -9, a crash, exit 1 when kvpoold went away) is started again
+# after a second, and the router resumes its requests when the group forms again.
 #
 # BD_BACKEND=cpu (default) or cuda (`make run BACKEND=cuda`): kvpoold's backend. On cuda the
 # pool takes BD_GPU_MEM_FRACTION (default 0.5) of each GPU, the rest is the model's; rank r runs
@@ -44,7 +49,7 @@ POOL_EP=ipc://$RT/kvpool-alloc.sock
 FRONT_EP=ipc://$RT/router.sock
 WORKERS_EP=ipc://$RT/router-workers.sock
 
-POOL_PID= ROUTER_PID= W0_PID= W1_PID=
+POOL_PID= ROUTER_PID= W0_PID= W1_PID= S0_PID= S1_PID=
 say() { printf '== %s\n' "$*" >&2; }
 
 show_logs() {
@@ -56,8 +61,12 @@ show_logs() {
 }
 
 cleanup() {
-	for p in $ROUTER_PID $W0_PID $W1_PID $POOL_PID; do
+	: >"$RT/stopping"
+	for p in $ROUTER_PID $S0_PID $S1_PID $POOL_PID; do
 		kill -KILL "$p" 2>/dev/null
+	done
+	for f in "$RT"/workerd-*.pid; do
+		[ -s "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null
 	done
 	if [ "${BD_KEEP_RUN:-0}" = 1 ]; then
 		say "logs and sockets kept in $RT"
@@ -153,21 +162,49 @@ done
 
 say "starting the router"
 RMAX=
-[ "$BACKEND" = cuda ] && RMAX="--max-batch ${BD_MAX_BATCH:-64}"
+# the cuda backend prefills whole prompts only (no chunk at a position > 0)
+[ "$BACKEND" = cuda ] &&
+	RMAX="--max-batch ${BD_MAX_BATCH:-64} --max-prefill-chunk 0 --max-prefill-tokens 8192"
 # shellcheck disable=SC2086
 "$BIN/routerd" --no-config --frontend "$FRONT_EP" --workers "$WORKERS_EP" --pool "$POOL_EP" \
 	$MODEL_ARGS --tp "$TP" $RMAX ${BD_ROUTER_ARGS:-} 2>"$RT/routerd.log" &
 ROUTER_PID=$!
 
+# Runs workerd rank $1 as Restart=on-failure (RestartSec=1) would; its current pid is in
+# $RT/workerd-$1.pid. Ends with the worker's status once it exits 0 or the run is stopping.
+supervise() {
+	r=$1
+	while :; do
+		# shellcheck disable=SC2086
+		"$BIN/workerd" --no-config --rank "$r" --tp "$TP" $MODEL_ARGS \
+			--pool-socket "$POOL_SOCK" --router "$WORKERS_EP" --allreduce-dir "$RT" \
+			--threads 1 $WARGS ${BD_WORKER_ARGS:-} 2>>"$RT/workerd-$r.log" &
+		echo $! >"$RT/workerd-$r.pid.tmp" && mv "$RT/workerd-$r.pid.tmp" "$RT/workerd-$r.pid"
+		wait $!
+		rc=$?
+		[ $rc -eq 0 ] && exit 0
+		[ -e "$RT/stopping" ] && exit $rc
+		printf '== run-local.sh: workerd rank %s ended with status %s: restarting in 1 s\n' \
+			"$r" "$rc" >>"$RT/workerd-$r.log"
+		sleep 1
+	done
+}
+
 RANKS=0
 [ "$TP" = 2 ] && RANKS="0 1"
-say "starting workerd rank(s) $RANKS"
+say "starting workerd rank(s) $RANKS (restarted on failure)"
+PIDFILES=
 for r in $RANKS; do
-	# shellcheck disable=SC2086
-	"$BIN/workerd" --no-config --rank $r --tp "$TP" $MODEL_ARGS --pool-socket "$POOL_SOCK" \
-		--router "$WORKERS_EP" --allreduce-dir "$RT" --threads 1 $WARGS \
-		${BD_WORKER_ARGS:-} 2>"$RT/workerd-$r.log" &
-	eval W${r}_PID=$!
+	supervise "$r" &
+	eval S${r}_PID=$!
+	PIDFILES="$PIDFILES $RT/workerd-$r.pid"
+	i=0
+	until [ -s "$RT/workerd-$r.pid" ]; do
+		i=$((i + 1))
+		[ $i -lt 100 ] || fail "workerd rank $r did not start"
+		sleep 0.1
+	done
+	eval W${r}_PID="$(cat "$RT/workerd-$r.pid")"
 done
 
 # the router answers health as soon as it listens; --wait-ready polls until it serves
@@ -182,12 +219,13 @@ done
 if [ -n "${BD_RUN_CMD:-}" ]; then
 	say "running: $BD_RUN_CMD"
 	BD_FRONT_EP=$FRONT_EP BD_POOL_EP=$POOL_EP BD_RUN_DIR=$RT BD_WORKER_PIDS="$W0_PID $W1_PID" \
-		sh -c "$BD_RUN_CMD" || fail "$BD_RUN_CMD"
+		BD_WORKER_PIDFILES="${PIDFILES# }" sh -c "$BD_RUN_CMD" || fail "$BD_RUN_CMD"
 elif [ -n "${BD_LOADGEN+x}" ]; then
 	# `make bench-serve`: the load generator instead of one prompt
 	say "loadgen $BD_LOADGEN"
 	# shellcheck disable=SC2086
-	"$BIN/loadgen" --router "$FRONT_EP" --pool "$POOL_EP" $BD_LOADGEN || fail "loadgen"
+	BD_WORKER_PIDFILES="${PIDFILES# }" \
+		"$BIN/loadgen" --router "$FRONT_EP" --pool "$POOL_EP" $BD_LOADGEN || fail "loadgen"
 else
 	say "prompt: $PROMPT"
 	printf '\n'
@@ -199,14 +237,33 @@ fi
 say "kvpoolctl stats"
 "$BIN/kvpoolctl" --no-config --endpoint "$POOL_EP" stats || fail "kvpoolctl stats"
 
+# Stops workerd rank $1 with SIGTERM (its current pid) and waits for its supervisor $2, whose
+# status is the worker's; fails unless 0.
+stop_worker() {
+	r=$1 spid=$2
+	# it may have gone on its own already: the router's Shutdown ends it with exit 0
+	kill -TERM "$(cat "$RT/workerd-$r.pid")" 2>/dev/null
+	i=0
+	while alive "$spid" && [ $i -lt 300 ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+	alive "$spid" && fail "workerd rank $r did not stop within 30 s of SIGTERM"
+	wait "$spid"
+	rc=$?
+	[ $rc -eq 0 ] || fail "workerd rank $r exited with status $rc after SIGTERM"
+	say "workerd rank $r stopped (exit 0)"
+}
+
 say "stopping (SIGTERM)"
+: >"$RT/stopping"
 stop router "$ROUTER_PID"
 ROUTER_PID=
-stop "workerd rank 0" "$W0_PID"
-W0_PID=
-if [ -n "$W1_PID" ]; then
-	stop "workerd rank 1" "$W1_PID"
-	W1_PID=
+stop_worker 0 "$S0_PID"
+S0_PID=
+if [ -n "$S1_PID" ]; then
+	stop_worker 1 "$S1_PID"
+	S1_PID=
 fi
 stop kvpoold "$POOL_PID"
 POOL_PID=

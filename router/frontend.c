@@ -324,6 +324,15 @@ static int validate(struct bd_router *rt, const Bdfp4__GenerateRequest *g, char 
 		snprintf(err, cap, "messages longer than %d bytes", BD_ROUTER_MAX_PROMPT_BYTES);
 		return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
 	}
+	for (size_t i = 0; i < g->n_messages; i++) {
+		const char *role = g->messages[i]->role;
+
+		if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) {
+			snprintf(err, cap, "message %zu: role '%.32s%s' is none of system, user, "
+				 "assistant", i, role, strlen(role) > 32 ? "..." : "");
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+		}
+	}
 	if (g->n_messages && content == 0) {
 		snprintf(err, cap, "empty prompt: the messages hold no text");
 		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
@@ -502,7 +511,7 @@ nomem:
 }
 
 static void on_generate(struct bd_router *rt, const struct envelope *env,
-			const Bdfp4__GenerateRequest *g)
+			const Bdfp4__GenerateRequest *g, uint64_t conn)
 {
 	char err[256] = "";
 	const char *kv;
@@ -557,12 +566,16 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 		snprintf(err, sizeof(err), "not serving: %s", pool);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
 	}
-	if (!code && rt->state != RS_SERVING) {
+	/* while the running requests wait for the group to form again, new ones queue behind them
+	 * (and share their resume_timeout_ms) */
+	if (!code && rt->state != RS_SERVING && !bd_sched_resuming(&rt->sched)) {
 		snprintf(err, sizeof(err), "not serving: %.200s", rt->reason);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_UNAVAILABLE;
 	}
 	r = code ? NULL : new_req(rt, env, g, ids, n_ids, max_tokens, kv);
 	free(ids);
+	if (r)
+		r->conn = conn;
 	if (!code && !r) {
 		snprintf(err, sizeof(err), "out of memory");
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL;
@@ -620,9 +633,11 @@ static void handle(struct bd_router *rt, const struct envelope *env, const uint8
 			   "the frame is not a ClientRequest");
 		return;
 	}
+	/* a routing id that reappears under another connection: its predecessor is gone */
+	bd_sched_client_replaced(&rt->sched, env->ident, env->ident_len, req->connection);
 	switch (req->msg_case) {
 	case BDFP4__CLIENT_REQUEST__MSG_GENERATE:
-		on_generate(rt, env, req->generate);
+		on_generate(rt, env, req->generate, req->connection);
 		break;
 	case BDFP4__CLIENT_REQUEST__MSG_CANCEL:
 		on_cancel(rt, env, req->cancel->client_tag);

@@ -32,6 +32,7 @@
 #include "formats/bd_gguf.h"
 #include "model/bd_model_preset.h"
 #include "quant/bd_kvcfg.h"
+#include "quant/bd_layout.h"
 #include "router.h"
 
 #define SECTION "router"
@@ -52,11 +53,19 @@ static const struct bd_config_key keys[] = {
 	{ "max_batch", "16", "rows (running requests) per step" },
 	{ "max_queue", "64", "queued requests before resource-exhausted" },
 	{ "max_frame_bytes", "1048576", "largest client frame; larger ones get an error reply" },
-	{ "max_prefill_tokens", "8192", "prompt tokens prefilled in one step (one prompt at least)" },
+	{ "max_prefill_tokens", "1024",
+	  "prompt tokens prefilled in one step, over all its prefill rows (with max_prefill_chunk "
+	  "0: one whole prompt a step at least)" },
+	{ "max_prefill_chunk", "512",
+	  "tokens of one prompt prefilled in one step, a multiple of 128 up to max_prefill_tokens; "
+	  "longer prompts go in chunks between decode steps (0: whole prompts)" },
 	{ "deadline_ms", "300000", "default per-request deadline" },
 	{ "heartbeat_ms", "250", "heartbeat period, both ways" },
 	{ "heartbeat_timeout_ms", "3000", "a worker silent this long is dead" },
 	{ "step_timeout_ms", "120000", "a step not answered in this time fails the group" },
+	{ "resume_timeout_ms", "30000",
+	  "when the worker group fails, running requests keep their KV in the pool and wait this "
+	  "long for it to form again, then continue from their last token (0: they fail at once)" },
 	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests" },
 	{ "pool_timeout_ms", "2000", "one pool round trip" },
 	{ "pool_wait_ms", "30000",
@@ -111,11 +120,13 @@ static int read_opts(struct bd_router *rt)
 	    bd_daemon_get_int(d, "max_batch", 1, 4096, &o->max_batch) < 0 ||
 	    bd_daemon_get_int(d, "max_queue", 0, 1 << 20, &o->max_queue) < 0 ||
 	    bd_daemon_get_int(d, "max_prefill_tokens", 1, 1 << 24, &o->max_prefill_tokens) < 0 ||
+	    bd_daemon_get_int(d, "max_prefill_chunk", 0, 1 << 24, &o->max_prefill_chunk) < 0 ||
 	    bd_daemon_get_int(d, "deadline_ms", 1, INT_MAX, &o->deadline_ms) < 0 ||
 	    bd_daemon_get_int(d, "heartbeat_ms", 10, 600000, &o->heartbeat_ms) < 0 ||
 	    bd_daemon_get_int(d, "heartbeat_timeout_ms", 20, 3600000,
 			      &o->heartbeat_timeout_ms) < 0 ||
 	    bd_daemon_get_int(d, "step_timeout_ms", 100, INT_MAX, &o->step_timeout_ms) < 0 ||
+	    bd_daemon_get_int(d, "resume_timeout_ms", 0, 3600000, &o->resume_timeout_ms) < 0 ||
 	    bd_daemon_get_int(d, "keepalive_ms", 10, 3600000, &o->keepalive_ms) < 0 ||
 	    bd_daemon_get_int(d, "pool_timeout_ms", 10, 600000, &o->pool_timeout_ms) < 0 ||
 	    bd_daemon_get_int(d, "pool_wait_ms", 0, 3600000, &o->pool_wait_ms) < 0 ||
@@ -129,6 +140,13 @@ static int read_opts(struct bd_router *rt)
 	o->max_frame = (int)mf;
 	if (o->heartbeat_timeout_ms <= o->heartbeat_ms) {
 		bd_log_err("heartbeat_timeout_ms must exceed heartbeat_ms");
+		return -EINVAL;
+	}
+	if (o->max_prefill_chunk % BD_PAGE_TOKENS ||
+	    o->max_prefill_chunk > o->max_prefill_tokens) {
+		bd_log_err("max_prefill_chunk (%d) must be a multiple of %d and at most "
+			   "max_prefill_tokens (%d)", o->max_prefill_chunk, BD_PAGE_TOKENS,
+			   o->max_prefill_tokens);
 		return -EINVAL;
 	}
 	if (*o->kv_config && !bd_kvcfg_find(o->kv_config)) {
@@ -505,6 +523,19 @@ static void shutdown_requests(struct bd_router *rt)
 	/* every request ends SHUTTING_DOWN, those in the step in flight too */
 	bd_sched_stop(&rt->sched, BDFP4__SERVE_ERROR__SERVE_ERR_SHUTTING_DOWN, msg);
 	carry_out(rt);
+	/* what clients sent meanwhile gets its answer (requests: SHUTTING_DOWN), not silence;
+	 * after a drain, for a moment more: closed-loop clients send again as they are answered */
+	for (int64_t end = bd_now_ms() + (rt->draining ? 500 : 0);;) {
+		zmq_pollitem_t it = { .socket = rt->front, .events = ZMQ_POLLIN };
+		int64_t left = end - bd_now_ms();
+
+		if (zmq_poll(&it, 1, left > 0 ? (long)left : 0) > 0) {
+			bd_router_on_frontend(rt);
+			carry_out(rt);
+		} else if (left <= 0) {
+			break;
+		}
+	}
 	bd_router_workers_shutdown(rt);
 	/* nothing of this router's stays in the pool (a release that failed left a record) */
 	if (rt->pool && rt->pool_ok &&
@@ -555,6 +586,8 @@ static int start_sched(struct bd_router *rt)
 		.max_batch = rt->o.max_batch,
 		.max_queue = rt->o.max_queue,
 		.max_prefill_tokens = rt->o.max_prefill_tokens,
+		.max_prefill_chunk = rt->o.max_prefill_chunk,
+		.resume_timeout_ms = rt->o.resume_timeout_ms,
 		.n_vocab = rt->n_vocab,
 		.eog = rt->eog,
 		.tok = rt->tok,

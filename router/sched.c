@@ -292,8 +292,46 @@ void bd_sched_client_gone(struct bd_sched *s, const uint8_t *ident, size_t len)
 	}
 }
 
+/* Every live request that is not ending already ends FINISH_ERROR with (error, msg). */
+static void fail_all(struct bd_sched *s, int error, const char *msg)
+{
+	for (size_t i = s->n_reqs; i-- > 0;)
+		if (!s->reqs[i]->finish_pending)
+			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
+}
+
+int bd_sched_client_replaced(struct bd_sched *s, const uint8_t *ident, size_t len,
+			     uint64_t conn)
+{
+	int n = 0;
+
+	for (size_t i = s->n_reqs; conn && i-- > 0;) {
+		struct bd_req *r = s->reqs[i];
+
+		if (r->ident_len != len || memcmp(r->ident, ident, len) || r->finish_pending ||
+		    !r->conn || r->conn == conn)
+			continue;
+		bd_log_info("request %llu: its routing id reconnected (connection %llx, was "
+			    "%llx): cancelled", (unsigned long long)r->id,
+			    (unsigned long long)conn, (unsigned long long)r->conn);
+		finish(s, r, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		       BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "client reconnected", false);
+		n++;
+	}
+	return n;
+}
+
 void bd_sched_tick(struct bd_sched *s, int64_t now)
 {
+	if (!s->group_ready && s->resume_by && now >= s->resume_by) {
+		char m[sizeof(s->down_msg) + 96];
+
+		snprintf(m, sizeof(m), "the worker group did not form again within "
+			 "resume_timeout_ms (%d ms): %s", s->cfg.resume_timeout_ms, s->down_msg);
+		bd_log_warn("%zu request(s) fail: %s", s->n_reqs, m);
+		s->resume_by = 0;
+		fail_all(s, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, m);
+	}
 	for (size_t i = s->n_reqs; i-- > 0;) {
 		struct bd_req *r = s->reqs[i];
 		char m[96];
@@ -305,14 +343,6 @@ void bd_sched_tick(struct bd_sched *s, int64_t now)
 		finish(s, r, BDFP4__FINISH_REASON__FINISH_ERROR,
 		       BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED, m, true);
 	}
-}
-
-/* Every live request that is not ending already ends FINISH_ERROR with (error, msg). */
-static void fail_all(struct bd_sched *s, int error, const char *msg)
-{
-	for (size_t i = s->n_reqs; i-- > 0;)
-		if (!s->reqs[i]->finish_pending)
-			finish(s, s->reqs[i], BDFP4__FINISH_REASON__FINISH_ERROR, error, msg, true);
 }
 
 void bd_sched_pool_down(struct bd_sched *s, const char *msg)
@@ -427,7 +457,32 @@ static void fail_req(struct bd_sched *s, struct bd_req *r, int error, const char
 
 /* ---- steps ----------------------------------------------------------------------------------- */
 
-/* Decode rows, then admissions; fills s->step.rows. Returns the rows or -ENOMEM. */
+/* True when r's workers hold its whole prefill: its rows are decodes. */
+static bool decoding(const struct bd_req *r)
+{
+	return r->state == RQ_RUNNING && r->n_pos > 0 && r->n_pos >= r->n_fill;
+}
+
+/* The tokens of r's next prefill row when `left` tokens of the step's budget are left: the
+ * rest of its prefill when it fits (max_prefill_chunk and the budget), else whole pages up to
+ * both (a chunk other than the last ends on a page boundary, so that the next one starts on
+ * one); 0 when not a page fits. max_prefill_chunk 0: the whole prefill, budget or not (the
+ * caller keeps one prompt a step at least). */
+static int chunk_len(const struct bd_sched *s, const struct bd_req *r, int left)
+{
+	int rest = r->n_fill - r->n_pos, c = s->cfg.max_prefill_chunk, n;
+
+	if (c <= 0)
+		return rest;
+	if (rest <= c && rest <= left)
+		return rest;
+	n = c < left ? c : left;
+	n -= n % BD_PAGE_TOKENS;
+	return n < rest ? n : rest;
+}
+
+/* Decode rows, then the next chunk of each prefill under way, then admissions; fills
+ * s->step.rows. Returns the rows or -ENOMEM. */
 static int plan_rows(struct bd_sched *s, int64_t now)
 {
 	struct bd_sched_step *st = &s->step;
@@ -441,7 +496,7 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		struct bd_req *r = s->reqs[i];
 		uint64_t before = s->preemptions;
 
-		if (r->state != RQ_RUNNING || r->n_pos == 0 || r->finish_pending)
+		if (!decoding(r) || r->finish_pending)
 			continue;
 		if ((r->n_pos + 1) % BD_PAGE_TOKENS || r->reserved >= 0)
 			continue;
@@ -455,21 +510,39 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 	for (size_t i = 0; i < s->n_reqs && n < s->cfg.max_batch; i++) {
 		struct bd_req *r = s->reqs[i];
 
-		if (r->state != RQ_RUNNING || r->n_pos == 0)
+		if (!decoding(r))
 			continue;
 		st->rows[n++] = (struct bd_sched_row){
 			.r = r, .n_feed = 1,
 			.new_page = (r->n_pos + 1) % BD_PAGE_TOKENS ? -1 : r->reserved,
 		};
 	}
+	/* prefills under way, oldest first: their next chunk within the step's budget */
+	for (size_t i = 0; i < s->n_reqs && n < s->cfg.max_batch; i++) {
+		struct bd_req *r = s->reqs[i];
+		int feed;
+
+		if (r->state != RQ_RUNNING || r->n_pos >= r->n_fill)
+			continue;
+		feed = chunk_len(s, r, s->cfg.max_prefill_tokens - prefill_tokens);
+		if (feed <= 0)
+			break;
+		prefill_tokens += feed;
+		st->rows[n++] = (struct bd_sched_row){ .r = r, .prefill = true, .n_feed = feed,
+						       .new_page = -1 };
+	}
 	/* admissions, oldest first, unless the pool just ran short */
 	for (size_t i = 0; i < s->n_reqs && !preempted && n < s->cfg.max_batch; i++) {
 		struct bd_req *r = s->reqs[i];
-		int feed = r->n_prompt + r->n_gen;
+		int feed;
 
 		if (r->state != RQ_QUEUED)
 			continue;
-		if (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens)
+		r->n_pos = 0;
+		r->n_fill = r->n_prompt + r->n_gen;
+		feed = chunk_len(s, r, s->cfg.max_prefill_tokens - prefill_tokens);
+		if (feed <= 0 ||
+		    (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens))
 			break;
 		e = admit(s, r, now);
 		if (e == -ENOSPC) {
@@ -490,7 +563,8 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		st->rows[n++] = (struct bd_sched_row){ .r = r, .prefill = true, .n_feed = feed,
 						       .new_page = -1 };
 	}
-	/* one step ahead: the page the next decode of each row will fill */
+	/* one step ahead: the page the next decode of each row will fill (a chunk that leaves
+	 * more to prefill ends on a page boundary, so it never asks for one) */
 	for (int k = 0; k < n; k++) {
 		struct bd_req *r = st->rows[k].r;
 		int next = r->n_pos + st->rows[k].n_feed;
@@ -527,11 +601,17 @@ static int build_plan(struct bd_sched *s, int n)
 		p->n_tokens = (size_t)sr->n_feed;
 		p->tokens = r->toks + r->n_pos;
 		p->slot = r->slot;
-		p->sample = true;
-		p->logits_top_k = r->top_k;
+		p->resume = r->resume && r->n_pos > 0;
+		p->sample = !sr->prefill || r->n_pos + sr->n_feed == r->n_fill;
+		p->logits_top_k = p->sample ? r->top_k : 0;
 		if (sr->prefill) {
-			p->n_new_pages = (size_t)r->n_pages;
-			p->new_pages = r->pages;
+			/* the pages this chunk fills; those before it are promoted */
+			int first = r->n_pos / BD_PAGE_TOKENS;
+
+			p->n_block_table = (size_t)first;
+			p->block_table = r->pages;
+			p->n_new_pages = (size_t)((r->n_pos + sr->n_feed) / BD_PAGE_TOKENS - first);
+			p->new_pages = r->pages + first;
 			p->capacity = (uint32_t)r->cap;
 			p->kv_config = (char *)r->kv_config;
 			p->sampling = &r->sampling;
@@ -540,6 +620,13 @@ static int build_plan(struct bd_sched *s, int n)
 			p->block_table = r->pages;
 			p->n_new_pages = sr->new_page >= 0 ? 1 : 0;
 			p->new_pages = (int32_t *)&sr->new_page;
+		}
+		if (p->resume) {
+			/* what a worker that holds nothing of r rebuilds it from */
+			p->capacity = (uint32_t)r->cap;
+			p->kv_config = (char *)r->kv_config;
+			p->sampling = &r->sampling;
+			p->draws = (uint64_t)r->n_gen;
 		}
 		st->pprow[k] = p;
 	}
@@ -656,6 +743,8 @@ static void complete_row(struct bd_sched *s, const struct bd_sched_row *sr,
 	}
 	if (apply_pending(s, r))
 		return;
+	if (sr->prefill && r->n_pos < r->n_fill)
+		return; /* a chunk that samples nothing: more of the prefill follows */
 	t = rr->token;
 	if (t < 0 || t >= s->cfg.n_vocab) {
 		snprintf(m, sizeof(m), "worker rank 0 sampled token %d, outside the vocabulary", t);
@@ -699,6 +788,7 @@ void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n
 		int err;
 
 		r->in_step = false;
+		r->resume = false;
 		err = row_error(s, res, n_ranks, k, m, sizeof(m));
 		if (err) {
 			r->on_workers = true; /* the release is harmless if it dropped it already */
@@ -724,11 +814,54 @@ void bd_sched_group_up(struct bd_sched *s, uint64_t epoch)
 	s->group_ready = true;
 	s->epoch = epoch;
 	s->n_release = 0; /* a new group holds no sequence */
+	s->resume_by = 0;
 }
 
-void bd_sched_group_down(struct bd_sched *s, const char *msg)
+bool bd_sched_resuming(const struct bd_sched *s)
+{
+	return !s->group_ready && s->resume_by != 0;
+}
+
+/* The group failed and resume_timeout_ms allows a wait: the step in flight is given up without
+ * a trace (its rows run again: a position's KV write and a page's promotion give the same bytes
+ * when repeated, and the reserved pages stay reserved), and every running request keeps what
+ * it holds in the pool; its next row tells the workers to rebuild it (PlanRow.resume). */
+static void hold_for_resume(struct bd_sched *s, const char *msg, int64_t now)
+{
+	if (s->step.active) {
+		s->step.active = false;
+		for (int k = 0; k < s->step.n_rows; k++) {
+			struct bd_req *r = s->step.rows[k].r;
+
+			r->in_step = false;
+			apply_pending(s, r);
+		}
+		s->step.n_rows = 0;
+	}
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct bd_req *r = s->reqs[i];
+
+		if (r->state != RQ_RUNNING)
+			continue;
+		r->on_workers = false;
+		r->resume = r->n_pos > 0;
+	}
+	if (!s->resume_by) {
+		s->resume_by = now + s->cfg.resume_timeout_ms;
+		snprintf(s->down_msg, sizeof(s->down_msg), "%s", msg);
+	}
+	bd_log_info("%zu running request(s) wait up to %d ms for the worker group: %s",
+		    s->n_running, s->cfg.resume_timeout_ms, msg);
+}
+
+void bd_sched_group_down(struct bd_sched *s, const char *msg, int64_t now)
 {
 	s->group_ready = false;
+	if (s->cfg.resume_timeout_ms > 0) {
+		hold_for_resume(s, msg, now);
+		s->n_release = 0; /* every rank drops every sequence on reset */
+		return;
+	}
 	abort_step(s, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, msg);
 	for (size_t i = s->n_reqs; i-- > 0;)
 		if (s->reqs[i]->state == RQ_RUNNING)

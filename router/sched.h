@@ -29,9 +29,12 @@
  * nothing; its admission again prefills prompt + generated tokens.
  *
  * Each step plans decode rows first (reserving the page a row's next token completes, one step
- * ahead), then admits queued requests in arrival order while rows (max_batch), slots, pages and
- * the step's prefill token budget (max_prefill_tokens; one prompt at least) allow. A row feeds
- * n_feed tokens from position n_pos, so a prefill row is a span of a sequence like a decode row.
+ * ahead), then the next chunk of each prefill under way, then admits queued requests in arrival
+ * order while rows (max_batch), slots, pages and the step's prefill token budget
+ * (max_prefill_tokens) allow. A prompt longer than max_prefill_chunk, or than the budget left,
+ * is prefilled in chunks of whole pages over several steps, between the decode steps of the
+ * others; only its last chunk samples. A row feeds n_feed tokens from position n_pos, so a
+ * prefill row is a span of a sequence like a decode row.
  *
  * Pages (NUMERICS.md §8, quant/bd_layout.h): position p lives in page p / 128; the token at
  * position p with (p + 1) % 128 == 0 completes its page, which the workers then promote from
@@ -59,6 +62,7 @@ struct bd_req {
 	uint8_t ident[256]; /* the client's ZeroMQ routing id */
 	size_t ident_len;
 	bool delim;         /* a REQ client: replies carry an empty delimiter frame */
+	uint64_t conn;      /* the client's ClientRequest.connection (0: none) */
 	int32_t *toks;      /* [cap] the prompt (n_prompt), then the generated tokens */
 	int n_prompt, cap, max_tokens;
 	int32_t *pages;     /* [max_pages] room for its promoted pages */
@@ -81,12 +85,14 @@ struct bd_req {
 	enum bd_req_state state;
 	int n_gen;
 	int n_pos;          /* tokens the workers hold (0: needs a prefill) */
+	int n_fill;         /* RUNNING: tokens its prefill covers; n_pos < n_fill: prefilling */
 	int32_t slot;       /* -1: none */
 	int n_pages;        /* promoted pages in pages[] */
 	int32_t reserved;   /* the page reserved for the next promotion, -1: none */
 	bool pool_held;     /* the pool has a record for it */
 	bool on_workers;    /* workers hold a sequence for it */
 	bool in_step;
+	bool resume;        /* its next row rebuilds it on workers that lost it (a new group) */
 	char *text;         /* the output text so far (stop strings are matched on it) */
 	size_t len, cap_text, shown; /* shown: the part of text that is final */
 	int64_t t_admit, t_first;    /* ms, monotonic; 0: not yet */
@@ -128,7 +134,11 @@ struct bd_sched_pool_ops {
 struct bd_sched_cfg {
 	int max_batch;          /* rows per step, ≥ 1 */
 	int max_queue;          /* queued requests before bd_sched_submit refuses */
-	int max_prefill_tokens; /* prompt tokens prefilled in one step (one prompt at least) */
+	int max_prefill_tokens; /* prompt tokens prefilled in one step, over all its rows */
+	int max_prefill_chunk;  /* tokens of one prompt in one row, a multiple of 128, at most
+				 * max_prefill_tokens; 0: whole prompts (one a step at least) */
+	int resume_timeout_ms;  /* how long running requests wait for a failed group to form
+				 * again, then fail WORKER_FAILED; 0: they fail at once */
 	int n_vocab;
 	const bool *eog;        /* [n_vocab] end-of-generation tokens (borrowed) */
 	const struct bd_tokenizer *tok; /* NULL: no text, chunks carry token ids only (borrowed) */
@@ -183,6 +193,8 @@ struct bd_sched {
 
 	bool group_ready;
 	uint64_t epoch;
+	int64_t resume_by;          /* ms, monotonic: the held requests fail then (0: none held) */
+	char down_msg[320];         /* why the group failed */
 	struct bd_sched_step step;
 
 	struct bd_sched_act *acts;  /* queued actions: [next_act, n_acts) */
@@ -214,6 +226,11 @@ struct bd_req *bd_sched_find(struct bd_sched *s, const uint8_t *ident, size_t le
 void bd_sched_cancel(struct bd_sched *s, struct bd_req *r);
 /* Every request of the client with this routing id ends CANCELLED, without a reply. */
 void bd_sched_client_gone(struct bd_sched *s, const uint8_t *ident, size_t len);
+/* A request came under this routing id from connection conn (≠ 0): the requests of the id
+ * made under another connection (≠ 0) are a departed predecessor's and end CANCELLED, without
+ * a reply. Returns how many. */
+int bd_sched_client_replaced(struct bd_sched *s, const uint8_t *ident, size_t len,
+			     uint64_t conn);
 /* Plans the next step when a group is formed and no step is in flight: admissions and
  * preemptions through the pool, then a PLAN action (the step is in flight from now on).
  * now: ms, monotonic. */
@@ -225,16 +242,25 @@ void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n
 			int64_t now);
 /* A worker group of this epoch formed: plans may go out. */
 void bd_sched_group_up(struct bd_sched *s, uint64_t epoch);
-/* The group failed: the step in flight is lost (its requests fail WORKER_FAILED with msg, or as
- * they were ending), so do the running requests; the queued ones wait for the next group. */
-void bd_sched_group_down(struct bd_sched *s, const char *msg);
+/* The group failed (msg says why; now: ms, monotonic). With resume_timeout_ms > 0 nothing
+ * fails: the step in flight is dropped, to run again; the running requests keep their slot,
+ * pages, reserved page and tokens, and continue from their last committed token once a group
+ * forms again (bd_sched_group_up), their first row marked resume; requests ending anyway
+ * (cancelled in the step) end. If no group forms by now + resume_timeout_ms, bd_sched_tick
+ * fails every live request WORKER_FAILED ("did not form again within resume_timeout_ms ...:
+ * msg"), everything released. With 0 the step in flight and the running requests fail
+ * WORKER_FAILED with msg at once; the queued ones wait for the next group. */
+void bd_sched_group_down(struct bd_sched *s, const char *msg, int64_t now);
+/* True while running requests wait for a failed group to form again. */
+bool bd_sched_resuming(const struct bd_sched *s);
 /* kvpoold stopped answering: every request fails UNAVAILABLE with msg (a restarted pool lost
  * their pages, a hung one allocates none); those in the step in flight when it ends. */
 void bd_sched_pool_down(struct bd_sched *s, const char *msg);
 /* True while a step is in flight or a request holds a pool record: a reclaim of the router's
  * records would take a live one's. */
 bool bd_sched_pool_busy(const struct bd_sched *s);
-/* The clock: requests past their deadline fail DEADLINE_EXCEEDED. now: ms, monotonic. */
+/* The clock: requests past their deadline fail DEADLINE_EXCEEDED, and held requests past
+ * resume_timeout_ms fail WORKER_FAILED (bd_sched_group_down). now: ms, monotonic. */
 void bd_sched_tick(struct bd_sched *s, int64_t now);
 /* The router stops: every request ends FINISH_ERROR with error and msg, the step in flight is
  * given up. */

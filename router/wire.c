@@ -17,6 +17,11 @@ void *bd_router_socket(void *zctx, int64_t maxmsg)
 	 * how a disconnected client or a dead worker shows up */
 	if (zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+	    /* HANDOVER: a peer that connects with a routing id in use (a client that sets
+	     * ZMQ_ROUTING_ID and reconnects before its old connection is seen to close) takes
+	     * it over instead of being refused for good; the frontend then drops the
+	     * predecessor's requests (ClientRequest.connection) */
+	    zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof(one)) < 0 ||
 	    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
 	    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
 	    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0) {

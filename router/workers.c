@@ -72,7 +72,7 @@ static void group_fail(struct bd_router *rt, int dead_rank, const char *msg)
 	}
 	rt->group_ready = false;
 	step_clear(rt);
-	bd_sched_group_down(&rt->sched, msg);
+	bd_sched_group_down(&rt->sched, msg, bd_now_ms());
 	for (int i = 0; i < rt->o.tp; i++) {
 		if (rt->w[i].connected && was_ready)
 			send_reset(rt, i, msg);

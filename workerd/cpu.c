@@ -21,6 +21,7 @@
 #include "model/bd_kvmem.h"
 #include "model/bd_sampler.h"
 #include "model/bd_seq.h"
+#include "base/bd_rand.h"
 #include "pool/bd_kvmem_pool.h"
 #include "serve/bd_allreduce.h"
 #include "workerd.h"
@@ -125,7 +126,33 @@ static int model_fail(struct wd_row_out *o, int r, const char *what)
 	return wd_row_fail(o, wd_serve_error(r), "%s failed: %s", what, strerror(-r));
 }
 
-static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+/* The sampler of a request that drew `draws` tokens before (rank 0). A resumed sampler that
+ * draws (temperature > 0) continues on a stream seeded by (seed, draws): bd_sampler cannot be
+ * moved forward without the logits of the draws it missed, so its tokens are a sample of the
+ * same distribution, not those an undisturbed run draws (a greedy one draws nothing: exact). */
+static int make_sampler(struct wd *w, const Bdfp4__PlanRow *row, struct bd_sampler **ret)
+{
+	struct bd_sampler_params sp = bd_sampler_params_greedy();
+
+	if (row->sampling) {
+		sp.temperature = row->sampling->temperature;
+		sp.top_k = (int)row->sampling->top_k;
+		sp.top_p = row->sampling->top_p > 0.0f ? row->sampling->top_p : 1.0f;
+		sp.seed = row->sampling->seed;
+	}
+	if (row->draws) {
+		uint64_t x = sp.seed ^ (row->draws * 0x9e3779b97f4a7c15ull);
+
+		sp.seed = bd_splitmix64(&x);
+	}
+	return bd_sampler_new(&sp, w->model->hp.n_vocab, ret);
+}
+
+/* A new sequence for row (a prefill at position 0, or a row that resumes a request): its
+ * configuration, capacity and slot checked as every rank checks them, the slot taken from the
+ * pool as it is, and rank 0's sampler. Returns it, not yet in the list, or NULL with the row
+ * failed. */
+static struct wd_seq *seq_make(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
 {
 	struct wd_cpu *c = cpu(w);
 	const struct bd_model_hparams *hp = &w->model->hp;
@@ -133,41 +160,44 @@ static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_ou
 							    : w->pool_cfg->name;
 	const struct bd_kvcfg *cfg = bd_kvcfg_find(kv);
 	char err[BD_MODEL_ERR_MAX];
-	int n = (int)row->n_tokens, r;
+	int64_t need = (int64_t)row->position + (int64_t)row->n_tokens;
+	int r;
 
-	drop(c, row->request_id); /* preempted and recomputed: start over */
-	if (!cfg)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
-				"unknown KV configuration '%s'", kv);
-	if (cfg->page_fmt != w->geo->layout.fmt)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
-				"KV configuration '%s' needs another page format than the pool's "
-				"'%s'", kv, w->pool_cfg->name);
-	if (row->position != 0 || n < 1)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-				"prefill of %d tokens at position %d", n, row->position);
-	if (row->capacity < (uint32_t)n || row->capacity > (uint32_t)hp->n_ctx_train ||
-	    row->capacity > w->geo->max_seq_len)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-				"capacity %u for a %d-token prompt (context %d, pool %u)",
-				row->capacity, n, hp->n_ctx_train, w->geo->max_seq_len);
-	if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-				"a %d-token prompt fills %d pages; the plan names %zu (and %zu "
-				"promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
-				row->n_block_table);
+	if (!cfg) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+			    "unknown KV configuration '%s'", kv);
+		return NULL;
+	}
+	if (cfg->page_fmt != w->geo->layout.fmt) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+			    "KV configuration '%s' needs another page format than the pool's '%s'",
+			    kv, w->pool_cfg->name);
+		return NULL;
+	}
+	if ((int64_t)row->capacity < need || row->capacity > (uint32_t)hp->n_ctx_train ||
+	    row->capacity > w->geo->max_seq_len) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+			    "capacity %u for %lld tokens (context %d, pool %u)", row->capacity,
+			    (long long)need, hp->n_ctx_train, w->geo->max_seq_len);
+		return NULL;
+	}
 	for (struct wd_seq *t = c->seqs; t; t = t->next)
-		if (bd_kvmem_ext_slot_id(c->mem, bd_seq_slot(t->seq)) == row->slot)
-			return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-					"slot %d is held by request %llu", row->slot,
-					(unsigned long long)t->request_id);
-	if ((r = bd_kvmem_ext_provide(c->mem, row->slot, NULL, 0)) < 0)
-		return wd_row_fail(o, wd_serve_error(r), "slot %d is outside the pool (%zu slots)",
-				row->slot, w->geo->n_slots);
-
+		if (bd_kvmem_ext_slot_id(c->mem, bd_seq_slot(t->seq)) == row->slot) {
+			wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				    "slot %d is held by request %llu", row->slot,
+				    (unsigned long long)t->request_id);
+			return NULL;
+		}
+	if ((r = bd_kvmem_ext_provide(c->mem, row->slot, NULL, 0)) < 0) {
+		wd_row_fail(o, wd_serve_error(r), "slot %d is outside the pool (%zu slots)",
+			    row->slot, w->geo->n_slots);
+		return NULL;
+	}
 	struct wd_seq *s = calloc(1, sizeof(*s));
-	if (!s)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED, "out of memory");
+	if (!s) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED, "out of memory");
+		return NULL;
+	}
 	s->request_id = row->request_id;
 	struct bd_seq_opts so = { .max_tokens = (int)row->capacity, .mem = c->mem,
 				  .mu_k = w->calib ? w->calib->mu_k : NULL, .dp = &w->dp };
@@ -177,88 +207,163 @@ static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_ou
 	}
 	if ((r = bd_seq_new(w->model, cfg, &so, &s->seq, err)) < 0) {
 		free(s);
-		return wd_row_fail(o, wd_serve_error(r), "sequence: %s", err);
+		wd_row_fail(o, wd_serve_error(r), "sequence: %s", err);
+		return NULL;
 	}
-	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
+	if (w->o.rank == 0 && (r = make_sampler(w, row, &s->sampler)) < 0) {
 		bd_seq_free(s->seq);
 		free(s);
-		return wd_row_fail(o, wd_serve_error(r), "a page id is outside the pool (%zu pages)",
-				w->geo->n_pages);
+		wd_row_fail(o, wd_serve_error(r), "bad sampling parameters");
+		return NULL;
 	}
-	r = bd_model_prefill(w->model, s->seq, (const int32_t *)row->tokens, n,
-			     w->o.rank == 0 ? c->logits : NULL);
+	return s;
+}
+
+static void seq_free(struct wd_seq *s)
+{
+	bd_seq_free(s->seq);
+	bd_sampler_free(s->sampler);
+	free(s);
+}
+
+/* A row that resumes a request (a group formed after a failure): whatever this worker held
+ * of it is dropped, and the sequence is rebuilt from the row over the KV the pool kept: its
+ * slot as it is, its promoted pages (the block table), its position. Returns the sequence,
+ * in the list, or NULL with the row failed. */
+static struct wd_seq *resume(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+{
+	struct wd_cpu *c = cpu(w);
+	struct wd_seq *s;
+	int r;
+
+	drop(c, row->request_id);
+	if (!(s = seq_make(w, row, o)))
+		return NULL;
+	r = bd_seq_resume(s->seq, row->block_table, (int)row->n_block_table, row->position);
 	if (r < 0) {
-		bd_seq_free(s->seq);
-		free(s);
-		return model_fail(o, r, "prefill");
-	}
-	if (w->o.rank == 0) {
-		struct bd_sampler_params sp = bd_sampler_params_greedy();
-		if (row->sampling) {
-			sp.temperature = row->sampling->temperature;
-			sp.top_k = (int)row->sampling->top_k;
-			sp.top_p = row->sampling->top_p > 0.0f ? row->sampling->top_p : 1.0f;
-			sp.seed = row->sampling->seed;
-		}
-		if ((r = bd_sampler_new(&sp, w->model->hp.n_vocab, &s->sampler)) < 0) {
-			bd_seq_free(s->seq);
-			free(s);
-			return wd_row_fail(o, wd_serve_error(r), "bad sampling parameters");
-		}
+		seq_free(s);
+		wd_row_fail(o, wd_serve_error(r),
+			    "cannot resume request %llu at position %d with %zu pages: %s",
+			    (unsigned long long)row->request_id, row->position,
+			    row->n_block_table, r == -ERANGE ? "a page is outside the pool"
+							     : "they do not fit it");
+		return NULL;
 	}
 	s->next = c->seqs;
 	c->seqs = s;
-	if (sample(w, s, row, c->logits, o) < 0) {
-		drop(c, row->request_id);
+	return s;
+}
+
+/* The first chunk of a prompt (position 0): a new sequence, prefilled. */
+static int run_prefill_start(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+{
+	struct wd_cpu *c = cpu(w);
+	int n = (int)row->n_tokens, r;
+	struct wd_seq *s;
+
+	drop(c, row->request_id); /* preempted and recomputed: start over */
+	if (n < 1 || row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				   "a %d-token prefill at 0 fills %d pages; the plan names %zu (and "
+				   "%zu promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
+				   row->n_block_table);
+	if (!(s = seq_make(w, row, o)))
 		return -1;
+	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
+		seq_free(s);
+		return wd_row_fail(o, wd_serve_error(r), "a page id is outside the pool (%zu pages)",
+				   w->geo->n_pages);
 	}
+	r = bd_model_prefill(w->model, s->seq, (const int32_t *)row->tokens, n,
+			     w->o.rank == 0 && row->sample ? c->logits : NULL);
+	if (r < 0) {
+		seq_free(s);
+		return model_fail(o, r, "prefill");
+	}
+	s->next = c->seqs;
+	c->seqs = s;
 	return 0;
 }
 
-/* Checks a decode row against the sequence it names and hands it the plan's page. Returns the
- * sequence, or NULL with the row failed (and the sequence dropped). */
-static struct wd_seq *prepare_decode(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+/* Checks a row that continues the sequence it names (a prefill chunk at position > 0, or a
+ * decode) against it and hands it the plan's pages. Returns the sequence, or NULL with the
+ * row failed (and the sequence dropped). */
+static struct wd_seq *prepare_row(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
 {
 	struct wd_cpu *c = cpu(w);
-	struct wd_seq *s = find(c, row->request_id);
+	struct wd_seq *s = row->resume ? resume(w, row, o) : find(c, row->request_id);
 	const int32_t *bt;
 	int r;
 
 	if (!s) {
-		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-			 "no sequence for request %llu on this worker",
-			 (unsigned long long)row->request_id);
+		if (!row->resume)
+			wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				    "no sequence for request %llu on this worker",
+				    (unsigned long long)row->request_id);
 		return NULL;
 	}
 	int held = bd_seq_n_tokens(s->seq), nbt = bd_seq_block_table(s->seq, &bt);
-	bool fills = (row->position + 1) % BD_PAGE_TOKENS == 0;
+	int p = row->position, n = (int)row->n_tokens;
+	int fills = (p + n) / BD_PAGE_TOKENS - p / BD_PAGE_TOKENS;
 	const char *bad = NULL;
-	if (row->n_tokens != 1)
+	if (!row->prefill && n != 1)
 		bad = "a decode row feeds one token";
-	else if (row->position != held)
+	else if (row->prefill && (n < 1 || p % BD_PAGE_TOKENS))
+		bad = "a prefill chunk starts on a page and feeds a token at least";
+	else if (p != held)
 		bad = "position is not the count of tokens held";
 	else if (row->slot != bd_kvmem_ext_slot_id(c->mem, bd_seq_slot(s->seq)))
 		bad = "slot differs from the prefill's";
 	else if (row->n_block_table != (size_t)nbt ||
 		 (nbt && memcmp(row->block_table, bt, sizeof(int32_t) * (size_t)nbt)))
 		bad = "block table differs from the pages promoted";
-	else if (row->n_new_pages != (fills ? 1u : 0u))
-		bad = fills ? "this token fills a page and no page was named"
-			    : "a page was named for a token that fills none";
+	else if (row->n_new_pages != (size_t)fills)
+		bad = fills ? "these tokens fill a page and no page was named"
+			    : "a page was named for tokens that fill none";
 	if (bad) {
 		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-			 "request %llu at position %d (holds %d tokens, %d pages): %s",
-			 (unsigned long long)row->request_id, row->position, held, nbt, bad);
+			    "request %llu at position %d (holds %d tokens, %d pages): %s",
+			    (unsigned long long)row->request_id, row->position, held, nbt, bad);
 		drop(c, row->request_id);
 		return NULL;
 	}
 	if ((r = bd_seq_give_pages(s->seq, row->new_pages, (int)row->n_new_pages)) < 0) {
 		wd_row_fail(o, wd_serve_error(r), "page %d is outside the pool (%zu pages)",
-			 row->new_pages[0], w->geo->n_pages);
+			    row->new_pages[0], w->geo->n_pages);
 		drop(c, row->request_id);
 		return NULL;
 	}
 	return s;
+}
+
+/* A prefill row: the first chunk starts a sequence, a later one (or one that resumes)
+ * continues it on top of the cache the earlier chunks wrote; the last samples. */
+static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o)
+{
+	struct wd_cpu *c = cpu(w);
+	struct wd_seq *s;
+	float *lg = w->o.rank == 0 && row->sample ? c->logits : NULL;
+	int r;
+
+	if (row->position == 0 && !row->resume) {
+		if (run_prefill_start(w, row, o) < 0)
+			return -1;
+		s = find(c, row->request_id);
+	} else {
+		if (!(s = prepare_row(w, row, o)))
+			return -1;
+		r = bd_model_prefill_chunk(w->model, s->seq, (const int32_t *)row->tokens,
+					   (int)row->n_tokens, lg);
+		if (r < 0) {
+			drop(c, row->request_id);
+			return model_fail(o, r, "prefill");
+		}
+	}
+	if (sample(w, s, row, lg, o) < 0) {
+		drop(c, row->request_id);
+		return -1;
+	}
+	return 0;
 }
 
 /* The decode rows that passed their checks, as one batch (bd_model_decode_batch: the weights
@@ -310,8 +415,8 @@ static void fail_broken(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_o
 	drop(cpu(w), row->request_id);
 }
 
-/* Prefills one by one in plan order, then every decode row in one batch (the same order on
- * every rank, so the same all-reduce calls). */
+/* Every decode row in one batch, then the prefill rows (whole prompts or chunks) one by one
+ * in plan order: the same order on every rank, so the same all-reduce calls. */
 static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
 {
@@ -324,6 +429,21 @@ static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 		wd_rows_fail(plan, out, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
 			     "out of memory");
 		goto out;
+	}
+	for (size_t i = 0; i < plan->n_rows; i++) {
+		const Bdfp4__PlanRow *row = plan->rows[i];
+		if (row->prefill)
+			continue;
+		struct wd_seq *s = prepare_row(w, row, &out[i]);
+		if (s) {
+			batch[nb] = s;
+			batch_rows[nb++] = i;
+		}
+	}
+	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
+		broken = true;
+		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
+		snprintf(msg, cap, "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
 	}
 	for (size_t i = 0; i < plan->n_rows; i++) {
 		const Bdfp4__PlanRow *row = plan->rows[i];
@@ -340,24 +460,6 @@ static void cpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 			*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
 			snprintf(msg, cap, "rank %d: %s", w->o.rank, o->msg);
 		}
-	}
-	for (size_t i = 0; i < plan->n_rows; i++) {
-		const Bdfp4__PlanRow *row = plan->rows[i];
-		if (row->prefill)
-			continue;
-		if (broken) {
-			fail_broken(w, row, &out[i]);
-			continue;
-		}
-		struct wd_seq *s = prepare_decode(w, row, &out[i]);
-		if (s) {
-			batch[nb] = s;
-			batch_rows[nb++] = i;
-		}
-	}
-	if (nb > 0 && run_decode_batch(w, plan, out, batch, batch_rows, nb) < 0) {
-		*ret_error = BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED;
-		snprintf(msg, cap, "rank %d: %s", w->o.rank, out[batch_rows[0]].msg);
 	}
 out:
 	free(batch);

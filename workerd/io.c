@@ -20,7 +20,7 @@
 struct io {
 	struct wd *w;
 	void *dealer, *pair;
-	int64_t last_drop_log;
+	int64_t last_drop_log, last_bad_log;
 	uint64_t watchdog_usec; /* the unit's WatchdogSec=, 0 when none */
 };
 
@@ -39,8 +39,27 @@ static void send_heartbeat(struct io *io)
 	bd_wire_send(io->dealer, NULL, 0, false, &m.base, ZMQ_DONTWAIT);
 }
 
-/* Move every pending message of `from` to `to`, one frame each (extra frames of a router
- * message are dropped: the protocol has one). Returns 1 when the compute thread asked to stop. */
+/* Drops the rest of a multipart message whose first frame was read. Returns its frames. */
+static int drop_rest(void *from)
+{
+	int n = 1;
+
+	for (bool more = true; more; n++) {
+		zmq_msg_t extra;
+		zmq_msg_init(&extra);
+		if (zmq_msg_recv(&extra, from, 0) < 0) {
+			zmq_msg_close(&extra);
+			break;
+		}
+		more = zmq_msg_more(&extra);
+		zmq_msg_close(&extra);
+	}
+	return n;
+}
+
+/* Move every pending message of `from` to `to`. The protocol's messages are one frame each: a
+ * router message of several frames is dropped whole (none of its frames can be told to be a
+ * message of its own), an empty one too. Returns 1 when the compute thread asked to stop. */
 static int pump(struct io *io, void *from, void *to, bool from_compute)
 {
 	for (;;) {
@@ -57,6 +76,20 @@ static int pump(struct io *io, void *from, void *to, bool from_compute)
 			zmq_msg_close(&msg);
 			return 1;
 		}
+		if (!from_compute && (more || zmq_msg_size(&msg) == 0)) {
+			size_t first = zmq_msg_size(&msg);
+			int n = more ? drop_rest(from) : 1;
+			int64_t now = bd_now_ms();
+
+			zmq_msg_close(&msg);
+			if (now - io->last_bad_log > 10000) {
+				io->last_bad_log = now;
+				bd_log_warn("a router message of %d frame(s) (the first %zu bytes) "
+					    "dropped whole: the protocol's messages are one frame", n,
+					    first);
+			}
+			continue;
+		}
 		if (zmq_msg_send(&msg, to, ZMQ_DONTWAIT) < 0) {
 			/* no connection to the router (ZMQ_IMMEDIATE): say so now and then */
 			int64_t now = bd_now_ms();
@@ -69,16 +102,8 @@ static int pump(struct io *io, void *from, void *to, bool from_compute)
 			}
 			zmq_msg_close(&msg);
 		}
-		while (more) {
-			zmq_msg_t extra;
-			zmq_msg_init(&extra);
-			if (zmq_msg_recv(&extra, from, 0) < 0) {
-				zmq_msg_close(&extra);
-				break;
-			}
-			more = zmq_msg_more(&extra);
-			zmq_msg_close(&extra);
-		}
+		if (more)
+			drop_rest(from);
 	}
 }
 

@@ -73,6 +73,32 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
 			   const int32_t *tokens, int n, float *ret_logits);
 
+/* Prefill the next chunk of a prompt: tokens [n] at positions p .. p+n−1 of a sequence that
+ * holds p = bd_seq_n_tokens(s) tokens, p a multiple of 128 (whole pages: the chunk reads its
+ * context from promoted pages and the sink only, never a recent row its own write replaces, so
+ * a chunk run again after a failure reads what the first run read). p = 0 is
+ * bd_model_prefill. For p > 0, a query at position p+i attends, BF16-style as the prefill
+ * does (FP32 scores, softmax and P·V), over
+ *   - the context 0 .. p−1 as the cache holds it, which is what decode reads: the keys
+ *     K' = H(k − μ_k) of the configuration and the values, from the FP4 pages dequantized
+ *     ((g·s)·x̂) and, with a sink, positions 0..15 from the BF16 sink;
+ *   - the chunk's own positions p .. p+i, as the write path will store them (K' and V rounded
+ *     to BF16),
+ * with the query rotated as the decoder rotates it (q' = Hq), so that q'·K' = q·(k − μ_k): the
+ * shift by q·μ_k is the same for every key of a query, which softmax removes. So the result
+ * equals the unchunked bd_model_prefill of tokens 0 .. p+n−1 at those positions exactly in real
+ * arithmetic when the pages are BF16 and keys are neither smoothed nor rotated (configuration
+ * "bf16": only FP32 summation order differs), and otherwise differs by what the FP4 (or FP8)
+ * pages lose of the context's K' and V, the same loss decode sees (tests/lib/model/
+ * test_prefill_chunk.c bounds it on the embedded model). Then the chunk's KV goes through the
+ * write path (sink, pages promoted into the given pages as they fill, recent), after the pass
+ * as bd_model_prefill does: an all-reduce error or non-finite activations leave s holding p
+ * tokens, unchanged. ret_logits, errors and the rest as bd_model_prefill: -EINVAL (NULL, n < 1,
+ * a bad token id, another model's sequence, p not a multiple of 128), -ENOSPC (p + n beyond the
+ * capacity: nothing changes), -EIO (s failed before). */
+int bd_model_prefill_chunk(const struct bd_model *m, struct bd_seq *s, const int32_t *tokens,
+			   int n, float *ret_logits);
+
 /* Decode one token at position bd_seq_n_tokens(s): its KV goes through the write path, each
  * (layer, KV head) group attends through bd_ref_decode_gqa(), and a page that this token
  * completes is promoted after the last layer. ret_logits: [V] or NULL (required NULL from a

@@ -77,6 +77,18 @@ int bd_seq_give_pages(struct bd_seq *s, const int32_t *pages, int n);
 /* Given pages not taken yet (a plan that named more pages than were filled), or -EINVAL. */
 int bd_seq_given_pages(const struct bd_seq *s);
 
+/* Makes s, a new sequence that holds nothing yet, the view of a request whose KV was written
+ * into s's kvmem before (by another process: a worker restarted after a failure rebuilds the
+ * requests it serves from what kvpoold kept): n_tokens tokens, their full pages pages[n_pages]
+ * in token order (n_pages = n_tokens / 128), their sink and recent tokens in the slot s drew at
+ * bd_seq_new (an ext kvmem hands the named slot over as it is). The pages stay the caller's,
+ * as with bd_seq_give_pages. For FP8 pages whose scales bd_seq_opts did not give, the scales
+ * are read back from the first page. The next write continues at position n_tokens.
+ * Returns 0, -EINVAL (NULL, s holds tokens or pages or failed, n_tokens outside 0..capacity,
+ * n_pages ≠ n_tokens / 128, pages NULL with n_pages > 0), -ERANGE (a page id outside the
+ * arena), -ENOMEM: nothing changes on failure. */
+int bd_seq_resume(struct bd_seq *s, const int32_t *pages, int n_pages, int n_tokens);
+
 /* The sequence's BF16 slot (NULL for NULL), and its block table: the pages promoted so far in
  * token order, *ret_pages valid until the next call on s. Returns the page count or -EINVAL. */
 void *bd_seq_slot(const struct bd_seq *s);

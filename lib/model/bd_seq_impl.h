@@ -44,9 +44,23 @@ int bd_seq_write_kv(struct bd_seq *s, int l, int pos, const float *k, const floa
  * block table is full, or the kvmem has no page), -ENOMEM, or bd_page_promote's error. */
 int bd_seq_promote(struct bd_seq *s);
 
-/* The prompt's KV of every layer (kall, vall: [L][n][Hkv'][d]) through s's write path,
- * position by position, promoting pages as they fill; s then holds n tokens. A failure
- * fails s (s->failed) and returns its error. */
-int bd_seq_write_prompt(struct bd_seq *s, const float *kall, const float *vall, int n);
+/* The KV of positions p .. p+n−1 of every layer (kall, vall: [L][n][Hkv'][d]) through s's
+ * write path, position by position, promoting pages as they fill; s then holds p + n tokens
+ * (it held p). A failure fails s (s->failed) and returns its error. */
+int bd_seq_write_span(struct bd_seq *s, const float *kall, const float *vall, int p, int n);
+
+/* What the write path would store for n positions of layer l, without touching s's cache:
+ * K' = H(k − μ_k) as s's configuration says and V, BF16-rounded, as FP32 into ret_k, ret_v
+ * [n][Hkv'][d] (the layout of k and v). scratch: lay.slot_head_bytes bytes, written. Returns 0
+ * or bd_kv_write_token's error. */
+int bd_seq_cache_rows(const struct bd_seq *s, int l, const float *k, const float *v, int n,
+		      void *scratch, float *ret_k, float *ret_v);
+
+/* The K' and V of layer l at positions 0 .. 128·n_full − 1 as s's decoder reads them, FP32
+ * into ret_k, ret_v [128·n_full][Hkv'][d]: its promoted pages dequantized ((g·s)·x̂), and with
+ * a configuration that keeps a sink, the first 16 positions from the BF16 sink. tk, tv:
+ * scratch of 128·d floats each. Returns 0 or bd_page_read_head's error. */
+int bd_seq_cache_context(const struct bd_seq *s, int l, float *tk, float *tv, float *ret_k,
+			 float *ret_v);
 
 #endif

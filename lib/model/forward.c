@@ -186,10 +186,11 @@ static float bf16_round(float x)
 	return bd_bf16_to_f32(bd_f32_to_bf16(x));
 }
 
-/* Causal attention of the prompt for one layer: q [n][Hq·d], k and v [n][Hkv·d] already
- * BF16-rounded; ret_o [n][Hq·d]. S: scratch [PREFILL_CHUNK][n]. */
+/* Causal attention of n query rows at positions p .. p+n−1 for one layer: q [n][Hq·d], k and
+ * v [p+n][Hkv·d] (every key a query row may see: row i sees keys 0 .. p+i), already rounded as
+ * the cache holds them; ret_o [n][Hq·d]. S: scratch [PREFILL_CHUNK][p+n]. */
 static void prefill_attention(const struct bd_model *m, const float *q, const float *k,
-			      const float *v, int n, float *S, float *ret_o)
+			      const float *v, int n, int p, float *S, float *ret_o)
 {
 	int Hq = m->shard.n_heads, Hkv = m->shard.n_kv_heads;
 	int d = m->hp.head_dim, G = Hq / Hkv;
@@ -201,13 +202,13 @@ static void prefill_attention(const struct bd_model *m, const float *q, const fl
 		const float *vh = v + (size_t)(h / G) * (size_t)d;
 		for (int i0 = 0; i0 < n; i0 += PREFILL_CHUNK) {
 			int rows = n - i0 < PREFILL_CHUNK ? n - i0 : PREFILL_CHUNK;
-			int cols = i0 + rows; /* keys 0..i0+rows−1 can be seen by this block */
+			int cols = p + i0 + rows; /* keys this block can see */
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d, scale,
 				    q + (size_t)i0 * (size_t)ldq + (size_t)h * (size_t)d, ldq, kh,
 				    ldk, 0.0f, S, cols);
 			for (int r = 0; r < rows; r++) {
 				float *sr = S + (size_t)r * (size_t)cols;
-				int last = i0 + r; /* causal: keys 0..last */
+				int last = p + i0 + r; /* causal: keys 0..last */
 				float mx = -INFINITY, sum = 0.0f;
 				for (int j = 0; j <= last; j++)
 					mx = sr[j] > mx ? sr[j] : mx;
@@ -269,32 +270,52 @@ int bd_model_prefill(const struct bd_model *m, struct bd_seq *s, const int32_t *
 	return bd_model_prefill_multi(m, &s, 1, tokens, n, ret_logits);
 }
 
-int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
-			   const int32_t *tokens, int n, float *ret_logits)
+/* The rotation decode gives the query when the configuration rotates keys (q' = Hq): scores
+ * against K' = H(k − μ) are then q·(k − μ), which softmax does not tell from q·k (the q·μ term
+ * is the same for every key of a query). q [n][Hq'·d], in place. */
+static void rotate_queries(const struct bd_model *m, const struct bd_kvcfg *cfg, float *q, int n)
 {
-	int r = prefill_refusal(m, seqs, n_seqs, tokens, n, ret_logits);
-	if (r < 0)
-		return r;
-	struct bd_seq *s = seqs[0]; /* the all-reduce they share */
+	size_t d = (size_t)m->hp.head_dim, H = (size_t)m->shard.n_heads;
 
+	if (!cfg->hadamard)
+		return;
+	for (size_t i = 0; i < (size_t)n * H; i++)
+		bd_fwht(q + i * d, (int)d); /* a non-finite row stays: its scores are NaN anyway */
+}
+
+/* The forward pass of tokens [n] at positions p .. p+n−1, then their KV through each
+ * sequence's write path. p = 0: seqs are empty and attention is over the tokens' own K and V
+ * (BF16-rounded); p > 0 (one sequence, holding its p = 128·n_full tokens): attention is over
+ * the context as s's cache holds it (bd_seq_cache_context) and the tokens' K' and V as the
+ * cache will hold them, with the query rotated as the decoder rotates it. Validation is the
+ * caller's. */
+static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+		       const int32_t *tokens, int n, int p, float *ret_logits)
+{
+	struct bd_seq *s = seqs[0]; /* the all-reduce they share */
 	const struct bd_model_hparams *hp = &m->hp;
 	size_t N = (size_t)n, E = (size_t)hp->n_embd, F = (size_t)m->shard.n_ff;
-	size_t L = (size_t)hp->n_layers;
-	size_t qd = (size_t)m->shard.n_heads * (size_t)hp->head_dim;
-	size_t kd = (size_t)m->shard.n_kv_heads * (size_t)hp->head_dim;
-	size_t chunk = (size_t)PREFILL_CHUNK * N;
+	size_t L = (size_t)hp->n_layers, NK = (size_t)p + N, D = (size_t)hp->head_dim;
+	size_t qd = (size_t)m->shard.n_heads * D, kd = (size_t)m->shard.n_kv_heads * D;
+	size_t chunk = (size_t)PREFILL_CHUNK * NK;
+	int r = -ENOMEM;
 
-	r = -ENOMEM;
 	float *x = malloc(sizeof(float) * N * E), *xn = malloc(sizeof(float) * N * E);
 	float *q = malloc(sizeof(float) * N * qd), *o = malloc(sizeof(float) * N * qd);
-	float *kr = malloc(sizeof(float) * N * kd), *vr = malloc(sizeof(float) * N * kd);
+	/* the keys and values attention reads: [p + n][kd] */
+	float *kr = malloc(sizeof(float) * NK * kd), *vr = malloc(sizeof(float) * NK * kd);
 	float *gate = malloc(sizeof(float) * N * F), *up = malloc(sizeof(float) * N * F);
 	float *S = malloc(sizeof(float) * chunk);
 	float *tmp = malloc(sizeof(float) * N * (E > qd ? E : qd));
 	/* every layer's post-RoPE K and V, FP32, for the write path after the forward pass */
 	float *kall = malloc(sizeof(float) * L * N * kd);
 	float *vall = malloc(sizeof(float) * L * N * kd);
-	if (!x || !xn || !q || !o || !kr || !vr || !gate || !up || !S || !tmp || !kall || !vall)
+	/* p > 0: a page-head read back, and one slot head to make K' rows in */
+	float *tk = p ? malloc(sizeof(float) * BD_PAGE_TOKENS * D) : NULL;
+	float *tv = p ? malloc(sizeof(float) * BD_PAGE_TOKENS * D) : NULL;
+	void *scratch = p ? calloc(1, s->lay->slot_head_bytes) : NULL;
+	if (!x || !xn || !q || !o || !kr || !vr || !gate || !up || !S || !tmp || !kall || !vall ||
+	    (p && (!tk || !tv || !scratch)))
 		goto out;
 
 	for (size_t i = 0; i < N; i++)
@@ -306,31 +327,41 @@ int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs,
 			bd_rmsnorm(x + i * E, ly->attn_norm, (int)E, hp->norm_eps, xn + i * E);
 		qkv(m, ly, xn, n, q, kl, vl);
 		for (size_t i = 0; i < N; i++)
-			if ((r = qk_row(m, ly, seqs, n_seqs, (int)i, q + i * qd, kl + i * kd,
+			if ((r = qk_row(m, ly, seqs, n_seqs, p + (int)i, q + i * qd, kl + i * kd,
 					vl + i * kd)) < 0)
 				goto out;
-		for (size_t i = 0; i < N * kd; i++) {
-			kr[i] = bf16_round(kl[i]);
-			vr[i] = bf16_round(vl[i]);
+		if (p == 0) {
+			for (size_t i = 0; i < N * kd; i++) {
+				kr[i] = bf16_round(kl[i]);
+				vr[i] = bf16_round(vl[i]);
+			}
+		} else {
+			/* a refused K' row is NaN: the pass goes on (the ranks make the same
+			 * all-reduce calls) and the finite check below refuses it */
+			if ((r = bd_seq_cache_context(s, l, tk, tv, kr, vr)) < 0)
+				goto out;
+			bd_seq_cache_rows(s, l, kl, vl, n, scratch, kr + (size_t)p * kd,
+					  vr + (size_t)p * kd);
+			rotate_queries(m, s->cfg, q, n);
 		}
-		prefill_attention(m, q, kr, vr, n, S, o);
-		/* all-reduce failures leave the caches unwritten: the sequences stay empty */
+		prefill_attention(m, q, kr, vr, n, p, S, o);
+		/* all-reduce failures leave the caches unwritten: the sequences stay as they were */
 		if ((r = attn_out_mlp(m, s, ly, o, n, x, xn, gate, up, tmp)) < 0)
 			goto out;
 	}
 	for (size_t i = 0; i < N * E; i++) {
 		if (!isfinite(x[i])) {
 			r = -EDOM;
-			goto out; /* nothing written yet: the sequences stay empty and usable */
+			goto out; /* nothing written yet: the sequences stay as they were */
 		}
 	}
 
-	/* The prompt's KV through each sequence's own write path, one sequence after the other:
+	/* The tokens' KV through each sequence's own write path, one sequence after the other:
 	 * separate prefills in this order draw a shared kvmem's pages in the same order. A
 	 * sequence that fails does not stop the others; the first error is returned. */
 	r = 0;
 	for (int i = 0; i < n_seqs; i++) {
-		int ri = bd_seq_write_prompt(seqs[i], kall, vall, n);
+		int ri = bd_seq_write_span(seqs[i], kall, vall, p, n);
 		if (ri < 0 && r == 0)
 			r = ri;
 	}
@@ -349,7 +380,38 @@ out:
 	free(tmp);
 	free(kall);
 	free(vall);
+	free(tk);
+	free(tv);
+	free(scratch);
 	return r;
+}
+
+int bd_model_prefill_multi(const struct bd_model *m, struct bd_seq *const *seqs, int n_seqs,
+			   const int32_t *tokens, int n, float *ret_logits)
+{
+	int r = prefill_refusal(m, seqs, n_seqs, tokens, n, ret_logits);
+
+	return r < 0 ? r : prefill_run(m, seqs, n_seqs, tokens, n, 0, ret_logits);
+}
+
+int bd_model_prefill_chunk(const struct bd_model *m, struct bd_seq *s, const int32_t *tokens,
+			   int n, float *ret_logits)
+{
+	int p;
+
+	if (!m || !s || s->m != m || !tokens || n < 1)
+		return -EINVAL;
+	if (s->failed)
+		return -EIO;
+	p = s->n_tokens;
+	if (p == 0)
+		return bd_model_prefill(m, s, tokens, n, ret_logits);
+	if (p % BD_PAGE_TOKENS || s->n_full != p / BD_PAGE_TOKENS ||
+	    check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
+		return -EINVAL;
+	if (n > s->max_tokens - p)
+		return -ENOSPC;
+	return prefill_run(m, &s, 1, tokens, n, p, ret_logits);
 }
 
 /* Why row s cannot decode token now (0: it can). Nothing is changed. */

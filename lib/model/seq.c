@@ -246,14 +246,15 @@ int bd_seq_write_kv(struct bd_seq *s, int l, int pos, const float *k, const floa
 	return 0;
 }
 
-int bd_seq_write_prompt(struct bd_seq *s, const float *kall, const float *vall, int n)
+int bd_seq_write_span(struct bd_seq *s, const float *kall, const float *vall, int p, int n)
 {
 	size_t N = (size_t)n, kd = (size_t)s->m->shard.n_kv_heads * (size_t)s->m->hp.head_dim;
 	int r;
 
-	for (int pos = 0; pos < n; pos++) {
+	for (int i = 0; i < n; i++) {
+		int pos = p + i;
 		for (int l = 0; l < s->m->hp.n_layers; l++) {
-			size_t off = (size_t)l * N * kd + (size_t)pos * kd;
+			size_t off = (size_t)l * N * kd + (size_t)i * kd;
 			if ((r = bd_seq_write_kv(s, l, pos, kall + off, vall + off)) < 0) {
 				s->failed = true;
 				return r;
@@ -264,7 +265,126 @@ int bd_seq_write_prompt(struct bd_seq *s, const float *kall, const float *vall, 
 			return r;
 		}
 	}
-	s->n_tokens = n;
+	s->n_tokens = p + n;
 	return 0;
 }
 
+int bd_seq_cache_rows(const struct bd_seq *s, int l, const float *k, const float *v, int n,
+		      void *scratch, float *ret_k, float *ret_v)
+{
+	const struct bd_layout *lay = s->lay;
+	int H = s->m->shard.n_kv_heads, d = lay->d, r;
+	size_t D = (size_t)d, kd = (size_t)H * D;
+
+	for (int i = 0; i < n; i++) {
+		for (int h = 0; h < H; h++) {
+			size_t off = (size_t)i * kd + (size_t)h * D;
+			/* position 16 of a scratch head: a recent row, not the sink */
+			int pos = BD_SINK_TOKENS;
+			const bd_bf16 *rk = bd_slot_recent_k(lay, scratch, 0, 0) + (size_t)pos * D;
+			const bd_bf16 *rv = bd_slot_recent_v(lay, scratch, 0, 0) + (size_t)pos * D;
+
+			r = bd_kv_write_token(lay, s->cfg, scratch, 0, 0, pos, k + off, v + off,
+					      mu_of(s, l, h));
+			if (r < 0)
+				return r;
+			for (int c = 0; c < d; c++) {
+				ret_k[off + (size_t)c] = bd_bf16_to_f32(rk[c]);
+				ret_v[off + (size_t)c] = bd_bf16_to_f32(rv[c]);
+			}
+		}
+	}
+	return 0;
+}
+
+int bd_seq_cache_context(const struct bd_seq *s, int l, float *tk, float *tv, float *ret_k,
+			 float *ret_v)
+{
+	const struct bd_layout *lay = s->lay;
+	int H = s->m->shard.n_kv_heads, d = lay->d, r;
+	size_t D = (size_t)d, kd = (size_t)H * D;
+
+	for (int j = 0; j < s->n_full; j++) {
+		const uint8_t *page = bd_layout_page(lay, s->mem->arena, l, s->block_table[j]);
+		for (int h = 0; h < H; h++) {
+			if ((r = bd_page_read_head(lay, page, h, tk, tv, NULL)) < 0)
+				return r;
+			for (int t = 0; t < BD_PAGE_TOKENS; t++) {
+				size_t dst = ((size_t)j * BD_PAGE_TOKENS + (size_t)t) * kd +
+					     (size_t)h * D;
+				memcpy(ret_k + dst, tk + (size_t)t * D, sizeof(float) * D);
+				memcpy(ret_v + dst, tv + (size_t)t * D, sizeof(float) * D);
+			}
+		}
+	}
+	/* the decoder reads the first tokens from the BF16 sink when the configuration keeps one */
+	if (!s->cfg->sink || s->n_full == 0)
+		return 0;
+	for (int h = 0; h < H; h++) {
+		const bd_bf16 *sk = bd_slot_sink_k(lay, s->slot, l, h);
+		const bd_bf16 *sv = bd_slot_sink_v(lay, s->slot, l, h);
+		for (int t = 0; t < BD_SINK_TOKENS; t++)
+			for (int c = 0; c < d; c++) {
+				size_t dst = (size_t)t * kd + (size_t)h * D + (size_t)c;
+				ret_k[dst] = bd_bf16_to_f32(sk[(size_t)t * D + (size_t)c]);
+				ret_v[dst] = bd_bf16_to_f32(sv[(size_t)t * D + (size_t)c]);
+			}
+	}
+	return 0;
+}
+
+/* The FP8 scales of every (layer, KV head) as the first page stores them. */
+static int fp8_scales_from_page(struct bd_seq *s, int32_t page)
+{
+	const struct bd_layout *lay = s->lay;
+	size_t n = (size_t)BD_PAGE_TOKENS * (size_t)lay->d;
+	float *tk = malloc(sizeof(float) * n), *tv = malloc(sizeof(float) * n);
+	size_t nf = (size_t)lay->n_layers * (size_t)lay->n_kv_heads * 2;
+	int r = 0;
+
+	if (!s->fp8)
+		s->fp8 = malloc(sizeof(float) * nf);
+	if (!tk || !tv || !s->fp8) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < nf; i++)
+		s->fp8[i] = 1.0f;
+	for (int l = 0; l < lay->n_layers && r == 0; l++)
+		for (int h = 0; h < s->m->shard.n_kv_heads && r == 0; h++)
+			r = bd_page_read_head(lay, bd_layout_page(lay, s->mem->arena, l, page), h,
+					      tk, tv,
+					      s->fp8 + ((size_t)l * (size_t)lay->n_kv_heads +
+							(size_t)h) * 2);
+out:
+	free(tk);
+	free(tv);
+	if (r < 0) {
+		free(s->fp8);
+		s->fp8 = NULL;
+	}
+	return r;
+}
+
+int bd_seq_resume(struct bd_seq *s, const int32_t *pages, int n_pages, int n_tokens)
+{
+	if (!s || s->n_tokens != 0 || s->n_full != 0 || s->failed || n_tokens < 0 ||
+	    n_tokens > s->max_tokens || n_pages != n_tokens / BD_PAGE_TOKENS ||
+	    n_pages > s->max_pages || (n_pages > 0 && !pages))
+		return -EINVAL;
+	for (int i = 0; i < n_pages; i++)
+		if (pages[i] < 0 || (size_t)pages[i] >= s->lay->n_pages)
+			return -ERANGE;
+	if (s->lay->fmt == BD_PAGE_FP8 && !s->fp8 && n_pages > 0) {
+		int r = fp8_scales_from_page(s, pages[0]);
+		if (r < 0)
+			return r;
+	}
+	for (int i = 0; i < n_pages; i++) {
+		s->block_table[i] = pages[i];
+		s->drawn[i] = 0;
+	}
+	s->n_full = n_pages;
+	s->n_tokens = n_tokens;
+	return 0;
+}

@@ -20,7 +20,12 @@ extern "C" {
  * m is packed before any frame goes out, so a failure to get its buffer sends nothing. The
  * caller keeps m. Returns 0, -ENOMEM (no buffer for the packed message), or the -errno of the
  * zmq_send that failed (-EAGAIN: a full queue under ZMQ_DONTWAIT; -EHOSTUNREACH: a gone peer
- * of a ROUTER socket with ZMQ_ROUTER_MANDATORY). */
+ * of a ROUTER socket with ZMQ_ROUTER_MANDATORY).
+ * A message is never left half-sent: once its first frame is taken (on a ROUTER socket that
+ * frame picks the peer, and the socket then counts every frame until one without SNDMORE as
+ * that peer's), the later frames are retried on -EINTR and -EAGAIN, and should one still fail
+ * the message is closed with an empty last frame (a frame the peer drops), so that the frames
+ * of the next message never go to this peer as the tail of this one. */
 int bd_wire_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
 		 const ProtobufCMessage *m, int flags);
 

@@ -4,10 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
 #include "base/bd_clock.h"
+#include "base/bd_rand.h"
 #include "serve/bd_client.h"
 #include "serve/bd_wire.h"
 #include "serve.pb-c.h"
@@ -18,7 +20,8 @@
 
 struct bd_client {
 	void *zctx, *sock;
-	uint64_t next_tag;
+	uint64_t next_tag, first_tag;
+	uint64_t connection; /* ClientRequest.connection of every request */
 	Bdfp4__ClientReply *last; /* the reply the last event points into */
 	struct bd_client_top *top; /* the last chunk's logits table */
 };
@@ -75,6 +78,12 @@ int bd_client_new(const char *endpoint, struct bd_client **ret)
 	}
 	/* tags need only be unique on this connection; a varied start eases reading logs */
 	c->next_tag = ((uint64_t)bd_now_ms() & 0xffff) << 16 | 1;
+	c->first_tag = c->next_tag;
+	{
+		uint64_t x = (uint64_t)bd_now_ms() ^ (uint64_t)getpid() << 32 ^ (uintptr_t)c;
+
+		c->connection = bd_splitmix64(&x) | 1;
+	}
 	*ret = c;
 	return 0;
 }
@@ -91,8 +100,9 @@ void bd_client_free(struct bd_client *c)
 	free(c);
 }
 
-static int send_request(struct bd_client *c, const Bdfp4__ClientRequest *req)
+static int send_request(struct bd_client *c, Bdfp4__ClientRequest *req)
 {
+	req->connection = c->connection;
 	return bd_wire_send(c->sock, NULL, 0, false, &req->base, 0);
 }
 
@@ -305,15 +315,38 @@ static int fill_chunk(struct bd_client *c, const Bdfp4__GenerateChunk *ch,
 	return 0;
 }
 
+/* True when r is about a tag this connection did not send. */
+static bool foreign(const struct bd_client *c, const Bdfp4__ClientReply *r)
+{
+	uint64_t tag = 0;
+
+	if (r->msg_case == BDFP4__CLIENT_REPLY__MSG_CHUNK)
+		tag = r->chunk->client_tag;
+	else if (r->msg_case == BDFP4__CLIENT_REPLY__MSG_ERROR)
+		tag = r->error->client_tag;
+	else if (r->msg_case == BDFP4__CLIENT_REPLY__MSG_CANCEL)
+		tag = r->cancel->client_tag;
+	return tag && (tag < c->first_tag || tag >= c->next_tag);
+}
+
 int bd_client_next(struct bd_client *c, int timeout_ms, struct bd_client_event *ret)
 {
 	int e;
 
 	if (!c || !ret || timeout_ms < 0)
 		return -EINVAL;
-	e = recv_reply(c, timeout_ms);
-	if (e < 0)
-		return e;
+	for (int64_t end = bd_now_ms() + timeout_ms;;) {
+		int64_t left = end - bd_now_ms();
+
+		e = recv_reply(c, left > 0 ? (int)left : 0);
+		if (e < 0)
+			return e;
+		/* a reply about a tag this connection never used is a predecessor's (one that
+		 * had this routing id): not ours to see */
+		if (!foreign(c, c->last))
+			break;
+		drop_last(c);
+	}
 	memset(ret, 0, sizeof(*ret));
 	ret->text = "";
 	ret->message = "";

@@ -5,6 +5,22 @@
 
 #include "serve/bd_wire.h"
 
+/* A frame after the first of a message (see bd_wire.h): retried while interrupted or would
+ * block, a bounded number of times. 0 or the last -errno. */
+static int send_rest(void *sock, const void *p, size_t n, int flags)
+{
+	int e = 0;
+
+	for (int tries = 0; tries < 1000; tries++) {
+		if (zmq_send(sock, p, n, flags) >= 0)
+			return 0;
+		e = zmq_errno();
+		if (e != EINTR && e != EAGAIN)
+			break;
+	}
+	return -e;
+}
+
 int bd_wire_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
 		 const ProtobufCMessage *m, int flags)
 {
@@ -16,10 +32,16 @@ int bd_wire_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
 	if (!buf)
 		return -ENOMEM;
 	protobuf_c_message_pack(m, buf);
-	if ((ident && zmq_send(sock, ident, ident_len, ZMQ_SNDMORE | flags) < 0) ||
-	    (ident && delim && zmq_send(sock, "", 0, ZMQ_SNDMORE | flags) < 0) ||
-	    zmq_send(sock, buf, n, flags) < 0)
-		e = -zmq_errno();
+	if (!ident) {
+		if (zmq_send(sock, buf, n, flags) < 0)
+			e = -zmq_errno();
+	} else if (zmq_send(sock, ident, ident_len, ZMQ_SNDMORE | flags) < 0) {
+		e = -zmq_errno(); /* nothing was taken */
+	} else if ((delim && (e = send_rest(sock, "", 0, ZMQ_SNDMORE | flags)) < 0) ||
+		   (e = send_rest(sock, buf, n, flags)) < 0) {
+		/* the socket is inside this message: end it */
+		send_rest(sock, "", 0, flags);
+	}
 	if (buf != stackbuf)
 		free(buf);
 	return e;

@@ -543,6 +543,131 @@ Test(sched, prefill_budget_spreads_admissions_but_admits_one_long_prompt)
 	answer(p);
 }
 
+/* A 600-token prompt beside a 10-token one, chunks of 256 within a budget of 256 a step: the
+ * short one decodes while the long one is prefilled in chunks of whole pages, each chunk's row
+ * naming the pages before it and the pages it fills, and only the last chunk samples. */
+Test(sched, a_long_prompt_is_prefilled_in_chunks_between_decode_steps)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *rb;
+	struct bd_req *a, *b;
+
+	setup(8, 8, 256, 16, 8);
+	S.cfg.max_prefill_chunk = 256;
+	a = submit(1, 10, 6, true);
+	b = submit(2, 600, 2, true);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 10);
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect(rb->prefill);
+	cr_expect_eq(rb->position, 0);
+	cr_expect_eq(rb->n_tokens, 128, "246 tokens of the budget are left: one whole page");
+	cr_expect_not(rb->sample, "more of the prompt follows");
+	cr_expect_eq(rb->logits_top_k, 0);
+	cr_expect_eq(rb->n_block_table, 0);
+	cr_assert_eq(rb->n_new_pages, 1);
+	cr_expect_eq(rb->new_pages[0], b->pages[0]);
+	cr_expect_eq(rb->capacity, 602);
+	cr_expect_eq(P.rec[1].n_pages, 4, "the prompt's 4 full pages are allocated at admission");
+	answer(p);
+	cr_expect_eq(a->n_gen, 1, "the short prompt's first token");
+	cr_expect_eq(b->n_gen, 0);
+	cr_expect_eq(chunks_of(2), 0, "nothing streams from a chunk that samples nothing");
+
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(p->rows[0]->request_id, a->id, "decode rows first");
+	cr_expect_not(p->rows[0]->prefill);
+	rb = p->rows[1];
+	cr_expect(rb->prefill);
+	cr_expect_eq(rb->position, 128);
+	cr_expect_eq(rb->n_tokens, 256);
+	cr_expect_eq(rb->tokens[0], 100 + 128);
+	cr_expect_not(rb->sample);
+	cr_assert_eq(rb->n_block_table, 1);
+	cr_expect_eq(rb->block_table[0], b->pages[0]);
+	cr_assert_eq(rb->n_new_pages, 2);
+	cr_expect_eq(rb->new_pages[0], b->pages[1]);
+	cr_expect_eq(rb->new_pages[1], b->pages[2]);
+	answer(p);
+	cr_expect_eq(a->n_gen, 2);
+	cr_expect_eq(b->n_gen, 0);
+
+	p = step();
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect(rb->prefill);
+	cr_expect_eq(rb->position, 384);
+	cr_expect_eq(rb->n_tokens, 216, "the rest of the prompt");
+	cr_expect(rb->sample, "the last chunk samples");
+	cr_expect_eq(rb->n_block_table, 3);
+	cr_assert_eq(rb->n_new_pages, 1, "600 tokens complete page 3 of 4");
+	cr_expect_eq(rb->new_pages[0], b->pages[3]);
+	answer(p);
+	cr_expect_eq(b->n_gen, 1);
+	cr_expect_eq(chunks_of(2), 1);
+
+	p = step();
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect_not(rb->prefill, "b decodes");
+	cr_expect_eq(rb->position, 600);
+	cr_expect_eq(rb->n_block_table, 4);
+	answer(p);
+	run_to_idle(20);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
+/* Prefills under way share the step's budget in arrival order, each one chunk a step, and a
+ * request cancelled between its chunks gives back every page of its prompt. */
+Test(sched, chunks_share_the_budget_and_a_cancel_between_chunks_frees_the_prompt)
+{
+	const Bdfp4__StepPlan *p;
+	struct bd_req *a, *b;
+	uint64_t a_id;
+
+	setup(8, 8, 512, 16, 8);
+	S.cfg.max_prefill_chunk = 384;
+	a = submit(1, 1000, 2, false);
+	b = submit(2, 700, 2, false);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 128, "512 - 384 left in the budget");
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	cr_expect_eq(row_of(p, a->id)->position, 384);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	cr_expect_eq(row_of(p, b->id)->position, 128);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 128);
+	answer(p);
+	cr_expect_eq(pages_free(), 16 - 7 - 5);
+	a_id = a->id; /* a is freed once it ended */
+	bd_sched_cancel(&S, a);
+	drain();
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		   BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client");
+	cr_expect_eq(pages_free(), 16 - 5, "a's 7 pages are back");
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect(released(p, a_id), "the workers drop a's partial sequence");
+	cr_assert_eq(p->n_rows, 1);
+	cr_expect_eq(p->rows[0]->position, 256);
+	cr_expect_eq(p->rows[0]->n_tokens, 384);
+	cr_expect_not(p->rows[0]->sample, "700 - 640: 60 tokens to go");
+	answer(p);
+	run_to_idle(20);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
 Test(sched, streamed_requests_get_a_chunk_per_token)
 {
 	setup(4, 8, 8192, 16, 8);
@@ -904,11 +1029,11 @@ Test(sched, results_of_another_step_are_ignored)
 
 /* ---- the worker group and the pool ----------------------------------------------------------- */
 
-Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
+Test(sched, without_a_resume_timeout_a_failed_group_fails_what_runs_and_keeps_the_queue)
 {
 	const Bdfp4__StepPlan *p = in_flight(2, 3);
 
-	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected");
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected", now);
 	drain();
 	cr_assert_eq(n_chunks, 2);
 	for (uint64_t tag = 1; tag <= 2; tag++)
@@ -924,6 +1049,133 @@ Test(sched, a_failed_group_fails_what_runs_and_keeps_the_queue)
 	cr_expect_eq(p->n_release, 0, "a new group holds no sequence to drop");
 	cr_expect_eq(p->rows[0]->request_id, 3);
 	cr_expect(p->rows[0]->prefill);
+}
+
+/* A group fails with a decode row and a prefill chunk in flight: nothing fails, the pool keeps
+ * every record, and the next group re-runs the lost step, each request's row marked resume
+ * with what a worker needs to rebuild it; afterwards the requests go on to their length with
+ * no token lost or repeated. */
+Test(sched, a_failed_group_holds_the_running_requests_and_the_next_group_resumes_them)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *ra, *rb;
+	struct bd_req *a, *b;
+	int32_t tok_a;
+
+	setup(4, 8, 256, 16, 8);
+	S.cfg.max_prefill_chunk = 128;
+	S.cfg.resume_timeout_ms = 5000;
+	a = submit(1, 10, 20, true);
+	b = submit(2, 300, 5, true);
+	answer(step());
+	p = step();
+	cr_assert_eq(p->n_rows, 2);
+	tok_a = row_of(p, a->id)->tokens[0];
+	cr_expect_eq(row_of(p, b->id)->position, 128);
+	cr_expect_not(row_of(p, a->id)->resume);
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) disconnected", now);
+	drain();
+	cr_expect_eq(n_chunks, 1, "only a's first token: nothing failed");
+	cr_expect_eq(records(), 2, "the pool keeps both records");
+	cr_expect_eq(pages_free(), 16 - 2, "b's prompt pages stay allocated");
+	cr_expect_eq(S.n_running, 2);
+	cr_expect(bd_sched_resuming(&S));
+	cr_expect_null(step(), "no plan without a group");
+	now += 1000;
+	bd_sched_tick(&S, now);
+	drain();
+	cr_expect_eq(n_chunks, 1, "within resume_timeout_ms nothing fails");
+
+	bd_sched_group_up(&S, 2);
+	cr_expect_not(bd_sched_resuming(&S));
+	p = step();
+	cr_assert_not_null(p);
+	cr_expect_eq(p->epoch, 2);
+	cr_expect_eq(p->n_release, 0);
+	ra = row_of(p, a->id);
+	rb = row_of(p, b->id);
+	cr_assert(ra && rb);
+	cr_expect_not(ra->prefill);
+	cr_expect(ra->resume);
+	cr_expect_eq(ra->position, 10, "the lost step runs again");
+	cr_expect_eq(ra->tokens[0], tok_a);
+	cr_expect_eq(ra->draws, 1, "a sampled its first token");
+	cr_expect_eq(ra->capacity, 30);
+	cr_expect_str_eq(ra->kv_config, "bitdecoding-nvfp4");
+	cr_assert_not_null(ra->sampling);
+	cr_expect_eq(ra->sampling->seed, a->sampling.seed);
+	cr_expect(rb->prefill);
+	cr_expect(rb->resume);
+	cr_expect_eq(rb->position, 128);
+	cr_expect_eq(rb->n_tokens, 128);
+	cr_assert_eq(rb->n_block_table, 1, "the page the first chunk promoted");
+	cr_expect_eq(rb->block_table[0], b->pages[0]);
+	cr_expect_eq(rb->draws, 0);
+	answer(p);
+	p = step();
+	cr_expect_not(row_of(p, a->id)->resume, "only the first row after the new group");
+	cr_expect_not(row_of(p, b->id)->resume);
+	answer(p);
+	run_to_idle(40);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(last_chunk(1)->n_gen, 20); /* a and b are freed once they ended */
+	cr_expect_eq(S.tokens_generated, 25, "no token twice");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
+/* No group forms within resume_timeout_ms: every live request, running or queued, fails
+ * WORKER_FAILED saying so, and the pool gets everything back. */
+Test(sched, a_resume_that_times_out_fails_every_request_clearly_and_frees_the_pool)
+{
+	const Bdfp4__StepPlan *p = in_flight(2, 3);
+	const char *want = "the worker group did not form again within resume_timeout_ms "
+			   "(5000 ms): worker rank 1 (pid 7) stopped heartbeating (3000 ms)";
+
+	(void)p;
+	S.cfg.resume_timeout_ms = 5000;
+	bd_sched_group_down(&S, "worker rank 1 (pid 7) stopped heartbeating (3000 ms)", now);
+	drain();
+	cr_expect_eq(n_chunks, 0);
+	cr_expect_eq(records(), 2);
+	bd_sched_tick(&S, now + 4999);
+	drain();
+	cr_expect_eq(n_chunks, 0);
+	bd_sched_tick(&S, now + 5000);
+	drain();
+	cr_assert_eq(n_chunks, 3);
+	for (uint64_t tag = 1; tag <= 3; tag++)
+		expect_failed(tag, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, want);
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+	cr_expect_eq(S.n_reqs, 0);
+	cr_expect_not(bd_sched_resuming(&S));
+	bd_sched_group_up(&S, 2);
+	cr_expect_null(step(), "nothing left to run");
+}
+
+/* A request cancelled while it waits for the group ends at once and frees its pages; the
+ * others resume. */
+Test(sched, a_cancel_while_held_ends_at_once)
+{
+	const Bdfp4__StepPlan *p = in_flight(2, 2);
+	struct bd_req *a = S.reqs[0];
+
+	S.cfg.resume_timeout_ms = 5000;
+	bd_sched_group_down(&S, "worker rank 0 (pid 9) disconnected", now);
+	bd_sched_cancel(&S, a);
+	drain();
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_CANCELLED,
+		   BDFP4__SERVE_ERROR__SERVE_ERR_CANCELLED, "cancelled by the client");
+	cr_expect_eq(records(), 1);
+	bd_sched_group_up(&S, 2);
+	p = step();
+	cr_assert_eq(p->n_rows, 1);
+	cr_expect_eq(p->rows[0]->request_id, 2);
+	cr_expect(p->rows[0]->resume);
+	cr_expect_eq(p->n_release, 0, "a new group holds nothing to drop");
+	answer(p);
 }
 
 Test(sched, a_pool_that_goes_down_fails_every_request_unavailable)

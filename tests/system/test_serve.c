@@ -52,7 +52,13 @@ TestSuite(serve, .init = init, .fini = fini, .timeout = 300);
 static void up(void)
 {
 	sv_start_pool(&E, NULL);
-	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000", NULL });
+	/* no resume: the failure tests below see the group's failure itself (test_resume.c runs
+	 * the resume); whole prompts: the reference prefills them at once (a chunk reads the
+	 * context from the FP4 pages, test_chunked.c) */
+	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
+						   "--resume-timeout-ms", "0",
+						   "--max-prefill-chunk", "0",
+						   "--max-prefill-tokens", "8192", NULL });
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
 	sv_expect_healthy(&E, WAIT_MS, "the group did not form");

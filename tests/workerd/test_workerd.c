@@ -862,3 +862,35 @@ Test(workerd, starts_stops_and_reports_like_a_daemon)
 	cr_assert_eq(exit_status(&T.w_pid[0], TIMEOUT_MS), 0);
 	cr_assert(log_has(T.log[0], "signal 2: stopping"), "log %s", T.log[0]);
 }
+
+/* The frames a ROUTER left mid-message would deliver: a message of several frames (here the
+ * other rank's 5-byte identity, then a heartbeat) is dropped whole, logged, and the next plan
+ * is served; no frame of it is taken for a message of its own. */
+Test(workerd, a_multipart_router_message_is_dropped_whole)
+{
+	Bdfp4__RouterMessage m = BDFP4__ROUTER_MESSAGE__INIT;
+	Bdfp4__RouterHeartbeat hb = BDFP4__ROUTER_HEARTBEAT__INIT;
+	uint8_t buf[64];
+	size_t n;
+
+	start_pool();
+	start_worker(0);
+	start_worker(1);
+	form_group(4, "t-ar-multi");
+	hb.epoch = 4;
+	m.msg_case = BDFP4__ROUTER_MESSAGE__MSG_HEARTBEAT;
+	m.heartbeat = &hb;
+	n = bdfp4__router_message__pack(&m, buf);
+	for (int r = 0; r < 2; r++) {
+		cr_assert_eq(zmq_send(T.router, T.ident[r], T.ident_len[r], ZMQ_SNDMORE),
+			     (int)T.ident_len[r]);
+		cr_assert_eq(zmq_send(T.router, T.ident[1 - r], T.ident_len[1 - r], ZMQ_SNDMORE),
+			     (int)T.ident_len[1 - r]);
+		cr_assert_eq(zmq_send(T.router, buf, n, 0), (int)n);
+	}
+	for (int r = 0; r < 2; r++)
+		cr_expect(log_shows(T.log[r], "dropped whole", 30000), "rank %d kept a frame", r);
+	serves_a_prefill(4, 1);
+	for (int r = 0; r < 2; r++)
+		cr_expect_not(log_has(T.log[r], "malformed frame"), "rank %d", r);
+}
