@@ -34,7 +34,8 @@ all:
 # python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
-	libinih-dev python3-zmq python3-protobuf protobuf-compiler
+	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
+	prometheus python3-venv python3-pip
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -231,9 +232,12 @@ ROUTER_SRC := $(filter-out router/main.c,$(sort $(wildcard router/*.c)))
 ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_LIB := $(BUILD)/router/librouter.a
 ROUTER_BIN := $(BUILD)/bin/routerd
+# the HTTP front door (router/http.c): libmicrohttpd, through pkg-config
+ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd)
+$(BUILD)/router/http.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 $(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
 $(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
-$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base))
+$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base,$(ROUTER_LIBS) -ljansson))
 all: $(ROUTER_BIN)
 
 # ---- workerd --------------------------------------------------------------------------------------
@@ -292,8 +296,8 @@ $(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
 $(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) \
-		-lm -pthread
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) \
+		$(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) -lm -pthread
 all: $(TEST_BIN)
 
 # Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED
