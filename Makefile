@@ -69,15 +69,41 @@ NVCCFLAGS   := -std=c++17 -O3 -g -lineinfo -Ilib -Ikernels -fmad=false \
 	-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $(EXTRA_NVCCFLAGS)
 CUDA_CFLAGS := -Ikernels -isystem $(CUDA_INC) -DBD_HAVE_CUDA_H
 
+# Only what is missing is installed, nothing upgraded; one summary line either way.
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
 	done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:" $$missing; \
+	if [ -z "$$missing" ]; then \
+		echo "deps: the $(words $(DEB_PKGS)) Debian packages are installed"; \
+	else \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
-		$$sudo apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+		log=$$(mktemp); \
+		if $$sudo apt-get update -qq >"$$log" 2>&1 && \
+		   DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-upgrade \
+			--no-install-recommends $$missing >>"$$log" 2>&1; then \
+			echo "deps: installed" $$missing; rm -f "$$log"; \
+		else \
+			cat "$$log" >&2; rm -f "$$log"; echo "deps: apt-get failed for" $$missing >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+# The official openai Python package for the HTTP tests (tests/python/openai_check.py), pinned,
+# in a project-local virtual environment. Where PyPI cannot be reached the venv is left out
+# and that test skips with a message.
+OPENAI_PKG  := openai==3.57.0
+OPENAI_VENV ?= .deps/venv-openai
+OPENAI_PY   := $(OPENAI_VENV)/bin/python
+OPENAI_STAMP := $(OPENAI_VENV)/$(OPENAI_PKG).stamp
+deps: $(OPENAI_STAMP)
+$(OPENAI_STAMP):
+	@if python3 -m venv $(OPENAI_VENV) >/dev/null 2>&1 && \
+	   $(OPENAI_VENV)/bin/pip install --quiet --disable-pip-version-check "$(OPENAI_PKG)" \
+		>/dev/null 2>&1; then \
+		touch $@ && echo "deps: $(OPENAI_PKG) in $(OPENAI_VENV)"; \
+	else \
+		rm -rf $(OPENAI_VENV); echo "deps: $(OPENAI_PKG) not installed (no PyPI?): its test skips"; \
 	fi
 
 $(BUILD)/%.o: %.c
@@ -304,7 +330,7 @@ all: $(TEST_BIN)
 # and the daemons they start through BD_BIN. With SAN=1, LeakSanitizer ignores the leaks of
 # Criterion's own runner (tests/lsan.supp).
 unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4
-	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) \
+	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) BD_OPENAI_PY=$(abspath $(OPENAI_PY)) \
 	$(if $(filter 1,$(SAN)),LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0) \
 	$(TEST_BIN) --jobs 2
 
