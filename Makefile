@@ -7,6 +7,8 @@
 #                   suite plain and under ASan+UBSan
 #   make run        install missing packages, build, run the main job: kvpoold, the router and
 #                   two workers on the CPU backend answer PROMPT="..." (a default question)
+#   make serve      the same system in the foreground until Ctrl-C, the OpenAI-compatible
+#                   HTTP API at http://127.0.0.1:8000/v1 (bdfp4 serve)
 #   make bench      the CPU reference decoder's benchmark
 #   make bench-serve  serving throughput and TTFT at concurrency 1, 4, 16 (bench/RESULTS.md)
 #   make gpu-test   on a machine with an NVIDIA GPU: kernel checks against the CPU reference
@@ -520,6 +522,14 @@ run: export BD_RUN_PROMPT = $(or $(value PROMPT),$(DEFAULT_PROMPT))
 run: deps model
 	$(MAKE) --no-print-directory all
 	deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "$$BD_RUN_PROMPT" $(RUN_DIR)
+
+# The whole system in the foreground until Ctrl-C (`bdfp4 serve`): the OpenAI-compatible API at
+# http://127.0.0.1:8000/v1 and the ZeroMQ API at tcp://127.0.0.1:5555; SERVE_ARGS adds options
+# (bdfp4 serve --help), e.g. SERVE_ARGS="--http 127.0.0.1:0".
+.PHONY: serve
+serve: deps model
+	$(MAKE) --no-print-directory all
+	$(BUILD)/bin/bdfp4 serve --bin $(BUILD)/bin --model $(MODEL_FILE) $(SERVE_ARGS)
 
 # Serving throughput and time to first token at concurrency 1, 4 and 16 and the pool's peak
 # use, from bench/loadgen against the whole system (as `make run` starts it); the table is

@@ -17,6 +17,8 @@ static const struct subcommand commands[] = {
 	{ "calibrate", cmd_calibrate, "calibrate μ_k and τ of a model for a context (§7)" },
 	{ "eval-kl", cmd_eval_kl, "teacher-forced KL of every KV configuration on real text (§10)" },
 	{ "client", cmd_client, "send a prompt to the router and stream the answer" },
+	{ "serve", cmd_serve,
+	  "run kvpoold, the router (ZeroMQ and HTTP) and the workers in the foreground" },
 };
 
 static void usage(FILE *f)
