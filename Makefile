@@ -161,6 +161,15 @@ LIBS_model   := -lopenblas -lpcre2-8
 LIBS_pool    := -lzmq -lprotobuf-c -ldl
 LIBS_serve   := -lzmq -lprotobuf-c
 
+# --version: the git describe of the tree, compiled into base/version.o; the flag file changes
+# (and version.o is rebuilt) only when the description does
+BD_GIT_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(BUILD)/lib/base/version.flag: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(BD_GIT_VERSION)' | cmp -s - $@ || echo '$(BD_GIT_VERSION)' > $@
+$(BUILD)/lib/base/version.o: $(BUILD)/lib/base/version.flag
+$(BUILD)/lib/base/version.o: CFLAGS += -DBD_GIT_VERSION='"$(BD_GIT_VERSION)"'
+
 $(foreach l,$(LAYERS),$(eval $(AR_$(l)): $(OBJ_$(l)) ; $$(archive)))
 all: $(foreach l,$(LAYERS),$(AR_$(l)))
 $(OBJ_pool) $(OBJ_serve): | $(PROTO_H)

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bd_version.h"
 #include "base/bd_clock.h"
 #include "serve/bd_client.h"
 #include "pool/bd_pool_client.h"
@@ -548,7 +549,8 @@ int main(int argc, char **argv)
 		{ "prompt-tokens", required_argument, NULL, 'P' },
 		{ "ignore-eos", no_argument, NULL, 'E' }, { "kv", required_argument, NULL, 'K' },
 		{ "steady", required_argument, NULL, 'S' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128 };
 	/* where each option's argument goes, by its getopt value */
@@ -575,6 +577,9 @@ int main(int argc, char **argv)
 			continue;
 		}
 		switch (opt) {
+		case 'V':
+			printf("loadgen %s\n", bd_version());
+			return 0;
 		case 'l': {
 			char *s = optarg, *end;
 

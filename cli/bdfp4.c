@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/bd_version.h"
 #include "cli.h"
 
 struct subcommand {
@@ -23,7 +24,8 @@ static const struct subcommand commands[] = {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: bdfp4 COMMAND [OPTIONS]   (bdfp4 COMMAND --help for its options)\n\n"
+	fprintf(f, "usage: bdfp4 COMMAND [OPTIONS]   (bdfp4 COMMAND --help for its options; "
+		   "bdfp4 --version)\n\n"
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
@@ -34,6 +36,10 @@ int main(int argc, char **argv)
 	if (argc < 2) {
 		usage(stderr);
 		return 2;
+	}
+	if (strcmp(argv[1], "--version") == 0) {
+		printf("bdfp4 %s\n", bd_version());
+		return 0;
 	}
 	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(stdout);

@@ -133,3 +133,87 @@ Test(serve_cmd, up_restart_and_stop)
 	cr_expect(kill(h.workers[1].pid, 0) < 0 && errno == ESRCH, "a worker outlived serve");
 	cr_expect(health(&h) == false, "the router still answers");
 }
+
+/* Output of a program of $BD_BIN with args (its stdout and stderr) into buf; its exit status. */
+static int run_prog(const char *cmdline, char *buf, size_t cap)
+{
+	char cmd[PATH_MAX + 512];
+	FILE *p;
+	size_t n;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "%s/%s 2>&1", E.bin, cmdline);
+	p = popen(cmd, "r");
+	cr_assert(p);
+	n = fread(buf, 1, cap - 1, p);
+	buf[n] = 0;
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* --version on every program: its name and the build's git description, exit 0. */
+Test(serve_cmd, every_program_has_version)
+{
+	static const char *const progs[] = { "kvpoold", "kvpoolctl", "routerd", "workerd",
+					     "bdfp4", "loadgen" };
+	char cmd[64], out[512], first[512] = "";
+
+	for (size_t i = 0; i < sizeof(progs) / sizeof(progs[0]); i++) {
+		snprintf(cmd, sizeof(cmd), "%s --version", progs[i]);
+		cr_expect_eq(run_prog(cmd, out, sizeof(out)), 0, "%s: %s", cmd, out);
+		cr_expect(!strncmp(out, progs[i], strlen(progs[i])) && out[strlen(progs[i])] == ' ',
+			  "%s: '%s'", cmd, out);
+		cr_expect_gt(strlen(out), strlen(progs[i]) + 2, "%s: no version", cmd);
+		if (!i)
+			snprintf(first, sizeof(first), "%s", out + strlen(progs[i]));
+		else
+			cr_expect_str_eq(out + strlen(progs[i]), first, "one build, one version");
+	}
+}
+
+/* A client pointed at a router that is not there fails at once with why; a prompt from a file
+ * that does not exist too. */
+Test(serve_cmd, client_fails_fast_and_reads_prompts)
+{
+	char cmd[PATH_MAX], out[1024];
+
+	snprintf(cmd, sizeof(cmd), "bdfp4 client --router ipc://%s/none.sock Hello", E.dir);
+	cr_expect_eq(run_prog(cmd, out, sizeof(out)), 1);
+	cr_expect(strstr(out, "no such socket"), "%s", out);
+	snprintf(cmd, sizeof(cmd), "kvpoolctl --endpoint ipc://%s/none.sock stats", E.dir);
+	cr_expect_eq(run_prog(cmd, out, sizeof(out)), 1);
+	cr_expect(strstr(out, "no such socket"), "%s", out);
+	snprintf(cmd, sizeof(cmd), "bdfp4 client --router %s @%s/no-such-file", E.front_ep, E.dir);
+	cr_expect_eq(run_prog(cmd, out, sizeof(out)), 1);
+	cr_expect(strstr(out, "no-such-file: No such file"), "%s", out);
+}
+
+/* Prompts from stdin (-) and from a file (@FILE) reach the router as the same text. */
+Test(serve_cmd, prompt_from_stdin_and_file)
+{
+	char cmd[PATH_MAX * 2], a[4096], b[4096], c[4096], file[PATH_MAX];
+	FILE *f;
+
+	sv_start_pool(&E, NULL);
+	sv_start_router(&E, NULL);
+	sv_start_worker(&E, 0);
+	sv_start_worker(&E, 1);
+	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	snprintf(file, sizeof(file), "%s/prompt.txt", E.dir);
+	f = fopen(file, "w");
+	cr_assert(f);
+	fputs("The capital of France is", f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "bdfp4 client --router %s --raw --max-tokens 6 "
+		 "'The capital of France is'", E.front_ep);
+	cr_assert_eq(run_prog(cmd, a, sizeof(a)), 0, "%s", a);
+	snprintf(cmd, sizeof(cmd), "bdfp4 client --router %s --raw --max-tokens 6 @%s", E.front_ep,
+		 file);
+	cr_assert_eq(run_prog(cmd, b, sizeof(b)), 0, "%s", b);
+	snprintf(cmd, sizeof(cmd), "bdfp4 client --router %s --raw --max-tokens 6 - < %s",
+		 E.front_ep, file);
+	cr_assert_eq(run_prog(cmd, c, sizeof(c)), 0, "%s", c);
+	cr_expect_gt(strlen(a), 0);
+	cr_expect_str_eq(b, a, "the @file prompt's answer differs");
+	cr_expect_str_eq(c, a, "the stdin prompt's answer differs");
+}
