@@ -266,19 +266,40 @@ static int wait_reply(struct bd_http *h, struct gen *g, void *sock, int timeout_
 	}
 }
 
+#define CANCEL_WAIT_MS 2000 /* for the loop's answer to a cancel */
+
+/* Cancels the request and waits (up to CANCEL_WAIT_MS) for the loop's answer, so that the
+ * socket is still there when the loop handles it: a cancel that finds its client gone ends
+ * the request without its final chunk, and so without its access log line. */
 static void send_cancel(struct gen *g)
 {
 	Bdfp4__ClientRequest req = BDFP4__CLIENT_REQUEST__INIT;
 	Bdfp4__CancelRequest cr = BDFP4__CANCEL_REQUEST__INIT;
+	int64_t end = bd_now_ms() + CANCEL_WAIT_MS;
 
-	if (g->finished || g->cancelled)
+	if (g->finished || g->cancelled || !g->sock)
 		return;
 	cr.client_tag = TAG;
 	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_CANCEL;
 	req.cancel = &cr;
-	send_request(g->sock, &req);
 	g->cancelled = true;
-	bd_log_info("http %s: the client went away: cancelled", g->id);
+	bd_log_info("http %s: the client went away: cancelled", *g->id ? g->id : "request");
+	if (send_request(g->sock, &req) < 0)
+		return;
+	while (bd_now_ms() < end) {
+		Bdfp4__ClientReply *rep = NULL;
+		bool answered;
+
+		if (wait_reply(g->h, NULL, g->sock, (int)(end - bd_now_ms()), &rep) < 0)
+			return;
+		answered = rep->msg_case == BDFP4__CLIENT_REPLY__MSG_CANCEL ||
+			   rep->msg_case == BDFP4__CLIENT_REPLY__MSG_ERROR ||
+			   (rep->msg_case == BDFP4__CLIENT_REPLY__MSG_CHUNK &&
+			    rep->chunk->finish_reason != BDFP4__FINISH_REASON__FINISH_NONE);
+		bdfp4__client_reply__free_unpacked(rep, NULL);
+		if (answered)
+			return;
+	}
 }
 
 static void gen_free(struct gen *g)
@@ -523,7 +544,7 @@ static int parse_request(struct bd_http *h, json_t *root, bool chat, struct gen_
 		}
 	}
 	if (json_is_true(json_object_get(root, "echo")) || json_object_get(root, "suffix") ||
-	    json_is_true(json_object_get(root, "tools")) ||
+	    json_array_size(json_object_get(root, "tools")) > 0 ||
 	    (json_object_get(root, "best_of") &&
 	     json_integer_value(json_object_get(root, "best_of")) != 1)) {
 		*ret_param = NULL;

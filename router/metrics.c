@@ -186,13 +186,16 @@ void bd_router_metrics_chunk(struct bd_router_metrics *m, const struct bd_req *r
 		m->fin[fin_index(finish)]++;
 	}
 	pthread_mutex_unlock(&m->mu);
-	if (final)
+	if (final) {
+		const ProtobufCEnumValue *ev = error ? protobuf_c_enum_descriptor_get_value(
+			&bdfp4__serve_error__descriptor, error) : NULL;
+
 		bd_log_info("request %llu: prompt %d tokens, generated %d, ttft %lld ms, %lld ms, "
 			    "%s%s%s", (unsigned long long)r->id, r->n_prompt, r->n_gen,
 			    (long long)(r->t_first ? r->t_first - r->t_arrival : -1),
 			    (long long)(now - r->t_arrival), finish_word(finish),
-			    error ? ": error " : "", error ? protobuf_c_enum_descriptor_get_value(
-				&bdfp4__serve_error__descriptor, error)->name : "");
+			    ev ? ": " : "", ev ? ev->name : "");
+	}
 }
 
 void bd_router_metrics_step(struct bd_router_metrics *m, int rank, uint64_t us)
