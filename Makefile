@@ -86,7 +86,8 @@ deps:
 			--no-install-recommends $$missing >>"$$log" 2>&1; then \
 			echo "deps: installed" $$missing; rm -f "$$log"; \
 		else \
-			cat "$$log" >&2; rm -f "$$log"; echo "deps: apt-get failed for" $$missing >&2; \
+			cat "$$log" >&2; rm -f "$$log"; \
+			echo "deps: apt-get failed for" $$missing >&2; \
 			exit 1; \
 		fi; \
 	fi
@@ -105,7 +106,8 @@ $(OPENAI_STAMP):
 		>/dev/null 2>&1; then \
 		touch $@ && echo "deps: $(OPENAI_PKG) in $(OPENAI_VENV)"; \
 	else \
-		rm -rf $(OPENAI_VENV); echo "deps: $(OPENAI_PKG) not installed (no PyPI?): its test skips"; \
+		rm -rf $(OPENAI_VENV); \
+		echo "deps: $(OPENAI_PKG) not installed (no PyPI?): its test skips"; \
 	fi
 
 $(BUILD)/%.o: %.c
@@ -274,7 +276,8 @@ ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicro
 $(BUILD)/router/http.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 $(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
 $(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
-$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base,$(ROUTER_LIBS) -ljansson))
+$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base,\
+	$(ROUTER_LIBS) -ljansson))
 all: $(ROUTER_BIN)
 
 # ---- workerd --------------------------------------------------------------------------------------
@@ -340,7 +343,8 @@ all: $(TEST_BIN)
 # Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED
 # and the daemons they start through BD_BIN. With SAN=1, LeakSanitizer ignores the leaks of
 # Criterion's own runner (tests/lsan.supp).
-unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4 $(BUILD)/bin/loadgen
+unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4 \
+		$(BUILD)/bin/loadgen
 	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) BD_OPENAI_PY=$(abspath $(OPENAI_PY)) \
 	$(if $(filter 1,$(SAN)),LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0) \
 	$(TEST_BIN) --jobs 2

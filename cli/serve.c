@@ -66,9 +66,9 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: bdfp4 serve [OPTIONS]\n"
-		"Runs kvpoold, routerd and the workerd ranks in the foreground and keeps them up.\n\n"
+		"Runs kvpoold, routerd and the workerd ranks in the foreground, keeps them up.\n\n"
 		"  --model PATH       GGUF model (default models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
-		"  --http HOST:PORT   HTTP API address (default 127.0.0.1:8000; port 0: a free one)\n"
+		"  --http HOST:PORT   HTTP API address (default 127.0.0.1:8000; port 0: any free)\n"
 		"  --frontend EP      ZeroMQ client endpoint (default tcp://127.0.0.1:5555)\n"
 		"  --tp N             tensor-parallel ranks, 1 or 2 (default 2)\n"
 		"  --backend B        cpu or cuda (default cpu)\n"
@@ -292,12 +292,13 @@ int cmd_serve(int argc, char **argv)
 		case O_FRONT: front = optarg; break;
 		case O_TP:
 			if (!cli_parse_int(optarg, 1, 2, &tp))
-				return cli_bad_usage(TOOL, usage, "--tp is 1 or 2, not '%s'", optarg);
+				return cli_bad_usage(TOOL, usage, "--tp is 1 or 2, not '%s'",
+						     optarg);
 			break;
 		case O_BACKEND:
 			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
-				return cli_bad_usage(TOOL, usage, "--backend is cpu or cuda, not '%s'",
-						     optarg);
+				return cli_bad_usage(TOOL, usage,
+						     "--backend is cpu or cuda, not '%s'", optarg);
 			backend = optarg;
 			break;
 		case O_KV: kv = optarg; break;

@@ -399,7 +399,8 @@ static int parse_messages(json_t *ms, struct gen_parts *p, char *err, size_t cap
 
 		if (!role || (strcmp(role, "system") && strcmp(role, "user") &&
 			      strcmp(role, "assistant") && strcmp(role, "developer"))) {
-			snprintf(err, cap, "messages[%zu].role must be system, user or assistant", i);
+			snprintf(err, cap, "messages[%zu].role must be system, user or assistant",
+				 i);
 			return -EINVAL;
 		}
 		e = content_of(json_object_get(m, "content"), p, (int)i, &content, err, cap);
@@ -528,7 +529,7 @@ static int parse_request(struct bd_http *h, json_t *root, bool chat, struct gen_
 	t = json_object_get(root, "logprobs");
 	if (json_is_true(t) || (json_is_integer(t) && json_integer_value(t) > 0) ||
 	    (get_int(root, "top_logprobs", 0, 0, &lp, err, cap) < 0)) {
-		/* the engine reports the largest logits of a step, not normalized log-probabilities */
+		/* the engine reports a step's largest logits, not normalized log-probabilities */
 		snprintf(err, cap, "logprobs are not served: the engine reports logits only");
 		return -EINVAL;
 	}
@@ -819,9 +820,12 @@ static enum MHD_Result generate(struct bd_http *h, struct MHD_Connection *c, str
 	g->fd = -1;
 	e = parse_request(h, root, chat, &parts, g, &param, err, sizeof(err));
 	if (e < 0) {
-		ret = e == -ENOENT ? reply_error(h, c, ep, 404, "model_not_found", param, "%s", err)
-		      : e == -ENOMEM ? MHD_NO
-				      : reply_error(h, c, ep, 400, "invalid_request", param, "%s", err);
+		if (e == -ENOENT)
+			ret = reply_error(h, c, ep, 404, "model_not_found", param, "%s", err);
+		else if (e == -ENOMEM)
+			ret = MHD_NO;
+		else
+			ret = reply_error(h, c, ep, 400, "invalid_request", param, "%s", err);
 		goto out;
 	}
 	g->sock = loop_socket(h);
@@ -922,10 +926,11 @@ static enum MHD_Result health(struct bd_http *h, struct MHD_Connection *c)
 	if (s && send_request(s, &req) == 0)
 		e = wait_reply(h, NULL, s, LOOP_ANSWER_MS, &rep);
 	if (e < 0 || rep->msg_case != BDFP4__CLIENT_REPLY__MSG_HEALTH) {
-		ret = reply_json(h, c, EP_HEALTH, 503,
-				 json_pack("{s:s, s:s}", "status", "unavailable", "reason",
-					   e == -ESHUTDOWN ? "the router is stopping"
-							   : "the router's event loop did not answer"));
+		const char *why = e == -ESHUTDOWN ? "the router is stopping"
+						  : "the router's event loop did not answer";
+
+		ret = reply_json(h, c, EP_HEALTH, 503, json_pack("{s:s, s:s}", "status",
+								 "unavailable", "reason", why));
 	} else {
 		Bdfp4__HealthReply *hp = rep->health;
 		unsigned st = (unsigned)hp->state < 4 ? (unsigned)hp->state : 0;

@@ -266,8 +266,8 @@ static void hist_samples(FILE *f, const struct bd_router_metrics *m, const char 
 	}
 	fprintf(f, "bdfp4:%s_bucket{model_name=\"%s\",%sle=\"+Inf\"} %llu\n", name, m->model,
 		labels, (unsigned long long)h->count);
-	fprintf(f, "bdfp4:%s_sum{model_name=\"%s\"%s%.*s} %.17g\n", name, m->model, *labels ? "," : "",
-		*labels ? (int)strlen(labels) - 1 : 0, labels, h->sum);
+	fprintf(f, "bdfp4:%s_sum{model_name=\"%s\"%s%.*s} %.17g\n", name, m->model,
+		*labels ? "," : "", *labels ? (int)strlen(labels) - 1 : 0, labels, h->sum);
 	fprintf(f, "bdfp4:%s_count{model_name=\"%s\"%s%.*s} %llu\n", name, m->model,
 		*labels ? "," : "", *labels ? (int)strlen(labels) - 1 : 0, labels,
 		(unsigned long long)h->count);

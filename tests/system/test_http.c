@@ -229,7 +229,8 @@ static const char *jstr(json_t *j, const char *path)
 		size_t n = strcspn(p, ".");
 
 		snprintf(key, sizeof(key), "%.*s", (int)n, p);
-		v = json_is_array(v) ? json_array_get(v, (size_t)atoi(key)) : json_object_get(v, key);
+		v = json_is_array(v) ? json_array_get(v, (size_t)atoi(key))
+				     : json_object_get(v, key);
 		p += n + (p[n] == '.');
 	}
 	cr_assert(json_is_string(v), "%s is not a string in %s", path, json_dumps(j, 0));
@@ -245,7 +246,8 @@ static json_int_t jint(json_t *j, const char *path)
 		size_t n = strcspn(p, ".");
 
 		snprintf(key, sizeof(key), "%.*s", (int)n, p);
-		v = json_is_array(v) ? json_array_get(v, (size_t)atoi(key)) : json_object_get(v, key);
+		v = json_is_array(v) ? json_array_get(v, (size_t)atoi(key))
+				     : json_object_get(v, key);
 		p += n + (p[n] == '.');
 	}
 	cr_assert(json_is_integer(v), "%s is not an integer in %s", path, json_dumps(j, 0));
@@ -353,7 +355,7 @@ static void promtool_check(const char *text)
 	int st;
 
 	if (system("command -v promtool >/dev/null 2>&1") != 0) {
-		cr_log_warn("promtool is not installed (Debian prometheus; make deps): not checked");
+		cr_log_warn("no promtool (Debian prometheus; make deps): not checked");
 		return;
 	}
 	snprintf(in, sizeof(in), "%s/metrics.txt", E.dir);
@@ -661,8 +663,9 @@ Test(http, concurrent_streams_and_metrics)
 	/* the references run batched too: a row's greedy path may differ between a batch of one
 	 * and a batch of many (the products sum in another order), not between two batches */
 	for (int i = 0; i < N_DISTINCT; i++) {
-		snprintf(body[i], sizeof(body[i]), "{\"prompt\": \"Fact number %d about the sea:\", "
-			 "\"max_tokens\": 10, \"temperature\": 0, \"ignore_eos\": true}", i + 1);
+		snprintf(body[i], sizeof(body[i]),
+			 "{\"prompt\": \"Fact number %d about the sea:\", \"max_tokens\": 10, "
+			 "\"temperature\": 0, \"ignore_eos\": true}", i + 1);
 		snprintf(out[i], sizeof(out[i]), "%s/r%d.json", E.dir, i);
 		snprintf(code[i], sizeof(code[i]), "%s/r%d.code", E.dir, i);
 		pid[i] = curl_start("POST", "/v1/completions", body[i], out[i], code[i]);
