@@ -7,6 +7,8 @@
 #                   their FP4 MMA, run the Criterion suite plain and under ASan+UBSan
 #   make run        install missing packages, build, run the main job: kvpoold, the router and
 #                   two workers on the CPU backend answer PROMPT="..." (a default question)
+#   make serve      the same system in the foreground until Ctrl-C, the OpenAI-compatible
+#                   HTTP API at http://127.0.0.1:8000/v1 (bdfp4 serve)
 #   make bench      the CPU reference decoder's benchmark
 #   make bench-serve  serving throughput and TTFT at concurrency 1, 4, 16 (bench/RESULTS.md)
 #   make gpu-test   on a machine with an NVIDIA GPU: kernel checks against the CPU reference
@@ -34,7 +36,8 @@ all:
 # python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
-	libinih-dev python3-zmq python3-protobuf protobuf-compiler
+	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
+	prometheus python3-venv python3-pip
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -69,15 +72,43 @@ NVCCFLAGS   := -std=c++17 -O3 -g -lineinfo -Ilib -Ikernels -fmad=false \
 	-Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings $(EXTRA_NVCCFLAGS)
 CUDA_CFLAGS := -Ikernels -isystem $(CUDA_INC) -DBD_HAVE_CUDA_H
 
+# Only what is missing is installed, nothing upgraded; one summary line either way.
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
 	done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:" $$missing; \
+	if [ -z "$$missing" ]; then \
+		echo "deps: the $(words $(DEB_PKGS)) Debian packages are installed"; \
+	else \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
-		$$sudo apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+		log=$$(mktemp); \
+		if $$sudo apt-get update -qq >"$$log" 2>&1 && \
+		   DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-upgrade \
+			--no-install-recommends $$missing >>"$$log" 2>&1; then \
+			echo "deps: installed" $$missing; rm -f "$$log"; \
+		else \
+			cat "$$log" >&2; rm -f "$$log"; \
+			echo "deps: apt-get failed for" $$missing >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+# The official openai Python package for the HTTP tests (tests/python/openai_check.py), pinned,
+# in a project-local virtual environment. Where PyPI cannot be reached the venv is left out
+# and that test skips with a message.
+OPENAI_PKG  := openai==3.57.0
+OPENAI_VENV ?= .deps/venv-openai
+OPENAI_PY   := $(OPENAI_VENV)/bin/python
+OPENAI_STAMP := $(OPENAI_VENV)/$(OPENAI_PKG).stamp
+deps: $(OPENAI_STAMP)
+$(OPENAI_STAMP):
+	@if python3 -m venv $(OPENAI_VENV) >/dev/null 2>&1 && \
+	   $(OPENAI_VENV)/bin/pip install --quiet --disable-pip-version-check "$(OPENAI_PKG)" \
+		>/dev/null 2>&1; then \
+		touch $@ && echo "deps: $(OPENAI_PKG) in $(OPENAI_VENV)"; \
+	else \
+		rm -rf $(OPENAI_VENV); \
+		echo "deps: $(OPENAI_PKG) not installed (no PyPI?): its test skips"; \
 	fi
 
 $(BUILD)/%.o: %.c
@@ -138,6 +169,15 @@ LIBS_formats := -ljansson
 LIBS_model   := -lopenblas -lpcre2-8
 LIBS_pool    := -lzmq -lprotobuf-c -ldl
 LIBS_serve   := -lzmq -lprotobuf-c
+
+# --version: the git describe of the tree, compiled into base/version.o; the flag file changes
+# (and version.o is rebuilt) only when the description does
+BD_GIT_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(BUILD)/lib/base/version.flag: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(BD_GIT_VERSION)' | cmp -s - $@ || echo '$(BD_GIT_VERSION)' > $@
+$(BUILD)/lib/base/version.o: $(BUILD)/lib/base/version.flag
+$(BUILD)/lib/base/version.o: CFLAGS += -DBD_GIT_VERSION='"$(BD_GIT_VERSION)"'
 
 $(foreach l,$(LAYERS),$(eval $(AR_$(l)): $(OBJ_$(l)) ; $$(archive)))
 all: $(foreach l,$(LAYERS),$(AR_$(l)))
@@ -245,9 +285,13 @@ ROUTER_SRC := $(filter-out router/main.c,$(sort $(wildcard router/*.c)))
 ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_LIB := $(BUILD)/router/librouter.a
 ROUTER_BIN := $(BUILD)/bin/routerd
+# the HTTP front door (router/http.c): libmicrohttpd, through pkg-config
+ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd)
+$(BUILD)/router/http.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 $(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
 $(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
-$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base))
+$(eval $(call program,routerd,$(BUILD)/router/main.o $(ROUTER_LIB),serve pool model formats quant base,\
+	$(ROUTER_LIBS) -ljansson))
 all: $(ROUTER_BIN)
 
 # ---- workerd --------------------------------------------------------------------------------------
@@ -306,15 +350,16 @@ $(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
 $(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) \
-		-lm -pthread
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) \
+		$(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) -lm -pthread
 all: $(TEST_BIN)
 
 # Runs the unit suite of one build; tests find the shared numeric vectors through BD_SHARED
 # and the daemons they start through BD_BIN. With SAN=1, LeakSanitizer ignores the leaks of
 # Criterion's own runner (tests/lsan.supp).
-unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4
-	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) \
+unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4 \
+		$(BUILD)/bin/loadgen
+	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) BD_OPENAI_PY=$(abspath $(OPENAI_PY)) \
 	$(if $(filter 1,$(SAN)),LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0) \
 	$(TEST_BIN) --jobs 2
 
@@ -514,6 +559,14 @@ run: export BD_RUN_PROMPT = $(or $(value PROMPT),$(DEFAULT_PROMPT))
 run: deps model
 	$(MAKE) --no-print-directory all
 	deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "$$BD_RUN_PROMPT" $(RUN_DIR)
+
+# The whole system in the foreground until Ctrl-C (`bdfp4 serve`): the OpenAI-compatible API at
+# http://127.0.0.1:8000/v1 and the ZeroMQ API at tcp://127.0.0.1:5555; SERVE_ARGS adds options
+# (bdfp4 serve --help), e.g. SERVE_ARGS="--http 127.0.0.1:0".
+.PHONY: serve
+serve: deps model
+	$(MAKE) --no-print-directory all
+	$(BUILD)/bin/bdfp4 serve --bin $(BUILD)/bin --model $(MODEL_FILE) $(SERVE_ARGS)
 
 # Serving throughput and time to first token at concurrency 1, 4 and 16 and the pool's peak
 # use, from bench/loadgen against the whole system (as `make run` starts it); the table is

@@ -47,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bd_version.h"
 #include "base/bd_clock.h"
 #include "serve/bd_client.h"
 #include "pool/bd_pool_client.h"
@@ -685,7 +686,8 @@ int main(int argc, char **argv)
 		{ "steady", required_argument, NULL, 'S' },
 		{ "fault", required_argument, NULL, 'F' },
 		{ "long-prompt", required_argument, NULL, 'L' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .router = getenv("BD_ROUTER"), .max_tokens = 128, .fault_rank = -1 };
 	/* where each option's argument goes, by its getopt value */
@@ -713,6 +715,9 @@ int main(int argc, char **argv)
 			continue;
 		}
 		switch (opt) {
+		case 'V':
+			printf("loadgen %s\n", bd_version());
+			return 0;
 		case 'l': {
 			char *s = optarg, *end;
 

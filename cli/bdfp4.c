@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/bd_version.h"
 #include "cli.h"
 
 struct subcommand {
@@ -17,11 +18,14 @@ static const struct subcommand commands[] = {
 	{ "calibrate", cmd_calibrate, "calibrate μ_k and τ of a model for a context (§7)" },
 	{ "eval-kl", cmd_eval_kl, "teacher-forced KL of every KV configuration on real text (§10)" },
 	{ "client", cmd_client, "send a prompt to the router and stream the answer" },
+	{ "serve", cmd_serve,
+	  "run kvpoold, the router (ZeroMQ and HTTP) and the workers in the foreground" },
 };
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: bdfp4 COMMAND [OPTIONS]   (bdfp4 COMMAND --help for its options)\n\n"
+	fprintf(f, "usage: bdfp4 COMMAND [OPTIONS]   (bdfp4 COMMAND --help for its options; "
+		   "bdfp4 --version)\n\n"
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
@@ -32,6 +36,10 @@ int main(int argc, char **argv)
 	if (argc < 2) {
 		usage(stderr);
 		return 2;
+	}
+	if (strcmp(argv[1], "--version") == 0) {
+		printf("bdfp4 %s\n", bd_version());
+		return 0;
 	}
 	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(stdout);

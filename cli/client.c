@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "base/bd_ipc.h"
 #include "serve/bd_client.h"
 #include "cli.h"
 
@@ -22,6 +23,7 @@ static void usage(FILE *f)
 		"       bdfp4 client [OPTIONS] --health | --info\n"
 		"\n"
 		"Send PROMPT to the router (as a chat user turn) and stream the answer.\n"
+		"PROMPT - reads it from stdin, @FILE from FILE.\n"
 		"\n"
 		"  --router ADDR      router endpoint (default: $BD_ROUTER, else " BD_CLIENT_DEFAULT_ENDPOINT
 		")\n"
@@ -161,6 +163,51 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 }
 
 /* Polls health until serving or wait_s passes. */
+/* The prompt argument: "-" is stdin, "@FILE" the file's text, anything else itself. Returns
+ * a malloc'ed string, or NULL after printing why. */
+static char *read_prompt(const char *arg)
+{
+	FILE *f = stdin;
+	char *buf = NULL;
+	size_t len = 0, n;
+	char chunk[4096];
+
+	if (strcmp(arg, "-") && arg[0] != '@')
+		return strdup(arg);
+	if (arg[0] == '@' && !(f = fopen(arg + 1, "r"))) {
+		fprintf(stderr, "bdfp4 client: %s: %s\n", arg + 1, strerror(errno));
+		return NULL;
+	}
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+		char *b = realloc(buf, len + n + 1);
+
+		if (!b) {
+			free(buf);
+			buf = NULL;
+			break;
+		}
+		buf = b;
+		memcpy(buf + len, chunk, n);
+		len += n;
+	}
+	if (ferror(f) || !buf) {
+		fprintf(stderr, "bdfp4 client: %s: %s\n", f == stdin ? "stdin" : arg + 1,
+			buf ? strerror(errno) : "empty or unreadable");
+		free(buf);
+		buf = NULL;
+	} else {
+		buf[len] = 0;
+	}
+	if (f != stdin)
+		fclose(f);
+	return buf;
+}
+
+static void free_str(char **p)
+{
+	free(*p);
+}
+
 static int wait_ready(struct bd_client *c, long wait_s)
 {
 	double end = bd_now_s() + (double)wait_s;
@@ -232,6 +279,7 @@ int cmd_client(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	char *prompt __attribute__((cleanup(free_str))) = NULL;
 	const char *router = getenv("BD_ROUTER"), *system_msg = NULL, *bad;
 	const char *stops[BD_CLIENT_MAX_STOPS];
 	struct bd_client_gen g = { .stream = true, .chat = true };
@@ -314,11 +362,21 @@ int cmd_client(int argc, char **argv)
 						: "one PROMPT only (quote it)%s", "");
 	if ((health || info) && optind != argc)
 		return bad_usage("--health and --info take no PROMPT%s", "");
+	if (!health && !info && !(prompt = read_prompt(argv[optind])))
+		return 1;
 	g.stops = stops;
 	g.max_tokens = (uint32_t)max_tokens;
 	g.deadline_ms = (uint32_t)deadline_ms;
 
 	g_router = router;
+	/* a router that is not there fails now, not after the timeout (--wait-ready waits) */
+	e = wait_s ? 0 : bd_ipc_endpoint_check(router, 2000);
+	if (e < 0) {
+		fprintf(stderr, "bdfp4 client: %s: %s%s\n", router,
+			e == -ENOENT ? "no such socket" : strerror(-e),
+			e == -EACCES ? "" : " (is the router running? bdfp4 serve starts one)");
+		return 1;
+	}
 	e = bd_client_new(router, &c);
 	if (e < 0) {
 		fprintf(stderr, "bdfp4 client: %s: %s\n", router, strerror(-e));
@@ -335,11 +393,11 @@ int cmd_client(int argc, char **argv)
 	}
 	if (system_msg) {
 		msgs[0] = (struct bd_client_msg){ "system", system_msg };
-		msgs[1] = (struct bd_client_msg){ "user", argv[optind] };
+		msgs[1] = (struct bd_client_msg){ "user", prompt };
 		g.messages = msgs;
 		g.n_messages = 2;
 	} else {
-		g.prompt = argv[optind];
+		g.prompt = prompt;
 	}
 	t0 = bd_now_s();
 	e = bd_client_generate_start(c, &g, &tag);

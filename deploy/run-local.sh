@@ -10,9 +10,11 @@
 # sockets and the daemons' logs; it is removed at the end unless BD_KEEP_RUN=1.
 # BD_MAX_TOKENS (default 200) and BD_KV (default bitdecoding-nvfp4) tune the run; with
 # BD_LOADGEN="ARGS" set, bench/loadgen runs with ARGS instead of the prompt (make bench-serve);
-# with BD_RUN_CMD="COMMAND" set, COMMAND runs instead (sh -c), with BD_FRONT_EP, BD_POOL_EP,
-# BD_RUN_DIR (the logs), BD_WORKER_PIDS (the workers' first pids) and BD_WORKER_PIDFILES (files
-# that hold each rank's current pid) exported (bench/serve_gpu.sh, loadgen --fault).
+# with BD_RUN_CMD="COMMAND" set, COMMAND runs instead (sh -c), with BD_FRONT_EP, BD_HTTP_URL
+# (the router's HTTP API, e.g. http://127.0.0.1:PORT), BD_POOL_EP, BD_RUN_DIR (the logs),
+# BD_WORKER_PIDS (the workers' first pids) and BD_WORKER_PIDFILES (files that hold each rank's
+# current pid) exported (bench/serve_gpu.sh, loadgen --fault). The HTTP listener takes BD_HTTP
+# (HOST:PORT, default a free loopback port).
 #
 # Each worker runs as systemd's Restart=on-failure with RestartSec=1 runs it: a worker that ends
 # other than with exit 0 (kill -9, a crash, exit 1 when kvpoold went away) is started again
@@ -167,7 +169,8 @@ RMAX=
 	RMAX="--max-batch ${BD_MAX_BATCH:-64} --max-prefill-chunk 0 --max-prefill-tokens 8192"
 # shellcheck disable=SC2086
 "$BIN/routerd" --no-config --frontend "$FRONT_EP" --workers "$WORKERS_EP" --pool "$POOL_EP" \
-	$MODEL_ARGS --tp "$TP" $RMAX ${BD_ROUTER_ARGS:-} 2>"$RT/routerd.log" &
+	--http "${BD_HTTP:-127.0.0.1:0}" $MODEL_ARGS --tp "$TP" $RMAX ${BD_ROUTER_ARGS:-} \
+	2>"$RT/routerd.log" &
 ROUTER_PID=$!
 
 # Runs workerd rank $1 as Restart=on-failure (RestartSec=1) would; its current pid is in
@@ -215,11 +218,16 @@ done
 "$BIN/bdfp4" client --router "$FRONT_EP" --wait-ready 300 --health >/dev/null ||
 	fail "the router did not start serving"
 "$BIN/bdfp4" client --router "$FRONT_EP" --info
+# the router logs the URL it listens on (the port is the one the kernel picked)
+HTTP_URL=$(sed -n 's/.*http: listening on \(http:[^ ]*\).*/\1/p' "$RT/routerd.log" | head -n 1)
+[ -n "$HTTP_URL" ] || fail "the router logged no HTTP address"
+say "HTTP API at $HTTP_URL/v1 (health $HTTP_URL/health, metrics $HTTP_URL/metrics)"
 
 if [ -n "${BD_RUN_CMD:-}" ]; then
 	say "running: $BD_RUN_CMD"
-	BD_FRONT_EP=$FRONT_EP BD_POOL_EP=$POOL_EP BD_RUN_DIR=$RT BD_WORKER_PIDS="$W0_PID $W1_PID" \
-		BD_WORKER_PIDFILES="${PIDFILES# }" sh -c "$BD_RUN_CMD" || fail "$BD_RUN_CMD"
+	BD_FRONT_EP=$FRONT_EP BD_HTTP_URL=$HTTP_URL BD_POOL_EP=$POOL_EP BD_RUN_DIR=$RT \
+		BD_WORKER_PIDS="$W0_PID $W1_PID" BD_WORKER_PIDFILES="${PIDFILES# }" \
+		sh -c "$BD_RUN_CMD" || fail "$BD_RUN_CMD"
 elif [ -n "${BD_LOADGEN+x}" ]; then
 	# `make bench-serve`: the load generator instead of one prompt
 	say "loadgen $BD_LOADGEN"

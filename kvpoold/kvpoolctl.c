@@ -19,6 +19,8 @@
 #include <jansson.h>
 
 #include "base/bd_config.h"
+#include "base/bd_ipc.h"
+#include "base/bd_version.h"
 #include "pool/bd_pool_client.h"
 
 static void usage(FILE *f)
@@ -275,6 +277,7 @@ int main(int argc, char **argv)
 					    { "no-config", no_argument, NULL, 'n' },
 					    { "timeout", required_argument, NULL, 't' },
 					    { "help", no_argument, NULL, 'h' },
+					    { "version", no_argument, NULL, 'V' },
 					    { 0 } };
 	const char *endpoint = NULL, *config = BD_CONFIG_DEFAULT_PATH;
 	bool explicit_config = false, no_config = false;
@@ -290,6 +293,7 @@ int main(int argc, char **argv)
 		case 'n': no_config = true; break;
 		case 't': timeout = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
+		case 'V': printf("kvpoolctl %s\n", bd_version()); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
@@ -308,6 +312,14 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		endpoint = bd_config_get(cfg, "pool", "endpoint");
+	}
+	/* a pool that is not there fails now, with why, not after the timeout */
+	e = bd_ipc_endpoint_check(endpoint, timeout);
+	if (e < 0) {
+		fprintf(stderr, "kvpoolctl: %s: %s%s\n", endpoint,
+			e == -ENOENT ? "no such socket" : strerror(-e),
+			e == -EACCES ? "" : " (is kvpoold running?)");
+		goto out;
 	}
 	e = bd_pool_conn_new(endpoint, timeout, &c);
 	if (e < 0) {

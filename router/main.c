@@ -33,6 +33,8 @@
 #include "model/bd_model_preset.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
+#include "http.h"
+#include "metrics.h"
 #include "router.h"
 
 #define SECTION "router"
@@ -42,6 +44,9 @@ static const struct bd_config_key keys[] = {
 	{ "frontend", "tcp://127.0.0.1:5555,ipc:///run/bdfp4/router.sock",
 	  "client endpoints (comma-separated, ZeroMQ ROUTER)" },
 	{ "workers", "ipc:///run/bdfp4/router-workers.sock", "worker endpoint (ZeroMQ ROUTER)" },
+	{ "http", "127.0.0.1:8000",
+	  "HTTP listen address HOST:PORT of the OpenAI API, /health and /metrics (port 0: any "
+	  "free one; empty: no HTTP)" },
 	{ "pool", BD_POOL_DEFAULT_ENDPOINT, "kvpoold's allocation endpoint" },
 	{ "model", "/usr/share/bdfp4/models/SmolLM2-135M-Instruct.Q4_1.gguf",
 	  "GGUF model (tokenizer, chat template, context, vocabulary)" },
@@ -112,6 +117,7 @@ static int read_opts(struct bd_router *rt)
 		return -EINVAL;
 	}
 	o->workers = bd_daemon_get_str(d, "workers");
+	o->http = bd_daemon_get_str(d, "http");
 	o->pool = bd_daemon_get_str(d, "pool");
 	o->model = bd_daemon_get_str(d, "model");
 	o->random_weights = bd_daemon_get_str(d, "random_weights");
@@ -359,10 +365,11 @@ static void carry_out(struct bd_router *rt)
 	while (bd_sched_next(&rt->sched, &a)) {
 		if (a.kind == BD_SCHED_PLAN) {
 			bd_router_send_plan(rt, a.plan, bd_now_ms());
-		} else if (bd_router_send_chunk(rt, a.r, a.finish, a.error, a.msg) ==
-			   -EHOSTUNREACH) {
-			bd_sched_client_gone(&rt->sched, a.r->ident, a.r->ident_len);
+			continue;
 		}
+		bd_router_metrics_chunk(rt->metrics, a.r, a.finish, a.error, bd_now_ms());
+		if (bd_router_send_chunk(rt, a.r, a.finish, a.error, a.msg) == -EHOSTUNREACH)
+			bd_sched_client_gone(&rt->sched, a.r->ident, a.r->ident_len);
 	}
 }
 
@@ -387,8 +394,26 @@ static void notify_status(struct bd_router *rt)
 		   (unsigned long long)s->pages_held, (unsigned long long)s->pages_peak);
 }
 
+static void metrics_gauges(struct bd_router *rt)
+{
+	const struct bd_metrics_gauges g = {
+		.running = rt->sched.n_running,
+		.waiting = rt->sched.n_queued,
+		.pages_total = rt->pages_total,
+		.pages_free = rt->pages_free,
+		.slots_total = rt->slots_total,
+		.slots_free = rt->slots_free,
+		.pages_held = rt->sched.pages_held,
+		.preemptions = rt->sched.preemptions,
+		.healthy = rt->state == RS_SERVING && rt->pool_ok,
+	};
+
+	bd_router_metrics_gauges(rt->metrics, &g);
+}
+
 static void on_tick(struct bd_router *rt, int64_t now)
 {
+	metrics_gauges(rt);
 	if (now >= rt->next_status) {
 		notify_status(rt);
 		rt->next_status = now + rt->o.status_ms;
@@ -555,6 +580,7 @@ static void unlink_endpoint(const char *ep)
 
 static void cleanup(struct bd_router *rt)
 {
+	bd_router_http_stop(rt); /* its threads' sockets go before the context */
 	bd_sched_fini(&rt->sched);
 	for (int i = 0; i < BD_ROUTER_MAX_TP; i++)
 		if (rt->step.res[i])
@@ -613,7 +639,7 @@ int main(int argc, char **argv)
 	}
 	bd_log_set_debug(getenv("BD_ROUTER_DEBUG") != NULL);
 	if (e < 0 || read_opts(&rt) < 0 || load_model(&rt) < 0 || connect_pool(&rt) < 0 ||
-	    start_sched(&rt) < 0 || setup_sockets(&rt) < 0)
+	    start_sched(&rt) < 0 || setup_sockets(&rt) < 0 || bd_router_http_start(&rt) < 0)
 		goto fail;
 	rt.t_start = bd_now_ms();
 	snprintf(rt.reason, sizeof(rt.reason), "waiting for %d worker rank(s) to register",

@@ -8,6 +8,9 @@
  *   workers.c   worker registration, heartbeats, the group, the results of a step
  *   pool.c      kvpoold's health and the scheduler's pool interface over it
  *   wire.c      the ZeroMQ plumbing the sockets share
+ *   http.c      the HTTP front door (http.h): the OpenAI API, /health, /metrics, in threads
+ *               that reach the loop only as inproc clients of the frontend
+ *   metrics.c   the Prometheus metrics and the access log (metrics.h)
  *
  * Calls go one way: main.c calls everyone; frontend.c and workers.c hand their events to the
  * scheduler, which calls none of them (its pool is an injected interface); frontend.c asks
@@ -57,6 +60,7 @@ struct bd_router_opts {
 	char *frontends[BD_ROUTER_MAX_ENDPOINTS];
 	int n_frontends;
 	const char *workers, *pool, *model, *kv_config;
+	const char *http;     /* HTTP listen address (http.h), "" for none */
 	const char *random_weights; /* a bd_model_preset name, or "": model is a GGUF */
 	int tp;
 	int max_batch, max_queue, max_frame, max_prefill_tokens, max_prefill_chunk;
@@ -128,6 +132,9 @@ struct bd_router {
 	void *zctx, *front, *wsock;
 
 	struct bd_sched sched;
+
+	struct bd_http *http;                /* http.c: the HTTP front door, NULL when off */
+	struct bd_router_metrics *metrics;   /* metrics.c: what /metrics shows */
 
 	/* workers (workers.c) and the serving state */
 	enum bd_router_state state;

@@ -22,6 +22,7 @@
 
 #include <zmq.h>
 
+#include "metrics.h"
 #include "router.h"
 
 /* Sends m to rank; -EHOSTUNREACH when that worker is gone. */
@@ -232,6 +233,7 @@ static void on_result(struct bd_router *rt, int rank, Bdfp4__StepResult *res)
 	}
 	st->res[rank] = res;
 	rt->w[rank].steps++;
+	bd_router_metrics_step(rt->metrics, rank, res->compute_us);
 	if (++st->n_res == rt->o.tp) {
 		bd_sched_step_done(&rt->sched, st->res, rt->o.tp, bd_now_ms());
 		step_clear(rt);

@@ -51,9 +51,9 @@ struct bd_daemon {
  * the open-file limit raised to its hard limit (bd_ipc_raise_nofile), bd_log_init(d->name),
  * the configuration read (bd_config_parse_args with BD_CONFIG_DEFAULT_PATH) and checked for
  * unknown keys. Errors are logged and, for a bad command line, the usage printed to stderr.
- * Returns 0; 1 when --help printed the usage to stdout (the daemon exits 0); -EINVAL (bad
- * flag, file or unknown key), -ENOMEM, or another -errno. bd_daemon_end() undoes it either
- * way. */
+ * Returns 0; 1 when --help printed the usage or --version the build (bd_version.h) to stdout
+ * (the daemon exits 0); -EINVAL (bad flag, file or unknown key), -ENOMEM, or another -errno.
+ * bd_daemon_end() undoes it either way. */
 int bd_daemon_start(struct bd_daemon *d, int argc, char **argv);
 
 /* Frees the configuration and closes the signal fd. A zeroed or never started d is fine. */

@@ -35,6 +35,14 @@ const char *bd_ipc_endpoint_path(const char *endpoint);
  * zmq_bind(). */
 int bd_ipc_endpoint_in_use(const char *endpoint);
 
+/* Whether a ZeroMQ endpoint has a listener now, for a client that should fail at once rather
+ * than wait for an answer that cannot come: ipc://PATH is connected to (SOCK_STREAM), tcp://
+ * HOST:PORT too, waiting up to timeout_ms. Returns 0 when something accepts (or the transport
+ * is another: not checked), -ENOENT (no socket file), -EACCES (permission denied),
+ * -ECONNREFUSED (nothing listens), -ETIMEDOUT, -EHOSTUNREACH or another connect() -errno,
+ * -EINVAL (an endpoint that does not parse, or a host that does not resolve). */
+int bd_ipc_endpoint_check(const char *endpoint, int timeout_ms);
+
 /* Makes the directory a socket at path goes in (path up to its last '/', one level, with file
  * mode `mode` less the umask) when it does not exist yet: a daemon's runtime directory where
  * systemd has not made it. Returns 0 (made, there already, or path has no directory part),

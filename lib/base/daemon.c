@@ -12,6 +12,7 @@
 #include "base/bd_daemon.h"
 #include "base/bd_ipc.h"
 #include "base/bd_log.h"
+#include "base/bd_version.h"
 
 static int signal_pipe_w = -1;
 
@@ -68,6 +69,11 @@ int bd_daemon_start(struct bd_daemon *d, int argc, char **argv)
 		return e;
 	}
 	bd_ipc_raise_nofile();
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--version")) {
+			printf("%s %s\n", d->name, bd_version());
+			return 1;
+		}
 	d->cfg = bd_config_new();
 	if (!d->cfg)
 		return -ENOMEM;

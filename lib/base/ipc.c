@@ -2,6 +2,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -80,6 +82,74 @@ int bd_ipc_endpoint_in_use(const char *endpoint)
 	const char *path = bd_ipc_endpoint_path(endpoint);
 
 	return path ? bd_ipc_path_in_use(path) : 0;
+}
+
+/* A non-blocking connect of fd to addr, up to timeout_ms: 0 or -errno. */
+static int connect_wait(int fd, const struct sockaddr *addr, socklen_t len, int timeout_ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	socklen_t elen = sizeof(int);
+	int err = 0, r;
+
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+		return -errno;
+	if (connect(fd, addr, len) == 0)
+		return 0;
+	if (errno != EINPROGRESS && errno != EAGAIN)
+		return -errno;
+	r = poll(&p, 1, timeout_ms);
+	if (r == 0)
+		return -ETIMEDOUT;
+	if (r < 0)
+		return -errno;
+	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) < 0)
+		return -errno;
+	return -err;
+}
+
+int bd_ipc_endpoint_check(const char *endpoint, int timeout_ms)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
+	char host[256];
+	const char *colon;
+	int fd, e;
+
+	if (!endpoint)
+		return -EINVAL;
+	if (!strncmp(endpoint, "ipc://", 6)) {
+		struct sockaddr_un sa;
+		struct stat st;
+
+		if (fill_addr(&sa, endpoint + 6) < 0)
+			return -EINVAL;
+		if (stat(endpoint + 6, &st) < 0)
+			return -errno;
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		e = connect_wait(fd, (struct sockaddr *)&sa, sizeof(sa), timeout_ms);
+		close(fd);
+		return e == -EAGAIN ? 0 : e; /* EAGAIN: a listener with a full backlog */
+	}
+	if (strncmp(endpoint, "tcp://", 6))
+		return 0;
+	colon = strrchr(endpoint + 6, ':');
+	if (!colon || (size_t)(colon - endpoint - 6) >= sizeof(host) || colon == endpoint + 6)
+		return -EINVAL;
+	memcpy(host, endpoint + 6, (size_t)(colon - endpoint - 6));
+	host[colon - endpoint - 6] = 0;
+	if (host[0] == '[' && strlen(host) > 2 && host[strlen(host) - 1] == ']') {
+		memmove(host, host + 1, strlen(host));
+		host[strlen(host) - 1] = 0;
+	}
+	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+		return -EINVAL;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	e = fd < 0 ? -errno : connect_wait(fd, ai->ai_addr, ai->ai_addrlen, timeout_ms);
+	if (fd >= 0)
+		close(fd);
+	freeaddrinfo(ai);
+	return e;
 }
 
 int bd_ipc_mkdir_parent(const char *path, mode_t mode)

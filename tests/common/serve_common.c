@@ -278,6 +278,7 @@ void sv_start_router(struct sv_env *e, const char *const *extra)
 		"--pool", e->pool_ep, "--model", e->model, "--tp", "2",
 		"--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1500",
 		"--keepalive-ms", "200", "--status-interval-ms", "200",
+		"--http", "", /* no HTTP listener unless a test asks for one (--http HOST:PORT) */
 	};
 
 	add_args(argv, extra);

@@ -1363,7 +1363,8 @@ Test(serve_router, drain_status_goes_to_sd_notify)
 				     "--max-seq-len", "1024", NULL };
 	const char *argv[] = { "--no-config", "--frontend", E.front_ep, "--workers", E.workers_ep,
 			       "--pool", E.pool_ep, "--model", E.model, "--tp", "2",
-			       "--heartbeat-ms", "100", "--status-interval-ms", "100", NULL };
+			       "--heartbeat-ms", "100", "--status-interval-ms", "100", "--http", "",
+			       NULL };
 	struct bd_client *c;
 	int32_t ids[10];
 

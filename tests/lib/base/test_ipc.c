@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,4 +321,47 @@ Test(ipc, the_directory_of_a_socket_is_made_once)
 	cr_expect_eq(bd_ipc_mkdir_parent(big, 0755), -EINVAL);
 	free(big);
 	umask(old);
+}
+
+/* A listening Unix socket of dir at name (SOCK_STREAM, as ZeroMQ's ipc:// listens). */
+static int listen_at(const char *name, char *ep, size_t cap)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, name);
+	snprintf(ep, cap, "ipc://%s", sa.sun_path);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(fd, 4), 0);
+	return fd;
+}
+
+/* Each way an endpoint can be missing gets its own error, at once; a listener is 0. */
+Test(ipc, endpoint_check_tells_why)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	char ep[160], tcp[64];
+	int fd, tfd;
+
+	fd = listen_at("live.sock", ep, sizeof(ep));
+	cr_expect_eq(bd_ipc_endpoint_check(ep, 1000), 0);
+	close(fd); /* the file stays: a stale socket refuses */
+	cr_expect_eq(bd_ipc_endpoint_check(ep, 1000), -ECONNREFUSED);
+	snprintf(ep, sizeof(ep), "ipc://%s/none.sock", dir);
+	cr_expect_eq(bd_ipc_endpoint_check(ep, 1000), -ENOENT);
+
+	tfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(bind(tfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(tfd, (struct sockaddr *)&a, &len), 0);
+	snprintf(tcp, sizeof(tcp), "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+	cr_expect_eq(bd_ipc_endpoint_check(tcp, 1000), -ECONNREFUSED, "bound, not listening");
+	cr_assert_eq(listen(tfd, 4), 0);
+	cr_expect_eq(bd_ipc_endpoint_check(tcp, 1000), 0);
+	close(tfd);
+
+	cr_expect_eq(bd_ipc_endpoint_check("tcp://127.0.0.1", 1000), -EINVAL, "no port");
+	cr_expect_eq(bd_ipc_endpoint_check("ipc://", 1000), -EINVAL);
+	cr_expect_eq(bd_ipc_endpoint_check("inproc://x", 1000), 0, "not checked");
+	cr_expect_eq(bd_ipc_endpoint_check(NULL, 1000), -EINVAL);
 }
