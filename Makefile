@@ -268,9 +268,11 @@ $(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljan
 TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
 $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
+$(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
+$(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
-all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/loadgen
+all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen
 
 bench: all
 	$(BUILD)/bin/bench_ref

@@ -24,6 +24,8 @@
 
 /* The vector kernels, one table per instruction set (shapes in bd_attn_cpu_simd.h). */
 struct kern {
+	int (*mask_check)(float *S, int n, int nmask);
+	void (*rescale_add)(float *o, float alpha, const float *acc, float gv, int d);
 	void (*expand_fp4_rows)(const uint8_t *codes, const uint8_t *scales, int block,
 				const float *slut, int n, int cols, float *out);
 	void (*expand_fp4_cols)(const uint8_t *codes, const uint8_t *scales, int block,
@@ -58,13 +60,15 @@ struct kern {
 #pragma GCC pop_options
 
 /* Exact decode tables of the scale codes (the values bd_e4m3_decode / bd_ue8m0_decode give). */
-static float lut_e4m3[256], lut_ue8m0[256];
+static float lut_e2m1[16], lut_e4m3[256], lut_ue8m0[256];
 static const struct kern *kern_sel;
 static const char *kern_name = "ref";
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void init(void)
 {
+	for (int i = 0; i < 16; i++)
+		lut_e2m1[i] = bd_e2m1_decode((uint8_t)i);
 	for (int i = 0; i < 256; i++) {
 		lut_e4m3[i] = bd_e4m3_decode((uint8_t)i);
 		lut_ue8m0[i] = bd_ue8m0_decode((uint8_t)i);
@@ -221,7 +225,7 @@ static int prep_query(const struct job *j, struct scratch *w, int g, const float
 	for (int c = 0; c < d; c++) {
 		float acc = 0.0f;
 		for (int t = 0; t < qq.nterms; t++) {
-			float xh = bd_e2m1_decode(bd_fp4_get(qq.codes[t], (size_t)c));
+			float xh = lut_e2m1[bd_fp4_get(qq.codes[t], (size_t)c)];
 			acc = acc + (slut[qq.scales[t][c / blk]] * xh) * qq.g[t];
 		}
 		qr[c] = acc;
@@ -260,15 +264,11 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 				   lay->block, slut, bk, d, w->kx);
 	}
 	K->logits(w->kx, bk, d, w->qp, G, pg[0], j->gamma, w->S, rs);
-	for (int g = 0; g < G; g++) {
-		float *S = w->S + (size_t)g * (size_t)rs;
-		for (int i = 0; i < bk; i++) {
-			if (j->cfg->sink && t0 + i < BD_SINK_TOKENS)
-				S[i] = -INFINITY; /* sink tokens are read from BF16 (§8) */
-			else if (!isfinite(S[i]))
-				return -EDOM;
-		}
-	}
+	/* sink tokens are read from BF16 (§8): their page copies are masked */
+	int nmask = j->cfg->sink && t0 < BD_SINK_TOKENS ? BD_SINK_TOKENS - t0 : 0;
+	for (int g = 0; g < G; g++)
+		if (K->mask_check(w->S + (size_t)g * (size_t)rs, bk, nmask) < 0)
+			return -EDOM;
 
 	/* online softmax and P quantization, per head (§6) */
 	for (int g = 0; g < G; g++) {
@@ -317,9 +317,8 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 	for (int g = 0; g < G; g++) {
 		if (alpha[g] < 0.0f)
 			continue;
-		float *og = o + (size_t)g * (size_t)d, *ag = w->acc + (size_t)g * (size_t)d;
-		for (int c = 0; c < d; c++)
-			og[c] = alpha[g] * og[c] + ag[c] * pg[1];
+		K->rescale_add(o + (size_t)g * (size_t)d, alpha[g], w->acc + (size_t)g * (size_t)d,
+			       pg[1], d);
 	}
 	return 0;
 }
@@ -394,7 +393,9 @@ static void bf16_partial(const struct job *j, struct scratch *w)
 	int cpad = (cnt + 15) / 16 * 16;
 	K->expand_bf16_rows(w->krow, cnt, d, w->kx);
 	K->expand_bf16_rows(w->vrow, cnt, d, w->vx);
-	K->logits(w->kx, cnt, d, w->qbf, G, 1.0f, j->gamma, w->S, rs);
+	/* padding keys to a multiple of 16: zero rows, their logits replaced by −inf below */
+	memset(w->kx + (size_t)cnt * (size_t)d, 0, sizeof(float) * (size_t)(cpad - cnt) * (size_t)d);
+	K->logits(w->kx, cpad, d, w->qbf, G, 1.0f, j->gamma, w->S, rs);
 	for (int g = 0; g < G; g++) {
 		float *S = w->S + (size_t)g * (size_t)rs, *P = w->P + (size_t)g * (size_t)rs;
 		float m = -INFINITY, alpha;

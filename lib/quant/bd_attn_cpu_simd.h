@@ -145,23 +145,63 @@ static void KN(expand_bf16_rows)(const bd_bf16 *const *rows, int n, int cols, fl
 			KN(dec_bf16_16)(rows[t] + c, out + (size_t)t * (size_t)cols + c);
 }
 
-/* S[g·ss + i] = (⟨q_g, k_i⟩ · a) · b for keys k [n][d], queries q [G][d], n ≤ ss. */
+/* Lane i of the result = Σ of the KW lanes of a[i] (a is clobbered): a transposing tree,
+ * each level adding the low and high halves of pairs of vectors, then one permutation that
+ * undoes the tree's bit-reversed order. */
+static inline __attribute__((always_inline)) KN(vf) KN(reduce)(KN(vf) *a)
+{
+#if KW == 16
+	const KN(vi) l8 = { 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23 };
+	const KN(vi) h8 = { 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31 };
+	const KN(vi) l4 = { 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27 };
+	const KN(vi) h4 = { 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31 };
+	const KN(vi) l2 = { 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29 };
+	const KN(vi) h2 = { 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31 };
+	const KN(vi) l1 = { 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30 };
+	const KN(vi) h1 = { 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31 };
+	const KN(vi) fin = { 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15 };
+#pragma GCC unroll 8
+	for (int i = 0; i < 8; i++)
+		a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l8) +
+		       __builtin_shuffle(a[2 * i], a[2 * i + 1], h8);
+#else
+	const KN(vi) l4 = { 0, 1, 2, 3, 8, 9, 10, 11 }, h4 = { 4, 5, 6, 7, 12, 13, 14, 15 };
+	const KN(vi) l2 = { 0, 1, 8, 9, 4, 5, 12, 13 }, h2 = { 2, 3, 10, 11, 6, 7, 14, 15 };
+	const KN(vi) l1 = { 0, 8, 2, 10, 4, 12, 6, 14 }, h1 = { 1, 9, 3, 11, 5, 13, 7, 15 };
+	const KN(vi) fin = { 0, 4, 2, 6, 1, 5, 3, 7 };
+#endif
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++)
+		a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l4) +
+		       __builtin_shuffle(a[2 * i], a[2 * i + 1], h4);
+#pragma GCC unroll 2
+	for (int i = 0; i < 2; i++)
+		a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l2) +
+		       __builtin_shuffle(a[2 * i], a[2 * i + 1], h2);
+	a[0] = __builtin_shuffle(a[0], a[1], l1) + __builtin_shuffle(a[0], a[1], h1);
+	return __builtin_shuffle(a[0], fin);
+}
+
+/* S[g·ss + i] = (⟨q_g, k_i⟩ · a) · b for keys k [n][d], queries q [G][d]; n a multiple of KW,
+ * KW keys at a time (their sums reduced together). */
 static void KN(logits)(const float *k, int n, int d, const float *q, int G, float a, float b,
 		       float *S, int ss)
 {
-	for (int i = 0; i < n; i++) {
-		const float *kr = k + (size_t)i * (size_t)d;
-		for (int g = 0; g < G; g++) {
-			const float *qg = q + (size_t)g * (size_t)d;
-			KN(vf) a0 = { 0 }, a1 = { 0 };
-			int c = 0;
-			for (; c + 2 * KW <= d; c += 2 * KW) {
-				a0 = KFMA(KN(ld)(qg + c), KN(ld)(kr + c), a0);
-				a1 = KFMA(KN(ld)(qg + c + KW), KN(ld)(kr + c + KW), a1);
+	for (int g = 0; g < G; g++) {
+		const float *qg = q + (size_t)g * (size_t)d;
+		for (int i0 = 0; i0 < n; i0 += KW) {
+			const float *k0 = k + (size_t)i0 * (size_t)d;
+			KN(vf) acc[KW];
+#pragma GCC unroll 16
+			for (int j = 0; j < KW; j++)
+				acc[j] = (KN(vf)){ 0 };
+			for (int c = 0; c < d; c += KW) {
+				KN(vf) qv = KN(ld)(qg + c);
+#pragma GCC unroll 16
+				for (int j = 0; j < KW; j++)
+					acc[j] = KFMA(qv, KN(ld)(k0 + (size_t)j * (size_t)d + c), acc[j]);
 			}
-			for (; c < d; c += KW)
-				a0 = KFMA(KN(ld)(qg + c), KN(ld)(kr + c), a0);
-			S[(size_t)g * (size_t)ss + (size_t)i] = (KN(hsum)(a0 + a1) * a) * b;
+			KN(st)(S + (size_t)g * (size_t)ss + (size_t)i0, (KN(reduce)(acc) * a) * b);
 		}
 	}
 }
@@ -282,46 +322,86 @@ static void KN(quant_p_mxfp4)(const float *S, const float *P, int n, float *Pt, 
 	}
 }
 
-/* acc[g·d + c] = Σ_i Pt[g·ps + i] · v[c·n + i] for channel-major values v [d][n]. */
+/* acc[g·d + c] = Σ_i Pt[g·ps + i] · v[c·n + i] for channel-major values v [d][n], KW channels
+ * at a time (d a multiple of KW). */
 static void KN(pv_cols)(const float *v, int n, int d, const float *Pt, int ps, int G,
 			float *acc)
 {
-	for (int c = 0; c < d; c++) {
-		const float *vc = v + (size_t)c * (size_t)n;
-		for (int g = 0; g < G; g++) {
-			const float *pg = Pt + (size_t)g * (size_t)ps;
-			KN(vf) a0 = { 0 }, a1 = { 0 };
-			int i = 0;
-			for (; i + 2 * KW <= n; i += 2 * KW) {
-				a0 = KFMA(KN(ld)(pg + i), KN(ld)(vc + i), a0);
-				a1 = KFMA(KN(ld)(pg + i + KW), KN(ld)(vc + i + KW), a1);
+	for (int g = 0; g < G; g++) {
+		const float *pg = Pt + (size_t)g * (size_t)ps;
+		for (int c0 = 0; c0 < d; c0 += KW) {
+			const float *v0 = v + (size_t)c0 * (size_t)n;
+			KN(vf) a[KW];
+#pragma GCC unroll 16
+			for (int j = 0; j < KW; j++)
+				a[j] = (KN(vf)){ 0 };
+			for (int i = 0; i < n; i += KW) {
+				KN(vf) pv = KN(ld)(pg + i);
+#pragma GCC unroll 16
+				for (int j = 0; j < KW; j++)
+					a[j] = KFMA(pv, KN(ld)(v0 + (size_t)j * (size_t)n + i), a[j]);
 			}
-			for (; i < n; i += KW)
-				a0 = KFMA(KN(ld)(pg + i), KN(ld)(vc + i), a0);
-			acc[(size_t)g * (size_t)d + (size_t)c] = KN(hsum)(a0 + a1);
+			KN(st)(acc + (size_t)g * (size_t)d + (size_t)c0, KN(reduce)(a));
 		}
 	}
 }
 
-/* acc[g·d + c] = Σ_i Pt[g·ps + i] · v[i·d + c] for token-major values v [n][d], keys in order. */
+/* acc[g·d + c] = Σ_i Pt[g·ps + i] · v[i·d + c] for token-major values v [n][d], keys in order,
+ * 4·KW channels of a head held in registers over the keys. */
 static void KN(pv_rows)(const float *v, int n, int d, const float *Pt, int ps, int G, float *acc)
 {
-	memset(acc, 0, sizeof(float) * (size_t)G * (size_t)d);
-	for (int i = 0; i < n; i++) {
-		const float *vr = v + (size_t)i * (size_t)d;
-		for (int g = 0; g < G; g++) {
-			float p = Pt[(size_t)g * (size_t)ps + (size_t)i];
-			if (p == 0.0f)
-				continue;
-			float *ag = acc + (size_t)g * (size_t)d;
-			KN(vf) vp = KN(set1)(p);
-			for (int c = 0; c < d; c += KW)
-				KN(st)(ag + c, KFMA(vp, KN(ld)(vr + c), KN(ld)(ag + c)));
+	for (int g = 0; g < G; g++) {
+		const float *pg = Pt + (size_t)g * (size_t)ps;
+		for (int c0 = 0; c0 < d; c0 += 4 * KW) {
+			int m = (d - c0) / KW < 4 ? (d - c0) / KW : 4;
+			KN(vf) a[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
+			for (int i = 0; i < n; i++) {
+				const float *vr = v + (size_t)i * (size_t)d + c0;
+				KN(vf) p = KN(set1)(pg[i]);
+#pragma GCC unroll 4
+				for (int j = 0; j < 4; j++)
+					if (j < m)
+						a[j] = KFMA(p, KN(ld)(vr + j * KW), a[j]);
+			}
+			for (int j = 0; j < m; j++)
+				KN(st)(acc + (size_t)g * (size_t)d + (size_t)c0 + (size_t)j * KW, a[j]);
 		}
 	}
+}
+
+/* Logits of a tile: the first nmask (the sink tokens' page copies, §8) become −inf; returns
+ * −1 when another one is not finite (a logit that overflowed FP32), else 0. n a multiple of
+ * KW. */
+static int KN(mask_check)(float *S, int n, int nmask)
+{
+	KN(vi) bad = { 0 };
+
+	for (int i = 0; i < nmask && i < n; i++)
+		S[i] = -INFINITY;
+	for (int i = nmask < n ? nmask / KW * KW : n; i < n; i += KW) {
+		KN(vf) x = KN(ld)(S + i);
+		KN(vi) lane = { 0 };
+		for (int j = 0; j < KW; j++)
+			lane[j] = i + j >= nmask;
+		/* x − x is 0 for finite x, NaN for ±inf and NaN */
+		bad |= (x - x != KN(set1)(0.0f)) & (lane != 0);
+	}
+	for (int j = 0; j < KW; j++)
+		if (bad[j])
+			return -1;
+	return 0;
+}
+
+/* o[c] = alpha·o[c] + acc[c]·gv for c < d (d a multiple of KW). */
+static void KN(rescale_add)(float *o, float alpha, const float *acc, float gv, int d)
+{
+	for (int c = 0; c < d; c += KW)
+		KN(st)(o + c, KN(ld)(o + c) * alpha + KN(ld)(acc + c) * gv);
 }
 
 static const struct kern KN(kern) = {
+	.mask_check = KN(mask_check),
+	.rescale_add = KN(rescale_add),
 	.expand_fp4_rows = KN(expand_fp4_rows),
 	.expand_fp4_cols = KN(expand_fp4_cols),
 	.expand_bf16_rows = KN(expand_bf16_rows),
