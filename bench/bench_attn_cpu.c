@@ -3,13 +3,15 @@
  * request, bf16 and bitdecoding-nvfp4 KV, the reference decoder against the SIMD path
  * (bd_attn_cpu.h) on each instruction set this CPU has.
  *
- * usage: bench_attn_cpu [--repeats N] [--contexts N,N,...]
+ * usage: bench_attn_cpu [--repeats N] [--contexts N,N,...] [--threads N]
  * A step is one decode call per layer over all 3 KV heads, the layers' KV in one arena as the
  * model keeps it (so a step reads every layer's pages, not one layer's from cache). Every case
  * is validated before it is timed: the SIMD output within relative L2 error 1e-3 of the
- * reference's. Times are medians of N single-threaded steps after one warm-up step, in the
- * thread's CPU time (CLOCK_THREAD_CPUTIME_ID: the machine it was written on is shared, so wall
- * time would count other jobs); a markdown table goes to stdout.
+ * reference's. Times are medians of N steps after one warm-up step: with one thread (the
+ * default, BD_ATTN_THREADS=1) in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID: the machine it
+ * was written on is shared, so wall time would count other jobs), with --threads N > 1 in wall
+ * time (CLOCK_MONOTONIC) with the SIMD path's pool of N threads; a markdown table goes to
+ * stdout.
  *
  * Data: tests/common/testgen.h's generator: keys N(0, 1) plus a per-channel bias N(0, 2²) and
  * 3 outlier channels at 12×, values N(0, 1) with 3 outlier channels at 8×, μ_k near the bias,
@@ -18,6 +20,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,11 +148,13 @@ static int cmp_d(const void *a, const void *b)
 
 /* This thread's CPU time in seconds: on a shared machine it counts the step's own work, not
  * the time other processes held the cores. */
+static bool wall;
+
 static double cpu_s(void)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	clock_gettime(wall ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -184,13 +189,16 @@ int main(int argc, char **argv)
 {
 	static const char *const cfgs[] = { "bf16", "bitdecoding-nvfp4" };
 	static const char *const isas[] = { "avx512", "avx2" };
-	int contexts[8] = { 37, 2048, 7000 }, nctx = 3, repeats = 7, opt;
+	int contexts[8] = { 37, 2048, 7000 }, nctx = 3, repeats = 7, threads = 1, opt;
 	static const struct option longopts[] = { { "repeats", required_argument, NULL, 'r' },
 						   { "contexts", required_argument, NULL, 'c' },
+						   { "threads", required_argument, NULL, 't' },
 						   { NULL, 0, NULL, 0 } };
 
-	while ((opt = getopt_long(argc, argv, "r:c:", longopts, NULL)) != -1) {
-		if (opt == 'r') {
+	while ((opt = getopt_long(argc, argv, "r:c:t:", longopts, NULL)) != -1) {
+		if (opt == 't') {
+			threads = atoi(optarg);
+		} else if (opt == 'r') {
 			repeats = atoi(optarg);
 		} else if (opt == 'c') {
 			char *s = optarg;
@@ -200,12 +208,19 @@ int main(int argc, char **argv)
 					s++;
 			}
 		} else {
-			fprintf(stderr, "usage: bench_attn_cpu [--repeats N] [--contexts N,...]\n");
+			fprintf(stderr, "usage: bench_attn_cpu [--repeats N] [--contexts N,...] "
+					"[--threads N]\n");
 			return 2;
 		}
 	}
 	if (repeats < 1 || repeats > MAX_REPEATS)
 		repeats = 7;
+	if (threads < 1 || threads > 8)
+		threads = 1;
+	char tn[8];
+	snprintf(tn, sizeof(tn), "%d", threads);
+	setenv("BD_ATTN_THREADS", tn, 1);
+	wall = threads > 1;
 	for (int i = 0; i < nctx; i++)
 		if (contexts[i] < 1)
 			return 2;
@@ -214,9 +229,9 @@ int main(int argc, char **argv)
 	float *o = malloc(sizeof(float) * no), *oref = malloc(sizeof(float) * no);
 	if (!o || !oref)
 		return 1;
-	printf("decode attention per token: %d layers x %d KV heads, G = %d, d = %d, 1 thread, "
-	       "median of %d (default ISA: %s)\n\n",
-	       L, HKV, G, D, repeats, bd_attn_cpu_isa());
+	printf("decode attention per token: %d layers x %d KV heads, G = %d, d = %d, %d thread(s) "
+	       "(the reference: 1), median of %d %s times (default ISA: %s)\n\n",
+	       L, HKV, G, D, threads, repeats, wall ? "wall" : "CPU", bd_attn_cpu_isa());
 	printf("| kv | context | ref ms | avx2 ms | avx512 ms | speed-up (best) | max rel err |\n");
 	printf("| --- | --- | --- | --- | --- | --- | --- |\n");
 	for (int ci = 0; ci < nctx; ci++) {

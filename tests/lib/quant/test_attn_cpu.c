@@ -305,3 +305,25 @@ Test(attn_cpu, bad_inputs)
 		cr_expect_eq(o[i], 7.0f);
 	prob_free(&P);
 }
+
+/* A call long enough to be shared out over threads gives, group for group, the bytes of calls
+ * that decode one group each on the caller's thread. */
+Test(attn_cpu, threads_match_one_group_calls)
+{
+	struct prob P;
+	struct bd_decode_params dp = bd_decode_params_default();
+	prob_build(&P, bd_kvcfg_find("bitdecoding-nvfp4"), 64, 4, 3, 2000, 21);
+	float o[4 * 3 * 64], lse[12], o1[3 * 64], l1[3];
+	struct bd_kv_view kv = prob_view(&P, 1, 0);
+
+	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 4, P.q, 3, o, lse, NULL), 0);
+	for (int h = 0; h < 4; h++) {
+		struct bd_kv_view kh = prob_view(&P, 1, h);
+		cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kh, 1, P.q + h * 192, 3, o1, l1,
+						    NULL),
+			     0);
+		cr_expect_arr_eq(o + h * 192, o1, sizeof(o1), "group %d", h);
+		cr_expect_arr_eq(lse + h * 3, l1, sizeof(l1), "group %d", h);
+	}
+	prob_free(&P);
+}
