@@ -24,7 +24,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-cpu bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -276,6 +276,12 @@ all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUI
 
 bench: all
 	$(BUILD)/bin/bench_ref
+
+# The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu.sh): decode attention
+# per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_BENCH_RESULTS=FILE
+# appends the tables to FILE (bench/RESULTS.md).
+bench-cpu: all
+	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,
