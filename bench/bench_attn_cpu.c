@@ -237,11 +237,13 @@ int main(int argc, char **argv)
 	for (int ci = 0; ci < nctx; ci++) {
 		for (int k = 0; k < 2; k++) {
 			struct kvdata x;
-			if (kv_build(&x, bd_kvcfg_find(cfgs[k]), contexts[ci], 42u + (uint64_t)ci) < 0) {
+			const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgs[k]);
+			if (kv_build(&x, cfg, contexts[ci], 42u + (uint64_t)ci) < 0) {
 				fprintf(stderr, "bench_attn_cpu: building the KV failed\n");
 				return 1;
 			}
-			double tref = median_ms(&x, true, repeats, oref), t[2] = { NAN, NAN }, err = 0.0;
+			double tref = median_ms(&x, true, repeats, oref);
+			double t[2] = { NAN, NAN }, err = 0.0;
 			for (int ii = 0; ii < 2; ii++) {
 				if (bd_attn_cpu_set_isa(isas[ii]) < 0)
 					continue;
@@ -254,7 +256,8 @@ int main(int argc, char **argv)
 					return 1;
 				}
 			}
-			double best = fmin(isnan(t[0]) ? INFINITY : t[0], isnan(t[1]) ? INFINITY : t[1]);
+			double best = fmin(isnan(t[0]) ? INFINITY : t[0],
+					   isnan(t[1]) ? INFINITY : t[1]);
 			printf("| %s | %d | %.2f | %.2f | %.2f | %.1f× | %.2g |\n", cfgs[k],
 			       contexts[ci], tref, t[1], t[0], tref / best, err);
 			fflush(stdout);

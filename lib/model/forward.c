@@ -448,8 +448,8 @@ int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 					.kv_head = 0,
 					.n_tokens = pos + 1,
 				};
-				rc = bd_attn_cpu_decode_gqa(s->cfg, &s->dp, &kv, Hkv, qb, G, ob, NULL,
-							    &s->stats);
+				rc = bd_attn_cpu_decode_gqa(s->cfg, &s->dp, &kv, Hkv, qb, G, ob,
+							    NULL, &s->stats);
 				if (rc < 0)
 					err[b] = rc;
 			}

@@ -108,20 +108,22 @@ int bd_attn_cpu_set_isa(const char *name)
 		return -EINVAL;
 	if (strcmp(name, "ref") == 0) {
 		kern_sel = NULL;
+		kern_name = "ref";
 	} else if (strcmp(name, "avx2") == 0) {
 		__builtin_cpu_init();
 		if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
 			return -ENOTSUP;
 		kern_sel = &kern_avx2;
+		kern_name = "avx2";
 	} else if (strcmp(name, "avx512") == 0) {
 		if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
 		    !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
 			return -ENOTSUP;
 		kern_sel = &kern_avx512;
+		kern_name = "avx512";
 	} else {
 		return -EINVAL;
 	}
-	kern_name = name[0] == 'r' ? "ref" : name[4] == '5' ? "avx512" : "avx2";
 	return 0;
 }
 
@@ -260,7 +262,8 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 			w->krow[i] = kb + (size_t)(row0 + i) * (size_t)d;
 		K->expand_bf16_rows(w->krow, bk, d, w->kx);
 	} else {
-		size_t kcs = (size_t)row0 * (size_t)d / 2, kss = (size_t)row0 * (size_t)d / (size_t)lay->block;
+		size_t kcs = (size_t)row0 * (size_t)d / 2;
+		size_t kss = (size_t)row0 * (size_t)d / (size_t)lay->block;
 		K->expand_fp4_rows(head + lay->k_codes_off + kcs, head + lay->k_scales_off + kss,
 				   lay->block, slut, bk, d, w->kx);
 	}
@@ -395,7 +398,8 @@ static void bf16_partial(const struct job *j, struct scratch *w)
 	K->expand_bf16_rows(w->krow, cnt, d, w->kx);
 	K->expand_bf16_rows(w->vrow, cnt, d, w->vx);
 	/* padding keys to a multiple of 16: zero rows, their logits replaced by −inf below */
-	memset(w->kx + (size_t)cnt * (size_t)d, 0, sizeof(float) * (size_t)(cpad - cnt) * (size_t)d);
+	memset(w->kx + (size_t)cnt * (size_t)d, 0,
+	       sizeof(float) * (size_t)(cpad - cnt) * (size_t)d);
 	K->logits(w->kx, cpad, d, w->qbf, G, 1.0f, j->gamma, w->S, rs);
 	for (int g = 0; g < G; g++) {
 		float *S = w->S + (size_t)g * (size_t)rs, *P = w->P + (size_t)g * (size_t)rs;

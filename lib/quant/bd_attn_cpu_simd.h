@@ -51,7 +51,8 @@ static inline float KN(hsum)(KN(vf) v)
 #if KW == 16
 	return _mm512_reduce_add_ps((__m512)v);
 #else
-	__m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v),
+			      _mm256_extractf128_ps((__m256)v, 1));
 	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
 	s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
 	return _mm_cvtss_f32(s);
@@ -63,7 +64,8 @@ static inline float KN(hmax)(KN(vf) v)
 #if KW == 16
 	return _mm512_reduce_max_ps((__m512)v);
 #else
-	__m128 s = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+	__m128 s = _mm_max_ps(_mm256_castps256_ps128((__m256)v),
+			      _mm256_extractf128_ps((__m256)v, 1));
 	s = _mm_max_ps(s, _mm_movehl_ps(s, s));
 	s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
 	return _mm_cvtss_f32(s);
@@ -132,8 +134,8 @@ static void KN(expand_fp4_cols)(const uint8_t *codes, const uint8_t *scales, int
 		const uint8_t *cc = codes + (size_t)c * (BD_PAGE_TOKENS / 2);
 		const uint8_t *sc = scales + (size_t)c * (size_t)nb;
 		float *o = out + (size_t)c * (size_t)bk;
-		for (int t = 0; t < bk; t += 16)
-			KN(dec_fp4_16)(cc + (row0 + t) / 2, 0.5f * slut[sc[(row0 + t) / block]], o + t);
+		for (int t = row0; t < row0 + bk; t += 16)
+			KN(dec_fp4_16)(cc + t / 2, 0.5f * slut[sc[t / block]], o + t - row0);
 	}
 }
 
@@ -199,7 +201,7 @@ static void KN(logits)(const float *k, int n, int d, const float *q, int G, floa
 				KN(vf) qv = KN(ld)(qg + c);
 #pragma GCC unroll 16
 				for (int j = 0; j < KW; j++)
-					acc[j] = KFMA(qv, KN(ld)(k0 + (size_t)j * (size_t)d + c), acc[j]);
+					acc[j] = KFMA(qv, KN(ld)(k0 + j * (size_t)d + c), acc[j]);
 			}
 			KN(st)(S + (size_t)g * (size_t)ss + (size_t)i0, (KN(reduce)(acc) * a) * b);
 		}
@@ -339,7 +341,7 @@ static void KN(pv_cols)(const float *v, int n, int d, const float *Pt, int ps, i
 				KN(vf) pv = KN(ld)(pg + i);
 #pragma GCC unroll 16
 				for (int j = 0; j < KW; j++)
-					a[j] = KFMA(pv, KN(ld)(v0 + (size_t)j * (size_t)n + i), a[j]);
+					a[j] = KFMA(pv, KN(ld)(v0 + j * (size_t)n + i), a[j]);
 			}
 			KN(st)(acc + (size_t)g * (size_t)d + (size_t)c0, KN(reduce)(a));
 		}
@@ -363,8 +365,9 @@ static void KN(pv_rows)(const float *v, int n, int d, const float *Pt, int ps, i
 					if (j < m)
 						a[j] = KFMA(p, KN(ld)(vr + j * KW), a[j]);
 			}
+			float *ag = acc + (size_t)g * (size_t)d + (size_t)c0;
 			for (int j = 0; j < m; j++)
-				KN(st)(acc + (size_t)g * (size_t)d + (size_t)c0 + (size_t)j * KW, a[j]);
+				KN(st)(ag + (size_t)j * KW, a[j]);
 		}
 	}
 }

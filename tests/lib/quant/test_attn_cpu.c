@@ -180,7 +180,8 @@ static void config_sweep(int d, int G, const int *lens, int nlens)
 			continue;
 		for (int li = 0; li < nlens; li++) {
 			struct prob P;
-			prob_build(&P, cfg, d, 2, G, lens[li], 1000u + (uint64_t)ci * 31u + (uint64_t)li);
+			uint64_t seed = 1000u + (uint64_t)ci * 31u + (uint64_t)li;
+			prob_build(&P, cfg, d, 2, G, lens[li], seed);
 			for (int ii = 0; ii < 2; ii++) {
 				if (bd_attn_cpu_set_isa(isas[ii]) < 0)
 					continue;
@@ -198,7 +199,8 @@ static void config_sweep(int d, int G, const int *lens, int nlens)
 						  dp.tile_keys, e, el);
 					ran++;
 					if (getenv("BD_TEST_VERBOSE"))
-						cr_log_info("%s %s d=%d G=%d n=%d sp=%d tile=%d rel %.3g lse %.3g",
+						cr_log_info("%s %s d=%d G=%d n=%d sp=%d tile=%d "
+							    "rel %.3g lse %.3g",
 							    isas[ii], cfg->name, d, G, lens[li],
 							    dp.n_splits, dp.tile_keys, e, el);
 				}
