@@ -204,7 +204,8 @@ static float round_bf16(float x)
 }
 
 /* Step 1–2 for head g: q' = Hq (with cfg->hadamard), its BF16 rounding, and for FP4 pages the
- * dual-residual (or one-term) FP4 query, folded into qp = Σ_t (s·x̂)_t · g_t in FP32. */
+ * dual-residual (or one-term) FP4 query, folded into qp = Σ_t (s·x̂)_t · g_t in FP32 (only when
+ * the view has full pages: the BF16 tokens never use it). */
 static int prep_query(const struct job *j, struct scratch *w, int g, const float *q)
 {
 	int d = j->d, r;
@@ -215,7 +216,8 @@ static int prep_query(const struct job *j, struct scratch *w, int g, const float
 		return r;
 	for (int c = 0; c < d; c++)
 		qb[c] = round_bf16(qr[c]);
-	if (!j->fp4q) {
+	if (!j->fp4q || j->n_tiles == 0) {
+		/* BF16 pages, or no page at all: the page path's query is q' in BF16 (or unused) */
 		memcpy(qr, qb, sizeof(float) * (size_t)d);
 		return 0;
 	}
