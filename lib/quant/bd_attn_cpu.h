@@ -11,9 +11,12 @@
  * sum, and exp2 by a polynomial (relative error below 1e-7).
  *
  * Each page-head of a tile is expanded to s·x̂ once and used by all G query heads of its group.
- * The code paths are chosen once at run time from the CPU (AVX-512 with BW, AVX2 with FMA);
- * on a CPU with neither, and for configurations it has no fast path for (FP8 pages), the call
- * is the reference decoder's.
+ * The code paths are chosen once at run time from the CPU (AVX-512 with BW, AVX2 with FMA;
+ * BD_ATTN_ISA=ref|avx2 in the environment forces one); on a CPU with neither, and for
+ * configurations it has no fast path for (FP8 pages), the call is the reference decoder's.
+ * A call with several KV heads and enough keys shares its groups out over a pool of threads
+ * started at first use (BD_ATTN_THREADS in all, else one per online CPU, at most 8); a group's
+ * arithmetic does not depend on the thread that runs it.
  */
 #ifndef BD_ATTN_CPU_H
 #define BD_ATTN_CPU_H
