@@ -155,7 +155,10 @@ struct job {
 
 /* Scratch of one group: sized for G heads of dim d, tiles of bk keys, ns splits. */
 struct scratch {
-	float *qp;    /* [G][d] the page path's query: Σ_t ŝq_t·g_qt (FP4 pages) or q' in BF16 */
+	float *qp;    /* [2][G][d] the page path's query: the FP4 terms ŝq_t (without g_t) or
+		       * q' in BF16 in [0] */
+	float *qg;    /* [G][2] the FP4 terms' decode scales g_t */
+	int *qn;      /* [G] the FP4 terms of each head */
 	float *qbf;   /* [G][d] q' rounded to BF16 (the BF16 tokens' query) */
 	float *kx;    /* [144][d] expanded K rows of a tile or of the BF16 tokens */
 	float *vx;    /* [144][d] expanded V rows, or channel-major [d][bk] of an FP4 tile */
@@ -172,7 +175,8 @@ struct scratch {
 static int scratch_alloc(struct scratch *w, int G, int d, int ns)
 {
 	size_t D = (size_t)d, g = (size_t)G, np = (size_t)ns + 1, r = N_BF16_ROWS;
-	size_t n = 2 * g * D + 2 * r * D + 3 * g * r + 2 * g * D + 3 * g + g * np * D + g * np;
+	size_t n = 3 * g * D + 2 * g + 2 * r * D + 3 * g * r + 2 * g * D + 3 * g + g * np * D +
+		   g * np;
 	float *p;
 
 	if (np > SIZE_MAX / sizeof(float) / 4 / g / (D + 1))
@@ -180,8 +184,13 @@ static int scratch_alloc(struct scratch *w, int G, int d, int ns)
 	/* one block, 64-byte aligned so that the rows start on cache lines */
 	if (posix_memalign(&w->mem, 64, sizeof(float) * n) != 0)
 		return -ENOMEM;
+	w->qn = malloc(sizeof(int) * g);
+	if (!w->qn) {
+		free(w->mem);
+		return -ENOMEM;
+	}
 	p = w->mem;
-	w->qp = p, p += g * D;
+	w->qp = p, p += 2 * g * D;
 	w->qbf = p, p += g * D;
 	w->kx = p, p += r * D;
 	w->vx = p, p += r * D;
@@ -194,7 +203,8 @@ static int scratch_alloc(struct scratch *w, int G, int d, int ns)
 	w->l = p, p += g;
 	w->alpha = p, p += g;
 	w->o_s = p, p += g * np * D;
-	w->lse_s = p;
+	w->lse_s = p, p += g * np;
+	w->qg = p; /* last: the rows above stay 64-byte aligned */
 	return 0;
 }
 
@@ -204,11 +214,16 @@ static float round_bf16(float x)
 }
 
 /* Step 1–2 for head g: q' = Hq (with cfg->hadamard), its BF16 rounding, and for FP4 pages the
- * dual-residual (or one-term) FP4 query, folded into qp = Σ_t (s·x̂)_t · g_t in FP32 (only when
- * the view has full pages: the BF16 tokens never use it). */
+ * dual-residual (or one-term) FP4 query (only when the view has full pages: the BF16 tokens
+ * never use it), its terms expanded to s·x̂ in qp[t][g] and their scales g_t in qg[g][t]. The
+ * terms stay apart, as in the reference: s·x̂ times an expanded key code is exact in FP32, so
+ * each term's inner sum is (nearly always) exact whatever its order, and the logits equal the
+ * reference's; a query folded into Σ_t (s·x̂)_t·g_t rounds per channel, and those few-ulp logit
+ * errors move P across E2M1 rounding ties (a 4 ↔ 6 step of a large probability). */
 static int prep_query(const struct job *j, struct scratch *w, int g, const float *q)
 {
 	int d = j->d, r;
+	size_t gd = (size_t)j->G * (size_t)d;
 	float *qr = w->qp + (size_t)g * (size_t)d, *qb = w->qbf + (size_t)g * (size_t)d;
 
 	memcpy(qr, q, sizeof(float) * (size_t)d);
@@ -227,13 +242,14 @@ static int prep_query(const struct job *j, struct scratch *w, int g, const float
 		return r;
 	int blk = fmt == BD_FP4_MXFP4 ? BD_MXFP4_BLOCK : BD_NVFP4_BLOCK;
 	const float *slut = fmt == BD_FP4_MXFP4 ? lut_ue8m0 : lut_e4m3;
-	for (int c = 0; c < d; c++) {
-		float acc = 0.0f;
-		for (int t = 0; t < qq.nterms; t++) {
-			float xh = lut_e2m1[bd_fp4_get(qq.codes[t], (size_t)c)];
-			acc = acc + (slut[qq.scales[t][c / blk]] * xh) * qq.g[t];
+	w->qn[g] = qq.nterms;
+	for (int t = 0; t < 2; t++) {
+		float *qt = qr + (size_t)t * gd;
+		w->qg[2 * g + t] = t < qq.nterms ? qq.g[t] : 0.0f;
+		for (int c = 0; c < d; c++) {
+			float xh = lut_e2m1[bd_fp4_get(qq.codes[t < qq.nterms ? t : 0], (size_t)c)];
+			qt[c] = t < qq.nterms ? slut[qq.scales[t][c / blk]] * xh : 0.0f;
 		}
-		qr[c] = acc;
 	}
 	return 0;
 }
@@ -269,7 +285,31 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 		K->expand_fp4_rows(head + lay->k_codes_off + kcs, head + lay->k_scales_off + kss,
 				   lay->block, slut, bk, d, w->kx);
 	}
-	K->logits(w->kx, bk, d, w->qp, G, pg[0], j->gamma, w->S, rs);
+	if (!j->fp4q) {
+		K->logits(w->kx, bk, d, w->qp, G, pg[0], j->gamma, w->S, rs);
+	} else {
+		/* per term the inner sums (into S, then P as scratch), then, in the reference's
+		 * order, dot = dot_0·g_0 (+ dot_1·g_1), S = (dot·g_K)·γ */
+		size_t gd = (size_t)G * (size_t)d;
+		K->logits(w->kx, bk, d, w->qp, G, 1.0f, 1.0f, w->S, rs);
+		bool any2 = false;
+		for (int g = 0; g < G; g++)
+			any2 = any2 || w->qn[g] == 2;
+		if (any2)
+			K->logits(w->kx, bk, d, w->qp + gd, G, 1.0f, 1.0f, w->P, rs);
+		for (int g = 0; g < G; g++) {
+			float *S = w->S + (size_t)g * (size_t)rs;
+			const float *S1 = w->P + (size_t)g * (size_t)rs;
+			float g0 = w->qg[2 * g], g1 = w->qg[2 * g + 1];
+			bool two = w->qn[g] == 2;
+			for (int i = 0; i < bk; i++) {
+				float dot = S[i] * g0;
+				if (two)
+					dot = dot + S1[i] * g1;
+				S[i] = (dot * pg[0]) * j->gamma;
+			}
+		}
+	}
 	/* sink tokens are read from BF16 (§8): their page copies are masked */
 	int nmask = j->cfg->sink && t0 < BD_SINK_TOKENS ? BD_SINK_TOKENS - t0 : 0;
 	for (int g = 0; g < G; g++)
@@ -551,6 +591,7 @@ static void batch_run(struct batch *b)
 				  b->lse + (size_t)h * (size_t)j.G, st);
 	}
 	free(w.mem);
+	free(w.qn);
 	if (rc < 0)
 		__atomic_store_n(&b->rc, rc, __ATOMIC_RELAXED);
 	__atomic_fetch_add(&b->st[0], st[0], __ATOMIC_RELAXED);

@@ -8,6 +8,8 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -328,4 +330,71 @@ Test(attn_cpu, threads_match_one_group_calls)
 		cr_expect_arr_eq(lse + h * 3, l1, sizeof(l1), "group %d", h);
 	}
 	prob_free(&P);
+}
+
+/* A decode call of SmolLM2 (bitdecoding-nvfp4, layer 15, a TP=2 worker's KV head 1, 9 query
+ * heads over 3 KV heads) cut to one full page and one recent token: tests/data/quant/
+ * attn_p_tie_nvfp4.bin holds the page-head's {g_K, g_V} (2 floats), its 9216 bytes (K and V
+ * codes and scales), the 16 sink K rows, the 16 sink V rows, the recent K row and V row (BF16,
+ * d 64) and the 3 query heads (floats), as the decoder read them. Query head 1 has a key whose
+ * P / s_P is 5.0000029 with the reference's logits: an E2M1 tie, so logits a few ulps off move
+ * that probability from 6·s_P to 4·s_P. The page logits must be the reference's: each FP4
+ * query term's inner sum (exact: products of expanded codes) times its g_t, not a sum against
+ * the terms folded into one FP32 query (1% relative error on this input with AVX-512). */
+Test(attn_cpu, p_tie_of_a_model_call)
+{
+	enum { D = 64, G = 3, HEAD_BYTES = 9216 };
+	char path[512];
+	const char *root = getenv("BD_SRCDIR");
+	struct bd_layout lay;
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	struct bd_decode_params dp = bd_decode_params_default();
+	int32_t bt[1] = { 0 };
+	float q[G * D], o[G * D], ro[G * D], lse[G], rl[G];
+
+	snprintf(path, sizeof(path), "%s/tests/data/quant/attn_p_tie_nvfp4.bin",
+		 root && *root ? root : ".");
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s (run the tests from the repository root or set BD_SRCDIR)",
+			   path);
+	cr_assert_eq(bd_layout_init(&lay, BD_PAGE_NVFP4, 1, 1, D, 0, 1), 0);
+	cr_assert_eq(lay.head_bytes, (size_t)HEAD_BYTES);
+	uint8_t *arena = calloc(1, lay.arena_bytes), *slot = calloc(1, lay.slot_bytes);
+	cr_assert(arena && slot);
+	uint8_t *page = bd_layout_page(&lay, arena, 0, 0);
+	bool ok = fread(page + lay.gscale_off, sizeof(float), 2, f) == 2 &&
+		  fread(page, 1, HEAD_BYTES, f) == HEAD_BYTES &&
+		  fread(bd_slot_sink_k(&lay, slot, 0, 0), sizeof(bd_bf16), 16 * D, f) == 16 * D &&
+		  fread(bd_slot_sink_v(&lay, slot, 0, 0), sizeof(bd_bf16), 16 * D, f) == 16 * D &&
+		  fread(bd_slot_recent_k(&lay, slot, 0, 0), sizeof(bd_bf16), D, f) == D &&
+		  fread(bd_slot_recent_v(&lay, slot, 0, 0), sizeof(bd_bf16), D, f) == D &&
+		  fread(q, sizeof(float), G * D, f) == G * D && fgetc(f) == EOF;
+	fclose(f);
+	cr_assert(ok, "%s: not the size this test reads", path);
+
+	struct bd_kv_view kv = { .lay = &lay, .arena = arena, .block_table = bt, .slot = slot,
+				 .layer = 0, .kv_head = 0, .n_tokens = BD_PAGE_TOKENS + 1 };
+	cr_assert_eq(bd_ref_decode_gqa(cfg, &dp, &kv, q, G, ro, rl, NULL), 0);
+	int ran = 0;
+	for (int ii = 0; ii < 2; ii++) {
+		if (bd_attn_cpu_set_isa(isas[ii]) < 0)
+			continue;
+		cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 1, q, G, o, lse, NULL), 0);
+		double n2 = 0.0, d2 = 0.0, el = 0.0;
+		for (int i = 0; i < G * D; i++) {
+			n2 += ((double)o[i] - ro[i]) * ((double)o[i] - ro[i]);
+			d2 += (double)ro[i] * ro[i];
+		}
+		for (int g = 0; g < G; g++)
+			el = fmax(el, fabs((double)lse[g] - rl[g]));
+		cr_expect(sqrt(n2 / d2) <= TOL && el <= TOL, "%s: rel %.3g lse %.3g", isas[ii],
+			  sqrt(n2 / d2), el);
+		ran++;
+	}
+	if (bd_attn_cpu_set_isa(isas[0]) < 0)
+		(void)bd_attn_cpu_set_isa(isas[1]);
+	free(arena);
+	free(slot);
+	if (ran == 0)
+		cr_skip_test("no AVX2 on this CPU: the reference decoder is the path");
 }
