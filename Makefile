@@ -26,7 +26,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-cpu bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -326,12 +326,20 @@ $(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljan
 TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
 $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
+$(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
+$(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
-all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/loadgen
+all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen
 
 bench: all
 	$(BUILD)/bin/bench_ref
+
+# The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu.sh): decode attention
+# per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_BENCH_RESULTS=FILE
+# appends the tables to FILE (bench/RESULTS.md).
+bench-cpu: all
+	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,

@@ -1,6 +1,8 @@
 /* bdfp4.c — the bdfp4 tool: one binary, subcommands dispatched by name. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/bd_version.h"
 #include "cli.h"
@@ -33,6 +35,13 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+	/* OpenBLAS's idle threads spin on sched_yield() for 2^28 cycles (about 0.1 s) after each
+	 * call, longer than a decode step, so they never sleep: at 2 threads that is a quarter of
+	 * the CPU time in the kernel, taken from the decode thread whenever the cores are shared.
+	 * The library reads OPENBLAS_THREAD_TIMEOUT (log2 cycles) when it loads, before main: set it
+	 * to its minimum and run again, once; a value the user set is kept. */
+	if (!getenv("OPENBLAS_THREAD_TIMEOUT") && setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0)
+		execv("/proc/self/exe", argv); /* on failure, go on with the spinning threads */
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

@@ -11,6 +11,7 @@
 #include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "model/bd_seq_impl.h"
+#include "quant/bd_attn_cpu.h"
 
 #define PREFILL_CHUNK 64 /* query rows per attention block in prefill */
 
@@ -498,19 +499,19 @@ int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 				err[b] = rc;
 			if (!err[b] && (rc = bd_seq_write_kv(s, l, pos, kb, vb)) < 0)
 				err[b] = rc;
-			for (int h = 0; h < Hkv && !err[b]; h++) {
+			if (!err[b]) {
+				/* all Hkv groups of the row in one call: q, o [Hkv][G][d] */
 				struct bd_kv_view kv = {
 					.lay = s->lay,
 					.arena = s->mem->arena,
 					.block_table = s->block_table,
 					.slot = s->slot,
 					.layer = l,
-					.kv_head = h,
+					.kv_head = 0,
 					.n_tokens = pos + 1,
 				};
-				size_t off = (size_t)h * (size_t)G * d;
-				rc = bd_ref_decode_gqa(s->cfg, &s->dp, &kv, qb + off, G, ob + off, NULL,
-						       &s->stats);
+				rc = bd_attn_cpu_decode_gqa(s->cfg, &s->dp, &kv, Hkv, qb, G, ob,
+							    NULL, &s->stats);
 				if (rc < 0)
 					err[b] = rc;
 			}
