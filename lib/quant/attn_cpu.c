@@ -463,17 +463,10 @@ static int decode_group(const struct job *j, struct scratch *w, const float *q, 
 	for (int g = 0; g < G; g++)
 		if ((r = prep_query(j, w, g, q + (size_t)g * (size_t)d)) < 0)
 			return r;
-	/* 64-bit: n_tiles + ns and s·chunk may exceed INT_MAX when n_splits is large */
-	long long chunk = ((long long)j->n_tiles + ns - 1) / ns;
-	if (chunk < 1)
-		chunk = 1;
 	for (int s = 0; s < ns; s++) {
-		long long tb = (long long)s * chunk, te = tb + chunk;
-		if (tb > j->n_tiles)
-			tb = j->n_tiles;
-		if (te > j->n_tiles)
-			te = j->n_tiles;
-		if ((r = page_split(j, w, s, (int)tb, (int)te, st)) < 0)
+		int tb, te;
+		bd_split_tiles(j->n_tiles, ns, s, &tb, &te);
+		if ((r = page_split(j, w, s, tb, te, st)) < 0)
 			return r;
 	}
 	bf16_partial(j, w);

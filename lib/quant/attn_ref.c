@@ -683,17 +683,10 @@ static int decode_group(const struct dctx *x, struct ws *w, const float *q, cons
 			return r;
 	}
 
-	/* 64-bit: n_tiles + ns and s·chunk may exceed INT_MAX when n_splits is large */
-	long long chunk = ((long long)x->n_tiles + ns - 1) / ns;
-	if (chunk < 1)
-		chunk = 1;
 	for (int s = 0; s < ns; s++) {
-		long long tb = (long long)s * chunk, te = tb + chunk;
-		if (tb > x->n_tiles)
-			tb = x->n_tiles;
-		if (te > x->n_tiles)
-			te = x->n_tiles;
-		r = page_split(x, w, s, (int)tb, (int)te, st);
+		int tb, te;
+		bd_split_tiles(x->n_tiles, ns, s, &tb, &te);
+		r = page_split(x, w, s, tb, te, st);
 		if (r < 0)
 			return r;
 	}
@@ -808,6 +801,16 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 	    !bd_all_finite(q_r, (size_t)H * (size_t)x.dr) || (mu && !bd_all_finite(mu, d)))
 		return -EDOM;
 	return run_decode(cfg, &x, q_c, q_r, H, mu, ret_o, ret_lse, stats);
+}
+
+void bd_split_tiles(int n_tiles, int n_splits, int s, int *ret_begin, int *ret_end)
+{
+	long long chunk = ((long long)n_tiles + n_splits - 1) / n_splits;
+	if (chunk < 1)
+		chunk = 1;
+	long long tb = (long long)s * chunk, te = tb + chunk;
+	*ret_begin = (int)(tb < n_tiles ? tb : n_tiles);
+	*ret_end = (int)(te < n_tiles ? te : n_tiles);
 }
 
 void bd_lse_combine(const float *o_s, const float *lse_s, int n, int d, float *ret_o,

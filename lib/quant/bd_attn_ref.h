@@ -85,6 +85,12 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		      const struct bd_kv_view *kv, const float *q_c, const float *q_r, int H,
 		      const float *mu, float *ret_o, float *ret_lse, struct bd_decode_stats *stats);
 
+/* The FP4 page tiles of split s (0 ≤ s < n_splits) of a context with n_tiles full tiles:
+ * [*ret_begin, *ret_end), ceil(n_tiles / n_splits) tiles per split (at least 1), so the last
+ * splits are shorter or empty (NUMERICS.md §6, split-KV). Computed in 64 bits: n_tiles +
+ * n_splits and s · chunk may exceed INT_MAX. */
+void bd_split_tiles(int n_tiles, int n_splits, int s, int *ret_begin, int *ret_end);
+
 /* Log-sum-exp combine of n partial results (split-KV): o_s [n][d] normalized partial outputs,
  * lse_s [n] their log2-domain LSE (−inf for an empty partial). o = Σ w_s o_s / Σ w_s with
  * w_s = exp2(lse_s − max lse). ret_o [d]; ret_lse the combined LSE (−inf and o = 0 if all
