@@ -157,8 +157,8 @@ int bd_decode_workspace_init(const struct bd_decode_plan *plan, void *workspace,
  * sink+recent partial of every (request, KV head), query rotation and dual-residual
  * quantization in their prologue; the last CTA of each (request, KV head) to finish does the
  * LSE combine. With plan->persist_ctas > 0 (hopper family, FP4 pages, a build with
- * -DBD_PERSIST=1) that many resident CTAs take the same splits and partials as work items from
- * a counter in the workspace, longest first. Asynchronous; capturable in a CUDA graph; runs
+ * BD_PERSIST, the default) that many resident CTAs take the same splits and partials as work
+ * items from a counter in the workspace, longest first. Asynchronous; capturable in a CUDA graph; runs
  * sharing a workspace must be ordered (one stream). Returns 0, -EINVAL (NULL or misaligned
  * buffer, bad layer, bt_stride too small, persist_ctas < 0), -EOPNOTSUPP (persist_ctas > 0
  * without the persistent kernel, on BF16 or channel-blocked pages or another family), -EIO

@@ -51,11 +51,12 @@
 #ifndef BD_V9_MXK
 #define BD_V9_MXK 1
 #endif
-/* BD_PERSIST 1 builds fp4_decode_kernel_persist, a fixed grid of resident CTAs that claim the
- * splits and the BF16 partials as work items, and lets the plan choose it for small batches
- * whose BF16-partial CTAs would need a wave of their own (bd_decode_plan_init). */
+/* BD_PERSIST 1 (the default) builds fp4_decode_kernel_persist, a fixed grid of resident CTAs
+ * that claim the splits and the BF16 partials as work items, and lets the plan choose it for
+ * small batches whose BF16-partial CTAs would need a wave of their own (bd_decode_plan_init);
+ * 0 builds the grid kernel alone. */
 #ifndef BD_PERSIST
-#define BD_PERSIST 0
+#define BD_PERSIST 1
 #endif
 /* With any of them, <128, 2, NVFP4> is held to 128 registers (4 CTAs per SM; ptxas took 133
  * with all three, which leaves 3) */
@@ -757,10 +758,27 @@ constexpr int fp4_min_ctas(int D, int MODE, bool MX)
 	return (D == 128 && MODE == 2 && (MX || !BD_V9_ANY)) ? 3 : 4;
 }
 
-/* Invalidate an mbarrier whose phases are all complete, so that mbar_init may reuse it. */
-__device__ __forceinline__ void mbar_inval(uint64_t *bar)
+/* Whether the page loop syncs its warps by a split barrier (arrive, expand the first V rows,
+ * wait) rather than __syncthreads; MODE 2 keeps the __syncthreads: no registers to spare for
+ * the split barrier's V rows. */
+__host__ __device__ constexpr bool fp4_split_barrier(int MODE)
 {
-	asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+	return BD_V8_SPLIT && MODE != 2;
+}
+
+/* The barriers of the FP4 page path (thread 0; the caller's __syncthreads publishes them):
+ * bar[0 .. STAGES - 1] complete when stage k's bulk copies have landed (one arrival with the
+ * bytes), bar[STAGES] (SPLIT) when every thread has posted page i's tile maxima (phase i). */
+template <int STAGES, bool SPLIT>
+__device__ __forceinline__ void fp4_bars_init(uint64_t *bar)
+{
+	if (threadIdx.x == 0) {
+		for (int i = 0; i < STAGES; i++)
+			mbar_init(&bar[i], 1);
+		if (SPLIT)
+			mbar_init(&bar[STAGES], THREADS);
+		mbar_fence_init();
+	}
 }
 
 /* The persistent kernel's next work item: items 0 .. gridDim.x − 1 are the CTAs' first ones,
@@ -774,8 +792,8 @@ __device__ __forceinline__ int claim_item(const DecodeParams &p)
 
 /* Split s < NS of (request b, KV head h) on the FP4 pages: the whole work of one CTA of
  * fp4_decode_kernel, or one work item of fp4_decode_kernel_persist (PER), which then claims its
- * next item into *claim (shared) after the page loop, and leaves the shared memory and the
- * mbarriers free for the next item. */
+ * next item into *claim (shared) after the page loop, and leaves the shared memory free and the
+ * mbarriers at even parity for the next item. */
 template <int D, int MODE, bool MX, bool PER>
 __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, int s, int *claim)
 {
@@ -783,8 +801,7 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 	using M = ModeT<MODE>;
 	constexpr int NTS = M::NTS, HS = M::HS, KSTEPS = D / 16, W = D / 32, MC = D / 16;
 	constexpr int STAGES = C::STAGES;
-	/* MODE 2 keeps the __syncthreads: no registers to spare for the split barrier's V rows */
-	constexpr bool SPLIT = BD_V8_SPLIT && MODE != 2;
+	constexpr bool SPLIT = fp4_split_barrier(MODE);
 	constexpr int VPRE = SPLIT ? BD_V8_VPRE : 0;
 	constexpr bool MXK = MX && BD_V9_MXK; /* MXFP4 block scales on the FP32 sums */
 	constexpr bool LDSM = BD_V9_LDSM;      /* V words by ldmatrix */
@@ -803,13 +820,8 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 	const Split sp = split_pages(p, b, h, s, ids, MAXIDS);
 	const int pb = sp.pb, np = sp.np;
 	const int32_t *bt = sp.bt;
-	if (tid == 0) {
-		for (int i = 0; i < STAGES; i++)
-			mbar_init(&bar[i], 1);
-		if (SPLIT)
-			mbar_init(&bar[STAGES], THREADS); /* tile maxima of page i: phase i */
-		mbar_fence_init();
-	}
+	if (!PER)
+		fp4_bars_init<STAGES, SPLIT>(bar); /* PER: once per CTA, by the persistent kernel */
 	__syncthreads();
 
 	const uint32_t hb = p.head_bytes;
@@ -1247,16 +1259,20 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 	if constexpr (PER) {
 		/* every thread's generic accesses to the stages precede the next item's bulk
 		 * copies; every wait on the barriers is done */
-		if (tid == 0)
+		if (tid == 0) {
 			*claim = next;
+			/* stage k was waited on c_k times (pages k, k + STAGES, … below np): an odd
+			 * c_k gets one more phase, completed by an arrival without bytes, so every
+			 * barrier is at even parity again and the next item's waits on parity
+			 * (i / STAGES) & 1 hold without re-initialising anything */
+			for (int k = 0; k < STAGES && k < np; k++)
+				if ((((np - 1 - k) / STAGES) & 1) == 0)
+					mbar_arrive(&bar[k]);
+		}
+		if (SPLIT && (np & 1)) /* the tile-maximum barrier, phase i per page */
+			mbar_arrive(&bar[STAGES]);
 		fence_proxy_async();
 		__syncthreads();
-		if (tid == 0) {
-			for (int i = 0; i < STAGES; i++)
-				mbar_inval(&bar[i]);
-			if (SPLIT)
-				mbar_inval(&bar[STAGES]);
-		}
 	}
 }
 
@@ -1292,6 +1308,9 @@ __global__ void __launch_bounds__(THREADS, fp4_min_ctas(D, MODE, MX))
 	__shared__ int claim;
 	float *rm = (float *)(smem + C::RM_OFF), *rl = (float *)(smem + C::RL_OFF);
 	const int nsp = p.n_bh * p.NS;
+	/* the page path's barriers live across items: each split item leaves them at even parity */
+	fp4_bars_init<C::STAGES, fp4_split_barrier(MODE)>((uint64_t *)(smem + C::BAR_OFF));
+	__syncthreads();
 	int j = blockIdx.x;
 	while (j < p.n_items) {
 		const int bh = j < nsp ? j / p.NS : j - nsp;

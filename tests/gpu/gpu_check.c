@@ -342,11 +342,11 @@ struct run_stats {
 	int worst_b, worst_h;
 };
 
-/* The persistent kernel (built with -DBD_PERSIST=1; FP4 pages) must give the bits of the first
- * run (out and lse) at any CTA count: at 1 and 3 CTAs (many items per CTA; twice at 3, so the
- * claim counters must have reset themselves), at the plan's count, and on the one-CTA-per-item
- * grid when the plan chose the persistent kernel. Silent where the build has no persistent
- * kernel or the pages are not FP4 (the run says -EOPNOTSUPP). */
+/* The persistent kernel (builds with BD_PERSIST, the default; FP4 pages) must give the bits of the
+ * first run (out and lse) at any CTA count: at 1 and 3 CTAs (many items per CTA; twice at 3, so
+ * the claim counters must have reset themselves), at the plan's count, and on the one-CTA-per-item
+ * grid when the plan chose the persistent kernel. Silent where the build has no persistent kernel
+ * or the pages are not FP4 (the run says -EOPNOTSUPP). */
 static void persist_runs(const struct problem *P, const struct bd_decode_plan *pl,
 			 const struct bd_decode_args *a, const float *out, const float *lse)
 {
