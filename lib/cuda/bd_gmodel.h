@@ -183,6 +183,16 @@ struct bd_gmodel_timing {
 };
 void bd_gmodel_last_timing(const struct bd_gmodel *g, struct bd_gmodel_timing *ret);
 
+/* What the captured decode graph of the bucket that serves B rows launches (the graph-launch
+ * cost depends on it): one line per distinct kernel, "COUNT NAME", most frequent first, with
+ * " cluster XxYxZ" for kernels launched with a thread-block cluster, then a line counting the
+ * kernels the runtime cannot describe (driver-API kernels: cuBLASLt's GEMMs) and one counting
+ * the nodes that are not kernels; into buf (len bytes, NUL-terminated, cut at a line when
+ * full). Names from the CUDA runtime ("(unnamed)" where it has none). Returns the graph's
+ * kernel nodes (both kinds), 0 (buf empty) when that bucket has no graph yet, -EINVAL
+ * for a NULL argument, len 0 or B outside 1..max_batch. */
+int bd_gmodel_graph_kernels(const struct bd_gmodel *g, int B, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

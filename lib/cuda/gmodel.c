@@ -81,6 +81,20 @@ struct md_layout {
 	size_t spans, vals, host_bytes; /* host */
 };
 
+/* The distinct kernels of a captured graph and how often each is launched in it; cluster: the
+ * cluster shape it is launched with (1×1×1 without one). Names from cudaFuncGetName (NULL
+ * where the runtime does not know the function, e.g. a driver-API kernel). */
+enum { GK_MAX = 48 };
+struct graph_kernels {
+	int n, kernel_nodes, opaque_nodes, other_nodes;
+	struct {
+		const void *func;
+		const char *name;
+		int count;
+		unsigned cx, cy, cz;
+	} k[GK_MAX];
+};
+
 struct bucket {
 	int B;
 	struct bd_decode_plan plan;
@@ -90,6 +104,7 @@ struct bucket {
 	cudaGraphExec_t exec;
 	int nodes;                 /* of the captured graph */
 	int runs;                  /* eager runs (the graph is captured after one) */
+	struct graph_kernels gk;   /* what the graph launches, for bd_gmodel_graph_kernels */
 };
 
 /* Results of a step, device and pinned host: flags, sampled tokens, promotion statuses. */
@@ -1655,6 +1670,105 @@ static int pack_metadata(struct bd_gmodel *g, const struct bucket *bk,
 	return n_promo;
 }
 
+/* The kernels of graph into *gk (a diagnostic: a failed query leaves a kernel unnamed). */
+static void graph_kernels_of(cudaGraph_t graph, struct graph_kernels *gk)
+{
+	size_t n = 0;
+	memset(gk, 0, sizeof(*gk));
+	if (cudaGraphGetNodes(graph, NULL, &n) != cudaSuccess || n == 0)
+		return;
+	cudaGraphNode_t *nodes = calloc(n, sizeof(*nodes));
+	if (!nodes || cudaGraphGetNodes(graph, nodes, &n) != cudaSuccess) {
+		free(nodes);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		enum cudaGraphNodeType t;
+		struct cudaKernelNodeParams kp;
+		if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) {
+			gk->other_nodes++;
+			continue;
+		}
+		gk->kernel_nodes++;
+		if (cudaGraphKernelNodeGetParams(nodes[i], &kp) != cudaSuccess) {
+			gk->opaque_nodes++; /* a driver-API kernel (cuBLASLt's) */
+			continue;
+		}
+		cudaLaunchAttributeValue v;
+		memset(&v, 0, sizeof(v));
+		if (cudaGraphKernelNodeGetAttribute(nodes[i], cudaLaunchAttributeClusterDimension,
+						    &v) != cudaSuccess)
+			memset(&v, 0, sizeof(v));
+		unsigned cx = v.clusterDim.x ? v.clusterDim.x : 1, cy = v.clusterDim.y ? v.clusterDim.y : 1,
+			 cz = v.clusterDim.z ? v.clusterDim.z : 1;
+		int j = 0;
+		while (j < gk->n && (gk->k[j].func != kp.func || gk->k[j].cx != cx ||
+				     gk->k[j].cy != cy || gk->k[j].cz != cz))
+			j++;
+		if (j == gk->n) {
+			if (gk->n == GK_MAX)
+				continue;
+			const char *name = NULL;
+			if (cudaFuncGetName(&name, kp.func) != cudaSuccess)
+				name = NULL;
+			gk->k[j].func = kp.func;
+			gk->k[j].name = name;
+			gk->k[j].cx = cx;
+			gk->k[j].cy = cy;
+			gk->k[j].cz = cz;
+			gk->n++;
+		}
+		gk->k[j].count++;
+	}
+	cudaGetLastError(); /* a refused query is not the step's error */
+	free(nodes);
+}
+
+int bd_gmodel_graph_kernels(const struct bd_gmodel *g, int B, char *buf, size_t len)
+{
+	if (!g || !buf || len == 0 || B < 1 || B > g->max_batch)
+		return -EINVAL;
+	const struct bucket *bk = bucket_for((struct bd_gmodel *)g, B); /* it only reads */
+	buf[0] = 0;
+	if (!bk || !bk->exec)
+		return 0;
+	const struct graph_kernels *gk = &bk->gk;
+	bool done[GK_MAX] = { false };
+	size_t at = 0;
+	for (int r = 0; r < gk->n; r++) {
+		int best = -1;
+		for (int j = 0; j < gk->n; j++)
+			if (!done[j] && (best < 0 || gk->k[j].count > gk->k[best].count))
+				best = j;
+		done[best] = true;
+		int w = snprintf(buf + at, len - at, "%4d %s%s", gk->k[best].count,
+				 gk->k[best].name ? gk->k[best].name : "(unnamed)",
+				 gk->k[best].cx * gk->k[best].cy * gk->k[best].cz > 1 ? " cluster" : "");
+		if (w < 0 || (size_t)w >= len - at)
+			break;
+		at += (size_t)w;
+		if (gk->k[best].cx * gk->k[best].cy * gk->k[best].cz > 1) {
+			w = snprintf(buf + at, len - at, " %ux%ux%u", gk->k[best].cx, gk->k[best].cy,
+				     gk->k[best].cz);
+			if (w < 0 || (size_t)w >= len - at)
+				break;
+			at += (size_t)w;
+		}
+		if (at + 1 >= len)
+			break;
+		buf[at++] = '\n';
+		buf[at] = 0;
+	}
+	int w = 0;
+	if (gk->opaque_nodes > 0)
+		w = snprintf(buf + at, len - at, "%4d (driver-API kernels, e.g. cuBLASLt's)\n",
+			     gk->opaque_nodes);
+	if (w >= 0 && (size_t)w < len - at && gk->other_nodes > 0)
+		snprintf(buf + at + (size_t)w, len - at - (size_t)w, "%4d (nodes other than kernels)\n",
+			 gk->other_nodes);
+	return gk->kernel_nodes;
+}
+
 /* Capture the step of bucket bk into a graph. */
 static int capture(struct bd_gmodel *g, struct bucket *bk, char *ret_err)
 {
@@ -1669,6 +1783,7 @@ static int capture(struct bd_gmodel *g, struct bucket *bk, char *ret_err)
 	CU(e);
 	CU(cudaGraphGetNodes(graph, NULL, &nodes));
 	bk->nodes = (int)nodes;
+	graph_kernels_of(graph, &bk->gk);
 	CU(cudaGraphInstantiate(&bk->exec, graph, 0));
 out:
 	if (graph)

@@ -776,6 +776,12 @@ static bool timed_steps(struct bd_gmodel *g, int B, int slot0, const int32_t *co
 	report(graphs == nt && mu + ml < 50.0,
 	       "(d) B = %d at %d tokens: metadata upload + launch %.1f us (target < 50 us), graph "
 	       "replays %d/%d", B, ctx, mu + ml, graphs, nt);
+	/* what the launch pays for: the graph's kernels (the launch time differs by bucket) */
+	char gk[4096];
+	int nk = bd_gmodel_graph_kernels(g, B, gk, sizeof(gk));
+	report(nk > 0 && nk <= nodes, "(d) B = %d: the graph's kernel nodes %d of its %d nodes", B,
+	       nk, nodes);
+	printf("%s", gk);
 	return true;
 }
 
