@@ -36,6 +36,7 @@
 #include "base/bd_config.h"
 #include "base/bd_daemon.h"
 #include "base/bd_ipc.h"
+#include "base/bd_zsec.h"
 #include "base/bd_log.h"
 #include "quant/bd_kvcfg.h"
 #include "pool/bd_pool_client.h"
@@ -48,6 +49,8 @@
 static const struct bd_config_key keys[] = {
 	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
 	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)" },
+	{ "insecure_tcp", "false",
+	  "allow a plain (unauthenticated, unencrypted) TCP endpoint off loopback", true },
 	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
 	{ "backend", "cpu", "memory backend: cpu (memfd) or cuda (VMM, one GPU per rank)" },
 	{ "tp", "2", "tensor-parallel ranks, one arena each" },
@@ -874,6 +877,19 @@ static int setup_sockets(struct ctx *c)
 		return c->listen_fd;
 	}
 	c->socket_bound = true;
+	{
+		bool insecure = false;
+		char err[512];
+
+		/* the allocation endpoint has no CURVE: TCP only on loopback, or when told */
+		if (bd_daemon_get_bool(&c->d, "insecure_tcp", &insecure) < 0)
+			return -EINVAL;
+		if (bd_zsec_endpoint_check(c->o.endpoint, "endpoint", false, insecure, err,
+					   sizeof(err)) < 0) {
+			bd_log_err("%s", err);
+			return -EPERM;
+		}
+	}
 	c->zctx = zmq_ctx_new();
 	if (bd_ipc_endpoint_in_use(c->o.endpoint) == 1) {
 		bd_log_err("allocation endpoint %s: another process listens there (is kvpoold already "
