@@ -529,7 +529,33 @@ $(eval $(call program,fuzz_calib,$(BUILD)/tests/fuzz/fuzz_calib.o $(BUILD)/lib/q
 	$(BUILD)/lib/quant/fp4.o,base))
 $(eval $(call program,fuzz_tokenizer,$(BUILD)/tests/fuzz/fuzz_tokenizer.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
 $(eval $(call program,fuzz_chat,$(BUILD)/tests/fuzz/fuzz_chat.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
-.PHONY: fuzz-config fuzz-calib fuzz-tokenizer fuzz-chat
+# routerd's client and worker frame decoders in the router's own loop, scheduler and sockets,
+# over kvpoold's handler (tests/fuzz/fuzz_router.c, built once per side)
+FUZZ_QUANT_OBJ := $(addprefix $(BUILD)/lib/quant/,kvcfg.o layout.o fp4.o kfamily.o)
+FUZZ_ROUTER_DEPS := $(ROUTER_LIB) $(KVPD_LIB) $(AR_serve) $(AR_pool) $(AR_model) $(AR_formats) \
+	$(FUZZ_QUANT_OBJ) $(AR_base)
+define fuzz_router_prog # $(1) side name, $(2) FUZZ_SIDE_WORKERS
+$(BUILD)/tests/fuzz/fuzz_router_$(1).o: tests/fuzz/fuzz_router.c | $(PROTO_H)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -Ikvpoold -iquote router -DFUZZ_SIDE_WORKERS=$(2) -MMD -MP -c $$< -o $$@
+$(BUILD)/bin/fuzz_router_$(1): $(BUILD)/tests/fuzz/fuzz_router_$(1).o $(FUZZ_ROUTER_DEPS)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(LDFLAGS) -o $$@ $$^ $(ROUTER_LIBS) -ljansson -lopenblas -lpcre2-8 -lzmq \
+		-lprotobuf-c -linih -lsystemd -ldl -lm -pthread
+endef
+$(eval $(call fuzz_router_prog,client,0))
+$(eval $(call fuzz_router_prog,workers,1))
+.PHONY: fuzz-config fuzz-calib fuzz-tokenizer fuzz-chat fuzz-router-client fuzz-router-workers
+$(eval $(call program,fuzz_attach,$(BUILD)/tests/fuzz/fuzz_attach.o $(KVPD_LIB),pool base))
+$(BUILD)/tests/fuzz/fuzz_attach.o: CFLAGS += -Ikvpoold
+$(BUILD)/tests/fuzz/fuzz_attach.o: | $(PROTO_H)
+.PHONY: fuzz-attach
+fuzz-attach:
+	$(call fuzz_run,fuzz_attach,tests/fuzz/attach-corpus,512)
+fuzz-router-client:
+	$(call fuzz_run,fuzz_router_client,tests/fuzz/router-client-corpus,2048)
+fuzz-router-workers:
+	$(call fuzz_run,fuzz_router_workers,tests/fuzz/router-workers-corpus,2048)
 fuzz-config:
 	$(call fuzz_run,fuzz_config,tests/fuzz/config-corpus,4096)
 fuzz-calib:

@@ -746,8 +746,9 @@ static void send_attach(struct ctx *c, struct client *cl)
 static bool on_client(struct ctx *c, size_t i)
 {
 	struct client *cl = &c->clients[i];
-	Bdfp4__AttachRequest *req;
+	char why[128];
 	uint8_t buf[512];
+	int code;
 	int fds[BD_IPC_MAX_FDS], n_fds = 0;
 	ssize_t n;
 
@@ -764,33 +765,12 @@ static bool on_client(struct ctx *c, size_t i)
 		drop_client(c, i, "unexpected message after attach");
 		return false;
 	}
-	req = bdfp4__attach_request__unpack(NULL, (size_t)n, buf);
-	if (!req) {
-		attach_refuse(cl->fd, BD_POOL_ERR_MALFORMED, "not an AttachRequest");
-		drop_client(c, i, "malformed attach request");
+	code = bd_kvpool_attach_parse(buf, (size_t)n, c->o.tp, &cl->rank, why, sizeof(why));
+	if (code != BD_POOL_OK) {
+		attach_refuse(cl->fd, code, why);
+		drop_client(c, i, why);
 		return false;
 	}
-	if (req->version != BD_POOL_PROTO_VERSION) {
-		char t[96];
-
-		snprintf(t, sizeof(t), "protocol version %u, kvpoold speaks %d", req->version,
-			 BD_POOL_PROTO_VERSION);
-		attach_refuse(cl->fd, BD_POOL_ERR_VERSION, t);
-		bdfp4__attach_request__free_unpacked(req, NULL);
-		drop_client(c, i, "version mismatch");
-		return false;
-	}
-	if (req->rank < 0 || req->rank >= c->o.tp) {
-		char t[96];
-
-		snprintf(t, sizeof(t), "rank %d: the pool has ranks 0..%d", req->rank, c->o.tp - 1);
-		attach_refuse(cl->fd, BD_POOL_ERR_NO_DEVICE, t);
-		bdfp4__attach_request__free_unpacked(req, NULL);
-		drop_client(c, i, "no such rank");
-		return false;
-	}
-	cl->rank = req->rank;
-	bdfp4__attach_request__free_unpacked(req, NULL);
 	send_attach(c, cl);
 	if (!cl->attached) {
 		drop_client(c, i, "attach reply failed");

@@ -48,7 +48,7 @@ def text_seeds():
     with open("/usr/share/common-licenses/GPL-3", "rb") as f:
         gpl = f.read()
     # the first byte of an input is the flags: 0 plain, 1 special parsing, 2 BOS/EOS
-    out("text-corpus", "gpl", b"\0" + gpl[:1500])
+    out("text-corpus", "gpl", b"\0" + gpl[:700])
     out("text-corpus", "special", b"\x01<|im_start|>user\nhi \xc3\xa9t\xc3\xa9<|im_end|>\n")
     out("text-corpus", "utf8", "\0naïve café 東京 🙂 12345  \t\n".encode())
 
