@@ -49,6 +49,12 @@
 static const struct bd_config_key keys[] = {
 	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
 	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)" },
+	{ "curve_secret_key", "",
+	  "kvpoold's CURVE secret key file (bdfp4 keygen; mode 0600): with curve_clients the "
+	  "allocation endpoint speaks CURVE" },
+	{ "curve_clients", "",
+	  "allow-list of the CURVE public keys of the allocation endpoint's clients (the router, "
+	  "kvpoolctl)" },
 	{ "insecure_tcp", "false",
 	  "allow a plain (unauthenticated, unencrypted) TCP endpoint off loopback", true },
 	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
@@ -126,6 +132,8 @@ struct ctx {
 	struct bd_pool_attachment *attachments;
 
 	void *zctx, *rep;
+	struct bd_zsec_zap *zap;        /* the ZAP handler while the endpoint speaks CURVE */
+	struct bd_zsec_keypair curve_kp;
 	int listen_fd;
 	bool socket_bound;
 	bool rep_bound; /* the allocation endpoint is ours (unlink its ipc file at exit) */
@@ -839,6 +847,57 @@ static void on_rep(struct ctx *c)
 	}
 }
 
+/* A peer the ZAP handler refused (its thread): logged with its address and key. */
+static void on_refused(void *ctx, const char *domain, const char *address, const char *key)
+{
+	(void)ctx;
+	bd_log_warn("CURVE: refused %s peer %s with key %s (not in curve_clients)", domain,
+		    *address ? address : "(local)", key);
+}
+
+/* CURVE on the allocation endpoint (curve_secret_key and curve_clients, both or neither), and
+ * the plain-TCP rule: a plain TCP endpoint only on loopback, or with insecure_tcp. */
+static int setup_curve(struct ctx *c)
+{
+	const char *key = bd_daemon_get_str(&c->d, "curve_secret_key");
+	const char *list = bd_daemon_get_str(&c->d, "curve_clients");
+	struct bd_zsec_allow *a = NULL;
+	bool insecure = false;
+	char err[512];
+	int e;
+
+	if (bd_daemon_get_bool(&c->d, "insecure_tcp", &insecure) < 0)
+		return -EINVAL;
+	if (!*key != !*list) {
+		bd_log_err("CURVE needs both curve_secret_key and curve_clients (%s is missing)",
+			   *key ? "curve_clients" : "curve_secret_key");
+		return -EINVAL;
+	}
+	if (bd_zsec_endpoint_check(c->o.endpoint, "endpoint", *key, insecure, err,
+				   sizeof(err)) < 0) {
+		bd_log_err("%s", err);
+		return -EPERM;
+	}
+	if (!*key)
+		return 0;
+	if (!c->zctx)
+		return -ENOMEM;
+	if ((e = bd_zsec_load_secret(key, &c->curve_kp, err, sizeof(err))) < 0 ||
+	    (e = bd_zsec_allow_load(list, &a, err, sizeof(err))) < 0 ||
+	    (e = bd_zsec_zap_start(c->zctx, on_refused, c, &c->zap, err, sizeof(err))) < 0) {
+		bd_zsec_allow_free(a);
+		bd_log_err("%s", err);
+		return e;
+	}
+	if ((e = bd_zsec_zap_add(c->zap, "pool", a)) < 0) {
+		bd_zsec_allow_free(a);
+		return e;
+	}
+	bd_log_info("CURVE on the allocation endpoint: public key %s, allow-list %s",
+		    c->curve_kp.pub, list);
+	return 0;
+}
+
 static int setup_sockets(struct ctx *c)
 {
 	int zero = 0, e;
@@ -857,20 +916,9 @@ static int setup_sockets(struct ctx *c)
 		return c->listen_fd;
 	}
 	c->socket_bound = true;
-	{
-		bool insecure = false;
-		char err[512];
-
-		/* the allocation endpoint has no CURVE: TCP only on loopback, or when told */
-		if (bd_daemon_get_bool(&c->d, "insecure_tcp", &insecure) < 0)
-			return -EINVAL;
-		if (bd_zsec_endpoint_check(c->o.endpoint, "endpoint", false, insecure, err,
-					   sizeof(err)) < 0) {
-			bd_log_err("%s", err);
-			return -EPERM;
-		}
-	}
 	c->zctx = zmq_ctx_new();
+	if ((e = setup_curve(c)) < 0)
+		return e;
 	if (bd_ipc_endpoint_in_use(c->o.endpoint) == 1) {
 		bd_log_err("allocation endpoint %s: another process listens there (is kvpoold already "
 			"running?)", c->o.endpoint);
@@ -879,6 +927,7 @@ static int setup_sockets(struct ctx *c)
 	c->rep = c->zctx ? zmq_socket(c->zctx, ZMQ_REP) : NULL;
 	if (!c->rep || zmq_setsockopt(c->rep, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_setsockopt(c->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+	    (c->zap && bd_zsec_server(c->rep, &c->curve_kp, "pool") < 0) ||
 	    zmq_bind(c->rep, c->o.endpoint) < 0) {
 		bd_log_err("allocation endpoint %s: %s", c->o.endpoint, zmq_strerror(zmq_errno()));
 		return -EIO;
@@ -991,6 +1040,8 @@ static void cleanup(struct ctx *c)
 		if (c->rep_bound && path)
 			unlink(path);
 	}
+	bd_zsec_zap_stop(c->zap);
+	memset(&c->curve_kp, 0, sizeof(c->curve_kp));
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	for (int r = 0; r < c->n_arenas; r++)

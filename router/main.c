@@ -87,6 +87,9 @@ static const struct bd_config_key keys[] = {
 	  "every frontend endpoint asks CURVE; with curve_workers, the worker endpoint" },
 	{ "curve_clients", "", "allow-list of the clients' CURVE public keys (one a line)" },
 	{ "curve_workers", "", "allow-list of the workers' CURVE public keys" },
+	{ "pool_server_key", "",
+	  "kvpoold's CURVE public key file: the pool connection speaks CURVE with the router's "
+	  "curve_secret_key (kvpoold's curve_clients must list the router's public key)" },
 	{ "insecure_tcp", "false",
 	  "allow plain (unauthenticated, unencrypted) TCP on a non-loopback address", true },
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
@@ -106,11 +109,17 @@ static int read_security(struct bd_router *rt)
 	o->curve_secret_key = bd_daemon_get_str(&rt->d, "curve_secret_key");
 	o->curve_clients = bd_daemon_get_str(&rt->d, "curve_clients");
 	o->curve_workers = bd_daemon_get_str(&rt->d, "curve_workers");
+	o->pool_server_key = bd_daemon_get_str(&rt->d, "pool_server_key");
+	if (*o->pool_server_key && !*o->curve_secret_key) {
+		bd_log_err("pool_server_key needs the router's own curve_secret_key");
+		return -EINVAL;
+	}
 	if (bd_daemon_get_bool(&rt->d, "insecure_tcp", &o->insecure_tcp) < 0)
 		return -EINVAL;
-	if (!*o->curve_secret_key != (!*o->curve_clients && !*o->curve_workers)) {
+	if (!*o->curve_secret_key !=
+	    (!*o->curve_clients && !*o->curve_workers && !*o->pool_server_key)) {
 		bd_log_err("CURVE needs curve_secret_key and an allow-list (curve_clients, "
-			   "curve_workers): %s is set without the other",
+			   "curve_workers) or pool_server_key: %s is set without the other",
 			   *o->curve_secret_key ? "curve_secret_key" : "an allow-list");
 		return -EINVAL;
 	}
@@ -126,8 +135,8 @@ static int read_security(struct bd_router *rt)
 		}
 	if ((e = bd_zsec_endpoint_check(o->workers, "workers", *o->curve_workers, o->insecure_tcp,
 					err, sizeof(err))) < 0 ||
-	    (e = bd_zsec_endpoint_check(o->pool, "pool", false, o->insecure_tcp, err,
-					sizeof(err))) < 0) {
+	    (e = bd_zsec_endpoint_check(o->pool, "pool", *o->pool_server_key, o->insecure_tcp,
+					err, sizeof(err))) < 0) {
 		bd_log_err("%s", err);
 		return e;
 	}
@@ -301,6 +310,16 @@ static int connect_pool(struct bd_router *rt)
 	if (e < 0) {
 		bd_log_err("pool %s: %s", rt->o.pool, strerror(-e));
 		return e;
+	}
+	if (*rt->o.pool_server_key) {
+		char err[512] = "";
+
+		e = bd_pool_conn_set_curve(rt->pool, rt->o.pool_server_key, rt->o.curve_secret_key,
+					   err, sizeof(err));
+		if (e < 0) {
+			bd_log_err("pool %s: %s", rt->o.pool, *err ? err : strerror(-e));
+			return e;
+		}
 	}
 	for (;;) {
 		e = bd_pool_stats(rt->pool, 1, &st);

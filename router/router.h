@@ -74,6 +74,7 @@ struct bd_router_opts {
 	 * and worker sockets (both sockets become CURVE servers when their list is set), and
 	 * whether plain TCP off loopback is allowed */
 	const char *curve_secret_key, *curve_clients, *curve_workers;
+	const char *pool_server_key; /* kvpoold's public key: the pool connections speak CURVE */
 	bool insecure_tcp;
 };
 

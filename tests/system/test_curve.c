@@ -333,3 +333,50 @@ Test(curve, plain_tcp_off_loopback_is_refused_unless_insecure_tcp)
 	cr_expect_eq(sv_stop(&E.router, SIGTERM, WAIT_MS), 0, "routerd:\n%s",
 		     sv_log_tail(&E.router));
 }
+
+/* kvpoold's allocation endpoint on loopback TCP with CURVE: the router (its curve_secret_key,
+ * pool_server_key) and a kvpoolctl with a listed key are answered, a kvpoolctl with another key
+ * is not, and kvpoold logs the refused peer. */
+Test(curve, pool_endpoint_speaks_curve)
+{
+	char pool[64], pub_r[64], pub_c[64], list[256], cmd[4 * PATH_MAX], out[4096];
+	FILE *p;
+	size_t n;
+	int rc;
+
+	snprintf(pool, sizeof(pool), "tcp://127.0.0.1:%d", free_port());
+	keygen("pool", NULL);
+	keygen("router", pub_r);
+	keygen("ctl", pub_c);
+	keygen("mallory", NULL);
+	snprintf(list, sizeof(list), "%s router\n%s kvpoolctl\n", pub_r, pub_c);
+	write_text("pool.allow", list);
+	sv_start_pool(&E, (const char *const[]){ "--endpoint", pool, "--curve-secret-key",
+						 path_of("pool.key"), "--curve-clients",
+						 path_of("pool.allow"), NULL });
+	/* READY only once its pool calls are answered */
+	sv_start_router(&E, (const char *const[]){ "--pool", pool, "--pool-server-key",
+						   path_of("pool.pub"), "--curve-secret-key",
+						   path_of("router.key"), NULL });
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof(cmd),
+			 "%s/kvpoolctl --endpoint %s --timeout 2000 --server-key %s --secret-key %s "
+			 "stats 2>&1", E.bin, pool, path_of("pool.pub"),
+			 path_of(k ? "mallory.key" : "ctl.key"));
+		p = popen(cmd, "r");
+		cr_assert_not_null(p);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		rc = WEXITSTATUS(pclose(p));
+		if (k == 0)
+			cr_expect(rc == 0 && strstr(out, "pages"), "kvpoolctl with a listed key: "
+				  "%d\n%s", rc, out);
+		else
+			cr_expect_neq(rc, 0, "kvpoolctl with another key was answered:\n%s", out);
+	}
+	cr_expect(strstr(sv_log_tail(&E.pool), "refused pool peer"), "kvpoold log:\n%s",
+		  sv_log_tail(&E.pool));
+	cr_expect_eq(sv_stop(&E.router, SIGTERM, WAIT_MS), 0, "routerd:\n%s",
+		     sv_log_tail(&E.router));
+	cr_expect_eq(sv_stop(&E.pool, SIGTERM, WAIT_MS), 0, "kvpoold:\n%s", sv_log_tail(&E.pool));
+}
