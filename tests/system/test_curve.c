@@ -1,9 +1,10 @@
-/* test_curve.c — CURVE on the router's TCP endpoints with real daemons on the CPU backend:
+/* test_curve.c — CURVE on the daemons' TCP endpoints with real daemons on the CPU backend:
  * kvpoold, routerd with a CURVE frontend and a CURVE worker endpoint on loopback TCP, two
- * workerd with their own keys. A client whose key the router's allow-list holds is served; one
- * with another key, and a plain one, fail at once with the handshake's error and nothing of
- * theirs reaches the scheduler; the router logs the refused peer. Plain TCP on a non-loopback
- * address is refused at start (routerd, workerd and kvpoold exit 1 with the reason) unless
+ * workerd with their own keys. A client whose key the router's allow-list holds is served (the
+ * C client and the Python client); one with another key, and a plain one, fail at once with the
+ * handshake's error; the router logs the refused peer. kvpoold's allocation endpoint speaks
+ * CURVE to the router and to a kvpoolctl with a listed key. Plain TCP on a non-loopback address
+ * is refused at start (routerd, workerd and kvpoold exit 1 with the reason) unless
  * insecure_tcp.
  */
 #include <criterion/criterion.h>
