@@ -2,7 +2,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,27 +11,13 @@
 
 #include <zmq.h>
 
+#include "base/bd_err.h"
 #include "base/bd_zsec.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define MAX_KEYS 4096
 #define MAX_DOMAINS 8
 #define NAME_MAX_LEN 64
-
-static int fail(char *err, size_t cap, int e, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t cap, int e, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && cap) {
-		va_start(ap, fmt);
-		vsnprintf(err, cap, fmt, ap);
-		va_end(ap);
-	}
-	return e;
-}
 
 bool bd_zsec_available(void)
 {
@@ -59,15 +44,15 @@ static int read_line_file(const char *path, const char *what, char *buf, size_t 
 	ssize_t n;
 
 	if (fd < 0)
-		return fail(err, ecap, -errno, "%s %s: %s", what, path, strerror(errno));
+		return bd_errf(err, ecap, -errno, "%s %s: %s", what, path, strerror(errno));
 	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) {
 		close(fd);
-		return fail(err, ecap, -EBADMSG, "%s %s: not a regular file", what, path);
+		return bd_errf(err, ecap, -EBADMSG, "%s %s: not a regular file", what, path);
 	}
 	n = read(fd, buf, cap - 1);
 	close(fd);
 	if (n < 0)
-		return fail(err, ecap, -errno, "%s %s: %s", what, path, strerror(errno));
+		return bd_errf(err, ecap, -errno, "%s %s: %s", what, path, strerror(errno));
 	buf[n] = 0;
 	buf[strcspn(buf, "\r\n")] = 0;
 	return 0;
@@ -81,18 +66,18 @@ int bd_zsec_load_secret(const char *path, struct bd_zsec_keypair *ret, char *err
 	int e;
 
 	if (!path || !*path || !ret)
-		return fail(err, cap, -EINVAL, "no secret key file");
+		return bd_errf(err, cap, -EINVAL, "no secret key file");
 	if ((e = read_line_file(path, "secret key file", line, sizeof(line), &st, err, cap)) < 0)
 		return e;
 	if (st.st_mode & 077)
-		return fail(err, cap, -EPERM, "secret key file %s: mode %04o lets others read it "
+		return bd_errf(err, cap, -EPERM, "secret key file %s: mode %04o lets others read it "
 			    "(chmod 600)", path, (unsigned)(st.st_mode & 07777));
 	if (strlen(line) != BD_ZSEC_Z85 || !z85_key(line, raw))
-		return fail(err, cap, -EBADMSG, "secret key file %s: not a 40-character Z85 key "
+		return bd_errf(err, cap, -EBADMSG, "secret key file %s: not a 40-character Z85 key "
 			    "(bdfp4 keygen makes one)", path);
 	memcpy(ret->sec, line, BD_ZSEC_Z85 + 1);
 	if (zmq_curve_public(ret->pub, ret->sec) < 0)
-		return fail(err, cap, -ENOTSUP, "secret key file %s: %s", path,
+		return bd_errf(err, cap, -ENOTSUP, "secret key file %s: %s", path,
 			    zmq_strerror(zmq_errno()));
 	return 0;
 }
@@ -105,11 +90,11 @@ int bd_zsec_load_public(const char *path, char *ret, char *err, size_t cap)
 	int e;
 
 	if (!path || !*path || !ret)
-		return fail(err, cap, -EINVAL, "no public key file");
+		return bd_errf(err, cap, -EINVAL, "no public key file");
 	if ((e = read_line_file(path, "public key file", line, sizeof(line), &st, err, cap)) < 0)
 		return e;
 	if (strlen(line) != BD_ZSEC_Z85 || !z85_key(line, raw))
-		return fail(err, cap, -EBADMSG, "public key file %s: not a 40-character Z85 key",
+		return bd_errf(err, cap, -EBADMSG, "public key file %s: not a 40-character Z85 key",
 			    path);
 	memcpy(ret, line, BD_ZSEC_Z85 + 1);
 	return 0;
@@ -122,14 +107,14 @@ static int write_file(const char *path, const char *text, int flags, mode_t mode
 	size_t n = strlen(text);
 
 	if (fd < 0)
-		return fail(err, cap, -errno, "%s: %s", path, strerror(errno));
+		return bd_errf(err, cap, -errno, "%s: %s", path, strerror(errno));
 	/* the mode whatever the umask, and an existing public file's old mode replaced */
 	if (fchmod(fd, mode) < 0 || write(fd, text, n) != (ssize_t)n || fsync(fd) < 0) {
 		int e = errno ? errno : EIO;
 
 		close(fd);
 		unlink(path);
-		return fail(err, cap, -e, "%s: %s", path, strerror(e));
+		return bd_errf(err, cap, -e, "%s: %s", path, strerror(e));
 	}
 	close(fd);
 	return 0;
@@ -142,13 +127,13 @@ int bd_zsec_keygen(const char *prefix, struct bd_zsec_keypair *ret, char *err, s
 	int e;
 
 	if (!prefix || !*prefix)
-		return fail(err, cap, -EINVAL, "no file prefix");
+		return bd_errf(err, cap, -EINVAL, "no file prefix");
 	if (!bd_zsec_available())
-		return fail(err, cap, -ENOTSUP, "this libzmq has no CURVE (built without libsodium)");
+		return bd_errf(err, cap, -ENOTSUP, "this libzmq has no CURVE (built without libsodium)");
 	if (zmq_curve_keypair(kp.pub, kp.sec) < 0)
-		return fail(err, cap, -EIO, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+		return bd_errf(err, cap, -EIO, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
 	if (snprintf(path, sizeof(path), "%s.key", prefix) >= (int)sizeof(path))
-		return fail(err, cap, -ENAMETOOLONG, "prefix too long");
+		return bd_errf(err, cap, -ENAMETOOLONG, "prefix too long");
 	snprintf(line, sizeof(line), "%s\n", kp.sec);
 	if ((e = write_file(path, line, O_EXCL, 0600, err, cap)) < 0)
 		return e;
@@ -184,15 +169,15 @@ int bd_zsec_allow_load(const char *path, struct bd_zsec_allow **ret, char *err, 
 	int lineno = 0;
 
 	if (!path || !*path || !ret)
-		return fail(err, cap, -EINVAL, "no allow-list file");
+		return bd_errf(err, cap, -EINVAL, "no allow-list file");
 	f = fopen(path, "re");
 	if (!f)
-		return fail(err, cap, -errno, "allow-list %s: %s", path, strerror(errno));
+		return bd_errf(err, cap, -errno, "allow-list %s: %s", path, strerror(errno));
 	a = calloc(1, sizeof(*a));
 	if (!a || !(a->e = calloc(MAX_KEYS, sizeof(*a->e)))) {
 		free(a);
 		fclose(f);
-		return fail(err, cap, -ENOMEM, "out of memory");
+		return bd_errf(err, cap, -ENOMEM, "out of memory");
 	}
 	while (fgets(line, sizeof(line), f)) {
 		char *s = line, *name;
@@ -206,7 +191,7 @@ int bd_zsec_allow_load(const char *path, struct bd_zsec_allow **ret, char *err, 
 		if (a->n == MAX_KEYS) {
 			fclose(f);
 			bd_zsec_allow_free(a);
-			return fail(err, cap, -EBADMSG, "allow-list %s: more than %d keys", path,
+			return bd_errf(err, cap, -EBADMSG, "allow-list %s: more than %d keys", path,
 				    MAX_KEYS);
 		}
 		ent = &a->e[a->n];
@@ -214,7 +199,7 @@ int bd_zsec_allow_load(const char *path, struct bd_zsec_allow **ret, char *err, 
 		if (name - s != BD_ZSEC_Z85 || !z85_key(s, ent->key)) {
 			fclose(f);
 			bd_zsec_allow_free(a);
-			return fail(err, cap, -EBADMSG, "allow-list %s line %d: not a 40-character "
+			return bd_errf(err, cap, -EBADMSG, "allow-list %s line %d: not a 40-character "
 				    "Z85 public key", path, lineno);
 		}
 		name += strspn(name, " \t");
@@ -285,7 +270,7 @@ int bd_zsec_client_files(void *sock, const char *server_key_file, const char *se
 	if (!have_srv && !have_sec)
 		return 0;
 	if (!have_srv || !have_sec)
-		return fail(err, cap, -EINVAL, "a CURVE client needs both the server's public key "
+		return bd_errf(err, cap, -EINVAL, "a CURVE client needs both the server's public key "
 			    "file and its own secret key file (%s is missing)",
 			    have_srv ? "the secret key" : "the server key");
 	if ((e = bd_zsec_load_public(server_key_file, srv, err, cap)) < 0 ||
@@ -294,7 +279,7 @@ int bd_zsec_client_files(void *sock, const char *server_key_file, const char *se
 	e = bd_zsec_client(sock, srv, &kp);
 	memset(&kp, 0, sizeof(kp));
 	if (e < 0)
-		return fail(err, cap, e, "CURVE client options: %s",
+		return bd_errf(err, cap, e, "CURVE client options: %s",
 			    e == -ENOTSUP ? "this libzmq has no CURVE" : zmq_strerror(zmq_errno()));
 	return 0;
 }
@@ -432,10 +417,10 @@ int bd_zsec_zap_start(void *zctx, bd_zsec_refuse_fn on_refuse, void *ctx,
 	int zero = 0;
 
 	if (!zctx || !ret)
-		return fail(err, cap, -EINVAL, "no ZeroMQ context");
+		return bd_errf(err, cap, -EINVAL, "no ZeroMQ context");
 	z = calloc(1, sizeof(*z));
 	if (!z)
-		return fail(err, cap, -ENOMEM, "out of memory");
+		return bd_errf(err, cap, -ENOMEM, "out of memory");
 	pthread_mutex_init(&z->lock, NULL);
 	z->zctx = zctx;
 	z->on_refuse = on_refuse;
@@ -449,11 +434,11 @@ int bd_zsec_zap_start(void *zctx, bd_zsec_refuse_fn on_refuse, void *ctx,
 		int e = zmq_errno();
 
 		bd_zsec_zap_stop(z);
-		return fail(err, cap, -EIO, "ZAP handler at %s: %s", ZAP_ENDPOINT, zmq_strerror(e));
+		return bd_errf(err, cap, -EIO, "ZAP handler at %s: %s", ZAP_ENDPOINT, zmq_strerror(e));
 	}
 	if (pthread_create(&z->thread, NULL, zap_thread, z) != 0) {
 		bd_zsec_zap_stop(z);
-		return fail(err, cap, -EAGAIN, "ZAP handler thread: cannot start");
+		return bd_errf(err, cap, -EAGAIN, "ZAP handler thread: cannot start");
 	}
 	z->started = true;
 	*ret = z;
@@ -542,10 +527,10 @@ int bd_zsec_endpoint_check(const char *ep, const char *what, bool curve, bool in
 			   char *err, size_t cap)
 {
 	if (!ep)
-		return fail(err, cap, -EINVAL, "%s: no endpoint", what);
+		return bd_errf(err, cap, -EINVAL, "%s: no endpoint", what);
 	if (strncmp(ep, "tcp://", 6) || curve || insecure_tcp || bd_zsec_tcp_loopback(ep))
 		return 0;
-	return fail(err, cap, -EPERM, "%s %s: plain TCP off loopback is refused (anyone on the "
+	return bd_errf(err, cap, -EPERM, "%s %s: plain TCP off loopback is refused (anyone on the "
 		    "network could read and send frames): configure CURVE keys "
 		    "(curve_secret_key and an allow-list; bdfp4 keygen), or set insecure_tcp = true",
 		    what, ep);
@@ -554,12 +539,12 @@ int bd_zsec_endpoint_check(const char *ep, const char *what, bool curve, bool in
 int bd_zsec_handshake_error(int event, int value, const char *ep, char *err, size_t cap)
 {
 	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-		return fail(err, cap, -EACCES, "%s refused this client's CURVE key (ZAP status %d): "
+		return bd_errf(err, cap, -EACCES, "%s refused this client's CURVE key (ZAP status %d): "
 			    "its public key is not in the server's allow-list", ep ? ep : "the server",
 			    value);
 	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
 	    event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-		return fail(err, cap, -EPROTO, "security handshake with %s failed: the server and "
+		return bd_errf(err, cap, -EPROTO, "security handshake with %s failed: the server and "
 			    "this client disagree on CURVE (a CURVE server and a plain client, or "
 			    "the other way round, or the wrong server public key)", ep ? ep : "the server");
 	return 0;

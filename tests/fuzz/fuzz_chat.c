@@ -16,19 +16,10 @@
 #include <string.h>
 
 #include "model/bd_chat_template.h"
+#define FZ_TOK_INITIALIZE
 #include "fuzz_model_tok.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	fz_tok_load();
-	return 0;
-}
-
 #define MAX_MSGS 8
 
 struct pieces {

@@ -27,4 +27,17 @@ static inline void fz_tok_load(void)
 	bd_gguf_free(g);
 }
 
+/* FZ_TOK_INITIALIZE: the target loads it in LLVMFuzzerInitialize, before any input */
+#ifdef FZ_TOK_INITIALIZE
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	fz_tok_load();
+	return 0;
+}
+#endif
+
 #endif

@@ -14,19 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define FZ_TOK_INITIALIZE
 #include "fuzz_model_tok.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	fz_tok_load();
-	return 0;
-}
-
 /* Whether s[n] is valid UTF-8 (no overlong forms, surrogates or values above U+10FFFF). */
 static bool valid_utf8(const uint8_t *s, size_t n)
 {
