@@ -168,7 +168,7 @@ Test(curve, allowed_key_is_served_others_fail_fast)
 {
 	char front[64], workers[64], pub_a[64], pub_w0[64], pub_w1[64], list[512];
 	const char *wargv[2][32];
-	char rank[2][4];
+	char rank[2][12];
 	struct bd_client *c, *rogue, *plain;
 	struct bd_client_health h;
 	int64_t t0;
@@ -200,7 +200,7 @@ Test(curve, allowed_key_is_served_others_fail_fast)
 				    "--allreduce-dir", E.dir, "--threads", "1",
 				    "--router-server-key", path_of("router.pub"),
 				    "--curve-secret-key", path_of(r ? "w1.key" : "w0.key"), NULL };
-		char name[16];
+		char name[24];
 
 		snprintf(rank[r], sizeof(rank[r]), "%d", r);
 		memcpy(wargv[r], a, sizeof(a));
