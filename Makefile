@@ -508,7 +508,7 @@ FUZZ_MAKE = $(MAKE) --no-print-directory BUILD=$(BUILD)/fuzz CC=clang FUZZ=1
 define fuzz_run # $(1) program, $(2) seed corpus, $(3) max input length
 	$(FUZZ_MAKE) $(BUILD)/fuzz/bin/$(1)
 	@mkdir -p $(BUILD)/fuzz/$(1).corpus
-	$(BUILD)/fuzz/bin/$(1) -max_total_time=$(FUZZ_TIME) -max_len=$(3) $(FUZZ_ARGS) \
+	$(BUILD)/fuzz/bin/$(1) -max_total_time=$(FUZZ_TIME) -max_len=$(3) $(FUZZ_QUIET) $(FUZZ_ARGS) \
 		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/$(1).corpus $(2)
 endef
 fuzz: fuzz-gguf
@@ -552,6 +552,9 @@ $(BUILD)/tests/fuzz/fuzz_attach.o: | $(PROTO_H)
 .PHONY: fuzz-attach
 fuzz-attach:
 	$(call fuzz_run,fuzz_attach,tests/fuzz/attach-corpus,512)
+# the router logs every registration and group it forms: -close_fd_mask=2 keeps that out of
+# the fuzzer's output (libFuzzer and the sanitizers report on a copy of stderr)
+fuzz-router-client fuzz-router-workers: FUZZ_QUIET := -close_fd_mask=2
 fuzz-router-client:
 	$(call fuzz_run,fuzz_router_client,tests/fuzz/router-client-corpus,2048)
 fuzz-router-workers:

@@ -6,7 +6,7 @@
  * message; a recognized one runs over the messages with every piece inside what it was given
  * (template pieces from the template's literals, user pieces exactly a role or a content); the
  * model's own template applied to the messages gives ids that decode to the text it renders
- * when no content holds special-token text.
+ * (less the bytes the vocabulary has no token for) when no content holds special-token text.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -112,8 +112,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		if (bd_tokenizer_decode(fz_tok, ids, n, 0, &dec, &dlen) < 0)
 			abort();
-		if (!special_text && (dlen != len || memcmp(dec, text, len)))
-			abort();
+		/* the rendered text less the bytes the vocabulary has no token for (as in
+		 * fuzz_tokenizer.c: they are left out when encoding) */
+		{
+			size_t k = 0;
+
+			for (size_t j = 0; j < len; j++)
+				if (bd_tokenizer_byte_token(fz_tok, (uint8_t)text[j]) >= 0)
+					text[k++] = text[j];
+			if (!special_text && (dlen != k || memcmp(dec, text, k)))
+				abort();
+		}
 		free(ids);
 		free(text);
 		free(dec);
