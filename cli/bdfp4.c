@@ -22,6 +22,7 @@ static const struct subcommand commands[] = {
 	{ "client", cmd_client, "send a prompt to the router and stream the answer" },
 	{ "serve", cmd_serve,
 	  "run kvpoold, the router (ZeroMQ and HTTP) and the workers in the foreground" },
+	{ "keygen", cmd_keygen, "make a CURVE key pair for an encrypted TCP endpoint" },
 };
 
 static void usage(FILE *f)

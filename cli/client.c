@@ -42,6 +42,9 @@ static void usage(FILE *f)
 		"  --stats            print token counts, time to first token and speed to stderr\n"
 		"  --health           print the router's health (exit 0 when serving) and exit\n"
 		"  --info             print the router's server info and exit\n"
+		"  --server-key FILE  the router's CURVE public key (default: $BDFP4_SERVER_KEY)\n"
+		"  --secret-key FILE  this client's CURVE secret key (default: $BDFP4_SECRET_KEY;\n"
+		"                     bdfp4 keygen makes a pair); both set: the connection is CURVE\n"
 		"  -h, --help         this text\n",
 		BD_CLIENT_MAX_STOPS);
 }
@@ -74,6 +77,14 @@ static int print_json(json_t *o)
 /* The endpoint the client talks to, for messages that say whom it waited for. */
 static const char *g_router = BD_CLIENT_DEFAULT_ENDPOINT;
 
+/* What the -errno e of a call on c means: the refused handshake's own message, else
+ * strerror. */
+static const char *client_err(const struct bd_client *c, int e)
+{
+	return (e == -EACCES || e == -EPROTO) && *bd_client_error(c) ? bd_client_error(c)
+								    : strerror(-e);
+}
+
 static int do_health(struct bd_client *c, int timeout_ms, bool json)
 {
 	struct bd_client_health h;
@@ -84,7 +95,7 @@ static int do_health(struct bd_client *c, int timeout_ms, bool json)
 			fprintf(stderr, "bdfp4 client: health: no answer from a router at %s in %d ms "
 				"(is routerd running there? --router ADDR)\n", g_router, timeout_ms);
 		else
-			fprintf(stderr, "bdfp4 client: health: %s\n", strerror(-e));
+			fprintf(stderr, "bdfp4 client: health: %s\n", client_err(c, e));
 		return 1;
 	}
 	if (json) {
@@ -123,7 +134,7 @@ static int do_info(struct bd_client *c, int timeout_ms, bool json)
 	if (e < 0) {
 		fprintf(stderr, "bdfp4 client: info: %s\n",
 			e == -ETIMEDOUT ? "no answer from the router (is routerd running? --router ADDR)"
-					: strerror(-e));
+					: client_err(c, e));
 		return 1;
 	}
 	if (json) {
@@ -214,8 +225,14 @@ static int wait_ready(struct bd_client *c, long wait_s)
 	struct bd_client_health h = { 0 };
 
 	do {
-		if (bd_client_health(c, 1000, &h) == 0 && h.healthy)
+		int e = bd_client_health(c, 1000, &h);
+
+		if (e == 0 && h.healthy)
 			return 0;
+		if (e == -EACCES || e == -EPROTO) { /* waiting cannot help */
+			fprintf(stderr, "bdfp4 client: %s\n", client_err(c, e));
+			return 1;
+		}
 		usleep(200000);
 	} while (bd_now_s() < end);
 	fprintf(stderr, "bdfp4 client: the router is not serving after %ld s%s%s\n", wait_s,
@@ -255,7 +272,7 @@ int cmd_client(int argc, char **argv)
 {
 	enum {
 		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_MAX, O_KV, O_STOP, O_NOSTREAM,
-		O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO
+		O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO, O_SRVKEY, O_SECKEY
 	};
 	static const struct option opts[] = {
 		{ "router", required_argument, NULL, O_ROUTER },
@@ -276,6 +293,8 @@ int cmd_client(int argc, char **argv)
 		{ "stats", no_argument, NULL, O_STATS },
 		{ "health", no_argument, NULL, O_HEALTH },
 		{ "info", no_argument, NULL, O_INFO },
+		{ "server-key", required_argument, NULL, O_SRVKEY },
+		{ "secret-key", required_argument, NULL, O_SECKEY },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -295,6 +314,7 @@ int cmd_client(int argc, char **argv)
 		{ O_WAIT, 0, 86400, &wait_s, "--wait-ready wants seconds, not '%s'" },
 	};
 	struct bd_client *c = NULL;
+	struct bd_client_opts copts = { NULL, NULL };
 	struct bd_client_event ev;
 	uint64_t tag;
 	double t0, t_first = 0;
@@ -353,6 +373,12 @@ int cmd_client(int argc, char **argv)
 		case O_INFO:
 			info = true;
 			break;
+		case O_SRVKEY:
+			copts.server_key_file = optarg;
+			break;
+		case O_SECKEY:
+			copts.secret_key_file = optarg;
+			break;
 		default:
 			return cli_getopt_other("client", usage, opt, argv);
 		}
@@ -377,10 +403,14 @@ int cmd_client(int argc, char **argv)
 			e == -EACCES ? "" : " (is the router running? bdfp4 serve starts one)");
 		return 1;
 	}
-	e = bd_client_new(router, &c);
-	if (e < 0) {
-		fprintf(stderr, "bdfp4 client: %s: %s\n", router, strerror(-e));
-		return 1;
+	{
+		char kerr[512] = "";
+
+		e = bd_client_new_opts(router, &copts, &c, kerr, sizeof(kerr));
+		if (e < 0) {
+			fprintf(stderr, "bdfp4 client: %s: %s\n", router, *kerr ? kerr : strerror(-e));
+			return 1;
+		}
 	}
 	if (wait_s && wait_ready(c, wait_s)) {
 		bd_client_free(c);
@@ -416,7 +446,7 @@ int cmd_client(int argc, char **argv)
 					"%ld ms (is routerd running there? --router ADDR)\n", g_router,
 					(long)timeout_ms);
 			else
-				fprintf(stderr, "\nbdfp4 client: %s\n", strerror(-e));
+				fprintf(stderr, "\nbdfp4 client: %s\n", client_err(c, e));
 			break;
 		}
 		if (ev.tag != tag)

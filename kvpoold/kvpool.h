@@ -1,5 +1,6 @@
 /* kvpool.h — what kvpoold is made of, behind its main: the allocator (alloc.c), the message
- * handler of the allocation socket (handler.c), the arena sizing (plan.c) and the memory
+ * handler of the allocation socket (handler.c), the attach request's check (attach.c), the
+ * arena sizing (plan.c) and the memory
  * backends (mem_cpu.c, mem_cuda.c). None of it does I/O or logs, so the unit tests and the
  * fuzzer drive it directly.
  *
@@ -199,6 +200,14 @@ struct bd_kvpool_handler {
 	uint32_t default_top;              /* largest holders in stats when the query says 0 */
 	uint64_t served, errors;           /* counters, updated by bd_kvpool_handle */
 };
+
+/* Decodes and checks one attach request frame buf[n] (kvpool.proto AttachRequest) for a pool
+ * of tp ranks (attach.c). Returns BD_POOL_OK with *ret_rank, or the code the refusal carries:
+ * BD_POOL_ERR_MALFORMED (not an AttachRequest), BD_POOL_ERR_VERSION (another protocol
+ * version), BD_POOL_ERR_NO_DEVICE (a rank outside 0..tp-1), with the reason in err[cap]
+ * ("" on success). *ret_rank is written only on success. */
+int bd_kvpool_attach_parse(const uint8_t *buf, size_t n, int tp, int32_t *ret_rank, char *err,
+			   size_t cap);
 
 /* Answers one PoolRequest frame: decodes, validates, applies, encodes the PoolReply into
  * *ret_reply (malloc'd, *ret_len bytes). Every frame, however broken, gets a reply. Returns 0,

@@ -26,7 +26,9 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvpoolctl [--endpoint E] [--config PATH | --no-config] [--timeout MS] "
-		   "COMMAND\n"
+		   "[--server-key FILE --secret-key FILE] COMMAND\n"
+		   "  (CURVE: kvpoold's public key file, default $BDFP4_POOL_SERVER_KEY, and this\n"
+		   "  client's secret key file, default $BDFP4_SECRET_KEY)\n"
 		   "  stats [--json] [--top N]\n"
 		   "  requests [--json]\n"
 		   "  release REQUEST_ID\n"
@@ -278,8 +280,12 @@ int main(int argc, char **argv)
 					    { "timeout", required_argument, NULL, 't' },
 					    { "help", no_argument, NULL, 'h' },
 					    { "version", no_argument, NULL, 'V' },
+					    { "server-key", required_argument, NULL, 'S' },
+					    { "secret-key", required_argument, NULL, 'K' },
 					    { 0 } };
 	const char *endpoint = NULL, *config = BD_CONFIG_DEFAULT_PATH;
+	/* CURVE (kvpoold's curve_secret_key): its public key and ours */
+	const char *srv_key = getenv("BDFP4_POOL_SERVER_KEY"), *sec_key = getenv("BDFP4_SECRET_KEY");
 	bool explicit_config = false, no_config = false;
 	struct bd_config *cfg = NULL;
 	struct bd_pool_conn *c = NULL;
@@ -294,6 +300,8 @@ int main(int argc, char **argv)
 		case 't': timeout = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("kvpoolctl %s\n", bd_version()); return 0;
+		case 'S': srv_key = optarg; break;
+		case 'K': sec_key = optarg; break;
 		default: usage(stderr); return 2;
 		}
 	}
@@ -326,6 +334,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvpoolctl: %s: %s\n",
 			endpoint ? endpoint : BD_POOL_DEFAULT_ENDPOINT, strerror(-e));
 		goto out;
+	}
+	{
+		char kerr[512] = "";
+
+		e = bd_pool_conn_set_curve(c, srv_key, sec_key, kerr, sizeof(kerr));
+		if (e < 0) {
+			fprintf(stderr, "kvpoolctl: %s\n", *kerr ? kerr : strerror(-e));
+			goto out;
+		}
 	}
 	argc -= optind;
 	argv += optind;

@@ -36,6 +36,7 @@
 #include "base/bd_config.h"
 #include "base/bd_daemon.h"
 #include "base/bd_ipc.h"
+#include "base/bd_zsec.h"
 #include "base/bd_log.h"
 #include "quant/bd_kvcfg.h"
 #include "pool/bd_pool_client.h"
@@ -48,6 +49,14 @@
 static const struct bd_config_key keys[] = {
 	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
 	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)" },
+	{ "curve_secret_key", "",
+	  "kvpoold's CURVE secret key file (bdfp4 keygen; mode 0600): with curve_clients the "
+	  "allocation endpoint speaks CURVE" },
+	{ "curve_clients", "",
+	  "allow-list of the CURVE public keys of the allocation endpoint's clients (the router, "
+	  "kvpoolctl)" },
+	{ "insecure_tcp", "false",
+	  "allow a plain (unauthenticated, unencrypted) TCP endpoint off loopback", true },
 	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
 	{ "backend", "cpu", "memory backend: cpu (memfd) or cuda (VMM, one GPU per rank)" },
 	{ "tp", "2", "tensor-parallel ranks, one arena each" },
@@ -123,6 +132,8 @@ struct ctx {
 	struct bd_pool_attachment *attachments;
 
 	void *zctx, *rep;
+	struct bd_zsec_zap *zap;        /* the ZAP handler while the endpoint speaks CURVE */
+	struct bd_zsec_keypair curve_kp;
 	int listen_fd;
 	bool socket_bound;
 	bool rep_bound; /* the allocation endpoint is ours (unlink its ipc file at exit) */
@@ -743,8 +754,9 @@ static void send_attach(struct ctx *c, struct client *cl)
 static bool on_client(struct ctx *c, size_t i)
 {
 	struct client *cl = &c->clients[i];
-	Bdfp4__AttachRequest *req;
+	char why[128];
 	uint8_t buf[512];
+	int code;
 	int fds[BD_IPC_MAX_FDS], n_fds = 0;
 	ssize_t n;
 
@@ -761,33 +773,12 @@ static bool on_client(struct ctx *c, size_t i)
 		drop_client(c, i, "unexpected message after attach");
 		return false;
 	}
-	req = bdfp4__attach_request__unpack(NULL, (size_t)n, buf);
-	if (!req) {
-		attach_refuse(cl->fd, BD_POOL_ERR_MALFORMED, "not an AttachRequest");
-		drop_client(c, i, "malformed attach request");
+	code = bd_kvpool_attach_parse(buf, (size_t)n, c->o.tp, &cl->rank, why, sizeof(why));
+	if (code != BD_POOL_OK) {
+		attach_refuse(cl->fd, code, why);
+		drop_client(c, i, why);
 		return false;
 	}
-	if (req->version != BD_POOL_PROTO_VERSION) {
-		char t[96];
-
-		snprintf(t, sizeof(t), "protocol version %u, kvpoold speaks %d", req->version,
-			 BD_POOL_PROTO_VERSION);
-		attach_refuse(cl->fd, BD_POOL_ERR_VERSION, t);
-		bdfp4__attach_request__free_unpacked(req, NULL);
-		drop_client(c, i, "version mismatch");
-		return false;
-	}
-	if (req->rank < 0 || req->rank >= c->o.tp) {
-		char t[96];
-
-		snprintf(t, sizeof(t), "rank %d: the pool has ranks 0..%d", req->rank, c->o.tp - 1);
-		attach_refuse(cl->fd, BD_POOL_ERR_NO_DEVICE, t);
-		bdfp4__attach_request__free_unpacked(req, NULL);
-		drop_client(c, i, "no such rank");
-		return false;
-	}
-	cl->rank = req->rank;
-	bdfp4__attach_request__free_unpacked(req, NULL);
 	send_attach(c, cl);
 	if (!cl->attached) {
 		drop_client(c, i, "attach reply failed");
@@ -856,6 +847,57 @@ static void on_rep(struct ctx *c)
 	}
 }
 
+/* A peer the ZAP handler refused (its thread): logged with its address and key. */
+static void on_refused(void *ctx, const char *domain, const char *address, const char *key)
+{
+	(void)ctx;
+	bd_log_warn("CURVE: refused %s peer %s with key %s (not in curve_clients)", domain,
+		    *address ? address : "(local)", key);
+}
+
+/* CURVE on the allocation endpoint (curve_secret_key and curve_clients, both or neither), and
+ * the plain-TCP rule: a plain TCP endpoint only on loopback, or with insecure_tcp. */
+static int setup_curve(struct ctx *c)
+{
+	const char *key = bd_daemon_get_str(&c->d, "curve_secret_key");
+	const char *list = bd_daemon_get_str(&c->d, "curve_clients");
+	struct bd_zsec_allow *a = NULL;
+	bool insecure = false;
+	char err[512];
+	int e;
+
+	if (bd_daemon_get_bool(&c->d, "insecure_tcp", &insecure) < 0)
+		return -EINVAL;
+	if (!*key != !*list) {
+		bd_log_err("CURVE needs both curve_secret_key and curve_clients (%s is missing)",
+			   *key ? "curve_clients" : "curve_secret_key");
+		return -EINVAL;
+	}
+	if (bd_zsec_endpoint_check(c->o.endpoint, "endpoint", *key, insecure, err,
+				   sizeof(err)) < 0) {
+		bd_log_err("%s", err);
+		return -EPERM;
+	}
+	if (!*key)
+		return 0;
+	if (!c->zctx)
+		return -ENOMEM;
+	if ((e = bd_zsec_load_secret(key, &c->curve_kp, err, sizeof(err))) < 0 ||
+	    (e = bd_zsec_allow_load(list, &a, err, sizeof(err))) < 0 ||
+	    (e = bd_zsec_zap_start(c->zctx, on_refused, c, &c->zap, err, sizeof(err))) < 0) {
+		bd_zsec_allow_free(a);
+		bd_log_err("%s", err);
+		return e;
+	}
+	if ((e = bd_zsec_zap_add(c->zap, "pool", a)) < 0) {
+		bd_zsec_allow_free(a);
+		return e;
+	}
+	bd_log_info("CURVE on the allocation endpoint: public key %s, allow-list %s",
+		    c->curve_kp.pub, list);
+	return 0;
+}
+
 static int setup_sockets(struct ctx *c)
 {
 	int zero = 0, e;
@@ -875,6 +917,8 @@ static int setup_sockets(struct ctx *c)
 	}
 	c->socket_bound = true;
 	c->zctx = zmq_ctx_new();
+	if ((e = setup_curve(c)) < 0)
+		return e;
 	if (bd_ipc_endpoint_in_use(c->o.endpoint) == 1) {
 		bd_log_err("allocation endpoint %s: another process listens there (is kvpoold already "
 			"running?)", c->o.endpoint);
@@ -883,6 +927,7 @@ static int setup_sockets(struct ctx *c)
 	c->rep = c->zctx ? zmq_socket(c->zctx, ZMQ_REP) : NULL;
 	if (!c->rep || zmq_setsockopt(c->rep, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_setsockopt(c->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+	    (c->zap && bd_zsec_server(c->rep, &c->curve_kp, "pool") < 0) ||
 	    zmq_bind(c->rep, c->o.endpoint) < 0) {
 		bd_log_err("allocation endpoint %s: %s", c->o.endpoint, zmq_strerror(zmq_errno()));
 		return -EIO;
@@ -995,6 +1040,8 @@ static void cleanup(struct ctx *c)
 		if (c->rep_bound && path)
 			unlink(path);
 	}
+	bd_zsec_zap_stop(c->zap);
+	memset(&c->curve_kp, 0, sizeof(c->curve_kp));
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	for (int r = 0; r < c->n_arenas; r++)

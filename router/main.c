@@ -82,11 +82,66 @@ static const struct bd_config_key keys[] = {
 	  "on SIGTERM, step the accepted requests to their end for up to this long (0: fail them "
 	  "at once); keep below the unit's TimeoutStopSec" },
 	{ "pool_owner", "1", "owner id of this router's requests in the pool" },
+	{ "curve_secret_key", "",
+	  "the router's CURVE secret key file (bdfp4 keygen; mode 0600): with curve_clients, "
+	  "every frontend endpoint asks CURVE; with curve_workers, the worker endpoint" },
+	{ "curve_clients", "", "allow-list of the clients' CURVE public keys (one a line)" },
+	{ "curve_workers", "", "allow-list of the workers' CURVE public keys" },
+	{ "pool_server_key", "",
+	  "kvpoold's CURVE public key file: the pool connection speaks CURVE with the router's "
+	  "curve_secret_key (kvpoold's curve_clients must list the router's public key)" },
+	{ "insecure_tcp", "false",
+	  "allow plain (unauthenticated, unencrypted) TCP on a non-loopback address", true },
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
 	{ NULL, NULL, NULL },
 };
 
 /* ---- configuration ------------------------------------------------------------------------- */
+
+/* The CURVE keys and the plain-TCP rule: a list without the key file (or the other way round)
+ * is an error, and so is a plain TCP endpoint off loopback unless insecure_tcp. */
+static int read_security(struct bd_router *rt)
+{
+	struct bd_router_opts *o = &rt->o;
+	char err[512];
+	int e;
+
+	o->curve_secret_key = bd_daemon_get_str(&rt->d, "curve_secret_key");
+	o->curve_clients = bd_daemon_get_str(&rt->d, "curve_clients");
+	o->curve_workers = bd_daemon_get_str(&rt->d, "curve_workers");
+	o->pool_server_key = bd_daemon_get_str(&rt->d, "pool_server_key");
+	if (*o->pool_server_key && !*o->curve_secret_key) {
+		bd_log_err("pool_server_key needs the router's own curve_secret_key");
+		return -EINVAL;
+	}
+	if (bd_daemon_get_bool(&rt->d, "insecure_tcp", &o->insecure_tcp) < 0)
+		return -EINVAL;
+	if (!*o->curve_secret_key !=
+	    (!*o->curve_clients && !*o->curve_workers && !*o->pool_server_key)) {
+		bd_log_err("CURVE needs curve_secret_key and an allow-list (curve_clients, "
+			   "curve_workers) or pool_server_key: %s is set without the other",
+			   *o->curve_secret_key ? "curve_secret_key" : "an allow-list");
+		return -EINVAL;
+	}
+	if (*o->curve_secret_key && !bd_zsec_available()) {
+		bd_log_err("curve_secret_key: this libzmq has no CURVE (built without libsodium)");
+		return -ENOTSUP;
+	}
+	for (int i = 0; i < o->n_frontends; i++)
+		if ((e = bd_zsec_endpoint_check(o->frontends[i], "frontend", *o->curve_clients,
+						o->insecure_tcp, err, sizeof(err))) < 0) {
+			bd_log_err("%s", err);
+			return e;
+		}
+	if ((e = bd_zsec_endpoint_check(o->workers, "workers", *o->curve_workers, o->insecure_tcp,
+					err, sizeof(err))) < 0 ||
+	    (e = bd_zsec_endpoint_check(o->pool, "pool", *o->pool_server_key, o->insecure_tcp,
+					err, sizeof(err))) < 0) {
+		bd_log_err("%s", err);
+		return e;
+	}
+	return 0;
+}
 
 static int read_opts(struct bd_router *rt)
 {
@@ -159,7 +214,7 @@ static int read_opts(struct bd_router *rt)
 		bd_log_err("unknown kv_config '%s'", o->kv_config);
 		return -EINVAL;
 	}
-	return 0;
+	return read_security(rt);
 }
 
 /* ---- model and pool ------------------------------------------------------------------------ */
@@ -256,6 +311,16 @@ static int connect_pool(struct bd_router *rt)
 		bd_log_err("pool %s: %s", rt->o.pool, strerror(-e));
 		return e;
 	}
+	if (*rt->o.pool_server_key) {
+		char err[512] = "";
+
+		e = bd_pool_conn_set_curve(rt->pool, rt->o.pool_server_key, rt->o.curve_secret_key,
+					   err, sizeof(err));
+		if (e < 0) {
+			bd_log_err("pool %s: %s", rt->o.pool, *err ? err : strerror(-e));
+			return e;
+		}
+	}
 	for (;;) {
 		e = bd_pool_stats(rt->pool, 1, &st);
 		if (e != -ETIMEDOUT || bd_now_ms() >= end)
@@ -330,6 +395,57 @@ static int bind_endpoint(void *sock, const char *ep, const char *what)
 	return 0;
 }
 
+/* A peer the ZAP handler refused (its thread): logged with its address and key. */
+static void on_refused(void *ctx, const char *domain, const char *address, const char *key)
+{
+	(void)ctx;
+	bd_log_warn("CURVE: refused %s peer %s with key %s (not in the allow-list)", domain,
+		    *address ? address : "(local)", key);
+}
+
+/* The ZAP handler with the allow-lists, and the CURVE server options of the sockets that
+ * have one, before anything is bound. */
+static int setup_curve(struct bd_router *rt)
+{
+	const struct { const char *list, *domain; void *sock; } s[2] = {
+		{ rt->o.curve_clients, "clients", rt->front },
+		{ rt->o.curve_workers, "workers", rt->wsock },
+	};
+	struct bd_zsec_keypair kp;
+	char err[512];
+	int e;
+
+	if (!*rt->o.curve_secret_key)
+		return 0;
+	if ((e = bd_zsec_load_secret(rt->o.curve_secret_key, &kp, err, sizeof(err))) < 0 ||
+	    (e = bd_zsec_zap_start(rt->zctx, on_refused, rt, &rt->zap, err, sizeof(err))) < 0) {
+		bd_log_err("%s", err);
+		return e;
+	}
+	for (int i = 0; i < 2; i++) {
+		struct bd_zsec_allow *a;
+
+		if (!*s[i].list)
+			continue;
+		if ((e = bd_zsec_allow_load(s[i].list, &a, err, sizeof(err))) < 0) {
+			bd_log_err("%s", err);
+			break;
+		}
+		if ((e = bd_zsec_zap_add(rt->zap, s[i].domain, a)) < 0) {
+			bd_zsec_allow_free(a);
+			break;
+		}
+		if ((e = bd_zsec_server(s[i].sock, &kp, s[i].domain)) < 0) {
+			bd_log_err("CURVE server options: %s", zmq_strerror(zmq_errno()));
+			break;
+		}
+		bd_log_info("CURVE on the %s endpoint(s): public key %s, allow-list %s", s[i].domain,
+			    kp.pub, s[i].list);
+	}
+	memset(&kp, 0, sizeof(kp));
+	return e;
+}
+
 static int setup_sockets(struct bd_router *rt)
 {
 	int e;
@@ -343,6 +459,8 @@ static int setup_sockets(struct bd_router *rt)
 		bd_log_err("zmq socket: %s", zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
+	if ((e = setup_curve(rt)) < 0)
+		return e;
 	for (int i = 0; i < rt->o.n_frontends; i++) {
 		e = bind_endpoint(rt->front, rt->o.frontends[i], "frontend");
 		if (e < 0)
@@ -598,6 +716,7 @@ static void cleanup(struct bd_router *rt)
 		zmq_close(rt->front);
 	if (rt->wsock)
 		zmq_close(rt->wsock);
+	bd_zsec_zap_stop(rt->zap);
 	if (rt->zctx)
 		zmq_ctx_term(rt->zctx);
 	bd_pool_conn_free(rt->pool);

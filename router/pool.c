@@ -46,6 +46,15 @@ int bd_router_pool_open(struct bd_router *rt)
 	    zmq_setsockopt(rt->probe, ZMQ_IMMEDIATE, &one, sizeof(one)) < 0 ||
 	    zmq_socket_monitor(rt->probe, MON_ENDPOINT, ZMQ_EVENT_DISCONNECTED) < 0)
 		goto fail;
+	if (*rt->o.pool_server_key) {
+		char err[512];
+
+		if (bd_zsec_client_files(rt->probe, rt->o.pool_server_key, rt->o.curve_secret_key,
+					 err, sizeof(err)) < 0) {
+			bd_log_err("pool probe %s: %s", rt->o.pool, err);
+			return -EINVAL;
+		}
+	}
 	rt->probe_mon = zmq_socket(rt->zctx, ZMQ_PAIR);
 	if (!rt->probe_mon || zmq_setsockopt(rt->probe_mon, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_connect(rt->probe_mon, MON_ENDPOINT) < 0 || zmq_connect(rt->probe, rt->o.pool) < 0)

@@ -39,6 +39,7 @@
 #include "base/bd_clock.h"
 #include "base/bd_daemon.h"
 #include "base/bd_log.h"
+#include "base/bd_zsec.h"
 #include "pool/bd_pool_client.h"
 #include "model/bd_tokenizer.h"
 #include "sched.h"
@@ -69,6 +70,12 @@ struct bd_router_opts {
 	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
 	int drain_timeout_ms; /* 0: stop at once */
 	uint64_t owner;
+	/* CURVE (base/bd_zsec.h): the router's secret key file, the allow-lists of the client
+	 * and worker sockets (both sockets become CURVE servers when their list is set), and
+	 * whether plain TCP off loopback is allowed */
+	const char *curve_secret_key, *curve_clients, *curve_workers;
+	const char *pool_server_key; /* kvpoold's public key: the pool connections speak CURVE */
+	bool insecure_tcp;
 };
 
 struct bd_worker {
@@ -130,6 +137,7 @@ struct bd_router {
 
 	/* sockets */
 	void *zctx, *front, *wsock;
+	struct bd_zsec_zap *zap;    /* the ZAP handler while a socket is a CURVE server */
 
 	struct bd_sched sched;
 

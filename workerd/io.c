@@ -14,6 +14,8 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
+#include "base/bd_zsec.h"
+
 #include "serve/bd_wire.h"
 #include "workerd.h"
 
@@ -173,6 +175,15 @@ int wd_io_start(struct wd *w)
 	zmq_setsockopt(io->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
 	zmq_setsockopt(io->dealer, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
 	zmq_setsockopt(io->pair, ZMQ_LINGER, &linger, sizeof(linger));
+	{
+		char err[512];
+
+		if (bd_zsec_client_files(io->dealer, w->o.router_server_key, w->o.curve_secret_key,
+					 err, sizeof(err)) < 0) {
+			bd_log_err("router connection: %s", err);
+			goto fail;
+		}
+	}
 	if (zmq_connect(io->dealer, w->o.router) < 0) {
 		bd_log_err("router endpoint '%s': %s", w->o.router, zmq_strerror(zmq_errno()));
 		goto fail;

@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "base/bd_config.h"
+#include "base/bd_zsec.h"
 #include "model/bd_model_preset.h"
 #include "serve/bd_allreduce.h"
 #include "workerd.h"
@@ -46,6 +47,12 @@ static const struct bd_config_key keys[] = {
 	{ "model", "", "GGUF model (default: $BD_MODEL, else " DEFAULT_MODEL ")" },
 	{ "pool_socket", BD_POOL_DEFAULT_SOCKET, "kvpoold attach socket" },
 	{ "router", DEFAULT_ROUTER, "the router's worker endpoint (ZeroMQ)" },
+	{ "router_server_key", "",
+	  "the router's CURVE public key file: with curve_secret_key, the router connection "
+	  "speaks CURVE (the router's curve_workers must list this worker's public key)" },
+	{ "curve_secret_key", "", "this worker's CURVE secret key file (bdfp4 keygen; mode 0600)" },
+	{ "insecure_tcp", "false",
+	  "allow a plain (unauthenticated, unencrypted) TCP router endpoint off loopback", true },
 	{ "allreduce_dir", "/dev/shm", "directory of the shared-memory all-reduce files" },
 	{ "threads", "1", "OpenBLAS threads" },
 	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step" },
@@ -124,6 +131,20 @@ static int read_opts(struct wd *w)
 	if (!*o->router || !*o->pool_socket || !*o->ar_dir) {
 		bd_log_err("router, pool_socket and allreduce_dir must not be empty");
 		return -EINVAL;
+	}
+	o->router_server_key = bd_daemon_get_str(d, "router_server_key");
+	o->curve_secret_key = bd_daemon_get_str(d, "curve_secret_key");
+	{
+		bool insecure = false;
+		char err[512];
+
+		if (bd_daemon_get_bool(d, "insecure_tcp", &insecure) < 0)
+			return -EINVAL;
+		if (bd_zsec_endpoint_check(o->router, "router", *o->router_server_key &&
+					   *o->curve_secret_key, insecure, err, sizeof(err)) < 0) {
+			bd_log_err("%s", err);
+			return -EPERM;
+		}
 	}
 	return 0;
 }

@@ -44,6 +44,7 @@
 struct wd_opts {
 	int rank, tp, threads, ar_timeout_ms;
 	const char *model, *pool_socket, *router, *ar_dir;
+	const char *router_server_key, *curve_secret_key; /* CURVE to the router ("": plain) */
 	bool verbose;
 	/* the cuda backend */
 	int device;                 /* -1: the pool's device of this rank */

@@ -50,7 +50,8 @@ struct bbuf {
 
 static int bbuf_put(struct bbuf *b, const void *s, size_t n)
 {
-	if (n > b->cap - b->n || !b->p) {
+	/* n bytes and the NUL after them */
+	if (n >= b->cap - b->n || !b->p) {
 		size_t cap = b->cap ? b->cap : 256;
 		while (cap - b->n < n + 1)
 			cap *= 2;

@@ -140,6 +140,14 @@ struct bd_pool_conn;
  * of ZeroMQ. */
 int bd_pool_conn_new(const char *endpoint, int timeout_ms, struct bd_pool_conn **ret);
 
+/* Makes the connection a CURVE client (base/bd_zsec.h) of the kvpoold whose public key file is
+ * server_key_file, with the secret key file secret_key_file (both "" or NULL: plain, nothing
+ * done); kvpoold's curve_clients must list the matching public key, else every call times out
+ * on a connection kvpoold's ZAP handler refuses. Returns 0, -EINVAL (one of the two only), the
+ * key loaders' errors (err[cap] says which), or a ZeroMQ -errno. */
+int bd_pool_conn_set_curve(struct bd_pool_conn *c, const char *server_key_file,
+			   const char *secret_key_file, char *err, size_t cap);
+
 /* From now on a call that gets no answer in timeout_ms, or whose connection closes before the
  * answer (kvpoold died), is sent again with the same call number on a fresh socket, until
  * retry_ms have passed since it was first sent; then it fails as without retries. 0 (the

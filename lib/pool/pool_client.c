@@ -23,6 +23,7 @@
 #include "base/bd_clock.h"
 #include "base/bd_err.h"
 #include "base/bd_ipc.h"
+#include "base/bd_zsec.h"
 #include "pool/bd_pool_client.h"
 #include "kvpool.pb-c.h"
 
@@ -387,6 +388,9 @@ struct bd_pool_conn {
 	uint64_t client, call;  /* repeat protection (kvpool.proto) */
 	int code;
 	char err[256];
+	bool curve;             /* CURVE client with these keys (bd_pool_conn_set_curve) */
+	char server_pub[BD_ZSEC_Z85 + 1];
+	struct bd_zsec_keypair kp;
 };
 
 static void close_socket(struct bd_pool_conn *c)
@@ -412,6 +416,7 @@ static int open_socket(struct bd_pool_conn *c)
 	c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (!c->sock || !c->mon || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    (c->curve && bd_zsec_client(c->sock, c->server_pub, &c->kp) < 0) ||
 	    zmq_socket_monitor(c->sock, mon, ZMQ_EVENT_DISCONNECTED) < 0 ||
 	    zmq_connect(c->mon, mon) < 0 || zmq_connect(c->sock, c->endpoint) < 0) {
 		e = -(zmq_errno() ? zmq_errno() : ENOMEM);
@@ -429,6 +434,7 @@ void bd_pool_conn_free(struct bd_pool_conn *c)
 	if (c->ctx)
 		zmq_ctx_term(c->ctx);
 	free(c->endpoint);
+	memset(&c->kp, 0, sizeof(c->kp));
 	free(c);
 }
 
@@ -461,6 +467,31 @@ int bd_pool_conn_new(const char *endpoint, int timeout_ms, struct bd_pool_conn *
 	}
 	*ret = c;
 	return 0;
+}
+
+int bd_pool_conn_set_curve(struct bd_pool_conn *c, const char *server_key_file,
+			   const char *secret_key_file, char *err, size_t cap)
+{
+	int e;
+
+	if (!c)
+		return -EINVAL;
+	if ((!server_key_file || !*server_key_file) && (!secret_key_file || !*secret_key_file))
+		return 0;
+	if (!server_key_file || !*server_key_file || !secret_key_file || !*secret_key_file) {
+		snprintf(err, cap, "a CURVE pool client needs kvpoold's public key file and its own "
+			 "secret key file");
+		return -EINVAL;
+	}
+	if ((e = bd_zsec_load_public(server_key_file, c->server_pub, err, cap)) < 0 ||
+	    (e = bd_zsec_load_secret(secret_key_file, &c->kp, err, cap)) < 0)
+		return e;
+	c->curve = true;
+	/* the options go on a socket before it connects: a fresh one */
+	close_socket(c);
+	if ((e = open_socket(c)) < 0)
+		snprintf(err, cap, "%s: %s", c->endpoint, zmq_strerror(-e));
+	return e;
 }
 
 int bd_pool_conn_set_retry(struct bd_pool_conn *c, int retry_ms)

@@ -72,10 +72,31 @@ const char *bd_finish_name(int reason);
 
 struct bd_client;
 
-/* Connects to the router at endpoint (NULL: BD_CLIENT_DEFAULT_ENDPOINT). ZeroMQ connects
- * lazily, so a router that is not up yet shows only as a timeout later.
+/* Connects to the router at endpoint (NULL: BD_CLIENT_DEFAULT_ENDPOINT), with the security of
+ * the environment (bd_client_new_opts). ZeroMQ connects lazily, so a router that is not up yet
+ * shows only as a timeout later.
  * Returns 0 and *ret, -EINVAL, -ENOMEM, or the -errno of ZeroMQ (a malformed endpoint). */
 int bd_client_new(const char *endpoint, struct bd_client **ret);
+
+/* The security of a connection: CURVE (base/bd_zsec.h) when both files are set, plain when
+ * neither is. The environment fills what the caller leaves NULL: BDFP4_SERVER_KEY (the
+ * router's public key file), BDFP4_SECRET_KEY (this client's secret key file). */
+struct bd_client_opts {
+	const char *server_key_file;
+	const char *secret_key_file;
+};
+
+/* bd_client_new with options (o NULL: the environment's only). Every call on the client then
+ * fails fast when the security handshake does: -EACCES when the router's ZAP handler refuses
+ * this client's key (not in its allow-list), -EPROTO when the two sides disagree on CURVE (a
+ * plain client at a CURVE router, the wrong server key); bd_client_error says which. Returns
+ * 0 and *ret, the errors of bd_client_new, or those of loading the key files (err[cap], may be
+ * NULL, says why). */
+int bd_client_new_opts(const char *endpoint, const struct bd_client_opts *o,
+		       struct bd_client **ret, char *err, size_t cap);
+
+/* The message of the last failed handshake ("" when none). */
+const char *bd_client_error(const struct bd_client *c);
 
 /* Closes the connection without waiting (the router cancels its live requests). NULL is
  * accepted. */

@@ -10,6 +10,7 @@
 
 #include "base/bd_clock.h"
 #include "base/bd_rand.h"
+#include "base/bd_zsec.h"
 #include "serve/bd_client.h"
 #include "serve/bd_wire.h"
 #include "serve.pb-c.h"
@@ -20,6 +21,9 @@
 
 struct bd_client {
 	void *zctx, *sock;
+	void *mon;           /* PAIR: the socket's handshake failures (zmq_socket_monitor) */
+	char endpoint[256];
+	char err[512];       /* the last handshake failure */
 	uint64_t next_tag, first_tag;
 	uint64_t connection; /* ClientRequest.connection of every request */
 	Bdfp4__ClientReply *last; /* the reply the last event points into */
@@ -56,26 +60,50 @@ static void drop_last(struct bd_client *c)
 
 int bd_client_new(const char *endpoint, struct bd_client **ret)
 {
+	return bd_client_new_opts(endpoint, NULL, ret, NULL, 0);
+}
+
+#define MON_EVENTS (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+		    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+int bd_client_new_opts(const char *endpoint, const struct bd_client_opts *o,
+		       struct bd_client **ret, char *err, size_t cap)
+{
+	const char *srv = o && o->server_key_file ? o->server_key_file : getenv("BDFP4_SERVER_KEY");
+	const char *sec = o && o->secret_key_file ? o->secret_key_file : getenv("BDFP4_SECRET_KEY");
 	struct bd_client *c;
+	char mon[64];
 	int zero = 0, e;
 
+	if (err && cap)
+		err[0] = 0;
 	if (!ret)
 		return -EINVAL;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	endpoint = endpoint ? endpoint : BD_CLIENT_DEFAULT_ENDPOINT;
+	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
 	c->zctx = zmq_ctx_new();
 	if (!c->zctx) {
 		free(c);
 		return -ENOMEM;
 	}
 	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
-	if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-	    zmq_connect(c->sock, endpoint ? endpoint : BD_CLIENT_DEFAULT_ENDPOINT) < 0) {
-		e = zmq_errno();
+	if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0)
+		goto zfail;
+	if ((e = bd_zsec_client_files(c->sock, srv, sec, err, cap)) < 0) {
 		bd_client_free(c);
-		return -(e ? e : EINVAL);
+		return e;
 	}
+	/* the handshake's failures, so that a refused client hears of it at once instead of
+	 * waiting for a reply that cannot come */
+	snprintf(mon, sizeof(mon), "inproc://bd-client-mon-%p", (void *)c);
+	if (zmq_socket_monitor(c->sock, mon, MON_EVENTS) < 0 ||
+	    !(c->mon = zmq_socket(c->zctx, ZMQ_PAIR)) ||
+	    zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof(zero)) < 0 || zmq_connect(c->mon, mon) < 0 ||
+	    zmq_connect(c->sock, endpoint) < 0)
+		goto zfail;
 	/* tags need only be unique on this connection; a varied start eases reading logs */
 	c->next_tag = ((uint64_t)bd_now_ms() & 0xffff) << 16 | 1;
 	c->first_tag = c->next_tag;
@@ -86,6 +114,42 @@ int bd_client_new(const char *endpoint, struct bd_client **ret)
 	}
 	*ret = c;
 	return 0;
+zfail:
+	e = zmq_errno();
+	bd_client_free(c);
+	return -(e ? e : EINVAL);
+}
+
+const char *bd_client_error(const struct bd_client *c)
+{
+	return c ? c->err : "";
+}
+
+/* A monitor event that is pending: its -errno (bd_zsec_handshake_error), 0 when none was or
+ * it means nothing here. */
+static int read_monitor(struct bd_client *c)
+{
+	zmq_msg_t ev, addr;
+	int r = 0;
+
+	zmq_msg_init(&ev);
+	if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&ev);
+		return 0;
+	}
+	zmq_msg_init(&addr);
+	if (zmq_msg_more(&ev) && zmq_msg_recv(&addr, c->mon, 0) >= 0 && zmq_msg_size(&ev) >= 6) {
+		const uint8_t *d = zmq_msg_data(&ev);
+		uint16_t event;
+		uint32_t value;
+
+		memcpy(&event, d, 2);
+		memcpy(&value, d + 2, 4);
+		r = bd_zsec_handshake_error(event, (int)value, c->endpoint, c->err, sizeof(c->err));
+	}
+	zmq_msg_close(&addr);
+	zmq_msg_close(&ev);
+	return r;
 }
 
 void bd_client_free(struct bd_client *c)
@@ -95,6 +159,8 @@ void bd_client_free(struct bd_client *c)
 	drop_last(c);
 	if (c->sock)
 		zmq_close(c->sock);
+	if (c->mon)
+		zmq_close(c->mon);
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	free(c);
@@ -221,12 +287,13 @@ static int recv_reply(struct bd_client *c, int timeout_ms)
 
 	drop_last(c);
 	for (;;) {
-		zmq_pollitem_t it = { .socket = c->sock, .events = ZMQ_POLLIN };
+		zmq_pollitem_t it[2] = { { .socket = c->sock, .events = ZMQ_POLLIN },
+					 { .socket = c->mon, .events = ZMQ_POLLIN } };
 		int64_t left = end - bd_now_ms();
 		zmq_msg_t m;
 		int r;
 
-		r = zmq_poll(&it, 1, (long)(left > 0 ? left : 0));
+		r = zmq_poll(it, 2, (long)(left > 0 ? left : 0));
 		if (r < 0) {
 			if (zmq_errno() == EINTR)
 				continue;
@@ -234,6 +301,10 @@ static int recv_reply(struct bd_client *c, int timeout_ms)
 		}
 		if (r == 0)
 			return -ETIMEDOUT;
+		if ((it[1].revents & ZMQ_POLLIN) && (r = read_monitor(c)) < 0)
+			return r;
+		if (!(it[0].revents & ZMQ_POLLIN))
+			continue;
 		zmq_msg_init(&m);
 		if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&m);

@@ -7,9 +7,12 @@ DEALER socket exactly as lib/serve/client.c sends them.
 
     python3 bdfp4_client.py --router ipc:///path/router.sock [--json] [--max-tokens N] PROMPT
     python3 bdfp4_client.py --router ... --health | --info
+    python3 bdfp4_client.py --router tcp://host:5555 --server-key router.pub \
+        --secret-key me.key ...     # CURVE (also $BDFP4_SERVER_KEY, $BDFP4_SECRET_KEY)
 
 Needs: protoc (Debian protobuf-compiler), the protobuf and pyzmq Python packages (Debian
-python3-protobuf, python3-zmq). Exit status: 0 on a finished answer, 1 on an error reply.
+python3-protobuf, python3-zmq). Exit status: 0 on a finished answer, 1 on an error reply or a
+refused security handshake (its reason on stderr).
 """
 import argparse
 import importlib
@@ -33,19 +36,60 @@ def load_messages(proto_dir, out_dir):
     return importlib.import_module("serve_pb2")
 
 
-class Client:
-    """One DEALER connection; requests are named by client tags, as in lib/serve/bd_client.h."""
+def read_key(path):
+    """The 40-character Z85 key on the first line of a key file (base/bd_zsec.h)."""
+    with open(path, "rb") as f:
+        key = f.readline().strip()
+    if len(key) != 40:
+        raise ValueError("%s: not a 40-character Z85 key" % path)
+    return key
 
-    def __init__(self, pb, endpoint, timeout_ms=30000):
+
+class HandshakeError(Exception):
+    """The connection's security handshake failed (a refused key, CURVE on one side only)."""
+
+
+class Client:
+    """One DEALER connection; requests are named by client tags, as in lib/serve/bd_client.h.
+    With server_key and secret_key (key file paths) the connection is CURVE."""
+
+    def __init__(self, pb, endpoint, timeout_ms=30000, server_key=None, secret_key=None):
         self.pb = pb
+        self.endpoint = endpoint
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if bool(server_key) != bool(secret_key):
+            raise ValueError("a CURVE client needs both --server-key and --secret-key")
+        if server_key:
+            secret = read_key(secret_key)
+            self.sock.curve_serverkey = read_key(server_key)
+            self.sock.curve_secretkey = secret
+            self.sock.curve_publickey = zmq.curve_public(secret)
+        # the handshake's failures, so that a refused client stops at once
+        self.mon = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         self.sock.connect(endpoint)
         self.timeout_ms = timeout_ms
         self.next_tag = 1
 
+    def _check_monitor(self):
+        from zmq.utils.monitor import recv_monitor_message
+        while self.mon.poll(0):
+            ev = recv_monitor_message(self.mon)
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                raise HandshakeError("%s refused this client's CURVE key (ZAP status %d): its "
+                                     "public key is not in the server's allow-list"
+                                     % (self.endpoint, ev["value"]))
+            raise HandshakeError("security handshake with %s failed: the server and this "
+                                 "client disagree on CURVE (a CURVE server and a plain client, "
+                                 "or the other way round, or the wrong server public key)"
+                                 % self.endpoint)
+
     def close(self):
+        self.sock.disable_monitor()
+        self.mon.close()
         self.sock.close()
         self.ctx.term()
 
@@ -54,9 +98,17 @@ class Client:
 
     def _recv(self):
         """The next reply other than a keepalive; TimeoutError when the router is silent."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.mon, zmq.POLLIN)
         while True:
-            if not self.sock.poll(self.timeout_ms):
+            ready = dict(poller.poll(self.timeout_ms))
+            if not ready:
                 raise TimeoutError("the router stopped answering")
+            if self.mon in ready:
+                self._check_monitor()
+            if self.sock not in ready:
+                continue
             rep = self.pb.ClientReply()
             rep.ParseFromString(self.sock.recv())
             if rep.WhichOneof("msg") != "keepalive":
@@ -131,12 +183,16 @@ def main():
     ap.add_argument("--timeout-ms", type=int, default=30000)
     ap.add_argument("--health", action="store_true")
     ap.add_argument("--info", action="store_true")
+    ap.add_argument("--server-key", default=os.environ.get("BDFP4_SERVER_KEY"),
+                    help="the router's CURVE public key file")
+    ap.add_argument("--secret-key", default=os.environ.get("BDFP4_SECRET_KEY"),
+                    help="this client's CURVE secret key file (bdfp4 keygen)")
     ap.add_argument("prompt", nargs="?")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         pb = load_messages(a.proto_dir, a.out_dir or tmp)
-        c = Client(pb, a.router, a.timeout_ms)
+        c = Client(pb, a.router, a.timeout_ms, a.server_key, a.secret_key)
         try:
             if a.health:
                 h = c.health()
@@ -172,6 +228,9 @@ def main():
                 sys.stderr.write("bdfp4_client.py: %s: %s\n" % (err, msg))
                 return 1
             return 0
+        except HandshakeError as e:
+            sys.stderr.write("bdfp4_client.py: %s\n" % e)
+            return 1
         finally:
             c.close()
 

@@ -975,6 +975,32 @@ Test(tokenizer, mini_chat_templates)
 	expect_chat(def, NULL, 0, true, ">.", NULL, 0);
 }
 
+/* A rendered text that fills its buffer to the last byte (256, 512, ... bytes before the NUL):
+ * every length from 1 to 600 renders in full, byte for byte (ASan catches a NUL written past
+ * the buffer). */
+Test(tokenizer, chat_render_exact_buffer_sizes)
+{
+	struct bd_tokenizer *t = mini_tok(&(struct mini){ .tpl = CHATML });
+	char content[601], want[700], err[BD_TOKENIZER_ERR_MAX];
+
+	memset(content, 'b', sizeof(content));
+	for (size_t len = 1; len <= 600; len++) {
+		struct bd_chat_msg m = { "ab", content };
+		char *text;
+		size_t n;
+		int w;
+
+		content[len] = 0;
+		w = snprintf(want, sizeof(want), "<|im_start|>ab\n%s<|im_end|>\n", content);
+		cr_assert_eq(bd_tokenizer_chat_render(t, &m, 1, false, &text, &n, err), 0, "%s", err);
+		cr_assert(n == (size_t)w && !memcmp(text, want, n) && text[n] == 0,
+			  "content of %zu bytes: %zu bytes rendered, want %d", len, n, w);
+		free(text);
+		content[len] = 'b';
+	}
+	bd_tokenizer_free(t);
+}
+
 Test(tokenizer, mini_unsupported_templates)
 {
 	static const char *const bad[] = {
