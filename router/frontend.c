@@ -42,6 +42,18 @@ static void send_error(struct bd_router *rt, const struct envelope *env, uint64_
 	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
 }
 
+/* A log-probability's token bytes, borrowed from the tokenizer (none without one). */
+static void set_piece(struct bd_router *rt, Bdfp4__TokenLogprob *t)
+{
+	const char *b;
+	size_t n;
+
+	if (rt->tok && bd_tokenizer_token_bytes(rt->tok, t->token, &b, &n) == 0) {
+		t->piece.data = (uint8_t *)b;
+		t->piece.len = n;
+	}
+}
+
 int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int error,
 			 const char *msg)
 {
@@ -50,6 +62,8 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 	Bdfp4__Usage us = BDFP4__USAGE__INIT;
 	Bdfp4__StepLogits *sl = NULL, **psl = NULL;
 	Bdfp4__TopLogit **ptop = NULL;
+	Bdfp4__StepLogprobs *slp = NULL, **pslp = NULL;
+	Bdfp4__TokenLogprob **plp = NULL;
 	int from = r->stream ? r->n_sent : 0, n = r->n_gen - from, e;
 	size_t text_from = r->stream ? r->shown_sent : 0;
 	char *text;
@@ -92,6 +106,35 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 		ch.n_logits = (size_t)n;
 		ch.logits = psl;
 	}
+	if (r->lp && n > 0) {
+		size_t w = 1 + r->top_logprobs;
+
+		slp = calloc((size_t)n, sizeof(*slp));
+		pslp = calloc((size_t)n, sizeof(*pslp));
+		plp = calloc((size_t)n * w, sizeof(*plp));
+		if (!slp || !pslp || !plp) {
+			e = -ENOMEM;
+			goto out;
+		}
+		for (int i = 0; i < n; i++) {
+			Bdfp4__TokenLogprob *t = r->lp + (size_t)(from + i) * w;
+			size_t k = 0;
+
+			bdfp4__step_logprobs__init(&slp[i]);
+			for (size_t j = 0; j < w && t[j].token >= 0; j++)
+				set_piece(rt, &t[j]);
+			slp[i].sampled = &t[0];
+			while (k < r->top_logprobs && t[1 + k].token >= 0) {
+				plp[(size_t)i * w + k] = &t[1 + k];
+				k++;
+			}
+			slp[i].n_top = k;
+			slp[i].top = plp + (size_t)i * w;
+			pslp[i] = &slp[i];
+		}
+		ch.n_logprobs = (size_t)n;
+		ch.logprobs = pslp;
+	}
 	if (final) {
 		int64_t now = bd_now_ms();
 
@@ -116,6 +159,9 @@ out:
 	free(sl);
 	free(psl);
 	free(ptop);
+	free(slp);
+	free(pslp);
+	free(plp);
 	return e;
 }
 
@@ -377,6 +423,18 @@ static int validate(struct bd_router *rt, const Bdfp4__GenerateRequest *g, char 
 		snprintf(err, cap, "logits_top_k above %d", BD_ROUTER_MAX_TOP);
 		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
 	}
+	if (g->top_logprobs > BD_ROUTER_MAX_TOP_LOGPROBS || (g->top_logprobs && !g->logprobs)) {
+		snprintf(err, cap, g->logprobs ? "top_logprobs above %d"
+					      : "top_logprobs needs logprobs (%d at most)",
+			 BD_ROUTER_MAX_TOP_LOGPROBS);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (g->logprobs && !strcmp(rt->backend, "cuda")) {
+		/* the GPU's sampler returns tokens and top logits, not the log-softmax */
+		snprintf(err, cap, "logprobs are not served by the cuda backend: its sampler runs on "
+			 "the GPU and reports no log-probabilities");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
 	if (g->sampling) {
 		const Bdfp4__SamplingParams *s = g->sampling;
 
@@ -497,6 +555,19 @@ static struct bd_req *new_req(struct bd_router *rt, const struct envelope *env,
 		for (size_t i = 0; i < (size_t)max_tokens * r->top_k; i++) {
 			bdfp4__top_logit__init(&r->top[i]);
 			r->top[i].token = -1;
+		}
+	}
+	r->logprobs = g->logprobs;
+	r->top_logprobs = g->logprobs ? g->top_logprobs : 0;
+	if (r->logprobs) {
+		size_t n = (size_t)max_tokens * (1 + r->top_logprobs);
+
+		r->lp = calloc(n, sizeof(*r->lp));
+		if (!r->lp)
+			goto nomem;
+		for (size_t i = 0; i < n; i++) {
+			bdfp4__token_logprob__init(&r->lp[i]);
+			r->lp[i].token = -1;
 		}
 	}
 	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
