@@ -18,6 +18,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "router.h"
+#include "model/bd_utf8.h"
 #include "serve/bd_wire.h"
 
 #define INPROC_EP "inproc://bdfp4-http"
@@ -657,20 +658,12 @@ static json_t *envelope(const struct gen *g, json_t *choices, bool chunk)
 			 (json_int_t)g->created, "model", g->h->model, "choices", choices);
 }
 
-/* A token's text for JSON: its bytes when they are UTF-8, else OpenAI's "bytes:\\xNN..." form
- * (a byte token cut out of a multi-byte character). */
+/* A token's text for JSON (bd_utf8_or_bytes's form: its bytes when UTF-8). */
 static json_t *token_str(const ProtobufCBinaryData *b)
 {
-	json_t *s = json_stringn((const char *)b->data, b->len);
-	char buf[6 + 4 * 64 + 1];
-	size_t n = 0;
+	char buf[4 * 256 + 8];
 
-	if (s)
-		return s;
-	n += (size_t)snprintf(buf, sizeof(buf), "bytes:");
-	for (size_t i = 0; i < b->len && n + 5 <= sizeof(buf); i++)
-		n += (size_t)snprintf(buf + n, sizeof(buf) - n, "\\x%02x", b->data[i]);
-	return json_string(buf);
+	return json_string(bd_utf8_or_bytes((const char *)b->data, b->len, buf, sizeof(buf)));
 }
 
 static json_t *logprob_num(float lp)
