@@ -33,11 +33,12 @@ all:
 
 # ---- toolchain ---------------------------------------------------------------------------------
 # Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
-# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/).
+# python3-zmq, python3-protobuf and protoc run the Python client (clients/python/) and its tests;
+# python3-matplotlib draws the benchmarks' plots (bench/plot.py).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
-	prometheus python3-venv python3-pip
+	prometheus python3-venv python3-pip python3-matplotlib
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
