@@ -30,7 +30,7 @@ struct sv_env {
 	char dir[64];
 	char bin[PATH_MAX];
 	char model[PATH_MAX];
-	char root[PATH_MAX];  /* the repository (proto/, deploy/, tests/python/) */
+	char root[PATH_MAX];  /* the repository (proto/, deploy/, clients/) */
 	char pool_sock[128], pool_ep[160], front_ep[160], workers_ep[160];
 	struct sv_daemon pool, router, worker[2];
 };
