@@ -342,6 +342,9 @@ bench: all
 bench-cpu: all
 	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
+# PNG plots of the benchmarks' tables (bench/plot.py, Debian python3-matplotlib): Debian's python
+PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
+
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,
 # tests/system the whole system; one Criterion binary. The daemons' pure parts link in as
@@ -584,6 +587,7 @@ bench-serve: deps model
 	$(MAKE) --no-print-directory all
 	BD_LOADGEN="--levels 1,4,16 --max-tokens 128 --results bench/RESULTS.md" \
 		deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "" $(RUN_DIR)
+	$(PLOT) loadgen bench/RESULTS.md --section "load generator" -o $(BUILD)/bench-serve.png
 
 clean:
 	rm -rf build
