@@ -279,6 +279,16 @@ def print_info(s, as_json):
     else:
         print("router %s: %s (%s, vocabulary %d, context %d), tp %d, %s backend, kv %s" % (
             s.version, s.model, s.arch, s.n_vocab, s.n_ctx, s.tp, s.backend, s.kv_config))
+        print("  %s; %d running, %d queued (max batch %d, max queue %d)" % (
+            "serving" if s.health.healthy else "not serving", s.running, s.queued,
+            s.max_batch, s.max_queue))
+        print("  %d requests (%d failed), %d tokens, %d steps, %d preemptions, up %.1f s" % (
+            s.requests_total, s.requests_failed, s.tokens_generated, s.steps, s.preemptions,
+            s.uptime_ms / 1000.0))
+        print("  pool: %d/%d pages free (router peak %d held), %d/%d slots free" % (
+            s.pages_free, s.pages_total, s.pages_peak, s.slots_free, s.slots_total))
+        if s.decode_kernel:
+            print("  decode kernel: %s" % s.decode_kernel)
     return 0
 
 
