@@ -72,6 +72,10 @@ bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);
  * failure says what ("no recovery") and shows the router's log. */
 void sv_expect_healthy(struct sv_env *e, int timeout_ms, const char *what);
 
+/* Runs the shell command cmd, its stdout into out[cap] (NUL-terminated, cut to fit); returns
+ * its exit status as pclose(3) gives it. */
+int sv_run_output(const char *cmd, char *out, size_t cap);
+
 /* A client of the router's frontend (asserted; bd_client_free it). */
 struct bd_client *sv_client(struct sv_env *e);
 

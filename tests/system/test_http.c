@@ -1002,18 +1002,6 @@ Test(http, chat_logprobs_streamed_and_not)
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
 }
 
-/* Runs cmd, its stdout into out[cap] (NUL-terminated); returns its exit status. */
-static int run_out(const char *cmd, char *out, size_t cap)
-{
-	FILE *p = popen(cmd, "r");
-	size_t n;
-
-	cr_assert(p, "%s", cmd);
-	n = fread(out, 1, cap - 1, p);
-	out[n] = 0;
-	return pclose(p);
-}
-
 /* A JSON line of `bdfp4 client --json` without what names the connection and the times. */
 static json_t *client_line(const char *line)
 {
@@ -1045,11 +1033,11 @@ Test(http, c_and_python_clients_print_the_same)
 	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
 		snprintf(cmd, sizeof(cmd), "%s/bdfp4 client --router %s --raw --max-tokens 6 "
 			 "--logprobs 3 %s 'The capital of France is'", E.bin, E.front_ep, modes[m]);
-		cr_assert_eq(run_out(cmd, a, sizeof(a)), 0, "%s: %s", cmd, a);
+		cr_assert_eq(sv_run_output(cmd, a, sizeof(a)), 0, "%s: %s", cmd, a);
 		snprintf(cmd, sizeof(cmd), "%s %s/clients/python/bdfp4_client.py --router %s "
 			 "--out-dir %s --raw --max-tokens 6 --logprobs 3 %s 'The capital of France "
 			 "is'", py, E.root, E.front_ep, E.dir, modes[m]);
-		cr_assert_eq(run_out(cmd, b, sizeof(b)), 0, "%s: %s", cmd, b);
+		cr_assert_eq(sv_run_output(cmd, b, sizeof(b)), 0, "%s: %s", cmd, b);
 		if (!*modes[m]) {
 			cr_expect_str_eq(a, b, "text mode differs");
 			cr_expect(strchr(a, '\t'), "no log-probability lines in '%s'", a);
