@@ -42,13 +42,18 @@ static void send_error(struct bd_router *rt, const struct envelope *env, uint64_
 	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
 }
 
-/* A log-probability's token bytes, borrowed from the tokenizer (none without one). */
-static void set_piece(struct bd_router *rt, Bdfp4__TokenLogprob *t)
+/* A kept log-probability as a TokenLogprob into *t, its token's bytes borrowed from the
+ * tokenizer (none without one). */
+static void token_logprob(struct bd_router *rt, const struct bd_req_logprob *l,
+			  Bdfp4__TokenLogprob *t)
 {
 	const char *b;
 	size_t n;
 
-	if (rt->tok && bd_tokenizer_token_bytes(rt->tok, t->token, &b, &n) == 0) {
+	bdfp4__token_logprob__init(t);
+	t->token = l->token;
+	t->logprob = l->logprob;
+	if (rt->tok && bd_tokenizer_token_bytes(rt->tok, l->token, &b, &n) == 0) {
 		t->piece.data = (uint8_t *)b;
 		t->piece.len = n;
 	}
@@ -63,7 +68,7 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 	Bdfp4__StepLogits *sl = NULL, **psl = NULL;
 	Bdfp4__TopLogit **ptop = NULL;
 	Bdfp4__StepLogprobs *slp = NULL, **pslp = NULL;
-	Bdfp4__TokenLogprob **plp = NULL;
+	Bdfp4__TokenLogprob *tlp = NULL, **plp = NULL;
 	int from = r->stream ? r->n_sent : 0, n = r->n_gen - from, e;
 	size_t text_from = r->stream ? r->shown_sent : 0;
 	char *text;
@@ -111,20 +116,22 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 
 		slp = calloc((size_t)n, sizeof(*slp));
 		pslp = calloc((size_t)n, sizeof(*pslp));
+		tlp = calloc((size_t)n * w, sizeof(*tlp));
 		plp = calloc((size_t)n * w, sizeof(*plp));
-		if (!slp || !pslp || !plp) {
+		if (!slp || !pslp || !tlp || !plp) {
 			e = -ENOMEM;
 			goto out;
 		}
 		for (int i = 0; i < n; i++) {
-			Bdfp4__TokenLogprob *t = r->lp + (size_t)(from + i) * w;
+			const struct bd_req_logprob *l = r->lp + (size_t)(from + i) * w;
+			Bdfp4__TokenLogprob *t = tlp + (size_t)i * w;
 			size_t k = 0;
 
 			bdfp4__step_logprobs__init(&slp[i]);
-			for (size_t j = 0; j < w && t[j].token >= 0; j++)
-				set_piece(rt, &t[j]);
+			token_logprob(rt, &l[0], &t[0]);
 			slp[i].sampled = &t[0];
-			while (k < r->top_logprobs && t[1 + k].token >= 0) {
+			while (k < r->top_logprobs && l[1 + k].token >= 0) {
+				token_logprob(rt, &l[1 + k], &t[1 + k]);
 				plp[(size_t)i * w + k] = &t[1 + k];
 				k++;
 			}
@@ -161,6 +168,7 @@ out:
 	free(ptop);
 	free(slp);
 	free(pslp);
+	free(tlp);
 	free(plp);
 	return e;
 }
@@ -562,13 +570,11 @@ static struct bd_req *new_req(struct bd_router *rt, const struct envelope *env,
 	if (r->logprobs) {
 		size_t n = (size_t)max_tokens * (1 + r->top_logprobs);
 
-		r->lp = calloc(n, sizeof(*r->lp));
+		r->lp = malloc(n * sizeof(*r->lp));
 		if (!r->lp)
 			goto nomem;
-		for (size_t i = 0; i < n; i++) {
-			bdfp4__token_logprob__init(&r->lp[i]);
-			r->lp[i].token = -1;
-		}
+		for (size_t i = 0; i < n; i++)
+			r->lp[i] = (struct bd_req_logprob){ -1, 0.0f };
 	}
 	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
 	r->t_arrival = bd_now_ms();

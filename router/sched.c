@@ -764,7 +764,7 @@ static void complete_row(struct bd_sched *s, const struct bd_sched_row *sr,
 		}
 	}
 	if (r->lp) {
-		Bdfp4__TokenLogprob *dst = r->lp + (size_t)r->n_gen * (1 + r->top_logprobs);
+		struct bd_req_logprob *dst = r->lp + (size_t)r->n_gen * (1 + r->top_logprobs);
 
 		dst[0].token = t;
 		dst[0].logprob = rr->logprob;

@@ -57,6 +57,12 @@
 
 enum bd_req_state { RQ_QUEUED, RQ_RUNNING };
 
+/* A token and its log-probability, as a request keeps them until they are sent. */
+struct bd_req_logprob {
+	int32_t token;
+	float logprob;
+};
+
 struct bd_req {
 	/* set by whoever builds the request (frontend.c), before bd_sched_submit */
 	uint64_t tag;       /* the client's */
@@ -81,7 +87,7 @@ struct bd_req {
 	uint32_t top_logprobs; /* ≤ BD_ROUTER_MAX_TOP_LOGPROBS alternatives per token */
 	/* [max_tokens][1 + top_logprobs] when logprobs: the sampled token, then the most likely
 	 * (token −1: not reported); NULL otherwise */
-	Bdfp4__TokenLogprob *lp;
+	struct bd_req_logprob *lp;
 	struct bd_tok_stream ts;
 	int64_t t_arrival, deadline; /* ms, monotonic */
 

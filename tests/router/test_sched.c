@@ -638,12 +638,10 @@ Test(sched, logprobs_are_asked_on_sampling_rows_and_kept_per_token)
 	a = req(1, "client", 200, 4);
 	a->logprobs = true;
 	a->top_logprobs = 2;
-	a->lp = calloc(4 * 3, sizeof(*a->lp));
+	a->lp = malloc(4 * 3 * sizeof(*a->lp));
 	cr_assert_not_null(a->lp);
-	for (int i = 0; i < 12; i++) {
-		bdfp4__token_logprob__init(&a->lp[i]);
-		a->lp[i].token = -1;
-	}
+	for (int i = 0; i < 12; i++)
+		a->lp[i] = (struct bd_req_logprob){ -1, 0.0f };
 	a->forced = malloc(sizeof(forced));
 	memcpy(a->forced, forced, sizeof(forced));
 	a->n_forced = 1;
@@ -680,7 +678,7 @@ Test(sched, logprobs_are_asked_on_sampling_rows_and_kept_per_token)
 		cr_assert_lt(step_no, 4, "a's 2 chunks, then a token a step");
 	}
 	for (int i = 0; i < 3; i++) {
-		const Bdfp4__TokenLogprob *e = a->lp + 3 * i;
+		const struct bd_req_logprob *e = a->lp + 3 * i;
 
 		cr_expect_eq(e[0].token, (int32_t)(10 + a->id), "token %d: the sampled one", i);
 		cr_expect_float_eq(e[0].logprob, -0.25f - (float)i, 1e-6);
