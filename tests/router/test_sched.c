@@ -630,7 +630,7 @@ Test(sched, logprobs_are_asked_on_sampling_rows_and_kept_per_token)
 {
 	Bdfp4__TokenLogprob tl[2], *ptl[2] = { &tl[0], &tl[1] };
 	const Bdfp4__StepPlan *p;
-	struct bd_req *a, *b;
+	struct bd_req *a;
 	int32_t forced[1] = { 3 };
 
 	setup(8, 8, 256, 16, 8);
@@ -646,11 +646,11 @@ Test(sched, logprobs_are_asked_on_sampling_rows_and_kept_per_token)
 	memcpy(a->forced, forced, sizeof(forced));
 	a->n_forced = 1;
 	cr_assert_eq(bd_sched_submit(&S, a), 0);
-	b = submit(2, 10, 3, false);
+	uint64_t b_id = submit(2, 10, 3, false)->id; /* b ends, and is freed, on the way */
 	for (int step_no = 0; a->n_gen < 3; step_no++) {
 		p = step();
 		cr_assert_not_null(p);
-		const Bdfp4__PlanRow *ra = row_of(p, a->id), *rb = row_of(p, b->id);
+		const Bdfp4__PlanRow *ra = row_of(p, a->id), *rb = row_of(p, b_id);
 
 		if (rb)
 			cr_expect_not(rb->logprobs);
