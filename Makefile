@@ -33,12 +33,13 @@ all:
 
 # ---- toolchain ---------------------------------------------------------------------------------
 # Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
-# python3-zmq, python3-protobuf and protoc run the Python client's test (tests/python/);
-# systemd brings systemd-analyze for the units' verify and exposure checks (tests/system).
+# python3-zmq, python3-protobuf and protoc run the Python client (clients/python/) and its tests;
+# python3-matplotlib draws the benchmarks' plots (bench/plot.py); systemd brings systemd-analyze
+# for the units' verify and exposure checks (tests/system).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
-	prometheus python3-venv python3-pip systemd
+	prometheus python3-venv python3-pip python3-matplotlib systemd
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -342,6 +343,9 @@ bench: all
 bench-cpu: all
 	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
+# PNG plots of the benchmarks' tables (bench/plot.py, Debian python3-matplotlib): Debian's python
+PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
+
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,
 # tests/system the whole system; one Criterion binary. The daemons' pure parts link in as
@@ -634,6 +638,7 @@ bench-serve: deps model
 	$(MAKE) --no-print-directory all
 	BD_LOADGEN="--levels 1,4,16 --max-tokens 128 --results bench/RESULTS.md" \
 		deploy/run-local.sh $(BUILD)/bin $(MODEL_FILE) "" $(RUN_DIR)
+	$(PLOT) loadgen bench/RESULTS.md --section "load generator" -o $(BUILD)/bench-serve.png
 
 # Installs the daemons, the tools, the units, the configuration, sysusers/tmpfiles and the
 # units' documentation (their Documentation= file) under DESTDIR (deploy/README.md).

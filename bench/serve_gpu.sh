@@ -26,7 +26,9 @@
 # MAX_TOKENS then defaults to N + the largest concurrency + 64 (the first requests keep
 # generating while the last ones wait for their prefill).
 # Results: $BD_RESULTS_DIR/serve_gpu.md (markdown) and serve_gpu.json, plus serve_gpu.kv (the
-# raw key=value lines); progress with timestamps on stderr.
+# raw key=value lines) and serve_gpu.png (decode throughput and TPOT vs concurrency per KV
+# configuration and context: bench/plot.py, where python3-matplotlib is); progress with
+# timestamps on stderr.
 #
 # Environment (defaults in brackets):
 #   BD_RESULTS_DIR [build]          BD_BENCH_PRESET [qwen3-4b]
@@ -39,6 +41,13 @@
 set -u
 
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# ---- plot: plot JSON PNG (bench/plot.py; a machine without matplotlib gets the tables only) ----
+plot() {
+	py=/usr/bin/python3
+	[ -x "$py" ] || py=python3
+	"$py" "$(dirname "$0")/plot.py" serve "$1" -o "$2" >&2 || say "no plot $2 (python3-matplotlib missing?)"
+}
 
 # ---- tables: tables KV_FILE MD JSON PRESET ------------------------------------------------------
 # Reads the raw key=value lines (loadgen's, then mode ctx, then the worker's decode-timing) and
@@ -167,6 +176,7 @@ if [ "${1:-}" = --report ]; then
 	OUTD=${3:-$(dirname "$2")}
 	mkdir -p "$OUTD" || exit 1
 	tables "$2" "$OUTD/serve_gpu.md" "$OUTD/serve_gpu.json" "${BD_BENCH_PRESET:-qwen3-4b}" || exit 1
+	plot "$OUTD/serve_gpu.json" "$OUTD/serve_gpu.png"
 	cat "$OUTD/serve_gpu.md"
 	exit 0
 fi
@@ -281,6 +291,7 @@ done
 say "all systems done in $(($(date +%s) - T0)) s"
 
 tables "$BENCH_OUT" "$RES/serve_gpu.md" "$RES/serve_gpu.json" "$PRESET"
+plot "$RES/serve_gpu.json" "$RES/serve_gpu.png"
 cat "$RES/serve_gpu.md"
-say "tables: $RES/serve_gpu.md, $RES/serve_gpu.json (raw: $BENCH_OUT)"
+say "tables: $RES/serve_gpu.md, $RES/serve_gpu.json, plot $RES/serve_gpu.png (raw: $BENCH_OUT)"
 exit $rc

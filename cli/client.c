@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "base/bd_ipc.h"
+#include "model/bd_utf8.h"
 #include "serve/bd_client.h"
 #include "cli.h"
 
@@ -36,6 +37,9 @@ static void usage(FILE *f)
 		"  --kv CONFIG        KV configuration (default: the server's)\n"
 		"  --stop STRING      stop before STRING (repeatable, up to %d)\n"
 		"  --no-stream        one reply at the end instead of a chunk per token\n"
+		"  --logprobs N       each token's log-probability and the N (0-%d) most likely\n"
+		"                     (natural log of the model's distribution; after the text, one\n"
+		"                     line per token: id, logprob, piece, then id:logprob of each)\n"
 		"  --deadline-ms N    the request's deadline at the router (default: the router's)\n"
 		"  --timeout-ms N     give up when the router is silent this long (default 30000)\n"
 		"  --wait-ready SEC   first wait up to SEC seconds for the router to be serving\n"
@@ -46,7 +50,7 @@ static void usage(FILE *f)
 		"  --secret-key FILE  this client's CURVE secret key (default: $BDFP4_SECRET_KEY;\n"
 		"                     bdfp4 keygen makes a pair); both set: the connection is CURVE\n"
 		"  -h, --help         this text\n",
-		BD_CLIENT_MAX_STOPS);
+		BD_CLIENT_MAX_STOPS, BD_CLIENT_MAX_TOP_LOGPROBS);
 }
 
 static int bad_usage(const char *fmt, const char *arg)
@@ -63,7 +67,7 @@ static const char *state_name(int s)
 
 static int print_json(json_t *o)
 {
-	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(9));
 
 	json_decref(o);
 	if (!s)
@@ -240,6 +244,55 @@ static int wait_ready(struct bd_client *c, long wait_s)
 	return 1;
 }
 
+/* A token's piece as a JSON string (bd_utf8_or_bytes's form). */
+static json_t *piece_json(const struct bd_client_logprob *l)
+{
+	char buf[4 * 256 + 8];
+
+	return json_string(bd_utf8_or_bytes(l->piece, l->piece_len, buf, sizeof(buf)));
+}
+
+static json_t *logprob_json(const struct bd_client_logprob *l)
+{
+	return json_pack("{s:i, s:o, s:f}", "token", l->token, "piece", piece_json(l), "logprob",
+			 (double)l->logprob);
+}
+
+/* The event's log-probabilities: [{token, piece, logprob, top: [{token, piece, logprob}]}]. */
+static json_t *logprobs_json(const struct bd_client_event *ev)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; i < ev->n_tokens; i++) {
+		const struct bd_client_logprob *row = ev->logprobs + i * (1 + ev->n_top_logprobs);
+		json_t *e = logprob_json(&row[0]), *top = json_array();
+
+		for (size_t k = 0; k < ev->n_top_logprobs && row[1 + k].token >= 0; k++)
+			json_array_append_new(top, logprob_json(&row[1 + k]));
+		json_object_set_new(e, "top", top);
+		json_array_append_new(a, e);
+	}
+	return a;
+}
+
+/* Text mode: one line per token, "ID<TAB>LOGPROB<TAB>PIECE" (PIECE as a JSON string), then
+ * "<TAB>ID:LOGPROB" for each of the most likely. */
+static void print_logprobs(FILE *f, const struct bd_client_event *ev)
+{
+	for (size_t i = 0; i < ev->n_tokens; i++) {
+		const struct bd_client_logprob *row = ev->logprobs + i * (1 + ev->n_top_logprobs);
+		json_t *p = piece_json(&row[0]);
+		char *ps = json_dumps(p, JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
+
+		fprintf(f, "%d\t%.4f\t%s", row[0].token, (double)row[0].logprob, ps ? ps : "\"\"");
+		for (size_t k = 0; k < ev->n_top_logprobs && row[1 + k].token >= 0; k++)
+			fprintf(f, "\t%d:%.4f", row[1 + k].token, (double)row[1 + k].logprob);
+		fputc('\n', f);
+		free(ps);
+		json_decref(p);
+	}
+}
+
 static json_t *chunk_json(const struct bd_client_event *ev)
 {
 	json_t *o = json_object(), *toks = json_array();
@@ -255,6 +308,8 @@ static json_t *chunk_json(const struct bd_client_event *ev)
 		json_object_set_new(o, "error", json_string(bd_serve_error_name(ev->error)));
 	if (*ev->message)
 		json_object_set_new(o, "message", json_string(ev->message));
+	if (ev->logprobs)
+		json_object_set_new(o, "logprobs", logprobs_json(ev));
 	if (ev->has_usage)
 		json_object_set_new(
 			o, "usage",
@@ -272,7 +327,8 @@ int cmd_client(int argc, char **argv)
 {
 	enum {
 		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_MAX, O_KV, O_STOP, O_NOSTREAM,
-		O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO, O_SRVKEY, O_SECKEY
+		O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO, O_SRVKEY, O_SECKEY,
+		O_LOGPROBS
 	};
 	static const struct option opts[] = {
 		{ "router", required_argument, NULL, O_ROUTER },
@@ -287,6 +343,7 @@ int cmd_client(int argc, char **argv)
 		{ "kv", required_argument, NULL, O_KV },
 		{ "stop", required_argument, NULL, O_STOP },
 		{ "no-stream", no_argument, NULL, O_NOSTREAM },
+		{ "logprobs", required_argument, NULL, O_LOGPROBS },
 		{ "deadline-ms", required_argument, NULL, O_DEADLINE },
 		{ "timeout-ms", required_argument, NULL, O_TIMEOUT },
 		{ "wait-ready", required_argument, NULL, O_WAIT },
@@ -304,7 +361,7 @@ int cmd_client(int argc, char **argv)
 	struct bd_client_gen g = { .stream = true, .chat = true };
 	struct bd_client_msg msgs[2];
 	bool json = false, stats = false, health = false, info = false, done = false;
-	int max_tokens = 256, deadline_ms = 0, timeout_ms = 30000, wait_s = 0;
+	int max_tokens = 256, deadline_ms = 0, timeout_ms = 30000, wait_s = 0, logprobs = -1;
 	const struct cli_int_opt ints[] = {
 		{ O_MAX, 1, INT_MAX, &max_tokens, "--max-tokens wants an integer >= 1, not '%s'" },
 		{ O_DEADLINE, 1, INT_MAX, &deadline_ms,
@@ -312,10 +369,15 @@ int cmd_client(int argc, char **argv)
 		{ O_TIMEOUT, 1, INT_MAX, &timeout_ms,
 		  "--timeout-ms wants an integer >= 1, not '%s'" },
 		{ O_WAIT, 0, 86400, &wait_s, "--wait-ready wants seconds, not '%s'" },
+		{ O_LOGPROBS, 0, BD_CLIENT_MAX_TOP_LOGPROBS, &logprobs,
+		  "--logprobs wants an integer in [0, 20], not '%s'" },
 	};
 	struct bd_client *c = NULL;
 	struct bd_client_opts copts = { NULL, NULL };
 	struct bd_client_event ev;
+	char *lp_buf = NULL;
+	size_t lp_len = 0;
+	FILE *lp_f = NULL;
 	uint64_t tag;
 	double t0, t_first = 0;
 	size_t n_tokens = 0;
@@ -392,6 +454,8 @@ int cmd_client(int argc, char **argv)
 		return 1;
 	g.stops = stops;
 	g.max_tokens = (uint32_t)max_tokens;
+	g.logprobs = logprobs >= 0;
+	g.top_logprobs = logprobs > 0 ? (uint32_t)logprobs : 0;
 	g.deadline_ms = (uint32_t)deadline_ms;
 
 	g_router = router;
@@ -429,6 +493,11 @@ int cmd_client(int argc, char **argv)
 	} else {
 		g.prompt = prompt;
 	}
+	if (g.logprobs && !json && !(lp_f = open_memstream(&lp_buf, &lp_len))) {
+		fprintf(stderr, "bdfp4 client: %s\n", strerror(errno));
+		bd_client_free(c);
+		return 1;
+	}
 	t0 = bd_now_s();
 	e = bd_client_generate_start(c, &g, &tag);
 	if (e < 0) {
@@ -436,6 +505,9 @@ int cmd_client(int argc, char **argv)
 			e == -EMSGSIZE ? "the request is over the protocol's size limits"
 				       : strerror(-e));
 		bd_client_free(c);
+		if (lp_f)
+			fclose(lp_f);
+		free(lp_buf);
 		return 1;
 	}
 	while (!done) {
@@ -471,12 +543,17 @@ int cmd_client(int argc, char **argv)
 		} else {
 			fwrite(ev.text, 1, ev.text_len, stdout);
 			fflush(stdout);
+			/* the table follows the text: kept until the end */
+			if (ev.logprobs && lp_f)
+				print_logprobs(lp_f, &ev);
 		}
 		if (ev.finish == BD_FINISH_NONE)
 			continue;
 		done = true;
 		if (!json)
 			fputc('\n', stdout);
+		if (lp_f && fflush(lp_f) == 0)
+			fwrite(lp_buf, 1, lp_len, stdout);
 		fflush(stdout);
 		if (ev.finish == BD_FINISH_ERROR || ev.finish == BD_FINISH_CANCELLED) {
 			fprintf(stderr, "bdfp4 client: %s (%s): %s\n", bd_finish_name(ev.finish),
@@ -499,5 +576,8 @@ int cmd_client(int argc, char **argv)
 		}
 	}
 	bd_client_free(c);
+	if (lp_f)
+		fclose(lp_f);
+	free(lp_buf);
 	return rc;
 }

@@ -576,6 +576,7 @@ static int print_json(const struct row *rows, int n)
 		json_t *obj = json_object();
 		if (!obj || json_object_set_new(obj, "config", json_string(rows[i].name)) ||
 		    json_object_set_new(obj, "kl_e3", jnum_or_null(rows[i].kl_e3, true)) ||
+		    json_object_set_new(obj, "kl_se_e3", jnum_or_null(rows[i].kl_se_e3, true)) ||
 		    json_object_set_new(obj, "top1_mismatch", jnum_or_null(rows[i].top1, true)) ||
 		    json_object_set_new(obj, "paired_t", jnum_or_null(rows[i].t, rows[i].has_t)) ||
 		    json_object_set_new(obj, "query_share",

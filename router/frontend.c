@@ -42,6 +42,23 @@ static void send_error(struct bd_router *rt, const struct envelope *env, uint64_
 	send_reply(rt, env->ident, env->ident_len, env->delim, &rep);
 }
 
+/* A kept log-probability as a TokenLogprob into *t, its token's bytes borrowed from the
+ * tokenizer (none without one). */
+static void token_logprob(struct bd_router *rt, const struct bd_req_logprob *l,
+			  Bdfp4__TokenLogprob *t)
+{
+	const char *b;
+	size_t n;
+
+	bdfp4__token_logprob__init(t);
+	t->token = l->token;
+	t->logprob = l->logprob;
+	if (rt->tok && bd_tokenizer_token_bytes(rt->tok, l->token, &b, &n) == 0) {
+		t->piece.data = (uint8_t *)b;
+		t->piece.len = n;
+	}
+}
+
 int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int error,
 			 const char *msg)
 {
@@ -50,6 +67,8 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 	Bdfp4__Usage us = BDFP4__USAGE__INIT;
 	Bdfp4__StepLogits *sl = NULL, **psl = NULL;
 	Bdfp4__TopLogit **ptop = NULL;
+	Bdfp4__StepLogprobs *slp = NULL, **pslp = NULL;
+	Bdfp4__TokenLogprob *tlp = NULL, **plp = NULL;
 	int from = r->stream ? r->n_sent : 0, n = r->n_gen - from, e;
 	size_t text_from = r->stream ? r->shown_sent : 0;
 	char *text;
@@ -92,6 +111,37 @@ int bd_router_send_chunk(struct bd_router *rt, struct bd_req *r, int finish, int
 		ch.n_logits = (size_t)n;
 		ch.logits = psl;
 	}
+	if (r->lp && n > 0) {
+		size_t w = 1 + r->top_logprobs;
+
+		slp = calloc((size_t)n, sizeof(*slp));
+		pslp = calloc((size_t)n, sizeof(*pslp));
+		tlp = calloc((size_t)n * w, sizeof(*tlp));
+		plp = calloc((size_t)n * w, sizeof(*plp));
+		if (!slp || !pslp || !tlp || !plp) {
+			e = -ENOMEM;
+			goto out;
+		}
+		for (int i = 0; i < n; i++) {
+			const struct bd_req_logprob *l = r->lp + (size_t)(from + i) * w;
+			Bdfp4__TokenLogprob *t = tlp + (size_t)i * w;
+			size_t k = 0;
+
+			bdfp4__step_logprobs__init(&slp[i]);
+			token_logprob(rt, &l[0], &t[0]);
+			slp[i].sampled = &t[0];
+			while (k < r->top_logprobs && l[1 + k].token >= 0) {
+				token_logprob(rt, &l[1 + k], &t[1 + k]);
+				plp[(size_t)i * w + k] = &t[1 + k];
+				k++;
+			}
+			slp[i].n_top = k;
+			slp[i].top = plp + (size_t)i * w;
+			pslp[i] = &slp[i];
+		}
+		ch.n_logprobs = (size_t)n;
+		ch.logprobs = pslp;
+	}
 	if (final) {
 		int64_t now = bd_now_ms();
 
@@ -116,6 +166,10 @@ out:
 	free(sl);
 	free(psl);
 	free(ptop);
+	free(slp);
+	free(pslp);
+	free(tlp);
+	free(plp);
 	return e;
 }
 
@@ -377,6 +431,18 @@ static int validate(struct bd_router *rt, const Bdfp4__GenerateRequest *g, char 
 		snprintf(err, cap, "logits_top_k above %d", BD_ROUTER_MAX_TOP);
 		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
 	}
+	if (g->top_logprobs > BD_ROUTER_MAX_TOP_LOGPROBS || (g->top_logprobs && !g->logprobs)) {
+		snprintf(err, cap, g->logprobs ? "top_logprobs above %d"
+					      : "top_logprobs needs logprobs (%d at most)",
+			 BD_ROUTER_MAX_TOP_LOGPROBS);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
+	if (g->logprobs && !strcmp(rt->backend, "cuda")) {
+		/* the GPU's sampler returns tokens and top logits, not the log-softmax */
+		snprintf(err, cap, "logprobs are not served by the cuda backend: its sampler runs on "
+			 "the GPU and reports no log-probabilities");
+		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	}
 	if (g->sampling) {
 		const Bdfp4__SamplingParams *s = g->sampling;
 
@@ -498,6 +564,17 @@ static struct bd_req *new_req(struct bd_router *rt, const struct envelope *env,
 			bdfp4__top_logit__init(&r->top[i]);
 			r->top[i].token = -1;
 		}
+	}
+	r->logprobs = g->logprobs;
+	r->top_logprobs = g->logprobs ? g->top_logprobs : 0;
+	if (r->logprobs) {
+		size_t n = (size_t)max_tokens * (1 + r->top_logprobs);
+
+		r->lp = malloc(n * sizeof(*r->lp));
+		if (!r->lp)
+			goto nomem;
+		for (size_t i = 0; i < n; i++)
+			r->lp[i] = (struct bd_req_logprob){ -1, 0.0f };
 	}
 	bd_tokenizer_stream_init(&r->ts, BD_TOK_SKIP_SPECIAL);
 	r->t_arrival = bd_now_ms();

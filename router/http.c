@@ -18,6 +18,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "router.h"
+#include "model/bd_utf8.h"
 #include "serve/bd_wire.h"
 
 #define INPROC_EP "inproc://bdfp4-http"
@@ -25,6 +26,8 @@
 #define POLL_MS 200          /* how often a waiting thread looks at its client and the stop */
 #define LOOP_ANSWER_MS 5000  /* health: the loop answers within this or is taken as stuck */
 #define TAG 1                /* one request per DEALER socket */
+#define BD_HTTP_MAX_LOGPROBS 5  /* completions' logprobs: OpenAI's limit */
+#define LOGPROB_FLOOR -9999.0   /* OpenAI's value for a token too unlikely to say (-inf) */
 
 static const char EP_COMPL[] = "/v1/completions", EP_CHAT[] = "/v1/chat/completions",
 		  EP_MODELS[] = "/v1/models", EP_HEALTH[] = "/health", EP_METRICS[] = "/metrics",
@@ -54,6 +57,7 @@ struct gen {
 	int fd;             /* the client's TCP socket, watched for its close */
 	bool watch_fd;
 	bool chat, stream, include_usage;
+	bool logprobs;      /* the answer carries log-probabilities */
 	bool finished, done_sent, cancelled;
 	char id[48];
 	long created;
@@ -64,6 +68,8 @@ struct gen {
 	size_t text_len;
 	char *out;          /* streaming: the bytes not yet written */
 	size_t out_len, out_off, out_cap;
+	json_t *lp;         /* non-streaming, logprobs: the choice's logprobs so far */
+	json_int_t offset;  /* completions: characters of the tokens so far (text_offset) */
 };
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -310,6 +316,7 @@ static void gen_free(struct gen *g)
 		zmq_close(g->sock);
 	free(g->text);
 	free(g->out);
+	json_decref(g->lp);
 	free(g);
 }
 
@@ -482,12 +489,51 @@ static int get_int(json_t *root, const char *key, json_int_t min, json_int_t max
 	return 0;
 }
 
+/* OpenAI's log-probability fields: completions take logprobs = N ≤ 5 (the sampled token and
+ * the N most likely), chat logprobs = true with top_logprobs ≤ 20. Sets *ret_param to the field
+ * at fault. Returns 0 or -EINVAL. */
+static int parse_logprobs(json_t *root, bool chat, struct gen_parts *p, struct gen *g,
+			  const char **ret_param, char *err, size_t cap)
+{
+	json_t *lp = json_object_get(root, "logprobs"), *top = json_object_get(root, "top_logprobs");
+	json_int_t n = 0;
+
+	*ret_param = "logprobs";
+	if (!chat) {
+		if (top && !json_is_null(top)) {
+			*ret_param = "top_logprobs";
+			snprintf(err, cap, "top_logprobs is a chat field: completions take logprobs "
+				 "(an integer in [0, %d])", BD_HTTP_MAX_LOGPROBS);
+			return -EINVAL;
+		}
+		if (get_int(root, "logprobs", 0, BD_HTTP_MAX_LOGPROBS, &n, err, cap) < 0)
+			return -EINVAL;
+		g->logprobs = lp && !json_is_null(lp);
+	} else {
+		if (lp && !json_is_null(lp) && !json_is_boolean(lp)) {
+			snprintf(err, cap, "logprobs must be a boolean");
+			return -EINVAL;
+		}
+		g->logprobs = json_is_true(lp);
+		*ret_param = "top_logprobs";
+		if (get_int(root, "top_logprobs", 0, BD_ROUTER_MAX_TOP_LOGPROBS, &n, err, cap) < 0)
+			return -EINVAL;
+		if (top && !json_is_null(top) && !g->logprobs) {
+			snprintf(err, cap, "top_logprobs needs logprobs set to true");
+			return -EINVAL;
+		}
+	}
+	p->g.logprobs = g->logprobs;
+	p->g.top_logprobs = (uint32_t)n;
+	return 0;
+}
+
 /* Fills p from the request root of an endpoint (chat or not). Returns 0, -EINVAL with the
  * message in err and the offending field in *ret_param, -ENOENT (an unknown model), -ENOMEM. */
 static int parse_request(struct bd_http *h, json_t *root, bool chat, struct gen_parts *p,
 			 struct gen *g, const char **ret_param, char *err, size_t cap)
 {
-	json_int_t max_tokens = chat ? INT32_MAX : 16, n = 1, top_k = 0, seed = 0, lp = 0;
+	json_int_t max_tokens = chat ? INT32_MAX : 16, n = 1, top_k = 0, seed = 0;
 	double temperature = 1.0, top_p = 1.0, pen = 0;
 	json_t *t, *stop;
 	const char *model;
@@ -525,14 +571,7 @@ static int parse_request(struct bd_http *h, json_t *root, bool chat, struct gen_
 	FIELD(get_int(root, "top_k", -1, INT32_MAX, &top_k, err, cap), "top_k");
 	FIELD(get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, err, cap), "seed");
 	FIELD(get_int(root, "n", 1, 1, &n, err, cap), "n");
-	*ret_param = "logprobs";
-	t = json_object_get(root, "logprobs");
-	if (json_is_true(t) || (json_is_integer(t) && json_integer_value(t) > 0) ||
-	    (get_int(root, "top_logprobs", 0, 0, &lp, err, cap) < 0)) {
-		/* the engine reports a step's largest logits, not normalized log-probabilities */
-		snprintf(err, cap, "logprobs are not served: the engine reports logits only");
-		return -EINVAL;
-	}
+	FIELD(parse_logprobs(root, chat, p, g, ret_param, err, cap), *ret_param);
 	for (const char *const *k = (const char *const[]){ "frequency_penalty", "presence_penalty",
 							    NULL }; *k; k++) {
 		*ret_param = *k;
@@ -619,11 +658,89 @@ static json_t *envelope(const struct gen *g, json_t *choices, bool chunk)
 			 (json_int_t)g->created, "model", g->h->model, "choices", choices);
 }
 
-/* One choice: the text (a delta when streaming), its finish reason or null. */
-static json_t *choice(const struct gen *g, const char *text, size_t len, const char *finish,
-		      bool chunk, bool role)
+/* A token's text for JSON (bd_utf8_or_bytes's form: its bytes when UTF-8). */
+static json_t *token_str(const ProtobufCBinaryData *b)
 {
-	json_t *c = json_pack("{s:i, s:n}", "index", 0, "logprobs");
+	char buf[4 * 256 + 8];
+
+	return json_string(bd_utf8_or_bytes((const char *)b->data, b->len, buf, sizeof(buf)));
+}
+
+static json_t *logprob_num(float lp)
+{
+	return json_real(lp >= (float)LOGPROB_FLOOR ? (double)lp : LOGPROB_FLOOR);
+}
+
+/* Chat: {"token", "logprob", "bytes"} of t. */
+static json_t *chat_logprob(const Bdfp4__TokenLogprob *t)
+{
+	json_t *o = json_object(), *bytes = json_array();
+
+	for (size_t i = 0; i < t->piece.len; i++)
+		json_array_append_new(bytes, json_integer(t->piece.data[i]));
+	json_object_set_new(o, "token", token_str(&t->piece));
+	json_object_set_new(o, "logprob", logprob_num(t->logprob));
+	json_object_set_new(o, "bytes", bytes);
+	return o;
+}
+
+/* Appends the chunk's log-probabilities to lp: chat's {"content": [...]} or completions'
+ * {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (the sampled token among the
+ * top ones, as OpenAI's legacy API has it). */
+static void logprobs_add(struct gen *g, json_t *lp, const Bdfp4__GenerateChunk *ch)
+{
+	for (size_t i = 0; i < ch->n_logprobs; i++) {
+		const Bdfp4__StepLogprobs *st = ch->logprobs[i];
+		const Bdfp4__TokenLogprob *sa = st->sampled;
+
+		if (!sa)
+			continue;
+		if (g->chat) {
+			json_t *e = chat_logprob(sa), *top = json_array();
+
+			for (size_t k = 0; k < st->n_top; k++)
+				json_array_append_new(top, chat_logprob(st->top[k]));
+			json_object_set_new(e, "top_logprobs", top);
+			json_array_append_new(json_object_get(lp, "content"), e);
+			continue;
+		}
+		json_t *top = json_object(), *tok = token_str(&sa->piece);
+
+		for (size_t k = 0; k < st->n_top; k++) {
+			json_t *key = token_str(&st->top[k]->piece);
+
+			if (!json_object_get(top, json_string_value(key)))
+				json_object_set_new(top, json_string_value(key),
+						    logprob_num(st->top[k]->logprob));
+			json_decref(key);
+		}
+		if (!json_object_get(top, json_string_value(tok)))
+			json_object_set_new(top, json_string_value(tok), logprob_num(sa->logprob));
+		json_array_append_new(json_object_get(lp, "tokens"), tok);
+		json_array_append_new(json_object_get(lp, "token_logprobs"),
+				      logprob_num(sa->logprob));
+		json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+		json_array_append_new(json_object_get(lp, "text_offset"), json_integer(g->offset));
+		/* characters: the bytes that start one (not UTF-8 continuation bytes) */
+		for (size_t b = 0; b < sa->piece.len; b++)
+			g->offset += (sa->piece.data[b] & 0xc0) != 0x80;
+	}
+}
+
+/* An empty logprobs object of the endpoint's shape. */
+static json_t *logprobs_new(const struct gen *g)
+{
+	return g->chat ? json_pack("{s:[]}", "content")
+		       : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+				   "top_logprobs", "text_offset");
+}
+
+/* One choice: the text (a delta when streaming), its log-probabilities (lp, taken; NULL:
+ * null), its finish reason or null. */
+static json_t *choice(const struct gen *g, const char *text, size_t len, const char *finish,
+		      bool chunk, bool role, json_t *lp)
+{
+	json_t *c = json_pack("{s:i, s:o}", "index", 0, "logprobs", lp ? lp : json_null());
 
 	json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
 	if (!g->chat) {
@@ -705,6 +822,11 @@ static int take_chunk(struct gen *g, const Bdfp4__GenerateChunk *ch, bool first)
 	if (!g->stream) {
 		char *t = realloc(g->text, g->text_len + n + 1);
 
+		if (g->logprobs && ch->n_logprobs) {
+			if (!g->lp)
+				g->lp = logprobs_new(g);
+			logprobs_add(g, g->lp, ch);
+		}
 		if (!t)
 			return -ENOMEM;
 		memcpy(t + g->text_len, ch->text, n + 1);
@@ -713,11 +835,18 @@ static int take_chunk(struct gen *g, const Bdfp4__GenerateChunk *ch, bool first)
 		return 0;
 	}
 	if (first && g->chat)
-		e = sse_event(g, envelope(g, json_pack("[o]", choice(g, "", 0, NULL, true, true)),
-					  true));
-	if (!e && n)
+		e = sse_event(g, envelope(g, json_pack("[o]", choice(g, "", 0, NULL, true, true,
+								   NULL)), true));
+	if (!e && (n || (g->logprobs && ch->n_logprobs))) {
+		json_t *lp = NULL;
+
+		if (g->logprobs && ch->n_logprobs) {
+			lp = logprobs_new(g);
+			logprobs_add(g, lp, ch);
+		}
 		e = sse_event(g, envelope(g, json_pack("[o]", choice(g, ch->text, n, NULL, true,
-								       false)), true));
+								       false, lp)), true));
+	}
 	if (!e && final && ch->finish_reason == BDFP4__FINISH_REASON__FINISH_ERROR) {
 		const char *code;
 		int st = serve_status(ch->error, &code);
@@ -726,7 +855,7 @@ static int take_chunk(struct gen *g, const Bdfp4__GenerateChunk *ch, bool first)
 	} else if (!e && final) {
 		e = sse_event(g, envelope(g, json_pack("[o]", choice(g, "", 0,
 								   finish_name(g->finish), true,
-								   false)), true));
+								   false, NULL)), true));
 	}
 	if (!e && final && g->include_usage) {
 		json_t *u = envelope(g, json_array(), true);
@@ -881,9 +1010,13 @@ static enum MHD_Result generate(struct bd_http *h, struct MHD_Connection *c, str
 			break;
 	}
 	if (!g->stream) {
-		json_t *j = envelope(g, json_pack("[o]", choice(g, g->text, g->text_len,
-								finish_name(g->finish), false,
-								false)), false);
+		json_t *lp = g->logprobs ? (g->lp ? g->lp : logprobs_new(g)) : NULL;
+		json_t *j;
+
+		g->lp = NULL;
+		j = envelope(g, json_pack("[o]", choice(g, g->text, g->text_len,
+							finish_name(g->finish), false, false, lp)),
+			     false);
 
 		json_object_set_new(j, "usage", usage_obj(g));
 		ret = reply_json(h, c, ep, 200, j);

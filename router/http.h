@@ -5,7 +5,9 @@
  *   POST /v1/chat/completions   messages of system/user/assistant turns (the model's template)
  *        both: max_tokens (max_completion_tokens), temperature, top_p, top_k, seed, stop (a
  *        string or up to 8), n = 1, stream (server-sent events ending "data: [DONE]"),
- *        stream_options.include_usage, ignore_eos; usage in every answer
+ *        stream_options.include_usage, ignore_eos; usage in every answer; log-probabilities
+ *        (completions: logprobs ≤ 5, the legacy arrays; chat: logprobs with top_logprobs ≤ 20,
+ *        logprobs.content), those of the model's distribution (bd_sampler_logprobs)
  *   GET  /v1/models             the one model served
  *   GET  /health                200 {"status":"ok"} while serving, else 503 with the reason
  *   GET  /metrics               Prometheus text format (metrics.h)

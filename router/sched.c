@@ -23,6 +23,7 @@ void bd_req_free(struct bd_req *r)
 		free(r->stops[i]);
 	free(r->forced);
 	free(r->top);
+	free(r->lp);
 	free(r->text);
 	free(r);
 }
@@ -604,6 +605,8 @@ static int build_plan(struct bd_sched *s, int n)
 		p->resume = r->resume && r->n_pos > 0;
 		p->sample = !sr->prefill || r->n_pos + sr->n_feed == r->n_fill;
 		p->logits_top_k = p->sample ? r->top_k : 0;
+		p->logprobs = p->sample && r->logprobs;
+		p->top_logprobs = p->logprobs ? r->top_logprobs : 0;
 		if (sr->prefill) {
 			/* the pages this chunk fills; those before it are promoted */
 			int first = r->n_pos / BD_PAGE_TOKENS;
@@ -758,6 +761,16 @@ static void complete_row(struct bd_sched *s, const struct bd_sched_row *sr,
 		for (size_t j = 0; j < rr->n_top && j < r->top_k; j++) {
 			dst[j].token = rr->top[j]->token;
 			dst[j].logit = rr->top[j]->logit;
+		}
+	}
+	if (r->lp) {
+		struct bd_req_logprob *dst = r->lp + (size_t)r->n_gen * (1 + r->top_logprobs);
+
+		dst[0].token = t;
+		dst[0].logprob = rr->logprob;
+		for (size_t j = 0; j < rr->n_top_logprobs && j < r->top_logprobs; j++) {
+			dst[1 + j].token = rr->top_logprobs[j]->token;
+			dst[1 + j].logprob = rr->top_logprobs[j]->logprob;
 		}
 	}
 	if (r->n_gen < r->n_forced)

@@ -53,8 +53,15 @@
 #include "serve.pb-c.h"
 
 #define BD_ROUTER_MAX_STOPS 8
+#define BD_ROUTER_MAX_TOP_LOGPROBS 20   /* OpenAI's limit of top_logprobs */
 
 enum bd_req_state { RQ_QUEUED, RQ_RUNNING };
+
+/* A token and its log-probability, as a request keeps them until they are sent. */
+struct bd_req_logprob {
+	int32_t token;
+	float logprob;
+};
 
 struct bd_req {
 	/* set by whoever builds the request (frontend.c), before bd_sched_submit */
@@ -76,6 +83,11 @@ struct bd_req {
 	int n_forced;
 	uint32_t top_k;
 	Bdfp4__TopLogit *top; /* [max_tokens][top_k] logits of each generated token */
+	bool logprobs;      /* log-probabilities of each generated token (GenerateRequest) */
+	uint32_t top_logprobs; /* ≤ BD_ROUTER_MAX_TOP_LOGPROBS alternatives per token */
+	/* [max_tokens][1 + top_logprobs] when logprobs: the sampled token, then the most likely
+	 * (token −1: not reported); NULL otherwise */
+	struct bd_req_logprob *lp;
 	struct bd_tok_stream ts;
 	int64_t t_arrival, deadline; /* ms, monotonic */
 

@@ -82,28 +82,44 @@ static void cpu_release(struct wd *w, uint64_t id)
 /* The k largest logits, largest first (k ≤ WD_TOP_MAX; ties: the lower id first). */
 static void top_logits(struct wd_row_out *o, const float *lg, int V, uint32_t k)
 {
-	size_t n = 0;
-	if (k > WD_TOP_MAX)
-		k = WD_TOP_MAX;
-	for (int v = 0; v < V; v++) {
-		if (n == k && !(lg[v] > o->top[n - 1].logit))
-			continue;
-		size_t i = n < k ? n++ : n - 1;
-		while (i > 0 && lg[v] > o->top[i - 1].logit) {
-			o->top[i] = o->top[i - 1];
-			i--;
-		}
+	int32_t ids[WD_TOP_MAX];
+	int n = bd_sampler_top(lg, V, k < WD_TOP_MAX ? (int)k : WD_TOP_MAX, ids);
+
+	for (int i = 0; i < n; i++) {
 		bdfp4__top_logit__init(&o->top[i]);
-		o->top[i].token = v;
-		o->top[i].logit = lg[v];
-	}
-	for (size_t i = 0; i < n; i++)
+		o->top[i].token = ids[i];
+		o->top[i].logit = lg[ids[i]];
 		o->topp[i] = &o->top[i];
-	o->rr.n_top = n;
+	}
+	o->rr.n_top = n > 0 ? (size_t)n : 0;
 	o->rr.top = o->topp;
 }
 
-/* Rank 0, after a forward pass of a row that samples: the token and the top logits. */
+/* The sampled token's log-probability and the k most likely (k ≤ WD_LOGPROBS_MAX): the
+ * log-softmax of the raw logits (bd_sampler_logprobs). Returns 0 or -EDOM. */
+static int logprobs(struct wd_row_out *o, const float *lg, int V, uint32_t k)
+{
+	int32_t ids[WD_LOGPROBS_MAX];
+	float lp[WD_LOGPROBS_MAX];
+	int n = bd_sampler_logprobs(lg, V, o->rr.token, k < WD_LOGPROBS_MAX ? (int)k
+									 : WD_LOGPROBS_MAX,
+				    &o->rr.logprob, ids, lp);
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++) {
+		bdfp4__token_logprob__init(&o->lp[i]);
+		o->lp[i].token = ids[i];
+		o->lp[i].logprob = lp[i];
+		o->lpp[i] = &o->lp[i];
+	}
+	o->rr.n_top_logprobs = (size_t)n;
+	o->rr.top_logprobs = o->lpp;
+	return 0;
+}
+
+/* Rank 0, after a forward pass of a row that samples: the token, the top logits and the
+ * log-probabilities the row asks for. */
 static int sample(struct wd *w, struct wd_seq *s, const Bdfp4__PlanRow *row, const float *lg,
 		  struct wd_row_out *o)
 {
@@ -115,6 +131,9 @@ static int sample(struct wd *w, struct wd_seq *s, const Bdfp4__PlanRow *row, con
 				"sampling failed: non-finite logits");
 	if (row->logits_top_k)
 		top_logits(o, lg, w->model->hp.n_vocab, row->logits_top_k);
+	if (row->logprobs && logprobs(o, lg, w->model->hp.n_vocab, row->top_logprobs) < 0)
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+				   "log-probabilities failed: non-finite logits");
 	return 0;
 }
 

@@ -82,7 +82,8 @@ void wd_gtab_drop(struct wd_gtab *t, uint64_t id);
  * request's record (a preempted request starts over), a decode row names an existing one;
  * either marks it busy until wd_gdone. Returns 0, or a ServeError code (> 0) with a one-line
  * reason in msg[cap]: SERVE_ERR_UNKNOWN_KV_CONFIG (a configuration other than the pool's),
- * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit), SERVE_ERR_RESOURCE_EXHAUSTED
+ * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit, and a row that asks for
+ * log-probabilities: the GPU's sampler does not make them), SERVE_ERR_RESOURCE_EXHAUSTED
  * (no memory for the record). A decode row that fails drops its request's record (its cache
  * is no longer trusted), as the CPU backend drops the sequence. */
 int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,

@@ -36,6 +36,7 @@
 #define WD_IO_ENDPOINT_FMT "inproc://workerd-io-%p"
 #define WD_MSG_MAX 200
 #define WD_TOP_MAX 64
+#define WD_LOGPROBS_MAX 20              /* PlanRow.top_logprobs beyond this are cut */
 #define WD_NCCL_ID_MAX 128              /* bytes of RegisterRequest.nccl_unique_id */
 
 /* Frames on the inproc pair, compute → I/O: one frame, sent to the router as it is; an empty
@@ -64,6 +65,8 @@ struct wd_row_out {
 	char msg[WD_MSG_MAX];
 	Bdfp4__TopLogit top[WD_TOP_MAX];
 	Bdfp4__TopLogit *topp[WD_TOP_MAX];
+	Bdfp4__TokenLogprob lp[WD_LOGPROBS_MAX];
+	Bdfp4__TokenLogprob *lpp[WD_LOGPROBS_MAX];
 };
 
 /* What a backend says of itself between steps. */

@@ -51,6 +51,25 @@ int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_to
  * and top-p keep candidates. */
 void bd_sampler_order(const float *x, int32_t *ids, size_t n);
 
+/* The k largest of x[n] into ret_ids[k], largest first, ties by the lower id (the order of
+ * bd_sampler_order; NaN never chosen while another value is left), in O(n·k): for the small k
+ * of reports (top logits, top log-probabilities). Returns how many were written, min(k, n), or
+ * -EINVAL (NULL, n < 1, k < 0). */
+int bd_sampler_top(const float *x, int n, int k, int32_t *ret_ids);
+
+/* Log-probabilities of the model's distribution at one step: the log-softmax of the raw
+ * logits[n_vocab] (temperature 1, before top-k and top-p: what OpenAI's logprobs report, not
+ * the distribution a sampler at another temperature draws from), in double:
+ *     lp_i = x_i − (m + log Σ_j exp(x_j − m)),  m = max_j x_j,
+ * so every lp_i ≤ 0, Σ exp(lp_i) = 1, and a -inf logit has lp -inf. ret_logprob (NULL: not
+ * wanted) gets lp of token; ret_ids[top_n] and ret_lp[top_n] the top_n most likely tokens
+ * and their lp, most likely first (bd_sampler_top's order). Returns how many of those were
+ * written (min(top_n, n_vocab)), -EINVAL (NULL logits, n_vocab < 1, top_n < 0, top_n > 0 with
+ * a NULL array, token outside [0, n_vocab) with ret_logprob), -EDOM (a NaN or +inf logit, or
+ * all of them -inf). */
+int bd_sampler_logprobs(const float *logits, int n_vocab, int32_t token, int top_n,
+			float *ret_logprob, int32_t *ret_ids, float *ret_lp);
+
 /* Index of the largest of x[n] (the first one on ties; NaN never wins), or -EINVAL for
  * NULL or n < 1. */
 int bd_argmax(const float *x, int n);

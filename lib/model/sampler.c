@@ -83,6 +83,66 @@ void bd_sampler_order(const float *x, int32_t *ids, size_t n)
 	cmp_logits = NULL;
 }
 
+/* x ranks before y: larger, or equal and the lower id; NaN after everything. */
+static bool ranks_before(float x, int32_t i, float y, int32_t j)
+{
+	if (isnan(y))
+		return !isnan(x) || i < j;
+	return x > y || (x == y && i < j);
+}
+
+int bd_sampler_top(const float *x, int n, int k, int32_t *ret_ids)
+{
+	int m = 0;
+
+	if (!x || n < 1 || k < 0 || (k > 0 && !ret_ids))
+		return -EINVAL;
+	if (k > n)
+		k = n;
+	for (int v = 0; v < n && k > 0; v++) {
+		/* ids arrive in increasing order: on a tie the kept one ranks first */
+		if (m == k && !ranks_before(x[v], v, x[ret_ids[m - 1]], ret_ids[m - 1]))
+			continue;
+		int i = m < k ? m++ : m - 1;
+		while (i > 0 && ranks_before(x[v], v, x[ret_ids[i - 1]], ret_ids[i - 1])) {
+			ret_ids[i] = ret_ids[i - 1];
+			i--;
+		}
+		ret_ids[i] = v;
+	}
+	return m;
+}
+
+int bd_sampler_logprobs(const float *logits, int n_vocab, int32_t token, int top_n,
+			float *ret_logprob, int32_t *ret_ids, float *ret_lp)
+{
+	double m = -INFINITY, sum = 0.0, lse;
+	int k = 0;
+
+	if (!logits || n_vocab < 1 || top_n < 0 || (top_n > 0 && (!ret_ids || !ret_lp)) ||
+	    (ret_logprob && (token < 0 || token >= n_vocab)))
+		return -EINVAL;
+	for (int i = 0; i < n_vocab; i++) {
+		if (isnan(logits[i]) || logits[i] == INFINITY)
+			return -EDOM;
+		if (logits[i] > m)
+			m = logits[i];
+	}
+	if (m == -INFINITY)
+		return -EDOM;
+	for (int i = 0; i < n_vocab; i++)
+		sum += exp((double)logits[i] - m);
+	lse = m + log(sum);
+	if (ret_logprob)
+		*ret_logprob = (float)((double)logits[token] - lse);
+	if (top_n > 0) {
+		k = bd_sampler_top(logits, n_vocab, top_n, ret_ids);
+		for (int i = 0; i < k; i++)
+			ret_lp[i] = (float)((double)logits[ret_ids[i]] - lse);
+	}
+	return k;
+}
+
 /* Fill s->idx[0..*ret_m) and s->prob with the kept candidates (unnormalized), most likely
  * first when sorting was needed, and *ret_total with their mass; a greedy sampler keeps the
  * argmax alone (mass 1). Returns 0 or -EDOM (a NaN or +inf logit, or all of them -inf). */

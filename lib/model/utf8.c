@@ -1,6 +1,7 @@
-/* utf8.c — UTF-8: one BMP character written or read (bd_utf8.h), and the stream decoder that
+/* utf8.c — UTF-8: one BMP character written or read, whether bytes are UTF-8 (bd_utf8.h), and the stream decoder that
  * turns generated tokens into valid UTF-8 chunks (bd_tokenizer.h, bd_tokenizer_stream_*). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -83,6 +84,40 @@ static bool utf8_cont(const uint8_t *p, int k, uint8_t b)
 		return b >= lo && b <= hi;
 	}
 	return b >= 0x80 && b <= 0xbf;
+}
+
+bool bd_utf8_valid(const char *s, size_t n)
+{
+	const uint8_t *u = (const uint8_t *)s;
+
+	for (size_t i = 0; i < n;) {
+		int len = utf8_len(u[i]);
+
+		if (!len || (size_t)len > n - i)
+			return false;
+		for (int k = 1; k < len; k++)
+			if (!utf8_cont(u + i, k, u[i + (size_t)k]))
+				return false;
+		i += (size_t)len;
+	}
+	return true;
+}
+
+const char *bd_utf8_or_bytes(const char *piece, size_t len, char *buf, size_t cap)
+{
+	size_t n;
+
+	if (bd_utf8_valid(piece, len)) {
+		n = len < cap - 1 ? len : cap - 1;
+		if (n)
+			memcpy(buf, piece, n);
+		buf[n] = 0;
+		return buf;
+	}
+	n = (size_t)snprintf(buf, cap, "bytes:");
+	for (size_t i = 0; i < len && n + 4 < cap; i++)
+		n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", (unsigned char)piece[i]);
+	return buf;
 }
 
 struct sink {

@@ -32,6 +32,7 @@ extern "C" {
 #define BD_CLIENT_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
 #define BD_CLIENT_MAX_STOPS 8
 #define BD_CLIENT_MAX_TOP 64
+#define BD_CLIENT_MAX_TOP_LOGPROBS 20
 
 /* serve.proto's ServeError codes, for callers that do not include the generated code. */
 enum bd_serve_error {
@@ -127,6 +128,11 @@ struct bd_client_gen {
 	const int32_t *forced_tokens;      /* teacher forcing: [n_forced] ≤ max_tokens */
 	size_t n_forced;
 	uint32_t logits_top_k;             /* ≤ BD_CLIENT_MAX_TOP */
+	/* log-probabilities of each generated token and of its step's top_logprobs most likely
+	 * tokens: the log-softmax of the raw logits (bd_sampler_logprobs); top_logprobs needs
+	 * logprobs. The cpu backend serves them, the cuda backend refuses them. */
+	bool logprobs;
+	uint32_t top_logprobs;             /* ≤ BD_CLIENT_MAX_TOP_LOGPROBS */
 };
 
 /* Sends a generation request. Returns 0 and its tag in *ret_tag, -EINVAL (no prompt, several
@@ -155,6 +161,15 @@ struct bd_client_top {
 	float logit;
 };
 
+/* A token's log-probability (natural log, ≤ 0; -inf: ruled out) and its bytes (piece[len],
+ * not NUL-terminated; may be part of a UTF-8 sequence; empty without a tokenizer). */
+struct bd_client_logprob {
+	int32_t token;
+	float logprob;
+	const char *piece;
+	size_t piece_len;
+};
+
 /* One event. Every pointer is owned by the client and valid until the next call on it. */
 struct bd_client_event {
 	enum bd_client_event_kind kind;
@@ -171,6 +186,10 @@ struct bd_client_event {
 	struct bd_client_usage usage;
 	const struct bd_client_top *top; /* [n_tokens][top_k] when logits_top_k was asked */
 	size_t top_k;
+	/* logprobs: [n_tokens][1 + n_top_logprobs], per token the sampled one, then the most
+	 * likely first (token -1: fewer were reported); NULL when not asked */
+	const struct bd_client_logprob *logprobs;
+	size_t n_top_logprobs;
 };
 
 /* Waits up to timeout_ms (≥ 0) for the next event (keepalives are skipped but restart the

@@ -28,6 +28,7 @@ struct bd_client {
 	uint64_t connection; /* ClientRequest.connection of every request */
 	Bdfp4__ClientReply *last; /* the reply the last event points into */
 	struct bd_client_top *top; /* the last chunk's logits table */
+	struct bd_client_logprob *lp; /* the last chunk's log-probabilities */
 };
 
 static const char *const error_names[BD_SERVE_ERR_COUNT] = {
@@ -56,6 +57,8 @@ static void drop_last(struct bd_client *c)
 	c->last = NULL;
 	free(c->top);
 	c->top = NULL;
+	free(c->lp);
+	c->lp = NULL;
 }
 
 int bd_client_new(const char *endpoint, struct bd_client **ret)
@@ -197,8 +200,10 @@ int bd_client_generate_start(struct bd_client *c, const struct bd_client_gen *g,
 	    g->n_stops < 0 || (g->n_stops && !g->stops) || (g->n_forced && !g->forced_tokens))
 		return -EINVAL;
 	if (g->n_stops > BD_CLIENT_MAX_STOPS || g->n_messages > MAX_MESSAGES ||
-	    g->logits_top_k > BD_CLIENT_MAX_TOP)
+	    g->logits_top_k > BD_CLIENT_MAX_TOP || g->top_logprobs > BD_CLIENT_MAX_TOP_LOGPROBS)
 		return -EMSGSIZE;
+	if (g->top_logprobs && !g->logprobs)
+		return -EINVAL;
 	for (int i = 0; i < g->n_stops; i++) {
 		if (!g->stops[i])
 			return -EINVAL;
@@ -256,6 +261,8 @@ int bd_client_generate_start(struct bd_client *c, const struct bd_client_gen *g,
 	gen.n_forced_tokens = g->n_forced;
 	gen.forced_tokens = (int32_t *)g->forced_tokens;
 	gen.logits_top_k = g->logits_top_k;
+	gen.logprobs = g->logprobs;
+	gen.top_logprobs = g->top_logprobs;
 	req.msg_case = BDFP4__CLIENT_REQUEST__MSG_GENERATE;
 	req.generate = &gen;
 	e = send_request(c, &req);
@@ -332,6 +339,45 @@ static int recv_reply(struct bd_client *c, int timeout_ms)
 	}
 }
 
+static struct bd_client_logprob logprob_of(const Bdfp4__TokenLogprob *t)
+{
+	return (struct bd_client_logprob){ t->token, t->logprob, (const char *)t->piece.data,
+					   t->piece.len };
+}
+
+/* The chunk's log-probabilities as a dense [n][1 + k] table (k the widest step). */
+static int fill_logprobs(struct bd_client *c, const Bdfp4__GenerateChunk *ch,
+			 struct bd_client_event *ev)
+{
+	size_t n = ch->n_token_ids, k = 0;
+
+	if (ch->n_logprobs != n || n == 0)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!ch->logprobs[i]->sampled)
+			return -EBADMSG;
+		if (ch->logprobs[i]->n_top > k)
+			k = ch->logprobs[i]->n_top;
+	}
+	if (k > BD_CLIENT_MAX_TOP_LOGPROBS)
+		return -EBADMSG;
+	c->lp = calloc(n * (1 + k), sizeof(*c->lp));
+	if (!c->lp)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const Bdfp4__StepLogprobs *s = ch->logprobs[i];
+		struct bd_client_logprob *row = c->lp + i * (1 + k);
+
+		row[0] = logprob_of(s->sampled);
+		for (size_t j = 0; j < k; j++)
+			row[1 + j] = j < s->n_top ? logprob_of(s->top[j])
+						  : (struct bd_client_logprob){ .token = -1 };
+	}
+	ev->logprobs = c->lp;
+	ev->n_top_logprobs = k;
+	return 0;
+}
+
 static int fill_chunk(struct bd_client *c, const Bdfp4__GenerateChunk *ch,
 		      struct bd_client_event *ev)
 {
@@ -383,7 +429,7 @@ static int fill_chunk(struct bd_client *c, const Bdfp4__GenerateChunk *ch,
 			ev->top_k = k;
 		}
 	}
-	return 0;
+	return fill_logprobs(c, ch, ev);
 }
 
 /* True when r is about a tag this connection did not send. */

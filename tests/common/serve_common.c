@@ -393,3 +393,14 @@ struct bd_client *sv_client(struct sv_env *e)
 	cr_assert_eq(bd_client_new(e->front_ep, &c), 0);
 	return c;
 }
+
+int sv_run_output(const char *cmd, char *out, size_t cap)
+{
+	FILE *p = popen(cmd, "r");
+	size_t n;
+
+	cr_assert_not_null(p, "%s", cmd);
+	n = fread(out, 1, cap - 1, p);
+	out[n] = 0;
+	return pclose(p);
+}

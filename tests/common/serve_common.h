@@ -30,7 +30,7 @@ struct sv_env {
 	char dir[64];
 	char bin[PATH_MAX];
 	char model[PATH_MAX];
-	char root[PATH_MAX];  /* the repository (proto/, deploy/, tests/python/) */
+	char root[PATH_MAX];  /* the repository (proto/, deploy/, clients/) */
 	char pool_sock[128], pool_ep[160], front_ep[160], workers_ep[160];
 	struct sv_daemon pool, router, worker[2];
 };
@@ -71,6 +71,10 @@ bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);
 /* Asserts that the router reports healthy within timeout_ms (its worker group formed); the
  * failure says what ("no recovery") and shows the router's log. */
 void sv_expect_healthy(struct sv_env *e, int timeout_ms, const char *what);
+
+/* Runs the shell command cmd, its stdout into out[cap] (NUL-terminated, cut to fit); returns
+ * its exit status as pclose(3) gives it. */
+int sv_run_output(const char *cmd, char *out, size_t cap);
 
 /* A client of the router's frontend (asserted; bd_client_free it). */
 struct bd_client *sv_client(struct sv_env *e);

@@ -623,6 +623,75 @@ Test(sched, a_long_prompt_is_prefilled_in_chunks_between_decode_steps)
 	cr_expect_eq(pages_free(), 16);
 }
 
+/* A request with logprobs: its sampling rows ask rank 0 for them (a chunk that samples nothing
+ * does not), the other request's rows do not; each step's answer lands at its token's place,
+ * the sampled token first (with a forced token too), then the top ones. */
+Test(sched, logprobs_are_asked_on_sampling_rows_and_kept_per_token)
+{
+	Bdfp4__TokenLogprob tl[2], *ptl[2] = { &tl[0], &tl[1] };
+	const Bdfp4__StepPlan *p;
+	struct bd_req *a;
+	int32_t forced[1] = { 3 };
+
+	setup(8, 8, 256, 16, 8);
+	S.cfg.max_prefill_chunk = 128;
+	a = req(1, "client", 200, 4);
+	a->logprobs = true;
+	a->top_logprobs = 2;
+	a->lp = malloc(4 * 3 * sizeof(*a->lp));
+	cr_assert_not_null(a->lp);
+	for (int i = 0; i < 12; i++)
+		a->lp[i] = (struct bd_req_logprob){ -1, 0.0f };
+	a->forced = malloc(sizeof(forced));
+	memcpy(a->forced, forced, sizeof(forced));
+	a->n_forced = 1;
+	cr_assert_eq(bd_sched_submit(&S, a), 0);
+	uint64_t b_id = submit(2, 10, 3, false)->id; /* b ends, and is freed, on the way */
+	for (int step_no = 0; a->n_gen < 3; step_no++) {
+		p = step();
+		cr_assert_not_null(p);
+		const Bdfp4__PlanRow *ra = row_of(p, a->id), *rb = row_of(p, b_id);
+
+		if (rb)
+			cr_expect_not(rb->logprobs);
+		cr_assert_not_null(ra);
+		cr_expect_eq(ra->logprobs, ra->sample, "step %d: logprobs only where it samples",
+			     step_no);
+		cr_expect_eq(ra->top_logprobs, ra->sample ? 2u : 0u);
+		prepare(p);
+		for (size_t k = 0; k < p->n_rows; k++) {
+			if (p->rows[k]->request_id != a->id || !ra->sample)
+				continue;
+			int n = a->n_gen;
+
+			for (int j = 0; j < 2; j++) {
+				bdfp4__token_logprob__init(&tl[j]);
+				tl[j].token = 20 + j;
+				tl[j].logprob = -0.5f * (float)(j + 1) - (float)n;
+			}
+			rows[0][k].logprob = -0.25f - (float)n;
+			rows[0][k].n_top_logprobs = 2;
+			rows[0][k].top_logprobs = ptl;
+		}
+		deliver();
+		now += 10;
+		cr_assert_lt(step_no, 4, "a's 2 chunks, then a token a step");
+	}
+	for (int i = 0; i < 3; i++) {
+		const struct bd_req_logprob *e = a->lp + 3 * i;
+
+		cr_expect_eq(e[0].token, (int32_t)(10 + a->id), "token %d: the sampled one", i);
+		cr_expect_float_eq(e[0].logprob, -0.25f - (float)i, 1e-6);
+		cr_expect_eq(e[1].token, 20);
+		cr_expect_eq(e[2].token, 21);
+		cr_expect_float_eq(e[2].logprob, -1.0f - (float)i, 1e-6);
+	}
+	cr_expect_eq(a->toks[a->n_prompt], 3, "the forced token is fed");
+	run_to_idle(10);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(records(), 0);
+}
+
 /* Prefills under way share the step's budget in arrival order, each one chunk a step, and a
  * request cancelled between its chunks gives back every page of its prompt. */
 Test(sched, chunks_share_the_budget_and_a_cancel_between_chunks_frees_the_prompt)

@@ -1011,8 +1011,9 @@ Test(serve_router, req_socket_client_and_sigterm_exit_zero)
 	cr_expect_eq(sv_stop(&E.pool, SIGTERM, WAIT_MS), 0, "kvpoold: SIGTERM must exit 0");
 }
 
-/* The Python client (tests/python/bdfp4_client.py, messages compiled from the same .proto by
- * protoc at test time) gets the tokens the fakes make for its prompt. */
+/* The Python client (clients/python/bdfp4_client.py, messages compiled from the same .proto by
+ * protoc at test time) gets the tokens the fakes make for its prompt, in one JSON line as
+ * `bdfp4 client --json --no-stream` prints it. */
 Test(serve_router, python_client_from_the_same_proto)
 {
 	const char *py = getenv("BD_PYTHON");
@@ -1030,17 +1031,17 @@ Test(serve_router, python_client_from_the_same_proto)
 		py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
 	up("16", "4", NULL);
 	snprintf(cmd, sizeof(cmd),
-		 "%s %s/tests/python/bdfp4_client.py --router %s --out-dir %s --proto-dir "
-		 "%s/proto --json --max-tokens 6 --seed 5 'Say hi' 2>&1",
+		 "%s %s/clients/python/bdfp4_client.py --router %s --out-dir %s --proto-dir "
+		 "%s/proto --json --no-stream --max-tokens 6 --seed 5 'Say hi' 2>&1",
 		 py, E.root, E.front_ep, E.dir, E.root);
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
 	n = fread(out, 1, sizeof(out) - 1, p);
 	out[n] = 0;
 	cr_assert_eq(pclose(p), 0, "%s failed:\n%s", cmd, out);
-	j = json_loads(strrchr(out, '{') ? out : "", 0, &jerr);
-	cr_assert_not_null(j, "not JSON: %s", out);
-	cr_expect_str_eq(json_string_value(json_object_get(j, "finish")), "FINISH_LENGTH");
+	j = json_loads(out, 0, &jerr);
+	cr_assert_not_null(j, "not one JSON line: %s", out);
+	cr_expect_str_eq(json_string_value(json_object_get(j, "finish")), "length");
 	toks = json_object_get(j, "tokens");
 	cr_assert_eq(json_array_size(toks), 6);
 	cr_assert_eq(bd_gguf_open(E.model, &g, gerr), 0);

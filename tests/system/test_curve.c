@@ -136,7 +136,7 @@ static struct bd_client *curve_client(const char *ep, const char *secret)
 	return c;
 }
 
-/* The Python client (tests/python/bdfp4_client.py) asking for health with a secret key file
+/* The Python client (clients/python/bdfp4_client.py) asking for health with a secret key file
  * (NULL: plain): its exit status, its output in out[cap]. */
 static int python_health(const char *ep, const char *secret, char *out, size_t cap)
 {
@@ -148,13 +148,13 @@ static int python_health(const char *ep, const char *secret, char *out, size_t c
 	if (!py || !*py)
 		py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
 	snprintf(cmd, sizeof(cmd),
-		 "%s %s/tests/python/bdfp4_client.py --router %s --out-dir %s --proto-dir %s/proto "
+		 "%s %s/clients/python/bdfp4_client.py --router %s --out-dir %s --proto-dir %s/proto "
 		 "--timeout-ms 20000 --health --server-key %s%s%s 2>&1",
 		 py, E.root, ep, E.dir, E.root, path_of("router.pub"), secret ? " --secret-key " : "",
 		 secret ? path_of(secret) : "");
 	if (!secret) /* no secret key: a plain client (no server key either) */
 		snprintf(cmd, sizeof(cmd),
-			 "%s %s/tests/python/bdfp4_client.py --router %s --out-dir %s --proto-dir "
+			 "%s %s/clients/python/bdfp4_client.py --router %s --out-dir %s --proto-dir "
 			 "%s/proto --timeout-ms 20000 --health 2>&1",
 			 py, E.root, ep, E.dir, E.root);
 	p = popen(cmd, "r");

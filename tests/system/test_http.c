@@ -19,7 +19,13 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <math.h>
 
+#include "formats/bd_gguf.h"
+#include "model/bd_forward.h"
+#include "model/bd_sampler.h"
+#include "model/bd_tokenizer.h"
+#include "quant/bd_kvcfg.h"
 #include "serve/bd_client.h"
 #include "serve_common.h"
 
@@ -219,12 +225,13 @@ static json_t *http_json(const char *method, const char *path, const char *body,
 	return j;
 }
 
-static const char *jstr(json_t *j, const char *path)
+/* The value at a dotted path of j ("choices.0.text": a number selects an array element), NULL
+ * when there is none. */
+static json_t *jget(json_t *j, const char *path)
 {
 	json_t *v = j;
 	char key[64];
 
-	/* a dotted path; a number selects an array element */
 	for (const char *p = path; v && *p;) {
 		size_t n = strcspn(p, ".");
 
@@ -233,25 +240,31 @@ static const char *jstr(json_t *j, const char *path)
 				     : json_object_get(v, key);
 		p += n + (p[n] == '.');
 	}
+	return v;
+}
+
+static const char *jstr(json_t *j, const char *path)
+{
+	json_t *v = jget(j, path);
+
 	cr_assert(json_is_string(v), "%s is not a string in %s", path, json_dumps(j, 0));
 	return json_string_value(v);
 }
 
 static json_int_t jint(json_t *j, const char *path)
 {
-	json_t *v = j;
-	char key[64];
+	json_t *v = jget(j, path);
 
-	for (const char *p = path; v && *p;) {
-		size_t n = strcspn(p, ".");
-
-		snprintf(key, sizeof(key), "%.*s", (int)n, p);
-		v = json_is_array(v) ? json_array_get(v, (size_t)atoi(key))
-				     : json_object_get(v, key);
-		p += n + (p[n] == '.');
-	}
 	cr_assert(json_is_integer(v), "%s is not an integer in %s", path, json_dumps(j, 0));
 	return json_integer_value(v);
+}
+
+static double jnum(json_t *j, const char *path)
+{
+	json_t *v = jget(j, path);
+
+	cr_assert(json_is_number(v), "%s is not a number in %s", path, json_dumps(j, 0));
+	return json_number_value(v);
 }
 
 /* ---- server-sent events --------------------------------------------------------------------- */
@@ -266,7 +279,22 @@ struct stream {
 	json_int_t prompt_tokens, completion_tokens; /* -1: no usage event */
 	char id[64];
 	bool ids_same;
+	json_t *lp;           /* the choices' logprobs put together (NULL: none came) */
 };
+
+/* Appends the arrays of the logprobs object from to those of *into (created on first use). */
+static void logprobs_join(json_t **into, json_t *from)
+{
+	const char *k;
+	json_t *a;
+
+	if (!*into) {
+		*into = json_deep_copy(from);
+		return;
+	}
+	json_object_foreach(from, k, a)
+		json_array_extend(json_object_get(*into, k), a);
+}
 
 static void parse_sse(const char *body, bool chat, struct stream *s)
 {
@@ -316,6 +344,8 @@ static void parse_sse(const char *body, bool chat, struct stream *s)
 				s->len += json_string_length(t);
 				s->text[s->len] = 0;
 			}
+			if (json_is_object(json_object_get(c0, "logprobs")))
+				logprobs_join(&s->lp, json_object_get(c0, "logprobs"));
 			if (json_is_string(json_object_get(c0, "finish_reason")))
 				snprintf(s->finish, sizeof(s->finish), "%s",
 					 jstr(c0, "finish_reason"));
@@ -534,8 +564,20 @@ Test(http, errors_and_statuses)
 		{ "/v1/completions", "{\"prompt\": \"Hi\", \"temperature\": \"hot\"}", 400,
 		  "temperature", "number" },
 		{ "/v1/completions", "{\"prompt\": \"Hi\", \"stop\": [1]}", 400, "stop", "stop" },
-		{ "/v1/completions", "{\"prompt\": \"Hi\", \"logprobs\": 2}", 400, "logprobs",
-		  "logprobs" },
+		{ "/v1/completions", "{\"prompt\": \"Hi\", \"logprobs\": 6}", 400, "logprobs",
+		  "logprobs must be an integer in [0, 5]" },
+		{ "/v1/completions", "{\"prompt\": \"Hi\", \"logprobs\": true}", 400, "logprobs",
+		  "integer" },
+		{ "/v1/completions", "{\"prompt\": \"Hi\", \"top_logprobs\": 2}", 400,
+		  "top_logprobs", "chat field" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
+					  "\"x\"}], \"logprobs\": true, \"top_logprobs\": 21}", 400,
+		  "top_logprobs", "top_logprobs must be an integer in [0, 20]" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
+					  "\"x\"}], \"top_logprobs\": 2}", 400, "top_logprobs",
+		  "needs logprobs" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
+					  "\"x\"}], \"logprobs\": 1}", 400, "logprobs", "boolean" },
 		{ "/v1/completions", "{\"prompt\": \"Hi\", \"model\": \"gpt-4\"}", 404, "model",
 		  "does not exist" },
 		{ "/v1/chat/completions", "{\"messages\": []}", 400, "messages", "non-empty" },
@@ -726,6 +768,297 @@ Test(http, concurrent_streams_and_metrics)
 	cr_expect_eq(metric(m, "bdfp4:inter_token_latency_seconds_count{"), N_CLIENTS * 9);
 	free(m);
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
+}
+
+/* ---- log-probabilities ------------------------------------------------------------------- */
+
+/* |served − single-process| of a first token's log-probability: the prompt's logits after the
+ * same prefill, summed in another order by the two ranks */
+#define LOGPROB_TOL 0.02
+
+/* The log-softmax of logits[V] at token t, in long double (the test's own). */
+static double ref_logprob(const float *lg, int V, int32_t t)
+{
+	long double m = -INFINITY, sum = 0;
+
+	for (int i = 0; i < V; i++)
+		m = lg[i] > m ? lg[i] : m;
+	for (int i = 0; i < V; i++)
+		sum += expl((long double)lg[i] - m);
+	return (double)((long double)lg[t] - m - logl(sum));
+}
+
+/* The single-process model's logits after prompt (tokenized as the router does), into lg[V]
+ * (malloc'ed); the tokenizer into *ret_tok. */
+static float *model_logits(const char *prompt, int *ret_v, struct bd_tokenizer **ret_tok)
+{
+	char gerr[BD_GGUF_ERR_MAX], merr[BD_MODEL_ERR_MAX];
+	struct bd_gguf *g;
+	struct bd_model *m;
+	struct bd_seq *sq;
+	int32_t *ids;
+	size_t n;
+	float *lg;
+
+	cr_assert_eq(bd_gguf_open(E.model, &g, gerr), 0, "%s", gerr);
+	cr_assert_eq(bd_model_from_gguf(g, &m, merr), 0, "%s", merr);
+	cr_assert_eq(bd_tokenizer_new_from_gguf(g, ret_tok, NULL), 0);
+	bd_gguf_free(g);
+	cr_assert_eq(bd_tokenizer_encode(*ret_tok, prompt, strlen(prompt), BD_TOK_ADD_SPECIAL,
+					 &ids, &n), 0);
+	struct bd_seq_opts o = { .max_tokens = (int)n + 1 };
+	cr_assert_eq(bd_seq_new(m, bd_kvcfg_find("bitdecoding-nvfp4"), &o, &sq, merr), 0, "%s",
+		     merr);
+	*ret_v = m->hp.n_vocab;
+	lg = malloc(sizeof(float) * (size_t)*ret_v);
+	cr_assert(lg);
+	cr_assert_eq(bd_model_prefill(m, sq, ids, (int)n, lg), 0);
+	bd_seq_free(sq);
+	bd_model_free(m);
+	free(ids);
+	return lg;
+}
+
+/* One step's top log-probabilities: every value ≤ 0, the sampled token's the largest (greedy),
+ * Σ exp ≤ 1. */
+static void expect_step(double sampled, const double *top, size_t n, const char *what)
+{
+	double mass = 0, best = -INFINITY;
+
+	cr_expect_leq(sampled, 0.0, "%s: logprob %f > 0", what, sampled);
+	for (size_t k = 0; k < n; k++) {
+		cr_expect_leq(top[k], 0.0, "%s: top %zu: %f", what, k, top[k]);
+		best = top[k] > best ? top[k] : best;
+		mass += exp(top[k]);
+	}
+	cr_expect_eq(sampled, best, "%s: the greedy token's %f is not the top's %f", what,
+		     sampled, best);
+	cr_expect_leq(mass, 1.0 + 1e-6, "%s: Σ exp(top) = %f", what, mass);
+}
+
+/* Completions with logprobs = 5 (curl): the four arrays, one entry per generated token, their
+ * pieces put together are the text and text_offset points at each; every step as expect_step;
+ * the first token's log-probabilities are the single-process model's log-softmax of the same
+ * prompt (so a missing normalization, a base-2 log or a temperature would fail); the stream
+ * carries the same entries. */
+Test(http, completions_logprobs_are_the_model_s)
+{
+	static const char *prompt = "The capital of France is";
+	char body[512], joined[1024] = "", what[32], *out;
+	struct bd_tokenizer *tok;
+	struct stream st;
+	json_t *j, *lp;
+	int V, n;
+
+	snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": 6, \"temperature\": 0,"
+		 " \"ignore_eos\": true, \"logprobs\": 5}", prompt);
+	up();
+	j = http_json("POST", "/v1/completions", body, 200);
+	lp = jget(j, "choices.0.logprobs");
+	n = (int)jint(j, "usage.completion_tokens");
+	cr_assert_eq(n, 6);
+	cr_assert(json_is_object(lp), "no logprobs: %s", json_dumps(j, 0));
+	for (const char *const *k = (const char *const[]){ "tokens", "token_logprobs",
+							    "top_logprobs", "text_offset", NULL };
+	     *k; k++)
+		cr_assert_eq(json_array_size(json_object_get(lp, *k)), (size_t)n, "%s", *k);
+	for (int i = 0; i < n; i++) {
+		json_t *top = json_array_get(json_object_get(lp, "top_logprobs"), (size_t)i);
+		const char *t = json_string_value(json_array_get(json_object_get(lp, "tokens"),
+								 (size_t)i));
+		double v[6];
+		size_t m = 0;
+		const char *key;
+		json_t *x;
+
+		cr_assert(t);
+		cr_expect_eq(jint(lp, (snprintf(what, sizeof(what), "text_offset.%d", i), what)),
+			     (json_int_t)strlen(joined), "the offset of token %d", i);
+		strncat(joined, t, sizeof(joined) - strlen(joined) - 1);
+		cr_expect(json_object_size(top) >= 5 && json_object_size(top) <= 6,
+			  "step %d: %zu top entries", i, json_object_size(top));
+		json_object_foreach(top, key, x)
+			if (m < 6)
+				v[m++] = json_number_value(x);
+		cr_expect(json_object_get(top, t), "step %d: the sampled token is among the top", i);
+		snprintf(what, sizeof(what), "token_logprobs.%d", i);
+		expect_step(jnum(lp, what), v, m, what);
+	}
+	cr_expect_str_eq(joined, jstr(j, "choices.0.text"), "the tokens put together");
+
+	/* the model's own distribution at the first step */
+	float *lg = model_logits(prompt, &V, &tok);
+	int32_t ids[5];
+	double worst = 0;
+
+	cr_assert_eq(bd_sampler_top(lg, V, 5, ids), 5);
+	for (int k = 0; k < 5; k++) {
+		const char *b;
+		size_t bl;
+		char piece[256];
+		json_t *x;
+
+		cr_assert_eq(bd_tokenizer_token_bytes(tok, ids[k], &b, &bl), 0);
+		snprintf(piece, sizeof(piece), "%.*s", (int)bl, b);
+		x = json_object_get(json_array_get(json_object_get(lp, "top_logprobs"), 0), piece);
+		cr_expect(json_is_number(x), "the model's #%d token '%s' is not in the top: %s", k,
+			  piece, json_dumps(jget(lp, "top_logprobs.0"), 0));
+		if (!x)
+			continue;
+		double d = fabs(json_number_value(x) - ref_logprob(lg, V, ids[k]));
+		worst = d > worst ? d : worst;
+		cr_expect_leq(d, LOGPROB_TOL, "'%s': served %f, the model's %f", piece,
+			      json_number_value(x), ref_logprob(lg, V, ids[k]));
+	}
+	cr_expect_leq(fabs(jnum(lp, "token_logprobs.0") - ref_logprob(lg, V, ids[0])), LOGPROB_TOL);
+	fprintf(stderr, "http: first-token logprobs vs the single-process model: worst %.5f\n",
+		worst);
+	free(lg);
+	bd_tokenizer_free(tok);
+
+	snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": 6, \"temperature\": 0,"
+		 " \"ignore_eos\": true, \"logprobs\": 5, \"stream\": true}", prompt);
+	cr_assert_eq(http("POST", "/v1/completions", body, &out), 200, "%s", out);
+	parse_sse(out, false, &st);
+	free(out);
+	cr_assert(st.lp, "the stream carries no logprobs");
+	cr_expect(json_equal(json_object_get(st.lp, "tokens"), json_object_get(lp, "tokens")));
+	cr_expect(json_equal(json_object_get(st.lp, "text_offset"),
+			     json_object_get(lp, "text_offset")));
+	for (int i = 0; i < n; i++) {
+		snprintf(what, sizeof(what), "token_logprobs.%d", i);
+		cr_expect_float_eq(jnum(st.lp, what), jnum(lp, what), 1e-4, "%s", what);
+	}
+	json_decref(st.lp);
+	json_decref(j);
+}
+
+/* Chat with logprobs and top_logprobs = 3 (curl), not streamed and streamed: one content entry
+ * per generated token, its bytes those of its token, its top 3 most likely first with the
+ * greedy token first; top_logprobs 0 gives the tokens alone. */
+Test(http, chat_logprobs_streamed_and_not)
+{
+	static const char *msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"Name three "
+				  "colors.\"}], \"max_tokens\": 8, \"temperature\": 0, "
+				  "\"ignore_eos\": true, \"logprobs\": true";
+	char body[512], *out;
+	struct stream st;
+	json_t *j, *c;
+	size_t i, n;
+
+	up();
+	snprintf(body, sizeof(body), "{%s, \"top_logprobs\": 3}", msgs);
+	j = http_json("POST", "/v1/chat/completions", body, 200);
+	c = jget(j, "choices.0.logprobs.content");
+	n = (size_t)jint(j, "usage.completion_tokens");
+	cr_assert_eq(json_array_size(c), n, "%s", json_dumps(j, 0));
+	for (i = 0; i < n; i++) {
+		json_t *e = json_array_get(c, i), *top = json_object_get(e, "top_logprobs"), *b;
+		const char *t = jstr(e, "token");
+		double v[3];
+		char bytes[256];
+		size_t k, nb = 0;
+
+		cr_assert_eq(json_array_size(top), 3, "entry %zu", i);
+		for (k = 0; k < 3; k++) {
+			v[k] = jnum(json_array_get(top, k), "logprob");
+			if (k)
+				cr_expect_geq(v[k - 1], v[k], "entry %zu: most likely first", i);
+		}
+		cr_expect_str_eq(jstr(json_array_get(top, 0), "token"), t, "greedy: entry %zu", i);
+		expect_step(jnum(e, "logprob"), v, 3, "chat");
+		json_array_foreach(json_object_get(e, "bytes"), k, b) {
+			cr_assert(json_integer_value(b) >= 0 && json_integer_value(b) < 256);
+			if (nb < sizeof(bytes) - 1)
+				bytes[nb++] = (char)json_integer_value(b);
+		}
+		bytes[nb] = 0;
+		if (strncmp(t, "bytes:", 6))
+			cr_expect_str_eq(bytes, t, "entry %zu: bytes and token differ", i);
+	}
+	snprintf(body, sizeof(body), "{%s, \"top_logprobs\": 3, \"stream\": true}", msgs);
+	cr_assert_eq(http("POST", "/v1/chat/completions", body, &out), 200, "%s", out);
+	parse_sse(out, true, &st);
+	free(out);
+	cr_assert(st.lp, "the stream carries no logprobs");
+	cr_assert_eq(json_array_size(json_object_get(st.lp, "content")), n);
+	for (i = 0; i < n; i++) {
+		json_t *a = json_array_get(json_object_get(st.lp, "content"), i),
+		       *b = json_array_get(c, i);
+
+		cr_expect_str_eq(jstr(a, "token"), jstr(b, "token"), "entry %zu", i);
+		cr_expect_float_eq(jnum(a, "logprob"), jnum(b, "logprob"), 1e-4, "entry %zu", i);
+	}
+	json_decref(st.lp);
+	json_decref(j);
+
+	snprintf(body, sizeof(body), "{%s, \"max_tokens\": 2}", msgs);
+	j = http_json("POST", "/v1/chat/completions", body, 200);
+	c = jget(j, "choices.0.logprobs.content");
+	cr_assert_eq(json_array_size(c), 2);
+	cr_expect_eq(json_array_size(jget(c, "0.top_logprobs")), 0);
+	cr_expect_leq(jnum(c, "0.logprob"), 0.0);
+	json_decref(j);
+	cr_expect(sv_pool_idle(&E, WAIT_MS));
+}
+
+/* A JSON line of `bdfp4 client --json` without what names the connection and the times. */
+static json_t *client_line(const char *line)
+{
+	json_t *j = parse(line), *u;
+
+	json_object_del(j, "tag");
+	json_object_del(j, "request_id");
+	if ((u = json_object_get(j, "usage")))
+		for (const char *const *k = (const char *const[]){ "queue_us", "ttft_us", "total_us",
+								    NULL };
+		     *k; k++)
+			json_object_del(u, *k);
+	return j;
+}
+
+/* The C client and the Python client (clients/python/) print the same for the same greedy
+ * request with --logprobs 3: the text and the table of log-probabilities byte for byte, and
+ * the same JSON lines (streamed and not) but for the tag, the request id and the times. */
+Test(http, c_and_python_clients_print_the_same)
+{
+	const char *py = getenv("BD_PYTHON");
+	static const char *const modes[] = { "", "--json", "--json --no-stream" };
+	static char a[65536], b[65536];
+	char cmd[3 * PATH_MAX + 256];
+
+	if (!py || !*py)
+		py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+	up();
+	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+		snprintf(cmd, sizeof(cmd), "%s/bdfp4 client --router %s --raw --max-tokens 6 "
+			 "--logprobs 3 %s 'The capital of France is'", E.bin, E.front_ep, modes[m]);
+		cr_assert_eq(sv_run_output(cmd, a, sizeof(a)), 0, "%s: %s", cmd, a);
+		snprintf(cmd, sizeof(cmd), "%s %s/clients/python/bdfp4_client.py --router %s "
+			 "--out-dir %s --raw --max-tokens 6 --logprobs 3 %s 'The capital of France "
+			 "is'", py, E.root, E.front_ep, E.dir, modes[m]);
+		cr_assert_eq(sv_run_output(cmd, b, sizeof(b)), 0, "%s: %s", cmd, b);
+		if (!*modes[m]) {
+			cr_expect_str_eq(a, b, "text mode differs");
+			cr_expect(strchr(a, '\t'), "no log-probability lines in '%s'", a);
+			continue;
+		}
+		char *sa = NULL, *sb = NULL, *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb);
+		int lines = 0;
+
+		for (; la && lb; la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb)) {
+			json_t *ja = client_line(la), *jb = client_line(lb);
+
+			cr_expect(json_equal(ja, jb), "%s: line %d differs:\n  C:      %s\n  Python: %s",
+				  modes[m], lines, la, lb);
+			cr_expect(json_is_array(json_object_get(ja, "logprobs")), "%s", la);
+			json_decref(ja);
+			json_decref(jb);
+			lines++;
+		}
+		cr_expect(!la && !lb, "%s: the line counts differ", modes[m]);
+		cr_expect_eq(lines, m == 1 ? 6 : 1, "%s: %d lines", modes[m], lines);
+	}
 }
 
 /* The official openai package against the server (tests/python/openai_check.py): chat and

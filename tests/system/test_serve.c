@@ -383,18 +383,6 @@ Test(serve, sigterm_stops_every_daemon_with_exit_0)
 	cr_expect_eq(sv_stop(&E.pool, SIGTERM, WAIT_MS), 0, "kvpoold:\n%s", sv_log_tail(&E.pool));
 }
 
-/* The output of the shell command cmd (its stdout and what it sends there) into out[cap]. */
-static void shell_output(const char *cmd, char *out, size_t cap)
-{
-	FILE *p = popen(cmd, "r");
-	size_t n;
-
-	cr_assert_not_null(p, "%s", cmd);
-	n = fread(out, 1, cap - 1, p);
-	out[n] = 0;
-	pclose(p);
-}
-
 /* deploy/: the units pass `systemd-analyze verify` (with ExecStart pointed at this build's
  * binaries, which verify wants to exist). */
 Test(serve, systemd_units_verify_clean)
@@ -427,7 +415,7 @@ Test(serve, systemd_units_verify_clean)
 		 "cd '%s' && systemd-analyze verify --man=no kvpoold.service router.service "
 		 "workerd@0.service workerd@1.service bdfp4.target 2>&1; echo rc=$?",
 		 E.dir);
-	shell_output(cmd, out, sizeof(out));
+	sv_run_output(cmd, out, sizeof(out));
 	cr_expect_str_eq(out, "rc=0\n", "systemd-analyze verify is not clean:\n%s", out);
 	/* the hardening the issue asks for is there */
 	snprintf(cmd, sizeof(cmd),
@@ -437,7 +425,7 @@ Test(serve, systemd_units_verify_clean)
 		 "echo \"$u lacks $k\"; done; done; grep -q '^u bdfp4' sysusers.d/bdfp4.conf || "
 		 "echo no sysusers; grep -q '^d /run/bdfp4' tmpfiles.d/bdfp4.conf || echo no tmpfiles",
 		 E.root);
-	shell_output(cmd, out, sizeof(out));
+	sv_run_output(cmd, out, sizeof(out));
 	cr_expect_str_eq(out, "", "%s", out);
 }
 

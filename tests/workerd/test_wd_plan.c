@@ -318,6 +318,9 @@ Test(wd_plan, bad_rows_are_refused)
 	bad_prefill(bad, &n, 1, 3, NULL, 8, INV, "a token = the vocabulary size")->tokens = &big;
 	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top_p above 1")->sampling = &sp;
 	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "a prefill not at position 0")->position = 4;
+	bad_prefill(bad, &n, 10, 3, NULL, 64, INV,
+		    "log-probabilities (the GPU's sampler has none)")->logprobs = true;
+	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top log-probabilities")->top_logprobs = 2;
 	decode_row(&bad[n].r, 77, 0, &tok, 3, NULL, 0, NULL, 0);
 	bad[n].want = INV;
 	bad[n++].what = "a decode of an unknown request";
@@ -339,6 +342,11 @@ Test(wd_plan, bad_rows_are_refused)
 	prefilled(&t, 1, 10, 2, NULL, 64);
 	decode_row(&r, 1, 10, &tok, 5, NULL, 0, NULL, 0);
 	refused(&t, &r, &LIM, INV, "slot");
+	cr_assert_null(wd_gtab_find(&t, 1));
+	prefilled(&t, 1, 10, 2, NULL, 64);
+	decode_row(&r, 1, 10, &tok, 2, NULL, 0, NULL, 0);
+	r.logprobs = true;
+	refused(&t, &r, &LIM, INV, "not served by the cuda backend");
 	cr_assert_null(wd_gtab_find(&t, 1));
 
 	/* one request twice in a plan: the second row is refused */

@@ -470,6 +470,8 @@ Test(workerd, serves_a_prompt_like_the_single_process_run)
 					       .capacity = (uint32_t)(n + steps), .top_k = 5 };
 			make_row(&prow[q], &rs);
 		}
+		prow[0].logprobs = true; /* the first request's: the sampled token's and the top 5 */
+		prow[0].top_logprobs = 5;
 		plan.epoch = 7;
 		plan.step = (uint64_t)i + 1;
 		plan.n_rows = 2;
@@ -498,6 +500,31 @@ Test(workerd, serves_a_prompt_like_the_single_process_run)
 			for (size_t k = 0; k < 5; k++)
 				maxd = fmax(maxd, fabs(rr->top[k]->logit - lr[rr->top[k]->token]));
 			agree += rr->token == toks[i];
+			cr_assert_eq(res[1]->rows[q]->n_top_logprobs, 0);
+			if (q == 1) {
+				cr_assert_eq(rr->n_top_logprobs, 0, "not asked for");
+				continue;
+			}
+			/* log-probabilities: the same ranking as the logits, each the logit less
+			 * one log-sum-exp, the sampled token's the first (greedy) */
+			cr_assert_eq(rr->n_top_logprobs, 5);
+			double lse = rr->top[0]->logit - rr->top_logprobs[0]->logprob;
+			cr_assert_eq(rr->logprob, rr->top_logprobs[0]->logprob);
+			for (size_t k = 0; k < 5; k++) {
+				cr_assert_eq(rr->top_logprobs[k]->token, rr->top[k]->token);
+				cr_assert_leq(rr->top_logprobs[k]->logprob, 0.0f);
+				cr_assert_float_eq(rr->top[k]->logit - rr->top_logprobs[k]->logprob,
+						   lse, 1e-4, "step %d rank %zu", i, k);
+			}
+			/* and that log-sum-exp is the single-process logits' (after the prefill,
+			 * where the two runs agree closely) */
+			double lmax = -INFINITY, sum = 0;
+			for (int v = 0; v < V; v++)
+				lmax = fmax(lmax, lr[v]);
+			for (int v = 0; v < V; v++)
+				sum += exp((double)lr[v] - lmax);
+			if (i == 0)
+				cr_assert_float_eq(lse, lmax + log(sum), 0.01, "log-sum-exp of step 0");
 		}
 		free_results(res);
 	}

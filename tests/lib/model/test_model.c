@@ -838,6 +838,150 @@ Test(model, sampler_top_p_top_k_temperature)
 	bd_sampler_free(s);
 }
 
+/* The log-softmax the other way round, in long double: log(exp(x_i − x_0) / Σ_j exp(x_j − x_0))
+ * (shifted by the first logit, not the largest, and the quotient before the log). */
+static long double ref_logprob(const float *x, int n, int i)
+{
+	long double sum = 0.0L;
+
+	for (int j = 0; j < n; j++)
+		sum += expl((long double)x[j] - (long double)x[0]);
+	return logl(expl((long double)x[i] - (long double)x[0]) / sum);
+}
+
+/* bd_sampler_logprobs on logits [n] against ref_logprob: the token's and the top_n's values
+ * within tol, the top_n in bd_sampler_order's order, all ≤ 0; Σ exp over the whole vocabulary
+ * (top_n = n) is 1. */
+static void check_logprobs(const float *x, int n, int32_t token, int top_n, double tol)
+{
+	int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), *order = malloc(sizeof(int32_t) * (size_t)n);
+	float *lp = malloc(sizeof(float) * (size_t)n), tlp = 1.0f;
+	double mass = 0.0;
+
+	cr_assert(ids && order && lp);
+	cr_assert_eq(bd_sampler_logprobs(x, n, token, top_n, &tlp, ids, lp), top_n);
+	cr_expect_leq(fabsl((long double)tlp - ref_logprob(x, n, token)), tol,
+		      "token %d: %.7f, want %.7Lf", token, (double)tlp, ref_logprob(x, n, token));
+	for (int i = 0; i < n; i++)
+		order[i] = i;
+	bd_sampler_order(x, order, (size_t)n);
+	for (int k = 0; k < top_n; k++) {
+		cr_expect_eq(ids[k], order[k], "rank %d", k);
+		cr_expect_leq(lp[k], 0.0f);
+		cr_expect_leq(fabsl((long double)lp[k] - ref_logprob(x, n, ids[k])), tol,
+			      "rank %d (token %d): %.7f, want %.7Lf", k, ids[k], (double)lp[k],
+			      ref_logprob(x, n, ids[k]));
+	}
+	cr_assert_eq(bd_sampler_logprobs(x, n, token, n, NULL, ids, lp), n);
+	for (int k = 0; k < n; k++)
+		mass += exp((double)lp[k]);
+	cr_expect_float_eq(mass, 1.0, 1e-5, "Σ exp(logprob) = %.8f", mass);
+	free(ids);
+	free(order);
+	free(lp);
+}
+
+/* (0.5, 0.3, 0.15, 0.05) given as logits shifted by 7: the log-probabilities are the logs of
+ * those, whatever the shift (a softmax without the normalization, or at another base, fails). */
+Test(model, logprobs_are_the_log_softmax)
+{
+	float l[4], lp[4];
+	int32_t ids[4];
+	static const double p[4] = { 0.5, 0.3, 0.15, 0.05 };
+
+	four_logits(l);
+	for (int i = 0; i < 4; i++)
+		l[i] += 7.0f;
+	cr_assert_eq(bd_sampler_logprobs(l, 4, 2, 4, &lp[0], ids, lp), 4);
+	for (int i = 0; i < 4; i++) {
+		cr_expect_eq(ids[i], i);
+		cr_expect_float_eq(lp[i], log(p[i]), 2e-6, "token %d: %f", i, (double)lp[i]);
+	}
+	check_logprobs(l, 4, 3, 2, 1e-6);
+}
+
+/* 5000 random logits over [-30, 30] with ties and -inf entries, against ref_logprob; a -inf
+ * logit has logprob -inf and ranks last. */
+Test(model, logprobs_random_logits_ties_and_minus_infinity)
+{
+	enum { V = 5000 };
+	float *x = malloc(sizeof(float) * V), lp[3];
+	int32_t ids[3];
+
+	cr_assert(x);
+	for (int i = 0; i < V; i++)
+		x[i] = rng_sym(30.0f);
+	x[17] = x[4000] = 35.0f; /* a tie at the top: the lower id first */
+	x[9] = x[123] = -INFINITY;
+	check_logprobs(x, V, 4000, 20, 1e-5);
+	cr_assert_eq(bd_sampler_logprobs(x, V, 9, 3, &lp[0], ids, lp), 3);
+	cr_expect_eq(ids[0], 17);
+	cr_expect_eq(ids[1], 4000);
+	cr_expect_eq(lp[0], lp[1]);
+	cr_assert_eq(bd_sampler_logprobs(x, V, 9, 0, &lp[2], NULL, NULL), 0);
+	cr_expect(isinf(lp[2]) && lp[2] < 0, "a -inf logit: %f", (double)lp[2]);
+	free(x);
+}
+
+/* The embedded model's logits after the chat prompt: the log-softmax over its 49152 tokens
+ * against ref_logprob, the greedy token's the largest of the top 5. */
+Test(model, logprobs_of_the_model_s_logits)
+{
+	struct bd_model *m = load_model();
+	json_t *gold = load_golden();
+	int n, V = m->hp.n_vocab;
+	int32_t *ids = json_ids(json_object_get(golden_prompt(gold, "chat_capital"),
+						"prompt_ids"), &n);
+	float *lg = malloc(sizeof(float) * (size_t)V), lp[5], glp;
+	int32_t top[5];
+	struct bd_seq *s = NULL;
+	struct bd_seq_opts o = { .max_tokens = n + 1 };
+	char err[BD_MODEL_ERR_MAX];
+
+	cr_assert_not_null(lg);
+	cr_assert_eq(bd_seq_new(m, bd_kvcfg_find("bf16"), &o, &s, err), 0, "%s", err);
+	cr_assert_eq(bd_model_prefill(m, s, ids, n, lg), 0);
+	int32_t greedy = bd_argmax(lg, V);
+	check_logprobs(lg, V, greedy, 5, 1e-5);
+	cr_assert_eq(bd_sampler_logprobs(lg, V, greedy, 5, &glp, top, lp), 5);
+	cr_expect_eq(top[0], greedy);
+	cr_expect_eq(glp, lp[0]);
+	cr_expect_lt(glp, 0.0f);
+	bd_seq_free(s);
+	free(lg);
+	free(ids);
+	json_decref(gold);
+	bd_model_free(m);
+}
+
+/* bd_sampler_top: largest first, ties by the lower id, NaN last, k cut to n; bad arguments. */
+Test(model, sampler_top_and_logprobs_refuse_bad_input)
+{
+	float x[5] = { 1.0f, 3.0f, 3.0f, NAN, 2.0f }, lp;
+	float bad[3] = { 0.0f, INFINITY, 1.0f }, minf[2] = { -INFINITY, -INFINITY };
+	int32_t ids[5];
+
+	cr_assert_eq(bd_sampler_top(x, 5, 3, ids), 3);
+	cr_expect(ids[0] == 1 && ids[1] == 2 && ids[2] == 4, "%d %d %d", ids[0], ids[1], ids[2]);
+	cr_assert_eq(bd_sampler_top(x, 5, 9, ids), 5);
+	cr_expect(ids[3] == 0 && ids[4] == 3, "%d %d", ids[3], ids[4]);
+	cr_expect_eq(bd_sampler_top(x, 5, 0, NULL), 0);
+	cr_expect_eq(bd_sampler_top(NULL, 5, 1, ids), -EINVAL);
+	cr_expect_eq(bd_sampler_top(x, 0, 1, ids), -EINVAL);
+	cr_expect_eq(bd_sampler_top(x, 5, -1, ids), -EINVAL);
+	cr_expect_eq(bd_sampler_logprobs(x, 5, 0, 1, &lp, ids, &lp), -EDOM, "NaN");
+	cr_expect_eq(bd_sampler_logprobs(bad, 3, 0, 1, &lp, ids, &lp), -EDOM, "+inf");
+	cr_expect_eq(bd_sampler_logprobs(minf, 2, 0, 1, &lp, ids, &lp), -EDOM, "all -inf");
+	cr_expect_eq(bd_sampler_logprobs(x + 4, 1, 1, 0, &lp, NULL, NULL), -EINVAL, "token");
+	cr_expect_eq(bd_sampler_logprobs(x + 4, 1, -1, 0, &lp, NULL, NULL), -EINVAL, "token");
+	cr_expect_eq(bd_sampler_logprobs(x + 4, 1, 0, 1, &lp, NULL, &lp), -EINVAL, "ids");
+	cr_expect_eq(bd_sampler_logprobs(x + 4, 1, 0, -1, &lp, ids, &lp), -EINVAL, "top_n");
+	cr_expect_eq(bd_sampler_logprobs(NULL, 1, 0, 0, &lp, NULL, NULL), -EINVAL);
+	lp = 1.0f;
+	cr_expect_eq(bd_sampler_logprobs(x + 4, 1, 0, 0, &lp, NULL, NULL), 0);
+	cr_expect_eq(lp, 0.0f, "one token: logprob 0");
+}
+
 /* 40000 draws at T = 1 land on (0.5, 0.3, 0.15, 0.05) within 0.01 (4.5 standard errors). */
 Test(model, sampler_draw_frequencies)
 {

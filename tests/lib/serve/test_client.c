@@ -126,6 +126,13 @@ Test(client, bad_arguments_send_nothing)
 	g.logits_top_k = 65;
 	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EMSGSIZE);
 	g.logits_top_k = 0;
+	g.logprobs = true;
+	g.top_logprobs = 21;
+	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EMSGSIZE);
+	g.logprobs = false;
+	g.top_logprobs = 2;
+	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EINVAL, "top_logprobs without logprobs");
+	g.top_logprobs = 0;
 	memset(big, 'a', (64 << 10) + 1);
 	big[(64 << 10) + 1] = 0;
 	g.prompt = big;
@@ -151,7 +158,7 @@ Test(client, chat_request_on_the_wire)
 	struct bd_client *c;
 	struct bd_client_gen g = { .prompt = "Hi there", .chat = true, .max_tokens = 7,
 				   .stream = true, .kv_config = "bitdecoding-mxfp4",
-				   .logits_top_k = 3 };
+				   .logits_top_k = 3, .logprobs = true, .top_logprobs = 20 };
 	const char *stops[2] = { "\n\n", "END" };
 	int32_t forced[2] = { 5, 6 };
 	Bdfp4__ClientRequest *req;
@@ -186,6 +193,8 @@ Test(client, chat_request_on_the_wire)
 	cr_assert_eq(req->generate->n_forced_tokens, 2);
 	cr_expect_eq(req->generate->forced_tokens[1], 6);
 	cr_expect_eq(req->generate->logits_top_k, 3);
+	cr_expect(req->generate->logprobs);
+	cr_expect_eq(req->generate->top_logprobs, 20);
 	cr_assert_not_null(req->generate->sampling);
 	cr_expect_float_eq(req->generate->sampling->temperature, 0.5f, 0);
 	cr_expect_eq(req->generate->sampling->top_k, 40);
@@ -222,6 +231,11 @@ Test(client, keepalives_skipped_chunks_and_logit_table)
 	Bdfp4__TopLogit t[3] = { BDFP4__TOP_LOGIT__INIT, BDFP4__TOP_LOGIT__INIT,
 				 BDFP4__TOP_LOGIT__INIT };
 	Bdfp4__TopLogit *p0[2] = { &t[0], &t[1] }, *p1[1] = { &t[2] };
+	Bdfp4__TokenLogprob lp[4] = { BDFP4__TOKEN_LOGPROB__INIT, BDFP4__TOKEN_LOGPROB__INIT,
+				      BDFP4__TOKEN_LOGPROB__INIT, BDFP4__TOKEN_LOGPROB__INIT };
+	Bdfp4__TokenLogprob *lt0[2] = { &lp[1], &lp[2] };
+	Bdfp4__StepLogprobs st[2] = { BDFP4__STEP_LOGPROBS__INIT, BDFP4__STEP_LOGPROBS__INIT };
+	Bdfp4__StepLogprobs *pst[2] = { &st[0], &st[1] };
 	int32_t toks[2] = { 17, 42 };
 	uint8_t ident[256];
 	size_t ident_len;
@@ -247,6 +261,16 @@ Test(client, keepalives_skipped_chunks_and_logit_table)
 	ch.finish_reason = BDFP4__FINISH_REASON__FINISH_LENGTH;
 	ch.n_logits = 2;
 	ch.logits = psl;
+	/* log-probabilities: step 0 sampled 17 with two top entries, step 1 sampled 42, none */
+	lp[0].token = 17, lp[0].logprob = -0.5f;
+	lp[0].piece = (ProtobufCBinaryData){ 2, (uint8_t *)"ab" };
+	lp[1].token = 17, lp[1].logprob = -0.5f;
+	lp[2].token = 9, lp[2].logprob = -1.5f;
+	lp[3].token = 42, lp[3].logprob = -3.0f;
+	st[0].sampled = &lp[0], st[0].n_top = 2, st[0].top = lt0;
+	st[1].sampled = &lp[3];
+	ch.n_logprobs = 2;
+	ch.logprobs = pst;
 	us.prompt_tokens = 1;
 	us.completion_tokens = 2;
 	us.ttft_us = 1000;
@@ -274,6 +298,17 @@ Test(client, keepalives_skipped_chunks_and_logit_table)
 	cr_expect_float_eq(ev.top[1].logit, 1.25f, 0);
 	cr_expect_eq(ev.top[2].token, 42);
 	cr_expect_eq(ev.top[3].token, -1);
+	/* dense [2][1 + 2]: the sampled token, then the top ones (-1: fewer) */
+	cr_assert_eq(ev.n_top_logprobs, 2);
+	cr_assert_not_null(ev.logprobs);
+	cr_expect_eq(ev.logprobs[0].token, 17);
+	cr_expect_eq(ev.logprobs[0].piece_len, 2);
+	cr_expect(!memcmp(ev.logprobs[0].piece, "ab", 2));
+	cr_expect_float_eq(ev.logprobs[2].logprob, -1.5f, 0);
+	cr_expect_eq(ev.logprobs[3].token, 42);
+	cr_expect_float_eq(ev.logprobs[3].logprob, -3.0f, 0);
+	cr_expect_eq(ev.logprobs[4].token, -1);
+	cr_expect_eq(ev.logprobs[5].token, -1);
 	/* a frame that is not a ClientReply */
 	cr_assert_eq(zmq_send(T.router, ident, ident_len, ZMQ_SNDMORE), (int)ident_len);
 	cr_assert_eq(zmq_send(T.router, "\xff\xff\xff", 3, 0), 3);
