@@ -68,6 +68,7 @@ struct bd_router_opts {
 	int resume_timeout_ms;
 	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
 	int drain_timeout_ms; /* 0: stop at once */
+	int socket_mode;      /* file mode of the ipc:// endpoints, set after bind */
 	uint64_t owner;
 };
 

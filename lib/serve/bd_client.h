@@ -73,8 +73,10 @@ const char *bd_finish_name(int reason);
 struct bd_client;
 
 /* Connects to the router at endpoint (NULL: BD_CLIENT_DEFAULT_ENDPOINT). ZeroMQ connects
- * lazily, so a router that is not up yet shows only as a timeout later.
- * Returns 0 and *ret, -EINVAL, -ENOMEM, or the -errno of ZeroMQ (a malformed endpoint). */
+ * lazily, so a router that is not up yet shows only as a timeout later; an ipc:// socket that
+ * this process may not connect to (its file mode or directory) is refused here at once.
+ * Returns 0 and *ret, -EINVAL, -ENOMEM, -EACCES (permission denied on the ipc:// socket), or
+ * the -errno of ZeroMQ (a malformed endpoint). */
 int bd_client_new(const char *endpoint, struct bd_client **ret);
 
 /* Closes the connection without waiting (the router cancels its live requests). NULL is

@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include "base/bd_clock.h"
+#include "base/bd_ipc.h"
 #include "base/bd_rand.h"
 #include "serve/bd_client.h"
 #include "serve/bd_wire.h"
@@ -61,6 +62,11 @@ int bd_client_new(const char *endpoint, struct bd_client **ret)
 
 	if (!ret)
 		return -EINVAL;
+	if (!endpoint)
+		endpoint = BD_CLIENT_DEFAULT_ENDPOINT;
+	/* ZeroMQ retries a refused ipc connect silently: the caller would see a timeout */
+	if (bd_ipc_endpoint_check(endpoint, 1000) == -EACCES)
+		return -EACCES;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
@@ -71,7 +77,7 @@ int bd_client_new(const char *endpoint, struct bd_client **ret)
 	}
 	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
 	if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-	    zmq_connect(c->sock, endpoint ? endpoint : BD_CLIENT_DEFAULT_ENDPOINT) < 0) {
+	    zmq_connect(c->sock, endpoint) < 0) {
 		e = zmq_errno();
 		bd_client_free(c);
 		return -(e ? e : EINVAL);
