@@ -255,7 +255,7 @@ static int owner_check(struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *re
 	bool names;
 	uint64_t owner;
 
-	if (!h->peer_known || h->peer_admin || !changes_pool(req->op_case))
+	if (!h->peer_known || !changes_pool(req->op_case))
 		return 0;
 	owner = call_owner(h, req, &names);
 	if (!owner)
@@ -263,7 +263,7 @@ static int owner_check(struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *re
 	for (size_t i = 0; i < h->n_owners; i++) {
 		if (h->owners[i].owner != owner)
 			continue;
-		if (h->owners[i].uid == h->peer_uid)
+		if (h->owners[i].uid == h->peer_uid || h->peer_admin)
 			return 0;
 		snprintf(text, len, "owner %llu belongs to uid %u; this call comes from uid %u",
 			 (unsigned long long)owner, h->owners[i].uid, h->peer_uid);
@@ -272,6 +272,8 @@ static int owner_check(struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *re
 	if (!names)
 		return 0; /* a record of an earlier run, before any call of this one named it */
 	if (h->n_owners == BD_KVPOOL_MAX_OWNERS) {
+		if (h->peer_admin)
+			return 0;
 		snprintf(text, len, "%d owners are in use: owner %llu cannot be added",
 			 BD_KVPOOL_MAX_OWNERS, (unsigned long long)owner);
 		return -BD_POOL_ERR_QUOTA;

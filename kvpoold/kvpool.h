@@ -225,7 +225,8 @@ struct bd_kvpool_handler {
 	/* Who sends the frame being handled (the daemon sets these before each call, from the
 	 * connection's SO_PEERCRED): with peer_known, an owner belongs to the uid of the first
 	 * call that names it, and a call naming it (or a request of it) from another uid gets
-	 * POOL_ERR_OWNER, unless peer_admin (root, kvpoold's own uid: the operator). Without
+	 * POOL_ERR_OWNER, unless peer_admin (root, kvpoold's own uid: the operator, who acts
+	 * for any owner and binds the owners it names like anyone). Without
 	 * peer_known (tests, a tcp:// endpoint) owners are not bound. */
 	bool peer_known, peer_admin;
 	uint32_t peer_uid;
