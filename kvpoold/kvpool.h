@@ -319,6 +319,26 @@ struct bd_kvpool_mem_ops {
 };
 
 extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu;
+
+/* ---- scrubbing (scrub.c): freed pages and slots zeroed in kvpoold --------------------------- */
+
+struct bd_kvpool_scrub;
+
+/* Maps every chunk of arenas[0..n_arenas) (the CPU backend's memfds: plain mmap) for
+ * bd_kvpool_scrub_hook. plan and arenas must outlive the result. Returns 0 and *ret; -EINVAL;
+ * -ENOMEM; the -errno of mmap (err says which chunk). */
+int bd_kvpool_scrub_new(const struct bd_kvpool_plan *plan, const struct bd_kvpool_arena *arenas,
+			int n_arenas, struct bd_kvpool_scrub **ret, char *err, size_t errlen);
+/* Unmaps. NULL is fine. */
+void bd_kvpool_scrub_free(struct bd_kvpool_scrub *s);
+
+/* The allocator's bd_kvpool_scrub_fn (ctx: the scrub): zeroes page id of every layer (plan's
+ * pages_offset + l·layer_stride + id·page_bytes, page_bytes each) or slot id (slots_offset +
+ * id·slot_bytes) in every rank's arena. */
+void bd_kvpool_scrub_hook(void *ctx, bool slot, int32_t id);
+
+/* The bytes zeroed so far. */
+uint64_t bd_kvpool_scrub_bytes(const struct bd_kvpool_scrub *s);
 extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda;
 
 /* The backend called name ("cpu", "cuda"), or NULL. */

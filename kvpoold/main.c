@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -110,13 +109,6 @@ struct opts {
 	bool scrub;
 };
 
-/* The CPU backend's arena of one rank mapped in kvpoold, for scrubbing freed pages and slots:
- * chunk i at map[i] (its bytes in the arena), mapped one by one. */
-struct arena_map {
-	uint8_t *map[BD_POOL_MAX_CHUNKS];
-	size_t n;
-};
-
 struct ctx {
 	struct bd_daemon d;
 	struct opts o;
@@ -143,8 +135,7 @@ struct ctx {
 	char **stored_names;
 	struct bd_pool_device *devices;
 	struct bd_pool_attachment *attachments;
-	struct arena_map *maps; /* [n_arenas] when scrubbing, else NULL */
-	uint64_t scrubbed_bytes;
+	struct bd_kvpool_scrub *scrub; /* NULL: freed memory is not cleared here */
 
 	void *zctx, *rep;
 	int listen_fd;
@@ -638,81 +629,22 @@ static int setup_memory(struct ctx *c)
 
 /* ---- scrubbing ----------------------------------------------------------------------------- */
 
-/* Zeroes bytes [off, off + len) of rank r's arena, across chunk boundaries. */
-static void zero_range(struct ctx *c, int r, size_t off, size_t len)
-{
-	const struct bd_kvpool_arena *ar = &c->arenas[r];
-	size_t base = 0;
-
-	for (size_t i = 0; i < ar->n_chunks && len; i++) {
-		size_t sz = ar->chunks[i].bytes;
-
-		if (off < base + sz) {
-			size_t at = off - base, n = sz - at < len ? sz - at : len;
-
-			memset(c->maps[r].map[i] + at, 0, n);
-			off += n;
-			len -= n;
-			c->scrubbed_bytes += n;
-		}
-		base += sz;
-	}
-}
-
-/* The allocator's scrub hook: a page (every layer) or a slot just became free. */
-static void scrub(void *ctx, bool slot, int32_t id)
-{
-	struct ctx *c = ctx;
-	const struct bd_layout *l = &c->plan.layout;
-
-	for (int r = 0; r < c->n_arenas; r++) {
-		if (slot) {
-			zero_range(c, r, c->plan.slots_offset + (size_t)id * l->slot_bytes,
-				   l->slot_bytes);
-			continue;
-		}
-		for (int k = 0; k < l->n_layers; k++)
-			zero_range(c, r, c->plan.pages_offset + (size_t)k * l->layer_stride +
-						 (size_t)id * l->page_bytes,
-				   l->page_bytes);
-	}
-}
-
-/* Maps every chunk of the CPU backend's arenas and hooks scrub() into the allocator. The cuda
- * backend's memory is not mapped here (workers clear it at allocation). Returns 0 or -errno. */
+/* Hooks scrub.c into the allocator over the CPU backend's arenas. The cuda backend's memory is
+ * not mapped here (workers clear it at allocation). Returns 0 or -errno. */
 static int setup_scrub(struct ctx *c)
 {
+	char err[200];
+	int e;
+
 	if (!c->o.scrub || strcmp(c->mem->name, "cpu"))
 		return 0;
-	c->maps = calloc((size_t)c->n_arenas, sizeof(*c->maps));
-	if (!c->maps)
-		return -ENOMEM;
-	for (int r = 0; r < c->n_arenas; r++)
-		for (size_t i = 0; i < c->arenas[r].n_chunks; i++) {
-			void *m = mmap(NULL, c->arenas[r].chunks[i].bytes, PROT_READ | PROT_WRITE,
-				       MAP_SHARED, c->arenas[r].chunks[i].fd, 0);
-
-			if (m == MAP_FAILED) {
-				bd_log_err("mapping the arena of rank %d for scrubbing: %s", r,
-					   strerror(errno));
-				return -errno;
-			}
-			c->maps[r].map[i] = m;
-			c->maps[r].n = i + 1;
-		}
-	bd_kvpool_alloc_set_scrub(c->alloc, scrub, c);
+	e = bd_kvpool_scrub_new(&c->plan, c->arenas, c->n_arenas, &c->scrub, err, sizeof(err));
+	if (e < 0) {
+		bd_log_err("scrubbing: %s", err);
+		return e;
+	}
+	bd_kvpool_alloc_set_scrub(c->alloc, bd_kvpool_scrub_hook, c->scrub);
 	return 0;
-}
-
-static void unmap_scrub(struct ctx *c)
-{
-	if (!c->maps)
-		return;
-	for (int r = 0; r < c->n_arenas; r++)
-		for (size_t i = 0; i < c->maps[r].n; i++)
-			munmap(c->maps[r].map[i], c->arenas[r].chunks[i].bytes);
-	free(c->maps);
-	c->maps = NULL;
 }
 
 /* ---- attach socket ------------------------------------------------------------------------- */
@@ -1226,7 +1158,7 @@ static void cleanup(struct ctx *c)
 	}
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
-	unmap_scrub(c);
+	bd_kvpool_scrub_free(c->scrub);
 	for (int r = 0; r < c->n_arenas; r++)
 		c->mem->arena_destroy(&c->arenas[r]);
 	free(c->arenas);
