@@ -81,7 +81,7 @@ static const struct bd_config_key keys[] = {
 	{ "owner_max_requests", "0", "request records one owner may hold at once; 0: no limit" },
 	{ "scrub", "true",
 	  "zero a page's and a slot's bytes when they are freed, before another request gets "
-	  "them (cpu backend; the cuda workers clear their memory at allocation)" },
+	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)" },
 	{ NULL, NULL, NULL },
 };
 
@@ -629,8 +629,8 @@ static int setup_memory(struct ctx *c)
 
 /* ---- scrubbing ----------------------------------------------------------------------------- */
 
-/* Hooks scrub.c into the allocator over the CPU backend's arenas. The cuda backend's memory is
- * not mapped here (workers clear it at allocation). Returns 0 or -errno. */
+/* Hooks scrub.c into the allocator over the CPU backend's arenas (kvpoold does not map the cuda
+ * backend's VMM memory, so it is not cleared). Returns 0 or -errno. */
 static int setup_scrub(struct ctx *c)
 {
 	char err[200];
@@ -907,8 +907,8 @@ static bool pid_in_group(pid_t pid, gid_t gid)
 }
 
 /* Who sent m: the uid, gid and pid ZeroMQ read with SO_PEERCRED when the ipc connection was
- * made (its "Peer-Address" property ends with ":uid:gid:pid"). Returns false for a peer
- * without them (tcp://). */
+ * made (its "Peer-Address" property ends with ":uid:gid:pid"). Returns false when the property
+ * is missing or does not end so. */
 static bool msg_peer(zmq_msg_t *m, uid_t *ret_uid, gid_t *ret_gid, pid_t *ret_pid)
 {
 	const char *a = zmq_msg_gets(m, "Peer-Address");
@@ -948,7 +948,8 @@ static bool rep_peer(struct ctx *c, zmq_msg_t *m, char *text, size_t len)
 	gid_t gid;
 	pid_t pid;
 
-	c->handler.peer_known = msg_peer(m, &uid, &gid, &pid);
+	/* only an ipc:// connection has credentials (a tcp:// IPv6 address has colons too) */
+	c->handler.peer_known = bd_ipc_endpoint_path(c->o.endpoint) && msg_peer(m, &uid, &gid, &pid);
 	if (!c->handler.peer_known)
 		return true;
 	c->handler.peer_uid = uid;
