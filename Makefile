@@ -330,6 +330,10 @@ $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(TESTGEN_OBJ),quant 
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
+$(eval $(call program,bench_scrub,$(BUILD)/bench/bench_scrub.o $(KVPD_LIB),pool quant base))
+$(BUILD)/bench/bench_scrub.o: CFLAGS += -Ikvpoold
+$(BUILD)/bench/bench_scrub.o: | $(PROTO_H)
+all: $(BUILD)/bin/bench_scrub
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen

@@ -43,6 +43,10 @@ struct bd_kvpool_alloc {
 
 	uint64_t changes; /* operations that changed the pool */
 
+	struct bd_kvpool_quota quota;  /* per owner; 0: no limit */
+	bd_kvpool_scrub_fn scrub;      /* told of each page and slot that becomes free */
+	void *scrub_ctx;
+
 	char err[200];
 };
 
@@ -156,6 +160,20 @@ const char *bd_kvpool_alloc_error(const struct bd_kvpool_alloc *a)
 	return a ? a->err : "";
 }
 
+void bd_kvpool_alloc_set_quota(struct bd_kvpool_alloc *a, const struct bd_kvpool_quota *q)
+{
+	if (a)
+		a->quota = q ? *q : (struct bd_kvpool_quota){ 0 };
+}
+
+void bd_kvpool_alloc_set_scrub(struct bd_kvpool_alloc *a, bd_kvpool_scrub_fn fn, void *ctx)
+{
+	if (!a)
+		return;
+	a->scrub = fn;
+	a->scrub_ctx = ctx;
+}
+
 /* ---- request table ---------------------------------------------------------------------- */
 
 static size_t hash64(uint64_t x)
@@ -174,6 +192,27 @@ static struct req *lookup(const struct bd_kvpool_alloc *a, uint64_t id)
 		if (a->tab[i]->id == id)
 			return a->tab[i];
 	}
+}
+
+/* What owner holds now: page references (reserved ones included), slots, records. */
+struct owner_use {
+	size_t pages, slots, requests;
+};
+
+static struct owner_use owner_use(const struct bd_kvpool_alloc *a, uint64_t owner)
+{
+	struct owner_use u = { 0 };
+
+	for (size_t i = 0; i <= a->tab_mask; i++) {
+		const struct req *r = a->tab[i];
+
+		if (r && r->owner == owner) {
+			u.pages += r->n_pages;
+			u.slots += r->slot >= 0;
+			u.requests++;
+		}
+	}
+	return u;
 }
 
 static void insert(struct bd_kvpool_alloc *a, struct req *r)
@@ -229,6 +268,10 @@ static int get_req(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, struc
 		*ret = r;
 		return 0;
 	}
+	if (a->quota.requests && owner_use(a, owner).requests >= a->quota.requests)
+		return fail(a, BD_POOL_ERR_QUOTA,
+			    "owner %llu holds %zu request records, its quota (owner_max_requests)",
+			    (unsigned long long)owner, a->quota.requests);
 	if (a->n_reqs >= a->max_requests)
 		return fail(a, BD_POOL_ERR_EXHAUSTED, "all %zu request records are in use",
 			    a->max_requests);
@@ -361,10 +404,27 @@ static int drop_page(struct bd_kvpool_alloc *a, struct req *r, int32_t page)
 		return 0;
 	a->state[page] = PAGE_FREE;
 	a->free_pages[a->n_free++] = page;
+	if (a->scrub)
+		a->scrub(a->scrub_ctx, false, page);
 	return 1;
 }
 
 /* ---- pages -------------------------------------------------------------------------------- */
+
+/* r's owner may hold n more page references, else POOL_ERR_QUOTA */
+static int pages_quota(struct bd_kvpool_alloc *a, const struct req *r, size_t n)
+{
+	size_t held;
+
+	if (!a->quota.pages)
+		return 0;
+	held = owner_use(a, r->owner).pages;
+	if (held + n <= a->quota.pages)
+		return 0;
+	return fail(a, BD_POOL_ERR_QUOTA,
+		    "owner %llu holds %zu pages; %zu more exceed its quota of %zu (owner_max_pages)",
+		    (unsigned long long)r->owner, held, n, a->quota.pages);
+}
 
 static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, uint32_t n,
 		      int state, int32_t *ret)
@@ -384,6 +444,8 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 		goto out;
 	}
 	e = under_limit(a, r, n);
+	if (e == 0)
+		e = pages_quota(a, r, n);
 	if (e < 0)
 		goto out;
 	if (n > a->n_free) {
@@ -527,6 +589,8 @@ int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
 		return e;
 	e = under_limit(a, r, n);
 	if (e == 0)
+		e = pages_quota(a, r, n);
+	if (e == 0)
 		e = check_list(a, fresh ? NULL : r, req, pages, n, false);
 	if (e < 0)
 		goto out;
@@ -564,6 +628,12 @@ int bd_kvpool_slot_assign(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owne
 			 (unsigned long long)req, r->slot);
 		goto out;
 	}
+	if (a->quota.slots && owner_use(a, owner).slots >= a->quota.slots) {
+		e = fail(a, BD_POOL_ERR_QUOTA,
+			 "owner %llu holds %zu slots, its quota (owner_max_slots)",
+			 (unsigned long long)owner, a->quota.slots);
+		goto out;
+	}
 	if (!a->n_free_slots) {
 		e = fail(a, BD_POOL_ERR_EXHAUSTED, "all %zu slots are in use", a->n_slots);
 		goto out;
@@ -583,6 +653,8 @@ static void put_slot(struct bd_kvpool_alloc *a, struct req *r)
 {
 	a->slot_holder[r->slot] = 0;
 	a->free_slots[a->n_free_slots++] = r->slot;
+	if (a->scrub)
+		a->scrub(a->scrub_ctx, true, r->slot);
 	r->slot = -1;
 }
 
@@ -732,6 +804,16 @@ size_t bd_kvpool_alloc_holders(const struct bd_kvpool_alloc *a, bool largest_fir
 	memcpy(ret, all, n * sizeof(*all));
 	free(all);
 	return n;
+}
+
+int bd_kvpool_alloc_owner_of(const struct bd_kvpool_alloc *a, uint64_t req, uint64_t *ret_owner)
+{
+	const struct req *r = a && req ? lookup(a, req) : NULL;
+
+	if (!r)
+		return -BD_POOL_ERR_UNKNOWN_REQUEST;
+	*ret_owner = r->owner;
+	return 0;
 }
 
 long bd_kvpool_alloc_pages_of(const struct bd_kvpool_alloc *a, uint64_t req, int32_t *ret,

@@ -219,6 +219,70 @@ static int repeated(struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *req,
 	return 1;
 }
 
+/* The owner a pool-changing call acts for (0: none, or a request not known, which the
+ * allocator then refuses) and whether the call may bind a new owner (it names one). */
+static uint64_t call_owner(const struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *req,
+			   bool *ret_names)
+{
+	uint64_t id = 0, owner = 0;
+
+	*ret_names = true;
+	switch (req->op_case) {
+	case BDFP4__POOL_REQUEST__OP_PAGE_ALLOC: owner = req->page_alloc->owner; break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_RESERVE: owner = req->page_reserve->owner; break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_REF: owner = req->page_ref->owner; break;
+	case BDFP4__POOL_REQUEST__OP_SLOT_ASSIGN: owner = req->slot_assign->owner; break;
+	case BDFP4__POOL_REQUEST__OP_OWNER_RECLAIM: owner = req->owner_reclaim->owner; break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_COMMIT: id = req->page_commit->request_id; break;
+	case BDFP4__POOL_REQUEST__OP_PAGE_FREE: id = req->page_free->request_id; break;
+	case BDFP4__POOL_REQUEST__OP_SLOT_RELEASE: id = req->slot_release->request_id; break;
+	case BDFP4__POOL_REQUEST__OP_REQUEST_RELEASE: id = req->request_release->request_id; break;
+	default: break;
+	}
+	if (id) {
+		*ret_names = false;
+		if (bd_kvpool_alloc_owner_of(h->alloc, id, &owner) < 0)
+			owner = 0;
+	}
+	return owner;
+}
+
+/* 0 when the peer may act for the call's owner (binding a new owner to the peer's uid), else
+ * -BD_POOL_ERR_OWNER or -BD_POOL_ERR_QUOTA with the reason in text. */
+static int owner_check(struct bd_kvpool_handler *h, const Bdfp4__PoolRequest *req, char *text,
+		       size_t len)
+{
+	bool names;
+	uint64_t owner;
+
+	if (!h->peer_known || !changes_pool(req->op_case))
+		return 0;
+	owner = call_owner(h, req, &names);
+	if (!owner)
+		return 0;
+	for (size_t i = 0; i < h->n_owners; i++) {
+		if (h->owners[i].owner != owner)
+			continue;
+		if (h->owners[i].uid == h->peer_uid || h->peer_admin)
+			return 0;
+		snprintf(text, len, "owner %llu belongs to uid %u; this call comes from uid %u",
+			 (unsigned long long)owner, h->owners[i].uid, h->peer_uid);
+		return -BD_POOL_ERR_OWNER;
+	}
+	if (!names)
+		return 0; /* a record of an earlier run, before any call of this one named it */
+	if (h->n_owners == BD_KVPOOL_MAX_OWNERS) {
+		if (h->peer_admin)
+			return 0;
+		snprintf(text, len, "%d owners are in use: owner %llu cannot be added",
+			 BD_KVPOOL_MAX_OWNERS, (unsigned long long)owner);
+		return -BD_POOL_ERR_QUOTA;
+	}
+	h->owners[h->n_owners].owner = owner;
+	h->owners[h->n_owners++].uid = h->peer_uid;
+	return 0;
+}
+
 static int oom(char *text, size_t len, bool *own)
 {
 	snprintf(text, len, "kvpoold is out of memory");
@@ -257,6 +321,11 @@ int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t l
 		return r < 0 ? r : 0;
 	}
 	rep.slot = -1;
+	e = owner_check(h, req, text, sizeof(text));
+	if (e < 0) {
+		bdfp4__pool_request__free_unpacked(req, NULL);
+		return bd_kvpool_error_reply(h, -e, text, ret_reply, ret_len);
+	}
 	switch (req->op_case) {
 	case BDFP4__POOL_REQUEST__OP_PAGE_ALLOC: {
 		const Bdfp4__PageAlloc *m = req->page_alloc;

@@ -74,6 +74,24 @@ void bd_kvpool_alloc_free(struct bd_kvpool_alloc *a);
 /* The reason of the last failed operation ("" after a success). */
 const char *bd_kvpool_alloc_error(const struct bd_kvpool_alloc *a);
 
+/* What one owner may hold at once, the same for every owner; 0 in a field: no limit (the
+ * pool's own size bounds it). A call that would take an owner past a limit fails with
+ * POOL_ERR_QUOTA, whatever is free: one owner cannot take what the others need. */
+struct bd_kvpool_quota {
+	size_t pages;    /* page references (reserved pages included) over its requests */
+	size_t slots;
+	size_t requests; /* request records */
+};
+
+/* Sets the per-owner limits (NULL: none); records already held above them stay. */
+void bd_kvpool_alloc_set_quota(struct bd_kvpool_alloc *a, const struct bd_kvpool_quota *q);
+
+/* Called with each page (slot false) and slot (slot true) id at the moment it becomes free,
+ * before the operation returns, so the memory can be cleared before another owner gets it
+ * (pages and slots change owner only through the free stacks). fn NULL: nobody is told. */
+typedef void (*bd_kvpool_scrub_fn)(void *ctx, bool slot, int32_t id);
+void bd_kvpool_alloc_set_scrub(struct bd_kvpool_alloc *a, bd_kvpool_scrub_fn fn, void *ctx);
+
 /* n new USED pages for the request (created under owner when unknown): all or none, ids in
  * ret_pages[0..n). */
 int bd_kvpool_page_alloc(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner, uint32_t n,
@@ -111,6 +129,9 @@ void bd_kvpool_alloc_counts(const struct bd_kvpool_alloc *a, struct bd_kvpool_co
  * largest_first, else by request id. Returns the number written. */
 size_t bd_kvpool_alloc_holders(const struct bd_kvpool_alloc *a, bool largest_first,
 			       struct bd_pool_holder *ret, size_t cap);
+
+/* The owner of request req into *ret_owner. Returns 0, or -(BD_POOL_ERR_UNKNOWN_REQUEST). */
+int bd_kvpool_alloc_owner_of(const struct bd_kvpool_alloc *a, uint64_t req, uint64_t *ret_owner);
 
 /* The pages held by request req (sorted) into ret (cap entries). Returns their total number, or
  * -(BD_POOL_ERR_UNKNOWN_REQUEST). */
@@ -192,6 +213,8 @@ size_t bd_kvpool_replay_save_max(size_t n_clients, size_t reply_max);
 ssize_t bd_kvpool_replay_save(const struct bd_kvpool_replay *r, void *buf, size_t cap);
 ssize_t bd_kvpool_replay_load(struct bd_kvpool_replay *r, const void *buf, size_t len);
 
+#define BD_KVPOOL_MAX_OWNERS 64 /* owners bound to a uid at once (bd_kvpool_handler) */
+
 struct bd_kvpool_handler {
 	struct bd_kvpool_alloc *alloc;
 	struct bd_kvpool_replay *replay;   /* NULL: every frame is applied, repeats too */
@@ -199,6 +222,17 @@ struct bd_kvpool_handler {
 	size_t max_frame;                  /* larger frames get POOL_ERR_OVERSIZE */
 	uint32_t default_top;              /* largest holders in stats when the query says 0 */
 	uint64_t served, errors;           /* counters, updated by bd_kvpool_handle */
+
+	/* Who sends the frame being handled (the daemon sets these before each call, from the
+	 * connection's SO_PEERCRED): with peer_known, an owner belongs to the uid of the first
+	 * call that names it, and a call naming it (or a request of it) from another uid gets
+	 * POOL_ERR_OWNER, unless peer_admin (root, kvpoold's own uid: the operator, who acts
+	 * for any owner and binds the owners it names like anyone). Without
+	 * peer_known (tests, a tcp:// endpoint) owners are not bound. */
+	bool peer_known, peer_admin;
+	uint32_t peer_uid;
+	struct { uint64_t owner; uint32_t uid; } owners[BD_KVPOOL_MAX_OWNERS];
+	size_t n_owners;
 };
 
 /* Decodes and checks one attach request frame buf[n] (kvpool.proto AttachRequest) for a pool
@@ -294,6 +328,26 @@ struct bd_kvpool_mem_ops {
 };
 
 extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu;
+
+/* ---- scrubbing (scrub.c): freed pages and slots zeroed in kvpoold --------------------------- */
+
+struct bd_kvpool_scrub;
+
+/* Maps every chunk of arenas[0..n_arenas) (the CPU backend's memfds: plain mmap) for
+ * bd_kvpool_scrub_hook. plan and arenas must outlive the result. Returns 0 and *ret; -EINVAL;
+ * -ENOMEM; the -errno of mmap (err says which chunk). */
+int bd_kvpool_scrub_new(const struct bd_kvpool_plan *plan, const struct bd_kvpool_arena *arenas,
+			int n_arenas, struct bd_kvpool_scrub **ret, char *err, size_t errlen);
+/* Unmaps. NULL is fine. */
+void bd_kvpool_scrub_free(struct bd_kvpool_scrub *s);
+
+/* The allocator's bd_kvpool_scrub_fn (ctx: the scrub): zeroes page id of every layer (plan's
+ * pages_offset + l·layer_stride + id·page_bytes, page_bytes each) or slot id (slots_offset +
+ * id·slot_bytes) in every rank's arena. */
+void bd_kvpool_scrub_hook(void *ctx, bool slot, int32_t id);
+
+/* The bytes zeroed so far. */
+uint64_t bd_kvpool_scrub_bytes(const struct bd_kvpool_scrub *s);
 extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda;
 
 /* The backend called name ("cpu", "cuda"), or NULL. */

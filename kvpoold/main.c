@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,6 +59,9 @@ static const struct bd_config_key keys[] = {
 	{ "insecure_tcp", "false",
 	  "allow a plain (unauthenticated, unencrypted) TCP endpoint off loopback", true },
 	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
+	{ "socket_mode", "0660",
+	  "file mode of the attach socket and of an ipc:// allocation endpoint, set after bind "
+	  "whatever the umask" },
 	{ "backend", "cpu", "memory backend: cpu (memfd) or cuda (VMM, one GPU per rank)" },
 	{ "tp", "2", "tensor-parallel ranks, one arena each" },
 	{ "kv_config", "bitdecoding-nvfp4", "KV configuration (NUMERICS.md 9): page format" },
@@ -80,6 +84,13 @@ static const struct bd_config_key keys[] = {
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
 	{ "attach_timeout_ms", "5000", "time a new connection has to send its attach request" },
 	{ "stats_top", "8", "largest holders in stats" },
+	{ "owner_max_pages", "0",
+	  "page references one owner (router) may hold at once; 0: no limit beyond the pool's" },
+	{ "owner_max_slots", "0", "BF16 slots one owner may hold at once; 0: no limit" },
+	{ "owner_max_requests", "0", "request records one owner may hold at once; 0: no limit" },
+	{ "scrub", "true",
+	  "zero a page's and a slot's bytes when they are freed, before another request gets "
+	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)" },
 	{ NULL, NULL, NULL },
 };
 
@@ -96,12 +107,15 @@ struct client {
 struct opts {
 	const char *socket, *endpoint, *backend, *kv_config;
 	gid_t group;
+	mode_t socket_mode;
 	int tp, layers, kv_heads, heads_per_rank, head_dim, d_rope;
 	uint32_t max_seq_len;
 	size_t slots, pages, max_requests, max_frame, max_clients;
 	uint64_t memory_bytes, chunk_bytes;
 	double fraction;
 	int status_ms, attach_ms, stats_top;
+	struct bd_kvpool_quota quota;
+	bool scrub;
 };
 
 struct ctx {
@@ -130,6 +144,7 @@ struct ctx {
 	char **stored_names;
 	struct bd_pool_device *devices;
 	struct bd_pool_attachment *attachments;
+	struct bd_kvpool_scrub *scrub; /* NULL: freed memory is not cleared here */
 
 	void *zctx, *rep;
 	struct bd_zsec_zap *zap;        /* the ZAP handler while the endpoint speaks CURVE */
@@ -202,10 +217,15 @@ static int read_opts(struct ctx *c)
 	INT("status_interval_ms", 10, 3600000, o->status_ms);
 	INT("attach_timeout_ms", 10, 3600000, o->attach_ms);
 	INT("stats_top", 0, 64, o->stats_top);
+	INT("socket_mode", 0, 0777, o->socket_mode);
+	INT("owner_max_pages", 0, INT32_MAX, o->quota.pages);
+	INT("owner_max_slots", 0, INT32_MAX, o->quota.slots);
+	INT("owner_max_requests", 0, 1 << 24, o->quota.requests);
 #undef INT
 	if (bd_daemon_get_bytes(d, "memory_bytes", 0, UINT64_MAX / 2, &o->memory_bytes) < 0 ||
 	    bd_daemon_get_bytes(d, "chunk_bytes", 0, UINT64_MAX / 2, &o->chunk_bytes) < 0 ||
-	    bd_daemon_get_double(d, "gpu_memory_fraction", 0, 1, &o->fraction) < 0)
+	    bd_daemon_get_double(d, "gpu_memory_fraction", 0, 1, &o->fraction) < 0 ||
+	    bd_daemon_get_bool(d, "scrub", &o->scrub) < 0)
 		return -EINVAL;
 	if (o->chunk_bytes == 0) {
 		bd_log_err("chunk_bytes must be positive");
@@ -618,6 +638,26 @@ static int setup_memory(struct ctx *c)
 	return 0;
 }
 
+/* ---- scrubbing ----------------------------------------------------------------------------- */
+
+/* Hooks scrub.c into the allocator over the CPU backend's arenas (kvpoold does not map the cuda
+ * backend's VMM memory, so it is not cleared). Returns 0 or -errno. */
+static int setup_scrub(struct ctx *c)
+{
+	char err[200];
+	int e;
+
+	if (!c->o.scrub || strcmp(c->mem->name, "cpu"))
+		return 0;
+	e = bd_kvpool_scrub_new(&c->plan, c->arenas, c->n_arenas, &c->scrub, err, sizeof(err));
+	if (e < 0) {
+		bd_log_err("scrubbing: %s", err);
+		return e;
+	}
+	bd_kvpool_alloc_set_scrub(c->alloc, bd_kvpool_scrub_hook, c->scrub);
+	return 0;
+}
+
 /* ---- attach socket ------------------------------------------------------------------------- */
 
 static void refresh_info(struct ctx *c)
@@ -750,6 +790,34 @@ static void send_attach(struct ctx *c, struct client *cl)
 	bd_log_info("rank %d attached by pid %d (uid %u)", cl->rank, (int)cl->pid, (unsigned)cl->uid);
 }
 
+/* Whether the peer of fd has hung up (its process died or closed the socket). */
+static bool peer_gone(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
+
+	return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR));
+}
+
+/* 1 + the index of the live attachment of rank other than client `self`, or 0 when there is
+ * none. An attachment whose peer has hung up (a worker killed a moment ago, its EOF not read
+ * yet) counts as gone: it is marked detached here and dropped when its EOF is read. */
+static size_t live_rank(struct ctx *c, size_t self, int rank)
+{
+	for (size_t j = 0; j < c->n_clients; j++) {
+		struct client *o = &c->clients[j];
+
+		if (j == self || !o->attached || o->rank != rank)
+			continue;
+		if (!peer_gone(o->fd))
+			return j + 1;
+		bd_log_info("rank %d: pid %d has hung up; its attachment ends", rank, (int)o->pid);
+		o->attached = false;
+		o->deadline_ms = INT64_MAX; /* not an attach request that is late */
+		refresh_info(c);
+	}
+	return 0;
+}
+
 /* Returns false when the client was dropped. */
 static bool on_client(struct ctx *c, size_t i)
 {
@@ -758,6 +826,7 @@ static bool on_client(struct ctx *c, size_t i)
 	uint8_t buf[512];
 	int code;
 	int fds[BD_IPC_MAX_FDS], n_fds = 0;
+	size_t live;
 	ssize_t n;
 
 	n = bd_ipc_recv(cl->fd, buf, sizeof(buf), fds, BD_IPC_MAX_FDS, &n_fds);
@@ -779,6 +848,20 @@ static bool on_client(struct ctx *c, size_t i)
 		drop_client(c, i, why);
 		return false;
 	}
+	live = live_rank(c, i, cl->rank);
+	if (live) {
+		const struct client *o = &c->clients[live - 1];
+		char t[200];
+
+		snprintf(t, sizeof(t), "rank %d is attached (pid %d, uid %u): one live attachment per "
+			 "rank", cl->rank, (int)o->pid, (unsigned)o->uid);
+		bd_log_warn("attach of rank %d by pid %d (uid %u) refused: %s", cl->rank,
+			    (int)cl->pid, (unsigned)cl->uid, t);
+		attach_refuse(cl->fd, BD_POOL_ERR_ATTACHED, t);
+		cl->rank = -1;
+		drop_client(c, i, "rank already attached");
+		return false;
+	}
 	send_attach(c, cl);
 	if (!cl->attached) {
 		drop_client(c, i, "attach reply failed");
@@ -789,28 +872,97 @@ static bool on_client(struct ctx *c, size_t i)
 
 /* ---- allocation socket --------------------------------------------------------------------- */
 
-static int ipc_path_fixup(struct ctx *c, const char *endpoint)
+/* Whether gid is among the supplementary groups of pid (/proc/PID/status "Groups:"). */
+static bool pid_in_group(pid_t pid, gid_t gid)
 {
-	const char *path = bd_ipc_endpoint_path(endpoint);
+	char path[64], line[4096];
+	bool in = false;
+	FILE *f;
 
-	if (!path)
-		return 0;
-	if (chmod(path, 0660) < 0 ||
-	    (c->o.group != (gid_t)-1 && chown(path, (uid_t)-1, c->o.group) < 0)) {
-		bd_log_err("%s: %s", path, strerror(errno));
-		return -errno;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "Groups:", 7)) {
+			char *p = line + 7, *end;
+
+			for (long v = strtol(p, &end, 10); end != p; v = strtol(p, &end, 10)) {
+				in |= (gid_t)v == gid;
+				p = end;
+			}
+			break;
+		}
+	fclose(f);
+	return in;
+}
+
+/* Who sent m: the uid, gid and pid ZeroMQ read with SO_PEERCRED when the ipc connection was
+ * made (its "Peer-Address" property ends with ":uid:gid:pid"). Returns false when the property
+ * is missing or does not end so. */
+static bool msg_peer(zmq_msg_t *m, uid_t *ret_uid, gid_t *ret_gid, pid_t *ret_pid)
+{
+	const char *a = zmq_msg_gets(m, "Peer-Address");
+	unsigned long v[3];
+	const char *p;
+	char *end;
+	int k = 0;
+
+	if (!a)
+		return false;
+	/* the last three ':'-separated fields */
+	p = a + strlen(a);
+	for (int colons = 0; p > a && colons < 3;)
+		if (*--p == ':')
+			colons++;
+	if (*p != ':')
+		return false;
+	while (k < 3 && *p == ':') {
+		v[k++] = strtoul(p + 1, &end, 10);
+		if (end == p + 1)
+			return false;
+		p = end;
 	}
-	return 0;
+	if (k != 3 || *p)
+		return false;
+	*ret_uid = (uid_t)v[0];
+	*ret_gid = (gid_t)v[1];
+	*ret_pid = (pid_t)v[2];
+	return true;
+}
+
+/* Sets the handler's peer for frame m. Returns false (text says why) when that peer may not
+ * use the pool: the same rule as the attach socket (root, our uid, the pool's group). */
+static bool rep_peer(struct ctx *c, zmq_msg_t *m, char *text, size_t len)
+{
+	uid_t uid;
+	gid_t gid;
+	pid_t pid;
+
+	/* only an ipc:// connection has credentials (a tcp:// IPv6 address has colons too) */
+	c->handler.peer_known = bd_ipc_endpoint_path(c->o.endpoint) && msg_peer(m, &uid, &gid, &pid);
+	if (!c->handler.peer_known)
+		return true;
+	c->handler.peer_uid = uid;
+	c->handler.peer_admin = uid == 0 || uid == getuid();
+	if (c->handler.peer_admin ||
+	    (c->o.group != (gid_t)-1 && (gid == c->o.group || pid_in_group(pid, c->o.group))))
+		return true;
+	snprintf(text, len, "uid %u (pid %d) may not use this pool: root, uid %u and the pool's "
+		 "group may", (unsigned)uid, (int)pid, (unsigned)getuid());
+	return false;
 }
 
 static void on_rep(struct ctx *c)
 {
 	for (;;) {
 		zmq_msg_t m;
+		char why[200];
 		uint8_t *out = NULL;
 		size_t out_len = 0;
-		int more = 0, e;
+		int more = 0, multi, e;
 		size_t more_len = sizeof(more);
+		bool peer_ok;
 
 		zmq_msg_init(&m);
 		if (zmq_msg_recv(&m, c->rep, ZMQ_DONTWAIT) < 0) {
@@ -819,15 +971,21 @@ static void on_rep(struct ctx *c)
 		}
 		zmq_getsockopt(c->rep, ZMQ_RCVMORE, &more, &more_len);
 		refresh_info(c);
-		if (more) {
-			/* a REP must read the whole request before it may answer */
-			while (more) {
-				zmq_msg_close(&m);
-				zmq_msg_init(&m);
-				if (zmq_msg_recv(&m, c->rep, 0) < 0)
-					break;
-				zmq_getsockopt(c->rep, ZMQ_RCVMORE, &more, &more_len);
-			}
+		peer_ok = rep_peer(c, &m, why, sizeof(why));
+		/* a REP must read the whole request before it may answer */
+		multi = more;
+		while (more) {
+			zmq_msg_close(&m);
+			zmq_msg_init(&m);
+			if (zmq_msg_recv(&m, c->rep, 0) < 0)
+				break;
+			zmq_getsockopt(c->rep, ZMQ_RCVMORE, &more, &more_len);
+		}
+		if (!peer_ok) {
+			bd_log_warn("allocation call refused: %s", why);
+			e = bd_kvpool_error_reply(&c->handler, BD_POOL_ERR_DENIED, why, &out,
+						  &out_len);
+		} else if (multi) {
 			e = bd_kvpool_error_reply(&c->handler, BD_POOL_ERR_MALFORMED,
 						  "multi-part message", &out, &out_len);
 		} else {
@@ -910,7 +1068,7 @@ static int setup_sockets(struct ctx *c)
 		bd_log_err("the directory of %s: %s", c->o.socket, strerror(-e));
 		return e;
 	}
-	c->listen_fd = bd_ipc_listen(c->o.socket, 0660, c->o.group, 64);
+	c->listen_fd = bd_ipc_listen(c->o.socket, c->o.socket_mode, c->o.group, 64);
 	if (c->listen_fd < 0) {
 		bd_log_err("attach socket %s: %s", c->o.socket, strerror(-c->listen_fd));
 		return c->listen_fd;
@@ -933,7 +1091,11 @@ static int setup_sockets(struct ctx *c)
 		return -EIO;
 	}
 	c->rep_bound = true;
-	return ipc_path_fixup(c, c->o.endpoint);
+	e = bd_ipc_endpoint_secure(c->o.endpoint, c->o.socket_mode, c->o.group);
+	if (e < 0)
+		bd_log_err("allocation endpoint %s: its mode and group: %s", c->o.endpoint,
+			   strerror(-e));
+	return e;
 }
 
 /* ---- loop ---------------------------------------------------------------------------------- */
@@ -1044,6 +1206,7 @@ static void cleanup(struct ctx *c)
 	memset(&c->curve_kp, 0, sizeof(c->curve_kp));
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
+	bd_kvpool_scrub_free(c->scrub);
 	for (int r = 0; r < c->n_arenas; r++)
 		c->mem->arena_destroy(&c->arenas[r]);
 	free(c->arenas);
@@ -1096,7 +1259,8 @@ int main(int argc, char **argv)
 		.max_frame = c.o.max_frame,
 		.default_top = (uint32_t)c.o.stats_top,
 	};
-	if (setup_sockets(&c) < 0)
+	bd_kvpool_alloc_set_quota(c.alloc, &c.o.quota);
+	if (setup_scrub(&c) < 0 || setup_sockets(&c) < 0)
 		goto fail;
 	c.next_status = bd_now_ms();
 	bd_log_info("listening on %s (attach) and %s (allocation)", c.o.socket, c.o.endpoint);

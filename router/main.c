@@ -92,6 +92,9 @@ static const struct bd_config_key keys[] = {
 	  "curve_secret_key (kvpoold's curve_clients must list the router's public key)" },
 	{ "insecure_tcp", "false",
 	  "allow plain (unauthenticated, unencrypted) TCP on a non-loopback address", true },
+	{ "socket_mode", "0660",
+	  "file mode of the ipc:// frontend and worker endpoints, set after bind whatever the "
+	  "umask" },
 	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
 	{ NULL, NULL, NULL },
 };
@@ -195,6 +198,7 @@ static int read_opts(struct bd_router *rt)
 	    bd_daemon_get_int(d, "drain_timeout_ms", 0, 3600000, &o->drain_timeout_ms) < 0 ||
 	    bd_daemon_get_i64(d, "pool_owner", 1, INT_MAX, &owner) < 0 ||
 	    bd_daemon_get_int(d, "status_interval_ms", 10, 3600000, &o->status_ms) < 0 ||
+	    bd_daemon_get_int(d, "socket_mode", 0, 0777, &o->socket_mode) < 0 ||
 	    bd_daemon_get_bytes(d, "max_frame_bytes", 256, FRONT_HARD_MAX, &mf) < 0)
 		return -EINVAL;
 	o->owner = (uint64_t)owner;
@@ -374,10 +378,10 @@ static int connect_pool(struct bd_router *rt)
 
 /* ---- sockets ------------------------------------------------------------------------------- */
 
-/* Binds sock at an endpoint: an ipc:// one gets its directory when systemd has not made it, and
- * is refused when another process listens there (a second router pointed at a live one's
- * paths), which ZeroMQ would silently take over. */
-static int bind_endpoint(void *sock, const char *ep, const char *what)
+/* Binds sock at an endpoint: an ipc:// one gets its directory when systemd has not made it, is
+ * refused when another process listens there (a second router pointed at a live one's
+ * paths), which ZeroMQ would silently take over, and gets mode socket_mode once bound. */
+static int bind_endpoint(void *sock, const char *ep, const char *what, int socket_mode)
 {
 	const char *path = bd_ipc_endpoint_path(ep);
 	int e;
@@ -392,7 +396,10 @@ static int bind_endpoint(void *sock, const char *ep, const char *what)
 		bd_log_err("%s %s: %s", what, ep, zmq_strerror(zmq_errno()));
 		return -EIO;
 	}
-	return 0;
+	e = bd_ipc_endpoint_secure(ep, (mode_t)socket_mode, (gid_t)-1);
+	if (e < 0)
+		bd_log_err("%s %s: its file mode: %s", what, ep, strerror(-e));
+	return e;
 }
 
 /* A peer the ZAP handler refused (its thread): logged with its address and key. */
@@ -462,12 +469,12 @@ static int setup_sockets(struct bd_router *rt)
 	if ((e = setup_curve(rt)) < 0)
 		return e;
 	for (int i = 0; i < rt->o.n_frontends; i++) {
-		e = bind_endpoint(rt->front, rt->o.frontends[i], "frontend");
+		e = bind_endpoint(rt->front, rt->o.frontends[i], "frontend", rt->o.socket_mode);
 		if (e < 0)
 			return e;
 		rt->n_front_bound = i + 1;
 	}
-	e = bind_endpoint(rt->wsock, rt->o.workers, "worker endpoint");
+	e = bind_endpoint(rt->wsock, rt->o.workers, "worker endpoint", rt->o.socket_mode);
 	if (e < 0)
 		return e;
 	rt->workers_bound = true;

@@ -69,6 +69,7 @@ struct bd_router_opts {
 	int resume_timeout_ms;
 	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
 	int drain_timeout_ms; /* 0: stop at once */
+	int socket_mode;      /* file mode of the ipc:// endpoints, set after bind */
 	uint64_t owner;
 	/* CURVE (base/bd_zsec.h): the router's secret key file, the allow-lists of the client
 	 * and worker sockets (both sockets become CURVE servers when their list is set), and

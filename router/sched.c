@@ -432,7 +432,8 @@ static int ensure_reserved(struct bd_sched *s, struct bd_req *r)
 			return 0;
 		}
 		r->reserved = -1;
-		if (e != -ENOSPC)
+		/* the pool is full, or this router's quota in it spent: room comes from its own */
+		if (e != -ENOSPC && e != -EDQUOT)
 			return e;
 		v = pick_victim(s);
 		if (!v)
@@ -546,10 +547,16 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		    (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens))
 			break;
 		e = admit(s, r, now);
-		if (e == -ENOSPC) {
+		if (e == -ENOSPC || e == -EDQUOT) {
 			if (s->n_running == 0) {
+				/* the request fits the pool (the frontend refuses one that never
+				 * can): other owners hold the room, or this router's quota */
 				fail_req(s, r, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
-					 "the pool cannot hold this request", e);
+					 e == -EDQUOT ? "this router's quota in the pool (kvpoold's "
+							"owner_max_*) is spent"
+						      : "the pool has no free pages or slots for this "
+							"request now (other owners hold them)",
+					 e);
 				i--;
 				continue;
 			}

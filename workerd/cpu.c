@@ -576,7 +576,11 @@ static int cpu_join(struct wd *w, const Bdfp4__RegisterReply *rr)
 		r = bd_allreduce_join(c->ar, JOIN_TIMEOUT_MS);
 	unlink(path);
 	if (r < 0) {
-		bd_log_err("all-reduce %s: %s; registering again", path, strerror(-r));
+		bd_log_err("all-reduce %s: %s; registering again", path,
+			   r == -ELOOP ? "a symbolic link, refused"
+			   : r == -EACCES ? "a file not made by this user with mode 0600, refused"
+			   : r == -EPERM ? "its directory is world-writable or another user's"
+			   : strerror(-r));
 		bd_allreduce_close(c->ar);
 		c->ar = NULL;
 		return r;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -53,7 +54,10 @@ static const struct bd_config_key keys[] = {
 	{ "curve_secret_key", "", "this worker's CURVE secret key file (bdfp4 keygen; mode 0600)" },
 	{ "insecure_tcp", "false",
 	  "allow a plain (unauthenticated, unencrypted) TCP router endpoint off loopback", true },
-	{ "allreduce_dir", "/dev/shm", "directory of the shared-memory all-reduce files" },
+	{ "allreduce_dir", "",
+	  "private directory of the shared-memory all-reduce files (not world-writable; made 0700 "
+	  "when missing); empty: $RUNTIME_DIRECTORY (the unit's RuntimeDirectory=), else "
+	  "$XDG_RUNTIME_DIR/bdfp4, else /run/bdfp4 for root or /tmp/bdfp4-<uid>" },
 	{ "threads", "1", "OpenBLAS threads" },
 	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step" },
 	{ "verbose", "0", "log every step" },
@@ -77,6 +81,48 @@ static const struct bd_config_key keys[] = {
 };
 
 /* ---- configuration ------------------------------------------------------------------------- */
+
+/* The all-reduce directory: the configured one, or the first of the environment's (the unit's
+ * RuntimeDirectory, the user's runtime directory, /run/bdfp4 or /tmp/bdfp4-<uid>); made 0700
+ * when missing, and refused when anyone may write in it (bd_allreduce_dir_check). */
+static int ar_dir_choose(struct wd_opts *o)
+{
+	const char *env = getenv("RUNTIME_DIRECTORY"), *xdg = getenv("XDG_RUNTIME_DIR");
+	char probe[sizeof(o->ar_dir_buf) + 8];
+	int n, r;
+
+	if (*o->ar_dir)
+		n = snprintf(o->ar_dir_buf, sizeof(o->ar_dir_buf), "%s", o->ar_dir);
+	else if (env && *env) /* systemd lists several directories with ':' */
+		n = snprintf(o->ar_dir_buf, sizeof(o->ar_dir_buf), "%.*s",
+			     (int)strcspn(env, ":"), env);
+	else if (xdg && *xdg)
+		n = snprintf(o->ar_dir_buf, sizeof(o->ar_dir_buf), "%s/bdfp4", xdg);
+	else if (geteuid() == 0)
+		n = snprintf(o->ar_dir_buf, sizeof(o->ar_dir_buf), "/run/bdfp4");
+	else
+		n = snprintf(o->ar_dir_buf, sizeof(o->ar_dir_buf), "/tmp/bdfp4-%u",
+			     (unsigned)geteuid());
+	if (n < 0 || (size_t)n >= sizeof(o->ar_dir_buf)) {
+		bd_log_err("allreduce_dir: the path is too long");
+		return -EINVAL;
+	}
+	o->ar_dir = o->ar_dir_buf;
+	if (mkdir(o->ar_dir, 0700) < 0 && errno != EEXIST) {
+		bd_log_err("allreduce_dir %s: %s", o->ar_dir, strerror(errno));
+		return -errno;
+	}
+	snprintf(probe, sizeof(probe), "%s/x", o->ar_dir);
+	r = bd_allreduce_dir_check(probe);
+	if (r < 0) {
+		bd_log_err("allreduce_dir %s: %s", o->ar_dir,
+			   r == -EPERM ? "world-writable or another user's: the all-reduce file "
+					 "needs a private directory (set allreduce_dir)"
+				       : strerror(-r));
+		return r == -EPERM ? -EINVAL : r;
+	}
+	return 0;
+}
 
 static int read_opts(struct wd *w)
 {
@@ -128,8 +174,8 @@ static int read_opts(struct wd *w)
 	o->pool_socket = bd_daemon_get_str(d, "pool_socket");
 	o->router = bd_daemon_get_str(d, "router");
 	o->ar_dir = bd_daemon_get_str(d, "allreduce_dir");
-	if (!*o->router || !*o->pool_socket || !*o->ar_dir) {
-		bd_log_err("router, pool_socket and allreduce_dir must not be empty");
+	if (!*o->router || !*o->pool_socket) {
+		bd_log_err("router and pool_socket must not be empty");
 		return -EINVAL;
 	}
 	o->router_server_key = bd_daemon_get_str(d, "router_server_key");
@@ -146,7 +192,7 @@ static int read_opts(struct wd *w)
 			return -EPERM;
 		}
 	}
-	return 0;
+	return ar_dir_choose(o);
 }
 
 /* ---- the group ------------------------------------------------------------------------------ */

@@ -46,6 +46,7 @@ struct wd_opts {
 	int rank, tp, threads, ar_timeout_ms;
 	const char *model, *pool_socket, *router, *ar_dir;
 	const char *router_server_key, *curve_secret_key; /* CURVE to the router ("": plain) */
+	char ar_dir_buf[256];       /* ar_dir when chosen from the environment */
 	bool verbose;
 	/* the cuda backend */
 	int device;                 /* -1: the pool's device of this rank */

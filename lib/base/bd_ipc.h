@@ -43,6 +43,13 @@ int bd_ipc_endpoint_in_use(const char *endpoint);
  * -EINVAL (an endpoint that does not parse, or a host that does not resolve). */
 int bd_ipc_endpoint_check(const char *endpoint, int timeout_ms);
 
+/* Gives the socket file of a bound ipc:// endpoint file mode `mode` and group `gid` (unchanged
+ * when gid is (gid_t)-1). ZeroMQ creates the file with the process's umask (0755 from a shell
+ * with umask 022, so the group could not connect), so every daemon calls this after zmq_bind:
+ * the mode is then the configured one whatever the umask. Returns 0 (done, or the endpoint is
+ * of another transport), -EINVAL (NULL endpoint), or the -errno of chmod/chown. */
+int bd_ipc_endpoint_secure(const char *endpoint, mode_t mode, gid_t gid);
+
 /* Makes the directory a socket at path goes in (path up to its last '/', one level, with file
  * mode `mode` less the umask) when it does not exist yet: a daemon's runtime directory where
  * systemd has not made it. Returns 0 (made, there already, or path has no directory part),

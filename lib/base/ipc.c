@@ -84,6 +84,21 @@ int bd_ipc_endpoint_in_use(const char *endpoint)
 	return path ? bd_ipc_path_in_use(path) : 0;
 }
 
+int bd_ipc_endpoint_secure(const char *endpoint, mode_t mode, gid_t gid)
+{
+	const char *path = bd_ipc_endpoint_path(endpoint);
+
+	if (!endpoint)
+		return -EINVAL;
+	if (!path)
+		return 0;
+	if (chmod(path, mode) < 0)
+		return -errno;
+	if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0)
+		return -errno;
+	return 0;
+}
+
 /* A non-blocking connect of fd to addr, up to timeout_ms: 0 or -errno. */
 static int connect_wait(int fd, const struct sockaddr *addr, socklen_t len, int timeout_ms)
 {

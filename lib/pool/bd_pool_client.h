@@ -67,6 +67,8 @@ enum bd_pool_error {
 	BD_POOL_ERR_DENIED = 12,
 	BD_POOL_ERR_NO_DEVICE = 13,
 	BD_POOL_ERR_VERSION = 14,
+	BD_POOL_ERR_ATTACHED = 15,
+	BD_POOL_ERR_QUOTA = 16,
 	BD_POOL_ERR_COUNT
 };
 
@@ -136,8 +138,9 @@ struct bd_pool_conn;
 
 /* Connects to the allocation endpoint (NULL: the default); timeout_ms bounds each round trip
  * (≤ 0: 5000). The connection names itself to the daemon by a random client id and numbers its
- * calls (kvpool.proto's repeat protection). Returns 0 and *ret, -EINVAL, -ENOMEM, or the -errno
- * of ZeroMQ. */
+ * calls (kvpool.proto's repeat protection). An ipc:// socket this process may not connect to
+ * is refused at once rather than after a timeout. Returns 0 and *ret, -EINVAL, -ENOMEM,
+ * -EACCES (permission denied on the ipc:// socket), or the -errno of ZeroMQ. */
 int bd_pool_conn_new(const char *endpoint, int timeout_ms, struct bd_pool_conn **ret);
 
 /* Makes the connection a CURVE client (base/bd_zsec.h) of the kvpoold whose public key file is

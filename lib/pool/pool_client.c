@@ -48,6 +48,8 @@ int bd_pool_errno(int e)
 		[BD_POOL_ERR_DENIED] = -EACCES,
 		[BD_POOL_ERR_NO_DEVICE] = -ENODEV,
 		[BD_POOL_ERR_VERSION] = -EPROTO,
+		[BD_POOL_ERR_ATTACHED] = -EISCONN,
+		[BD_POOL_ERR_QUOTA] = -EDQUOT,
 	};
 
 	if (e < 0 || e >= BD_POOL_ERR_COUNT)
@@ -71,6 +73,8 @@ SAME(STATE);
 SAME(DENIED);
 SAME(NO_DEVICE);
 SAME(VERSION);
+SAME(ATTACHED);
+SAME(QUOTA);
 #undef SAME
 
 /* ---- attach ---------------------------------------------------------------------------------- */
@@ -447,6 +451,9 @@ int bd_pool_conn_new(const char *endpoint, int timeout_ms, struct bd_pool_conn *
 		return -EINVAL;
 	if (!endpoint)
 		endpoint = BD_POOL_DEFAULT_ENDPOINT;
+	/* ZeroMQ retries a refused ipc connect silently: the caller would see a timeout */
+	if (bd_ipc_endpoint_check(endpoint, 1000) == -EACCES)
+		return -EACCES;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;

@@ -208,6 +208,79 @@ static int init_file(struct bd_allreduce *ar)
 	return 0;
 }
 
+int bd_allreduce_dir_check(const char *path)
+{
+	char dir[PATH_MAX];
+	const char *slash;
+	struct stat st;
+
+	if (!path || !*path)
+		return -EINVAL;
+	slash = strrchr(path, '/');
+	if (!slash) {
+		dir[0] = '.';
+		dir[1] = 0;
+	} else if (slash == path) {
+		dir[0] = '/';
+		dir[1] = 0;
+	} else {
+		if ((size_t)(slash - path) >= sizeof(dir))
+			return -ENAMETOOLONG;
+		memcpy(dir, path, (size_t)(slash - path));
+		dir[slash - path] = 0;
+	}
+	if (stat(dir, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	/* anyone could plant or swap names in it (the sticky bit keeps files, not names) */
+	if (st.st_mode & S_IWOTH)
+		return -EPERM;
+	if (st.st_uid != geteuid() && st.st_uid != 0)
+		return -EPERM;
+	return 0;
+}
+
+/* The all-reduce file at path for this process: created O_EXCL with mode 0600, or one that
+ * exists opened without following a symbolic link and accepted only as a regular file of this
+ * user with no access for group or others (another rank of the same user made it). Returns
+ * the fd or -errno (bd_allreduce_open's). */
+static int open_private(const char *path)
+{
+	struct stat st;
+	int fd, r;
+
+	r = bd_allreduce_dir_check(path);
+	if (r < 0)
+		return r;
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		/* the umask may only have narrowed 0600; set it exactly */
+		if (fchmod(fd, 0600) < 0) {
+			r = -errno;
+			close(fd);
+			return r;
+		}
+		return fd;
+	}
+	if (errno != EEXIST)
+		return -errno;
+	fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno; /* -ELOOP: a symbolic link */
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 0077) ||
+	    st.st_nlink != 1) {
+		close(fd);
+		return -EACCES;
+	}
+	return fd;
+}
+
 int bd_allreduce_open(const char *path, int rank, int tp, size_t cap, int timeout_ms,
 		      struct bd_allreduce **ret)
 {
@@ -225,9 +298,9 @@ int bd_allreduce_open(const char *path, int rank, int tp, size_t cap, int timeou
 	ar->map_bytes = file_bytes(tp, ar->buf_bytes);
 	int r;
 
-	ar->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	ar->fd = open_private(path);
 	if (ar->fd < 0) {
-		r = -errno;
+		r = ar->fd;
 		free(ar);
 		return r;
 	}

@@ -33,13 +33,25 @@ extern "C" {
 
 struct bd_allreduce;
 
+/* Whether the directory of path may hold an all-reduce file: a directory that is not
+ * world-writable (sticky or not: anyone could plant a name in it) and belongs to this process's
+ * user or root. Returns 0; -EPERM (world-writable, or another user's); -ENOTDIR; -EINVAL (NULL
+ * or empty path), -ENAMETOOLONG, or the -errno of stat (-ENOENT: no such directory). */
+int bd_allreduce_dir_check(const char *path);
+
 /* Opens (creating, sizing and initializing it when no other rank uses it) the region at path
  * as rank `rank` of tp (2..BD_ALLREDUCE_MAX_TP), each round carrying up to cap floats per rank
  * (1..2^26; longer sums are cut into rounds of cap). timeout_ms (> 0, or ≤ 0 for the
  * default) bounds each wait of a round. The handle starts outside any session.
+ * The file holds every rank's activations, so only a private one is used: its directory must
+ * pass bd_allreduce_dir_check; the first rank creates it (O_CREAT | O_EXCL | O_NOFOLLOW, mode
+ * 0600), the others open it without following a symbolic link and take it only when fstat
+ * shows a regular file of this user, mode 0600 or narrower, one link.
  * Returns 0 and *ret; -EINVAL (bad argument; or a live rank uses the file with another tp or
- * cap), -EBUSY (rank `rank` is already open, alive, elsewhere), -ENOMEM, or the -errno of
- * open/ftruncate/mmap/fcntl. */
+ * cap), -EPERM (the directory: world-writable or another user's), -ELOOP (path is a symbolic
+ * link), -EACCES (an existing file of another user, with group or other access, or not a
+ * regular file), -EBUSY (rank `rank` is already open, alive, elsewhere), -ENOMEM, or the
+ * -errno of open/ftruncate/mmap/fcntl. */
 int bd_allreduce_open(const char *path, int rank, int tp, size_t cap, int timeout_ms,
 		      struct bd_allreduce **ret);
 

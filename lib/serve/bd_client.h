@@ -75,8 +75,10 @@ struct bd_client;
 
 /* Connects to the router at endpoint (NULL: BD_CLIENT_DEFAULT_ENDPOINT), with the security of
  * the environment (bd_client_new_opts). ZeroMQ connects lazily, so a router that is not up yet
- * shows only as a timeout later.
- * Returns 0 and *ret, -EINVAL, -ENOMEM, or the -errno of ZeroMQ (a malformed endpoint). */
+ * shows only as a timeout later; an ipc:// socket that this process may not connect to (its
+ * file mode or directory) is refused here at once.
+ * Returns 0 and *ret, -EINVAL, -ENOMEM, -EACCES (permission denied on the ipc:// socket), or
+ * the -errno of ZeroMQ (a malformed endpoint). */
 int bd_client_new(const char *endpoint, struct bd_client **ret);
 
 /* The security of a connection: CURVE (base/bd_zsec.h) when both files are set, plain when

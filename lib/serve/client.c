@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include "base/bd_clock.h"
+#include "base/bd_ipc.h"
 #include "base/bd_rand.h"
 #include "base/bd_zsec.h"
 #include "serve/bd_client.h"
@@ -82,6 +83,11 @@ int bd_client_new_opts(const char *endpoint, const struct bd_client_opts *o,
 		err[0] = 0;
 	if (!ret)
 		return -EINVAL;
+	if (!endpoint)
+		endpoint = BD_CLIENT_DEFAULT_ENDPOINT;
+	/* ZeroMQ retries a refused ipc connect silently: the caller would see a timeout */
+	if (bd_ipc_endpoint_check(endpoint, 1000) == -EACCES)
+		return -EACCES;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;

@@ -326,7 +326,8 @@ static int write_slot_token(const struct bd_layout *lay, void *slot)
 	return bd_kv_write_token(lay, cfg, slot, 1, 1, 3, k, v, NULL);
 }
 
-/* Writer: allocates a page and a slot, writes them, tells the reader where, waits for it. */
+/* Writer: allocates a page and a slot, attaches rank 1 and writes them, detaches (one live
+ * attachment per rank: the reader takes rank 1 next), tells the reader where, waits for it. */
 static int writer(int go_fd, int where_fd, int done_fd, const char *sock, const char *endpoint)
 {
 	struct bd_pool_attach *a;
@@ -350,11 +351,11 @@ static int writer(int go_fd, int where_fd, int done_fd, const char *sock, const 
 		return 14;
 	if (write_slot_token(&g->layout, bd_pool_attach_slot(a, where[1])) < 0)
 		return 15;
+	bd_pool_detach(a);
 	if (write(where_fd, where, sizeof(where)) != sizeof(where))
 		return 16;
 	if (read(done_fd, &b, 1) != 1)
 		return 17;
-	bd_pool_detach(a);
 	bd_pool_conn_free(c);
 	return 0;
 }
@@ -367,8 +368,9 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return true;
 }
 
-/* Reader: attaches, lets the writer go, then finds exactly the bytes the layout module writes
- * for the same inputs, in the page and in the slot, on rank 1 and only there. */
+/* Reader: attaches rank 0, lets the writer go, attaches rank 1 once the writer has left it, then
+ * finds exactly the bytes the layout module writes for the same inputs, in the page and in the
+ * slot, on rank 1 and only there. */
 static int reader(int go_fd, int where_fd, int done_fd, const char *sock)
 {
 	struct bd_pool_attach *a, *a0;
@@ -378,15 +380,15 @@ static int reader(int go_fd, int where_fd, int done_fd, const char *sock)
 	uint8_t *want_page, *want_slot, *got;
 	int rc = 0;
 
-	if (bd_pool_attach(sock, 1, err, sizeof(err), &a) < 0)
-		return 20;
 	if (bd_pool_attach(sock, 0, err, sizeof(err), &a0) < 0)
 		return 21;
+	if (write(go_fd, "g", 1) != 1 || read(where_fd, where, sizeof(where)) != sizeof(where))
+		return 23;
+	if (bd_pool_attach(sock, 1, err, sizeof(err), &a) < 0)
+		return 20;
 	g = bd_pool_attach_geometry(a);
 	if (g->layout.n_kv_heads != 2 || g->layout.n_layers != 2 || g->tp != 2 || g->rank != 1)
 		return 22;
-	if (write(go_fd, "g", 1) != 1 || read(where_fd, where, sizeof(where)) != sizeof(where))
-		return 23;
 	want_page = calloc(1, g->layout.page_bytes);
 	want_slot = calloc(1, g->layout.slot_bytes);
 	if (write_heads(&g->layout, want_page) < 0 || write_slot_token(&g->layout, want_slot) < 0)
@@ -864,6 +866,352 @@ Test(pool_daemon, frames_over_the_limits_get_oversize_or_a_closed_connection)
 	cr_expect_eq(s->requests, 1);
 	bd_pool_stats_free(s);
 	cr_expect_eq(bd_pool_page_free(c, 3, p, 3, NULL), 0);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* ---- who may attach and allocate, what a freed page holds --------------------------------- */
+
+/* Another process attaches rank 0 while this one holds it: refused with the reason, and the
+ * first attachment keeps its mapping, its connection and the daemon's service. Returns the
+ * child's code: 0 refused as expected, 1 attached, 2 another error. */
+static int rogue_attach(int rank)
+{
+	pid_t child = fork();
+
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct bd_pool_attach *a = NULL;
+		char err[256] = "";
+		int e = bd_pool_attach(D.e.sock, rank, err, sizeof(err), &a);
+
+		if (e == 0)
+			_exit(1);
+		_exit(e == -EISCONN && strstr(err, "attached") && strstr(err, "one live") ? 0 : 2);
+	}
+	return sp_reap(child, TIMEOUT_MS);
+}
+
+Test(pool_daemon, rogue_attach_of_a_live_rank_is_refused)
+{
+	struct bd_pool_attach *a;
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	struct pollfd p;
+	int32_t pages[2];
+	uint8_t *page;
+
+	start(false, NULL);
+	cr_assert_eq(bd_pool_attach(D.e.sock, 0, NULL, 0, &a), 0);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 3, 7, 2, pages), 0);
+	page = bd_layout_page(&bd_pool_attach_geometry(a)->layout, bd_pool_attach_pages(a), 0,
+			      pages[0]);
+	memset(page, 0x5a, 64);
+	cr_expect_eq(rogue_attach(0), 0, "a second attach of live rank 0 (log in %s)", D.e.log);
+	cr_expect(log_has("one live attachment per rank"), "the refusal is not in the log");
+	/* the live rank still attached, its connection open, its memory and the pool serving */
+	s = stats(c);
+	cr_assert_eq(s->n_attachments, 1);
+	cr_expect_eq(s->attachments[0].pid, getpid());
+	cr_expect_eq(s->devices[0].attached, 1);
+	bd_pool_stats_free(s);
+	p = (struct pollfd){ .fd = bd_pool_attach_fd(a), .events = POLLIN };
+	cr_expect_eq(poll(&p, 1, 100), 0, "kvpoold closed the live rank's connection");
+	cr_expect_eq(page[63], 0x5a);
+	cr_expect_eq(bd_pool_page_alloc(c, 3, 7, 1, pages), 0);
+	/* once it detaches, the rank may be attached again */
+	bd_pool_detach(a);
+	cr_expect_eq(rogue_attach(0), 1, "rank 0 is free again after the detach");
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* Every byte of page p (all layers) and of slot s of the mapping is zero (0) or not (1). */
+static bool page_is_zero(const struct bd_pool_attach *a, int32_t page)
+{
+	const struct bd_layout *l = &bd_pool_attach_geometry(a)->layout;
+
+	for (int k = 0; k < l->n_layers; k++)
+		if (!all_zero(bd_layout_page(l, bd_pool_attach_pages(a), k, page), l->page_bytes))
+			return false;
+	return true;
+}
+
+static void fill_page(const struct bd_pool_attach *a, int32_t page, int byte)
+{
+	const struct bd_layout *l = &bd_pool_attach_geometry(a)->layout;
+
+	for (int k = 0; k < l->n_layers; k++)
+		memset(bd_layout_page(l, bd_pool_attach_pages(a), k, page), byte, l->page_bytes);
+}
+
+/* A request's pages and slot read back zero once freed, whichever call frees them; a page
+ * still held by a sharer keeps its bytes until the last reference goes. With --scrub false
+ * the bytes stay (what this test would see without the scrub). */
+static void freed_memory_reads(bool scrubbed)
+{
+	static const char *const geo[] = { "--tp", "2", "--layers", "3", "--kv-heads", "2",
+					   "--head-dim", "64", "--pages", "12", "--slots", "2",
+					   "--max-seq-len", "1024", NULL, NULL, NULL };
+	const char *argv[20];
+	struct bd_pool_attach *a[2];
+	struct bd_pool_conn *c;
+	int32_t pages[3], slot, neighbour[1];
+	size_t n = 0;
+	const struct bd_layout *l;
+	uint64_t freed;
+
+	for (; geo[n]; n++)
+		argv[n] = geo[n];
+	argv[n++] = "--scrub";
+	argv[n++] = scrubbed ? "true" : "false";
+	argv[n] = NULL;
+	start(true, argv);
+	for (int r = 0; r < 2; r++)
+		cr_assert_eq(bd_pool_attach(D.e.sock, r, NULL, 0, &a[r]), 0);
+	l = &bd_pool_attach_geometry(a[0])->layout;
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 10, 7, 3, pages), 0);
+	cr_assert_eq(bd_pool_slot_assign(c, 10, 7, &slot), 0);
+	cr_assert_eq(bd_pool_page_alloc(c, 11, 7, 1, neighbour), 0);
+	cr_assert_eq(bd_pool_page_ref(c, 12, 7, &pages[2], 1), 0); /* a sharer of page 2 */
+	for (int r = 0; r < 2; r++) {
+		for (int i = 0; i < 3; i++)
+			fill_page(a[r], pages[i], 0xa5);
+		fill_page(a[r], neighbour[0], 0x3c);
+		memset(bd_pool_attach_slot(a[r], slot), 0xc3, l->slot_bytes);
+	}
+	/* page 0 by PageFree, the rest by RequestRelease */
+	cr_assert_eq(bd_pool_page_free(c, 10, pages, 1, &freed), 0);
+	cr_expect_eq(freed, 1);
+	cr_assert_eq(bd_pool_request_release(c, 10, &freed), 0);
+	cr_expect_eq(freed, 1, "page 2 is still shared");
+	for (int r = 0; r < 2; r++) {
+		cr_expect_eq(page_is_zero(a[r], pages[0]), scrubbed, "rank %d page %d", r, pages[0]);
+		cr_expect_eq(page_is_zero(a[r], pages[1]), scrubbed, "rank %d page %d", r, pages[1]);
+		cr_expect_eq(all_zero(bd_pool_attach_slot(a[r], slot), l->slot_bytes), scrubbed,
+			     "rank %d slot %d", r, slot);
+		cr_expect(!page_is_zero(a[r], pages[2]), "a shared page was cleared under its sharer");
+		cr_expect(!page_is_zero(a[r], neighbour[0]), "a page of another request was cleared");
+	}
+	cr_assert_eq(bd_pool_request_release(c, 12, &freed), 0);
+	cr_expect_eq(freed, 1);
+	for (int r = 0; r < 2; r++)
+		cr_expect_eq(page_is_zero(a[r], pages[2]), scrubbed, "rank %d: the last sharer left",
+			     r);
+	bd_pool_conn_free(c);
+	for (int r = 0; r < 2; r++)
+		bd_pool_detach(a[r]);
+	cr_expect_eq(stop(), 0);
+}
+
+Test(pool_daemon, freed_pages_and_slots_read_back_zero)
+{
+	freed_memory_reads(true);
+}
+
+Test(pool_daemon, without_scrub_freed_pages_keep_their_bytes)
+{
+	freed_memory_reads(false);
+}
+
+/* One owner runs into its quotas: each refusal says quota (not "exhausted"), other owners still
+ * allocate, and nothing the first owner held is lost. */
+Test(pool_daemon, owner_quotas_refuse_with_quota_and_spare_other_owners)
+{
+	static const char *const extra[] = { "--owner-max-pages", "5", "--owner-max-slots", "1",
+					     "--owner-max-requests", "2", NULL };
+	struct bd_pool_conn *c;
+	struct bd_pool_holder *h;
+	struct bd_pool_stats *s;
+	int32_t p[8], slot;
+	size_t n;
+	int code;
+
+	start(false, extra);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 1, 7, 4, p), 0);
+	cr_expect_eq(bd_pool_page_alloc(c, 2, 7, 2, p + 4), -EDQUOT);
+	cr_expect_eq(bd_pool_conn_error(c, &code) != NULL, true);
+	cr_expect_eq(code, BD_POOL_ERR_QUOTA);
+	cr_expect_neq(strstr(bd_pool_conn_error(c, NULL), "owner_max_pages"), NULL, "%s",
+		      bd_pool_conn_error(c, NULL));
+	cr_assert_eq(bd_pool_page_alloc(c, 2, 7, 1, p + 4), 0);
+	cr_expect_eq(bd_pool_page_reserve(c, 2, 7, p + 5), -EDQUOT);
+	cr_expect_eq(bd_pool_page_ref(c, 2, 7, p, 1), -EDQUOT, "a shared reference counts too");
+	cr_assert_eq(bd_pool_slot_assign(c, 1, 7, &slot), 0);
+	cr_expect_eq(bd_pool_slot_assign(c, 2, 7, &slot), -EDQUOT);
+	cr_expect_neq(strstr(bd_pool_conn_error(c, NULL), "owner_max_slots"), NULL);
+	cr_expect_eq(bd_pool_slot_assign(c, 3, 7, &slot), -EDQUOT);
+	cr_expect_neq(strstr(bd_pool_conn_error(c, NULL), "owner_max_requests"), NULL, "%s",
+		      bd_pool_conn_error(c, NULL));
+	/* the pool itself has room: another owner gets it, up to its own quota */
+	cr_assert_eq(bd_pool_page_alloc(c, 20, 8, 5, p), 0);
+	cr_assert_eq(bd_pool_slot_assign(c, 20, 8, &slot), 0);
+	/* owner 7's records are as they were */
+	cr_assert_eq(bd_pool_requests(c, &h, &n), 0);
+	cr_assert_eq(n, 3);
+	cr_expect_eq(h[0].request_id, 1);
+	cr_expect_eq(h[0].pages, 4);
+	cr_expect_geq(h[0].slot, 0);
+	cr_expect_eq(h[1].request_id, 2);
+	cr_expect_eq(h[1].pages, 1);
+	cr_expect_eq(h[1].reserved, 0);
+	cr_expect_eq(h[1].slot, -1);
+	cr_expect_eq(h[2].owner, 8);
+	free(h);
+	s = stats(c);
+	cr_expect_eq(s->pages_used, 10);
+	cr_expect_eq(s->slots_free, 0);
+	bd_pool_stats_free(s);
+	/* what an owner frees is its to take again */
+	cr_assert_eq(bd_pool_request_release(c, 2, NULL), 0);
+	cr_expect_eq(bd_pool_page_alloc(c, 4, 7, 1, p), 0);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* ---- a second uid -------------------------------------------------------------------------- */
+
+/* Runs fn as uid/gid 65534 in a child; returns its exit code. */
+static int as_nobody(int (*fn)(void))
+{
+	pid_t child = fork();
+
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(100);
+		_exit(fn());
+	}
+	return sp_reap(child, TIMEOUT_MS);
+}
+
+/* With the pool's default modes (sockets 0660 of root's group): every door says permission
+ * denied at once. Codes: 0 all refused fast; others name the door that was not. */
+static int nobody_everywhere(void)
+{
+	struct bd_pool_attach *a;
+	struct bd_pool_conn *c;
+	char err[256] = "", cmd[PATH_MAX + 256];
+	int64_t t0 = bd_now_ms();
+
+	if (bd_pool_attach(D.e.sock, 0, err, sizeof(err), &a) != -EACCES)
+		return 1;
+	if (bd_pool_conn_new(D.e.endpoint, 30000, &c) != -EACCES)
+		return 2;
+	snprintf(cmd, sizeof(cmd), "'%s/kvpoolctl' --endpoint '%s' stats 2>&1 | grep -q 'Permission "
+		 "denied'", D.e.bin, D.e.endpoint);
+	if (system(cmd) != 0)
+		return 3;
+	if (bd_now_ms() - t0 > 5000)
+		return 4; /* not the 30 s of a timeout */
+	return 0;
+}
+
+Test(pool_daemon, a_second_uid_is_refused_everywhere)
+{
+	struct stat st;
+	int rc;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user (uid 65534)");
+	start(false, NULL);
+	/* the directory lets anyone reach the sockets: their own modes must refuse */
+	cr_assert_eq(chmod(D.e.dir, 0711), 0);
+	cr_assert_eq(stat(D.e.endpoint + 6, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0660);
+	rc = as_nobody(nobody_everywhere);
+	cr_expect_eq(rc, 0, "uid 65534 got past door %d", rc);
+	/* the pool serves on, nothing attached */
+	{
+		struct bd_pool_conn *c = conn();
+		struct bd_pool_stats *s = stats(c);
+
+		cr_expect_eq(s->n_attachments, 0);
+		cr_expect_eq(s->requests, 0);
+		bd_pool_stats_free(s);
+		bd_pool_conn_free(c);
+	}
+	cr_expect_eq(stop(), 0);
+}
+
+/* A uid that reaches the allocation socket (its file opened to all) but is not of the pool's
+ * group gets POOL_ERR_DENIED from kvpoold itself, read from SO_PEERCRED. */
+static int nobody_allocates(void)
+{
+	struct bd_pool_conn *c;
+	int32_t p[1];
+	int code = 0;
+
+	if (bd_pool_conn_new(D.e.endpoint, 5000, &c) < 0)
+		return 1;
+	if (bd_pool_page_alloc(c, 50, 50, 1, p) != -EACCES)
+		return 2;
+	bd_pool_conn_error(c, &code);
+	if (code != BD_POOL_ERR_DENIED || !strstr(bd_pool_conn_error(c, NULL), "uid 65534"))
+		return 3;
+	bd_pool_conn_free(c);
+	return 0;
+}
+
+/* A member of the pool's group of another uid may allocate for its own owner, not act on the
+ * requests of an owner that another uid holds. */
+static int member_meddles(void)
+{
+	struct bd_pool_conn *c;
+	int32_t p[1];
+	int code = 0;
+
+	if (bd_pool_conn_new(D.e.endpoint, 5000, &c) < 0)
+		return 1;
+	if (bd_pool_request_release(c, 60, NULL) != -EACCES)
+		return 2;
+	bd_pool_conn_error(c, &code);
+	if (code != BD_POOL_ERR_OWNER || !strstr(bd_pool_conn_error(c, NULL), "belongs to uid 0"))
+		return 3;
+	if (bd_pool_page_alloc(c, 61, 7, 1, p) != -EACCES)
+		return 4;
+	if (bd_pool_owner_reclaim(c, 7, NULL, NULL) != -EACCES)
+		return 5;
+	if (bd_pool_page_alloc(c, 62, 99, 1, p) != 0)
+		return 6;
+	bd_pool_conn_free(c);
+	return 0;
+}
+
+Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
+{
+	static const char *const extra[] = { "--group", "65534", NULL };
+	struct bd_pool_conn *c;
+	struct bd_pool_holder *h;
+	int32_t p[2];
+	size_t n;
+	int rc;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user (uid 65534)");
+	start(false, NULL);
+	cr_assert_eq(chmod(D.e.dir, 0711), 0);
+	cr_assert_eq(chmod(D.e.endpoint + 6, 0666), 0);
+	rc = as_nobody(nobody_allocates);
+	cr_expect_eq(rc, 0, "outside the group (child code %d, log in %s)", rc, D.e.log);
+	cr_expect_eq(stop(), 0);
+
+	start(false, extra);
+	cr_assert_eq(chmod(D.e.dir, 0711), 0);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 60, 7, 2, p), 0);
+	rc = as_nobody(member_meddles);
+	cr_expect_eq(rc, 0, "a group member of uid 65534 (child code %d, log in %s)", rc, D.e.log);
+	/* owner 7's request is intact; the member's own one is there */
+	cr_assert_eq(bd_pool_requests(c, &h, &n), 0);
+	cr_assert_eq(n, 2);
+	cr_expect_eq(h[0].request_id, 60);
+	cr_expect_eq(h[0].pages, 2);
+	cr_expect_eq(h[1].owner, 99);
+	free(h);
 	bd_pool_conn_free(c);
 	cr_expect_eq(stop(), 0);
 }

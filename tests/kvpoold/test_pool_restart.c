@@ -252,7 +252,10 @@ Test(pool_restart, kill_9_keeps_pages_state_and_mappings)
 	cr_expect_eq(after.st->devices[0].attached, 1, "re-attached");
 	cr_expect_eq(after.st->devices[1].attached, 1, "re-attached");
 	bd_pool_stats_free(after.st);
-	/* a fresh attachment sees what the worker wrote before and after the restart */
+	cr_assert_eq(write(down[1], "e", 1), 1);
+	st = sp_reap(w, TIMEOUT_MS);
+	cr_expect_eq(st, 0, "worker exit %d (codes in worker())", st);
+	/* a fresh attachment (the worker gone: one live attachment per rank) sees what the worker wrote before and after the restart */
 	for (int r = 0; r < 2; r++) {
 		cr_assert_eq(bd_pool_attach(E.sock, r, NULL, 0, &a[r]), 0);
 		cr_expect_eq(memcmp(bd_pool_attach_geometry(a[r])->arena_id, before.st->arena_id,
@@ -262,9 +265,6 @@ Test(pool_restart, kill_9_keeps_pages_state_and_mappings)
 			     arena_differs(a[r], 100u + (uint32_t)r, r == 0 ? 7 : 0));
 		bd_pool_detach(a[r]);
 	}
-	cr_assert_eq(write(down[1], "e", 1), 1);
-	st = sp_reap(w, TIMEOUT_MS);
-	cr_expect_eq(st, 0, "worker exit %d (codes in worker())", st);
 	/* and the pool goes on from where it was: the reservation, the slots, the free stack */
 	cr_expect_eq(bd_pool_page_commit(c, 12, reserved12), 0);
 	cr_expect_eq(bd_pool_slot_assign(c, 11, 5, &p), -EBUSY, "request 11 has its slot");

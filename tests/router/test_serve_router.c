@@ -20,11 +20,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <zmq.h>
 
+#include "pool/bd_pool_client.h"
 #include "serve/bd_client.h"
 #include "formats/bd_gguf.h"
 #include "quant/bd_layout.h"
@@ -1384,5 +1388,96 @@ Test(serve_router, drain_status_goes_to_sd_notify)
 				 WAIT_MS), "no draining STATUS");
 	cr_assert_eq(kill(E.router.pid, SIGTERM), 0); /* the second: at once */
 	cr_expect_eq(sv_stop(&E.router, 0, WAIT_MS), 0);
+	bd_client_free(c);
+}
+
+/* ---- who may talk to the router, and what a refusal of the pool says ----------------------- */
+
+/* The router's ipc sockets get socket_mode (0660) whatever the umask it starts under, and a
+ * client of another uid (65534, not in the group) is refused at once with permission denied,
+ * not after a timeout. */
+Test(serve_router, sockets_are_0660_whatever_the_umask_and_another_uid_is_refused_fast)
+{
+	mode_t old = umask(0);
+	struct stat st;
+	pid_t child;
+	int st_child;
+
+	up("16", "4", NULL);
+	umask(old);
+	cr_assert_eq(stat(E.front_ep + 6, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0660, "frontend socket mode %o", st.st_mode & 0777);
+	cr_assert_eq(stat(E.workers_ep + 6, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0660, "worker socket mode %o", st.st_mode & 0777);
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user (uid 65534)");
+	cr_assert_eq(chmod(E.dir, 0711), 0); /* the sockets' own modes must refuse */
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct bd_client *c;
+		int64_t t0 = sv_now_ms();
+
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(10);
+		if (bd_client_new(E.front_ep, &c) != -EACCES)
+			_exit(1);
+		_exit(sv_now_ms() - t0 < 2000 ? 0 : 2);
+	}
+	cr_assert_eq(waitpid(child, &st_child, 0), child);
+	cr_expect(WIFEXITED(st_child) && WEXITSTATUS(st_child) == 0, "uid 65534: child status %d",
+		  st_child);
+	expect_serving(sv_client(&E), 5, 51);
+}
+
+/* A request the pool could hold but cannot take now fails with a message that says why: this
+ * router's quota spent (owner_max_pages) is not "other owners hold the room", and neither is the
+ * frontend's "needs N pages; the pool has M" of a request that can never fit. */
+Test(serve_router, a_quota_refusal_says_quota_not_that_the_request_cannot_fit)
+{
+	const char *pool_extra[] = { "--layers", "1", "--pages", "16", "--slots", "4",
+				     "--max-seq-len", "1024", "--owner-max-pages", "1", NULL };
+	const char *args[] = { "--resume-timeout-ms", "0", NULL };
+	struct bd_client *c;
+	struct result r;
+	int32_t ids[300];
+
+	sv_start_pool(&E, pool_extra);
+	sv_start_router(&E, args);
+	fake_start(0);
+	fake_start(1);
+	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	c = sv_client(&E);
+	prompt_ids(ids, 300, 3); /* two full pages at prefill */
+	generate(c, ids, 300, 2, 61, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_RESOURCE_EXHAUSTED, "got %d: %s", r.error, r.message);
+	cr_expect_not_null(strstr(r.message, "quota"), "message: %s", r.message);
+	cr_expect_null(strstr(r.message, "other owners"), "message: %s", r.message);
+	/* within its quota it serves */
+	expect_serving(c, 6, 62);
+	bd_client_free(c);
+}
+
+Test(serve_router, a_pool_held_by_other_owners_says_so)
+{
+	struct bd_pool_conn *pc;
+	struct bd_client *c;
+	struct result r;
+	int32_t ids[300], pages[8];
+
+	up("16", "4", NULL);
+	c = sv_client(&E);
+	cr_assert_eq(bd_pool_conn_new(E.pool_ep, 5000, &pc), 0);
+	cr_assert_eq(bd_pool_page_alloc(pc, 900, 99, 8, pages), 0);
+	cr_assert_eq(bd_pool_page_alloc(pc, 901, 99, 8, pages), 0);
+	prompt_ids(ids, 300, 3);
+	generate(c, ids, 300, 2, 63, &r);
+	cr_expect_eq(r.error, BD_SERVE_ERR_RESOURCE_EXHAUSTED, "got %d: %s", r.error, r.message);
+	cr_expect_not_null(strstr(r.message, "other owners"), "message: %s", r.message);
+	cr_expect_null(strstr(r.message, "quota"), "message: %s", r.message);
+	/* once they are gone it serves */
+	cr_assert_eq(bd_pool_owner_reclaim(pc, 99, NULL, NULL), 0);
+	expect_serving(c, 7, 64);
+	bd_pool_conn_free(pc);
 	bd_client_free(c);
 }

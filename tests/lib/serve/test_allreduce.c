@@ -362,3 +362,89 @@ Test(allreduce, empty_file_with_a_live_peer_is_initialized)
 	cr_assert_eq(a1b, (void *)0x1);
 	close(fd);
 }
+
+/* The directory of ar_path (the test's own, mode 0700). */
+static void ar_dir(char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%s", ar_path);
+	*strrchr(buf, '/') = 0;
+}
+
+/* A symbolic link planted at the path (another user's trick to make a worker overwrite a file
+ * it may write) is refused, and the file it points at keeps its bytes. */
+Test(allreduce, symlink_path_is_refused)
+{
+	char dir[96], target[128], buf[8] = { 0 };
+	struct bd_allreduce *ar = (void *)0x1;
+	int fd;
+
+	ar_dir(dir, sizeof(dir));
+	snprintf(target, sizeof(target), "%s/victim", dir);
+	fd = open(target, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, "precious", 8), 8);
+	close(fd);
+	cr_assert_eq(symlink(target, ar_path), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &ar), -ELOOP);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 16, 0, &ar), -ELOOP);
+	cr_assert_eq(ar, (void *)0x1);
+	fd = open(target, O_RDONLY | O_CLOEXEC);
+	cr_assert_eq(read(fd, buf, 8), 8);
+	close(fd);
+	cr_assert_eq(memcmp(buf, "precious", 8), 0, "the link's target was written");
+}
+
+/* A file someone made beforehand with access for others (0666), or one of another user, is
+ * not taken: another rank of this user creates it 0600. */
+Test(allreduce, precreated_file_is_refused)
+{
+	struct bd_allreduce *ar = (void *)0x1;
+	struct stat st;
+	int fd = open(ar_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(fchmod(fd, 0666), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &ar), -EACCES);
+	cr_assert_eq(fchmod(fd, 0640), 0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 1, 2, 16, 0, &ar), -EACCES);
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq(st.st_size, 0, "a refused file was sized");
+	if (geteuid() == 0) {
+		cr_assert_eq(fchmod(fd, 0600), 0);
+		cr_assert_eq(fchown(fd, 65534, 65534), 0);
+		cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &ar), -EACCES);
+	}
+	cr_assert_eq(ar, (void *)0x1);
+	close(fd);
+	/* gone, the path is created afresh, 0600 whatever the umask */
+	cr_assert_eq(unlink(ar_path), 0);
+	mode_t old = umask(0);
+	cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &ar), 0);
+	umask(old);
+	cr_assert_eq(stat(ar_path, &st), 0);
+	cr_assert_eq(st.st_mode & 07777, 0600);
+	bd_allreduce_close(ar);
+}
+
+/* A world-writable directory, sticky (/dev/shm, /tmp) or not, is refused before anything is
+ * created in it. */
+Test(allreduce, world_writable_dir_is_refused)
+{
+	static const mode_t modes[] = { 01777, 0777, 0703 };
+	struct bd_allreduce *ar = (void *)0x1;
+	char dir[96];
+
+	ar_dir(dir, sizeof(dir));
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		cr_assert_eq(chmod(dir, modes[i]), 0);
+		cr_assert_eq(bd_allreduce_dir_check(ar_path), -EPERM, "mode %o", modes[i]);
+		cr_assert_eq(bd_allreduce_open(ar_path, 0, 2, 16, 0, &ar), -EPERM, "mode %o",
+			     modes[i]);
+		cr_assert_eq(access(ar_path, F_OK), -1, "a file was made in a %o directory",
+			     modes[i]);
+	}
+	cr_assert_eq(chmod(dir, 0700), 0);
+	cr_assert_eq(bd_allreduce_dir_check(ar_path), 0);
+	cr_assert_eq(bd_allreduce_dir_check("/dev/shm/bdfp4-ar"), -EPERM);
+	cr_assert_eq(ar, (void *)0x1);
+}
