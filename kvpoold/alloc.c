@@ -651,11 +651,13 @@ out:
 
 static void put_slot(struct bd_kvpool_alloc *a, struct req *r)
 {
-	a->slot_holder[r->slot] = 0;
-	a->free_slots[a->n_free_slots++] = r->slot;
-	if (a->scrub)
-		a->scrub(a->scrub_ctx, true, r->slot);
+	int32_t slot = r->slot;
+
+	a->slot_holder[slot] = 0;
+	a->free_slots[a->n_free_slots++] = slot;
 	r->slot = -1;
+	if (a->scrub)
+		a->scrub(a->scrub_ctx, true, slot);
 }
 
 int bd_kvpool_slot_release(struct bd_kvpool_alloc *a, uint64_t req, int32_t slot)

@@ -86,8 +86,8 @@ struct bd_kvpool_quota {
 /* Sets the per-owner limits (NULL: none); records already held above them stay. */
 void bd_kvpool_alloc_set_quota(struct bd_kvpool_alloc *a, const struct bd_kvpool_quota *q);
 
-/* Called with each page (slot false) and slot (slot true) id at the moment it becomes free,
- * before the operation returns, so the memory can be cleared before another owner gets it
+/* Called with each page (slot false) and slot (slot true) id at the moment it becomes free
+ * (the pool consistent, the id on its free stack), before the operation returns, so the memory can be cleared before another owner gets it
  * (pages and slots change owner only through the free stacks). fn NULL: nobody is told. */
 typedef void (*bd_kvpool_scrub_fn)(void *ctx, bool slot, int32_t id);
 void bd_kvpool_alloc_set_scrub(struct bd_kvpool_alloc *a, bd_kvpool_scrub_fn fn, void *ctx);

@@ -549,13 +549,15 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		e = admit(s, r, now);
 		if (e == -ENOSPC || e == -EDQUOT) {
 			if (s->n_running == 0) {
-				/* the request fits the pool (the frontend refuses one that never
-				 * can): other owners hold the room, or this router's quota */
+				/* nothing of ours runs, so nothing of ours will free room: this
+				 * router's quota is spent, or others hold the pool (the frontend
+				 * refuses a request larger than the whole pool) */
 				fail_req(s, r, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
 					 e == -EDQUOT ? "this router's quota in the pool (kvpoold's "
 							"owner_max_*) is spent"
-						      : "the pool has no free pages or slots for this "
-							"request now (other owners hold them)",
+						      : "the pool has no room for this request now "
+							"(other owners hold its pages or slots, or it "
+							"needs more than the pool has)",
 					 e);
 				i--;
 				continue;

@@ -464,3 +464,96 @@ Test(pool_alloc, random_operations_match_a_model)
 	counts(&c);
 	cr_expect(same_counts(&c, &base));
 }
+
+/* ---- per-owner quotas and the scrub hook ---------------------------------------------------- */
+
+Test(pool_alloc, quota_refusals_leave_the_pool_and_other_owners_alone)
+{
+	const struct bd_kvpool_quota q = { .pages = 3, .slots = 1, .requests = 2 };
+	struct snap before;
+	int32_t p[4], s;
+
+	make(16, 4, 8, 16);
+	bd_kvpool_alloc_set_quota(A, &q);
+	cr_assert_eq(bd_kvpool_page_alloc(A, 1, 7, 2, p), 0);
+	cr_assert_eq(bd_kvpool_slot_assign(A, 1, 7, &s), 0);
+	take(&before);
+	/* 2 held + 2 = 4 > 3 */
+	cr_expect_eq(bd_kvpool_page_alloc(A, 2, 7, 2, p), -BD_POOL_ERR_QUOTA);
+	cr_expect_neq(strstr(bd_kvpool_alloc_error(A), "owner_max_pages"), NULL);
+	assert_same(&before);
+	cr_assert_eq(bd_kvpool_page_reserve(A, 1, 7, p + 2), 0); /* 3: at the quota */
+	take(&before);
+	cr_expect_eq(bd_kvpool_page_reserve(A, 2, 7, p + 3), -BD_POOL_ERR_QUOTA);
+	cr_expect_eq(bd_kvpool_slot_assign(A, 2, 7, &s), -BD_POOL_ERR_QUOTA);
+	cr_expect_neq(strstr(bd_kvpool_alloc_error(A), "owner_max_slots"), NULL);
+	cr_expect_eq(bd_kvpool_page_ref(A, 2, 7, &p[0], 1), -BD_POOL_ERR_QUOTA,
+		     "a shared reference counts against the quota");
+	assert_same(&before);
+	/* a second record is within owner_max_requests, a third is not */
+	cr_assert_eq(bd_kvpool_page_commit(A, 1, p[2]), 0);
+	cr_assert_eq(bd_kvpool_page_free(A, 1, p, 1, NULL), 0);
+	cr_assert_eq(bd_kvpool_page_alloc(A, 2, 7, 1, p + 3), 0);
+	cr_expect_eq(bd_kvpool_page_alloc(A, 3, 8, 3, p), 0, "another owner has its own quota");
+	take(&before);
+	cr_expect_eq(bd_kvpool_page_alloc(A, 4, 7, 1, p), -BD_POOL_ERR_QUOTA);
+	cr_expect_neq(strstr(bd_kvpool_alloc_error(A), "owner_max_"), NULL);
+	assert_same(&before);
+	/* no quota: the pool's size is the limit again, and its error is EXHAUSTED */
+	bd_kvpool_alloc_set_quota(A, NULL);
+	cr_expect_eq(bd_kvpool_page_alloc(A, 4, 7, 8, p), 0);
+	cr_expect_eq(bd_kvpool_page_alloc(A, 5, 7, 8, p), -BD_POOL_ERR_EXHAUSTED);
+	cr_assert_eq(bd_kvpool_alloc_check(A), 0, "%s", bd_kvpool_alloc_error(A));
+}
+
+struct scrubbed {
+	int32_t pages[32], slots[8];
+	size_t n_pages, n_slots;
+};
+
+static void note_scrub(void *ctx, bool slot, int32_t id)
+{
+	struct scrubbed *s = ctx;
+
+	if (slot)
+		s->slots[s->n_slots++] = id;
+	else
+		s->pages[s->n_pages++] = id;
+	/* told after the page is on the free stack: the pool is consistent then */
+	cr_assert_eq(bd_kvpool_alloc_check(A), 0, "%s", bd_kvpool_alloc_error(A));
+}
+
+/* The hook hears of each page and slot once, as it becomes free, and of nothing else: not of a
+ * page another request still shares, not of a refused call. */
+Test(pool_alloc, the_scrub_hook_hears_of_each_freed_page_and_slot_once)
+{
+	struct scrubbed s = { 0 };
+	int32_t p[3], r, slot;
+	uint64_t n_req;
+
+	make(8, 2, 8, 8);
+	bd_kvpool_alloc_set_scrub(A, note_scrub, &s);
+	cr_assert_eq(bd_kvpool_page_alloc(A, 1, 7, 3, p), 0);      /* 0 1 2 */
+	cr_assert_eq(bd_kvpool_slot_assign(A, 1, 7, &slot), 0);
+	cr_assert_eq(bd_kvpool_page_reserve(A, 1, 7, &r), 0);       /* 3 */
+	cr_assert_eq(bd_kvpool_page_ref(A, 2, 7, &p[1], 1), 0);     /* page 1 shared */
+	cr_expect_eq(bd_kvpool_page_free(A, 1, (int32_t[]){ 0, 0 }, 2, NULL),
+		     -BD_POOL_ERR_INVALID);
+	cr_expect_eq(s.n_pages, 0, "a refused free told the hook");
+	cr_assert_eq(bd_kvpool_page_free(A, 1, &p[0], 1, NULL), 0);
+	cr_assert_eq(s.n_pages, 1);
+	cr_expect_eq(s.pages[0], 0);
+	cr_assert_eq(bd_kvpool_slot_release(A, 1, slot), 0);
+	cr_assert_eq(s.n_slots, 1);
+	cr_expect_eq(s.slots[0], slot);
+	/* the rest of request 1: pages 2 and the reserved 3, not the shared 1 */
+	cr_assert_eq(bd_kvpool_request_release(A, 1, NULL), 0);
+	cr_assert_eq(s.n_pages, 3);
+	cr_expect((s.pages[1] == 2 && s.pages[2] == 3) || (s.pages[1] == 3 && s.pages[2] == 2),
+		  "freed %d and %d", s.pages[1], s.pages[2]);
+	cr_assert_eq(bd_kvpool_owner_reclaim(A, 7, &n_req, NULL), 0);
+	cr_expect_eq(n_req, 1);
+	cr_assert_eq(s.n_pages, 4);
+	cr_expect_eq(s.pages[3], 1, "the shared page when its last holder went");
+	cr_expect_eq(s.n_slots, 1);
+}

@@ -864,7 +864,8 @@ Test(sched, a_request_the_pool_cannot_hold_fails_resource_exhausted)
 	submit(2, 10, 2, false);
 	p = step();
 	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
-		      "the pool cannot hold this request: No space left on device");
+		      "the pool has no room for this request now (other owners hold its pages "
+		      "or slots, or it needs more than the pool has): No space left on device");
 	cr_expect_null(rec_of(1), "its slot went back");
 	cr_assert_not_null(p, "the next one is admitted in the same step");
 	cr_expect_eq(p->n_rows, 1);
