@@ -26,7 +26,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-cpu bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-cpu bench-passkey bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -340,6 +340,12 @@ bench: all
 # appends the tables to FILE (bench/RESULTS.md).
 bench-cpu: all
 	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
+
+# Passkey retrieval accuracy of fp8, trtllm-nvfp4 and the paper's recipes against bf16 at 2K, 4K
+# and 8K context (bench/passkey.sh, bdfp4 eval-passkey; hours on two cores: BD_CONTEXTS picks
+# contexts); BD_BENCH_RESULTS=FILE appends the tables to FILE (bench/RESULTS.md).
+bench-passkey: model $(BUILD)/bin/bdfp4
+	sh bench/passkey.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,

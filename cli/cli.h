@@ -18,6 +18,17 @@ int cmd_serve(int argc, char **argv);
 
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval_kl(int argc, char **argv);
+int cmd_eval_passkey(int argc, char **argv);
+
+/* The evaluations' inputs (cli/evalio.c). cli_read_texts: the files paths[n] read whole and
+ * joined with blank lines into *ret (malloc'ed, NUL after the *ret_len bytes; the caller frees
+ * it). cli_parse_kv_list: the comma-separated configuration names of list into cfg
+ * [BD_KVCFG_COUNT] in order, a name given twice kept once, *ret_n of them. Both return 0, or -1
+ * after printing why ("bdfp4 TOOL: ..."; an empty list prints nothing) with the outputs
+ * unchanged. */
+struct bd_kvcfg;
+int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len);
+int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg **cfg, int *ret_n);
 
 /* Number arguments (cli/args.c): the whole of s a decimal integer in [lo, hi] (cli_parse_int
  * also needs [lo, hi] inside int), or a finite float; false leaves *ret unchanged. */

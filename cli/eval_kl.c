@@ -502,58 +502,6 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-/* ---- input --------------------------------------------------------------------------------- */
-
-static int read_texts(const struct opts *o, char **ret, size_t *ret_len)
-{
-	char *buf = NULL;
-	size_t len = 0;
-
-	for (int i = 0; i < o->n_texts; i++) {
-		FILE *f = fopen(o->texts[i], "rb");
-		if (!f) {
-			fprintf(stderr, "bdfp4 eval-kl: cannot read %s: %s\n", o->texts[i],
-				strerror(errno));
-			free(buf);
-			return -1;
-		}
-		char chunk[65536];
-		size_t n;
-		if (i > 0) {
-			char *t = realloc(buf, len + 2);
-			if (!t)
-				goto oom;
-			buf = t;
-			memcpy(buf + len, "\n\n", 2);
-			len += 2;
-		}
-		while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-			char *t = realloc(buf, len + n + 1);
-			if (!t) {
-				fclose(f);
-				goto oom;
-			}
-			buf = t;
-			memcpy(buf + len, chunk, n);
-			len += n;
-		}
-		bool bad = ferror(f);
-		fclose(f);
-		if (bad) {
-			fprintf(stderr, "bdfp4 eval-kl: error reading %s\n", o->texts[i]);
-			free(buf);
-			return -1;
-		}
-	}
-	*ret = buf;
-	*ret_len = len;
-	return 0;
-oom:
-	fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
-	free(buf);
-	return -1;
-}
-
 /* ---- output -------------------------------------------------------------------------------- */
 
 struct row {
@@ -812,29 +760,6 @@ static int bad_usage(const char *msg, const char *arg)
 	return cli_bad_usage("eval-kl", usage, msg, arg);
 }
 
-static int parse_kv_list(struct opts *o, const char *list)
-{
-	char *copy = strdup(list), *save = NULL;
-	if (!copy)
-		return -1;
-	o->n_cfg = 0;
-	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		const struct bd_kvcfg *c = bd_kvcfg_find(tok);
-		if (!c) {
-			fprintf(stderr, "bdfp4 eval-kl: unknown KV configuration '%s'\n", tok);
-			free(copy);
-			return -1;
-		}
-		for (int i = 0; i < o->n_cfg; i++)
-			if (o->cfg[i] == c)
-				c = NULL;
-		if (c && o->n_cfg < BD_KVCFG_COUNT)
-			o->cfg[o->n_cfg++] = c;
-	}
-	free(copy);
-	return o->n_cfg > 0 ? 0 : -1;
-}
-
 int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
@@ -890,7 +815,7 @@ int cmd_eval_kl(int argc, char **argv)
 			o.model = optarg;
 			break;
 		case O_KV:
-			if (parse_kv_list(&o, optarg) < 0)
+			if (cli_parse_kv_list("eval-kl", optarg, o.cfg, &o.n_cfg) < 0)
 				return bad_usage("--kv wants a comma-separated list of "
 						 "configurations, not '%s'",
 						 optarg);
@@ -959,7 +884,7 @@ int cmd_eval_kl(int argc, char **argv)
 	    cli_calib_setup("eval-kl", o.calib, model_path, hp, o.ctx, o.ctx, true, &cal) < 0)
 		goto out;
 
-	if (read_texts(&o, &text, &text_len) < 0)
+	if (cli_read_texts("eval-kl", o.texts, o.n_texts, &text, &text_len) < 0)
 		goto out;
 	if ((r = bd_tokenizer_encode(tok, text, text_len, 0, &stream, &n_stream)) < 0) {
 		fprintf(stderr, "bdfp4 eval-kl: cannot tokenize the texts: %s\n", strerror(-r));

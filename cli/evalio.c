@@ -1,0 +1,87 @@
+/* evalio.c — what the evaluation subcommands (eval-kl, eval-passkey) share: the texts their
+ * prompts are cut from and the --kv list of configurations. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/bd_kvcfg.h"
+#include "cli.h"
+
+int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len)
+{
+	char *buf = NULL;
+	size_t len = 0;
+
+	for (int i = 0; i < n; i++) {
+		FILE *f = fopen(paths[i], "rb");
+		if (!f) {
+			fprintf(stderr, "bdfp4 %s: cannot read %s: %s\n", tool, paths[i],
+				strerror(errno));
+			free(buf);
+			return -1;
+		}
+		char chunk[65536];
+		size_t got;
+		if (i > 0) {
+			char *t = realloc(buf, len + 2);
+			if (!t) {
+				fclose(f);
+				goto oom;
+			}
+			buf = t;
+			memcpy(buf + len, "\n\n", 2);
+			len += 2;
+		}
+		while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+			char *t = realloc(buf, len + got + 1);
+			if (!t) {
+				fclose(f);
+				goto oom;
+			}
+			buf = t;
+			memcpy(buf + len, chunk, got);
+			len += got;
+		}
+		bool bad = ferror(f);
+		fclose(f);
+		if (bad) {
+			fprintf(stderr, "bdfp4 %s: error reading %s\n", tool, paths[i]);
+			free(buf);
+			return -1;
+		}
+	}
+	*ret = buf;
+	*ret_len = len;
+	return 0;
+oom:
+	fprintf(stderr, "bdfp4 %s: out of memory\n", tool);
+	free(buf);
+	return -1;
+}
+
+int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg **cfg, int *ret_n)
+{
+	char *copy = strdup(list), *save = NULL;
+	int n = 0;
+	if (!copy)
+		return -1;
+	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		const struct bd_kvcfg *c = bd_kvcfg_find(tok);
+		if (!c) {
+			fprintf(stderr, "bdfp4 %s: unknown KV configuration '%s'\n", tool, tok);
+			free(copy);
+			return -1;
+		}
+		for (int i = 0; i < n; i++)
+			if (cfg[i] == c)
+				c = NULL;
+		if (c && n < BD_KVCFG_COUNT)
+			cfg[n++] = c;
+	}
+	free(copy);
+	if (n == 0)
+		return -1;
+	*ret_n = n;
+	return 0;
+}
