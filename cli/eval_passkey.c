@@ -565,25 +565,16 @@ static int bad_usage(const char *msg, const char *arg)
 int cmd_eval_passkey(int argc, char **argv)
 {
 	enum {
-		O_MODEL = 256, O_KV, O_CTX, O_DEPTHS, O_KEYS, O_MAXNEW, O_TAIL, O_CALIB, O_NOCALIB,
-		O_THREADS, O_LOG, O_JSON, O_SUMMARIZE
+		O_CTX = 256, O_DEPTHS, O_KEYS, O_MAXNEW, O_TAIL
 	};
 	static const struct option lopts[] = {
-		{ "model", required_argument, NULL, O_MODEL },
-		{ "kv", required_argument, NULL, O_KV },
+		CLI_OPTS_EVAL,
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "depths", required_argument, NULL, O_DEPTHS },
 		{ "keys", required_argument, NULL, O_KEYS },
 		{ "max-new", required_argument, NULL, O_MAXNEW },
 		{ "tail", required_argument, NULL, O_TAIL },
 		CLI_OPT_SEED,
-		{ "calib", required_argument, NULL, O_CALIB },
-		{ "no-calib", no_argument, NULL, O_NOCALIB },
-		{ "threads", required_argument, NULL, O_THREADS },
-		{ "log", required_argument, NULL, O_LOG },
-		{ "json", no_argument, NULL, O_JSON },
-		{ "summarize", required_argument, NULL, O_SUMMARIZE },
-		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .depths = 10, .keys = 10, .max_new = 8,
@@ -595,7 +586,7 @@ int cmd_eval_passkey(int argc, char **argv)
 		{ O_KEYS, 1, 1 << 16, &o.keys, "--keys wants an integer ≥ 1, not '%s'" },
 		{ O_MAXNEW, 1, 256, &o.max_new, "--max-new wants an integer in 1..256, not '%s'" },
 		{ O_TAIL, 1, 4096, &o.tail, "--tail wants an integer in 1..4096, not '%s'" },
-		{ O_THREADS, 1, 1024, &o.threads, "--threads wants an integer in 1..1024, not '%s'" },
+		{ CLI_O_THREADS, 1, 1024, &o.threads, "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
 	const char *summary = NULL, *bad;
@@ -612,10 +603,10 @@ int cmd_eval_passkey(int argc, char **argv)
 		if (k > 0)
 			continue;
 		switch (c) {
-		case O_MODEL:
+		case CLI_O_MODEL:
 			o.model = optarg;
 			break;
-		case O_KV:
+		case CLI_O_KV:
 			if (cli_parse_kv_list(TOOL, optarg, o.cfg, &o.n_cfg) < 0)
 				return bad_usage("--kv wants a comma-separated list of "
 						 "configurations, not '%s'",
@@ -626,19 +617,19 @@ int cmd_eval_passkey(int argc, char **argv)
 				return bad_usage(bad, optarg);
 			o.seed = sp.seed;
 			break;
-		case O_CALIB:
+		case CLI_O_CALIB:
 			o.calib = optarg;
 			break;
-		case O_NOCALIB:
+		case CLI_O_NOCALIB:
 			o.no_calib = true;
 			break;
-		case O_LOG:
+		case CLI_O_LOG:
 			o.log = optarg;
 			break;
-		case O_JSON:
+		case CLI_O_JSON:
 			o.json = true;
 			break;
-		case O_SUMMARIZE:
+		case CLI_O_SUMMARIZE:
 			summary = optarg;
 			break;
 		default:
@@ -657,47 +648,30 @@ int cmd_eval_passkey(int argc, char **argv)
 	o.texts = argv + optind;
 	o.n_texts = argc - optind;
 
-	char model_path[PATH_MAX + 64];
-	cli_model_path(o.model, model_path, sizeof(model_path));
-
-	int rc = 1, r;
-	struct bd_model *m = NULL;
-	struct bd_tokenizer *tok = NULL;
-	struct bd_calib *cal = NULL;
-	char *text = NULL;
-	size_t text_len = 0;
-	int32_t *stream = NULL;
+	int rc = 1;
+	struct cli_eval_input in = { 0 };
 	struct shared sh = { .o = &o };
 	pthread_t *th = NULL;
 	double t_start = bd_now_s();
 	char terr[BD_TOKENIZER_ERR_MAX];
 
 	pthread_mutex_init(&sh.lock, NULL);
-	if (cli_load_model(TOOL, model_path, &m, &tok) < 0)
+	if (cli_eval_load(TOOL, o.model, o.calib, o.no_calib, o.ctx, o.texts, o.n_texts, &in) < 0)
 		goto out;
-	if (o.ctx > m->hp.n_ctx_train) {
-		fprintf(stderr, "bdfp4 " TOOL ": --ctx %d exceeds the model's context of %d\n", o.ctx,
-			m->hp.n_ctx_train);
-		goto out;
-	}
+	const struct bd_model *m = in.m;
+	const struct bd_tokenizer *tok = in.tok;
+	const struct bd_calib *cal = in.cal;
+	const char *model_path = in.model_path;
 	if (bd_tokenizer_chat_check(tok, terr) < 0) {
 		fprintf(stderr, "bdfp4 " TOOL ": %s: %s\n", model_path, terr);
 		goto out;
 	}
-	if (!o.no_calib &&
-	    cli_calib_setup(TOOL, o.calib, model_path, &m->hp, o.ctx, o.ctx, true, &cal) < 0)
-		goto out;
-	if (cli_read_texts(TOOL, o.texts, o.n_texts, &text, &text_len) < 0)
-		goto out;
-	if ((r = bd_tokenizer_encode(tok, text, text_len, 0, &stream, &sh.n_stream)) < 0) {
-		fprintf(stderr, "bdfp4 " TOOL ": cannot tokenize the texts: %s\n", strerror(-r));
-		goto out;
-	}
+	sh.n_stream = in.n_stream;
 	if (cli_eog_ids(tok, &sh.eog, &sh.n_eog) < 0)
 		goto oom;
 	sh.m = m;
 	sh.tok = tok;
-	sh.stream = stream;
+	sh.stream = in.stream;
 	sh.mu = cal ? cal->mu_k : NULL;
 	sh.dp = bd_decode_params_default();
 	if (cal) {
@@ -761,11 +735,7 @@ out:
 	free(sh.tr);
 	free(sh.eog);
 	free(th);
-	free(stream);
-	free(text);
-	bd_calib_free(cal);
-	bd_model_free(m);
-	bd_tokenizer_free(tok);
+	cli_eval_input_free(&in);
 	pthread_mutex_destroy(&sh.lock);
 	return rc;
 }
