@@ -270,7 +270,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 	snprintf(tr->key, sizeof(tr->key), "%05d", 10000 + (int)(bd_rng_u64(&rng) % 90000u));
 	tr->depth = t % o->depths;
 	/* the haystack's size: a first guess, then corrected by what the prompt came to */
-	int H = budget - 192;
+	int H = budget > 384 ? budget - 192 : budget / 2;
 	for (int tries = 0;; tries++) {
 		if (H < 1 || (size_t)H > sh->n_stream) {
 			snprintf(err, BD_MODEL_ERR_MAX, "no haystack fits a context of %d", o->ctx);
