@@ -26,7 +26,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-cpu bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-cpu bench-passkey bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -326,7 +326,8 @@ $(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljan
 # TESTGEN_OBJ: the shared generator of random test inputs (tests/common/testgen.h), linked by
 # the programs that make their own test data (bench_ref, gpu_check, bench_kernels).
 TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
-$(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(TESTGEN_OBJ),quant base))
+$(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(BUILD)/bench/bench_info.o $(TESTGEN_OBJ),quant base))
+$(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_info.o,model formats quant base))
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
@@ -336,7 +337,8 @@ $(BUILD)/bench/bench_scrub.o: | $(PROTO_H)
 all: $(BUILD)/bin/bench_scrub
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
-all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen
+all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
+	$(BUILD)/bin/bench_batch
 
 bench: all
 	$(BUILD)/bin/bench_ref
@@ -349,6 +351,18 @@ bench-cpu: all
 
 # PNG plots of the benchmarks' tables (bench/plot.py, Debian python3-matplotlib): Debian's python
 PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
+
+# The cost of batch-invariant decoding (bench/bench_batch.c): decode tok/s at 1, 4 and 16 rows,
+# one matrix-matrix product per weight against one matrix-vector product per row; appended to
+# bench/RESULTS.md.
+bench-batch: model $(BUILD)/bin/bench_batch
+	$(BUILD)/bin/bench_batch --model $(MODEL_FILE) --out bench/RESULTS.md
+
+# Passkey retrieval accuracy of fp8, trtllm-nvfp4 and the paper's recipes against bf16 at 2K, 4K
+# and 8K context (bench/passkey.sh, bdfp4 eval-passkey; hours on two cores: BD_CONTEXTS picks
+# contexts); BD_BENCH_RESULTS=FILE appends the tables to FILE (bench/RESULTS.md).
+bench-passkey: model $(BUILD)/bin/bdfp4
+	sh bench/passkey.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,

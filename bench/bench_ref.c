@@ -30,6 +30,7 @@
 #include "quant/bd_attn_ref.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
+#include "bench_info.h"
 #include "testgen.h"
 
 #define D 128
@@ -209,45 +210,6 @@ out:
 	return r;
 }
 
-static void machine(char *buf, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[512];
-
-	snprintf(buf, len, "unknown CPU");
-	while (f && fgets(line, sizeof(line), f)) {
-		char *p = strchr(line, ':');
-
-		if (strncmp(line, "model name", 10) == 0 && p) {
-			p += 1 + strspn(p + 1, " \t");
-			p[strcspn(p, "\n")] = '\0';
-			snprintf(buf, len, "%s", p);
-			break;
-		}
-	}
-	if (f)
-		fclose(f);
-}
-
-static void commit_id(char *buf, size_t len)
-{
-	const char *env = getenv("BD_COMMIT");
-	FILE *p;
-
-	snprintf(buf, len, "unknown");
-	if (env && *env) {
-		snprintf(buf, len, "%s", env);
-		return;
-	}
-	p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-	if (!p)
-		return;
-	if (fgets(buf, (int)len, p))
-		buf[strcspn(buf, "\n")] = '\0';
-	if (pclose(p) != 0 || !*buf)
-		snprintf(buf, len, "unknown");
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -330,8 +292,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench_ref: %s: %s\n", out_path, strerror(errno));
 			return 1;
 		}
-		machine(cpu, sizeof(cpu));
-		commit_id(commit, sizeof(commit));
+		bench_machine(cpu, sizeof(cpu));
+		bench_commit(commit, sizeof(commit));
 		strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
 		fprintf(f,
 			"\n## bench_ref — CPU reference decoder, %s\n\n"

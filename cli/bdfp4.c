@@ -19,6 +19,8 @@ static const struct subcommand commands[] = {
 	{ "generate", cmd_generate, "complete a prompt on the CPU with the FP4 KV cache" },
 	{ "calibrate", cmd_calibrate, "calibrate μ_k and τ of a model for a context (§7)" },
 	{ "eval-kl", cmd_eval_kl, "teacher-forced KL of every KV configuration on real text (§10)" },
+	{ "eval-passkey", cmd_eval_passkey,
+	  "passkey retrieval accuracy of every KV configuration at a context (task accuracy)" },
 	{ "client", cmd_client, "send a prompt to the router and stream the answer" },
 	{ "serve", cmd_serve,
 	  "run kvpoold, the router (ZeroMQ and HTTP) and the workers in the foreground" },

@@ -4,6 +4,7 @@
 #ifndef BDFP4_CLI_H
 #define BDFP4_CLI_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +20,47 @@ int cmd_keygen(int argc, char **argv);
 
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval_kl(int argc, char **argv);
+int cmd_eval_passkey(int argc, char **argv);
+
+/* The evaluations' inputs (cli/evalio.c). cli_read_texts: the files paths[n] read whole and
+ * joined with blank lines into *ret (malloc'ed, NUL after the *ret_len bytes; the caller frees
+ * it). cli_parse_kv_list: the comma-separated configuration names of list into cfg
+ * [BD_KVCFG_COUNT] in order, a name given twice kept once, *ret_n of them. Both return 0, or -1
+ * after printing why ("bdfp4 TOOL: ..."; an empty list prints nothing) with the outputs
+ * unchanged. */
+struct bd_kvcfg;
+/* The options every evaluation takes, with the same codes in each option table. */
+enum { CLI_O_MODEL = 300, CLI_O_KV, CLI_O_CALIB, CLI_O_NOCALIB, CLI_O_THREADS, CLI_O_LOG,
+       CLI_O_JSON, CLI_O_SUMMARIZE };
+#define CLI_OPTS_EVAL                                                 \
+	{ "model", required_argument, NULL, CLI_O_MODEL },            \
+	{ "kv", required_argument, NULL, CLI_O_KV },                  \
+	{ "calib", required_argument, NULL, CLI_O_CALIB },            \
+	{ "no-calib", no_argument, NULL, CLI_O_NOCALIB },             \
+	{ "threads", required_argument, NULL, CLI_O_THREADS },        \
+	{ "log", required_argument, NULL, CLI_O_LOG },                \
+	{ "json", no_argument, NULL, CLI_O_JSON },                    \
+	{ "summarize", required_argument, NULL, CLI_O_SUMMARIZE },    \
+	{ "help", no_argument, NULL, 'h' }
+/* What an evaluation runs on: the model (model_opt as cli_model_path takes it) and its
+ * tokenizer, the calibration for ctx (explicit calib, else the default file; none with
+ * no_calib), and the texts paths[n] tokenized as plain text (no special tokens). */
+struct cli_eval_input {
+	char model_path[PATH_MAX + 64];
+	struct bd_model *m;
+	struct bd_tokenizer *tok;
+	struct bd_calib *cal; /* NULL: uncalibrated */
+	int32_t *stream;      /* [n_stream] the texts' tokens */
+	size_t n_stream;
+};
+/* Fills in (zeroed first). Returns 0, or -1 after printing why ("bdfp4 TOOL: ...": the model,
+ * a ctx beyond its context, the calibration, a text), with what was made freed. */
+int cli_eval_load(const char *tool, const char *model_opt, const char *calib, bool no_calib,
+		  int ctx, char *const *paths, int n, struct cli_eval_input *in);
+/* Frees what cli_eval_load made (a zeroed or failed one too). */
+void cli_eval_input_free(struct cli_eval_input *in);
+int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len);
+int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg **cfg, int *ret_n);
 
 /* Number arguments (cli/args.c): the whole of s a decimal integer in [lo, hi] (cli_parse_int
  * also needs [lo, hi] inside int), or a finite float; false leaves *ret unchanged. */

@@ -502,58 +502,6 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-/* ---- input --------------------------------------------------------------------------------- */
-
-static int read_texts(const struct opts *o, char **ret, size_t *ret_len)
-{
-	char *buf = NULL;
-	size_t len = 0;
-
-	for (int i = 0; i < o->n_texts; i++) {
-		FILE *f = fopen(o->texts[i], "rb");
-		if (!f) {
-			fprintf(stderr, "bdfp4 eval-kl: cannot read %s: %s\n", o->texts[i],
-				strerror(errno));
-			free(buf);
-			return -1;
-		}
-		char chunk[65536];
-		size_t n;
-		if (i > 0) {
-			char *t = realloc(buf, len + 2);
-			if (!t)
-				goto oom;
-			buf = t;
-			memcpy(buf + len, "\n\n", 2);
-			len += 2;
-		}
-		while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-			char *t = realloc(buf, len + n + 1);
-			if (!t) {
-				fclose(f);
-				goto oom;
-			}
-			buf = t;
-			memcpy(buf + len, chunk, n);
-			len += n;
-		}
-		bool bad = ferror(f);
-		fclose(f);
-		if (bad) {
-			fprintf(stderr, "bdfp4 eval-kl: error reading %s\n", o->texts[i]);
-			free(buf);
-			return -1;
-		}
-	}
-	*ret = buf;
-	*ret_len = len;
-	return 0;
-oom:
-	fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
-	free(buf);
-	return -1;
-}
-
 /* ---- output -------------------------------------------------------------------------------- */
 
 struct row {
@@ -813,51 +761,19 @@ static int bad_usage(const char *msg, const char *arg)
 	return cli_bad_usage("eval-kl", usage, msg, arg);
 }
 
-static int parse_kv_list(struct opts *o, const char *list)
-{
-	char *copy = strdup(list), *save = NULL;
-	if (!copy)
-		return -1;
-	o->n_cfg = 0;
-	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		const struct bd_kvcfg *c = bd_kvcfg_find(tok);
-		if (!c) {
-			fprintf(stderr, "bdfp4 eval-kl: unknown KV configuration '%s'\n", tok);
-			free(copy);
-			return -1;
-		}
-		for (int i = 0; i < o->n_cfg; i++)
-			if (o->cfg[i] == c)
-				c = NULL;
-		if (c && o->n_cfg < BD_KVCFG_COUNT)
-			o->cfg[o->n_cfg++] = c;
-	}
-	free(copy);
-	return o->n_cfg > 0 ? 0 : -1;
-}
-
 int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
-		O_MODEL = 256, O_KV, O_CTX, O_STEPS, O_TRAJ, O_CALIB, O_NOCALIB, O_QERR, O_THREADS,
-		O_LOG, O_JSON, O_SUMMARIZE
+		O_CTX = 256, O_STEPS, O_TRAJ, O_QERR
 	};
 	static const struct option lopts[] = {
-		{ "model", required_argument, NULL, O_MODEL },
-		{ "kv", required_argument, NULL, O_KV },
+		CLI_OPTS_EVAL,
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "steps", required_argument, NULL, O_STEPS },
 		{ "trajectories", required_argument, NULL, O_TRAJ },
 		CLI_OPT_TEMPERATURE,
 		CLI_OPT_SEED,
-		{ "calib", required_argument, NULL, O_CALIB },
-		{ "no-calib", no_argument, NULL, O_NOCALIB },
 		{ "qerr-every", required_argument, NULL, O_QERR },
-		{ "threads", required_argument, NULL, O_THREADS },
-		{ "log", required_argument, NULL, O_LOG },
-		{ "json", no_argument, NULL, O_JSON },
-		{ "summarize", required_argument, NULL, O_SUMMARIZE },
-		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
@@ -870,7 +786,7 @@ int cmd_eval_kl(int argc, char **argv)
 		  "--trajectories wants an integer ≥ 1, not '%s'" },
 		{ O_QERR, 1, INT_MAX, &o.qerr_every,
 		  "--qerr-every wants an integer ≥ 1, not '%s'" },
-		{ O_THREADS, 1, 1024, &o.threads,
+		{ CLI_O_THREADS, 1, 1024, &o.threads,
 		  "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	const char *summary = NULL, *bad;
@@ -887,11 +803,11 @@ int cmd_eval_kl(int argc, char **argv)
 		if (k > 0)
 			continue;
 		switch (c) {
-		case O_MODEL:
+		case CLI_O_MODEL:
 			o.model = optarg;
 			break;
-		case O_KV:
-			if (parse_kv_list(&o, optarg) < 0)
+		case CLI_O_KV:
+			if (cli_parse_kv_list("eval-kl", optarg, o.cfg, &o.n_cfg) < 0)
 				return bad_usage("--kv wants a comma-separated list of "
 						 "configurations, not '%s'",
 						 optarg);
@@ -901,19 +817,19 @@ int cmd_eval_kl(int argc, char **argv)
 			if ((bad = cli_sampling_opt(c, optarg, &o.sp)))
 				return bad_usage(bad, optarg);
 			break;
-		case O_CALIB:
+		case CLI_O_CALIB:
 			o.calib = optarg;
 			break;
-		case O_NOCALIB:
+		case CLI_O_NOCALIB:
 			o.no_calib = true;
 			break;
-		case O_LOG:
+		case CLI_O_LOG:
 			o.log = optarg;
 			break;
-		case O_JSON:
+		case CLI_O_JSON:
 			o.json = true;
 			break;
-		case O_SUMMARIZE:
+		case CLI_O_SUMMARIZE:
 			summary = optarg;
 			break;
 		default:
@@ -932,40 +848,23 @@ int cmd_eval_kl(int argc, char **argv)
 	o.texts = argv + optind;
 	o.n_texts = argc - optind;
 
-	char model_path[PATH_MAX + 64];
-	cli_model_path(o.model, model_path, sizeof(model_path));
-
-	int rc = 1, r;
-	struct bd_model *m = NULL;
-	struct bd_tokenizer *tok = NULL;
-	struct bd_calib *cal = NULL;
-	char *text = NULL;
-	size_t text_len = 0, n_stream = 0;
-	int32_t *stream = NULL;
+	int rc = 1;
+	struct cli_eval_input in = { 0 };
 	struct shared sh = { .o = &o };
 	pthread_t *th = NULL;
 	double t_start = bd_now_s();
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
-	if (cli_load_model("eval-kl", model_path, &m, &tok) < 0)
+	if (cli_eval_load("eval-kl", o.model, o.calib, o.no_calib, o.ctx, o.texts, o.n_texts,
+			  &in) < 0)
 		goto out;
+	const struct bd_model *m = in.m;
+	const struct bd_calib *cal = in.cal;
 	const struct bd_model_hparams *hp = &m->hp;
-	if (o.ctx > hp->n_ctx_train) {
-		fprintf(stderr, "bdfp4 eval-kl: --ctx %d exceeds the model's context of %d\n", o.ctx,
-			hp->n_ctx_train);
-		goto out;
-	}
-	if (!o.no_calib &&
-	    cli_calib_setup("eval-kl", o.calib, model_path, hp, o.ctx, o.ctx, true, &cal) < 0)
-		goto out;
-
-	if (read_texts(&o, &text, &text_len) < 0)
-		goto out;
-	if ((r = bd_tokenizer_encode(tok, text, text_len, 0, &stream, &n_stream)) < 0) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot tokenize the texts: %s\n", strerror(-r));
-		goto out;
-	}
+	const char *model_path = in.model_path;
+	size_t n_stream = in.n_stream;
+	const int32_t *stream = in.stream;
 	sh.P = o.ctx - o.steps + 1;
 	sh.V = hp->n_vocab;
 	int T = o.trajectories;
@@ -1070,11 +969,7 @@ out:
 	free(sh.res);
 	free(sh.state);
 	free(th);
-	free(stream);
-	free(text);
-	bd_calib_free(cal);
-	bd_model_free(m);
-	bd_tokenizer_free(tok);
+	cli_eval_input_free(&in);
 	pthread_mutex_destroy(&sh.lock);
 	pthread_cond_destroy(&sh.cv);
 	return rc;

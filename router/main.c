@@ -64,6 +64,10 @@ static const struct bd_config_key keys[] = {
 	{ "max_prefill_chunk", "512",
 	  "tokens of one prompt prefilled in one step, a multiple of 128 up to max_prefill_tokens; "
 	  "longer prompts go in chunks between decode steps (0: whole prompts)" },
+	{ "batch_invariant", "0",
+	  "a prompt's chunks do not depend on the other requests (a chunk that the step's budget "
+	  "cannot take whole waits for the next step); with workerd's batch_invariant a greedy "
+	  "request yields the same tokens alone or in any batch", true },
 	{ "deadline_ms", "300000", "default per-request deadline" },
 	{ "heartbeat_ms", "250", "heartbeat period, both ways" },
 	{ "heartbeat_timeout_ms", "3000", "a worker silent this long is dead" },
@@ -199,7 +203,8 @@ static int read_opts(struct bd_router *rt)
 	    bd_daemon_get_i64(d, "pool_owner", 1, INT_MAX, &owner) < 0 ||
 	    bd_daemon_get_int(d, "status_interval_ms", 10, 3600000, &o->status_ms) < 0 ||
 	    bd_daemon_get_int(d, "socket_mode", 0, 0777, &o->socket_mode) < 0 ||
-	    bd_daemon_get_bytes(d, "max_frame_bytes", 256, FRONT_HARD_MAX, &mf) < 0)
+	    bd_daemon_get_bytes(d, "max_frame_bytes", 256, FRONT_HARD_MAX, &mf) < 0 ||
+	    bd_daemon_get_bool(d, "batch_invariant", &o->batch_invariant) < 0)
 		return -EINVAL;
 	o->owner = (uint64_t)owner;
 	o->max_frame = (int)mf;
@@ -739,6 +744,7 @@ static int start_sched(struct bd_router *rt)
 		.max_queue = rt->o.max_queue,
 		.max_prefill_tokens = rt->o.max_prefill_tokens,
 		.max_prefill_chunk = rt->o.max_prefill_chunk,
+		.batch_invariant = rt->o.batch_invariant,
 		.resume_timeout_ms = rt->o.resume_timeout_ms,
 		.n_vocab = rt->n_vocab,
 		.eog = rt->eog,

@@ -469,13 +469,19 @@ static bool decoding(const struct bd_req *r)
  * rest of its prefill when it fits (max_prefill_chunk and the budget), else whole pages up to
  * both (a chunk other than the last ends on a page boundary, so that the next one starts on
  * one); 0 when not a page fits. max_prefill_chunk 0: the whole prefill, budget or not (the
- * caller keeps one prompt a step at least). */
+ * caller keeps one prompt a step at least). batch_invariant: min(rest, max_prefill_chunk) or
+ * 0 when the budget cannot take that, so the chunks of a prompt are the same whatever else
+ * the steps hold. */
 static int chunk_len(const struct bd_sched *s, const struct bd_req *r, int left)
 {
 	int rest = r->n_fill - r->n_pos, c = s->cfg.max_prefill_chunk, n;
 
 	if (c <= 0)
 		return rest;
+	if (s->cfg.batch_invariant) {
+		n = rest < c ? rest : c;
+		return n <= left ? n : 0;
+	}
 	if (rest <= c && rest <= left)
 		return rest;
 	n = c < left ? c : left;

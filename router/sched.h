@@ -149,6 +149,10 @@ struct bd_sched_cfg {
 	int max_prefill_tokens; /* prompt tokens prefilled in one step, over all its rows */
 	int max_prefill_chunk;  /* tokens of one prompt in one row, a multiple of 128, at most
 				 * max_prefill_tokens; 0: whole prompts (one a step at least) */
+	bool batch_invariant;   /* a prompt's chunks are min(rest, max_prefill_chunk) whatever
+				 * the other rows take of the step's budget: a chunk that does not
+				 * fit waits for the next step (chunk boundaries change what a chunk
+				 * reads from the FP4 pages, bd_model_prefill_chunk) */
 	int resume_timeout_ms;  /* how long running requests wait for a failed group to form
 				 * again, then fail WORKER_FAILED; 0: they fail at once */
 	int n_vocab;

@@ -386,7 +386,8 @@ static int run_prefill(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_ou
 }
 
 /* The decode rows that passed their checks, as one batch (bd_model_decode_batch: the weights
- * are read once for all rows). Returns the all-reduce error that broke the batch, or 0. */
+ * are read once for all rows; with batch_invariant, a matrix–vector product per row, so each
+ * row's logits are those of the row alone). Returns the all-reduce error that broke the batch, or 0. */
 static int run_decode_batch(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			    struct wd_seq **seqs, const size_t *rows, int nb)
 {
@@ -405,7 +406,8 @@ static int run_decode_batch(struct wd *w, const Bdfp4__StepPlan *plan, struct wd
 		bs[b] = seqs[b]->seq;
 		tok[b] = plan->rows[rows[b]]->tokens[0];
 	}
-	r = bd_model_decode_batch(w->model, bs, tok, nb, lg, st);
+	r = bd_model_decode_batch_mode(w->model, bs, tok, nb, lg, st,
+				       w->o.batch_invariant ? BD_BATCH_INVARIANT : BD_BATCH_FAST);
 out:
 	for (int b = 0; b < nb; b++) {
 		const Bdfp4__PlanRow *row = plan->rows[rows[b]];
@@ -613,6 +615,7 @@ static void cpu_report(struct wd *w)
 const struct wd_backend wd_backend_cpu = {
 	.name = "cpu",
 	.collective = "all-reduce",
+	.batch_invariant = true,
 	.setup = cpu_setup,
 	.teardown = cpu_teardown,
 	.register_fill = cpu_register_fill,

@@ -61,6 +61,9 @@ static const struct bd_config_key keys[] = {
 	{ "threads", "1", "OpenBLAS threads" },
 	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step" },
 	{ "verbose", "0", "log every step" },
+	{ "batch_invariant", "0",
+	  "decode each row in an order that does not depend on the batch, so a greedy request "
+	  "yields the same tokens alone or in any batch (cpu backend; costs throughput)", true },
 	{ "calib", "", "calibration file of the model (mu_k, tau; bdfp4 calibrate); empty: none" },
 	/* the cuda backend (chosen by the pool) */
 	{ "device", "-1", "cuda: CUDA device of this rank (-1: the pool's device of the rank)" },
@@ -142,7 +145,8 @@ static int read_opts(struct wd *w)
 	    bd_daemon_get_int(d, "max_prefill", 1, 1 << 24, &o->max_prefill) < 0 ||
 	    bd_daemon_get_i64(d, "seed", 0, INT64_MAX, &seed) < 0 ||
 	    bd_daemon_get_bool(d, "synthetic_prefill", &o->synthetic_prefill) < 0 ||
-	    bd_daemon_get_bool(d, "cuda_graphs", &o->cuda_graphs) < 0)
+	    bd_daemon_get_bool(d, "cuda_graphs", &o->cuda_graphs) < 0 ||
+	    bd_daemon_get_bool(d, "batch_invariant", &o->batch_invariant) < 0)
 		return -EINVAL;
 	o->verbose = verbose;
 	o->seed = (uint64_t)seed;
@@ -442,6 +446,13 @@ static int setup(struct wd *w)
 	}
 	if (!(w->be = find_backend(w->geo->backend)))
 		return -ENOTSUP;
+	if (w->o.batch_invariant && !w->be->batch_invariant) {
+		bd_log_err("batch_invariant = 1: the %s backend cannot decode batch-invariantly (its "
+			   "products and decode kernels choose their reduction order by the batch); "
+			   "set batch_invariant = 0 or run kvpoold --backend cpu",
+			   w->be->name);
+		return -ENOTSUP;
+	}
 	if ((r = w->be->setup(w)) < 0)
 		return r;
 	bd_log_info("attached to kvpoold: %s backend, %s, %zu pages, %zu slots", w->geo->backend,

@@ -56,6 +56,7 @@ struct wd_opts {
 	bool synthetic_prefill;
 	int max_batch, max_tokens, max_prefill; /* max_tokens 0: the pool's max_seq_len */
 	bool cuda_graphs;
+	bool batch_invariant;       /* decode rows batch-invariant (BD_BATCH_INVARIANT) */
 	enum bd_kfamily_mode decode_kernel; /* how the decode kernel family is chosen */
 	const char *calib;          /* calibration file (μ_k, τ), or "" */
 };
@@ -91,6 +92,9 @@ struct wd;
 struct wd_backend {
 	const char *name;       /* the pool's backend it runs on: "cpu", "cuda" */
 	const char *collective; /* what joins the ranks, for messages: "all-reduce", ... */
+	/* whether it serves batch_invariant (wd_opts): a decode row's products and reductions in
+	 * an order that does not depend on the batch */
+	bool batch_invariant;
 	/* After the pool attached and the shard (or its shape, with random_weights) loaded: the
 	 * KV memory over the pool's arena and the backend's state. Returns 0 or -errno, logged
 	 * (-ENOTSUP: an option this backend cannot serve). teardown runs either way. */

@@ -55,6 +55,16 @@ int bd_eval_means(const struct bd_eval_acc *acc, double *ret_kl, double *ret_mis
  * undefined); *ret_t only on success. */
 int bd_eval_paired_t(const double *a, const double *b, int n, double *ret_t);
 
+/* Wilson score interval of a binomial proportion (E. B. Wilson, JASA 22 (1927) 209–212): k
+ * successes in n trials, z the normal quantile (1.959964 for 95 %). With p = k/n,
+ *   centre = (p + z²/2n) / (1 + z²/n),  half = z/(1 + z²/n) · √(p(1 − p)/n + z²/4n²),
+ * computed in FP64, [lo, hi] = [centre − half, centre + half] clamped to [0, 1] (exactly 0 at
+ * k = 0 and 1 at k = n); unlike the
+ * normal approximation it stays inside [0, 1] and is not empty at k = 0 or k = n (the task
+ * accuracy of bdfp4 eval-passkey). Returns 0, -EINVAL (NULL, n < 1, k outside 0..n, z not
+ * finite and > 0); *ret_lo and *ret_hi only on success. */
+int bd_eval_wilson(int k, int n, double z, double *ret_lo, double *ret_hi);
+
 #ifdef __cplusplus
 }
 #endif

@@ -125,6 +125,28 @@ int bd_model_decode(const struct bd_model *m, struct bd_seq *s, int32_t token,
 int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 			  const int32_t *tokens, int n, float *ret_logits, int *ret_status);
 
+/* How bd_model_decode_batch_mode computes a batch's weight products. */
+enum bd_batch_mode {
+	/* one matrix–matrix product per weight for all rows (bd_model_decode_batch): the weights
+	 * are read once per step, but OpenBLAS blocks the product by the number of rows, so a
+	 * row's sums, and its last bits, depend on the batch it is in */
+	BD_BATCH_FAST = 0,
+	/* batch-invariant: one matrix–vector product per row and weight, in the order of the
+	 * one-row product, so every row's logits are bit for bit those of bd_model_decode on the
+	 * same sequence, whatever the batch and the row's place in it (every other part of a
+	 * decode step is per row already: norms, RoPE, the row's own decode attention and split-KV
+	 * plan, which depend on its sequence only, and the all-reduce, which adds the ranks in rank
+	 * order per element). Costs reading the weights once per row. */
+	BD_BATCH_INVARIANT = 1,
+};
+
+/* bd_model_decode_batch with the products computed as mode says; BD_BATCH_FAST is
+ * bd_model_decode_batch. Same arguments, results and errors, and -EINVAL for an unknown mode
+ * (nothing runs). */
+int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *seqs,
+			       const int32_t *tokens, int n, float *ret_logits, int *ret_status,
+			       enum bd_batch_mode mode);
+
 /* ---- generation ---------------------------------------------------------------------------- */
 
 struct bd_sampler_params; /* bd_sampler.h */

@@ -136,3 +136,16 @@ int bd_eval_paired_t(const double *a, const double *b, int n, double *ret_t)
 	*ret_t = mean / (sd / sqrt((double)n));
 	return 0;
 }
+
+int bd_eval_wilson(int k, int n, double z, double *ret_lo, double *ret_hi)
+{
+	if (!ret_lo || !ret_hi || n < 1 || k < 0 || k > n || !isfinite(z) || !(z > 0.0))
+		return -EINVAL;
+	double p = (double)k / n, z2n = z * z / n;
+	double centre = (p + z2n / 2.0) / (1.0 + z2n);
+	double half = z / (1.0 + z2n) * sqrt(p * (1.0 - p) / n + z2n / (4.0 * n));
+	/* at k = 0 (k = n) the bound is 0 (1) exactly; the FP64 sum would miss it by an ulp */
+	*ret_lo = k == 0 ? 0.0 : fmax(0.0, centre - half);
+	*ret_hi = k == n ? 1.0 : fmin(1.0, centre + half);
+	return 0;
+}

@@ -54,12 +54,18 @@ int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
 	return 0;
 }
 
-/* y[rows][out] = x[rows][in] · W[out][in]ᵀ (+ bias). */
-static void matmul(const float *x, int rows, int in, const float *W, int out, const float *bias,
-		   float *y)
+/* y[rows][out] = x[rows][in] · W[out][in]ᵀ (+ bias). One row, or per_row: a matrix–vector
+ * product per row, whose sums are in the order of the one-row product whatever rows is (the
+ * batch-invariant decode, bd_model_decode_batch_mode); else one matrix–matrix product, whose
+ * blocking (and so the order of each sum) OpenBLAS chooses from rows. */
+static void matmul_rows(const float *x, int rows, int in, const float *W, int out,
+			const float *bias, bool per_row, float *y)
 {
-	if (rows == 1)
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, x, 1, 0.0f, y, 1);
+	if (rows == 1 || per_row)
+		for (int r = 0; r < rows; r++)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in,
+				    x + (size_t)r * (size_t)in, 1, 0.0f, y + (size_t)r * (size_t)out,
+				    1);
 	else
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W,
 			    in, 0.0f, y, out);
@@ -118,13 +124,13 @@ static int qk_row(const struct bd_model *m, const struct bd_model_layer *ly,
 /* The Q, K and V products (biases added) of rows rows of xn [rows][E] for one layer:
  * q [rows][Hq'·d], k and v [rows][Hkv'·d]. */
 static void qkv(const struct bd_model *m, const struct bd_model_layer *ly, const float *xn,
-		int rows, float *q, float *k, float *v)
+		int rows, bool per_row, float *q, float *k, float *v)
 {
 	int E = m->hp.n_embd, d = m->hp.head_dim;
 	int qd = m->shard.n_heads * d, kd = m->shard.n_kv_heads * d;
-	matmul(xn, rows, E, ly->wq, qd, ly->bq, q);
-	matmul(xn, rows, E, ly->wk, kd, ly->bk, k);
-	matmul(xn, rows, E, ly->wv, kd, ly->bv, v);
+	matmul_rows(xn, rows, E, ly->wq, qd, ly->bq, per_row, q);
+	matmul_rows(xn, rows, E, ly->wk, kd, ly->bk, per_row, k);
+	matmul_rows(xn, rows, E, ly->wv, kd, ly->bv, per_row, v);
 }
 
 /* x += the sum over the ranks of a shard's partial product part [n] (all-reduced in place).
@@ -142,44 +148,44 @@ static int add_reduced(const struct bd_seq *s, float *x, float *part, size_t n)
 /* x += W_down(silu(W_gate xn) · W_up xn) for rows rows; gate, up: [rows][F'] (a shard's
  * columns: the down product is partial until the all-reduce). Returns 0 or its error. */
 static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd_model_layer *ly,
-	       float *x, float *xn, int rows, float *gate, float *up, float *tmp)
+	       float *x, float *xn, int rows, bool per_row, float *gate, float *up, float *tmp)
 {
 	int E = m->hp.n_embd, F = m->shard.n_ff;
 	size_t n = (size_t)rows * (size_t)E;
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, ly->ffn_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul(xn, rows, E, ly->w_gate, F, NULL, gate);
-	matmul(xn, rows, E, ly->w_up, F, NULL, up);
+	matmul_rows(xn, rows, E, ly->w_gate, F, NULL, per_row, gate);
+	matmul_rows(xn, rows, E, ly->w_up, F, NULL, per_row, up);
 	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
 		gate[i] = silu(gate[i]) * up[i];
-	matmul(gate, rows, F, ly->w_down, E, NULL, tmp);
+	matmul_rows(gate, rows, F, ly->w_down, E, NULL, per_row, tmp);
 	return add_reduced(s, x, tmp, n);
 }
 
 /* The rest of a layer after attention: x += W_o o (all-reduced), then the MLP; o [rows][Hq'·d],
  * gate, up [rows][F'] and tmp [rows][E] scratch. Returns 0 or the all-reduce's error. */
 static int attn_out_mlp(const struct bd_model *m, const struct bd_seq *s,
-			const struct bd_model_layer *ly, const float *o, int rows, float *x,
-			float *xn, float *gate, float *up, float *tmp)
+			const struct bd_model_layer *ly, const float *o, int rows, bool per_row,
+			float *x, float *xn, float *gate, float *up, float *tmp)
 {
 	int E = m->hp.n_embd, qd = m->shard.n_heads * m->hp.head_dim;
 	size_t n = (size_t)rows * (size_t)E;
-	matmul(o, rows, qd, ly->wo, E, NULL, tmp);
+	matmul_rows(o, rows, qd, ly->wo, E, NULL, per_row, tmp);
 	int r = add_reduced(s, x, tmp, n);
-	return r < 0 ? r : mlp(m, s, ly, x, xn, rows, gate, up, tmp);
+	return r < 0 ? r : mlp(m, s, ly, x, xn, rows, per_row, gate, up, tmp);
 }
 
 /* Final norm and LM head of rows hidden rows x [rows][E] (xn: scratch of the same size):
  * ret_logits [rows][V]. */
-static void lm_head(const struct bd_model *m, const float *x, int rows, float *xn,
+static void lm_head(const struct bd_model *m, const float *x, int rows, bool per_row, float *xn,
 		    float *ret_logits)
 {
 	int E = m->hp.n_embd;
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, m->output_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul(xn, rows, E, m->output, m->hp.n_vocab, NULL, ret_logits);
+	matmul_rows(xn, rows, E, m->output, m->hp.n_vocab, NULL, per_row, ret_logits);
 }
 
 static float bf16_round(float x)
@@ -326,7 +332,7 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 		float *kl = kall + (size_t)l * N * kd, *vl = vall + (size_t)l * N * kd;
 		for (size_t i = 0; i < N; i++)
 			bd_rmsnorm(x + i * E, ly->attn_norm, (int)E, hp->norm_eps, xn + i * E);
-		qkv(m, ly, xn, n, q, kl, vl);
+		qkv(m, ly, xn, n, false, q, kl, vl);
 		for (size_t i = 0; i < N; i++)
 			if ((r = qk_row(m, ly, seqs, n_seqs, p + (int)i, q + i * qd, kl + i * kd,
 					vl + i * kd)) < 0)
@@ -347,7 +353,7 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 		}
 		prefill_attention(m, q, kr, vr, n, p, S, o);
 		/* all-reduce failures leave the caches unwritten: the sequences stay as they were */
-		if ((r = attn_out_mlp(m, s, ly, o, n, x, xn, gate, up, tmp)) < 0)
+		if ((r = attn_out_mlp(m, s, ly, o, n, false, x, xn, gate, up, tmp)) < 0)
 			goto out;
 	}
 	for (size_t i = 0; i < N * E; i++) {
@@ -367,7 +373,7 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 			r = ri;
 	}
 	if (r == 0 && ret_logits)
-		lm_head(m, x + (N - 1) * E, 1, xn, ret_logits);
+		lm_head(m, x + (N - 1) * E, 1, false, xn, ret_logits);
 out:
 	free(x);
 	free(xn);
@@ -432,7 +438,16 @@ static int decode_refusal(const struct bd_model *m, const struct bd_seq *s, int3
 int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 			  const int32_t *tokens, int n, float *ret_logits, int *ret_status)
 {
-	if (!m || !seqs || !tokens || !ret_status || n < 1 || (ret_logits && !m->output))
+	return bd_model_decode_batch_mode(m, seqs, tokens, n, ret_logits, ret_status,
+					  BD_BATCH_FAST);
+}
+
+int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *seqs,
+			       const int32_t *tokens, int n, float *ret_logits, int *ret_status,
+			       enum bd_batch_mode mode)
+{
+	bool per_row = mode == BD_BATCH_INVARIANT;
+	if ((mode != BD_BATCH_FAST && mode != BD_BATCH_INVARIANT) || !m || !seqs || !tokens || !ret_status || n < 1 || (ret_logits && !m->output))
 		return -EINVAL;
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < i; j++)
@@ -490,7 +505,7 @@ int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 		const struct bd_model_layer *ly = &m->layers[l];
 		for (size_t b = 0; b < NB; b++)
 			bd_rmsnorm(x + b * E, ly->attn_norm, (int)E, hp->norm_eps, xn + b * E);
-		qkv(m, ly, xn, nb, q, k, v);
+		qkv(m, ly, xn, nb, per_row, q, k, v);
 		for (size_t b = 0; b < NB; b++) {
 			struct bd_seq *s = seqs[idx[b]];
 			int pos = s->n_tokens, rc;
@@ -519,7 +534,7 @@ int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 				for (size_t i = 0; i < qd; i++)
 					ob[i] = NAN;
 		}
-		if ((r = attn_out_mlp(m, s0, ly, o, nb, x, xn, gate, up, att)) < 0)
+		if ((r = attn_out_mlp(m, s0, ly, o, nb, per_row, x, xn, gate, up, att)) < 0)
 			goto fail_all;
 	}
 	/* a token that completes a page promotes it, row by row in order (the order in which a
@@ -539,9 +554,9 @@ int bd_model_decode_batch(const struct bd_model *m, struct bd_seq *const *seqs,
 	if (ret_logits) {
 		if (nb == 1) {
 			if (ret_status[idx[0]] == 0)
-				lm_head(m, x, 1, xn, ret_logits + (size_t)idx[0] * V);
+				lm_head(m, x, 1, per_row, xn, ret_logits + (size_t)idx[0] * V);
 		} else {
-			lm_head(m, x, nb, xn, lg);
+			lm_head(m, x, nb, per_row, xn, lg);
 			for (size_t b = 0; b < NB; b++)
 				if (ret_status[idx[b]] == 0)
 					memcpy(ret_logits + (size_t)idx[b] * V, lg + b * V,

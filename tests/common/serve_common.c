@@ -287,11 +287,18 @@ void sv_start_router(struct sv_env *e, const char *const *extra)
 
 void sv_start_worker(struct sv_env *e, int rank)
 {
-	char r[8], name[16];
-	const char *argv[] = { "--no-config", "--rank", r, "--tp", "2", "--model", e->model,
-			       "--pool-socket", e->pool_sock, "--router", e->workers_ep,
-			       "--allreduce-dir", e->dir, "--threads", "1", NULL };
+	sv_start_worker_args(e, rank, NULL);
+}
 
+void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra)
+{
+	char r[8], name[16];
+	const char *argv[SV_MAX_ARGS + 1] = { "--no-config", "--rank", r, "--tp", "2", "--model",
+					      e->model, "--pool-socket", e->pool_sock, "--router",
+					      e->workers_ep, "--allreduce-dir", e->dir, "--threads",
+					      "1" };
+
+	add_args(argv, extra);
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(name, sizeof(name), "workerd-%d", rank);
 	start_and_wait(e, &e->worker[rank], name, argv);

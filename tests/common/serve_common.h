@@ -52,6 +52,8 @@ void sv_start_pool(struct sv_env *e, const char *const *extra);
 void sv_start_router(struct sv_env *e, const char *const *extra);
 /* workerd of rank r (tp 2), waits for READY. */
 void sv_start_worker(struct sv_env *e, int rank);
+/* The same with extra flags (NULL: none). */
+void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra);
 
 /* Sends sig and waits up to timeout_ms for the exit: the exit status, 128 + signal when
  * killed by one, -1 if it had to be SIGKILLed. The daemon's pid is cleared. */

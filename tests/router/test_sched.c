@@ -737,6 +737,48 @@ Test(sched, chunks_share_the_budget_and_a_cancel_between_chunks_frees_the_prompt
 	cr_expect_eq(pages_free(), 16);
 }
 
+/* The same two prompts with batch_invariant: b's chunks are 384 tokens as when it runs alone,
+ * so it waits (queued) while a's chunks leave less of the budget, and comes in two chunks, 384
+ * and 316, once a decodes. */
+Test(sched, batch_invariant_chunks_do_not_depend_on_the_other_prompts)
+{
+	const Bdfp4__StepPlan *p;
+	struct bd_req *a, *b;
+
+	setup(8, 8, 512, 16, 8);
+	S.cfg.max_prefill_chunk = 384;
+	S.cfg.batch_invariant = true;
+	a = submit(1, 1000, 2, false);
+	b = submit(2, 700, 2, false);
+	p = step();
+	cr_assert_eq(p->n_rows, 1, "b's 384-token chunk does not fit beside a's");
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 1);
+	cr_expect_eq(row_of(p, a->id)->position, 384);
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 1, "a's last 232 tokens leave 280: still not b's 384");
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 232);
+	answer(p);
+	p = step();
+	cr_assert_eq(p->n_rows, 2, "a decodes, b's first chunk");
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 1);
+	cr_expect_eq(row_of(p, b->id)->position, 0);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 384);
+	answer(p);
+	p = step();
+	cr_expect_eq(row_of(p, b->id)->position, 384);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 316);
+	answer(p);
+	run_to_idle(40);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(pages_free(), 16);
+}
+
 Test(sched, streamed_requests_get_a_chunk_per_token)
 {
 	setup(4, 8, 8192, 16, 8);

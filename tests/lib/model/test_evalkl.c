@@ -147,3 +147,36 @@ Test(eval, bad_inputs_leave_outputs)
 	cr_assert_eq(bd_eval_paired_t(NULL, y, 2, &t), -EINVAL);
 	cr_assert(t == 42.0);
 }
+
+/* Wilson 95 % intervals as binomial tables give them (7/10: 0.3968–0.8922; 0/10 and 10/10: the
+ * one-sided 0.2775 bound), and 50/100: 0.4038–0.5962, symmetric about 1/2. */
+Test(eval, wilson_by_table)
+{
+	double lo, hi;
+
+	cr_assert_eq(bd_eval_wilson(7, 10, 1.959964, &lo, &hi), 0);
+	cr_assert_float_eq(lo, 0.3968, 1e-4);
+	cr_assert_float_eq(hi, 0.8922, 1e-4);
+	cr_assert_eq(bd_eval_wilson(0, 10, 1.959964, &lo, &hi), 0);
+	cr_assert_eq(lo, 0.0);
+	cr_assert_float_eq(hi, 0.2775, 1e-4);
+	cr_assert_eq(bd_eval_wilson(10, 10, 1.959964, &lo, &hi), 0);
+	cr_assert_float_eq(lo, 0.7225, 1e-4);
+	cr_assert_eq(hi, 1.0);
+	cr_assert_eq(bd_eval_wilson(50, 100, 1.959964, &lo, &hi), 0);
+	cr_assert_float_eq(lo + hi, 1.0, 1e-12);
+	cr_assert_float_eq(hi - lo, 2 * 0.0962, 2e-4);
+}
+
+Test(eval, wilson_bad_inputs_leave_outputs)
+{
+	double lo = 7.0, hi = 8.0;
+
+	cr_assert_eq(bd_eval_wilson(1, 0, 1.96, &lo, &hi), -EINVAL);
+	cr_assert_eq(bd_eval_wilson(-1, 10, 1.96, &lo, &hi), -EINVAL);
+	cr_assert_eq(bd_eval_wilson(11, 10, 1.96, &lo, &hi), -EINVAL);
+	cr_assert_eq(bd_eval_wilson(1, 10, 0.0, &lo, &hi), -EINVAL);
+	cr_assert_eq(bd_eval_wilson(1, 10, NAN, &lo, &hi), -EINVAL);
+	cr_assert_eq(bd_eval_wilson(1, 10, 1.96, NULL, &hi), -EINVAL);
+	cr_assert(lo == 7.0 && hi == 8.0);
+}

@@ -612,6 +612,70 @@ Test(tp, decode_batch_matches_row_by_row)
 	bd_model_free(m);
 }
 
+/* BD_BATCH_INVARIANT: the same three sequences as above, decoded as a batch of 3, then of 2
+ * (rows 2 and 0, reversed) and of 1 in turn, give bit for bit the logits of bd_model_decode on
+ * twins of them, step after step (pages promoted on the way); BD_BATCH_FAST on the same
+ * batches is counted for the log (its sums are blocked by the batch). An unknown mode runs
+ * nothing. */
+Test(tp, decode_batch_invariant_is_bitwise_row_by_row)
+{
+	struct bd_model *m = tiny_model(BD_ARCH_QWEN3);
+	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
+	const int V = 37, lens[3] = { 120, 5, 126 }, steps = 12;
+	struct bd_seq *a[3], *b[3], *f[3];
+	float la[3 * 37], lf[3 * 37], lb[37];
+	int32_t prompt[126], tok[3];
+	int st[3], fast_diff = 0;
+	for (int i = 0; i < 126; i++)
+		prompt[i] = (i * 11 + 4) % V;
+	for (int i = 0; i < 3; i++) {
+		struct bd_seq_opts o = { .max_tokens = lens[i] + steps };
+		cr_assert_eq(bd_seq_new(m, cfg, &o, &a[i], NULL), 0);
+		cr_assert_eq(bd_seq_new(m, cfg, &o, &b[i], NULL), 0);
+		cr_assert_eq(bd_seq_new(m, cfg, &o, &f[i], NULL), 0);
+		cr_assert_eq(bd_model_prefill(m, a[i], prompt, lens[i], NULL), 0);
+		cr_assert_eq(bd_model_prefill(m, b[i], prompt, lens[i], NULL), 0);
+		cr_assert_eq(bd_model_prefill(m, f[i], prompt, lens[i], NULL), 0);
+	}
+	for (int t = 0; t < steps; t++) {
+		/* the batch of step t: rows {0,1,2}, then {2,0}, then {1} */
+		static const int rows[3][3] = { { 0, 1, 2 }, { 2, 0, -1 }, { 1, -1, -1 } };
+		const int *sel = rows[t % 3];
+		int n = t % 3 == 0 ? 3 : t % 3 == 1 ? 2 : 1;
+		struct bd_seq *ba[3], *bf[3];
+		for (int j = 0; j < n; j++) {
+			ba[j] = a[sel[j]];
+			bf[j] = f[sel[j]];
+			tok[j] = (t * 7 + sel[j] * 3 + 1) % V;
+		}
+		cr_assert_eq(bd_model_decode_batch_mode(m, ba, tok, n, la, st, BD_BATCH_INVARIANT),
+			     0);
+		cr_assert_eq(bd_model_decode_batch_mode(m, bf, tok, n, lf, st, BD_BATCH_FAST), 0);
+		for (int j = 0; j < n; j++) {
+			cr_assert_eq(st[j], 0);
+			cr_assert_eq(bd_model_decode(m, b[sel[j]], tok[j], lb), 0);
+			cr_assert_eq(memcmp(la + (size_t)j * V, lb, sizeof(lb)), 0,
+				     "step %d, row %d in a batch of %d: not bitwise", t, sel[j], n);
+			fast_diff += memcmp(lf + (size_t)j * V, lb, sizeof(lb)) != 0;
+		}
+	}
+	/* (once a fast row differs, its cache does, so every later step of it differs too) */
+	fprintf(stderr, "[tp] batch-invariant decode: bitwise; the fast batches' rows differed from "
+			"row by row in %d of 24 rows\n", fast_diff);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(bd_seq_n_tokens(a[i]), bd_seq_n_tokens(b[i]));
+	int n0 = bd_seq_n_tokens(a[0]);
+	cr_assert_eq(bd_model_decode_batch_mode(m, a, tok, 1, la, st, (enum bd_batch_mode)2),
+		     -EINVAL);
+	cr_assert_eq(bd_seq_n_tokens(a[0]), n0);
+	for (int i = 0; i < 3; i++) {
+		bd_seq_free(a[i]);
+		bd_seq_free(b[i]);
+		bd_seq_free(f[i]);
+	}
+	bd_model_free(m);
+}
+
 /* TP = 2 with batches: two sequences decoded together on both ranks (one all-reduce per
  * product for both rows), rank 0's logits against single-process row-by-row decoding. */
 struct batch_job {
