@@ -44,7 +44,7 @@
 struct wd_opts {
 	int rank, tp, threads, ar_timeout_ms;
 	const char *model, *pool_socket, *router, *ar_dir;
-	bool verbose;
+	int verbose;                /* 0 or 1: log every step */
 	/* the cuda backend */
 	int device;                 /* -1: the pool's device of this rank */
 	const char *weights;        /* "bf16" or "f32" */
@@ -117,6 +117,17 @@ struct wd_backend {
 	/* The timing since the last report logged (SIGUSR1, exit) and started over. */
 	void (*report)(struct wd *w);
 };
+
+/* The table of the backend whose operations are named PREFIX_setup, PREFIX_teardown, ... in
+ * its file: each backend fills every operation, under one naming rule. */
+#define WD_BACKEND(prefix, name_, collective_)                                                 \
+	{                                                                                       \
+		.name = name_, .collective = collective_, .setup = prefix##_setup,              \
+		.teardown = prefix##_teardown, .register_fill = prefix##_register_fill,         \
+		.join = prefix##_join, .leave = prefix##_leave, .health = prefix##_health,      \
+		.release = prefix##_release, .run_rows = prefix##_run_rows,                     \
+		.note_plan = prefix##_note_plan, .report = prefix##_report,                     \
+	}
 
 extern const struct wd_backend wd_backend_cpu; /* cpu.c */
 #ifdef BD_WORKERD_CUDA
