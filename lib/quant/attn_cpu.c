@@ -458,32 +458,20 @@ static int decode_group(const struct job *j, struct scratch *w, const float *q, 
 	return 0;
 }
 
-/* The reference decoder's checks of a GQA call (attn_ref.c ctx_init), and the constants. */
+/* The reference decoder's checks of a GQA call (bd_decode_check), d a multiple of 32, and the
+ * constants. */
 static int job_init(struct job *j, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 		    const struct bd_kv_view *kv, int G)
 {
 	const struct bd_layout *lay;
 	int n_full, r;
 
-	if (!cfg || !dp || !kv || !kv->lay || !kv->slot || G < 1)
+	if (G < 1 || bd_decode_check(cfg, dp, kv, false) < 0)
 		return -EINVAL;
 	lay = kv->lay;
-	if (lay->fmt != cfg->page_fmt || lay->d <= 0 || lay->d > BD_FWHT_MAX || lay->d_rope != 0 ||
-	    lay->dv != lay->d || lay->d % 32 != 0)
-		return -EINVAL;
-	if (kv->n_tokens < 1 || kv->layer < 0 || kv->layer >= lay->n_layers || kv->kv_head < 0 ||
-	    kv->kv_head >= lay->n_kv_heads)
-		return -EINVAL;
-	int pblock = cfg->p_quant == BD_P_MXFP4 ? BD_MXFP4_BLOCK : BD_NVFP4_BLOCK;
-	if (dp->n_splits < 1 || dp->tile_keys <= 0 || dp->tile_keys % pblock != 0 ||
-	    BD_PAGE_TOKENS % dp->tile_keys != 0)
-		return -EINVAL;
-	if (!isfinite(dp->c) || !(dp->c > 0.0f) || !isfinite(dp->tau) || !(dp->tau >= 0.0f) ||
-	    !isfinite(dp->softmax_scale))
+	if (lay->d % 32 != 0)
 		return -EINVAL;
 	bool fp4q = lay->fmt == BD_PAGE_NVFP4 || lay->fmt == BD_PAGE_MXFP4;
-	if (fp4q && cfg->query_terms != 1 && cfg->query_terms != 2)
-		return -EINVAL;
 	if ((r = bd_kv_view_full_pages(kv, &n_full)) < 0)
 		return r;
 

@@ -108,8 +108,7 @@ int bd_kv_view_full_pages(const struct bd_kv_view *kv, int *ret_n_full)
 	return 0;
 }
 
-/* Checks shared by GQA and MLA, and the derived constants. */
-static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+int bd_decode_check(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 		    const struct bd_kv_view *kv, bool mla)
 {
 	const struct bd_layout *lay;
@@ -132,10 +131,21 @@ static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_
 	if (!isfinite(dp->c) || !(dp->c > 0.0f) || !isfinite(dp->tau) || !(dp->tau >= 0.0f) ||
 	    !isfinite(dp->softmax_scale) || (mla && dp->softmax_scale == 0.0f))
 		return -EINVAL;
-
-	bool fp4q = is_fp4_page(cfg->page_fmt);
-	if (fp4q && cfg->query_terms != 1 && cfg->query_terms != 2)
+	if (is_fp4_page(cfg->page_fmt) && cfg->query_terms != 1 && cfg->query_terms != 2)
 		return -EINVAL;
+	return 0;
+}
+
+/* Checks shared by GQA and MLA, and the derived constants. */
+static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+		    const struct bd_kv_view *kv, bool mla)
+{
+	const struct bd_layout *lay;
+
+	if (bd_decode_check(cfg, dp, kv, mla) < 0)
+		return -EINVAL;
+	lay = kv->lay;
+	bool fp4q = is_fp4_page(cfg->page_fmt);
 
 	int n_full, r = bd_kv_view_full_pages(kv, &n_full);
 	if (r < 0)

@@ -86,6 +86,15 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		      const struct bd_kv_view *kv, const float *q_c, const float *q_r, int H,
 		      const float *mu, float *ret_o, float *ret_lse, struct bd_decode_stats *stats);
 
+/* The checks of a decode call both CPU decoders make (GQA; with mla, MLA): cfg, dp, kv and its
+ * layout and slot given; the layout of cfg's page format with 0 < d ≤ BD_FWHT_MAX, GQA
+ * (d_rope 0, dv = d) or MLA (d_rope > 0, dv = d_rope, KV head 0); 1 ≤ n_tokens, layer and
+ * kv_head inside the layout; n_splits ≥ 1; tile_keys a positive multiple of the P block that
+ * divides 128; c finite and > 0, tau finite and ≥ 0, softmax_scale finite (nonzero for MLA);
+ * 1 or 2 query terms on FP4 pages. Returns 0 or -EINVAL. */
+int bd_decode_check(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+		    const struct bd_kv_view *kv, bool mla);
+
 /* The FP4 page tiles of split s (0 ≤ s < n_splits) of a context with n_tiles full tiles:
  * [*ret_begin, *ret_end), ceil(n_tiles / n_splits) tiles per split (at least 1), so the last
  * splits are shorter or empty (NUMERICS.md §6, split-KV). Computed in 64 bits: n_tiles +
