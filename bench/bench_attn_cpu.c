@@ -95,10 +95,7 @@ static int kv_build(struct kvdata *x, const struct bd_kvcfg *cfg, int n, uint64_
 					  x->bt[pos / BD_PAGE_TOKENS])) < 0)
 			return rc;
 	}
-	for (int i = 0; i < L * HKV * G * D; i++)
-		x->q[i] = 1.5f * tg_gauss(&r);
-	for (int hq = 0; hq < L * HKV * G; hq++)
-		x->q[hq * D + (int)(tg_next(&r) % D)] *= 6.0f;
+	tg_fill_queries(&r, x->q, (size_t)L * HKV * G, D);
 	return 0;
 }
 

@@ -87,10 +87,10 @@ fail() {
 
 alive() { kill -0 "$1" 2>/dev/null; }
 
-# Sends SIGTERM and waits up to 30 s; fails unless the exit status is 0.
-stop() {
+# Waits up to 30 s for child $2 (named $1 in messages), sent SIGTERM, to end; fails unless its
+# exit status is 0.
+reap() {
 	name=$1 pid=$2
-	kill -TERM "$pid" 2>/dev/null || fail "$name (pid $pid) was already gone"
 	i=0
 	while alive "$pid" && [ $i -lt 300 ]; do
 		sleep 0.1
@@ -101,6 +101,12 @@ stop() {
 	rc=$?
 	[ $rc -eq 0 ] || fail "$name exited with status $rc after SIGTERM"
 	say "$name stopped (exit 0)"
+}
+
+# Sends SIGTERM and waits up to 30 s; fails unless the exit status is 0.
+stop() {
+	kill -TERM "$2" 2>/dev/null || fail "$1 (pid $2) was already gone"
+	reap "$1" "$2"
 }
 
 [ -n "$PRESET" ] || [ -r "$MODEL" ] || fail "no model at $MODEL (make model)"
@@ -251,16 +257,7 @@ stop_worker() {
 	r=$1 spid=$2
 	# it may have gone on its own already: the router's Shutdown ends it with exit 0
 	kill -TERM "$(cat "$RT/workerd-$r.pid")" 2>/dev/null
-	i=0
-	while alive "$spid" && [ $i -lt 300 ]; do
-		sleep 0.1
-		i=$((i + 1))
-	done
-	alive "$spid" && fail "workerd rank $r did not stop within 30 s of SIGTERM"
-	wait "$spid"
-	rc=$?
-	[ $rc -eq 0 ] || fail "workerd rank $r exited with status $rc after SIGTERM"
-	say "workerd rank $r stopped (exit 0)"
+	reap "workerd rank $r" "$spid"
 }
 
 say "stopping (SIGTERM)"

@@ -327,6 +327,16 @@ struct bd_kvpool_mem_ops {
 	void (*arena_destroy)(struct bd_kvpool_arena *a);
 };
 
+/* The table of the backend whose operations are named PREFIX_supported, PREFIX_device_memory,
+ * ... in its file (mem_cpu.c, mem_cuda.c). */
+#define BD_KVPOOL_MEM_OPS(prefix, name_)                                                       \
+	{                                                                                       \
+		.name = name_, .supported = prefix##_supported,                                 \
+		.device_memory = prefix##_device_memory, .granularity = prefix##_granularity,   \
+		.arena_create = prefix##_arena_create, .arena_adopt = prefix##_arena_adopt,     \
+		.arena_destroy = prefix##_arena_destroy,                                        \
+	}
+
 extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu;
 
 /* ---- scrubbing (scrub.c): freed pages and slots zeroed in kvpoold --------------------------- */

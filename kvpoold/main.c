@@ -47,9 +47,25 @@
 #define SECTION "pool"
 #define REPLAY_CLIENTS 64 /* clients whose last call is kept for repeats (handler.c) */
 
+struct opts {
+	const char *socket, *endpoint, *backend, *kv_config;
+	gid_t group;
+	int tp, layers, kv_heads, heads_per_rank, head_dim, d_rope;
+	uint32_t max_seq_len;
+	size_t slots, pages, max_requests, max_frame, max_clients;
+	uint64_t memory_bytes, chunk_bytes;
+	double fraction;
+	int status_ms, attach_ms, stats_top;
+	mode_t socket_mode;
+	struct bd_kvpool_quota quota;
+	bool scrub;
+};
+
+#define OPT(t, field, lo, hi) BD_CONFIG_FIELD(t, struct opts, field, lo, hi)
+#define TEXT(field) BD_CONFIG_TEXT(struct opts, field)
 static const struct bd_config_key keys[] = {
-	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)" },
-	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)" },
+	{ "socket", BD_POOL_DEFAULT_SOCKET, "attach socket (Unix, mode 0660)", TEXT(socket) },
+	{ "endpoint", BD_POOL_DEFAULT_ENDPOINT, "allocation endpoint (ZeroMQ REP)", TEXT(endpoint) },
 	{ "curve_secret_key", "",
 	  "kvpoold's CURVE secret key file (bdfp4 keygen; mode 0600): with curve_clients the "
 	  "allocation endpoint speaks CURVE" },
@@ -61,38 +77,55 @@ static const struct bd_config_key keys[] = {
 	{ "group", "", "group allowed to attach (name or gid; empty: root and our uid)" },
 	{ "socket_mode", "0660",
 	  "file mode of the attach socket and of an ipc:// allocation endpoint, set after bind "
-	  "whatever the umask" },
-	{ "backend", "cpu", "memory backend: cpu (memfd) or cuda (VMM, one GPU per rank)" },
-	{ "tp", "2", "tensor-parallel ranks, one arena each" },
-	{ "kv_config", "bitdecoding-nvfp4", "KV configuration (NUMERICS.md 9): page format" },
-	{ "layers", "30", "model layers" },
-	{ "kv_heads", "3", "model KV heads (all ranks)" },
-	{ "kv_heads_per_rank", "0", "KV heads in one rank's pages (0: ceil(kv_heads / tp))" },
-	{ "head_dim", "64", "head dim d (latent d_c for MLA)" },
-	{ "d_rope", "0", "MLA positional dim (0: GQA)" },
-	{ "max_seq_len", "8192", "tokens of the longest request; the pool must hold one" },
-	{ "slots", "16", "BF16 slots (running requests)" },
-	{ "memory_bytes", "512M", "arena budget per device (K/M/G suffixes); 0: use the fraction" },
-	{ "gpu_memory_fraction", "0", "budget as a fraction of device memory (cpu: of RAM / tp)" },
-	{ "pages", "0", "fixed page count (0: as many as the budget holds)" },
-	{ "chunk_bytes", "1G", "largest arena chunk (one fd each)" },
-	{ "max_requests", "4096", "request records" },
+	  "whatever the umask", OPT(INT, socket_mode, 0, 0777) },
+	{ "backend", "cpu", "memory backend: cpu (memfd) or cuda (VMM, one GPU per rank)",
+	  TEXT(backend) },
+	{ "tp", "2", "tensor-parallel ranks, one arena each", OPT(INT, tp, 1, 64) },
+	{ "kv_config", "bitdecoding-nvfp4", "KV configuration (NUMERICS.md 9): page format",
+	  TEXT(kv_config) },
+	{ "layers", "30", "model layers", OPT(INT, layers, 1, 4096) },
+	{ "kv_heads", "3", "model KV heads (all ranks)", OPT(INT, kv_heads, 1, 4096) },
+	{ "kv_heads_per_rank", "0", "KV heads in one rank's pages (0: ceil(kv_heads / tp))",
+	  OPT(INT, heads_per_rank, 0, 4096) },
+	{ "head_dim", "64", "head dim d (latent d_c for MLA)", OPT(INT, head_dim, 32, 1024) },
+	{ "d_rope", "0", "MLA positional dim (0: GQA)", OPT(INT, d_rope, 0, 1024) },
+	{ "max_seq_len", "8192", "tokens of the longest request; the pool must hold one",
+	  OPT(INT, max_seq_len, 1, 1 << 30) },
+	{ "slots", "16", "BF16 slots (running requests)", OPT(INT, slots, 1, 1 << 20) },
+	{ "memory_bytes", "512M", "arena budget per device (K/M/G suffixes); 0: use the fraction",
+	  OPT(BYTES, memory_bytes, 0, UINT64_MAX / 2) },
+	{ "gpu_memory_fraction", "0", "budget as a fraction of device memory (cpu: of RAM / tp)",
+	  OPT(DOUBLE, fraction, 0, 1) },
+	{ "pages", "0", "fixed page count (0: as many as the budget holds)",
+	  OPT(INT, pages, 0, INT32_MAX) },
+	{ "chunk_bytes", "1G", "largest arena chunk (one fd each)",
+	  OPT(BYTES, chunk_bytes, 0, UINT64_MAX / 2) },
+	{ "max_requests", "4096", "request records", OPT(INT, max_requests, 1, 1 << 24) },
 	{ "max_frame_bytes", "65536",
 	  "largest allocation frame (at most 16M); a larger one gets an OVERSIZE error reply, "
-	  "but one over 16M (16777216 bytes) gets none: its connection is closed" },
-	{ "max_clients", "64", "attach connections" },
-	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
-	{ "attach_timeout_ms", "5000", "time a new connection has to send its attach request" },
-	{ "stats_top", "8", "largest holders in stats" },
+	  "but one over 16M (16777216 bytes) gets none: its connection is closed",
+	  OPT(INT, max_frame, 64, BD_POOL_FRAME_HARD_MAX) },
+	{ "max_clients", "64", "attach connections", OPT(INT, max_clients, 1, 4096) },
+	{ "status_interval_ms", "1000", "sd_notify STATUS period",
+	  OPT(INT, status_ms, 10, 3600000) },
+	{ "attach_timeout_ms", "5000", "time a new connection has to send its attach request",
+	  OPT(INT, attach_ms, 10, 3600000) },
+	{ "stats_top", "8", "largest holders in stats", OPT(INT, stats_top, 0, 64) },
 	{ "owner_max_pages", "0",
-	  "page references one owner (router) may hold at once; 0: no limit beyond the pool's" },
-	{ "owner_max_slots", "0", "BF16 slots one owner may hold at once; 0: no limit" },
-	{ "owner_max_requests", "0", "request records one owner may hold at once; 0: no limit" },
+	  "page references one owner (router) may hold at once; 0: no limit beyond the pool's",
+	  OPT(INT, quota.pages, 0, INT32_MAX) },
+	{ "owner_max_slots", "0", "BF16 slots one owner may hold at once; 0: no limit",
+	  OPT(INT, quota.slots, 0, INT32_MAX) },
+	{ "owner_max_requests", "0", "request records one owner may hold at once; 0: no limit",
+	  OPT(INT, quota.requests, 0, 1 << 24) },
 	{ "scrub", "true",
 	  "zero a page's and a slot's bytes when they are freed, before another request gets "
-	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)" },
+	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)", true,
+	  OPT(BOOL, scrub, 0, 1) },
 	{ NULL, NULL, NULL },
 };
+#undef OPT
+#undef TEXT
 
 struct client {
 	int fd;
@@ -104,19 +137,6 @@ struct client {
 	int64_t deadline_ms; /* for the attach request */
 };
 
-struct opts {
-	const char *socket, *endpoint, *backend, *kv_config;
-	gid_t group;
-	mode_t socket_mode;
-	int tp, layers, kv_heads, heads_per_rank, head_dim, d_rope;
-	uint32_t max_seq_len;
-	size_t slots, pages, max_requests, max_frame, max_clients;
-	uint64_t memory_bytes, chunk_bytes;
-	double fraction;
-	int status_ms, attach_ms, stats_top;
-	struct bd_kvpool_quota quota;
-	bool scrub;
-};
 
 struct ctx {
 	struct bd_daemon d;
@@ -187,46 +207,13 @@ static int read_opts(struct ctx *c)
 {
 	struct opts *o = &c->o;
 	const struct bd_daemon *d = &c->d;
-	int64_t v;
-	o->socket = bd_daemon_get_str(d, "socket");
-	o->endpoint = bd_daemon_get_str(d, "endpoint");
-	o->backend = bd_daemon_get_str(d, "backend");
-	o->kv_config = bd_daemon_get_str(d, "kv_config");
+
+	if (bd_daemon_read_opts(d, o) < 0)
+		return -EINVAL;
 	if (resolve_group(bd_daemon_get_str(d, "group"), &o->group) < 0) {
 		bd_log_err("group '%s' does not exist", bd_daemon_get_str(d, "group"));
 		return -EINVAL;
 	}
-#define INT(key, min, max, dst)                                                  \
-	do {                                                                     \
-		if (bd_daemon_get_i64(d, key, min, max, &v) < 0)                 \
-			return -EINVAL;                                          \
-		dst = v;                                                         \
-	} while (0)
-	INT("tp", 1, 64, o->tp);
-	INT("layers", 1, 4096, o->layers);
-	INT("kv_heads", 1, 4096, o->kv_heads);
-	INT("kv_heads_per_rank", 0, 4096, o->heads_per_rank);
-	INT("head_dim", 32, 1024, o->head_dim);
-	INT("d_rope", 0, 1024, o->d_rope);
-	INT("max_seq_len", 1, 1 << 30, o->max_seq_len);
-	INT("slots", 1, 1 << 20, o->slots);
-	INT("pages", 0, INT32_MAX, o->pages);
-	INT("max_requests", 1, 1 << 24, o->max_requests);
-	INT("max_frame_bytes", 64, BD_POOL_FRAME_HARD_MAX, o->max_frame);
-	INT("max_clients", 1, 4096, o->max_clients);
-	INT("status_interval_ms", 10, 3600000, o->status_ms);
-	INT("attach_timeout_ms", 10, 3600000, o->attach_ms);
-	INT("stats_top", 0, 64, o->stats_top);
-	INT("socket_mode", 0, 0777, o->socket_mode);
-	INT("owner_max_pages", 0, INT32_MAX, o->quota.pages);
-	INT("owner_max_slots", 0, INT32_MAX, o->quota.slots);
-	INT("owner_max_requests", 0, 1 << 24, o->quota.requests);
-#undef INT
-	if (bd_daemon_get_bytes(d, "memory_bytes", 0, UINT64_MAX / 2, &o->memory_bytes) < 0 ||
-	    bd_daemon_get_bytes(d, "chunk_bytes", 0, UINT64_MAX / 2, &o->chunk_bytes) < 0 ||
-	    bd_daemon_get_double(d, "gpu_memory_fraction", 0, 1, &o->fraction) < 0 ||
-	    bd_daemon_get_bool(d, "scrub", &o->scrub) < 0)
-		return -EINVAL;
 	if (o->chunk_bytes == 0) {
 		bd_log_err("chunk_bytes must be positive");
 		return -EINVAL;
@@ -1185,11 +1172,23 @@ static int run(struct ctx *c)
 	return 0;
 }
 
+/* Undoes setup_memory: the ranks' arenas and devices, the allocator and the replay cache. */
+static void teardown_memory(struct ctx *c)
+{
+	for (int r = 0; r < c->n_arenas; r++)
+		c->mem->arena_destroy(&c->arenas[r]);
+	free(c->arenas);
+	free(c->devices);
+	bd_kvpool_alloc_free(c->alloc);
+	bd_kvpool_replay_free(c->replay);
+}
+
 static void cleanup(struct ctx *c)
 {
 	for (size_t i = 0; i < c->n_clients; i++)
 		close(c->clients[i].fd);
 	free(c->clients);
+	free(c->attachments);
 	if (c->listen_fd >= 0)
 		close(c->listen_fd);
 	if (c->socket_bound)
@@ -1207,13 +1206,8 @@ static void cleanup(struct ctx *c)
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	bd_kvpool_scrub_free(c->scrub);
-	for (int r = 0; r < c->n_arenas; r++)
-		c->mem->arena_destroy(&c->arenas[r]);
-	free(c->arenas);
-	free(c->devices);
 	free(c->attachments);
-	bd_kvpool_alloc_free(c->alloc);
-	bd_kvpool_replay_free(c->replay);
+	teardown_memory(c);
 	bd_kvpool_state_free(c->state);
 	free_stored(c);
 	bd_daemon_end(&c->d);

@@ -141,15 +141,7 @@ static int cpu_arena_adopt(int device, const struct bd_kvpool_plan *plan, const 
 	return 0;
 }
 
-const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu = {
-	.name = "cpu",
-	.supported = cpu_supported,
-	.device_memory = cpu_device_memory,
-	.granularity = cpu_granularity,
-	.arena_create = cpu_arena_create,
-	.arena_adopt = cpu_arena_adopt,
-	.arena_destroy = cpu_arena_destroy,
-};
+const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu = BD_KVPOOL_MEM_OPS(cpu, "cpu");
 
 const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name)
 {

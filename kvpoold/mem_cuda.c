@@ -125,11 +125,11 @@ static CUresult primary_context(int device)
 	return r;
 }
 
-static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
-			     struct bd_kvpool_arena *ret, char *err, size_t errlen)
+/* What creating and adopting an arena start with: the plan's chunk count checked (-EINVAL), the
+ * driver loaded (its error), ret emptied for device. */
+static int arena_begin(int device, const struct bd_kvpool_plan *plan,
+		       struct bd_kvpool_arena *ret, char *err, size_t errlen)
 {
-	CUmemAllocationProp prop;
-	CUresult r;
 	int e;
 
 	if (!plan || !ret || plan->n_chunks < 1 || plan->n_chunks > BD_POOL_MAX_CHUNKS)
@@ -139,6 +139,19 @@ static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
 		return e;
 	memset(ret, 0, sizeof(*ret));
 	ret->device = device;
+	return 0;
+}
+
+static int cuda_arena_create(int device, const struct bd_kvpool_plan *plan,
+			     struct bd_kvpool_arena *ret, char *err, size_t errlen)
+{
+	CUmemAllocationProp prop;
+	CUresult r;
+	int e;
+
+	e = arena_begin(device, plan, ret, err, errlen);
+	if (e < 0)
+		return e;
 	bd_cudrv_chunk_prop(&prop, device);
 	for (size_t i = 0; i < plan->n_chunks; i++) {
 		size_t bytes = bd_kvpool_plan_chunk(plan, i);
@@ -183,13 +196,11 @@ static int cuda_arena_adopt(int device, const struct bd_kvpool_plan *plan, const
 	CUresult r;
 	int e;
 
-	if (!plan || !fds || !ret || plan->n_chunks < 1 || plan->n_chunks > BD_POOL_MAX_CHUNKS)
+	if (!fds)
 		return -EINVAL;
-	e = cu_load(err, errlen);
+	e = arena_begin(device, plan, ret, err, errlen);
 	if (e < 0)
 		return e;
-	memset(ret, 0, sizeof(*ret));
-	ret->device = device;
 	for (i = 0; i < plan->n_chunks; i++) {
 		CUmemGenericAllocationHandle h = 0;
 		void *shared = (void *)(uintptr_t)fds[i];
@@ -279,12 +290,4 @@ static void cuda_arena_destroy(struct bd_kvpool_arena *a)
 
 #endif
 
-const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda = {
-	.name = "cuda",
-	.supported = cuda_supported,
-	.device_memory = cuda_device_memory,
-	.granularity = cuda_granularity,
-	.arena_create = cuda_arena_create,
-	.arena_adopt = cuda_arena_adopt,
-	.arena_destroy = cuda_arena_destroy,
-};
+const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda = BD_KVPOOL_MEM_OPS(cuda, "cuda");

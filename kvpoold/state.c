@@ -14,7 +14,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/bd_err.h"
 #include "kvpool.h"
 
 #define ALIGN 4096 /* the areas start on pages of their own */
@@ -32,21 +32,6 @@ struct bd_kvpool_state {
 	size_t bytes;
 	struct bd_kvpool_state_head *head;
 };
-
-static int errf(char *err, size_t errlen, int e, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int errf(char *err, size_t errlen, int e, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return e;
-}
 
 /* A 64-bit checksum of n bytes in four independent multiply-xorshift lanes over 8-byte words
  * (several bytes per cycle; a CRC one byte at a time would cost more than the copy). Each step
@@ -103,7 +88,7 @@ int bd_kvpool_state_create(size_t record_max, struct bd_kvpool_state **ret, char
 	int e;
 
 	if (!ret || record_max == 0 || record_max > ((size_t)1 << 40))
-		return errf(err, errlen, -EINVAL, "a state record of %zu bytes", record_max);
+		return bd_errf(err, errlen, -EINVAL, "a state record of %zu bytes", record_max);
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -111,21 +96,21 @@ int bd_kvpool_state_create(size_t record_max, struct bd_kvpool_state **ret, char
 	s->bytes = ALIGN + 2 * area_bytes;
 	s->fd = memfd_create("bdfp4-kvpool-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (s->fd < 0) {
-		e = errf(err, errlen, -errno, "memfd_create: %s", strerror(errno));
+		e = bd_errf(err, errlen, -errno, "memfd_create: %s", strerror(errno));
 		free(s);
 		return e;
 	}
 	/* a fixed size: the areas are written in place, never resized */
 	if (ftruncate(s->fd, (off_t)s->bytes) < 0 ||
 	    fcntl(s->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		e = errf(err, errlen, -errno, "sizing and sealing the state memfd (%zu bytes): %s",
+		e = bd_errf(err, errlen, -errno, "sizing and sealing the state memfd (%zu bytes): %s",
 			 s->bytes, strerror(errno));
 		goto fail;
 	}
 	s->map = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
 	if (s->map == MAP_FAILED) {
 		s->map = NULL;
-		e = errf(err, errlen, -errno, "mapping the state memfd: %s", strerror(errno));
+		e = bd_errf(err, errlen, -errno, "mapping the state memfd: %s", strerror(errno));
 		goto fail;
 	}
 	s->head = (struct bd_kvpool_state_head *)s->map;
@@ -152,19 +137,19 @@ int bd_kvpool_state_open(int fd, struct bd_kvpool_state **ret, char *err, size_t
 	if (!ret || fd < 0)
 		return -EINVAL;
 	if (fstat(fd, &st) < 0)
-		return errf(err, errlen, -EBADMSG, "the state fd: %s", strerror(errno));
+		return bd_errf(err, errlen, -EBADMSG, "the state fd: %s", strerror(errno));
 	seals = fcntl(fd, F_GET_SEALS);
 	if (!S_ISREG(st.st_mode) || seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
 						 (F_SEAL_SHRINK | F_SEAL_GROW))
-		return errf(err, errlen, -EBADMSG, "the state fd is not a memfd sealed against "
+		return bd_errf(err, errlen, -EBADMSG, "the state fd is not a memfd sealed against "
 			    "shrinking and growing");
 	if ((uint64_t)st.st_size < sizeof(h) || pread(fd, &h, sizeof(h), 0) != sizeof(h))
-		return errf(err, errlen, -EBADMSG, "the state memfd is truncated (%lld bytes)",
+		return bd_errf(err, errlen, -EBADMSG, "the state memfd is truncated (%lld bytes)",
 			    (long long)st.st_size);
 	if (memcmp(h.magic, BD_KVPOOL_STATE_MAGIC, 8) || h.bom != BD_KVPOOL_STATE_BOM)
-		return errf(err, errlen, -EBADMSG, "the state memfd has no state header");
+		return bd_errf(err, errlen, -EBADMSG, "the state memfd has no state header");
 	if (h.version != BD_KVPOOL_STATE_VERSION)
-		return errf(err, errlen, -EPROTONOSUPPORT,
+		return bd_errf(err, errlen, -EPROTONOSUPPORT,
 			    "state record version %u, this kvpoold reads version %d", h.version,
 			    BD_KVPOOL_STATE_VERSION);
 	for (int k = 0; k < 2; k++) {
@@ -173,7 +158,7 @@ int bd_kvpool_state_open(int fd, struct bd_kvpool_state **ret, char *err, size_t
 		if (h.area_off[k] < sizeof(h) || h.area_off[k] % 8 ||
 		    __builtin_add_overflow(h.area_off[k], sizeof(struct bd_kvpool_state_area), &end) ||
 		    __builtin_add_overflow(end, h.area_cap, &end) || end > (uint64_t)st.st_size)
-			return errf(err, errlen, -EBADMSG,
+			return bd_errf(err, errlen, -EBADMSG,
 				    "the state memfd is truncated: area %d ends past its %lld bytes",
 				    k, (long long)st.st_size);
 	}
@@ -181,14 +166,14 @@ int bd_kvpool_state_open(int fd, struct bd_kvpool_state **ret, char *err, size_t
 						     h.area_cap > h.area_off[1]
 					  : h.area_off[1] + sizeof(struct bd_kvpool_state_area) +
 						     h.area_cap > h.area_off[0])
-		return errf(err, errlen, -EBADMSG, "the state memfd's areas overlap");
+		return bd_errf(err, errlen, -EBADMSG, "the state memfd's areas overlap");
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
 	s->bytes = (size_t)st.st_size;
 	s->map = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (s->map == MAP_FAILED) {
-		e = errf(err, errlen, -EBADMSG, "mapping the state memfd: %s", strerror(errno));
+		e = bd_errf(err, errlen, -EBADMSG, "mapping the state memfd: %s", strerror(errno));
 		free(s);
 		return e;
 	}
@@ -274,10 +259,10 @@ static int geo_differs(const struct bd_kvpool_state_geo *got, const struct bd_kv
 #undef U
 
 	if (strncmp(got->backend, want->backend, sizeof(want->backend)))
-		return errf(err, errlen, -ESTALE, "it was made for backend %.8s, this one is %.8s",
+		return bd_errf(err, errlen, -ESTALE, "it was made for backend %.8s, this one is %.8s",
 			    got->backend, want->backend);
 	if (strncmp(got->kv_config, want->kv_config, sizeof(want->kv_config)))
-		return errf(err, errlen, -ESTALE, "it was made for kv_config %.32s, this one is "
+		return bd_errf(err, errlen, -ESTALE, "it was made for kv_config %.32s, this one is "
 			    "%.32s", got->kv_config, want->kv_config);
 	for (size_t i = 0; i < sizeof(num) / sizeof(num[0]); i++) {
 		uint64_t g = 0, w = 0;
@@ -295,7 +280,7 @@ static int geo_differs(const struct bd_kvpool_state_geo *got, const struct bd_kv
 			memcpy(&w, (const uint8_t *)want + num[i].off, 8);
 		}
 		if (g != w)
-			return errf(err, errlen, -ESTALE, "its geometry differs: %s %llu stored, "
+			return bd_errf(err, errlen, -ESTALE, "its geometry differs: %s %llu stored, "
 				    "%llu configured", num[i].name, (unsigned long long)g,
 				    (unsigned long long)w);
 	}
@@ -314,16 +299,16 @@ int bd_kvpool_state_load(struct bd_kvpool_state *s, const struct bd_kvpool_state
 	ssize_t n;
 
 	if (!need || s->head->area_cap < need)
-		return errf(err, errlen, -ENOSPC, "its record areas hold %llu bytes, this "
+		return bd_errf(err, errlen, -ENOSPC, "its record areas hold %llu bytes, this "
 			    "configuration's records take up to %zu",
 			    (unsigned long long)s->head->area_cap, need);
 	if (h->generation == 0)
-		return errf(err, errlen, -ENODATA, "no state record was written");
+		return bd_errf(err, errlen, -ENODATA, "no state record was written");
 	if (h->len < sizeof(got) || h->len > s->head->area_cap)
-		return errf(err, errlen, -EBADMSG, "the record length %llu is out of range",
+		return bd_errf(err, errlen, -EBADMSG, "the record length %llu is out of range",
 			    (unsigned long long)h->len);
 	if (checksum(rec, h->len) != h->sum)
-		return errf(err, errlen, -EBADMSG, "the latest record (generation %llu, %llu "
+		return bd_errf(err, errlen, -EBADMSG, "the latest record (generation %llu, %llu "
 			    "bytes) fails its checksum", (unsigned long long)h->generation,
 			    (unsigned long long)h->len);
 	memcpy(&got, rec, sizeof(got));
@@ -333,11 +318,11 @@ int bd_kvpool_state_load(struct bd_kvpool_state *s, const struct bd_kvpool_state
 	off = sizeof(got);
 	n = bd_kvpool_replay_load(replay, rec + off, h->len - off);
 	if (n < 0)
-		return errf(err, errlen, -EBADMSG, "the record's replay table does not read");
+		return bd_errf(err, errlen, -EBADMSG, "the record's replay table does not read");
 	off += (size_t)n;
 	n = bd_kvpool_alloc_load(a, rec + off, h->len - off);
 	if (n < 0 || off + (size_t)n != h->len) {
-		e = errf(err, errlen, n == -ENOMEM ? -ENOMEM : -EBADMSG, "the record's pool %s%s",
+		e = bd_errf(err, errlen, n == -ENOMEM ? -ENOMEM : -EBADMSG, "the record's pool %s%s",
 			 n < 0 ? "is refused: " : "is followed by stray bytes",
 			 n < 0 ? bd_kvpool_alloc_error(a) : "");
 		bd_kvpool_replay_load(replay, NULL, 0);

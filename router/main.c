@@ -33,6 +33,7 @@
 #include "model/bd_model_preset.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
+#include "serve/bd_wire.h"
 #include "http.h"
 #include "metrics.h"
 #include "router.h"
@@ -40,68 +41,91 @@
 #define SECTION "router"
 #define FRONT_HARD_MAX (16 << 20) /* frames above this drop the peer instead of a reply */
 
+#define OPT(t, field, lo, hi) BD_CONFIG_FIELD(t, struct bd_router_opts, field, lo, hi)
+#define TEXT(field) BD_CONFIG_TEXT(struct bd_router_opts, field)
 static const struct bd_config_key keys[] = {
 	{ "frontend", "tcp://127.0.0.1:5555,ipc:///run/bdfp4/router.sock",
 	  "client endpoints (comma-separated, ZeroMQ ROUTER)" },
-	{ "workers", "ipc:///run/bdfp4/router-workers.sock", "worker endpoint (ZeroMQ ROUTER)" },
+	{ "workers", "ipc:///run/bdfp4/router-workers.sock", "worker endpoint (ZeroMQ ROUTER)",
+	  TEXT(workers) },
 	{ "http", "127.0.0.1:8000",
 	  "HTTP listen address HOST:PORT of the OpenAI API, /health and /metrics (port 0: any "
-	  "free one; empty: no HTTP)" },
-	{ "pool", BD_POOL_DEFAULT_ENDPOINT, "kvpoold's allocation endpoint" },
+	  "free one; empty: no HTTP)", TEXT(http) },
+	{ "pool", BD_POOL_DEFAULT_ENDPOINT, "kvpoold's allocation endpoint", TEXT(pool) },
 	{ "model", "/usr/share/bdfp4/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-	  "GGUF model (tokenizer, chat template, context, vocabulary)" },
+	  "GGUF model (tokenizer, chat template, context, vocabulary)", TEXT(model) },
 	{ "random_weights", "",
 	  "serve a model of seeded random weights of this shape (workerd --random-weights, e.g. "
-	  "qwen3-4b) instead of model: no tokenizer, requests send token_ids" },
-	{ "kv_config", "", "KV configuration (empty: the pool's)" },
-	{ "tp", "2", "tensor-parallel ranks (workers) in the group" },
-	{ "max_batch", "16", "rows (running requests) per step" },
-	{ "max_queue", "64", "queued requests before resource-exhausted" },
-	{ "max_frame_bytes", "1048576", "largest client frame; larger ones get an error reply" },
+	  "qwen3-4b) instead of model: no tokenizer, requests send token_ids",
+	  TEXT(random_weights) },
+	{ "kv_config", "", "KV configuration (empty: the pool's)", TEXT(kv_config) },
+	{ "tp", "2", "tensor-parallel ranks (workers) in the group",
+	  OPT(INT, tp, 1, BD_ROUTER_MAX_TP) },
+	{ "max_batch", "16", "rows (running requests) per step", OPT(INT, max_batch, 1, 4096) },
+	{ "max_queue", "64", "queued requests before resource-exhausted",
+	  OPT(INT, max_queue, 0, 1 << 20) },
+	{ "max_frame_bytes", "1048576", "largest client frame; larger ones get an error reply",
+	  OPT(BYTES, max_frame, 256, FRONT_HARD_MAX) },
 	{ "max_prefill_tokens", "1024",
 	  "prompt tokens prefilled in one step, over all its prefill rows (with max_prefill_chunk "
-	  "0: one whole prompt a step at least)" },
+	  "0: one whole prompt a step at least)", OPT(INT, max_prefill_tokens, 1, 1 << 24) },
 	{ "max_prefill_chunk", "512",
 	  "tokens of one prompt prefilled in one step, a multiple of 128 up to max_prefill_tokens; "
-	  "longer prompts go in chunks between decode steps (0: whole prompts)" },
+	  "longer prompts go in chunks between decode steps (0: whole prompts)",
+	  OPT(INT, max_prefill_chunk, 0, 1 << 24) },
 	{ "batch_invariant", "0",
 	  "a prompt's chunks do not depend on the other requests (a chunk that the step's budget "
 	  "cannot take whole waits for the next step); with workerd's batch_invariant a greedy "
-	  "request yields the same tokens alone or in any batch", true },
-	{ "deadline_ms", "300000", "default per-request deadline" },
-	{ "heartbeat_ms", "250", "heartbeat period, both ways" },
-	{ "heartbeat_timeout_ms", "3000", "a worker silent this long is dead" },
-	{ "step_timeout_ms", "120000", "a step not answered in this time fails the group" },
+	  "request yields the same tokens alone or in any batch", true,
+	  OPT(BOOL, batch_invariant, 0, 0) },
+	{ "deadline_ms", "300000", "default per-request deadline",
+	  OPT(INT, deadline_ms, 1, INT_MAX) },
+	{ "heartbeat_ms", "250", "heartbeat period, both ways", OPT(INT, heartbeat_ms, 10, 600000) },
+	{ "heartbeat_timeout_ms", "3000", "a worker silent this long is dead",
+	  OPT(INT, heartbeat_timeout_ms, 20, 3600000) },
+	{ "step_timeout_ms", "120000", "a step not answered in this time fails the group",
+	  OPT(INT, step_timeout_ms, 100, INT_MAX) },
 	{ "resume_timeout_ms", "30000",
 	  "when the worker group fails, running requests keep their KV in the pool and wait this "
-	  "long for it to form again, then continue from their last token (0: they fail at once)" },
-	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests" },
-	{ "pool_timeout_ms", "2000", "one pool round trip" },
+	  "long for it to form again, then continue from their last token (0: they fail at once)",
+	  OPT(INT, resume_timeout_ms, 0, 3600000) },
+	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests",
+	  OPT(INT, keepalive_ms, 10, 3600000) },
+	{ "pool_timeout_ms", "2000", "one pool round trip", OPT(INT, pool_timeout_ms, 10, 600000) },
 	{ "pool_wait_ms", "30000",
-	  "wait this long for kvpoold at start, and running requests for a restarting one" },
+	  "wait this long for kvpoold at start, and running requests for a restarting one",
+	  OPT(INT, pool_wait_ms, 0, 3600000) },
 	{ "pool_probe_ms", "1000",
 	  "period of the non-blocking kvpoold probe (a dead pool shows in health within this plus "
-	  "pool_timeout_ms; it is back at the first answer)" },
+	  "pool_timeout_ms; it is back at the first answer)", OPT(INT, pool_probe_ms, 10, 600000) },
 	{ "drain_timeout_ms", "30000",
 	  "on SIGTERM, step the accepted requests to their end for up to this long (0: fail them "
-	  "at once); keep below the unit's TimeoutStopSec" },
-	{ "pool_owner", "1", "owner id of this router's requests in the pool" },
+	  "at once); keep below the unit's TimeoutStopSec", OPT(INT, drain_timeout_ms, 0, 3600000) },
+	{ "pool_owner", "1", "owner id of this router's requests in the pool",
+	  OPT(INT, owner, 1, INT_MAX) },
 	{ "curve_secret_key", "",
 	  "the router's CURVE secret key file (bdfp4 keygen; mode 0600): with curve_clients, "
-	  "every frontend endpoint asks CURVE; with curve_workers, the worker endpoint" },
-	{ "curve_clients", "", "allow-list of the clients' CURVE public keys (one a line)" },
-	{ "curve_workers", "", "allow-list of the workers' CURVE public keys" },
+	  "every frontend endpoint asks CURVE; with curve_workers, the worker endpoint",
+	  TEXT(curve_secret_key) },
+	{ "curve_clients", "", "allow-list of the clients' CURVE public keys (one a line)",
+	  TEXT(curve_clients) },
+	{ "curve_workers", "", "allow-list of the workers' CURVE public keys", TEXT(curve_workers) },
 	{ "pool_server_key", "",
 	  "kvpoold's CURVE public key file: the pool connection speaks CURVE with the router's "
-	  "curve_secret_key (kvpoold's curve_clients must list the router's public key)" },
+	  "curve_secret_key (kvpoold's curve_clients must list the router's public key)",
+	  TEXT(pool_server_key) },
 	{ "insecure_tcp", "false",
-	  "allow plain (unauthenticated, unencrypted) TCP on a non-loopback address", true },
+	  "allow plain (unauthenticated, unencrypted) TCP on a non-loopback address", true,
+	  OPT(BOOL, insecure_tcp, 0, 0) },
 	{ "socket_mode", "0660",
 	  "file mode of the ipc:// frontend and worker endpoints, set after bind whatever the "
-	  "umask" },
-	{ "status_interval_ms", "1000", "sd_notify STATUS period" },
+	  "umask", OPT(INT, socket_mode, 0, 0777) },
+	{ "status_interval_ms", "1000", "sd_notify STATUS period",
+	  OPT(INT, status_ms, 10, 3600000) },
 	{ NULL, NULL, NULL },
 };
+#undef OPT
+#undef TEXT
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
@@ -113,16 +137,10 @@ static int read_security(struct bd_router *rt)
 	char err[512];
 	int e;
 
-	o->curve_secret_key = bd_daemon_get_str(&rt->d, "curve_secret_key");
-	o->curve_clients = bd_daemon_get_str(&rt->d, "curve_clients");
-	o->curve_workers = bd_daemon_get_str(&rt->d, "curve_workers");
-	o->pool_server_key = bd_daemon_get_str(&rt->d, "pool_server_key");
 	if (*o->pool_server_key && !*o->curve_secret_key) {
 		bd_log_err("pool_server_key needs the router's own curve_secret_key");
 		return -EINVAL;
 	}
-	if (bd_daemon_get_bool(&rt->d, "insecure_tcp", &o->insecure_tcp) < 0)
-		return -EINVAL;
 	if (!*o->curve_secret_key !=
 	    (!*o->curve_clients && !*o->curve_workers && !*o->pool_server_key)) {
 		bd_log_err("CURVE needs curve_secret_key and an allow-list (curve_clients, "
@@ -155,8 +173,6 @@ static int read_opts(struct bd_router *rt)
 	struct bd_router_opts *o = &rt->o;
 	const struct bd_daemon *d = &rt->d;
 	char *copy, *save = NULL, *tokn;
-	int64_t owner = 0;
-	uint64_t mf;
 
 	copy = strdup(bd_daemon_get_str(d, "frontend"));
 	if (!copy)
@@ -178,36 +194,8 @@ static int read_opts(struct bd_router *rt)
 		bd_log_err("frontend: no endpoint");
 		return -EINVAL;
 	}
-	o->workers = bd_daemon_get_str(d, "workers");
-	o->http = bd_daemon_get_str(d, "http");
-	o->pool = bd_daemon_get_str(d, "pool");
-	o->model = bd_daemon_get_str(d, "model");
-	o->random_weights = bd_daemon_get_str(d, "random_weights");
-	o->kv_config = bd_daemon_get_str(d, "kv_config");
-	if (bd_daemon_get_int(d, "tp", 1, BD_ROUTER_MAX_TP, &o->tp) < 0 ||
-	    bd_daemon_get_int(d, "max_batch", 1, 4096, &o->max_batch) < 0 ||
-	    bd_daemon_get_int(d, "max_queue", 0, 1 << 20, &o->max_queue) < 0 ||
-	    bd_daemon_get_int(d, "max_prefill_tokens", 1, 1 << 24, &o->max_prefill_tokens) < 0 ||
-	    bd_daemon_get_int(d, "max_prefill_chunk", 0, 1 << 24, &o->max_prefill_chunk) < 0 ||
-	    bd_daemon_get_int(d, "deadline_ms", 1, INT_MAX, &o->deadline_ms) < 0 ||
-	    bd_daemon_get_int(d, "heartbeat_ms", 10, 600000, &o->heartbeat_ms) < 0 ||
-	    bd_daemon_get_int(d, "heartbeat_timeout_ms", 20, 3600000,
-			      &o->heartbeat_timeout_ms) < 0 ||
-	    bd_daemon_get_int(d, "step_timeout_ms", 100, INT_MAX, &o->step_timeout_ms) < 0 ||
-	    bd_daemon_get_int(d, "resume_timeout_ms", 0, 3600000, &o->resume_timeout_ms) < 0 ||
-	    bd_daemon_get_int(d, "keepalive_ms", 10, 3600000, &o->keepalive_ms) < 0 ||
-	    bd_daemon_get_int(d, "pool_timeout_ms", 10, 600000, &o->pool_timeout_ms) < 0 ||
-	    bd_daemon_get_int(d, "pool_wait_ms", 0, 3600000, &o->pool_wait_ms) < 0 ||
-	    bd_daemon_get_int(d, "pool_probe_ms", 10, 600000, &o->pool_probe_ms) < 0 ||
-	    bd_daemon_get_int(d, "drain_timeout_ms", 0, 3600000, &o->drain_timeout_ms) < 0 ||
-	    bd_daemon_get_i64(d, "pool_owner", 1, INT_MAX, &owner) < 0 ||
-	    bd_daemon_get_int(d, "status_interval_ms", 10, 3600000, &o->status_ms) < 0 ||
-	    bd_daemon_get_int(d, "socket_mode", 0, 0777, &o->socket_mode) < 0 ||
-	    bd_daemon_get_bytes(d, "max_frame_bytes", 256, FRONT_HARD_MAX, &mf) < 0 ||
-	    bd_daemon_get_bool(d, "batch_invariant", &o->batch_invariant) < 0)
+	if (bd_daemon_read_opts(d, o) < 0)
 		return -EINVAL;
-	o->owner = (uint64_t)owner;
-	o->max_frame = (int)mf;
 	if (o->heartbeat_timeout_ms <= o->heartbeat_ms) {
 		bd_log_err("heartbeat_timeout_ms must exceed heartbeat_ms");
 		return -EINVAL;
@@ -724,13 +712,10 @@ static void cleanup(struct bd_router *rt)
 	if (rt->workers_bound)
 		unlink_endpoint(rt->o.workers);
 	bd_router_pool_close(rt);
-	if (rt->front)
-		zmq_close(rt->front);
-	if (rt->wsock)
-		zmq_close(rt->wsock);
+	bd_wire_close(&rt->front);
+	bd_wire_close(&rt->wsock);
 	bd_zsec_zap_stop(rt->zap);
-	if (rt->zctx)
-		zmq_ctx_term(rt->zctx);
+	bd_wire_ctx_term(&rt->zctx);
 	bd_pool_conn_free(rt->pool);
 	bd_tokenizer_free(rt->tok);
 	free(rt->eog);

@@ -612,18 +612,5 @@ static void cpu_report(struct wd *w)
 	(void)w;
 }
 
-const struct wd_backend wd_backend_cpu = {
-	.name = "cpu",
-	.collective = "all-reduce",
-	.batch_invariant = true,
-	.setup = cpu_setup,
-	.teardown = cpu_teardown,
-	.register_fill = cpu_register_fill,
-	.join = cpu_join,
-	.leave = cpu_leave,
-	.health = cpu_health,
-	.release = cpu_release,
-	.run_rows = cpu_run_rows,
-	.note_plan = cpu_note_plan,
-	.report = cpu_report,
-};
+const struct wd_backend wd_backend_cpu = WD_BACKEND(cpu, "cpu", "all-reduce",
+						      .batch_invariant = true,);

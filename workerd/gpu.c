@@ -696,17 +696,4 @@ static void gpu_report(struct wd *w)
 	gp->plan_rows = gp->plan_dec_rows = 0;
 }
 
-const struct wd_backend wd_backend_cuda = {
-	.name = "cuda",
-	.collective = "NCCL communicator",
-	.setup = gpu_setup,
-	.teardown = gpu_teardown,
-	.register_fill = gpu_register_fill,
-	.join = gpu_join,
-	.leave = gpu_leave,
-	.health = gpu_health,
-	.release = gpu_release,
-	.run_rows = gpu_run_rows,
-	.note_plan = gpu_note_plan,
-	.report = gpu_report,
-};
+const struct wd_backend wd_backend_cuda = WD_BACKEND(gpu, "cuda", "NCCL communicator");

@@ -4,26 +4,14 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bd_err.h"
 #include "growmap.h"
 
 #define TOP_MAX 64
-
-static int fail(char *msg, size_t cap, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *msg, size_t cap, int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, cap, fmt, ap);
-	va_end(ap);
-	return code;
-}
 
 void wd_gtab_clear(struct wd_gtab *t)
 {
@@ -69,31 +57,31 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	int32_t bad;
 
 	if (row->kv_config && *row->kv_config && strcmp(row->kv_config, lim->kv_config))
-		return fail(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
 			    "KV configuration '%.40s': the cuda backend runs the pool's '%s' only",
 			    row->kv_config, lim->kv_config);
 	if (row->position != 0 || row->n_tokens < 1 || row->n_tokens > INT_MAX / 2)
-		return fail(msg, cap, inv, "prefill of %zu tokens at position %d", row->n_tokens,
+		return bd_errf(msg, cap, inv, "prefill of %zu tokens at position %d", row->n_tokens,
 			    row->position);
 	if (row->capacity < (uint32_t)n || row->capacity > (uint32_t)lim->max_tokens)
-		return fail(msg, cap, inv, "capacity %u for a %d-token prompt (the model holds %d "
+		return bd_errf(msg, cap, inv, "capacity %u for a %d-token prompt (the model holds %d "
 			    "tokens)", row->capacity, n, lim->max_tokens);
 	if (!lim->synthetic && n > lim->max_prefill)
-		return fail(msg, cap, inv, "a %d-token prompt; one prefill takes at most %d "
+		return bd_errf(msg, cap, inv, "a %d-token prompt; one prefill takes at most %d "
 			    "(max_prefill)", n, lim->max_prefill);
 	if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
-		return fail(msg, cap, inv, "a %d-token prompt fills %d pages; the plan names %zu "
+		return bd_errf(msg, cap, inv, "a %d-token prompt fills %d pages; the plan names %zu "
 			    "(and %zu promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
 			    row->n_block_table);
 	if (!pages_ok(row->new_pages, row->n_new_pages, lim->n_pages, &bad))
-		return fail(msg, cap, inv, "page %d is outside the pool (%zu pages)", bad,
+		return bd_errf(msg, cap, inv, "page %d is outside the pool (%zu pages)", bad,
 			    lim->n_pages);
 	if (row->slot < 0 || (size_t)row->slot >= lim->n_slots)
-		return fail(msg, cap, inv, "slot %d is outside the pool (%zu slots)", row->slot,
+		return bd_errf(msg, cap, inv, "slot %d is outside the pool (%zu slots)", row->slot,
 			    lim->n_slots);
 	for (int i = 0; i < n; i++)
 		if (row->tokens[i] < 0 || row->tokens[i] >= lim->n_vocab)
-			return fail(msg, cap, inv, "token %d at %d is outside the vocabulary (%d)",
+			return bd_errf(msg, cap, inv, "token %d at %d is outside the vocabulary (%d)",
 				    row->tokens[i], i, lim->n_vocab);
 
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
@@ -106,24 +94,24 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	}
 	if (!isfinite(sp.temperature) || sp.temperature < 0 || sp.top_k < 0 ||
 	    !(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-		return fail(msg, cap, inv, "bad sampling parameters");
+		return bd_errf(msg, cap, inv, "bad sampling parameters");
 
 	/* a preempted request starts over; another live request must not hold the slot */
 	struct wd_greq *old = wd_gtab_find(t, row->request_id);
 	if (old && old->busy)
-		return fail(msg, cap, inv, "request %llu appears twice in the plan",
+		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
 			    (unsigned long long)row->request_id);
 	wd_gtab_drop(t, row->request_id);
 	for (size_t i = 0; i < t->n; i++)
 		if (t->r[i].slot == row->slot)
-			return fail(msg, cap, inv, "slot %d is held by request %llu", row->slot,
+			return bd_errf(msg, cap, inv, "slot %d is held by request %llu", row->slot,
 				    (unsigned long long)t->r[i].id);
 
 	if (t->n == t->cap) {
 		size_t nc = t->cap ? 2 * t->cap : 16;
 		struct wd_greq *nr = realloc(t->r, nc * sizeof(*nr));
 		if (!nr)
-			return fail(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+			return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
 				    "out of memory");
 		t->r = nr;
 		t->cap = nc;
@@ -132,7 +120,7 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	memset(q, 0, sizeof(*q));
 	q->pages = malloc(sizeof(int32_t) * ((size_t)row->capacity / BD_PAGE_TOKENS + 1));
 	if (!q->pages)
-		return fail(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
+		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED,
 			    "out of memory");
 	t->n++;
 	q->id = row->request_id;
@@ -178,10 +166,10 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	int32_t badp;
 
 	if (!q)
-		return fail(msg, cap, inv, "no sequence for request %llu on this worker",
+		return bd_errf(msg, cap, inv, "no sequence for request %llu on this worker",
 			    (unsigned long long)row->request_id);
 	if (q->busy)
-		return fail(msg, cap, inv, "request %llu appears twice in the plan",
+		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
 			    (unsigned long long)row->request_id);
 	bool fills = (row->position + 1) % BD_PAGE_TOKENS == 0;
 	if (row->n_tokens != 1)
@@ -206,7 +194,7 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	if (bad) {
 		int held = q->n_tokens, np = q->n_pages;
 		wd_gtab_drop(t, row->request_id);
-		return fail(msg, cap, inv, "request %llu at position %d (holds %d tokens, %d pages): "
+		return bd_errf(msg, cap, inv, "request %llu at position %d (holds %d tokens, %d pages): "
 			    "%s", (unsigned long long)row->request_id, row->position, held, np, bad);
 	}
 	q->busy = true;

@@ -196,10 +196,8 @@ int wd_io_start(struct wd *w)
 	w->io_started = true;
 	return 0;
 fail:
-	if (io->dealer)
-		zmq_close(io->dealer);
-	if (io->pair)
-		zmq_close(io->pair);
+	bd_wire_close(&io->dealer);
+	bd_wire_close(&io->pair);
 	free(io);
 	return -EINVAL;
 }

@@ -26,6 +26,7 @@
 #include "base/bd_zsec.h"
 #include "model/bd_model_preset.h"
 #include "serve/bd_allreduce.h"
+#include "serve/bd_wire.h"
 #include "workerd.h"
 
 #define SECTION "worker"
@@ -42,46 +43,63 @@
 #define GONE_RETRY_MS 1000 /* a register no frame followed: send it again */
 #define REGISTER_RETRY_MS 200  /* a register dropped (no connection): send it again */
 
+#define OPT(t, field, lo, hi) BD_CONFIG_FIELD(t, struct wd_opts, field, lo, hi)
+#define TEXT(field) BD_CONFIG_TEXT(struct wd_opts, field)
 static const struct bd_config_key keys[] = {
 	{ "rank", "0", "tensor-parallel rank of this worker (0..tp-1)" },
-	{ "tp", "2", "tensor-parallel ranks" },
-	{ "model", "", "GGUF model (default: $BD_MODEL, else " DEFAULT_MODEL ")" },
-	{ "pool_socket", BD_POOL_DEFAULT_SOCKET, "kvpoold attach socket" },
-	{ "router", DEFAULT_ROUTER, "the router's worker endpoint (ZeroMQ)" },
+	{ "tp", "2", "tensor-parallel ranks", OPT(INT, tp, 1, BD_ALLREDUCE_MAX_TP) },
+	{ "model", "", "GGUF model (default: $BD_MODEL, else " DEFAULT_MODEL ")", TEXT(model) },
+	{ "pool_socket", BD_POOL_DEFAULT_SOCKET, "kvpoold attach socket", TEXT(pool_socket) },
+	{ "router", DEFAULT_ROUTER, "the router's worker endpoint (ZeroMQ)", TEXT(router) },
 	{ "router_server_key", "",
 	  "the router's CURVE public key file: with curve_secret_key, the router connection "
-	  "speaks CURVE (the router's curve_workers must list this worker's public key)" },
-	{ "curve_secret_key", "", "this worker's CURVE secret key file (bdfp4 keygen; mode 0600)" },
+	  "speaks CURVE (the router's curve_workers must list this worker's public key)",
+	  TEXT(router_server_key) },
+	{ "curve_secret_key", "", "this worker's CURVE secret key file (bdfp4 keygen; mode 0600)",
+	  TEXT(curve_secret_key) },
 	{ "insecure_tcp", "false",
-	  "allow a plain (unauthenticated, unencrypted) TCP router endpoint off loopback", true },
+	  "allow a plain (unauthenticated, unencrypted) TCP router endpoint off loopback", true,
+	  OPT(BOOL, insecure_tcp, 0, 1) },
 	{ "allreduce_dir", "",
 	  "private directory of the shared-memory all-reduce files (not world-writable; made 0700 "
 	  "when missing); empty: $RUNTIME_DIRECTORY (the unit's RuntimeDirectory=), else "
-	  "$XDG_RUNTIME_DIR/bdfp4, else /run/bdfp4 for root or /tmp/bdfp4-<uid>" },
-	{ "threads", "1", "OpenBLAS threads" },
-	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step" },
-	{ "verbose", "0", "log every step" },
+	  "$XDG_RUNTIME_DIR/bdfp4, else /run/bdfp4 for root or /tmp/bdfp4-<uid>", TEXT(ar_dir) },
+	{ "threads", "1", "OpenBLAS threads", OPT(INT, threads, 1, 256) },
+	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step",
+	  OPT(INT, ar_timeout_ms, 100, 3600000) },
+	{ "verbose", "0", "log every step", OPT(INT, verbose, 0, 1) },
 	{ "batch_invariant", "0",
 	  "decode each row in an order that does not depend on the batch, so a greedy request "
-	  "yields the same tokens alone or in any batch (cpu backend; costs throughput)", true },
-	{ "calib", "", "calibration file of the model (mu_k, tau; bdfp4 calibrate); empty: none" },
+	  "yields the same tokens alone or in any batch (cpu backend; costs throughput)", true,
+	  OPT(BOOL, batch_invariant, 0, 1) },
+	{ "calib", "", "calibration file of the model (mu_k, tau; bdfp4 calibrate); empty: none",
+	  TEXT(calib) },
 	/* the cuda backend (chosen by the pool) */
-	{ "device", "-1", "cuda: CUDA device of this rank (-1: the pool's device of the rank)" },
-	{ "weights", "bf16", "cuda: weight precision, bf16 or f32" },
+	{ "device", "-1", "cuda: CUDA device of this rank (-1: the pool's device of the rank)",
+	  OPT(INT, device, -1, 1023) },
+	{ "weights", "bf16", "cuda: weight precision, bf16 or f32", TEXT(weights) },
 	{ "random_weights", "",
-	  "cuda: no checkpoint, seeded random weights of this shape (qwen3-4b, qwen3-30b-a3b-attn)" },
-	{ "seed", "1", "cuda: seed of the random weights" },
+	  "cuda: no checkpoint, seeded random weights of this shape (qwen3-4b, qwen3-30b-a3b-attn)",
+	  TEXT(random_weights) },
+	{ "seed", "1", "cuda: seed of the random weights", OPT(INT, seed, 0, INT64_MAX) },
 	{ "synthetic_prefill", "0",
-	  "cuda: fill prompts with synthetic KV and decode only their last token", true },
-	{ "max_batch", "64", "cuda: decode rows per model call (at least the router's max_batch)" },
-	{ "max_tokens", "0", "cuda: longest sequence, tokens (0: the pool's max_seq_len)" },
-	{ "max_prefill", "8192", "cuda: longest prompt one real prefill takes, tokens" },
-	{ "cuda_graphs", "1", "cuda: replay decode steps from CUDA graphs", true },
+	  "cuda: fill prompts with synthetic KV and decode only their last token", true,
+	  OPT(BOOL, synthetic_prefill, 0, 1) },
+	{ "max_batch", "64", "cuda: decode rows per model call (at least the router's max_batch)",
+	  OPT(INT, max_batch, 1, 1024) },
+	{ "max_tokens", "0", "cuda: longest sequence, tokens (0: the pool's max_seq_len)",
+	  OPT(INT, max_tokens, 0, 1 << 24) },
+	{ "max_prefill", "8192", "cuda: longest prompt one real prefill takes, tokens",
+	  OPT(INT, max_prefill, 1, 1 << 24) },
+	{ "cuda_graphs", "1", "cuda: replay decode steps from CUDA graphs", true,
+	  OPT(BOOL, cuda_graphs, 0, 1) },
 	{ "decode_kernel", "auto",
 	  "cuda: decode kernels: auto (the GPU's native FP4 family once its start-up self-check "
 	  "against the portable one passes, else portable), native, portable" },
 	{ NULL, NULL, NULL, false },
 };
+#undef OPT
+#undef TEXT
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
@@ -131,31 +149,14 @@ static int read_opts(struct wd *w)
 {
 	const struct bd_daemon *d = &w->d;
 	struct wd_opts *o = &w->o;
-	int64_t seed;
-	int verbose;
 
-	if (bd_daemon_get_int(d, "tp", 1, BD_ALLREDUCE_MAX_TP, &o->tp) < 0 ||
-	    bd_daemon_get_int(d, "rank", 0, o->tp - 1, &o->rank) < 0 ||
-	    bd_daemon_get_int(d, "threads", 1, 256, &o->threads) < 0 ||
-	    bd_daemon_get_int(d, "allreduce_timeout_ms", 100, 3600000, &o->ar_timeout_ms) < 0 ||
-	    bd_daemon_get_int(d, "verbose", 0, 1, &verbose) < 0 ||
-	    bd_daemon_get_int(d, "device", -1, 1023, &o->device) < 0 ||
-	    bd_daemon_get_int(d, "max_batch", 1, 1024, &o->max_batch) < 0 ||
-	    bd_daemon_get_int(d, "max_tokens", 0, 1 << 24, &o->max_tokens) < 0 ||
-	    bd_daemon_get_int(d, "max_prefill", 1, 1 << 24, &o->max_prefill) < 0 ||
-	    bd_daemon_get_i64(d, "seed", 0, INT64_MAX, &seed) < 0 ||
-	    bd_daemon_get_bool(d, "synthetic_prefill", &o->synthetic_prefill) < 0 ||
-	    bd_daemon_get_bool(d, "cuda_graphs", &o->cuda_graphs) < 0 ||
-	    bd_daemon_get_bool(d, "batch_invariant", &o->batch_invariant) < 0)
+	if (bd_daemon_read_opts(d, o) < 0 ||
+	    bd_daemon_get_int(d, "rank", 0, o->tp - 1, &o->rank) < 0)
 		return -EINVAL;
-	o->verbose = verbose;
-	o->seed = (uint64_t)seed;
-	o->weights = bd_daemon_get_str(d, "weights");
 	if (strcmp(o->weights, "bf16") && strcmp(o->weights, "f32")) {
 		bd_log_err("weights = '%s': bf16 or f32", o->weights);
 		return -EINVAL;
 	}
-	o->random_weights = bd_daemon_get_str(d, "random_weights");
 	if (*o->random_weights) {
 		struct bd_model_hparams hp;
 		if (bd_model_preset(o->random_weights, &hp) < 0) {
@@ -169,29 +170,19 @@ static int read_opts(struct wd *w)
 			   bd_daemon_get_str(d, "decode_kernel"));
 		return -EINVAL;
 	}
-	o->calib = bd_daemon_get_str(d, "calib");
-	o->model = bd_daemon_get_str(d, "model");
 	if (!*o->model) {
 		const char *env = getenv("BD_MODEL");
 		o->model = env && *env ? env : DEFAULT_MODEL;
 	}
-	o->pool_socket = bd_daemon_get_str(d, "pool_socket");
-	o->router = bd_daemon_get_str(d, "router");
-	o->ar_dir = bd_daemon_get_str(d, "allreduce_dir");
 	if (!*o->router || !*o->pool_socket) {
 		bd_log_err("router and pool_socket must not be empty");
 		return -EINVAL;
 	}
-	o->router_server_key = bd_daemon_get_str(d, "router_server_key");
-	o->curve_secret_key = bd_daemon_get_str(d, "curve_secret_key");
 	{
-		bool insecure = false;
 		char err[512];
 
-		if (bd_daemon_get_bool(d, "insecure_tcp", &insecure) < 0)
-			return -EINVAL;
 		if (bd_zsec_endpoint_check(o->router, "router", *o->router_server_key &&
-					   *o->curve_secret_key, insecure, err, sizeof(err)) < 0) {
+					   *o->curve_secret_key, o->insecure_tcp, err, sizeof(err)) < 0) {
 			bd_log_err("%s", err);
 			return -EPERM;
 		}
@@ -479,10 +470,8 @@ static void teardown(struct wd *w)
 	if (w->be)
 		leave_group(w);
 	wd_io_stop(w);
-	if (w->pair)
-		zmq_close(w->pair);
-	if (w->zctx)
-		zmq_ctx_term(w->zctx);
+	bd_wire_close(&w->pair);
+	bd_wire_ctx_term(&w->zctx);
 	if (w->be)
 		w->be->teardown(w);
 	bd_pool_detach(w->pool);

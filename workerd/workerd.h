@@ -46,8 +46,9 @@ struct wd_opts {
 	int rank, tp, threads, ar_timeout_ms;
 	const char *model, *pool_socket, *router, *ar_dir;
 	const char *router_server_key, *curve_secret_key; /* CURVE to the router ("": plain) */
+	bool insecure_tcp;          /* a plain TCP router endpoint off loopback allowed */
 	char ar_dir_buf[256];       /* ar_dir when chosen from the environment */
-	bool verbose;
+	int verbose;                /* 0 or 1: log every step */
 	/* the cuda backend */
 	int device;                 /* -1: the pool's device of this rank */
 	const char *weights;        /* "bf16" or "f32" */
@@ -126,6 +127,17 @@ struct wd_backend {
 	/* The timing since the last report logged (SIGUSR1, exit) and started over. */
 	void (*report)(struct wd *w);
 };
+
+/* The table of the backend whose operations are named PREFIX_setup, PREFIX_teardown, ... in
+ * its file: each backend fills every operation, under one naming rule. */
+#define WD_BACKEND(prefix, name_, collective_, ...)                                            \
+	{                                                                                       \
+		__VA_ARGS__ .name = name_, .collective = collective_, .setup = prefix##_setup,  \
+		.teardown = prefix##_teardown, .register_fill = prefix##_register_fill,         \
+		.join = prefix##_join, .leave = prefix##_leave, .health = prefix##_health,      \
+		.release = prefix##_release, .run_rows = prefix##_run_rows,                     \
+		.note_plan = prefix##_note_plan, .report = prefix##_report,                     \
+	}
 
 extern const struct wd_backend wd_backend_cpu; /* cpu.c */
 #ifdef BD_WORKERD_CUDA

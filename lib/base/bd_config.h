@@ -76,13 +76,47 @@ int bd_config_parse_bool(const char *s, bool *ret);
 
 /* ---- a daemon's command line ----------------------------------------------------------------- */
 
+/* Where bd_daemon_read_opts (bd_daemon.h) stores a key's value in a daemon's options struct. */
+enum bd_config_type {
+	BD_CONFIG_CODE = 0, /* not stored: the daemon's code reads it (a list, a name to resolve) */
+	BD_CONFIG_STR,      /* const char *: the text, living as long as the configuration */
+	BD_CONFIG_INT,      /* a 4- or 8-byte integer in [min, max] */
+	BD_CONFIG_BYTES,    /* a 4- or 8-byte byte count in [min, max], K/M/G/T suffixes allowed */
+	BD_CONFIG_DOUBLE,   /* a double in [min, max] */
+	BD_CONFIG_BOOL,     /* a bool */
+};
+
 /* One key of a daemon's section: also the flag --NAME (an underscore spelled as a dash). def is
  * the value when neither the file nor a flag sets it; flag: a boolean whose flag may come
- * without a value (--synthetic-prefill means true). A key table ends with a { NULL } entry. */
+ * without a value (--synthetic-prefill means true). type, offset, size, min and max say where
+ * and how bd_daemon_read_opts stores the value (BD_CONFIG_FIELD and BD_CONFIG_TEXT fill them);
+ * a key without them is BD_CONFIG_CODE. A key table ends with a { NULL } entry. */
 struct bd_config_key {
 	const char *name, *def, *help;
 	bool flag;
+	enum bd_config_type type;
+	size_t offset, size; /* of the field in the options struct */
+	int64_t min, max;    /* the allowed range of INT, BYTES and DOUBLE */
 };
+
+/* The storage part of a key: field of struct type st, of type t (INT, BYTES, DOUBLE or BOOL),
+ * allowed in [lo, hi] (ignored for BOOL). The field's C type is checked: an integer type for
+ * INT and BYTES, double for DOUBLE, bool for BOOL. */
+#define BD_CONFIG_FIELD(t, st, field, lo, hi)                                                  \
+	.type = BD_CONFIG_##t, .offset = BD_CONFIG_CHECK_##t(st, field),                        \
+	.size = sizeof(((st *)0)->field), .min = (lo), .max = (hi)
+/* The storage part of a text key: field of struct type st is a const char *. */
+#define BD_CONFIG_TEXT(st, field)                                                              \
+	.type = BD_CONFIG_STR,                                                                  \
+	.offset = _Generic(((st *)0)->field, const char *: offsetof(st, field)),                \
+	.size = sizeof(const char *)
+
+#define BD_CONFIG_CHECK_INT(st, field)                                                         \
+	_Generic(((st *)0)->field, int: offsetof(st, field), unsigned: offsetof(st, field),     \
+		 long: offsetof(st, field), unsigned long: offsetof(st, field))
+#define BD_CONFIG_CHECK_BYTES BD_CONFIG_CHECK_INT
+#define BD_CONFIG_CHECK_DOUBLE(st, field) _Generic(((st *)0)->field, double: offsetof(st, field))
+#define BD_CONFIG_CHECK_BOOL(st, field) _Generic(((st *)0)->field, bool: offsetof(st, field))
 
 #define BD_CONFIG_MAX_KEYS 64
 

@@ -98,6 +98,12 @@ int bd_daemon_get_bool(const struct bd_daemon *d, const char *key, bool *ret);
  * configuration. */
 const char *bd_daemon_get_str(const struct bd_daemon *d, const char *key);
 
+/* Reads every key of d->keys that has a type (BD_CONFIG_FIELD, BD_CONFIG_TEXT) into the options
+ * struct opts, in table order, with the getters above: the first bad value is logged and
+ * returned (-EINVAL, -ERANGE) and the keys after it are not read. BD_CONFIG_CODE keys are left
+ * to the caller. -EINVAL also for a table entry whose size is not that of its type. */
+int bd_daemon_read_opts(const struct bd_daemon *d, void *opts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -289,3 +289,69 @@ int bd_daemon_get_bool(const struct bd_daemon *d, const char *key, bool *ret)
 		refused(d, key, e, "not a boolean (1/0, true/false, yes/no, on/off)", NULL);
 	return e;
 }
+
+/* Stores the integer v in the size-byte field at p (a 4-byte field takes v's low 32 bits: an
+ * int or an unsigned whose range the key's [min, max] keeps). */
+static int store_int(const struct bd_config_key *k, void *p, int64_t v)
+{
+	if (k->size == sizeof(int32_t)) {
+		int32_t v32 = (int32_t)v;
+
+		memcpy(p, &v32, sizeof(v32));
+		return 0;
+	}
+	if (k->size == sizeof(int64_t)) {
+		memcpy(p, &v, sizeof(v));
+		return 0;
+	}
+	bd_log_err("%s: a %zu-byte field cannot hold an integer", k->name, k->size);
+	return -EINVAL;
+}
+
+int bd_daemon_read_opts(const struct bd_daemon *d, void *opts)
+{
+	for (const struct bd_config_key *k = d->keys; k->name; k++) {
+		char *p = (char *)opts + k->offset;
+		const char *s;
+		int64_t v;
+		uint64_t u;
+		double x;
+		bool b;
+		int e = 0;
+
+		switch (k->type) {
+		case BD_CONFIG_CODE:
+			break;
+		case BD_CONFIG_STR:
+			s = bd_daemon_get_str(d, k->name);
+			memcpy(p, &s, sizeof(s));
+			break;
+		case BD_CONFIG_INT:
+			e = bd_daemon_get_i64(d, k->name, k->min, k->max, &v);
+			if (e == 0)
+				e = store_int(k, p, v);
+			break;
+		case BD_CONFIG_BYTES:
+			e = bd_daemon_get_bytes(d, k->name, (uint64_t)k->min, (uint64_t)k->max, &u);
+			if (e == 0)
+				e = store_int(k, p, (int64_t)u);
+			break;
+		case BD_CONFIG_DOUBLE:
+			e = bd_daemon_get_double(d, k->name, (double)k->min, (double)k->max, &x);
+			if (e == 0)
+				memcpy(p, &x, sizeof(x));
+			break;
+		case BD_CONFIG_BOOL:
+			e = bd_daemon_get_bool(d, k->name, &b);
+			if (e == 0)
+				memcpy(p, &b, sizeof(b));
+			break;
+		default:
+			bd_log_err("%s: unknown key type %d", k->name, (int)k->type);
+			e = -EINVAL;
+		}
+		if (e < 0)
+			return e;
+	}
+	return 0;
+}

@@ -68,12 +68,7 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void init(void)
 {
-	for (int i = 0; i < 16; i++)
-		lut_e2m1[i] = bd_e2m1_decode((uint8_t)i);
-	for (int i = 0; i < 256; i++) {
-		lut_e4m3[i] = bd_e4m3_decode((uint8_t)i);
-		lut_ue8m0[i] = bd_ue8m0_decode((uint8_t)i);
-	}
+	bd_fp4_decode_tables(lut_e2m1, lut_e4m3, lut_ue8m0);
 	__builtin_cpu_init();
 	/* BD_ATTN_ISA (bd_attn_cpu.h): the reference unless a fast path is asked for */
 	const char *want = getenv("BD_ATTN_ISA");
@@ -251,6 +246,26 @@ static int prep_query(const struct job *j, struct scratch *w, int g, const float
 	return 0;
 }
 
+/* Rows row0 .. row0 + bk − 1 of a token-major [128][d] part of a page head (K; V of the
+ * token-major formats): BF16 values at codes, or FP4 codes at codes with their block scales at
+ * scales (slut: the scale code's table), expanded to FP32 into out [bk][d]. rows: scratch for
+ * bk row pointers. */
+static void expand_token_rows(const struct kern *K, const struct bd_layout *lay,
+			      const uint8_t *codes, const uint8_t *scales, const float *slut,
+			      int row0, int bk, int d, const bd_bf16 **rows, float *out)
+{
+	if (lay->fmt == BD_PAGE_BF16) {
+		const bd_bf16 *b = (const bd_bf16 *)(const void *)codes;
+		for (int i = 0; i < bk; i++)
+			rows[i] = b + (size_t)(row0 + i) * (size_t)d;
+		K->expand_bf16_rows(rows, bk, d, out);
+	} else {
+		size_t cs = (size_t)row0 * (size_t)d / 2;
+		size_t ss = (size_t)row0 * (size_t)d / (size_t)lay->block;
+		K->expand_fp4_rows(codes + cs, scales + ss, lay->block, slut, bk, d, out);
+	}
+}
+
 /* One tile of the page path for all G heads: keys t0 .. t0 + bk − 1 (rows row0.. of page
  * `page`); m, l, o: the heads' running max, sum and output of the split. */
 static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st[2])
@@ -271,17 +286,8 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 		       sizeof(pg));
 
 	/* logits (§5): inner sums, then g_K, then γ */
-	if (lay->fmt == BD_PAGE_BF16) {
-		const bd_bf16 *kb = (const bd_bf16 *)(const void *)(head + lay->k_codes_off);
-		for (int i = 0; i < bk; i++)
-			w->krow[i] = kb + (size_t)(row0 + i) * (size_t)d;
-		K->expand_bf16_rows(w->krow, bk, d, w->kx);
-	} else {
-		size_t kcs = (size_t)row0 * (size_t)d / 2;
-		size_t kss = (size_t)row0 * (size_t)d / (size_t)lay->block;
-		K->expand_fp4_rows(head + lay->k_codes_off + kcs, head + lay->k_scales_off + kss,
-				   lay->block, slut, bk, d, w->kx);
-	}
+	expand_token_rows(K, lay, head + lay->k_codes_off, head + lay->k_scales_off, slut, row0, bk,
+			  d, w->krow, w->kx);
 	if (!j->fp4q) {
 		K->logits(w->kx, bk, d, w->qp, G, pg[0], j->gamma, w->S, rs);
 	} else {
@@ -343,18 +349,8 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 				   slut, d, row0, bk, w->vx);
 		K->pv_cols(w->vx, bk, d, w->Pt, rs, G, w->acc);
 	} else {
-		if (lay->fmt == BD_PAGE_BF16) {
-			const bd_bf16 *vb = (const bd_bf16 *)(const void *)(head + lay->v_codes_off);
-			for (int i = 0; i < bk; i++)
-				w->vrow[i] = vb + (size_t)(row0 + i) * (size_t)d;
-			K->expand_bf16_rows(w->vrow, bk, d, w->vx);
-		} else {
-			size_t vcs = (size_t)row0 * (size_t)d / 2;
-			size_t vss = (size_t)row0 * (size_t)d / (size_t)lay->block;
-			K->expand_fp4_rows(head + lay->v_codes_off + vcs,
-					   head + lay->v_scales_off + vss, lay->block, slut, bk, d,
-					   w->vx);
-		}
+		expand_token_rows(K, lay, head + lay->v_codes_off, head + lay->v_scales_off, slut,
+				  row0, bk, d, w->vrow, w->vx);
 		K->pv_rows(w->vx, bk, d, w->Pt, rs, G, w->acc);
 	}
 	for (int g = 0; g < G; g++) {
@@ -403,28 +399,9 @@ static void bf16_partial(const struct job *j, struct scratch *w)
 	const struct kern *K = j->k;
 	const struct bd_kv_view *kv = j->kv;
 	void *slot = (void *)kv->slot;
-	int n = kv->n_tokens, d = j->d, G = j->G, np = j->ns + 1, rs = N_BF16_ROWS, cnt = 0;
-	const bd_bf16 *sk = bd_slot_sink_k(j->lay, slot, kv->layer, j->kv_head);
-	const bd_bf16 *sv = bd_slot_sink_v(j->lay, slot, kv->layer, j->kv_head);
-	const bd_bf16 *rk = bd_slot_recent_k(j->lay, slot, kv->layer, j->kv_head);
-	const bd_bf16 *rv = bd_slot_recent_v(j->lay, slot, kv->layer, j->kv_head);
-	int t_recent = j->n_full * BD_PAGE_TOKENS;
-
-	if (j->cfg->sink) {
-		for (int t = 0; t < n && t < BD_SINK_TOKENS; t++) {
-			w->krow[cnt] = sk + (size_t)t * (size_t)d;
-			w->vrow[cnt] = sv + (size_t)t * (size_t)d;
-			cnt++;
-		}
-		if (t_recent < BD_SINK_TOKENS)
-			t_recent = BD_SINK_TOKENS;
-	}
-	for (int t = t_recent; t < n; t++) {
-		int row = t % BD_RECENT_TOKENS;
-		w->krow[cnt] = rk + (size_t)row * (size_t)d;
-		w->vrow[cnt] = rv + (size_t)row * (size_t)d;
-		cnt++;
-	}
+	int n = kv->n_tokens, d = j->d, G = j->G, np = j->ns + 1, rs = N_BF16_ROWS;
+	int cnt = bd_slot_rows(j->lay, slot, kv->layer, j->kv_head, n, j->n_full, j->cfg->sink, d,
+			       d, w->krow, w->vrow);
 	for (int g = 0; g < G; g++) {
 		float *os = w->o_s + ((size_t)g * (size_t)np + (size_t)j->ns) * (size_t)d;
 		memset(os, 0, sizeof(float) * (size_t)d);
@@ -481,32 +458,20 @@ static int decode_group(const struct job *j, struct scratch *w, const float *q, 
 	return 0;
 }
 
-/* The reference decoder's checks of a GQA call (attn_ref.c ctx_init), and the constants. */
+/* The reference decoder's checks of a GQA call (bd_decode_check), d a multiple of 32, and the
+ * constants. */
 static int job_init(struct job *j, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 		    const struct bd_kv_view *kv, int G)
 {
 	const struct bd_layout *lay;
 	int n_full, r;
 
-	if (!cfg || !dp || !kv || !kv->lay || !kv->slot || G < 1)
+	if (G < 1 || bd_decode_check(cfg, dp, kv, false) < 0)
 		return -EINVAL;
 	lay = kv->lay;
-	if (lay->fmt != cfg->page_fmt || lay->d <= 0 || lay->d > BD_FWHT_MAX || lay->d_rope != 0 ||
-	    lay->dv != lay->d || lay->d % 32 != 0)
-		return -EINVAL;
-	if (kv->n_tokens < 1 || kv->layer < 0 || kv->layer >= lay->n_layers || kv->kv_head < 0 ||
-	    kv->kv_head >= lay->n_kv_heads)
-		return -EINVAL;
-	int pblock = cfg->p_quant == BD_P_MXFP4 ? BD_MXFP4_BLOCK : BD_NVFP4_BLOCK;
-	if (dp->n_splits < 1 || dp->tile_keys <= 0 || dp->tile_keys % pblock != 0 ||
-	    BD_PAGE_TOKENS % dp->tile_keys != 0)
-		return -EINVAL;
-	if (!isfinite(dp->c) || !(dp->c > 0.0f) || !isfinite(dp->tau) || !(dp->tau >= 0.0f) ||
-	    !isfinite(dp->softmax_scale))
+	if (lay->d % 32 != 0)
 		return -EINVAL;
 	bool fp4q = lay->fmt == BD_PAGE_NVFP4 || lay->fmt == BD_PAGE_MXFP4;
-	if (fp4q && cfg->query_terms != 1 && cfg->query_terms != 2)
-		return -EINVAL;
 	if ((r = bd_kv_view_full_pages(kv, &n_full)) < 0)
 		return r;
 

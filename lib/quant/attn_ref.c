@@ -80,12 +80,7 @@ static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
 
 static void lut_init(void)
 {
-	for (int i = 0; i < 16; i++)
-		lut_e2m1[i] = bd_e2m1_decode((uint8_t)i);
-	for (int i = 0; i < 256; i++) {
-		lut_e4m3[i] = bd_e4m3_decode((uint8_t)i);
-		lut_ue8m0[i] = bd_ue8m0_decode((uint8_t)i);
-	}
+	bd_fp4_decode_tables(lut_e2m1, lut_e4m3, lut_ue8m0);
 }
 
 static float round_bf16(float x)
@@ -113,8 +108,7 @@ int bd_kv_view_full_pages(const struct bd_kv_view *kv, int *ret_n_full)
 	return 0;
 }
 
-/* Checks shared by GQA and MLA, and the derived constants. */
-static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+int bd_decode_check(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 		    const struct bd_kv_view *kv, bool mla)
 {
 	const struct bd_layout *lay;
@@ -137,10 +131,21 @@ static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_
 	if (!isfinite(dp->c) || !(dp->c > 0.0f) || !isfinite(dp->tau) || !(dp->tau >= 0.0f) ||
 	    !isfinite(dp->softmax_scale) || (mla && dp->softmax_scale == 0.0f))
 		return -EINVAL;
-
-	bool fp4q = is_fp4_page(cfg->page_fmt);
-	if (fp4q && cfg->query_terms != 1 && cfg->query_terms != 2)
+	if (is_fp4_page(cfg->page_fmt) && cfg->query_terms != 1 && cfg->query_terms != 2)
 		return -EINVAL;
+	return 0;
+}
+
+/* Checks shared by GQA and MLA, and the derived constants. */
+static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+		    const struct bd_kv_view *kv, bool mla)
+{
+	const struct bd_layout *lay;
+
+	if (bd_decode_check(cfg, dp, kv, mla) < 0)
+		return -EINVAL;
+	lay = kv->lay;
+	bool fp4q = is_fp4_page(cfg->page_fmt);
 
 	int n_full, r = bd_kv_view_full_pages(kv, &n_full);
 	if (r < 0)
@@ -606,29 +611,8 @@ static void bf16_partial(const struct dctx *x, struct ws *w, const struct head *
 	int n = kv->n_tokens, d = x->d, dv = x->dv;
 	const bd_bf16 *krows[BD_SINK_TOKENS + BD_RECENT_TOKENS];
 	const bd_bf16 *vrows[BD_SINK_TOKENS + BD_RECENT_TOKENS];
-	int cnt = 0;
-
-	const bd_bf16 *sk = bd_slot_sink_k(x->lay, slot, kv->layer, kv->kv_head);
-	const bd_bf16 *sv = bd_slot_sink_v(x->lay, slot, kv->layer, kv->kv_head);
-	const bd_bf16 *rk = bd_slot_recent_k(x->lay, slot, kv->layer, kv->kv_head);
-	const bd_bf16 *rv = bd_slot_recent_v(x->lay, slot, kv->layer, kv->kv_head);
-	int t_recent = x->n_full * BD_PAGE_TOKENS;
-
-	if (x->cfg->sink) {
-		for (int t = 0; t < n && t < BD_SINK_TOKENS; t++) {
-			krows[cnt] = sk + (size_t)t * (size_t)d;
-			vrows[cnt] = sv + (size_t)t * (size_t)dv;
-			cnt++;
-		}
-		if (t_recent < BD_SINK_TOKENS)
-			t_recent = BD_SINK_TOKENS;
-	}
-	for (int t = t_recent; t < n; t++) {
-		int row = t % BD_RECENT_TOKENS;
-		krows[cnt] = rk + (size_t)row * (size_t)d;
-		vrows[cnt] = rv + (size_t)row * (size_t)dv;
-		cnt++;
-	}
+	int cnt = bd_slot_rows(x->lay, slot, kv->layer, kv->kv_head, n, x->n_full, x->cfg->sink, d,
+			       dv, krows, vrows);
 
 	memset(ret_o, 0, sizeof(float) * (size_t)d);
 	if (cnt == 0) {
@@ -801,6 +785,34 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 	    !bd_all_finite(q_r, (size_t)H * (size_t)x.dr) || (mu && !bd_all_finite(mu, d)))
 		return -EDOM;
 	return run_decode(cfg, &x, q_c, q_r, H, mu, ret_o, ret_lse, stats);
+}
+
+int bd_slot_rows(const struct bd_layout *lay, void *slot, int layer, int kv_head, int n,
+		 int n_full, bool sink, int d, int dv, const bd_bf16 **ret_k,
+		 const bd_bf16 **ret_v)
+{
+	const bd_bf16 *sk = bd_slot_sink_k(lay, slot, layer, kv_head);
+	const bd_bf16 *sv = bd_slot_sink_v(lay, slot, layer, kv_head);
+	const bd_bf16 *rk = bd_slot_recent_k(lay, slot, layer, kv_head);
+	const bd_bf16 *rv = bd_slot_recent_v(lay, slot, layer, kv_head);
+	int t_recent = n_full * BD_PAGE_TOKENS, cnt = 0;
+
+	if (sink) {
+		for (int t = 0; t < n && t < BD_SINK_TOKENS; t++) {
+			ret_k[cnt] = sk + (size_t)t * (size_t)d;
+			ret_v[cnt] = sv + (size_t)t * (size_t)dv;
+			cnt++;
+		}
+		if (t_recent < BD_SINK_TOKENS)
+			t_recent = BD_SINK_TOKENS;
+	}
+	for (int t = t_recent; t < n; t++) {
+		int row = t % BD_RECENT_TOKENS;
+		ret_k[cnt] = rk + (size_t)row * (size_t)d;
+		ret_v[cnt] = rv + (size_t)row * (size_t)dv;
+		cnt++;
+	}
+	return cnt;
 }
 
 void bd_split_tiles(int n_tiles, int n_splits, int s, int *ret_begin, int *ret_end)

@@ -46,30 +46,30 @@ static inline KN(vf) KN(set1)(float x)
 	return (KN(vf)){ 0 } + x;
 }
 
+/* The lanes of v folded by one operation, as a float: AVX-512's reduce instruction r512; on
+ * AVX2 the halves, quarters and pairs folded with the packed op and the last two lanes with its
+ * scalar form op_ss. */
+#if KW == 16
+#define KHFOLD(v, r512, op, op_ss) r512((__m512)(v))
+#else
+#define KHFOLD(v, r512, op, op_ss)                                                            \
+	({                                                                                     \
+		__m128 s_ = op(_mm256_castps256_ps128((__m256)(v)),                             \
+			       _mm256_extractf128_ps((__m256)(v), 1));                          \
+		s_ = op(s_, _mm_movehl_ps(s_, s_));                                            \
+		s_ = op_ss(s_, _mm_shuffle_ps(s_, s_, 1));                                     \
+		_mm_cvtss_f32(s_);                                                             \
+	})
+#endif
+
 static inline float KN(hsum)(KN(vf) v)
 {
-#if KW == 16
-	return _mm512_reduce_add_ps((__m512)v);
-#else
-	__m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v),
-			      _mm256_extractf128_ps((__m256)v, 1));
-	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-	s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-	return _mm_cvtss_f32(s);
-#endif
+	return KHFOLD(v, _mm512_reduce_add_ps, _mm_add_ps, _mm_add_ss);
 }
 
 static inline float KN(hmax)(KN(vf) v)
 {
-#if KW == 16
-	return _mm512_reduce_max_ps((__m512)v);
-#else
-	__m128 s = _mm_max_ps(_mm256_castps256_ps128((__m256)v),
-			      _mm256_extractf128_ps((__m256)v, 1));
-	s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-	s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
-	return _mm_cvtss_f32(s);
-#endif
+	return KHFOLD(v, _mm512_reduce_max_ps, _mm_max_ps, _mm_max_ss);
 }
 
 /* 16 packed E2M1 codes (8 bytes, element 0 in the low nibble) times a block scale: out[16] =
@@ -184,6 +184,24 @@ static inline __attribute__((always_inline)) KN(vf) KN(reduce)(KN(vf) *a)
 	return __builtin_shuffle(a[0], fin);
 }
 
+/* The KW dot products ⟨x, r_j⟩, j < KW, of x [len] with the rows r_j = r + j·stride [len] (len
+ * a multiple of KW): KW lanes of each summed in FMA order, then the KW sums reduced together. */
+static inline __attribute__((always_inline)) KN(vf)
+	KN(dots)(const float *x, const float *r, size_t stride, int len)
+{
+	KN(vf) acc[KW];
+#pragma GCC unroll 16
+	for (int j = 0; j < KW; j++)
+		acc[j] = (KN(vf)){ 0 };
+	for (int c = 0; c < len; c += KW) {
+		KN(vf) xv = KN(ld)(x + c);
+#pragma GCC unroll 16
+		for (int j = 0; j < KW; j++)
+			acc[j] = KFMA(xv, KN(ld)(r + j * stride + c), acc[j]);
+	}
+	return KN(reduce)(acc);
+}
+
 /* S[g·ss + i] = (⟨q_g, k_i⟩ · a) · b for keys k [n][d], queries q [G][d]; n a multiple of KW,
  * KW keys at a time (their sums reduced together). */
 static void KN(logits)(const float *k, int n, int d, const float *q, int G, float a, float b,
@@ -193,17 +211,8 @@ static void KN(logits)(const float *k, int n, int d, const float *q, int G, floa
 		const float *qg = q + (size_t)g * (size_t)d;
 		for (int i0 = 0; i0 < n; i0 += KW) {
 			const float *k0 = k + (size_t)i0 * (size_t)d;
-			KN(vf) acc[KW];
-#pragma GCC unroll 16
-			for (int j = 0; j < KW; j++)
-				acc[j] = (KN(vf)){ 0 };
-			for (int c = 0; c < d; c += KW) {
-				KN(vf) qv = KN(ld)(qg + c);
-#pragma GCC unroll 16
-				for (int j = 0; j < KW; j++)
-					acc[j] = KFMA(qv, KN(ld)(k0 + j * (size_t)d + c), acc[j]);
-			}
-			KN(st)(S + (size_t)g * (size_t)ss + (size_t)i0, (KN(reduce)(acc) * a) * b);
+			KN(st)(S + (size_t)g * (size_t)ss + (size_t)i0,
+			       (KN(dots)(qg, k0, (size_t)d, d) * a) * b);
 		}
 	}
 }
@@ -333,17 +342,7 @@ static void KN(pv_cols)(const float *v, int n, int d, const float *Pt, int ps, i
 		const float *pg = Pt + (size_t)g * (size_t)ps;
 		for (int c0 = 0; c0 < d; c0 += KW) {
 			const float *v0 = v + (size_t)c0 * (size_t)n;
-			KN(vf) a[KW];
-#pragma GCC unroll 16
-			for (int j = 0; j < KW; j++)
-				a[j] = (KN(vf)){ 0 };
-			for (int i = 0; i < n; i += KW) {
-				KN(vf) pv = KN(ld)(pg + i);
-#pragma GCC unroll 16
-				for (int j = 0; j < KW; j++)
-					a[j] = KFMA(pv, KN(ld)(v0 + j * (size_t)n + i), a[j]);
-			}
-			KN(st)(acc + (size_t)g * (size_t)d + (size_t)c0, KN(reduce)(a));
+			KN(st)(acc + (size_t)g * (size_t)d + (size_t)c0, KN(dots)(pg, v0, (size_t)n, n));
 		}
 	}
 }
@@ -420,3 +419,4 @@ static const struct kern KN(kern) = {
 #undef KMAX
 #undef KMIN
 #undef KROUND
+#undef KHFOLD

@@ -16,6 +16,7 @@
 #ifndef BD_ATTN_REF_H
 #define BD_ATTN_REF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,11 +86,30 @@ int bd_ref_decode_mla(const struct bd_kvcfg *cfg, const struct bd_decode_params 
 		      const struct bd_kv_view *kv, const float *q_c, const float *q_r, int H,
 		      const float *mu, float *ret_o, float *ret_lse, struct bd_decode_stats *stats);
 
+/* The checks of a decode call both CPU decoders make (GQA; with mla, MLA): cfg, dp, kv and its
+ * layout and slot given; the layout of cfg's page format with 0 < d ≤ BD_FWHT_MAX, GQA
+ * (d_rope 0, dv = d) or MLA (d_rope > 0, dv = d_rope, KV head 0); 1 ≤ n_tokens, layer and
+ * kv_head inside the layout; n_splits ≥ 1; tile_keys a positive multiple of the P block that
+ * divides 128; c finite and > 0, tau finite and ≥ 0, softmax_scale finite (nonzero for MLA);
+ * 1 or 2 query terms on FP4 pages. Returns 0 or -EINVAL. */
+int bd_decode_check(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
+		    const struct bd_kv_view *kv, bool mla);
+
 /* The FP4 page tiles of split s (0 ≤ s < n_splits) of a context with n_tiles full tiles:
  * [*ret_begin, *ret_end), ceil(n_tiles / n_splits) tiles per split (at least 1), so the last
  * splits are shorter or empty (NUMERICS.md §6, split-KV). Computed in 64 bits: n_tiles +
  * n_splits and s · chunk may exceed INT_MAX. */
 void bd_split_tiles(int n_tiles, int n_splits, int s, int *ret_begin, int *ret_end);
+
+/* The BF16 tokens of kv_head's slot (n tokens in all, n_full of them in full pages) that the
+ * decoders attend in BF16, in their order (NUMERICS.md §8): with sink, tokens 0 ..
+ * min(n, BD_SINK_TOKENS) − 1 from the sink rows; then tokens max(n_full·128, sink ?
+ * BD_SINK_TOKENS : 0) .. n − 1 from the recent ring (row t mod BD_RECENT_TOKENS). K rows hold d
+ * elements, V rows dv. Writes each token's K and V row to ret_k[i], ret_v[i] (room for
+ * BD_SINK_TOKENS + BD_RECENT_TOKENS each) and returns the count. */
+int bd_slot_rows(const struct bd_layout *lay, void *slot, int layer, int kv_head, int n,
+		 int n_full, bool sink, int d, int dv, const bd_bf16 **ret_k,
+		 const bd_bf16 **ret_v);
 
 /* Log-sum-exp combine of n partial results (split-KV): o_s [n][d] normalized partial outputs,
  * lse_s [n] their log2-domain LSE (−inf for an empty partial). o = Σ w_s o_s / Σ w_s with

@@ -81,6 +81,11 @@ float bd_e4m3_decode(uint8_t code);
 /* UE8M0 decode: 2^(e − 127) for e in 0..254, NaN for 255. */
 float bd_ue8m0_decode(uint8_t e);
 
+/* The decode tables of the three codes: ret_e2m1[16], ret_e4m3[256], ret_ue8m0[256] filled with
+ * bd_e2m1_decode, bd_e4m3_decode and bd_ue8m0_decode of every code, so a table lookup gives the
+ * decoded value bit for bit (the CPU decoders look codes up instead of decoding them). */
+void bd_fp4_decode_tables(float *ret_e2m1, float *ret_e4m3, float *ret_ue8m0);
+
 /* ---- block quantizers (NUMERICS.md §2) ---------------------------------------------------- */
 
 enum bd_scale_rule {

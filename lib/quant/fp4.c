@@ -143,6 +143,16 @@ float bd_ue8m0_decode(uint8_t e)
 	return ldexpf(1.0f, (int)e - 127);
 }
 
+void bd_fp4_decode_tables(float *ret_e2m1, float *ret_e4m3, float *ret_ue8m0)
+{
+	for (int i = 0; i < 16; i++)
+		ret_e2m1[i] = bd_e2m1_decode((uint8_t)i);
+	for (int i = 0; i < 256; i++) {
+		ret_e4m3[i] = bd_e4m3_decode((uint8_t)i);
+		ret_ue8m0[i] = bd_ue8m0_decode((uint8_t)i);
+	}
+}
+
 /* ---- block quantizers (NUMERICS.md §2) ------------------------------------------------------ */
 
 bool bd_all_finite(const float *x, size_t n)

@@ -1,9 +1,9 @@
 /* kfamily.c — the decode kernel families and the start-up choice among them (bd_kfamily.h). */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "base/bd_err.h"
 #include "quant/bd_kfamily.h"
 
 static const char *const names[BD_KFAMILY_COUNT] = {
@@ -17,19 +17,6 @@ static const char *const modes[] = {
 	[BD_KFAMILY_NATIVE] = "native",
 	[BD_KFAMILY_PORTABLE] = "portable",
 };
-
-__attribute__((format(printf, 4, 5))) static int say(int err, char *why, size_t cap,
-						     const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why && cap) {
-		va_start(ap, fmt);
-		vsnprintf(why, cap, fmt, ap);
-		va_end(ap);
-	}
-	return err;
-}
 
 const char *bd_kfamily_name(enum bd_kfamily f)
 {
@@ -71,18 +58,18 @@ static int device_ok(enum bd_kfamily f, const struct bd_kfamily_device *dev, cha
 		if (bw_cc && dev->have_bw)
 			return 0;
 		if (bw_cc)
-			return say(-ENODEV, why, cap, "compute capability %d.%d: this build has "
+			return bd_errf(why, cap, -ENODEV, "compute capability %d.%d: this build has "
 				   "no Blackwell code (built with GENCODE_BW empty: sm_90a only)",
 				   M, m);
-		return say(-ENODEV, why, cap, "compute capability %d.%d: no decode kernel of this "
+		return bd_errf(why, cap, -ENODEV, "compute capability %d.%d: no decode kernel of this "
 			   "build runs on it (sm_90a, sm_100a, sm_103a, sm_120a only)", M, m);
 	}
 	if (bd_kfamily_native(M, m) != (int)f)
-		return say(-ENODEV, why, cap, "%s runs on compute capability %s only, this device "
+		return bd_errf(why, cap, -ENODEV, "%s runs on compute capability %s only, this device "
 			   "is %d.%d", names[f], f == BD_KFAMILY_BLACKWELL_TC ? "10.0 and 10.3" :
 			   "12.0", M, m);
 	if (!dev->have_bw)
-		return say(-ENODEV, why, cap, "%s: this build has no Blackwell code (built with "
+		return bd_errf(why, cap, -ENODEV, "%s: this build has no Blackwell code (built with "
 			   "GENCODE_BW empty)", names[f]);
 	return 0;
 }
@@ -94,12 +81,12 @@ static int shape_ok(enum bd_kfamily f, const struct bd_kvcfg *cfg,
 	const bool fp4q = cfg->query_terms == 1 || cfg->query_terms == 2;
 
 	if (s->d_rope != 0)
-		return say(-EOPNOTSUPP, why, cap, "%s: no MLA layouts (d_rope %d)", fn, s->d_rope);
+		return bd_errf(why, cap, -EOPNOTSUPP, "%s: no MLA layouts (d_rope %d)", fn, s->d_rope);
 	if (s->d != 64 && s->d != 128)
-		return say(-EOPNOTSUPP, why, cap, "%s: head dimension %d (64 or 128 only)", fn,
+		return bd_errf(why, cap, -EOPNOTSUPP, "%s: head dimension %d (64 or 128 only)", fn,
 			   s->d);
 	if (s->G < 1 || s->G > 8)
-		return say(-EOPNOTSUPP, why, cap, "%s: %d query heads per KV head (1 to 8 only)",
+		return bd_errf(why, cap, -EOPNOTSUPP, "%s: %d query heads per KV head (1 to 8 only)",
 			   fn, s->G);
 	switch (cfg->page_fmt) {
 	case BD_PAGE_NVFP4:
@@ -122,7 +109,7 @@ static int shape_ok(enum bd_kfamily f, const struct bd_kvcfg *cfg,
 	default:
 		break;
 	}
-	return say(-EOPNOTSUPP, why, cap, "%s does not implement the KV configuration '%s'", fn,
+	return bd_errf(why, cap, -EOPNOTSUPP, "%s does not implement the KV configuration '%s'", fn,
 		   cn);
 }
 
@@ -133,7 +120,7 @@ int bd_kfamily_supported(enum bd_kfamily f, const struct bd_kfamily_device *dev,
 	int r;
 
 	if ((unsigned)f >= BD_KFAMILY_COUNT || !dev || !cfg || !shape)
-		return say(-EINVAL, why, cap, "bad argument");
+		return bd_errf(why, cap, -EINVAL, "bad argument");
 	if ((r = device_ok(f, dev, why, cap)) < 0)
 		return r;
 	return shape_ok(f, cfg, shape, why, cap);
@@ -164,12 +151,12 @@ int bd_kfamily_choose(enum bd_kfamily_mode mode, const struct bd_kfamily_device 
 		if (nat < 0) {
 			r = bd_kfamily_native(dev->cc_major, dev->cc_minor) >= 0 ? -EOPNOTSUPP :
 										  -ENODEV;
-			return say(r, ret->why, sizeof(ret->why), "decode kernel 'native': %s",
+			return bd_errf(ret->why, sizeof(ret->why), r, "decode kernel 'native': %s",
 				   nwhy);
 		}
 		ret->family = nat;
 		ret->selfcheck = true;
-		say(0, ret->why, sizeof(ret->why), "native forced");
+		bd_errf(ret->why, sizeof(ret->why), 0, "native forced");
 		return 0;
 	}
 	/* portable, and auto's fallback: the hopper family must serve */
@@ -177,11 +164,11 @@ int bd_kfamily_choose(enum bd_kfamily_mode mode, const struct bd_kfamily_device 
 	if (r < 0)
 		return r; /* a native family supports a subset of what hopper does */
 	if (mode == BD_KFAMILY_PORTABLE)
-		return say(0, ret->why, sizeof(ret->why), "portable forced");
+		return bd_errf(ret->why, sizeof(ret->why), 0, "portable forced");
 	if (nat < 0)
-		return say(0, ret->why, sizeof(ret->why), "%s", nwhy);
+		return bd_errf(ret->why, sizeof(ret->why), 0, "%s", nwhy);
 	ret->selfcheck = true;
-	return say(0, ret->why, sizeof(ret->why), "%s pending its self-check", names[nat]);
+	return bd_errf(ret->why, sizeof(ret->why), 0, "%s pending its self-check", names[nat]);
 }
 
 int bd_kfamily_finish(struct bd_kfamily_choice *c, int result, const char *detail)
@@ -198,17 +185,17 @@ int bd_kfamily_finish(struct bd_kfamily_choice *c, int result, const char *detai
 	if (c->mode == BD_KFAMILY_NATIVE) {
 		c->family = c->native;
 		if (result < 0)
-			return say(result, c->why, sizeof(c->why), "decode kernel 'native': %s "
+			return bd_errf(c->why, sizeof(c->why), result, "decode kernel 'native': %s "
 				   "cannot run: %s", names[c->native], detail);
-		return say(0, c->why, sizeof(c->why), "native forced; self-check %s: %s",
+		return bd_errf(c->why, sizeof(c->why), 0, "native forced; self-check %s: %s",
 			   result == 0 ? "passed" : "MISMATCH", detail);
 	}
 	if (result == 0) {
 		c->family = c->native;
-		return say(0, c->why, sizeof(c->why), "self-check against hopper passed: %s",
+		return bd_errf(c->why, sizeof(c->why), 0, "self-check against hopper passed: %s",
 			   detail);
 	}
 	c->family = BD_KFAMILY_HOPPER;
-	return say(0, c->why, sizeof(c->why), "%s self-check %s, serving hopper: %s",
+	return bd_errf(c->why, sizeof(c->why), 0, "%s self-check %s, serving hopper: %s",
 		   names[c->native], result == 1 ? "mismatch" : "failed", detail);
 }

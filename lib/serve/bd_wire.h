@@ -29,6 +29,14 @@ extern "C" {
 int bd_wire_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
 		 const ProtobufCMessage *m, int flags);
 
+/* Closes the ZeroMQ socket *sock when it is open and sets *sock NULL; a NULL *sock is fine.
+ * Sockets are closed before their context is terminated (zmq_ctx_term waits for them). */
+void bd_wire_close(void **sock);
+
+/* Terminates the ZeroMQ context *ctx when there is one and sets *ctx NULL; a NULL *ctx is
+ * fine. */
+void bd_wire_ctx_term(void **ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -166,12 +166,9 @@ void bd_client_free(struct bd_client *c)
 	if (!c)
 		return;
 	drop_last(c);
-	if (c->sock)
-		zmq_close(c->sock);
-	if (c->mon)
-		zmq_close(c->mon);
-	if (c->zctx)
-		zmq_ctx_term(c->zctx);
+	bd_wire_close(&c->sock);
+	bd_wire_close(&c->mon);
+	bd_wire_ctx_term(&c->zctx);
 	free(c);
 }
 

@@ -46,3 +46,17 @@ int bd_wire_send(void *sock, const uint8_t *ident, size_t ident_len, bool delim,
 		free(buf);
 	return e;
 }
+
+void bd_wire_close(void **sock)
+{
+	if (*sock)
+		zmq_close(*sock);
+	*sock = NULL;
+}
+
+void bd_wire_ctx_term(void **ctx)
+{
+	if (*ctx)
+		zmq_ctx_term(*ctx);
+	*ctx = NULL;
+}

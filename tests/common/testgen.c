@@ -59,3 +59,10 @@ void tg_fill_gauss(struct tg_rng *r, float *x, size_t n, float scale)
 	for (size_t i = 0; i < n; i++)
 		x[i] = scale * tg_gauss(r);
 }
+
+void tg_fill_queries(struct tg_rng *r, float *q, size_t n_heads, int d)
+{
+	tg_fill_gauss(r, q, n_heads * (size_t)d, 1.5f);
+	for (size_t h = 0; h < n_heads; h++)
+		q[h * (size_t)d + (size_t)(tg_next(r) % (uint64_t)d)] *= 6.0f;
+}

@@ -47,4 +47,9 @@ void tg_shuffle_i32(struct tg_rng *r, int32_t *a, size_t n);
 /* x[0..n) = scale · tg_gauss, in order. */
 void tg_fill_gauss(struct tg_rng *r, float *x, size_t n, float scale);
 
+/* Decode queries q [n_heads][d] with outliers: every element 1.5 · tg_gauss in order, then per
+ * head one channel (tg_next mod d) scaled by 6, so attention is peaked and the FP4 query
+ * terms see a large channel. */
+void tg_fill_queries(struct tg_rng *r, float *q, size_t n_heads, int d);
+
 #endif

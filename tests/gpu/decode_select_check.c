@@ -32,26 +32,6 @@
 #include "cuda/bd_decode_select.h"
 #include "gpu_ck.h"
 
-static int n_fail, n_pass;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (ok) {
-		n_pass++;
-		return;
-	}
-	n_fail++;
-	fprintf(stderr, "FAIL: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
-
 static const struct bd_kvcfg *cfg(const char *name)
 {
 	const struct bd_kvcfg *c = bd_kvcfg_find(name);
@@ -250,6 +230,7 @@ int main(void)
 	struct cudaDeviceProp prop;
 	int n = 0;
 
+	check_out = stderr;
 	if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
 		fprintf(stderr, "decode_select_check: no CUDA device\n");
 		return 2;

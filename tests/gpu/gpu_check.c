@@ -51,7 +51,6 @@
 
 #define TOL 1e-3
 
-static int n_fail, n_pass;
 /* the decode family under test (plans by bd_decode_plan_init_family) */
 static enum bd_kfamily family = BD_KFAMILY_HOPPER;
 
@@ -74,24 +73,6 @@ static bool family_serves(const struct bd_kvcfg *cfg, int d, int G, char *why, s
 	}
 	CKR(r);
 	return true;
-}
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (ok) {
-		n_pass++;
-		return;
-	}
-	n_fail++;
-	fprintf(stdout, "FAIL: ");
-	va_start(ap, fmt);
-	vfprintf(stdout, fmt, ap);
-	va_end(ap);
-	fputc('\n', stdout);
 }
 
 /* ---- a batch decode problem -------------------------------------------------------------------- */
@@ -303,10 +284,7 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 	}
 	/* queries: gaussian with a few large channels; scaled so that attention is peaked */
 	P->q = xmalloc(sizeof(float) * (size_t)B * P->Hq * d);
-	for (size_t i = 0; i < (size_t)B * P->Hq * d; i++)
-		P->q[i] = 1.5f * tg_gauss(&r);
-	for (int bh = 0; bh < B * P->Hq; bh++)
-		P->q[(size_t)bh * d + (size_t)(tg_next(&r) % (uint64_t)d)] *= 6.0f;
+	tg_fill_queries(&r, P->q, (size_t)B * P->Hq, d);
 }
 
 static void problem_upload(struct problem *P)

@@ -1,10 +1,12 @@
 /* gpu_ck.h — fatal-error checks shared by the GPU check and benchmark programs (gpu_check,
- * ops_check, bench_kernels): a failed CUDA call, a negative return or a failed allocation ends
- * the program with exit status 2 ("cannot run") and where it happened, so that 1 keeps meaning
- * "a check failed". */
+ * decode_select_check, ops_check, bench_kernels): a failed CUDA call, a negative return or a
+ * failed allocation ends the program with exit status 2 ("cannot run") and where it happened, so
+ * that 1 keeps meaning "a check failed"; and the pass/fail counter check() of the checks. */
 #ifndef BD_GPU_CK_H
 #define BD_GPU_CK_H
 
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -55,6 +57,31 @@ static inline void *xmalloc(size_t n)
 		exit(2);
 	}
 	return p;
+}
+
+/* The passed and failed checks of a check program (check()), and where a failure is printed
+ * (NULL: stdout). */
+static int n_fail __attribute__((unused)), n_pass __attribute__((unused));
+static FILE *check_out __attribute__((unused));
+
+/* Counts one check; a failed one is printed "FAIL: <fmt...>" on a line of check_out. */
+static inline void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static inline void check(bool ok, const char *fmt, ...)
+{
+	FILE *f = check_out ? check_out : stdout;
+	va_list ap;
+
+	if (ok) {
+		n_pass++;
+		return;
+	}
+	n_fail++;
+	fprintf(f, "FAIL: ");
+	va_start(ap, fmt);
+	vfprintf(f, fmt, ap);
+	va_end(ap);
+	fputc('\n', f);
 }
 
 #endif

@@ -60,7 +60,6 @@
 #include "model_ops.h"
 #include "gpu_ck.h"
 
-static int n_fail, n_pass;
 static bool small;
 static struct bd_rng rng;
 

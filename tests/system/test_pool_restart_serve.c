@@ -123,6 +123,54 @@ static void stream(struct bd_client *c, uint64_t tag, int32_t *toks, size_t cap,
 	}
 }
 
+/* GEN started on c and streamed for BEFORE tokens into got (*n of them), still running: its
+ * tag. ev: the last event. */
+static uint64_t start_part_way(struct bd_client *c, int32_t *got, size_t *n,
+			       struct bd_client_event *ev)
+{
+	uint64_t tag;
+
+	cr_assert_eq(bd_client_generate_start(c, &GEN, &tag), 0);
+	stream(c, tag, got, N_TOKENS, n, BEFORE, ev);
+	cr_assert_eq(ev->finish, BD_FINISH_NONE, "%s", ev->message);
+	return tag;
+}
+
+/* kvpoold killed with SIGKILL and reaped: no pool runs. */
+static void kill_pool(void)
+{
+	cr_assert_eq(kill(S.pid, SIGKILL), 0);
+	sp_reap(S.pid, WAIT_MS);
+	S.pid = E.pool.pid = 0;
+}
+
+/* A short chat request on c runs to its end (length or stop). */
+static void expect_short_answer(struct bd_client *c)
+{
+	const struct bd_client_gen g = { .prompt = "Hi!", .chat = true, .max_tokens = 4 };
+	struct bd_client_event ev;
+	int32_t got[N_TOKENS];
+	size_t n = 0;
+	uint64_t tag;
+
+	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
+	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
+	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK, "%s", ev.message);
+	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "finish %s: %s",
+		  bd_finish_name(ev.finish), ev.message);
+}
+
+/* kvpoold started again (its last instance SIGKILLed if still there) on the arenas and the
+ * state of its store, as its log says. */
+static void restart_pool_on_store(void)
+{
+	cr_assert_eq(fs_restart(&S, SIGKILL, WAIT_MS), 0, "kvpoold did not come back; log:\n%s",
+		     sv_log_tail(&E.pool));
+	E.pool.pid = S.pid;
+	cr_expect(log_has(pool_log, "adopted the stored arenas and state"), "log:\n%s",
+		  sv_log_tail(&E.pool));
+}
+
 /* The greedy tokens of GEN on the undisturbed system. */
 static size_t reference(struct bd_client *c, int32_t *toks)
 {
@@ -153,15 +201,9 @@ Test(pool_restart_serve, kill_9_mid_generation_resumes_on_the_stored_arenas)
 	w0 = E.worker[0].pid;
 	w1 = E.worker[1].pid;
 
-	cr_assert_eq(bd_client_generate_start(c, &GEN, &tag), 0);
-	stream(c, tag, got, N_TOKENS, &n, BEFORE, &ev);
-	cr_assert_eq(ev.finish, BD_FINISH_NONE, "%s", ev.message);
+	tag = start_part_way(c, got, &n, &ev);
 	cr_assert_lt(n, N_TOKENS, "the generation ended before the kill");
-	cr_assert_eq(fs_restart(&S, SIGKILL, WAIT_MS), 0, "kvpoold did not come back; log:\n%s",
-		     sv_log_tail(&E.pool));
-	E.pool.pid = S.pid;
-	cr_expect(log_has(pool_log, "adopted the stored arenas and state"), "log:\n%s",
-		  sv_log_tail(&E.pool));
+	restart_pool_on_store();
 	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
 	cr_assert_eq(ev.kind, BD_CLIENT_CHUNK, "error %d: %s", ev.error, ev.message);
 	cr_expect_eq(ev.finish, BD_FINISH_LENGTH, "finish %s: %s", bd_finish_name(ev.finish),
@@ -195,13 +237,9 @@ Test(pool_restart_serve, a_restart_on_an_empty_store_fails_the_request_clearly)
 
 	up();
 	c = sv_client(&E);
-	cr_assert_eq(bd_client_generate_start(c, &GEN, &tag), 0);
-	stream(c, tag, got, N_TOKENS, &n, BEFORE, &ev);
-	cr_assert_eq(ev.finish, BD_FINISH_NONE, "%s", ev.message);
+	tag = start_part_way(c, got, &n, &ev);
 	/* killed, its store emptied, started again: a new pool */
-	cr_assert_eq(kill(S.pid, SIGKILL), 0);
-	sp_reap(S.pid, WAIT_MS);
-	S.pid = E.pool.pid = 0;
+	kill_pool();
 	fs_pump(&S, NULL, NULL);
 	fs_clear(&S);
 	cr_assert_eq(fs_restart(&S, SIGKILL, WAIT_MS), 0, "kvpoold did not start; log:\n%s",
@@ -238,13 +276,7 @@ Test(pool_restart_serve, a_restart_on_an_empty_store_fails_the_request_clearly)
 	sv_start_worker(&E, 0);
 	sv_start_worker(&E, 1);
 	sv_expect_healthy(&E, WAIT_MS, "no recovery");
-	n = 0;
-	cr_assert_eq(bd_client_generate_start(c, &(struct bd_client_gen){ .prompt = "Hi!",
-		     .chat = true, .max_tokens = 4 }, &tag), 0);
-	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
-	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK, "%s", ev.message);
-	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "finish %s: %s",
-		  bd_finish_name(ev.finish), ev.message);
+	expect_short_answer(c);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages after the answers");
 	bd_client_free(c);
 }
@@ -263,12 +295,8 @@ Test(pool_restart_serve, a_wait_past_pool_wait_ms_fails_the_request_and_leaks_no
 
 	up_with("1500");
 	c = sv_client(&E);
-	cr_assert_eq(bd_client_generate_start(c, &GEN, &tag), 0);
-	stream(c, tag, got, N_TOKENS, &n, BEFORE, &ev);
-	cr_assert_eq(ev.finish, BD_FINISH_NONE, "%s", ev.message);
-	cr_assert_eq(kill(S.pid, SIGKILL), 0);
-	sp_reap(S.pid, WAIT_MS);
-	S.pid = E.pool.pid = 0;
+	tag = start_part_way(c, got, &n, &ev);
+	kill_pool();
 	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
 	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK);
 	cr_expect_eq(ev.finish, BD_FINISH_ERROR, "finish %s", bd_finish_name(ev.finish));
@@ -278,20 +306,10 @@ Test(pool_restart_serve, a_wait_past_pool_wait_ms_fails_the_request_and_leaks_no
 	cr_expect(log_has(E.router.log, "did not answer for 1500 ms (pool_wait_ms)"),
 		  "router log:\n%s", sv_log_tail(&E.router));
 	/* back on what it stored: the failed request's pages and slot go back */
-	cr_assert_eq(fs_restart(&S, SIGKILL, WAIT_MS), 0, "kvpoold did not come back; log:\n%s",
-		     sv_log_tail(&E.pool));
-	E.pool.pid = S.pid;
-	cr_expect(log_has(pool_log, "adopted the stored arenas and state"), "log:\n%s",
-		  sv_log_tail(&E.pool));
+	restart_pool_on_store();
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the failed request's pages were not released");
 	sv_expect_healthy(&E, WAIT_MS, "no recovery");
-	n = 0;
-	cr_assert_eq(bd_client_generate_start(c, &(struct bd_client_gen){ .prompt = "Hi!",
-		     .chat = true, .max_tokens = 4 }, &tag), 0);
-	stream(c, tag, got, N_TOKENS, &n, 0, &ev);
-	cr_expect_eq(ev.kind, BD_CLIENT_CHUNK, "%s", ev.message);
-	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "finish %s: %s",
-		  bd_finish_name(ev.finish), ev.message);
+	expect_short_answer(c);
 	cr_expect_eq(kill(E.worker[0].pid, 0), 0, "rank 0 exited");
 	cr_expect_eq(kill(E.worker[1].pid, 0), 0, "rank 1 exited");
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages after the answers");

@@ -160,3 +160,80 @@ Test(daemon, out_of_range_names_the_allowed_range)
 		       "fraction = '2.5': out of range (allowed 0..1.5)");
 	cr_expect(b == 7 && x == 7.0, "the outputs stay");
 }
+
+/* ---- bd_daemon_read_opts: a typed key table into an options struct ------------------------- */
+
+struct topts {
+	const char *name;
+	int slots;       /* 4-byte integer */
+	size_t pages;    /* 8-byte integer */
+	uint32_t frame;  /* 4-byte byte count */
+	uint64_t memory; /* 8-byte byte count */
+	double fraction;
+	bool verbose;
+	int untouched;   /* behind a BD_CONFIG_CODE key */
+};
+
+#define OPT(t, field, lo, hi) BD_CONFIG_FIELD(t, struct topts, field, lo, hi)
+static const struct bd_config_key typed_keys[] = {
+	{ "name", "pool-a", "a text", BD_CONFIG_TEXT(struct topts, name) },
+	{ "slots", "16", "an int", OPT(INT, slots, 1, 64) },
+	{ "pages", "0", "a size_t", OPT(INT, pages, 0, INT64_MAX) },
+	{ "frame", "64K", "a 4-byte byte count", OPT(BYTES, frame, 256, 1 << 24) },
+	{ "memory", "512M", "a byte count", OPT(BYTES, memory, 0, INT64_MAX) },
+	{ "fraction", "0.25", "a number", OPT(DOUBLE, fraction, 0, 1) },
+	{ "verbose", "no", "a boolean", true, OPT(BOOL, verbose, 0, 1) },
+	{ "group", "staff", "read by the daemon's code" },
+	{ NULL, NULL, NULL },
+};
+#undef OPT
+
+static struct bd_daemon TD = { .name = "test", .section = "pool", .keys = typed_keys };
+
+static void load_typed(const char *text)
+{
+	int line = 0;
+
+	TD.cfg = bd_config_new();
+	cr_assert_not_null(TD.cfg);
+	cr_assert_eq(bd_config_load_string(TD.cfg, text, &line), 0, "line %d", line);
+}
+
+Test(daemon, read_opts_fills_every_typed_field_from_the_file_else_the_default)
+{
+	struct topts o = { .untouched = 7 };
+
+	load_typed("[pool]\nname = pool-b\npages = 5000000000\nmemory = 2G\nverbose = on\n");
+	cr_assert_eq(bd_daemon_read_opts(&TD, &o), 0);
+	cr_expect_str_eq(o.name, "pool-b");
+	cr_expect_eq(o.slots, 16, "the default");
+	cr_expect_eq(o.pages, (size_t)5000000000, "all 8 bytes of a size_t");
+	cr_expect_eq(o.frame, 65536u, "64K into a uint32_t");
+	cr_expect_eq(o.memory, 2ull << 30);
+	cr_expect_eq(o.fraction, 0.25);
+	cr_expect(o.verbose);
+	cr_expect_eq(o.untouched, 7, "a BD_CONFIG_CODE key stores nothing");
+	bd_config_free(TD.cfg);
+}
+
+/* The first bad value is logged and returned; the fields before it hold their values, those
+ * after it are not written. */
+Test(daemon, read_opts_stops_at_the_first_bad_value)
+{
+	struct topts o = { .memory = 1, .verbose = true };
+
+	load_typed("[pool]\nslots = 65\nfraction = 2\n");
+	EXPECT_REFUSED(bd_daemon_read_opts(&TD, &o), -ERANGE, "slots = '65'");
+	cr_expect_str_eq(o.name, "pool-a", "read before the bad key");
+	cr_expect_eq(o.slots, 0, "the refused field is unchanged");
+	cr_expect_eq(o.memory, 1, "a later field is not written");
+	cr_expect(o.verbose);
+	bd_config_free(TD.cfg);
+
+	memset(&o, 0, sizeof(o));
+	load_typed("[pool]\nframe = 12x\n");
+	EXPECT_REFUSED(bd_daemon_read_opts(&TD, &o), -EINVAL, "not a byte size");
+	cr_expect_eq(o.slots, 16);
+	cr_expect_eq(o.frame, 0u);
+	bd_config_free(TD.cfg);
+}

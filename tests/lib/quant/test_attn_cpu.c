@@ -94,10 +94,7 @@ static void prob_build(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hk
 						     P->bt[pos / BD_PAGE_TOKENS]),
 				     0);
 	}
-	for (int i = 0; i < Hkv * G * d; i++)
-		P->q[i] = 1.5f * tg_gauss(&r);
-	for (int hq = 0; hq < Hkv * G; hq++)
-		P->q[(size_t)hq * (size_t)d + (size_t)(tg_next(&r) % (uint64_t)d)] *= 6.0f;
+	tg_fill_queries(&r, P->q, (size_t)Hkv * G, d);
 	free(bias);
 	free(mu);
 	free(outl);

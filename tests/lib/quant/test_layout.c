@@ -190,21 +190,43 @@ static void expect_read(const struct fp4_region *q, const float *y, float g, con
 
 /* ---- geometry ---------------------------------------------------------------------------- */
 
+/* The page-head geometry of l: K codes, K scales, V codes and V scales packed in that order
+ * from offset 0, of these sizes in bytes, and head_bytes in all. */
+static void expect_head(const struct bd_layout *l, size_t k_codes, size_t k_scales,
+			size_t v_codes, size_t v_scales, size_t head_bytes)
+{
+	cr_assert_eq(l->k_codes_off, 0);
+	cr_assert_eq(l->k_codes_bytes, k_codes);
+	cr_assert_eq(l->k_scales_off, k_codes);
+	cr_assert_eq(l->k_scales_bytes, k_scales);
+	cr_assert_eq(l->v_codes_off, k_codes + k_scales);
+	cr_assert_eq(l->v_codes_bytes, v_codes);
+	cr_assert_eq(l->v_scales_off, k_codes + k_scales + v_codes);
+	cr_assert_eq(l->v_scales_bytes, v_scales);
+	cr_assert_eq(l->head_bytes, head_bytes);
+}
+
+/* The slot geometry of l: the offsets of sink V, recent K and recent V in one (layer, head)
+ * of a slot (sink K at 0), that part's bytes, and a whole slot's. */
+static void expect_slot(const struct bd_layout *l, size_t sink_v, size_t recent_k,
+			size_t recent_v, size_t head_bytes, size_t slot_bytes)
+{
+	cr_assert_eq(l->slot_sink_k_off, 0);
+	cr_assert_eq(l->slot_sink_v_off, sink_v);
+	cr_assert_eq(l->slot_recent_k_off, recent_k);
+	cr_assert_eq(l->slot_recent_v_off, recent_v);
+	cr_assert_eq(l->slot_head_bytes, head_bytes);
+	cr_assert_eq(l->slot_bytes, slot_bytes);
+}
+
 Test(layout, geometry_qwen3_4b)
 {
 	/* 36 layers, 8 KV heads, d = 128 */
 	struct bd_layout nv = layout_ok(BD_PAGE_NVFP4, 36, 8, 128, 0, 1000);
 
 	/* K codes 128·128/2, K scales 128·128/16, V codes 128·128/2, V scales 128·128/16 */
-	cr_assert_eq(nv.k_codes_off, 0);
-	cr_assert_eq(nv.k_codes_bytes, 8192);
-	cr_assert_eq(nv.k_scales_off, 8192);
-	cr_assert_eq(nv.k_scales_bytes, 1024);
-	cr_assert_eq(nv.v_codes_off, 9216);
-	cr_assert_eq(nv.v_codes_bytes, 8192);
+	expect_head(&nv, 8192, 1024, 8192, 1024, 18432); /* 18 KiB */
 	cr_assert_eq(nv.v_scales_off, 17408);
-	cr_assert_eq(nv.v_scales_bytes, 1024);
-	cr_assert_eq(nv.head_bytes, 18432); /* 18 KiB */
 	cr_assert_eq(nv.block, 16);
 	cr_assert_eq(nv.dv, 128);
 	cr_assert_eq(nv.gscale_off, 8 * 18432);
@@ -213,12 +235,7 @@ Test(layout, geometry_qwen3_4b)
 	cr_assert_eq(nv.layer_stride, (size_t)1000 * 147712);
 	cr_assert_eq(nv.arena_bytes, (size_t)36 * 1000 * 147712);
 	/* slot: sink K 16·128·2, sink V 4096, recent K 128·128·2, recent V 32768 */
-	cr_assert_eq(nv.slot_sink_k_off, 0);
-	cr_assert_eq(nv.slot_sink_v_off, 4096);
-	cr_assert_eq(nv.slot_recent_k_off, 8192);
-	cr_assert_eq(nv.slot_recent_v_off, 40960);
-	cr_assert_eq(nv.slot_head_bytes, 73728);
-	cr_assert_eq(nv.slot_bytes, (size_t)36 * 8 * 73728);
+	expect_slot(&nv, 4096, 8192, 40960, 73728, (size_t)36 * 8 * 73728);
 
 	struct bd_layout bf = layout_ok(BD_PAGE_BF16, 36, 8, 128, 0, 1000);
 	cr_assert_eq(bf.head_bytes, 65536); /* 2 · 128 · 128 · 2 */
@@ -234,12 +251,8 @@ Test(layout, geometry_qwen3_4b)
 	struct bd_layout mx = layout_ok(BD_PAGE_MXFP4, 36, 8, 128, 0, 1000);
 	/* 8192 + 128·128/32 + 8192 + 128·128/32 */
 	cr_assert_eq(mx.block, 32);
-	cr_assert_eq(mx.k_scales_off, 8192);
-	cr_assert_eq(mx.k_scales_bytes, 512);
-	cr_assert_eq(mx.v_codes_off, 8704);
+	expect_head(&mx, 8192, 512, 8192, 512, 17408);
 	cr_assert_eq(mx.v_scales_off, 16896);
-	cr_assert_eq(mx.v_scales_bytes, 512);
-	cr_assert_eq(mx.head_bytes, 17408);
 	cr_assert_eq(mx.page_bytes, 139520); /* 139264 + 64 → 256-aligned */
 
 	struct bd_layout f8 = layout_ok(BD_PAGE_FP8, 36, 8, 128, 0, 1000);
@@ -263,20 +276,14 @@ Test(layout, geometry_smollm2)
 	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 30, 3, 64, 0, 10);
 
 	/* 128·64/2 = 4096, 128·64/16 = 512, 64·128/2 = 4096, 64·128/16 = 512 */
-	cr_assert_eq(l.k_scales_off, 4096);
-	cr_assert_eq(l.v_codes_off, 4608);
+	expect_head(&l, 4096, 512, 4096, 512, 9216);
 	cr_assert_eq(l.v_scales_off, 8704);
-	cr_assert_eq(l.head_bytes, 9216);
 	cr_assert_eq(l.gscale_off, 27648);
 	cr_assert_eq(l.page_bytes, 27904); /* 27648 + 24 → 109·256 */
 	cr_assert_eq(l.layer_stride, 279040);
 	cr_assert_eq(l.arena_bytes, (size_t)30 * 279040);
 	/* slot: 16·64·2 = 2048, 2048, 128·64·2 = 16384, 16384 */
-	cr_assert_eq(l.slot_sink_v_off, 2048);
-	cr_assert_eq(l.slot_recent_k_off, 4096);
-	cr_assert_eq(l.slot_recent_v_off, 20480);
-	cr_assert_eq(l.slot_head_bytes, 36864);
-	cr_assert_eq(l.slot_bytes, (size_t)30 * 3 * 36864);
+	expect_slot(&l, 2048, 4096, 20480, 36864, (size_t)30 * 3 * 36864);
 
 	struct bd_layout m = layout_ok(BD_PAGE_MXFP4, 30, 3, 64, 0, 10);
 	/* 4096 + 256 + 4096 + 256 */
@@ -291,20 +298,12 @@ Test(layout, geometry_mla)
 
 	cr_assert_eq(l.dv, 64);
 	cr_assert_eq(l.d_rope, 64);
-	cr_assert_eq(l.k_codes_bytes, 32768); /* 128·512/2 */
-	cr_assert_eq(l.k_scales_off, 32768);
-	cr_assert_eq(l.k_scales_bytes, 4096); /* 128·512/16 */
+	/* K 128·512/2 and 128·512/16, V [128][64] BF16 */
+	expect_head(&l, 32768, 4096, 16384, 0, 53248);
 	cr_assert_eq(l.v_codes_off, 36864);
-	cr_assert_eq(l.v_codes_bytes, 16384); /* [128][64] BF16 */
-	cr_assert_eq(l.v_scales_bytes, 0);
-	cr_assert_eq(l.head_bytes, 53248);
 	cr_assert_eq(l.page_bytes, 53504); /* 53248 + 8 → 209·256 */
 	/* slot: 16·512·2 = 16384, 16·64·2 = 2048, 128·512·2 = 131072, 128·64·2 = 16384 */
-	cr_assert_eq(l.slot_sink_v_off, 16384);
-	cr_assert_eq(l.slot_recent_k_off, 18432);
-	cr_assert_eq(l.slot_recent_v_off, 149504);
-	cr_assert_eq(l.slot_head_bytes, 165888);
-	cr_assert_eq(l.slot_bytes, (size_t)4 * 165888);
+	expect_slot(&l, 16384, 18432, 149504, 165888, (size_t)4 * 165888);
 
 	struct bd_layout b = layout_ok(BD_PAGE_BF16, 4, 1, 512, 64, 3);
 	cr_assert_eq(b.k_codes_bytes, 131072);
