@@ -219,9 +219,9 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
 	/* the GPU's sampler hands back tokens and top logits, not the log-softmax */
 	if (row->logprobs || row->top_logprobs) {
 		wd_gtab_drop(t, row->request_id);
-		return fail(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-			    "request %llu: log-probabilities are not served by the cuda backend "
-			    "(its sampler runs on the GPU)", (unsigned long long)row->request_id);
+		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+			       "request %llu: log-probabilities are not served by the cuda backend "
+			       "(its sampler runs on the GPU)", (unsigned long long)row->request_id);
 	}
 	return row->prefill ? map_prefill(t, row, lim, it, msg, cap)
 			    : map_decode(t, row, lim, it, msg, cap);
