@@ -1206,7 +1206,6 @@ static void cleanup(struct ctx *c)
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	bd_kvpool_scrub_free(c->scrub);
-	free(c->attachments);
 	teardown_memory(c);
 	bd_kvpool_state_free(c->state);
 	free_stored(c);
