@@ -120,7 +120,7 @@ static const struct bd_config_key keys[] = {
 	  OPT(INT, quota.requests, 0, 1 << 24) },
 	{ "scrub", "true",
 	  "zero a page's and a slot's bytes when they are freed, before another request gets "
-	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)", true,
+	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)", false,
 	  OPT(BOOL, scrub, 0, 1) },
 	{ NULL, NULL, NULL },
 };
