@@ -471,7 +471,7 @@ Test(pool_alloc, quota_refusals_leave_the_pool_and_other_owners_alone)
 {
 	const struct bd_kvpool_quota q = { .pages = 3, .slots = 1, .requests = 2 };
 	struct snap before;
-	int32_t p[4], s;
+	int32_t p[8], s;
 
 	make(16, 4, 8, 16);
 	bd_kvpool_alloc_set_quota(A, &q);
