@@ -42,6 +42,14 @@ enum { CLI_O_MODEL = 300, CLI_O_KV, CLI_O_CALIB, CLI_O_NOCALIB, CLI_O_THREADS, C
 	{ "json", no_argument, NULL, CLI_O_JSON },                    \
 	{ "summarize", required_argument, NULL, CLI_O_SUMMARIZE },    \
 	{ "help", no_argument, NULL, 'h' }
+/* The values of those options but --kv and --threads, and cli_eval_opt, which takes them: when
+ * c (getopt_long's return) is one of CLI_O_MODEL, _CALIB, _NOCALIB, _LOG, _JSON, _SUMMARIZE,
+ * arg goes into e and it returns true. */
+struct cli_eval_common {
+	const char *model, *calib, *log, *summary;
+	bool json, no_calib;
+};
+bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e);
 /* What an evaluation runs on: the model (model_opt as cli_model_path takes it) and its
  * tokenizer, the calibration for ctx (explicit calib, else the default file; none with
  * no_calib), and the texts paths[n] tokenized as plain text (no special tokens). */

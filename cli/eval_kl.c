@@ -68,11 +68,10 @@
 #define BASELINE "bitdecoding-nvfp4"
 
 struct opts {
-	const char *model, *calib, *log;
+	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
 	int ctx, steps, trajectories, threads, qerr_every;
-	bool json, no_calib;
 	struct bd_sampler_params sp;
 	char **texts;
 	int n_texts;
@@ -612,7 +611,7 @@ static int report(const struct opts *o, const struct result *res, int T)
 	free(a);
 	free(b);
 
-	FILE *tf = o->json ? stderr : stdout;
+	FILE *tf = o->ev.json ? stderr : stdout;
 	fprintf(tf, "\nKL: mean over trajectories of the mean over steps of D_t (top-%d BF16 "
 		    "tokens), x1e-3 nats; s.e. over trajectories.\n",
 		BD_EVAL_TOPK);
@@ -624,7 +623,7 @@ static int report(const struct opts *o, const struct result *res, int T)
 		o->qerr_every);
 	print_table(tf, rows, o->n_cfg);
 	int r = 0;
-	if (o->json && print_json(rows, o->n_cfg) < 0) {
+	if (o->ev.json && print_json(rows, o->n_cfg) < 0) {
 		fprintf(stderr, "bdfp4 eval-kl: cannot write JSON\n");
 		r = -1;
 	}
@@ -708,7 +707,7 @@ static int summarize(const struct opts *o, const char *path)
 			sizeof(*res) * (size_t)o->n_cfg);
 		T++;
 	}
-	fprintf(o->json ? stderr : stdout,
+	fprintf(o->ev.json ? stderr : stdout,
 		"eval-kl summary of %s: %d trajectories on which all %d configurations ran (of %d "
 		"seen)\n",
 		path, T, o->n_cfg, n_traj);
@@ -789,7 +788,7 @@ int cmd_eval_kl(int argc, char **argv)
 		{ CLI_O_THREADS, 1, 1024, &o.threads,
 		  "--threads wants an integer in 1..1024, not '%s'" },
 	};
-	const char *summary = NULL, *bad;
+	const char *bad;
 	int c, k;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
@@ -800,12 +799,9 @@ int cmd_eval_kl(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
 		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), c, optarg, &bad)) < 0)
 			return bad_usage(bad, optarg);
-		if (k > 0)
+		if (k > 0 || cli_eval_opt(c, optarg, &o.ev))
 			continue;
 		switch (c) {
-		case CLI_O_MODEL:
-			o.model = optarg;
-			break;
 		case CLI_O_KV:
 			if (cli_parse_kv_list("eval-kl", optarg, o.cfg, &o.n_cfg) < 0)
 				return bad_usage("--kv wants a comma-separated list of "
@@ -817,31 +813,16 @@ int cmd_eval_kl(int argc, char **argv)
 			if ((bad = cli_sampling_opt(c, optarg, &o.sp)))
 				return bad_usage(bad, optarg);
 			break;
-		case CLI_O_CALIB:
-			o.calib = optarg;
-			break;
-		case CLI_O_NOCALIB:
-			o.no_calib = true;
-			break;
-		case CLI_O_LOG:
-			o.log = optarg;
-			break;
-		case CLI_O_JSON:
-			o.json = true;
-			break;
-		case CLI_O_SUMMARIZE:
-			summary = optarg;
-			break;
 		default:
 			return cli_getopt_other("eval-kl", usage, c, argv);
 		}
 	}
-	if (summary)
-		return optind == argc ? (summarize(&o, summary) < 0 ? 1 : 0)
+	if (o.ev.summary)
+		return optind == argc ? (summarize(&o, o.ev.summary) < 0 ? 1 : 0)
 				      : bad_usage("--summarize takes no TEXT%s", "");
 	if (optind >= argc)
 		return bad_usage("no TEXT file given%s", "");
-	if (o.calib && o.no_calib)
+	if (o.ev.calib && o.ev.no_calib)
 		return bad_usage("--calib and --no-calib exclude each other%s", "");
 	if (o.steps >= o.ctx)
 		return bad_usage("--steps must be below --ctx%s", "");
@@ -856,7 +837,7 @@ int cmd_eval_kl(int argc, char **argv)
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
-	if (cli_eval_load("eval-kl", o.model, o.calib, o.no_calib, o.ctx, o.texts, o.n_texts,
+	if (cli_eval_load("eval-kl", o.ev.model, o.ev.calib, o.ev.no_calib, o.ctx, o.texts, o.n_texts,
 			  &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
@@ -900,7 +881,7 @@ int cmd_eval_kl(int argc, char **argv)
 			goto oom;
 	}
 
-	FILE *info = o.json ? stderr : stdout;
+	FILE *info = o.ev.json ? stderr : stdout;
 	char hex[65] = "";
 	if (cal)
 		bd_sha256_hex(cal->model_sha256, hex);
@@ -924,8 +905,8 @@ int cmd_eval_kl(int argc, char **argv)
 		T > 1 && stride < sh.P ? " (they overlap: give more text for disjoint prompts)" : "");
 	fflush(info);
 
-	if (o.log && !(sh.log = fopen(o.log, "a"))) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot open %s: %s\n", o.log, strerror(errno));
+	if (o.ev.log && !(sh.log = fopen(o.ev.log, "a"))) {
+		fprintf(stderr, "bdfp4 eval-kl: cannot open %s: %s\n", o.ev.log, strerror(errno));
 		goto out;
 	}
 	if (o.threads > 1)
@@ -949,7 +930,7 @@ int cmd_eval_kl(int argc, char **argv)
 		goto out;
 	}
 
-	fprintf(o.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", bd_now_s() - t_start,
+	fprintf(o.ev.json ? stderr : stdout, "\nwall time %.0f s (%d threads)\n", bd_now_s() - t_start,
 		n_th);
 	if (report(&o, sh.res, T) < 0)
 		goto out;

@@ -76,12 +76,11 @@ static const char QUESTION[] = "\n\nWhat is the pass key? Answer with the 5-digi
 static const char ANSWER_START[] = "The pass key is";
 
 struct opts {
-	const char *model, *calib, *log;
+	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
 	int ctx, depths, keys, max_new, tail, threads;
 	uint64_t seed;
-	bool json, no_calib;
 	char **texts;
 	int n_texts;
 };
@@ -313,7 +312,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 		char *txt = NULL;
 		size_t tl = 0;
 		if (bd_tokenizer_decode(sh->tok, ids + n_pre, (size_t)o->tail, 0, &txt, &tl) == 0)
-			fprintf(o->json ? stderr : stdout, "decoded tail (%d tokens): \"%s\"\n",
+			fprintf(o->ev.json ? stderr : stdout, "decoded tail (%d tokens): \"%s\"\n",
 				o->tail, txt);
 		free(txt);
 		sh->shown = true;
@@ -398,8 +397,8 @@ static void *worker(void *arg)
 static int report(const struct opts *o, const char *const *names, int n_rows,
 		  const struct trial *tr, int T, int depths)
 {
-	FILE *f = o->json ? stderr : stdout;
-	json_t *arr = o->json ? json_array() : NULL;
+	FILE *f = o->ev.json ? stderr : stdout;
+	json_t *arr = o->ev.json ? json_array() : NULL;
 	int n = 0;
 	for (int t = 0; t < T; t++)
 		n += tr[t].done;
@@ -513,7 +512,7 @@ static int summarize(const struct opts *o, const char *path)
 				 json_string_value(json_object_get(a, names[i])));
 		json_decref(j);
 	}
-	fprintf(o->json ? stderr : stdout, TOOL " summary of %s: context %d, %d trials\n", path,
+	fprintf(o->ev.json ? stderr : stdout, TOOL " summary of %s: context %d, %d trials\n", path,
 		ctx, T);
 	if (T > 0 && depths > 0 && depths <= MAX_DEPTHS)
 		rc = report(o, names, 1 + o->n_cfg, tr, T, depths);
@@ -589,7 +588,7 @@ int cmd_eval_passkey(int argc, char **argv)
 		{ CLI_O_THREADS, 1, 1024, &o.threads, "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
-	const char *summary = NULL, *bad;
+	const char *bad;
 	int c, k;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
@@ -600,12 +599,9 @@ int cmd_eval_passkey(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
 		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), c, optarg, &bad)) < 0)
 			return bad_usage(bad, optarg);
-		if (k > 0)
+		if (k > 0 || cli_eval_opt(c, optarg, &o.ev))
 			continue;
 		switch (c) {
-		case CLI_O_MODEL:
-			o.model = optarg;
-			break;
 		case CLI_O_KV:
 			if (cli_parse_kv_list(TOOL, optarg, o.cfg, &o.n_cfg) < 0)
 				return bad_usage("--kv wants a comma-separated list of "
@@ -617,31 +613,16 @@ int cmd_eval_passkey(int argc, char **argv)
 				return bad_usage(bad, optarg);
 			o.seed = sp.seed;
 			break;
-		case CLI_O_CALIB:
-			o.calib = optarg;
-			break;
-		case CLI_O_NOCALIB:
-			o.no_calib = true;
-			break;
-		case CLI_O_LOG:
-			o.log = optarg;
-			break;
-		case CLI_O_JSON:
-			o.json = true;
-			break;
-		case CLI_O_SUMMARIZE:
-			summary = optarg;
-			break;
 		default:
 			return cli_getopt_other(TOOL, usage, c, argv);
 		}
 	}
-	if (summary)
-		return optind == argc ? (summarize(&o, summary) < 0 ? 1 : 0)
+	if (o.ev.summary)
+		return optind == argc ? (summarize(&o, o.ev.summary) < 0 ? 1 : 0)
 				      : bad_usage("--summarize takes no TEXT%s", "");
 	if (optind >= argc)
 		return bad_usage("no TEXT file given%s", "");
-	if (o.calib && o.no_calib)
+	if (o.ev.calib && o.ev.no_calib)
 		return bad_usage("--calib and --no-calib exclude each other%s", "");
 	if (o.tail + o.max_new + 64 > o.ctx)
 		return bad_usage("--ctx is too small for --tail and --max-new%s", "");
@@ -656,7 +637,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	char terr[BD_TOKENIZER_ERR_MAX];
 
 	pthread_mutex_init(&sh.lock, NULL);
-	if (cli_eval_load(TOOL, o.model, o.calib, o.no_calib, o.ctx, o.texts, o.n_texts, &in) < 0)
+	if (cli_eval_load(TOOL, o.ev.model, o.ev.calib, o.ev.no_calib, o.ctx, o.texts, o.n_texts, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_tokenizer *tok = in.tok;
@@ -684,7 +665,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	if (!sh.tr || !th)
 		goto oom;
 
-	FILE *info = o.json ? stderr : stdout;
+	FILE *info = o.ev.json ? stderr : stdout;
 	fprintf(info, TOOL ": %s, ctx %d, %d depths x %d keys = %d trials, greedy, answers of at "
 		      "most %d tokens, the last %d prompt tokens decoded\n",
 		model_path, o.ctx, o.depths, o.keys, sh.T, o.max_new, o.tail);
@@ -698,8 +679,8 @@ int cmd_eval_passkey(int argc, char **argv)
 	fputc('\n', info);
 	fflush(info);
 
-	if (o.log && !(sh.log = fopen(o.log, "a"))) {
-		fprintf(stderr, "bdfp4 " TOOL ": cannot open %s: %s\n", o.log, strerror(errno));
+	if (o.ev.log && !(sh.log = fopen(o.ev.log, "a"))) {
+		fprintf(stderr, "bdfp4 " TOOL ": cannot open %s: %s\n", o.ev.log, strerror(errno));
 		goto out;
 	}
 	if (o.threads > 1)

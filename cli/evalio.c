@@ -134,3 +134,29 @@ void cli_eval_input_free(struct cli_eval_input *in)
 	in->tok = NULL;
 	in->n_stream = 0;
 }
+
+bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e)
+{
+	switch (c) {
+	case CLI_O_MODEL:
+		e->model = arg;
+		return true;
+	case CLI_O_CALIB:
+		e->calib = arg;
+		return true;
+	case CLI_O_NOCALIB:
+		e->no_calib = true;
+		return true;
+	case CLI_O_LOG:
+		e->log = arg;
+		return true;
+	case CLI_O_JSON:
+		e->json = true;
+		return true;
+	case CLI_O_SUMMARIZE:
+		e->summary = arg;
+		return true;
+	default:
+		return false;
+	}
+}
