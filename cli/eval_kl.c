@@ -59,6 +59,7 @@
 #include "quant/bd_calib.h"
 #include "model/bd_eval.h"
 #include "quant/bd_kvcfg.h"
+#include "quant/bd_kvemul.h"
 #include "model/bd_forward.h"
 #include "quant/bd_qerr.h"
 #include "model/bd_sampler.h"
@@ -820,6 +821,8 @@ static int parse_kv_list(struct opts *o, const char *list)
 	o->n_cfg = 0;
 	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		const struct bd_kvcfg *c = bd_kvcfg_find(tok);
+		if (!c)
+			c = bd_kvemul_find(tok);
 		if (!c) {
 			fprintf(stderr, "bdfp4 eval-kl: unknown KV configuration '%s'\n", tok);
 			free(copy);
