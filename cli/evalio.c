@@ -7,6 +7,7 @@
 
 #include "quant/bd_calib.h"
 #include "quant/bd_kvcfg.h"
+#include "quant/bd_kvemul.h"
 #include "model/bd_model.h"
 #include "model/bd_tokenizer.h"
 #include "cli.h"
@@ -71,6 +72,8 @@ int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg 
 		return -1;
 	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		const struct bd_kvcfg *c = bd_kvcfg_find(tok);
+		if (!c)
+			c = bd_kvemul_find(tok); /* the eval-only emulated K/V formats */
 		if (!c) {
 			fprintf(stderr, "bdfp4 %s: unknown KV configuration '%s'\n", tool, tok);
 			free(copy);

@@ -68,6 +68,7 @@ struct bd_decode_plan {
 				* 4 channel-blocked NVFP4 pages */
 	int nterms;            /* FP4 query terms, 1 or 2 (0: BF16 query, kinds 2 and 4) */
 	int sink, hadamard, underflow; /* cfg flags the kernels use */
+	int qmass;             /* FP4 P: page partials divided by Σ s_P·P̂ (cfg->p_norm) */
 	float gamma;           /* log2(e) · softmax scale */
 	float c, log2c, tau;   /* probability scaling (c = 1, log2c = 0 without it) */
 	int smem_bytes;        /* dynamic shared memory of the decode kernel */

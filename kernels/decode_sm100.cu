@@ -308,7 +308,7 @@ template <int D, bool MX>
 __device__ __forceinline__ void softmax_page(const bd_decode_plan &pl, int i, bool masked,
 					     const float (&sv)[BD_UMMA_N], float gk, const float *qg,
 					     float *redm, uint8_t *sm, float (&m)[MAX_G],
-					     float (&l)[MAX_G], float (&alpha)[MAX_G])
+					     float (&l)[MAX_G], float (&alpha)[MAX_G], float (&lq)[MAX_G])
 {
 	using L = Smem<D, MX>;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, G = pl.G;
@@ -361,6 +361,11 @@ __device__ __forceinline__ void softmax_page(const bd_decode_plan &pl, int i, bo
 			const float s = bdk::e4m3_decode(scale);
 			code = bdk::e2m1_encode(__fmul_rn(P, s == 0.0f ? 0.0f : __frcp_rn(s)));
 		}
+		if (pl.qmass) /* the quantized mass of this key's P̃ = s_P·P̂ (FP32, per thread) */
+			lq[hd] = alpha[hd] * lq[hd] +
+				 __fmul_rn(MX ? __uint_as_float(scale > 0u ? scale << 23 : 0x00400000u) :
+						bdk::e4m3_decode(scale),
+					   bdk::e2m1_decode(code));
 		/* eight keys' codes to one word of the head's P row; block leaders write scales */
 		uint32_t w = (code & 15u) << (4 * (lane & 7));
 		w |= __shfl_xor_sync(0xffffffffu, w, 1);
@@ -389,12 +394,12 @@ __device__ void page_split(const bd_decode_plan &pl, const bd_decode_args &a, in
 	float *redl = (float *)(sm + L::REDL), *qg = (float *)(sm + L::QG);
 	uint64_t *bar = (uint64_t *)(sm + L::BAR);
 	uint32_t *tmem_at = (uint32_t *)(sm + L::TMEM);
-	float m[MAX_G], l[MAX_G], o[MAX_G], alpha[MAX_G];
+	float m[MAX_G], l[MAX_G], o[MAX_G], alpha[MAX_G], lq[MAX_G];
 
 #pragma unroll
 	for (int hd = 0; hd < MAX_G; hd++) {
 		m[hd] = -INFINITY;
-		l[hd] = o[hd] = 0.0f;
+		l[hd] = o[hd] = lq[hd] = 0.0f;
 	}
 	if (cx.np > 0) {
 		for (int e = tid; e < L::STAGE / 16; e += THREADS)
@@ -485,7 +490,7 @@ __device__ void page_split(const bd_decode_plan &pl, const bd_decode_args &a, in
 
 			/* the sink's page copy (keys 0–15 of the request's first page) is masked (§8) */
 			const bool masked = pl.sink && cx.pb + i == 0 && tid < BD_SINK_TOKENS;
-			softmax_page<D, MX>(pl, i, masked, sv, gk, qg, redm, sm, m, l, alpha);
+			softmax_page<D, MX>(pl, i, masked, sv, gk, qg, redm, sm, m, l, alpha, lq);
 			bdk::fence_proxy_async();
 			tc_before_sync();
 			__syncthreads();
@@ -513,22 +518,29 @@ __device__ void page_split(const bd_decode_plan &pl, const bd_decode_args &a, in
 		}
 	}
 
-	/* ℓ over the 128 keys' threads, then this split's normalized partial (§6) */
+	/* ℓ (and the quantized mass, into the free block-maxima buffer) over the 128 keys'
+	 * threads, then this split's normalized partial (§6) */
 #pragma unroll
 	for (int hd = 0; hd < MAX_G; hd++) {
-		float v = l[hd];
-		for (int off = 16; off > 0; off >>= 1)
+		float v = l[hd], vq = lq[hd];
+		for (int off = 16; off > 0; off >>= 1) {
 			v = v + __shfl_xor_sync(0xffffffffu, v, off);
-		if (lane == 0)
+			vq = vq + __shfl_xor_sync(0xffffffffu, vq, off);
+		}
+		if (lane == 0) {
 			redl[warp * MAX_G + hd] = v;
+			redm[warp * MAX_G + hd] = vq;
+		}
 	}
 	__syncthreads();
 	const size_t pi = slot_of(pl, b, h, s);
 #pragma unroll
 	for (int hd = 0; hd < MAX_G; hd++) {
 		const float lt = redl[hd] + redl[MAX_G + hd] + redl[2 * MAX_G + hd] + redl[3 * MAX_G + hd];
+		const float qt = redm[hd] + redm[MAX_G + hd] + redm[2 * MAX_G + hd] + redm[3 * MAX_G + hd];
+		const float den = pl.qmass && qt > 0.0f ? qt : lt;
 		if (hd < G && tid < D)
-			ws_out(a)[(pi * G + hd) * D + tid] = lt == 0.0f ? 0.0f : o[hd] / lt;
+			ws_out(a)[(pi * G + hd) * D + tid] = lt == 0.0f ? 0.0f : o[hd] / den;
 		if (hd < G && tid == 0)
 			ws_lse(pl, a)[pi * G + hd] = lt == 0.0f ? -INFINITY : m[hd] + log2f(lt) - pl.log2c;
 	}

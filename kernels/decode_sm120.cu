@@ -544,6 +544,7 @@ __global__ void __launch_bounds__(THREADS, 2)
 	/* running maxima of the thread's S heads (m_s) and of its O^T columns' heads 2t, 2t + 1
 	 * (m_o): every thread derives them from the same tile maxima, so equal heads agree */
 	float m_s[HS], m_o[2] = { -INFINITY, -INFINITY }, l_run[HS] = {}, o[KS][4] = {};
+	float q_run[HS] = {}; /* the quantized mass Σ s_P·P̂ (pl.qmass) */
 #pragma unroll
 	for (int hs = 0; hs < HS; hs++)
 		m_s[hs] = -INFINITY;
@@ -640,10 +641,11 @@ __global__ void __launch_bounds__(THREADS, 2)
 			const int hd = C::head(hs, t);
 			const float mn = mn_s[hs];
 			const bool live = mn != -INFINITY;
-			float lsum = 0.0f;
+			float lsum = 0.0f, qsum = 0.0f;
 #pragma unroll
 			for (int j = 0; j < 2; j++) {
 				const int mt = 2 * warp + j;
+				float spq; /* the block's P scale as a value */
 				const float pmax = live ? exp2f(__fsub_rn(bm[j][hs], mn)) : 0.0f;
 				uint32_t sp;
 				float inv;
@@ -652,6 +654,7 @@ __global__ void __launch_bounds__(THREADS, 2)
 					const int e = bdk::mx_e_ocp(pmax);
 					sp = (uint32_t)(e + 127);
 					inv = bdk::pow2f(-e);
+					spq = bdk::pow2f(e);
 				} else {
 					/* κ = 2 below τ/c (x/2 is x·0.5 exactly), else 6 */
 					const float cp = __fmul_rn(pl.c, pmax);
@@ -661,6 +664,7 @@ __global__ void __launch_bounds__(THREADS, 2)
 							: __fdiv_rn(cp, 6.0f));
 					const float spv = bdk::e4m3_decode(sp);
 					inv = spv == 0.0f ? 0.0f : __fdiv_rn(1.0f, spv);
+					spq = spv;
 				}
 				uint32_t code[2];
 #pragma unroll
@@ -672,6 +676,8 @@ __global__ void __launch_bounds__(THREADS, 2)
 								: 0.0f;
 					lsum = __fadd_rn(lsum, P);
 					code[r] = bdk::e2m1_encode(__fmul_rn(P, inv)) & 0xfu;
+					qsum = __fadd_rn(qsum,
+							 __fmul_rn(spq, bdk::e2m1_decode(code[r])));
 				}
 				pt[hd * BD_MMA120_P_ROW + bd_mma120_p_byte(mt, lane)] =
 					(uint8_t)(code[0] | code[1] << 4);
@@ -680,6 +686,8 @@ __global__ void __launch_bounds__(THREADS, 2)
 						(uint8_t)sp;
 			}
 			l_run[hs] = __fadd_rn(__fmul_rn(al_s[hs], l_run[hs]), lsum);
+			if (pl.qmass)
+				q_run[hs] = __fadd_rn(__fmul_rn(al_s[hs], q_run[hs]), qsum);
 		}
 		__syncthreads(); /* the P tile is complete */
 
@@ -714,14 +722,23 @@ __global__ void __launch_bounds__(THREADS, 2)
 	}
 
 	/* ---- this split's normalized partial: ℓ over the lanes, then the warps in order; the
-	 * final maxima through redm (no thread reads the tile maxima any more) ---- */
+	 * final maxima through redm (no thread reads the tile maxima any more); the quantized
+	 * masses (pl.qmass) through the P tile once every warp is past its last O^T ---- */
+	float *redq = (float *)pt;
+	if (pl.qmass)
+		__syncthreads();
 #pragma unroll
 	for (int hs = 0; hs < HS; hs++) {
-		float l = l_run[hs];
+		float l = l_run[hs], lq = q_run[hs];
 		l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 4));
 		l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 8));
 		l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 16));
+		lq = __fadd_rn(lq, __shfl_xor_sync(0xffffffffu, lq, 4));
+		lq = __fadd_rn(lq, __shfl_xor_sync(0xffffffffu, lq, 8));
+		lq = __fadd_rn(lq, __shfl_xor_sync(0xffffffffu, lq, 16));
 		if (g == 0) {
+			if (pl.qmass)
+				redq[warp * 8 + C::head(hs, t)] = lq;
 			redl[warp * 8 + C::head(hs, t)] = l;
 			if (warp == 0)
 				redm[C::head(hs, t)] = m_s[hs];
@@ -737,11 +754,15 @@ __global__ void __launch_bounds__(THREADS, 2)
 				  ch = 16 * (KS * warp + j) + bd_mma120_c_row(lane, e);
 			if (hd >= G)
 				continue;
-			float L = 0.0f;
+			float L = 0.0f, Q = 0.0f;
 #pragma unroll
-			for (int w = 0; w < WARPS; w++)
+			for (int w = 0; w < WARPS; w++) {
 				L = __fadd_rn(L, redl[w * 8 + hd]);
-			st.ws_o[(pi * G + hd) * D + ch] = L == 0.0f ? 0.0f : __fdiv_rn(o[j][e], L);
+				if (pl.qmass)
+					Q = __fadd_rn(Q, redq[w * 8 + hd]);
+			}
+			const float den = pl.qmass && Q > 0.0f ? Q : L;
+			st.ws_o[(pi * G + hd) * D + ch] = L == 0.0f ? 0.0f : __fdiv_rn(o[j][e], den);
 		}
 	if (tid < G) {
 		float L = 0.0f;

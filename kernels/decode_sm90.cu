@@ -118,6 +118,7 @@ struct DecodeParams {
 	int bt_stride;
 	int Hq, Hkv, G, NS;
 	int sink, hadamard, underflow, nterms;
+	int qmass; /* page partials divided by the quantized mass Σ s_P·P̂ (cfg->p_norm) */
 	float gamma, c, log2c, tau_c, inv_sqrt_d;
 	uint32_t head_bytes, k_codes_off, k_scales_off, v_codes_off, v_scales_off, gscale_off;
 	uint64_t page_bytes;
@@ -190,11 +191,13 @@ __device__ __forceinline__ size_t partial_index(const DecodeParams &p, int b, in
 
 /* Final per-CTA step shared by every path: warps' (m, ℓ, o) → normalized partial.
  * red: [WARPS][8][D] floats of o per warp, rm/rl: [WARPS][8] m and ℓ; all warps share m in the
- * FP4 path (then rm holds equal values) and differ in the BF16 paths. */
+ * FP4 path (then rm holds equal values) and differ in the BF16 paths. rq: [WARPS][8] the
+ * warps' quantized mass Σ s_P·P̂ when o is divided by it (the LSE stays log2 ℓ; NUMERICS.md,
+ * page-partial normalization), or NULL to divide by ℓ. */
 template <int D>
 __device__ __forceinline__ void write_partial(const DecodeParams &p, int b, int h, int s,
 					      const float *red, const float *rm, const float *rl,
-					      float log2c)
+					      float log2c, const float *rq = nullptr)
 {
 	const size_t pi = partial_index(p, b, h, s);
 	for (int e = threadIdx.x; e < p.G * D; e += THREADS) {
@@ -202,13 +205,15 @@ __device__ __forceinline__ void write_partial(const DecodeParams &p, int b, int 
 		float M = -INFINITY;
 		for (int w = 0; w < WARPS; w++)
 			M = fmaxf(M, rm[w * 8 + hd]);
-		float l = 0.0f, o = 0.0f;
+		float l = 0.0f, o = 0.0f, lq = 0.0f;
 		if (M != -INFINITY) {
 			for (int w = 0; w < WARPS; w++) {
 				if (rm[w * 8 + hd] == -INFINITY)
 					continue;
 				float sc = exp2f(rm[w * 8 + hd] - M);
 				l = l + sc * rl[w * 8 + hd];
+				if (rq)
+					lq = lq + sc * rq[w * 8 + hd];
 				o = o + sc * red[(w * 8 + hd) * D + ch];
 			}
 		}
@@ -218,7 +223,7 @@ __device__ __forceinline__ void write_partial(const DecodeParams &p, int b, int 
 			if (ch == 0)
 				p.ws_lse[pi * p.G + hd] = -INFINITY;
 		} else {
-			dst[ch] = o / l;
+			dst[ch] = o / (rq && lq > 0.0f ? lq : l);
 			if (ch == 0)
 				p.ws_lse[pi * p.G + hd] = M + log2f(l) - log2c;
 		}
@@ -911,11 +916,12 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 				(D / 2) + 16 * (lane >> 4);
 	const int vld = lane * 64 + 16 * warp;
 	const bool sink0 = p.sink && pb == 0 && warp == 0 && g < 4;
-	float m_run[HS], l_run[HS], o[MC][4], gv2_prev = 1.0f;
+	float m_run[HS], l_run[HS], q_run[HS], o[MC][4], gv2_prev = 1.0f;
 #pragma unroll
 	for (int hs = 0; hs < HS; hs++) {
 		m_run[hs] = -INFINITY;
 		l_run[hs] = 0.0f;
+		q_run[hs] = 0.0f; /* the quantized mass Σ s_P·P̂ (p.qmass) */
 	}
 #pragma unroll
 	for (int mc = 0; mc < MC; mc++)
@@ -1147,7 +1153,7 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 				spv = e4m3_decode(sp);
 				inv = e4m3_rcp(sp);
 			}
-			float lsum = 0.0f;
+			float lsum = 0.0f, qsum = 0.0f;
 #pragma unroll
 			for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
@@ -1158,9 +1164,15 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 					lsum = lsum + P;
 					const float ph = e2m1_round_pos(__fmul_rn(P, inv));
 					Pt[mt][hs][r] = MX ? ph : __fmul_rn(spv, ph);
+					qsum = qsum + Pt[mt][hs][r];
 				}
 			}
 			l_run[hs] = alpha[hs] * l_run[hs] + lsum;
+			if (p.qmass) {
+				/* MXFP4: P̃ = P̂·2^e, the block's scale (sph = 2^(e + 14)) */
+				const float pe = MX ? __fmul_rn(sph[hs], 0x1p-14f) : 1.0f;
+				q_run[hs] = alpha[hs] * q_run[hs] + __fmul_rn(qsum, pe);
+			}
 			m_run[hs] = m_new[hs];
 		}
 		if constexpr (HS == 1) {
@@ -1240,10 +1252,15 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 		l = l + __shfl_xor_sync(0xffffffffu, l, 4);
 		l = l + __shfl_xor_sync(0xffffffffu, l, 8);
 		l = l + __shfl_xor_sync(0xffffffffu, l, 16);
+		float lq = hs < HS ? q_run[hs] : 0.0f;
+		lq = lq + __shfl_xor_sync(0xffffffffu, lq, 4);
+		lq = lq + __shfl_xor_sync(0xffffffffu, lq, 8);
+		lq = lq + __shfl_xor_sync(0xffffffffu, lq, 16);
 		const int hd = MODE == 0 ? 2 * t + hs : 4 * hs + t;
 		if (g == 0) {
 			rm[warp * 8 + hd] = hs < HS ? m_run[hs] : -INFINITY;
 			rl[warp * 8 + hd] = l;
+			red[warp * 8 + hd] = lq; /* the block maxima's buffer is free after the loop */
 		}
 	}
 #pragma unroll
@@ -1254,7 +1271,7 @@ __device__ __forceinline__ void fp4_split(const DecodeParams &p, int b, int h, i
 			redo[(warp * 8 + hd) * D + 16 * mc + g + 8 * (e >> 1)] = o[mc][e] * gv2_prev;
 		}
 	__syncthreads();
-	write_partial<D>(p, b, h, s, redo, rm, rl, p.log2c);
+	write_partial<D>(p, b, h, s, redo, rm, rl, p.log2c, p.qmass ? red : nullptr);
 	finish_group<D>(p, b, h, smem);
 	if constexpr (PER) {
 		/* every thread's generic accesses to the stages precede the next item's bulk
@@ -1740,6 +1757,8 @@ extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const stru
 	pl.sink = cfg->sink;
 	pl.hadamard = cfg->hadamard;
 	pl.underflow = cfg->p_quant == BD_P_NVFP4_UNDERFLOW;
+	/* with FP32 P the quantized mass is ℓ itself: only FP4 P needs the second sum */
+	pl.qmass = cfg->p_norm == BD_NORM_QMASS && (pl.kind == 1 || pl.kind == 3);
 	pl.c = pl.underflow ? dp->c : 1.0f;
 	pl.log2c = pl.underflow ? log2f(dp->c) : 0.0f;
 	pl.tau = dp->tau;
@@ -1890,6 +1909,7 @@ extern "C" int bd_decode_run_hopper(const struct bd_decode_plan *pl,
 	p.sink = pl->sink;
 	p.hadamard = pl->hadamard;
 	p.underflow = pl->underflow;
+	p.qmass = pl->qmass;
 	p.nterms = pl->nterms;
 	p.gamma = pl->gamma;
 	p.c = pl->c;

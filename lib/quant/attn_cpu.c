@@ -158,6 +158,7 @@ struct scratch {
 	float *acc;   /* [G][d] one tile's P̃·V */
 	float *ow;    /* [G][d] the running outputs of the split being computed */
 	float *m, *l, *alpha; /* [G] running max and sum, a tile's rescale factor */
+	float *lq;    /* [G] running quantized mass Σ s_P·P̂ (cfg->p_norm = QMASS) */
 	float *o_s;   /* [G][ns + 1][d] partial outputs */
 	float *lse_s; /* [G][ns + 1] */
 	const bd_bf16 *krow[N_BF16_ROWS], *vrow[N_BF16_ROWS];
@@ -167,7 +168,7 @@ struct scratch {
 static int scratch_alloc(struct scratch *w, int G, int d, int ns)
 {
 	size_t D = (size_t)d, g = (size_t)G, np = (size_t)ns + 1, r = N_BF16_ROWS;
-	size_t n = 3 * g * D + 2 * g + 2 * r * D + 3 * g * r + 2 * g * D + 3 * g + g * np * D +
+	size_t n = 3 * g * D + 2 * g + 2 * r * D + 3 * g * r + 2 * g * D + 4 * g + g * np * D +
 		   g * np;
 	float *p;
 
@@ -194,6 +195,7 @@ static int scratch_alloc(struct scratch *w, int G, int d, int ns)
 	w->m = p, p += g;
 	w->l = p, p += g;
 	w->alpha = p, p += g;
+	w->lq = p, p += g;
 	w->o_s = p, p += g * np * D;
 	w->lse_s = p, p += g * np;
 	w->qg = p; /* last: the rows above stay 64-byte aligned */
@@ -341,6 +343,14 @@ static int page_tile(const struct job *j, struct scratch *w, int t0, uint64_t st
 			K->quant_p_nvfp4(S, P, bk, m[g], &j->ps, Pt, st);
 			break;
 		}
+		if (j->cfg->p_norm == BD_NORM_QMASS) {
+			/* the quantized mass in key order, as the reference sums it (masked keys
+			 * hold P̃ = 0) */
+			float sumq = 0.0f;
+			for (int i = 0; i < bk; i++)
+				sumq = sumq + Pt[i];
+			w->lq[g] = alpha[g] * w->lq[g] + sumq;
+		}
 	}
 
 	/* P̃·V, then o ← α·o + acc·g_V (g_V once per tile, after the FP32 sum) */
@@ -373,6 +383,7 @@ static int page_split(const struct job *j, struct scratch *w, int s, int tb, int
 	for (int g = 0; g < G; g++) {
 		w->m[g] = -INFINITY;
 		w->l[g] = 0.0f;
+		w->lq[g] = 0.0f;
 	}
 	for (int t = tb; t < te; t++)
 		if ((r = page_tile(j, w, t * j->bk, st)) < 0)
@@ -385,8 +396,10 @@ static int page_split(const struct job *j, struct scratch *w, int s, int tb, int
 			w->lse_s[(size_t)g * (size_t)np + (size_t)s] = -INFINITY;
 			continue;
 		}
+		/* divided by ℓ or by the quantized mass; the LSE from ℓ either way */
+		float den = j->cfg->p_norm == BD_NORM_QMASS && w->lq[g] > 0.0f ? w->lq[g] : w->l[g];
 		for (int c = 0; c < d; c++)
-			os[c] = og[c] / w->l[g];
+			os[c] = og[c] / den;
 		w->lse_s[(size_t)g * (size_t)np + (size_t)s] = w->m[g] + log2f(w->l[g]) - j->log2c;
 	}
 	return 0;

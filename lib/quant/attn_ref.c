@@ -54,6 +54,7 @@ struct head {
 	float *o_s;   /* [n_splits + 1][d] partial outputs */
 	float *lse_s; /* [n_splits + 1] */
 	float m, l;   /* running max and sum of the split being computed */
+	float lq;     /* running quantized mass Σ s_P·P̂ of the split (cfg->p_norm = QMASS) */
 };
 
 /* Scratch of one call. A page is expanded once per call and shared by every head of the group,
@@ -526,6 +527,15 @@ static int tile_step(const struct dctx *x, struct ws *w, struct head *h, float *
 	int r = quantize_p(x, w, m_new, st);
 	if (r < 0)
 		return r;
+	if (x->cfg->p_norm == BD_NORM_QMASS) {
+		/* the quantized mass, in key order over the unmasked keys (page-partial
+		 * normalization, NUMERICS.md) */
+		float sumq = 0.0f;
+		for (int i = 0; i < bk; i++)
+			if (!w->masked[i])
+				sumq = sumq + w->Pt[i];
+		h->lq = alpha * h->lq + sumq;
+	}
 
 	/* per channel, the FP32 sum over the tile's keys in key order, then the scales */
 	float *acc = w->acc;
@@ -569,6 +579,7 @@ static int page_split(const struct dctx *x, struct ws *w, int s, int tb, int te,
 		memset(h->o_s + (size_t)s * (size_t)d, 0, sizeof(float) * (size_t)d);
 		h->m = -INFINITY;
 		h->l = 0.0f;
+		h->lq = 0.0f;
 	}
 	for (int j = tb; j < te; j++) {
 		int t0 = j * bk;
@@ -593,8 +604,11 @@ static int page_split(const struct dctx *x, struct ws *w, int s, int tb, int te,
 			h->lse_s[s] = -INFINITY;
 			continue;
 		}
+		/* the LSE is from ℓ under either normalization; the quantized mass is positive
+		 * whenever ℓ is (the block holding the maximum keeps a nonzero code) */
+		float den = x->cfg->p_norm == BD_NORM_QMASS && h->lq > 0.0f ? h->lq : h->l;
 		for (int c = 0; c < d; c++)
-			o[c] = o[c] / h->l;
+			o[c] = o[c] / den;
 		h->lse_s[s] = h->m + log2f(h->l) - x->log2c;
 	}
 	return 0;

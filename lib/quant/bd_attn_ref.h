@@ -67,7 +67,9 @@ struct bd_decode_stats {
  * one-term) FP4 query, S = ((⟨ŝq1, ŝk⟩·g_q1 + ⟨ŝq2, ŝk⟩·g_q2)·g_K)·γ in that FP32 order, with
  * ŝ = s·x̂ (kernels apply the scales in the same order); BF16, FP8
  * and channel-blocked pages use q' rounded to BF16; the BF16 tokens use q' rounded to BF16 and
- * FP32 P. P is quantized per cfg->p_quant (§6).
+ * FP32 P. P is quantized per cfg->p_quant (§6); each split's page partial is divided by ℓ or,
+ * with cfg->p_norm = BD_NORM_QMASS, by the quantized mass Σ s_P·P̂ (NUMERICS.md, page-partial
+ * normalization), its LSE from ℓ either way.
  * ret_o: [G][d] (dv = d; in the value space, which is never rotated); ret_lse: [G] log2-domain
  * log-sum-exp of γ·logits, or NULL; stats: added to, or NULL.
  * Returns 0, -EINVAL (bad params, view or shapes), -EDOM (non-finite q). */

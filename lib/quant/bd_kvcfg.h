@@ -30,6 +30,15 @@ enum bd_pquant {
 	BD_P_MXFP4 = 3,         /* MXFP4 blocks of 32 keys, OCP rule, c = 1 */
 };
 
+/* What the page path divides its partial output by (NUMERICS.md §6; the page-partial
+ * normalization section). The LSE is always log2 ℓ, from the unquantized P. */
+enum bd_pnorm {
+	BD_NORM_L = 0,     /* o_split = Σ s_P·P̂·Ṽ / ℓ (the paper's Algorithm 1, line 11) */
+	BD_NORM_QMASS = 1, /* o_split = Σ s_P·P̂·Ṽ / Σ s_P·P̂: a convex combination of the values */
+};
+
+struct bd_emul; /* bd_kvemul.h: eval-time emulated K/V formats (NULL for every served one) */
+
 struct bd_kvcfg {
 	const char *name;
 	enum bd_page_format page_fmt;
@@ -39,6 +48,8 @@ struct bd_kvcfg {
 	int query_terms;  /* 0: query stays BF16; 1: one FP4 term; 2: dual residual (§5) */
 	enum bd_pquant p_quant;
 	bool sink;        /* the first 16 tokens stay in BF16 and are masked out of the FP4 path */
+	enum bd_pnorm p_norm; /* the page partial's normalization ("NAME:norm=qmass") */
+	const struct bd_emul *emul; /* bd_kvemul.h; NULL outside eval-kl's research runs */
 };
 
 enum {
@@ -54,6 +65,7 @@ enum {
 	BD_KVCFG_NO_SMOOTHING, /* "-smoothing": the full NVFP4 recipe without μ_k */
 	BD_KVCFG_NO_HADAMARD,  /* "-hadamard" */
 	BD_KVCFG_NO_SEARCH,    /* "-search" */
+	BD_KVCFG_BDFP4_MXFP4,  /* "bdfp4-mxfp4": bitdecoding-mxfp4 with norm=qmass */
 	BD_KVCFG_COUNT
 };
 
@@ -62,8 +74,16 @@ const struct bd_kvcfg *bd_kvcfg_get(int i);
 
 /* The configuration named name (exactly as NUMERICS.md §9 writes it: "bf16", "fp8",
  * "trtllm-nvfp4", "nvfp4-base", "+dual", "+pscale", "+keyquant", "bitdecoding-nvfp4",
- * "bitdecoding-mxfp4", "-smoothing", "-hadamard", "-search"), or NULL when unknown. */
+ * "bitdecoding-mxfp4", "-smoothing", "-hadamard", "-search", "bdfp4-mxfp4"),
+ * optionally followed by a normalization knob, ":norm=l" or ":norm=qmass" (the configuration
+ * with that p_norm: bd_kvcfg_variant), or NULL when unknown. */
 const struct bd_kvcfg *bd_kvcfg_find(const char *name);
+
+/* The configuration cfg (one of the table's, or a variant of one) with the page-partial
+ * normalization norm, named "NAME:norm=qmass" (or NAME itself when norm is the table entry's
+ * own); NULL when cfg is not a table configuration or norm is unknown. The variants are static
+ * objects: pointers compare equal for equal (configuration, norm). */
+const struct bd_kvcfg *bd_kvcfg_variant(const struct bd_kvcfg *cfg, enum bd_pnorm norm);
 
 /* True when pages of this configuration hold FP4 codes (NVFP4 or MXFP4, either layout). */
 bool bd_kvcfg_is_fp4(const struct bd_kvcfg *cfg);

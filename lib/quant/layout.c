@@ -9,9 +9,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant/bd_layout.h"
+#include "quant/bd_kvemul.h"
 
 /* ---- checked size arithmetic ------------------------------------------------------------ */
 
@@ -416,6 +418,28 @@ static bool head_shape_of(const struct bd_layout *lay, int kv_head, struct head_
 	return true;
 }
 
+/* An emulated configuration's BF16 page-head (bd_kvemul.h): K and V fake-quantized. */
+static int emul_write(const struct bd_kvcfg *cfg, const bd_bf16 *k, const bd_bf16 *v, size_t d,
+		      size_t dv, uint8_t *k_dst, uint8_t *v_dst)
+{
+	size_t nk = BD_PAGE_TOKENS * d, nv = BD_PAGE_TOKENS * dv;
+	bd_bf16 *ck = malloc(sizeof(*ck) * nk), *cv = malloc(sizeof(*cv) * nv);
+	int r = ck && cv ? 0 : -ENOMEM;
+
+	if (r == 0) {
+		memcpy(ck, k, sizeof(*ck) * nk);
+		memcpy(cv, v, sizeof(*cv) * nv);
+		r = bd_kvemul_head(cfg, ck, cv, d, dv);
+	}
+	if (r == 0) {
+		memcpy(k_dst, ck, sizeof(*ck) * nk);
+		memcpy(v_dst, cv, sizeof(*cv) * nv);
+	}
+	free(ck);
+	free(cv);
+	return r;
+}
+
 int bd_page_write_head(const struct bd_layout *lay, const struct bd_kvcfg *cfg,
 		       const bd_bf16 *k, const bd_bf16 *v, const float fp8_scale[2], void *page,
 		       int kv_head)
@@ -478,6 +502,14 @@ int bd_page_write_head(const struct bd_layout *lay, const struct bd_kvcfg *cfg,
 		break;
 	case BD_PAGE_BF16:
 	default:
+		if (cfg->emul && !mla) {
+			r = emul_write(cfg, k, v, d, dv, head + lay->k_codes_off,
+				       head + lay->v_codes_off);
+			if (r < 0)
+				return r;
+			put_g(lay, (uint8_t *)page, kv_head, g_k, g_v);
+			return 0;
+		}
 		memcpy(head + lay->k_codes_off, k, nk * sizeof(*k));
 		break;
 	}

@@ -177,6 +177,7 @@ struct ehead {
 	struct bd_qquant qq;
 	float qbf[BD_FWHT_MAX]; /* q' rounded to BF16: the BF16 partial's query */
 	float m, l;
+	float lq;               /* the quantized mass Σ s_P·P̂ (cfg->p_norm = QMASS) */
 	float *o;               /* [ns + 1][d] partial outputs */
 	float *lse;             /* [ns + 1] */
 };
@@ -310,6 +311,16 @@ static int head_page(const struct ectx *x, struct escratch *w, struct ehead *e, 
 		for (int i = 0; i < BD_NVFP4_BLOCK; i++)
 			w->code[k0 + i] = bd_e2m1_encode(phat[i]);
 	}
+	if (x->cfg->p_norm == BD_NORM_QMASS) {
+		/* the quantized mass of the P̂ codes and scales the MMA multiplies, in key order */
+		float sumq = 0.0f;
+		for (int i = 0; i < BD_PAGE_TOKENS; i++) {
+			const uint8_t sc = w->scale[i / x->lay->block];
+			sumq = sumq + (x->mx ? bd_ue8m0_decode(sc) : bd_e4m3_decode(sc)) *
+					      bd_e2m1_decode(w->code[i]);
+		}
+		e->lq = w->alpha[h] * e->lq + sumq;
+	}
 	bd_umma_pack_p_row(x->lay, h, w->code, w->scale, w->pt, w->psf);
 	e->m = mn;
 	return 0;
@@ -367,6 +378,7 @@ static int split_run(const struct ectx *x, struct escratch *w, struct ehead *hs,
 		memset(hs[h].o + (size_t)s * (size_t)x->d, 0, sizeof(float) * (size_t)x->d);
 		hs[h].m = -INFINITY;
 		hs[h].l = 0.0f;
+		hs[h].lq = 0.0f;
 	}
 	for (int j = tb; j < te; j++) {
 		int r = page_step(x, w, hs, s, j);
@@ -376,8 +388,10 @@ static int split_run(const struct ectx *x, struct escratch *w, struct ehead *hs,
 	for (int h = 0; h < x->G; h++) {
 		float *o = hs[h].o + (size_t)s * (size_t)x->d;
 		const bool empty = hs[h].l == 0.0f;
+		/* ℓ or the quantized mass divides; the LSE is from ℓ */
+		const float den = x->cfg->p_norm == BD_NORM_QMASS && hs[h].lq > 0.0f ? hs[h].lq : hs[h].l;
 		for (int c = 0; c < x->d; c++)
-			o[c] = empty ? 0.0f : o[c] / hs[h].l;
+			o[c] = empty ? 0.0f : o[c] / den;
 		hs[h].lse[s] = empty ? -INFINITY : hs[h].m + log2f(hs[h].l) - x->log2c;
 	}
 	return 0;

@@ -182,8 +182,10 @@ bad:
 	return -1;
 }
 
+/* With unit_v every value is 1 and every query 0 (the normalization property's inputs). */
 static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, int G, int Hkv,
-			  int n_layers, const int *lens, int B, uint64_t seed, const struct capture *cap)
+			  int n_layers, const int *lens, int B, uint64_t seed, const struct capture *cap,
+			  bool unit_v)
 {
 	struct tg_rng r = { seed };
 	size_t total_pages = 0;
@@ -261,6 +263,8 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 					} else {
 						gen_kv(&r, d, bias + lh * d, outl + lh * 6, k, v);
 					}
+					for (int c = 0; c < d && unit_v; c++)
+						v[c] = 1.0f;
 					CKR(bd_kv_write_token(&P->lay, cfg, slot, l, h, pos, k, v,
 							      mu + lh * d));
 				}
@@ -285,6 +289,8 @@ static void problem_build(struct problem *P, const struct bd_kvcfg *cfg, int d, 
 	/* queries: gaussian with a few large channels; scaled so that attention is peaked */
 	P->q = xmalloc(sizeof(float) * (size_t)B * P->Hq * d);
 	tg_fill_queries(&r, P->q, (size_t)B * P->Hq, d);
+	for (size_t i = 0; i < (size_t)B * P->Hq * d && unit_v; i++)
+		P->q[i] = 0.0f;
 }
 
 static void problem_upload(struct problem *P)
@@ -318,6 +324,7 @@ struct run_stats {
 	int n_splits;
 	int persist;         /* the plan's persist_ctas */
 	int worst_b, worst_h;
+	float out_lo, out_hi; /* the smallest and largest output value */
 };
 
 /* The persistent kernel (builds with BD_PERSIST, the default; FP4 pages) must give the bits of the
@@ -373,6 +380,8 @@ static void problem_run(struct problem *P, int n_splits, int layer, struct run_s
 	double num = 0, den = 0;
 
 	memset(st, 0, sizeof(*st));
+	st->out_lo = INFINITY;
+	st->out_hi = -INFINITY;
 	CKR(bd_decode_plan_init_family(&pl, family, P->cfg, &P->lay, NULL, P->B, P->Hq, P->max_len,
 				       n_splits));
 	st->n_splits = pl.n_splits;
@@ -438,6 +447,8 @@ static void problem_run(struct problem *P, int n_splits, int layer, struct run_s
 			double n2 = 0, d2 = 0;
 			for (int i = 0; i < P->G * P->d; i++) {
 				float o = out[((size_t)b * P->Hq + (size_t)h * P->G) * P->d + (size_t)i];
+				st->out_lo = fminf(st->out_lo, o);
+				st->out_hi = fmaxf(st->out_hi, o);
 				if (!isfinite(o)) {
 					n2 = INFINITY;
 					break;
@@ -481,7 +492,7 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 	}
 	if (!family_serves(cfg, d, G, NULL, 0))
 		return;
-	problem_build(&P, cfg, d, G, Hkv, n_layers, lens, B, seed, NULL);
+	problem_build(&P, cfg, d, G, Hkv, n_layers, lens, B, seed, NULL, false);
 	double t1 = bd_now_s();
 	problem_upload(&P);
 	for (int i = 0; i < nsp; i++) {
@@ -499,6 +510,46 @@ static void decode_case(const char *cfgname, int d, int G, int Hkv, const int *l
 			printf("    (the plan chose the persistent kernel: %d CTAs)\n", st.persist);
 	}
 	problem_free(&P);
+}
+
+/* The page-partial normalization property (NUMERICS.md §6 and the quantized-mass section):
+ * q = 0 and V ≡ 1 through every configuration the family serves, under both normalizations.
+ * Under norm=qmass, and under ℓ where P is not NVFP4, every output is 1 within FP32 rounding;
+ * under ℓ with NVFP4 P a request with full pages gives more than 1 (s_P·P̂ = 8.25 for c·p = 8:
+ * the bias the quantized mass removes). The kernel is also held to the reference as usual. */
+static void unit_case(const char *cfgname, int d, int G, uint64_t seed)
+{
+	static const int lens[4] = { 129, 1024, 17, 300 };
+	const struct bd_kvcfg *base = bd_kvcfg_find(cfgname);
+
+	for (int nv = 0; base && nv < 2; nv++) {
+		const struct bd_kvcfg *cfg = bd_kvcfg_variant(base, (enum bd_pnorm)nv);
+		const bool biased = cfg->p_norm == BD_NORM_L && (cfg->p_quant == BD_P_NVFP4_MAX6 ||
+								 cfg->p_quant == BD_P_NVFP4_UNDERFLOW);
+		struct problem P;
+		if (!family_serves(cfg, d, G, NULL, 0))
+			continue;
+		/* requests with one page and the sink, eight pages, BF16 rows only, two pages */
+		problem_build(&P, cfg, d, G, 2, 1, lens, 4, seed, NULL, true);
+		problem_upload(&P);
+		for (int sp = 0; sp < 2; sp++) {
+			struct run_stats st;
+			problem_run(&P, sp == 0 ? 0 : 3, 0, &st);
+			bool ok = st.max_rel <= TOL && st.max_lse <= 1e-3;
+			if (biased)
+				ok = ok && st.out_hi > 1.01f && st.out_hi < 1.0313f &&
+				     fabsf(st.out_lo - 1.0f) <= 8e-6f;
+			else
+				ok = ok && fabsf(st.out_lo - 1.0f) <= 8e-6f &&
+				     fabsf(st.out_hi - 1.0f) <= 8e-6f;
+			check(ok, "%s unit V %-30s d=%3d G=%d splits=%3d: output [%.9f, %.9f] rel %.3g lse %.3g",
+			      bd_kfamily_name(family), cfg->name, d, G, st.n_splits, st.out_lo,
+			      st.out_hi, st.max_rel, st.max_lse);
+			printf("  unit V %-30s d=%3d G=%d splits=%3d  output [%.9f, %.9f]  %s\n",
+			       cfg->name, d, G, st.n_splits, st.out_lo, st.out_hi, ok ? "ok" : "FAIL");
+		}
+		problem_free(&P);
+	}
 }
 
 /* Every captured layer of the real model's KV under configuration cfgname: one request per
@@ -522,7 +573,7 @@ static void capture_case(const char *cfgname, const struct capture *cap)
 	for (int j = 0; j < cap->n_q; j++)
 		lens[j] = cap->qpos[j] + 1;
 	problem_build(&P, cfg, cap->d, cap->Hq / cap->Hkv, cap->Hkv, cap->n_cap, lens, cap->n_q, 0,
-		      cap);
+		      cap, false);
 	problem_upload(&P);
 	for (int l = 0; l < cap->n_cap; l++) {
 		const size_t qn = (size_t)P.B * P.Hq * P.d;
@@ -647,7 +698,7 @@ static void status_checks(const char *cfgname)
 
 	if (!family_serves(cfg, 128, 4, NULL, 0))
 		return;
-	problem_build(&P, cfg, 128, 4, 2, 1, lens, 2, 77, NULL);
+	problem_build(&P, cfg, 128, 4, 2, 1, lens, 2, 77, NULL, false);
 	P.bt[0] = 1 << 20; /* request 0, page 0 */
 	P.lens[1] = 0;
 	problem_upload(&P);
@@ -964,7 +1015,9 @@ static bool next_family(int f)
 static void decode_checks(bool quick, uint64_t *seed_io)
 {
 	static const char *cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "+dual", "+pscale",
-				      "+keyquant", "bitdecoding-mxfp4", "bf16", "trtllm-nvfp4" };
+				      "+keyquant", "bitdecoding-mxfp4", "bf16", "trtllm-nvfp4",
+				      "bitdecoding-nvfp4:norm=qmass", "nvfp4-base:norm=qmass",
+				      "bitdecoding-mxfp4:norm=qmass" };
 	const int ncfg = (int)(sizeof(cfgs) / sizeof(cfgs[0]));
 	static const int lens[8] = { 1, 15, 16, 17, 127, 128, 129, 4095 };
 	static const int Gs[4] = { 1, 3, 4, 8 };
@@ -972,6 +1025,11 @@ static void decode_checks(bool quick, uint64_t *seed_io)
 
 	status_checks("bitdecoding-nvfp4");
 	status_checks("trtllm-nvfp4");
+	/* q = 0, V ≡ 1: every configuration under both normalizations */
+	for (int ci = 0; ci < BD_KVCFG_COUNT; ci++)
+		for (int d = 64; d <= 128; d *= 2)
+			if (!quick || d == 128)
+				unit_case(bd_kvcfg_get(ci)->name, d, d == 64 ? 8 : 4, seed++);
 	/* real KV first: the model's captured K/V/q through every configuration */
 	{
 		const char *path = getenv("BD_GPU_CAPTURE");

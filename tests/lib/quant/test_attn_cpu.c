@@ -33,8 +33,9 @@ struct prob {
 	float *q; /* [Hkv][G][d] */
 };
 
-static void prob_build(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
-		       uint64_t seed)
+/* With unit_v every value is 1 and every query 0 (the normalization property's inputs). */
+static void prob_build_v(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
+			 uint64_t seed, bool unit_v)
 {
 	struct tg_rng r = { seed };
 	int n_full = (n - 1) / BD_PAGE_TOKENS;
@@ -83,6 +84,8 @@ static void prob_build(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hk
 				k[outl[lh * 6 + j]] *= 12.0f;
 				v[outl[lh * 6 + j + 3]] *= 8.0f;
 			}
+			for (int c = 0; c < d && unit_v; c++)
+				v[c] = 1.0f;
 			cr_assert_eq(bd_kv_write_token(&P->lay, cfg, P->slot, lh / Hkv, lh % Hkv, pos, k,
 						       v, mu + lh * d),
 				     0);
@@ -95,12 +98,20 @@ static void prob_build(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hk
 				     0);
 	}
 	tg_fill_queries(&r, P->q, (size_t)Hkv * G, d);
+	for (int i = 0; i < Hkv * G * d && unit_v; i++)
+		P->q[i] = 0.0f;
 	free(bias);
 	free(mu);
 	free(outl);
 	free(k);
 	free(v);
 	free(fp8s);
+}
+
+static void prob_build(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
+		       uint64_t seed)
+{
+	prob_build_v(P, cfg, d, Hkv, G, n, seed, false);
 }
 
 static void prob_free(struct prob *P)
@@ -173,13 +184,20 @@ static void config_sweep(int d, int G, const int *lens, int nlens)
 	static const int splits[] = { 1, 3, 7 };
 	int ran = 0;
 
-	for (int ci = 0; ci < BD_KVCFG_COUNT; ci++) {
+	/* every configuration, then those with FP4 P again under norm=qmass */
+	for (int cv = 0; cv < 2 * BD_KVCFG_COUNT; cv++) {
+		const int ci = cv % BD_KVCFG_COUNT;
 		const struct bd_kvcfg *cfg = bd_kvcfg_get(ci);
+		if (cv >= BD_KVCFG_COUNT) {
+			if (cfg->p_quant == BD_P_FP32)
+				continue;
+			cfg = bd_kvcfg_variant(cfg, BD_NORM_QMASS);
+		}
 		if (cfg->page_fmt == BD_PAGE_FP8)
 			continue;
 		for (int li = 0; li < nlens; li++) {
 			struct prob P;
-			uint64_t seed = 1000u + (uint64_t)ci * 31u + (uint64_t)li;
+			uint64_t seed = 1000u + (uint64_t)cv * 31u + (uint64_t)li;
 			prob_build(&P, cfg, d, 2, G, lens[li], seed);
 			for (int ii = 0; ii < 2; ii++) {
 				if (bd_attn_cpu_set_isa(isas[ii]) < 0)
@@ -394,4 +412,86 @@ Test(attn_cpu, p_tie_of_a_model_call)
 	free(slot);
 	if (ran == 0)
 		cr_skip_test("no AVX2 on this CPU: the reference decoder is the path");
+}
+
+/* The page-partial normalization (NUMERICS.md §6 and the quantized-mass section): with q = 0
+ * every logit is 0 and with V ≡ 1 (stored exactly in every format) the output of a convex
+ * combination is 1. Under norm=qmass every configuration gives 1 within FP32 rounding, on the
+ * reference and on each SIMD instruction set; under the paper's ℓ the configurations with
+ * NVFP4 P give more than 1 (flat c·p = 8: s_P = E4M3(8/6) = 1.375, P̂ = 6, s_P·P̂ = 8.25 over a
+ * mass of 8, diluted by the BF16 tokens), the others 1. */
+static void unit_case(const struct bd_kvcfg *cfg, int n, int splits, int tile, float *ret_lo,
+		      float *ret_hi)
+{
+	struct prob P;
+	const int G = 4, d = 64;
+	size_t gd = (size_t)G * d;
+	float *o = malloc(sizeof(float) * gd * 2), lse[8];
+	struct bd_decode_params dp = bd_decode_params_default();
+
+	cr_assert(o);
+	dp.n_splits = splits;
+	dp.tile_keys = tile;
+	prob_build_v(&P, cfg, d, 2, G, n, 4242u + (uint64_t)n, true);
+	*ret_lo = INFINITY;
+	*ret_hi = -INFINITY;
+	for (int path = 0; path < 3; path++) {
+		if (path == 0) {
+			for (int h = 0; h < 2; h++) {
+				struct bd_kv_view kv = prob_view(&P, 1, h);
+				cr_assert_eq(bd_ref_decode_gqa(cfg, &dp, &kv, P.q + h * gd, G,
+							       o + h * gd, lse, NULL),
+					     0);
+			}
+		} else {
+			if (!bd_attn_cpu_supported(cfg) || bd_attn_cpu_set_isa(isas[path - 1]) < 0)
+				continue;
+			struct bd_kv_view kv = prob_view(&P, 1, 0);
+			cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 2, P.q, G, o, lse, NULL), 0);
+		}
+		for (size_t i = 0; i < gd * 2; i++) {
+			*ret_lo = fminf(*ret_lo, o[i]);
+			*ret_hi = fmaxf(*ret_hi, o[i]);
+		}
+	}
+	if (bd_attn_cpu_set_isa(isas[0]) < 0)
+		(void)bd_attn_cpu_set_isa(isas[1]);
+	prob_free(&P);
+	free(o);
+}
+
+Test(attn_cpu, unit_values_give_one_under_qmass)
+{
+	static const int lens[] = { 17, 129, 300, 1024, 1025 };
+	/* FP32 rounding of sums of up to 1024 terms and of the page and BF16 combine */
+	const float tol = 8e-6f;
+
+	for (int ci = 0; ci < BD_KVCFG_COUNT; ci++) {
+		const struct bd_kvcfg *base = bd_kvcfg_get(ci);
+		for (int nv = 0; nv < 2; nv++) {
+			const struct bd_kvcfg *cfg = bd_kvcfg_variant(base, (enum bd_pnorm)nv);
+			cr_assert(cfg);
+			bool biased = cfg->p_norm == BD_NORM_L &&
+				      (cfg->p_quant == BD_P_NVFP4_UNDERFLOW ||
+				       cfg->p_quant == BD_P_NVFP4_MAX6);
+			for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+				int tile = cfg->p_quant == BD_P_MXFP4 ? 32 : 16;
+				for (int sp = 1; sp <= 3; sp += 2) {
+					float lo, hi;
+					unit_case(cfg, lens[li], sp, sp == 1 ? 64 : tile, &lo, &hi);
+					if (biased && lens[li] > BD_PAGE_TOKENS) {
+						cr_expect(lo > 1.01f && hi < 1.0313f,
+							  "%s n=%d: [%.7f, %.7f], the paper's ℓ "
+							  "keeps the P̂ mass bias",
+							  cfg->name, lens[li], lo, hi);
+					} else {
+						cr_expect(fabsf(lo - 1.0f) <= tol &&
+								  fabsf(hi - 1.0f) <= tol,
+							  "%s n=%d splits=%d: [%.9f, %.9f]",
+							  cfg->name, lens[li], sp, lo, hi);
+					}
+				}
+			}
+		}
+	}
 }

@@ -425,6 +425,13 @@ Test(mma_sm100, decode_bitdecoding_mxfp4_matches_reference, .timeout = 120)
 	match_config("bitdecoding-mxfp4");
 }
 
+/* The page partials divided by the quantized mass (the MMA's P̂ codes and scales) */
+Test(mma_sm100, decode_qmass_matches_reference, .timeout = 120)
+{
+	match_config("bitdecoding-nvfp4:norm=qmass");
+	match_config("bdfp4-mxfp4");
+}
+
 /* The emulation is not the reference by another name: a wrong byte in one packed page changes
  * its result, and restoring it restores the reference's bits. */
 Test(mma_sm100, decode_reads_the_packed_page)

@@ -698,6 +698,7 @@ struct kmodel {
 struct ksplit {
 	float m[8];
 	float l[BD_MMA120_WARPS][LANES][2];
+	float lq[BD_MMA120_WARPS][LANES][2]; /* the quantized mass Σ s_P·P̂ (cfg->p_norm) */
 	float o[BD_MMA120_WARPS][LANES][2][4];
 };
 
@@ -923,6 +924,26 @@ static void kmodel_page(const struct kmodel *M, struct ksplit *T, const uint8_t 
 					   bd_e2m1_encode(phat[i]));
 		}
 	}
+	/* the quantized mass per thread, in its order (tile j, then row), as the kernel sums
+	 * its blocks' s_P·P̂ */
+	for (int w = 0; w < BD_MMA120_WARPS && M->cfg->p_norm == BD_NORM_QMASS; w++)
+		for (int lane = 0; lane < LANES; lane++)
+			for (int hs = 0; hs < M->hs_n; hs++) {
+				const int hd = s_head(M, hs, lane);
+				float qsum = 0.0f;
+				for (int j = 0; j < 2; j++)
+					for (int r = 0; r < 2; r++) {
+						const int key = bd_mma120_s_key(
+							2 * w + j, bd_mma120_c_row(lane, 2 * r));
+						const float sp =
+							M->mx ? bd_ue8m0_decode(ps[4 * hd + key / 32])
+							      : bd_e4m3_decode(ps[8 * hd + key / 16]);
+						qsum = qsum + sp * bd_e2m1_decode(bd_fp4_get(
+									   pt + BD_MMA120_P_ROW * hd,
+									   (size_t)key));
+					}
+				T->lq[w][lane][hs] = alpha[hd] * T->lq[w][lane][hs] + qsum;
+			}
 	for (int w = 0; w < BD_MMA120_WARPS; w++)
 		for (int j = 0; j < KS; j++) {
 			float acc[LANES][4];
@@ -943,20 +964,30 @@ static void kmodel_finish(const struct kmodel *M, const struct ksplit *T, int s,
 			  float *lse_s)
 {
 	const int d = M->d, KS = d / 64;
-	float L[8] = { 0 };
+	float L[8] = { 0 }, Q[8] = { 0 };
 
 	for (int w = 0; w < BD_MMA120_WARPS; w++) {
-		float red[8] = { 0 };
+		float red[8] = { 0 }, redq[8] = { 0 };
 		for (int hs = 0; hs < M->hs_n; hs++) {
-			float v[LANES];
-			for (int lane = 0; lane < LANES; lane++)
+			float v[LANES], vq[LANES];
+			for (int lane = 0; lane < LANES; lane++) {
 				v[lane] = T->l[w][lane][hs];
-			for (int lane = 0; lane < 4; lane++)
+				vq[lane] = T->lq[w][lane][hs];
+			}
+			for (int lane = 0; lane < 4; lane++) {
 				red[s_head(M, hs, lane)] = lanes_sum(v, lane);
+				redq[s_head(M, hs, lane)] = lanes_sum(vq, lane);
+			}
 		}
-		for (int hd = 0; hd < 8; hd++)
+		for (int hd = 0; hd < 8; hd++) {
 			L[hd] = L[hd] + red[hd];
+			Q[hd] = Q[hd] + redq[hd];
+		}
 	}
+	/* the divisor: ℓ, or the quantized mass (the LSE stays from ℓ) */
+	float den[8];
+	for (int hd = 0; hd < 8; hd++)
+		den[hd] = M->cfg->p_norm == BD_NORM_QMASS && Q[hd] > 0.0f ? Q[hd] : L[hd];
 	for (int w = 0; w < BD_MMA120_WARPS; w++)
 		for (int j = 0; j < KS; j++)
 			for (int lane = 0; lane < LANES; lane++)
@@ -966,7 +997,7 @@ static void kmodel_finish(const struct kmodel *M, const struct ksplit *T, int s,
 					if (hd < M->G)
 						o_s[((size_t)hd * (NS + 1) + s) * d + ch] =
 							L[hd] == 0.0f ? 0.0f
-								      : T->o[w][lane][j][e] / L[hd];
+								      : T->o[w][lane][j][e] / den[hd];
 				}
 	for (int hd = 0; hd < M->G; hd++)
 		lse_s[hd * (NS + 1) + s] = L[hd] == 0.0f ? -INFINITY
@@ -1237,7 +1268,9 @@ static void decode_case(const char *cfgname, int d, int G, const int *lens, int 
 	problem_free(&P);
 }
 
-static const char *const decode_cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "bitdecoding-mxfp4" };
+static const char *const decode_cfgs[] = { "bitdecoding-nvfp4", "nvfp4-base", "bitdecoding-mxfp4",
+					    "bitdecoding-nvfp4:norm=qmass",
+					    "bitdecoding-mxfp4:norm=qmass" };
 
 /* The model's S^T sums each k-step block exactly and adds the blocks into FP32 accumulators
  * where the reference sums channel by channel, and its P·V, ℓ and the split's reductions go in
@@ -1250,7 +1283,7 @@ Test(mma_sm120, decode_matches_reference, .timeout = 120)
 	static const int splits[] = { 1, 3, 8 };
 	static const int Gs[] = { 1, 4, 8 };
 
-	for (size_t c = 0; c < 3; c++) {
+	for (size_t c = 0; c < sizeof(decode_cfgs) / sizeof(decode_cfgs[0]); c++) {
 		double rel = 0.0, lse = 0.0;
 		for (int d = 64; d <= 128; d *= 2)
 			for (size_t g = 0; g < 3; g++)
@@ -1285,7 +1318,7 @@ Test(mma_sm120, decode_bit_exact_where_sums_are_exact, .timeout = 120)
 	static const int Gs[] = { 1, 8 };
 	double rel = 0.0, lse = 0.0;
 
-	for (size_t c = 0; c < 3; c++)
+	for (size_t c = 0; c < sizeof(decode_cfgs) / sizeof(decode_cfgs[0]); c++)
 		for (int d = 64; d <= 128; d *= 2)
 			for (size_t g = 0; g < 2; g++)
 				decode_case(decode_cfgs[c], d, Gs[g], lens, 4, splits, 2,
