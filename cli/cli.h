@@ -24,7 +24,8 @@ int cmd_eval_passkey(int argc, char **argv);
 
 /* The evaluations' inputs (cli/evalio.c). cli_read_texts: the files paths[n] read whole and
  * joined with blank lines into *ret (malloc'ed, NUL after the *ret_len bytes; the caller frees
- * it). cli_parse_kv_list: the comma-separated configuration names of list into cfg
+ * it). cli_parse_kv_list: the comma-separated configuration names of list (bd_kvcfg.h, or the
+ * eval-only emu-* formats of bd_kvemul.h) into cfg
  * [BD_KVCFG_COUNT] in order, a name given twice kept once, *ret_n of them. Both return 0, or -1
  * after printing why ("bdfp4 TOOL: ..."; an empty list prints nothing) with the outputs
  * unchanged. */
