@@ -56,6 +56,18 @@ static void gemm_entry_free(struct gemm_entry *e)
 }
 
 /* The layouts and algorithm of Y [N][M] = X [N][K] (row stride ldb) · W [M][K]ᵀ. */
+/* Whether algo splits K over several CTAs (CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1); an algorithm
+ * whose attribute cannot be read counts as not splitting. */
+static bool algo_splits_k(const cublasLtMatmulAlgo_t *algo)
+{
+	int32_t splits = 1;
+	size_t n = 0;
+	if (cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+						 sizeof(splits), &n) != CUBLAS_STATUS_SUCCESS)
+		return false;
+	return splits > 1;
+}
+
 static int gemm_find(struct bd_gemm *gm, int M, int N, int K, int ldb, struct gemm_entry **ret)
 {
 	for (int i = 0; i < GEMM_CACHE; i++) {
@@ -105,9 +117,15 @@ static int gemm_find(struct bd_gemm *gm, int M, int N, int K, int ldb, struct ge
 	}
 	e->algo = h[0].algo;
 	e->n_cand = 0;
+	/* split-K candidates are left out: in a captured decode step each adds a memset or a
+	 * reduction node per GEMM, and on the H200 a step graph with them took 113-134 us to
+	 * launch against 45 us without them (bench/RESULTS.md), more than timing one GEMM
+	 * alone shows them saving */
 	for (int i = 0; i < nres && i < GEMM_CANDIDATES; i++)
-		if (h[i].state == CUBLAS_STATUS_SUCCESS)
+		if (h[i].state == CUBLAS_STATUS_SUCCESS && !algo_splits_k(&h[i].algo))
 			e->cand[e->n_cand++] = h[i].algo;
+	if (e->n_cand > 0)
+		e->algo = e->cand[0];
 	e->tuned = e->n_cand < 2;
 	e->M = M;
 	e->N = N;

@@ -6,12 +6,13 @@
  * chunks (several chunks, so the back-to-back mapping is exercised), then for each rank:
  *   - process A attaches, maps the arena with bd_pool_cuda_map, takes two pages and a slot
  *     through the ZeroMQ API, copies random BF16 K'/V into the slot's recent rows, synchronizes,
- *     promotes them into the first page with bd_promote_run and synchronizes again before it
- *     tells B (pipe) the page, the slot and the seed;
+ *     promotes them into the first page with bd_promote_run, synchronizes, unmaps and detaches
+ *     before it tells B (pipe) the page, the slot and the seed (kvpoold allows one live
+ *     attachment per rank, so the two processes take turns);
  *   - process B attaches and maps the same arena, reads the slot and the page back, checks the
  *     slot holds A's data and that the page equals bd_page_promote of it on the CPU, byte for
- *     byte, then writes a pattern into the second page, synchronizes and tells A, who reads it
- *     back and checks it (both directions);
+ *     byte, then writes a pattern into the second page, synchronizes, detaches and tells A,
+ *     who attaches again, reads it back and checks it (both directions);
  * then a process attached and mapped on rank 0 is SIGKILLed: the attachment count must drop
  * back, its pages come back through owner reclaim, and an allocation must work afterwards;
  * `kvpoolctl stats` is shown; SIGTERM must stop kvpoold with exit status 0.
@@ -172,18 +173,15 @@ static void wpass(struct worker *w, const char *fmt, ...)
 		}                                                                          \
 	} while (0)
 
-static void worker_start(struct worker *w, const char *who, int rank)
+/* Attaches w's rank and maps its arena (kvpoold allows one live attachment per rank, so the
+ * processes of one rank take turns: each detaches before it hands over). */
+static void worker_attach(struct worker *w)
 {
 	char err[512];
 	void *base = NULL;
 	int e;
 
-	memset(w, 0, sizeof(*w));
-	w->who = who;
-	w->rank = rank;
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	alarm(60); /* never outlive the run */
-	e = bd_pool_attach(S.sock, rank, err, sizeof(err), &w->att);
+	e = bd_pool_attach(S.sock, w->rank, err, sizeof(err), &w->att);
 	if (e < 0) {
 		wfail(w, "bd_pool_attach: %s (%d)", err, e);
 		_exit(1);
@@ -191,7 +189,7 @@ static void worker_start(struct worker *w, const char *who, int rank)
 	w->g = bd_pool_attach_geometry(w->att);
 	if (S.cpu) {
 		w->base = (uint8_t *)bd_pool_attach_pages(w->att) - w->g->pages_offset;
-		goto conn;
+		return;
 	}
 	e = bd_pool_cuda_map(w->att, &base, err, sizeof(err));
 	if (e < 0) {
@@ -201,7 +199,35 @@ static void worker_start(struct worker *w, const char *who, int rank)
 	w->base = base;
 	/* the runtime on this thread uses the primary context the map made current */
 	WCK(w, cudaSetDevice(w->g->device));
-conn:
+}
+
+/* Synchronizes, unmaps and detaches (what it wrote stays in the pool's arena). */
+static void worker_detach(struct worker *w)
+{
+	cudaError_t ce = S.cpu || !w->att ? cudaSuccess : cudaDeviceSynchronize();
+
+	if (ce != cudaSuccess)
+		wfail(w, "synchronize before detaching: %s", cudaGetErrorString(ce));
+	if (!w->att)
+		return;
+	if (!S.cpu)
+		bd_pool_cuda_unmap(w->att, w->base);
+	bd_pool_detach(w->att);
+	w->att = NULL;
+	w->g = NULL;
+	w->base = NULL;
+}
+
+static void worker_start(struct worker *w, const char *who, int rank)
+{
+	int e;
+
+	memset(w, 0, sizeof(*w));
+	w->who = who;
+	w->rank = rank;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	alarm(60); /* never outlive the run */
+	worker_attach(w);
 	e = bd_pool_conn_new(S.endpoint, 5000, &w->conn);
 	if (e < 0) {
 		wfail(w, "bd_pool_conn_new: %d", e);
@@ -211,13 +237,7 @@ conn:
 
 __attribute__((noreturn)) static void worker_end(struct worker *w)
 {
-	cudaError_t ce = S.cpu ? cudaSuccess : cudaDeviceSynchronize();
-
-	if (ce != cudaSuccess)
-		wfail(w, "final synchronize: %s", cudaGetErrorString(ce));
-	if (!S.cpu)
-		bd_pool_cuda_unmap(w->att, w->base);
-	bd_pool_detach(w->att);
+	worker_detach(w);
 	bd_pool_conn_free(w->conn);
 	fflush(stdout);
 	_exit(w->fail ? 1 : 0);
@@ -340,6 +360,7 @@ __attribute__((noreturn)) static void process_a(int rank, int to_b, int from_b, 
 		wpass(&w, "promoted slot %d into page %d on device %d (arena %zu bytes in %zu chunks)",
 		      slot, pages[0], w.g->device, w.g->arena_bytes, w.g->n_chunks);
 	m = (struct msg){ .page = pages[0], .page2 = pages[1], .slot = slot, .seed = seed };
+	worker_detach(&w); /* B attaches the same rank next */
 	if (write(to_b, &m, sizeof(m)) != (ssize_t)sizeof(m)) {
 		wfail(&w, "pipe to B: %s", strerror(errno));
 		_exit(1);
@@ -349,6 +370,8 @@ __attribute__((noreturn)) static void process_a(int rank, int to_b, int from_b, 
 		wfail(&w, "no word from B");
 		_exit(1);
 	}
+	worker_attach(&w);
+	lay = &w.g->layout;
 	read_page(&w, pages[1], host);
 	for (int l = 0; l < lay->n_layers; l++)
 		for (size_t i = 0; i < lay->page_bytes; i++)
@@ -380,11 +403,15 @@ __attribute__((noreturn)) static void process_b(int rank, int from_a, int to_a)
 	struct msg m;
 	int e;
 
-	worker_start(&w, "B", rank);
+	if (!read_full(from_a, &m, sizeof(m), WAIT_MS)) {
+		printf("FAIL: rank %d B: no word from A\n", rank);
+		_exit(1);
+	}
+	worker_start(&w, "B", rank); /* A has detached */
 	lay = &w.g->layout;
 	cfg = bd_kvcfg_find(w.g->kv_config);
-	if (!cfg || !read_full(from_a, &m, sizeof(m), WAIT_MS)) {
-		wfail(&w, "no word from A (or unknown kv_config)");
+	if (!cfg) {
+		wfail(&w, "unknown kv_config %s", w.g->kv_config);
 		_exit(1);
 	}
 	all = lay->page_bytes * (size_t)lay->n_layers;
@@ -428,6 +455,7 @@ __attribute__((noreturn)) static void process_b(int rank, int from_a, int to_a)
 	for (int l = 0; l < lay->n_layers; l++)
 		xfer(&w, page_ptr(&w, l, m.page2), page_dev + (size_t)l * lay->page_bytes,
 		     lay->page_bytes, true);
+	worker_detach(&w); /* A attaches again to read page2 */
 	if (write(to_a, &m, sizeof(m)) != (ssize_t)sizeof(m))
 		wfail(&w, "pipe to A: %s", strerror(errno));
 	free(slot_dev);
