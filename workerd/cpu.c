@@ -21,7 +21,6 @@
 #include "model/bd_kvmem.h"
 #include "model/bd_sampler.h"
 #include "model/bd_seq.h"
-#include "base/bd_rand.h"
 #include "pool/bd_kvmem_pool.h"
 #include "serve/bd_allreduce.h"
 #include "workerd.h"
@@ -145,10 +144,9 @@ static int model_fail(struct wd_row_out *o, int r, const char *what)
 	return wd_row_fail(o, wd_serve_error(r), "%s failed: %s", what, strerror(-r));
 }
 
-/* The sampler of a request that drew `draws` tokens before (rank 0). A resumed sampler that
- * draws (temperature > 0) continues on a stream seeded by (seed, draws): bd_sampler cannot be
- * moved forward without the logits of the draws it missed, so its tokens are a sample of the
- * same distribution, not those an undisturbed run draws (a greedy one draws nothing: exact). */
+/* The sampler of a request that drew `draws` tokens before (rank 0): made with the request's
+ * parameters and moved past those draws (bd_sampler_skip), so a resumed request draws what an
+ * undisturbed run draws next, and with the same logits streams the same tokens. */
 static int make_sampler(struct wd *w, const Bdfp4__PlanRow *row, struct bd_sampler **ret)
 {
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
@@ -159,12 +157,10 @@ static int make_sampler(struct wd *w, const Bdfp4__PlanRow *row, struct bd_sampl
 		sp.top_p = row->sampling->top_p > 0.0f ? row->sampling->top_p : 1.0f;
 		sp.seed = row->sampling->seed;
 	}
-	if (row->draws) {
-		uint64_t x = sp.seed ^ (row->draws * 0x9e3779b97f4a7c15ull);
-
-		sp.seed = bd_splitmix64(&x);
-	}
-	return bd_sampler_new(&sp, w->model->hp.n_vocab, ret);
+	int r = bd_sampler_new(&sp, w->model->hp.n_vocab, ret);
+	if (r == 0)
+		bd_sampler_skip(*ret, row->draws);
+	return r;
 }
 
 /* A new sequence for row (a prefill at position 0, or a row that resumes a request): its
