@@ -336,6 +336,10 @@ $(BUILD)/bench/bench_scrub.o: CFLAGS += -Ikvpoold
 $(BUILD)/bench/bench_scrub.o: | $(PROTO_H)
 all: $(BUILD)/bin/bench_scrub
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
+# systemd's restart and fd store for kvpoold under deploy/run-local.sh (deploy/fdstore_run.c)
+$(eval $(call program,fdstore-run,$(BUILD)/deploy/fdstore_run.o $(BUILD)/tests/common/fdstore.o $(BUILD)/tests/common/spawn.o,base))
+$(BUILD)/deploy/fdstore_run.o: CFLAGS += -Itests/common
+all: $(BUILD)/bin/fdstore-run
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
 	$(BUILD)/bin/bench_batch
@@ -389,7 +393,7 @@ all: $(TEST_BIN)
 # and the daemons they start through BD_BIN. With SAN=1, LeakSanitizer ignores the leaks of
 # Criterion's own runner (tests/lsan.supp).
 unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4 \
-		$(BUILD)/bin/loadgen
+		$(BUILD)/bin/loadgen $(BUILD)/bin/fdstore-run
 	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) BD_OPENAI_PY=$(abspath $(OPENAI_PY)) \
 	$(if $(filter 1,$(SAN)),LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0) \
 	$(TEST_BIN) --jobs 2
@@ -508,7 +512,8 @@ gpu-test-model: $(BUILD)/bin/gmodel_check
 # The serving benchmark on one GPU (bench/serve_gpu.sh): random Qwen3-4B weights, synthetic
 # prefill, bf16 and bitdecoding-nvfp4 pools; tables in $(BD_RESULTS_DIR) (default $(BUILD)/).
 # No deps/model here: the GPU machine has its libraries from tests/gpu/device-env.sh.
-bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $(BUILD)/bin/bdfp4
+bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $(BUILD)/bin/bdfp4 \
+		$(BUILD)/bin/fdstore-run
 	$(need_nvcc)
 	BD_RESULTS_DIR=$(or $(BD_RESULTS_DIR),$(BUILD)) sh bench/serve_gpu.sh $(BUILD)/bin
 
