@@ -32,9 +32,9 @@
  * rank as systemd would). --fault stop:R@S+D stops rank R with SIGSTOP at S seconds and lets it
  * go on with SIGCONT D seconds later (a rank that hangs, then recovers); --fault kill9:pool@S
  * kills kvpoold, whose pid is in BD_POOL_PIDFILE (run-local.sh starts it again on its stored
- * fds, as systemd does). Each level then
- * reports the requests lost (failed: the goal is none) and the time to resume: from the fault
- * to the first token any request gets after it.
+ * fds, as systemd does). Each level then reports the requests lost (failed: the goal is none),
+ * the time to resume (from the fault to the first token any request gets after it) and the
+ * longest time without a token from the fault on.
  * --long-prompt N makes the level's first request one of N random token ids (the others as
  * usual) and reports the TTFT of the short requests sent while it was prefilling (from its send
  * to its first token): what a long prompt costs the others.
@@ -370,7 +370,6 @@ static void steady_window(const struct level *L, struct row *r)
 	r->steady_ok = r->steady_s > 0 && r->steady_tokens > 0;
 }
 
-/* The pid in the rank-th file of BD_WORKER_PIDFILES (space-separated), or -1. */
 #define FAULT_POOL 8 /* --fault kill9:pool@S: kvpoold instead of a rank */
 
 /* What the fault hits, for messages: "worker rank R" or "kvpoold" (static buffer). */
@@ -384,8 +383,8 @@ static const char *fault_name(int rank)
 	return name;
 }
 
-/* The current pid of worker rank (the rank-th file of BD_WORKER_PIDFILES) or, for FAULT_POOL,
- * of kvpoold (BD_POOL_PIDFILE); -1 when unknown. */
+/* The current pid of worker rank (the rank-th file of BD_WORKER_PIDFILES, space-separated) or,
+ * for FAULT_POOL, of kvpoold (BD_POOL_PIDFILE); -1 when unknown. */
 static pid_t worker_pid(int rank)
 {
 	const char *files = getenv(rank == FAULT_POOL ? "BD_POOL_PIDFILE" : "BD_WORKER_PIDFILES");
@@ -661,8 +660,7 @@ static void print_rows(FILE *f, const struct row *rows, int n, const struct opts
 				   "s later: %d request(s) lost of %d; the stop to the next token %.2f s; "
 				   "longest time without a token from the stop on %.2f s.\n", r->conc,
 				fault_name(o->fault_rank), o->fault_at, o->fault_for, r->n_req - r->ok,
-				r->n_req,
-				r->resume_s, r->stall_s);
+				r->n_req, r->resume_s, r->stall_s);
 		else if (r->fault && r->killed)
 			fprintf(f, "\nConcurrency %d, kill -9 of %s at %.1f s: %d "
 				   "request(s) lost of %d; time to resume (the kill to the next token) "
@@ -803,15 +801,13 @@ int main(int argc, char **argv)
 			o.fault_for = 0;
 			if (sscanf(optarg, "kill9:pool@%lf%n", &o.fault_at, &used) == 1)
 				o.fault_rank = FAULT_POOL;
-			else if (sscanf(optarg, "kill9:%d@%lf%n", &o.fault_rank, &o.fault_at,
-					&used) != 2 &&
-			    (sscanf(optarg, "stop:%d@%lf+%lf%n", &o.fault_rank, &o.fault_at,
-				    &o.fault_for, &used) != 3 || !(o.fault_for > 0)))
+			else if ((sscanf(optarg, "kill9:%d@%lf%n", &o.fault_rank, &o.fault_at,
+					 &used) != 2 &&
+				  (sscanf(optarg, "stop:%d@%lf+%lf%n", &o.fault_rank, &o.fault_at,
+					  &o.fault_for, &used) != 3 || !(o.fault_for > 0))) ||
+				 o.fault_rank < 0 || o.fault_rank >= FAULT_POOL) /* ranks 0..7 */
 				used = 0;
-			if (o.fault_rank == FAULT_POOL && strncmp(optarg, "kill9:pool@", 11))
-				used = 0; /* ranks are 0..7 */
-			if (!used || optarg[used] || o.fault_rank < 0 || o.fault_rank > FAULT_POOL ||
-			    o.fault_at < 0) {
+			if (!used || optarg[used] || o.fault_at < 0) {
 				fprintf(stderr, "loadgen: bad --fault '%s' (kill9:RANK@SECONDS, "
 						"kill9:pool@SECONDS or stop:RANK@SECONDS+SECONDS)\n",
 					optarg);

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,24 @@ static int write_pid(const char *path, pid_t pid)
 	fprintf(f, "%d\n", (int)pid);
 	if (fclose(f) != 0 || rename(tmp, path) != 0)
 		return -1;
+	return 0;
+}
+
+/* Starts the daemon (again after a restart: on what it stored) with the signals unblocked, as
+ * systemd starts it, and writes its pid to pidfile. Returns 0, or -1 after a message. */
+static int start(struct fs_store *st, const sigset_t *set, const char *const *cmd,
+		 const char *log, const char *pidfile, bool again)
+{
+	int r;
+
+	sigprocmask(SIG_UNBLOCK, set, NULL);
+	r = again ? fs_restart(st, SIGKILL, START_MS) : fs_start(st, cmd, log, START_MS);
+	sigprocmask(SIG_BLOCK, set, NULL);
+	if (r < 0 || write_pid(pidfile, st->pid) < 0) {
+		fprintf(stderr, "fdstore-run: %s of %s failed: %s\n", again ? "the restart" : "the start",
+			cmd[0], r < 0 ? strerror(-r) : "cannot write the pid file");
+		return -1;
+	}
 	return 0;
 }
 
@@ -78,13 +97,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fdstore-run: %s: %s\n", notify, strerror(-r));
 		return 2;
 	}
-	/* the daemon gets the signals unblocked, as from systemd */
-	sigprocmask(SIG_UNBLOCK, &set, NULL);
-	r = fs_start(&st, cmd, log, START_MS);
-	sigprocmask(SIG_BLOCK, &set, NULL);
-	if (r < 0 || write_pid(pidfile, st.pid) < 0) {
-		fprintf(stderr, "fdstore-run: %s did not start: %s\n", cmd[0],
-			r < 0 ? strerror(-r) : "cannot write the pid file");
+	if (start(&st, &set, cmd, log, pidfile, false) < 0) {
 		fs_close(&st);
 		return 2;
 	}
@@ -118,12 +131,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fdstore-run: %s (pid %d) ended with status %d: restarting on its "
 				"%zu stored fd(s) in 100 ms\n", cmd[0], (int)st.pid, status, st.n);
 		usleep(100000);
-		sigprocmask(SIG_UNBLOCK, &set, NULL);
-		r = fs_restart(&st, SIGKILL, START_MS);
-		sigprocmask(SIG_BLOCK, &set, NULL);
-		if (r < 0 || write_pid(pidfile, st.pid) < 0) {
-			fprintf(stderr, "fdstore-run: the restart of %s failed: %s\n", cmd[0],
-				r < 0 ? strerror(-r) : "cannot write the pid file");
+		if (start(&st, &set, cmd, log, pidfile, true) < 0) {
 			fs_close(&st);
 			return 1;
 		}

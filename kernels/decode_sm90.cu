@@ -1827,10 +1827,9 @@ extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const stru
 	const int pages = pl.bt_stride;
 	if (n_splits > 1024)
 		return -EINVAL;
-	/* The persistent kernel for small batches (B ≤ 16) when the splits fit one wave, the BF16
-	 * partials' CTAs would add one, and the slots the splits leave free can take the partials
-	 * while the splits run: a partial (144 rows in three dependent loads) takes about as long
-	 * as 4 pages of a split at full occupancy (same work items, same results). */
+	/* the persistent kernel's occupancy, for persist_fits (it runs the same work items with the
+	 * same results; a partial, 144 rows in three dependent loads, takes about as long as 4
+	 * pages of a split at full occupancy) */
 	const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
 	int occ_p = -1;
 #if BD_PERSIST
