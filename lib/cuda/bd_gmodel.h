@@ -122,8 +122,9 @@ void *bd_gmodel_slots(const struct bd_gmodel *g);
 /* One row of a step (one request): serve.proto PlanRow, host memory. */
 struct bd_grow {
 	int32_t slot;               /* the request's BF16 slot, 0..n_slots−1 */
-	int32_t position;           /* prefill: 0; decode: the fed token's position = tokens the
-				     * cache held before the step */
+	int32_t position;           /* tokens the cache held before the step: prefill 0 (a new
+				     * sequence) or a multiple of 128 (a chunk); decode: the fed
+				     * token's position */
 	const int32_t *block_table; /* [n_pages] pages promoted before this step, token order */
 	int n_pages;
 	const int32_t *new_pages;   /* [n_new] pages this row's tokens complete, in order */
@@ -143,11 +144,27 @@ struct bd_gout {
 	float *top_logits;  /* [n][top_k] */
 };
 
-/* Prefill one request: tokens [n] (ids < V, n ≤ max_prefill) at positions 0..n−1, the cache
- * written as bd_model_prefill writes it (sink, row->new_pages promoted in order as they fill —
- * n/128 of them —, recent). out: NULL on a shard without the LM head, else what is wanted of
- * the last position. Returns 0, -EINVAL (bad row, token, n, pages: nothing written), -EDOM,
- * -EPIPE, -ETIMEDOUT, -EIO. */
+/* Prefill tokens [n] (ids < V, 1 ≤ n ≤ max_prefill) of one request at positions p .. p+n−1,
+ * p = row->position:
+ *   - p = 0: a new sequence (row->n_pages 0), causal BF16-style attention over the prompt,
+ *     as bd_model_prefill;
+ *   - p > 0, a multiple of 128: the next chunk of a prompt whose first p tokens the cache holds
+ *     in the slot's sink and the p/128 pages of row->block_table (row->n_pages = p/128), as
+ *     bd_model_prefill_chunk (lib/model/bd_forward.h, the numeric spec): the chunk's queries,
+ *     rotated as the decoder rotates q (q' = Hq when the configuration rotates keys), attend
+ *     with FP32 scores, softmax and P·V over the context as the cache holds it (the pages
+ *     dequantized, (g·s)·x̂ for NVFP4 and s·x̂ for MXFP4, positions 0..15 from the BF16 sink
+ *     when the configuration keeps one) and over the chunk's own positions as the write path
+ *     will store them (K' = H(k − μ_k) and V rounded to BF16), causally. The recent ring is
+ *     never read, so a chunk run again after a failure reads what the first run read.
+ * Either way the n tokens' KV is then written as bd_model_prefill writes it (sink, the
+ * n/128 row->new_pages promoted in order as they fill, recent), once the pass's activations
+ * are known finite. Memory: the context of one layer, [max_tokens][Hkv'·d] FP32 K' and V,
+ * made at bd_gmodel_new, so p + n ≤ max_tokens.
+ * out: NULL on a shard without the LM head, else what is wanted of the last position.
+ * Returns 0, -EINVAL (bad row, token, n, pages, p not a multiple of 128 or a block table of
+ * another length than p/128: nothing written), -ENOSPC (p + n > max_tokens: nothing written),
+ * -EDOM (non-finite activations: nothing written), -EPIPE, -ETIMEDOUT, -EIO. */
 int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		      int n, const struct bd_gout *out, char *ret_err);
 

@@ -143,6 +143,7 @@ struct bd_gmodel {
 	float *x, *qkv, *q, *k, *v, *att, *tmp, *gu, *logits;
 	void *xn, *attb, *act;
 	float *kall, *vall; /* [L][max_prefill][kd] */
+	float *kctx, *vctx; /* [max_tokens][kd]: one layer's K' and V a chunk attends over */
 	int32_t *iota;      /* [max(max_tokens, 128)]: 0, 1, 2, … */
 	void *sample_ws;
 	int32_t *top_ids;
@@ -161,9 +162,9 @@ struct bd_gmodel {
 	int res_n;
 
 	/* prefill / fill region: tokens [max_prefill], slot pointers [128], pages [n_pp],
-	 * sampling [1]; statuses [n_pp] */
+	 * sampling [1], a chunk's block table [n_pp]; statuses [n_pp] */
 	void *pf_dev, *pf_host;
-	size_t pf_tokens, pf_slots, pf_pages, pf_samp, pf_bytes;
+	size_t pf_tokens, pf_slots, pf_pages, pf_samp, pf_bt, pf_bytes;
 	int n_pp;
 	int *pst_dev, *pst_host;
 
@@ -665,6 +666,7 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	size_t Rz = (size_t)R, E = (size_t)g->E, dts = g->dts;
 	size_t qw = (size_t)(g->qdL > g->qd ? g->qdL : g->qd);
 	size_t pl = (size_t)g->L * (size_t)g->max_prefill * (size_t)g->kd * 4;
+	size_t cl = (size_t)g->max_tokens * (size_t)g->kd * 4;
 	int ni = g->max_tokens > BD_PAGE_TOKENS ? g->max_tokens : BD_PAGE_TOKENS;
 	size_t lg = (size_t)(Bmax > 1 ? Bmax : 1) * (size_t)g->V * 4;
 	if ((r = dev_alloc((void **)&g->x, Rz * E * 4, ret_err)) < 0 ||
@@ -681,6 +683,8 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	    (r = dev_alloc((void **)&g->logits, lg, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->kall, pl, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->vall, pl, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->kctx, cl, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->vctx, cl, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->iota, (size_t)ni * 4, ret_err)) < 0 ||
 	    (r = dev_alloc(&g->sample_ws, bd_op_sample_ws_bytes(Bmax, g->V), ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->top_ids, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
@@ -718,7 +722,8 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	g->pf_slots = align_up((size_t)g->max_prefill * 4, 16);
 	g->pf_pages = align_up(g->pf_slots + BD_PAGE_TOKENS * 8, 16);
 	g->pf_samp = align_up(g->pf_pages + (size_t)g->n_pp * 4, 16);
-	g->pf_bytes = align_up(g->pf_samp + sizeof(struct bd_gsample), DEV_ALIGN);
+	g->pf_bt = align_up(g->pf_samp + sizeof(struct bd_gsample), 16);
+	g->pf_bytes = align_up(g->pf_bt + (size_t)g->n_pp * 4, DEV_ALIGN);
 	if ((r = dev_alloc(&g->pf_dev, g->pf_bytes, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->pst_dev, (size_t)g->n_pp * 4, ret_err)) < 0)
 		goto out;
@@ -759,6 +764,7 @@ void bd_gmodel_free(struct bd_gmodel *g)
 	bd_gemm_free(g->gemm);
 	void *bufs[] = { g->wmem, g->dummy, g->x, g->xn, g->qkv, g->q, g->k, g->v,
 			 g->att, g->attb, g->tmp, g->gu, g->act, g->logits, g->kall, g->vall,
+			 g->kctx, g->vctx,
 			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->stage, g->md_dev,
 			 g->res_dev, g->pf_dev, g->pst_dev, g->bt_slots };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -1250,6 +1256,33 @@ static int check_start_row(const struct bd_gmodel *g, const struct bd_grow *row,
 	return 0;
 }
 
+/* A prefill chunk of n tokens at row->position = p > 0 on top of the p tokens the cache holds
+ * (whole pages: p/128 of them in the block table). -EINVAL or -ENOSPC, nothing launched. */
+static int check_chunk_row(const struct bd_gmodel *g, const struct bd_grow *row, int n,
+			   char *ret_err)
+{
+	int p = row->position;
+	if (row->slot < 0 || (size_t)row->slot >= g->n_slots)
+		return fail(ret_err, -EINVAL, "slot %d outside 0..%zu", row->slot, g->n_slots - 1);
+	if (p % BD_PAGE_TOKENS != 0 || row->n_pages != p / BD_PAGE_TOKENS ||
+	    !row->block_table)
+		return fail(ret_err, -EINVAL, "a chunk at position %d starts on a page and names "
+					      "its %d promoted pages (got %d)", p,
+			    p / BD_PAGE_TOKENS, row->n_pages);
+	if (n < 1)
+		return fail(ret_err, -EINVAL, "a chunk of %d tokens", n);
+	if (n > g->max_tokens - p)
+		return fail(ret_err, -ENOSPC, "a chunk of %d tokens at position %d: the model "
+					      "holds %d tokens (max_tokens)", n, p, g->max_tokens);
+	if (row->n_new != n / BD_PAGE_TOKENS || (row->n_new > 0 && !row->new_pages))
+		return fail(ret_err, -EINVAL, "%d tokens at %d fill %d pages; %d new pages given", n,
+			    p, n / BD_PAGE_TOKENS, row->n_new);
+	if (check_pages(g, row->block_table, row->n_pages) < 0 ||
+	    check_pages(g, row->new_pages, row->n_new) < 0)
+		return fail(ret_err, -EINVAL, "a page outside 0..%zu", g->lay.n_pages - 1);
+	return 0;
+}
+
 /* ---- prefill and synthetic fill --------------------------------------------------------- */
 
 /* The device sampling parameters of row w: its own when they are valid, else greedy, as for a
@@ -1273,7 +1306,7 @@ static void *slot_ptr(const struct bd_gmodel *g, int slot)
 }
 
 /* Upload the prefill region: tokens, 128 copies of the slot pointer, the new pages, the
- * sampling parameters. */
+ * sampling parameters, the block table (a chunk's). */
 static int pf_upload(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		     int n, char *ret_err)
 {
@@ -1288,15 +1321,17 @@ static int pf_upload(struct bd_gmodel *g, const struct bd_grow *row, const int32
 		memcpy(h + g->pf_pages, row->new_pages, (size_t)row->n_new * 4);
 	struct bd_gsample s = gsample_of(row);
 	memcpy(h + g->pf_samp, &s, sizeof(s));
+	if (row->n_pages > 0)
+		memcpy(h + g->pf_bt, row->block_table, (size_t)row->n_pages * 4);
 	CU(cudaMemcpyAsync(g->pf_dev, g->pf_host, g->pf_bytes, cudaMemcpyHostToDevice, g->st));
 	CU(cudaMemsetAsync(g->pst_dev, 0, (size_t)g->n_pp * 4, g->st));
 out:
 	return r;
 }
 
-/* Write tokens [p0, p0 + cnt) of every layer (K/V rows of layer l at kl(l) + …) into the
- * slot; kbase/vbase [L][stride rows][kd], or NULL for synthetic values made here. */
-static int write_span(struct bd_gmodel *g, int p0, int cnt, const float *kbase,
+/* Write tokens [p0, p0 + cnt) of every layer into the slot, their K/V from rows r0 .. of
+ * kbase/vbase [L][stride rows][kd], or (kbase NULL) synthetic values made here. */
+static int write_span(struct bd_gmodel *g, int p0, int cnt, int r0, const float *kbase,
 		      const float *vbase, size_t stride, uint64_t seed, char *ret_err)
 {
 	int r = 0;
@@ -1305,8 +1340,8 @@ static int write_span(struct bd_gmodel *g, int p0, int cnt, const float *kbase,
 	for (int l = 0; l < g->L; l++) {
 		const float *k, *v;
 		if (kbase) {
-			k = kbase + ((size_t)l * stride + (size_t)p0) * kd;
-			v = vbase + ((size_t)l * stride + (size_t)p0) * kd;
+			k = kbase + ((size_t)l * stride + (size_t)r0) * kd;
+			v = vbase + ((size_t)l * stride + (size_t)r0) * kd;
 		} else {
 			OP(bd_gaux_synth_kv(g->k, g->v, cnt, g->Hkv, g->d, l, p0, seed, g->st));
 			k = g->k;
@@ -1319,19 +1354,20 @@ out:
 	return r;
 }
 
-/* The cache of n tokens written page by page, each full page promoted. */
-static int write_cache(struct bd_gmodel *g, int n, const float *kbase, const float *vbase,
-		       size_t stride, uint64_t seed, char *ret_err)
+/* The cache of n tokens at positions p .. p+n−1 (p a multiple of 128; their K/V rows 0..n−1
+ * of kbase/vbase) written page by page, each full page promoted into the next new page. */
+static int write_cache(struct bd_gmodel *g, int p, int n, const float *kbase,
+		       const float *vbase, size_t stride, char *ret_err)
 {
 	int r = 0;
 	void *const *sl = (void *const *)((uint8_t *)g->pf_dev + g->pf_slots);
 	const int32_t *pages = (const int32_t *)((uint8_t *)g->pf_dev + g->pf_pages);
-	for (int p0 = 0; p0 < n; p0 += BD_PAGE_TOKENS) {
-		int cnt = n - p0 < BD_PAGE_TOKENS ? n - p0 : BD_PAGE_TOKENS;
-		if ((r = write_span(g, p0, cnt, kbase, vbase, stride, seed, ret_err)) < 0)
+	for (int r0 = 0; r0 < n; r0 += BD_PAGE_TOKENS) {
+		int cnt = n - r0 < BD_PAGE_TOKENS ? n - r0 : BD_PAGE_TOKENS;
+		if ((r = write_span(g, p + r0, cnt, r0, kbase, vbase, stride, 0, ret_err)) < 0)
 			goto out;
 		if (cnt == BD_PAGE_TOKENS) {
-			int j = p0 / BD_PAGE_TOKENS;
+			int j = r0 / BD_PAGE_TOKENS;
 			OP(bd_promote_run(&g->lay, g->cfg, g->pages, sl, pages + j, 1, g->pst_dev + j,
 					  g->st));
 		}
@@ -1443,6 +1479,29 @@ out:
 	return r;
 }
 
+/* Attention of layer l for a chunk of n query rows at positions p .. p+n−1 (p > 0): the
+ * context 0..p−1 from the row's pages and sink, the chunk's own K'/V rows as the write path
+ * will store them (kl, vl: their post-RoPE K and V), the queries rotated as decode rotates
+ * them (bd_model_prefill_chunk's attention, NUMERICS.md §3 and §8). Output in g->att. */
+static int chunk_attn(struct bd_gmodel *g, const struct glayer *y, int l, const struct bd_grow *row,
+		      int n, const float *kl, const float *vl, char *ret_err)
+{
+	int r = 0, p = row->position;
+	size_t kd = (size_t)g->kd;
+	const int32_t *bt = (const int32_t *)((uint8_t *)g->pf_dev + g->pf_bt);
+	float scale = 1.0f / sqrtf((float)g->d);
+	OP(bd_op_kv_context(&g->lay, g->cfg, l, g->pages, bt, row->n_pages, slot_ptr(g, row->slot),
+			    g->Hkv, g->kctx, g->vctx, g->st));
+	OP(bd_op_kv_rows(&g->lay, g->cfg, l, kl, vl, y->mu, n, g->Hkv, g->kctx + (size_t)p * kd,
+			 g->vctx + (size_t)p * kd, g->st));
+	if (g->cfg->hadamard)
+		OP(bd_op_fwht_rows(g->q, n * g->Hq, g->d, g->st));
+	OP(bd_op_prefill_attn_ctx(g->q, g->kctx, g->vctx, n, p, g->Hq, g->Hkv, g->d, scale, g->att,
+				  g->st));
+out:
+	return r;
+}
+
 int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		      int n, const struct bd_gout *out, char *ret_err)
 {
@@ -1453,8 +1512,13 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 	if (n < 1 || n > g->max_prefill)
 		return fail(ret_err, -EINVAL, "prompt of %d tokens: outside 1..%d", n,
 			    g->max_prefill);
-	if ((r = check_start_row(g, row, n, ret_err)) < 0 || (r = check_out(g, out, ret_err)) < 0)
+	int p = row->position;
+	if ((r = p > 0 ? check_chunk_row(g, row, n, ret_err) : check_start_row(g, row, n, ret_err)) <
+		    0 ||
+	    (r = check_out(g, out, ret_err)) < 0)
 		return r;
+	if (p > 0 && (g->lay.fmt != BD_PAGE_NVFP4 && g->lay.fmt != BD_PAGE_MXFP4))
+		return fail(ret_err, -ENOTSUP, "chunks over %s pages", g->cfg->name);
 	if (out && out->tokens && !check_sampling(&row->sampling))
 		return fail(ret_err, -EINVAL, "bad sampling parameters");
 	for (int i = 0; i < n; i++)
@@ -1474,9 +1538,13 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		const struct glayer *y = &g->ly[l];
 		float *kl = g->kall + (size_t)l * mp * kd, *vl = g->vall + (size_t)l * mp * kd;
 		if ((r = qkv_proj(g, y, n, g->q, g->qd, kl, vl, ret_err)) < 0 ||
-		    (r = qk_rope(g, y, n, g->q, g->Hq, kl, g->iota, ret_err)) < 0)
+		    (r = qk_rope(g, y, n, g->q, g->Hq, kl, g->iota + p, ret_err)) < 0)
 			goto out;
-		OP(bd_op_prefill_attn(g->q, kl, vl, n, g->Hq, g->Hkv, g->d, scale, g->att, g->st));
+		if (p == 0)
+			OP(bd_op_prefill_attn(g->q, kl, vl, n, g->Hq, g->Hkv, g->d, scale, g->att,
+					      g->st));
+		else if ((r = chunk_attn(g, y, l, row, n, kl, vl, ret_err)) < 0)
+			goto out;
 		if ((r = attn_out(g, y, n, g->qd, ret_err)) < 0 || (r = mlp(g, y, n, ret_err)) < 0)
 			goto out;
 	}
@@ -1491,7 +1559,7 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		goto out;
 	}
 
-	if ((r = write_cache(g, n, g->kall, g->vall, mp, 0, ret_err)) < 0)
+	if ((r = write_cache(g, p, n, g->kall, g->vall, mp, ret_err)) < 0)
 		goto out;
 	if (out) {
 		if ((r = lm_head(g, n - 1, 1, ret_err)) < 0)
@@ -1526,20 +1594,20 @@ int bd_gmodel_fill_synthetic(struct bd_gmodel *g, const struct bd_grow *row, int
 	if ((r = pf_upload(g, row, NULL, 0, ret_err)) < 0)
 		goto out;
 	if (n < BD_PAGE_TOKENS) {
-		r = write_span(g, 0, n, NULL, NULL, 0, seed, ret_err);
+		r = write_span(g, 0, n, 0, NULL, NULL, 0, seed, ret_err);
 	} else {
 		int J = n / BD_PAGE_TOKENS;
 		if ((r = fill_pages(g, J, seed, ret_err)) < 0)
 			goto out;
 		/* the slot as a position-by-position write leaves it: the sink, ring rows of the
 		 * last full page, then the tail (every value a function of (layer, position)) */
-		if ((r = write_span(g, 0, BD_SINK_TOKENS, NULL, NULL, 0, seed, ret_err)) < 0 ||
-		    (r = write_span(g, (J - 1) * BD_PAGE_TOKENS, BD_PAGE_TOKENS, NULL, NULL, 0, seed,
-				    ret_err)) < 0)
+		if ((r = write_span(g, 0, BD_SINK_TOKENS, 0, NULL, NULL, 0, seed, ret_err)) < 0 ||
+		    (r = write_span(g, (J - 1) * BD_PAGE_TOKENS, BD_PAGE_TOKENS, 0, NULL, NULL, 0,
+				    seed, ret_err)) < 0)
 			goto out;
 		if (n > J * BD_PAGE_TOKENS)
-			r = write_span(g, J * BD_PAGE_TOKENS, n - J * BD_PAGE_TOKENS, NULL, NULL, 0,
-				       seed, ret_err);
+			r = write_span(g, J * BD_PAGE_TOKENS, n - J * BD_PAGE_TOKENS, 0, NULL, NULL,
+				       0, seed, ret_err);
 	}
 	if (r < 0)
 		goto out;
