@@ -96,11 +96,12 @@ int bd_op_fwht_rows(float *x, int rows, int d, void *stream);
 
 /* The context of a prefill chunk as the cache holds it (bd_seq_cache_context): for the n_full
  * promoted pages pages[n_full] (device page ids, token order) of layer `layer` of the arena
- * laid out by lay (NVFP4 or MXFP4 GQA pages), KV heads 0..H−1, ret_k and ret_v [n_full·128][H][d]
- * FP32 get K' and V dequantized as bd_page_read_head does (NVFP4 (g·s)·x̂ with the page-head's
- * g_K, g_V; MXFP4 s·x̂: NUMERICS.md §2–§4), and, when cfg keeps a sink (§8), positions 0..15
- * from the slot's BF16 sink rows instead (slot: the request's slot, device). Page ids are not
- * checked here (the caller's). */
+ * laid out by lay (GQA pages of any format), KV heads 0..H−1, ret_k and ret_v
+ * [n_full·128][H][d] FP32 get K' and V dequantized as bd_page_read_head does (NVFP4 and the
+ * channel-blocked NVFP4 (g·s)·x̂ with the page-head's g_K, g_V; MXFP4 s·x̂; FP8 x̂·g; BF16 as
+ * stored: NUMERICS.md §2–§4), and, when cfg keeps a sink (§8), positions 0..15 from the slot's
+ * BF16 sink rows instead (slot: the request's slot, device). Page ids are not checked here
+ * (the caller's). */
 int bd_op_kv_context(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer,
 		     const void *arena, const int32_t *pages, int n_full, const void *slot, int H,
 		     float *ret_k, float *ret_v, void *stream);

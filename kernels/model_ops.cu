@@ -417,8 +417,9 @@ __device__ __forceinline__ float e2m1_value(uint32_t code)
 	return (code & 8u) ? -v : v;
 }
 
-/* The block scale of NVFP4 (E4M3) or MXFP4 (UE8M0), exactly as bd_e4m3_decode and
- * bd_ue8m0_decode (the NaN codes are never stored: promotion refuses non-finite values). */
+/* A UE8M0 code (MXFP4) or an E4M3 code (any other format: NVFP4 block scales, FP8 elements)
+ * as FP32, exactly as bd_ue8m0_decode and bd_e4m3_decode (the NaN codes are never stored:
+ * promotion refuses non-finite values). */
 __device__ __forceinline__ float block_scale(int fmt, uint32_t code)
 {
 	if (fmt == BD_PAGE_MXFP4)
@@ -429,41 +430,57 @@ __device__ __forceinline__ float block_scale(int fmt, uint32_t code)
 	return (code & 0x80u) ? -v : v;
 }
 
-/* One CTA per (page j, KV head h): element (t, c) of the page-head's K and V dequantized as
- * bd_page_read_head does (NVFP4: (g·s)·x̂, MXFP4: s·x̂), or, for t < 16 of page 0 when the
- * configuration keeps a sink, the BF16 sink row of the slot; into ok, ov at row j·128 + t,
- * column h·d + c of rows of H·d. */
+/* An NVFP4 or MXFP4 element of a region whose rows of n values are blocked by B along the row
+ * (row r's codes at r·n/2, its scales at r·(n/B)): (g·s)·x̂ as bd_nvfp4_dequantize_block
+ * (g = 1 for MXFP4, where 1·s = s exactly). */
+__device__ __forceinline__ float fp4_elem(const uint8_t *codes, const uint8_t *scales, int fmt,
+					  int B, int n, int r, int i, float g)
+{
+	const uint32_t cb = codes[(size_t)r * (n / 2) + i / 2];
+	const uint32_t sb = scales[(size_t)r * (n / B) + i / B];
+	return __fmul_rn(__fmul_rn(g, block_scale(fmt, sb)), e2m1_value((i & 1) ? cb >> 4 : cb & 15u));
+}
+
+/* One CTA per (page j, KV head h): element (t, c) of the page-head's K and V as
+ * bd_page_read_head gives it (NVFP4: (g·s)·x̂ with K token-major and V channel-major; the
+ * channel-blocked NVFP4 of trtllm-nvfp4 with both token-major; MXFP4: s·x̂; FP8: x̂·g; BF16 as
+ * stored), or, for t < 16 of page 0 when the configuration keeps a sink, the BF16 sink row of
+ * the slot; into ok, ov at row j·128 + t, column h·d + c of rows of H·d. */
 __global__ void kv_context_kernel(const CtxParams p, float *ok, float *ov)
 {
-	const int j = blockIdx.x, h = blockIdx.y, d = p.d, B = p.block;
-	const uint8_t *head = p.arena + p.layer_off + (size_t)p.pages[j] * p.page_bytes +
-			      (size_t)h * p.head_bytes;
-	const float *g = (const float *)(p.arena + p.layer_off + (size_t)p.pages[j] * p.page_bytes +
-					 p.gscale_off) + 2 * h;
-	const float gk = p.fmt == BD_PAGE_NVFP4 ? g[0] : 1.0f;
-	const float gv = p.fmt == BD_PAGE_NVFP4 ? g[1] : 1.0f;
+	const int j = blockIdx.x, h = blockIdx.y, d = p.d, B = p.block, T = BD_PAGE_TOKENS;
+	const uint8_t *page = p.arena + p.layer_off + (size_t)p.pages[j] * p.page_bytes;
+	const uint8_t *head = page + (size_t)h * p.head_bytes;
+	const float *g = (const float *)(page + p.gscale_off) + 2 * h;
+	const bool scaled = p.fmt == BD_PAGE_NVFP4 || p.fmt == BD_PAGE_NVFP4_CH ||
+			    p.fmt == BD_PAGE_FP8;
+	const float gk = scaled ? g[0] : 1.0f, gv = scaled ? g[1] : 1.0f;
 	const uint8_t *sh = p.slot + ((size_t)p.layer * p.n_kv_heads + (size_t)h) * p.slot_head_bytes;
 	const size_t ld = (size_t)p.H * d;
 
-	for (int e = threadIdx.x; e < BD_PAGE_TOKENS * d; e += blockDim.x) {
+	for (int e = threadIdx.x; e < T * d; e += blockDim.x) {
 		const int t = e / d, c = e % d;
-		const size_t o = ((size_t)j * BD_PAGE_TOKENS + t) * ld + (size_t)h * d + c;
+		const size_t o = ((size_t)j * T + t) * ld + (size_t)h * d + c;
 		float kx, vx;
 
 		if (p.sink && j == 0 && t < BD_SINK_TOKENS) {
 			kx = bf16_to_f32(((const uint16_t *)(sh + p.sink_k_off))[(size_t)t * d + c]);
 			vx = bf16_to_f32(((const uint16_t *)(sh + p.sink_v_off))[(size_t)t * d + c]);
+		} else if (p.fmt == BD_PAGE_BF16) {
+			kx = bf16_to_f32(((const uint16_t *)(head + p.k_codes_off))[(size_t)t * d + c]);
+			vx = bf16_to_f32(((const uint16_t *)(head + p.v_codes_off))[(size_t)t * d + c]);
+		} else if (p.fmt == BD_PAGE_FP8) {
+			kx = __fmul_rn(block_scale(BD_PAGE_FP8, head[p.k_codes_off + (size_t)t * d + c]),
+				       gk);
+			vx = __fmul_rn(block_scale(BD_PAGE_FP8, head[p.v_codes_off + (size_t)t * d + c]),
+				       gv);
 		} else {
-			/* K token-major: token t's channels, blocks of B channels */
-			const uint32_t kb = head[p.k_codes_off + (size_t)t * (d / 2) + c / 2];
-			const uint32_t ks = head[p.k_scales_off + (size_t)t * (d / B) + c / B];
-			kx = __fmul_rn(__fmul_rn(gk, block_scale(p.fmt, ks)),
-				       e2m1_value((c & 1) ? kb >> 4 : kb & 15u));
-			/* V channel-major: channel c's 128 tokens, blocks of B tokens */
-			const uint32_t vb = head[p.v_codes_off + (size_t)c * (BD_PAGE_TOKENS / 2) + t / 2];
-			const uint32_t vs = head[p.v_scales_off + (size_t)c * (BD_PAGE_TOKENS / B) + t / B];
-			vx = __fmul_rn(__fmul_rn(gv, block_scale(p.fmt, vs)),
-				       e2m1_value((t & 1) ? vb >> 4 : vb & 15u));
+			kx = fp4_elem(head + p.k_codes_off, head + p.k_scales_off, p.fmt, B, d, t, c, gk);
+			vx = p.fmt == BD_PAGE_NVFP4_CH
+				     ? fp4_elem(head + p.v_codes_off, head + p.v_scales_off, p.fmt, B, d,
+						t, c, gv)
+				     : fp4_elem(head + p.v_codes_off, head + p.v_scales_off, p.fmt, B, T,
+						c, t, gv);
 		}
 		ok[o] = kx;
 		ov[o] = vx;
@@ -1199,8 +1216,12 @@ extern "C" int bd_op_kv_context(const struct bd_layout *lay, const struct bd_kvc
 	if (!lay || !cfg || !arena || !pages || !slot || !ret_k || !ret_v || n_full < 0 ||
 	    n_full > 65535 || layer < 0 || layer >= lay->n_layers || H < 1 ||
 	    H > lay->n_kv_heads || H > 65535 || lay->d_rope != 0 || lay->dv != lay->d ||
-	    (lay->fmt != BD_PAGE_NVFP4 && lay->fmt != BD_PAGE_MXFP4) || lay->block < 1 ||
-	    lay->d % lay->block != 0)
+	    (int)lay->fmt < 0 || lay->fmt >= BD_PAGE_FORMAT_COUNT)
+		return -EINVAL;
+	const bool fp4 = lay->fmt == BD_PAGE_NVFP4 || lay->fmt == BD_PAGE_NVFP4_CH ||
+			 lay->fmt == BD_PAGE_MXFP4;
+	if (fp4 && (lay->block < 2 || lay->d % lay->block != 0 ||
+		    BD_PAGE_TOKENS % lay->block != 0))
 		return -EINVAL;
 	if (n_full == 0)
 		return 0;

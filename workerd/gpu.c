@@ -4,9 +4,13 @@
  *
  * The worker allocates no KV of its own: pages and slots are the pool's arena
  * (bd_pool_cuda_map). The model is stateless per request; growmap.c checks each row against
- * the small record every rank keeps and turns it into a bd_grow. Prefill rows run one by one
- * (or, with synthetic_prefill, as a synthetic fill plus a decode of the last prompt token), all
- * decode rows of a step in one bd_gmodel_decode call (max_batch at a time).
+ * the small record every rank keeps and turns it into a bd_grow. Prefill rows (a prompt's first
+ * chunk, a later chunk at a page-aligned position, or one that resumes a request) run one by
+ * one (or, with synthetic_prefill, as a synthetic fill plus a decode of the last prompt token:
+ * then the worker registers with whole_prompts and the router sends no chunk), all decode rows
+ * of a step in one bd_gmodel_decode call (max_batch at a time). A row marked resume rebuilds
+ * the request's record from the row (slot, block table, position, draws) over the KV the pool
+ * kept, so a restarted worker continues the requests of the group that failed.
  *
  * NCCL (tp > 1): rank 0 makes a unique id for every registration, the router relays it in the
  * RegisterReply, each rank joins with a non-blocking ncclCommInitRankConfig polled with a
@@ -224,6 +228,9 @@ static int gpu_register_fill(struct wd *w, Bdfp4__RegisterRequest *rq, uint8_t *
 
 	rq->device = w->o.device;
 	rq->decode_kernel = gpu(w)->decode_info;
+	/* a synthetic fill starts a sequence at 0 only; a real prefill row takes max_prefill */
+	rq->whole_prompts = w->o.synthetic_prefill;
+	rq->max_prefill = w->o.synthetic_prefill ? 0 : (uint32_t)gpu(w)->max_prefill;
 	if (w->o.tp == 1 || w->o.rank != 0)
 		return 0;
 	if ((nr = ncclGetUniqueId(&uid)) != ncclSuccess) {

@@ -153,7 +153,8 @@ struct bd_gout {
  *     bd_model_prefill_chunk (lib/model/bd_forward.h, the numeric spec): the chunk's queries,
  *     rotated as the decoder rotates q (q' = Hq when the configuration rotates keys), attend
  *     with FP32 scores, softmax and P·V over the context as the cache holds it (the pages
- *     dequantized, (g·s)·x̂ for NVFP4 and s·x̂ for MXFP4, positions 0..15 from the BF16 sink
+ *     dequantized as bd_page_read_head reads them, e.g. (g·s)·x̂ for NVFP4 and s·x̂ for
+ *     MXFP4, positions 0..15 from the BF16 sink
  *     when the configuration keeps one) and over the chunk's own positions as the write path
  *     will store them (K' = H(k − μ_k) and V rounded to BF16), causally. The recent ring is
  *     never read, so a chunk run again after a failure reads what the first run read.

@@ -1517,8 +1517,6 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		    0 ||
 	    (r = check_out(g, out, ret_err)) < 0)
 		return r;
-	if (p > 0 && (g->lay.fmt != BD_PAGE_NVFP4 && g->lay.fmt != BD_PAGE_MXFP4))
-		return fail(ret_err, -ENOTSUP, "chunks over %s pages", g->cfg->name);
 	if (out && out->tokens && !check_sampling(&row->sampling))
 		return fail(ret_err, -EINVAL, "bad sampling parameters");
 	for (int i = 0; i < n; i++)
