@@ -403,10 +403,8 @@ struct CtxParams {
 	const uint8_t *arena;
 	const int32_t *pages;  /* [n_full] the block table */
 	const uint8_t *slot;   /* the request's slot */
-	uint64_t layer_off, page_bytes, head_bytes, gscale_off;
-	uint64_t k_codes_off, k_scales_off, v_codes_off, v_scales_off;
-	uint64_t slot_head_bytes, sink_k_off, sink_v_off;
-	int fmt, block, d, H, n_kv_heads, layer, sink;
+	struct bd_layout lay;  /* where every byte lies (bd_layout.h) */
+	int H, layer, sink;
 };
 
 /* E2M1 value of code (NUMERICS.md §1): {0, .5, 1, 1.5, 2, 3, 4, 6} with the sign bit 3. */
@@ -448,14 +446,16 @@ __device__ __forceinline__ float fp4_elem(const uint8_t *codes, const uint8_t *s
  * the slot; into ok, ov at row j·128 + t, column h·d + c of rows of H·d. */
 __global__ void kv_context_kernel(const CtxParams p, float *ok, float *ov)
 {
-	const int j = blockIdx.x, h = blockIdx.y, d = p.d, B = p.block, T = BD_PAGE_TOKENS;
-	const uint8_t *page = p.arena + p.layer_off + (size_t)p.pages[j] * p.page_bytes;
-	const uint8_t *head = page + (size_t)h * p.head_bytes;
-	const float *g = (const float *)(page + p.gscale_off) + 2 * h;
-	const bool scaled = p.fmt == BD_PAGE_NVFP4 || p.fmt == BD_PAGE_NVFP4_CH ||
-			    p.fmt == BD_PAGE_FP8;
+	const struct bd_layout &L = p.lay;
+	const int j = blockIdx.x, h = blockIdx.y, d = L.d, B = L.block, T = BD_PAGE_TOKENS;
+	const int fmt = (int)L.fmt;
+	const uint8_t *page = p.arena + (size_t)p.layer * L.layer_stride +
+			      (size_t)p.pages[j] * L.page_bytes;
+	const uint8_t *head = page + (size_t)h * L.head_bytes;
+	const float *g = (const float *)(page + L.gscale_off) + 2 * h;
+	const bool scaled = fmt == BD_PAGE_NVFP4 || fmt == BD_PAGE_NVFP4_CH || fmt == BD_PAGE_FP8;
 	const float gk = scaled ? g[0] : 1.0f, gv = scaled ? g[1] : 1.0f;
-	const uint8_t *sh = p.slot + ((size_t)p.layer * p.n_kv_heads + (size_t)h) * p.slot_head_bytes;
+	const uint8_t *sh = p.slot + ((size_t)p.layer * L.n_kv_heads + (size_t)h) * L.slot_head_bytes;
 	const size_t ld = (size_t)p.H * d;
 
 	for (int e = threadIdx.x; e < T * d; e += blockDim.x) {
@@ -464,23 +464,20 @@ __global__ void kv_context_kernel(const CtxParams p, float *ok, float *ov)
 		float kx, vx;
 
 		if (p.sink && j == 0 && t < BD_SINK_TOKENS) {
-			kx = bf16_to_f32(((const uint16_t *)(sh + p.sink_k_off))[(size_t)t * d + c]);
-			vx = bf16_to_f32(((const uint16_t *)(sh + p.sink_v_off))[(size_t)t * d + c]);
-		} else if (p.fmt == BD_PAGE_BF16) {
-			kx = bf16_to_f32(((const uint16_t *)(head + p.k_codes_off))[(size_t)t * d + c]);
-			vx = bf16_to_f32(((const uint16_t *)(head + p.v_codes_off))[(size_t)t * d + c]);
-		} else if (p.fmt == BD_PAGE_FP8) {
-			kx = __fmul_rn(block_scale(BD_PAGE_FP8, head[p.k_codes_off + (size_t)t * d + c]),
-				       gk);
-			vx = __fmul_rn(block_scale(BD_PAGE_FP8, head[p.v_codes_off + (size_t)t * d + c]),
-				       gv);
+			kx = bf16_to_f32(((const uint16_t *)(sh + L.slot_sink_k_off))[(size_t)t * d + c]);
+			vx = bf16_to_f32(((const uint16_t *)(sh + L.slot_sink_v_off))[(size_t)t * d + c]);
+		} else if (fmt == BD_PAGE_BF16) {
+			kx = bf16_to_f32(((const uint16_t *)(head + L.k_codes_off))[(size_t)t * d + c]);
+			vx = bf16_to_f32(((const uint16_t *)(head + L.v_codes_off))[(size_t)t * d + c]);
+		} else if (fmt == BD_PAGE_FP8) {
+			kx = __fmul_rn(block_scale(fmt, head[L.k_codes_off + (size_t)t * d + c]), gk);
+			vx = __fmul_rn(block_scale(fmt, head[L.v_codes_off + (size_t)t * d + c]), gv);
 		} else {
-			kx = fp4_elem(head + p.k_codes_off, head + p.k_scales_off, p.fmt, B, d, t, c, gk);
-			vx = p.fmt == BD_PAGE_NVFP4_CH
-				     ? fp4_elem(head + p.v_codes_off, head + p.v_scales_off, p.fmt, B, d,
-						t, c, gv)
-				     : fp4_elem(head + p.v_codes_off, head + p.v_scales_off, p.fmt, B, T,
-						c, t, gv);
+			const uint8_t *kc = head + L.k_codes_off, *ks = head + L.k_scales_off;
+			const uint8_t *vc = head + L.v_codes_off, *vs = head + L.v_scales_off;
+			kx = fp4_elem(kc, ks, fmt, B, d, t, c, gk);
+			vx = fmt == BD_PAGE_NVFP4_CH ? fp4_elem(vc, vs, fmt, B, d, t, c, gv)
+						     : fp4_elem(vc, vs, fmt, B, T, c, t, gv);
 		}
 		ok[o] = kx;
 		ov[o] = vx;
@@ -1148,24 +1145,35 @@ extern "C" int bd_op_prefill_attn_ctx(const float *q, const float *k, const floa
 	return prefill_launch<128, true>(q, k, v, n, p, Hq, Hkv, scale, out, (cudaStream_t)stream);
 }
 
+/* The checks and kernel parameters both KV write launchers share: heads 0..H−1 of layer
+ * `layer`, the transform of cfg. false: a bad argument. */
+static bool kv_params(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer, int n,
+		      int H, KvParams *ret)
+{
+	if (!lay || !cfg || n < 0 || layer < 0 || layer >= lay->n_layers || H < 1 ||
+	    H > lay->n_kv_heads || H > 65535 || lay->d < 1 || lay->d > BD_FWHT_MAX ||
+	    lay->dv < 1 || lay->dv > BD_FWHT_MAX)
+		return false;
+	if (cfg->hadamard && (lay->d & (lay->d - 1)) != 0)
+		return false;
+	memset(ret, 0, sizeof(*ret));
+	ret->H = H;
+	ret->d = lay->d;
+	ret->dv = lay->dv;
+	ret->s = kv_slot(lay, cfg, layer);
+	return true;
+}
+
 extern "C" int bd_op_kv_write(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer,
 			      void *const *slots, const int32_t *pos, const float *k,
 			      const float *v, const float *mu_k, int n, int H, void *stream)
 {
-	if (!lay || !cfg || !slots || !pos || !k || !v || n < 0 || layer < 0 ||
-	    layer >= lay->n_layers || H < 1 || H > lay->n_kv_heads || H > 65535 || lay->d < 1 ||
-	    lay->d > BD_FWHT_MAX || lay->dv < 1 || lay->dv > BD_FWHT_MAX)
-		return -EINVAL;
-	if (cfg->hadamard && (lay->d & (lay->d - 1)) != 0)
+	KvParams p;
+
+	if (!slots || !pos || !k || !v || !kv_params(lay, cfg, layer, n, H, &p))
 		return -EINVAL;
 	if (n == 0)
 		return 0;
-	KvParams p;
-	memset(&p, 0, sizeof(p));
-	p.H = H;
-	p.d = lay->d;
-	p.dv = lay->dv;
-	p.s = kv_slot(lay, cfg, layer);
 	const int threads = lay->d >= 256 ? 256 : 128;
 	kv_write_kernel<<<dim3((unsigned)n, (unsigned)H), threads, (size_t)lay->d * sizeof(float),
 			  (cudaStream_t)stream>>>(p, slots, pos, k, v, mu_k);
@@ -1176,20 +1184,13 @@ extern "C" int bd_op_kv_rows(const struct bd_layout *lay, const struct bd_kvcfg 
 			     const float *k, const float *v, const float *mu_k, int n, int H,
 			     float *ret_k, float *ret_v, void *stream)
 {
-	if (!lay || !cfg || !k || !v || !ret_k || !ret_v || n < 0 || layer < 0 ||
-	    layer >= lay->n_layers || H < 1 || H > lay->n_kv_heads || H > 65535 || lay->d < 1 ||
-	    lay->d > BD_FWHT_MAX || lay->dv != lay->d)
-		return -EINVAL;
-	if (cfg->hadamard && (lay->d & (lay->d - 1)) != 0)
+	KvParams p;
+
+	if (!k || !v || !ret_k || !ret_v || !kv_params(lay, cfg, layer, n, H, &p) ||
+	    lay->dv != lay->d)
 		return -EINVAL;
 	if (n == 0)
 		return 0;
-	KvParams p;
-	memset(&p, 0, sizeof(p));
-	p.H = H;
-	p.d = lay->d;
-	p.dv = lay->dv;
-	p.s = kv_slot(lay, cfg, layer);
 	const int threads = lay->d >= 256 ? 256 : 128;
 	kv_rows_kernel<<<dim3((unsigned)n, (unsigned)H), threads, (size_t)lay->d * sizeof(float),
 			 (cudaStream_t)stream>>>(p, k, v, mu_k, ret_k, ret_v);
@@ -1230,22 +1231,8 @@ extern "C" int bd_op_kv_context(const struct bd_layout *lay, const struct bd_kvc
 	p.arena = (const uint8_t *)arena;
 	p.pages = pages;
 	p.slot = (const uint8_t *)slot;
-	p.layer_off = (uint64_t)layer * lay->layer_stride;
-	p.page_bytes = lay->page_bytes;
-	p.head_bytes = lay->head_bytes;
-	p.gscale_off = lay->gscale_off;
-	p.k_codes_off = lay->k_codes_off;
-	p.k_scales_off = lay->k_scales_off;
-	p.v_codes_off = lay->v_codes_off;
-	p.v_scales_off = lay->v_scales_off;
-	p.slot_head_bytes = lay->slot_head_bytes;
-	p.sink_k_off = lay->slot_sink_k_off;
-	p.sink_v_off = lay->slot_sink_v_off;
-	p.fmt = (int)lay->fmt;
-	p.block = lay->block;
-	p.d = lay->d;
+	p.lay = *lay;
 	p.H = H;
-	p.n_kv_heads = lay->n_kv_heads;
 	p.layer = layer;
 	p.sink = cfg->sink ? 1 : 0;
 	kv_context_kernel<<<dim3((unsigned)n_full, (unsigned)H), 256, 0, (cudaStream_t)stream>>>(

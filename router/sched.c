@@ -473,15 +473,19 @@ static bool decoding(const struct bd_req *r)
  * 0 when the budget cannot take that, so the chunks of a prompt are the same whatever else
  * the steps hold. The group's workers (bd_sched_set_workers) may take whole prompts only (then
  * the rest, as for max_prefill_chunk 0) or rows of at most max_row tokens (the chunk is cut
- * to whole pages within it). */
+ * to whole pages within it, also with max_prefill_chunk 0). */
 static int chunk_len(const struct bd_sched *s, const struct bd_req *r, int left)
 {
 	int rest = r->n_fill - r->n_pos, c = s->cfg.max_prefill_chunk, n;
 
-	if (c <= 0 || s->whole_prompts)
+	int cap = s->max_row >= BD_PAGE_TOKENS ? s->max_row - s->max_row % BD_PAGE_TOKENS : 0;
+
+	if (s->whole_prompts)
 		return rest;
-	if (s->max_row >= BD_PAGE_TOKENS && c > s->max_row)
-		c = s->max_row - s->max_row % BD_PAGE_TOKENS;
+	if (c <= 0) /* whole prompts, but never a row longer than the workers take */
+		return cap && rest > cap ? cap : rest;
+	if (cap && c > cap)
+		c = cap;
 	if (s->cfg.batch_invariant) {
 		n = rest < c ? rest : c;
 		return n <= left ? n : 0;

@@ -31,7 +31,11 @@
  * (FP32, [L][n][Hkv'·d]); only once the final activations are known finite is the cache
  * written: page by page (every layer's 128 tokens of page j into the slot's recent ring, then
  * promotion into new_pages[j]), then the tail, which is bd_model_prefill's write order per
- * (layer, position) pair and gives the same bytes.
+ * (layer, position) pair and gives the same bytes. A chunk at p > 0 does the same for its
+ * positions; its attention, layer by layer, reads a [p + n][kd] FP32 K'/V buffer: the context
+ * dequantized from the block table's pages and the slot's sink (bd_op_kv_context), then the
+ * chunk's own rows as the write path will store them (bd_op_kv_rows), with the queries rotated
+ * (bd_op_fwht_rows) and an offset causal mask (bd_op_prefill_attn_ctx).
  */
 #include <errno.h>
 #include <math.h>

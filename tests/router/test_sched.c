@@ -1287,6 +1287,40 @@ Test(sched, the_workers_capabilities_cut_the_chunks)
 	cr_expect_eq(pages_free(), 16);
 }
 
+/* max_prefill_chunk 0 (whole prompts) on workers that take rows of at most 300 tokens: a
+ * 600-token prompt goes in rows of 256, 256 and 88, beyond the step's budget as a whole prompt
+ * would; a 200-token prompt in one row. */
+Test(sched, whole_prompts_longer_than_the_workers_rows_go_in_chunks)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *rb;
+	struct bd_req *a, *b;
+	const int want[3][2] = { { 0, 256 }, { 256, 256 }, { 512, 88 } };
+
+	setup(4, 8, 128, 16, 8);
+	bd_sched_set_workers(&S, false, 300);
+	b = submit(2, 600, 2, true);
+	for (int k = 0; k < 3; k++) {
+		p = step();
+		rb = row_of(p, b->id);
+		cr_assert_not_null(rb);
+		cr_expect(rb->prefill);
+		cr_expect_eq(rb->position, want[k][0]);
+		cr_expect_eq(rb->n_tokens, want[k][1]);
+		cr_expect_eq(rb->sample, k == 2);
+		answer(p);
+	}
+	run_to_idle(20);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	a = submit(3, 200, 1, true);
+	p = step();
+	cr_assert_not_null(row_of(p, a->id));
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 200);
+	answer(p);
+	run_to_idle(20);
+	cr_expect_eq(records(), 0);
+}
+
 /* No group forms within resume_timeout_ms: every live request, running or queued, fails
  * WORKER_FAILED saying so, and the pool gets everything back. */
 Test(sched, a_resume_that_times_out_fails_every_request_clearly_and_frees_the_pool)
