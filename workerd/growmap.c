@@ -221,6 +221,18 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	return 0;
 }
 
+/* Why row, which continues the request of record q, names another slot or block table than q's
+ * (NULL: it names q's). */
+static const char *continuation_mismatch(const struct wd_greq *q, const Bdfp4__PlanRow *row)
+{
+	if (row->slot != q->slot)
+		return "slot differs from the prefill's";
+	if (row->n_block_table != (size_t)q->n_pages ||
+	    (q->n_pages && memcmp(row->block_table, q->pages, sizeof(int32_t) * (size_t)q->n_pages)))
+		return "block table differs from the pages promoted";
+	return NULL;
+}
+
 /* A prefill chunk at position p > 0 continuing the request's record (its tokens so far, its
  * slot and pages). A row that does not fit drops the record, as a decode row does. */
 static int map_chunk(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,
@@ -248,12 +260,8 @@ static int map_chunk(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct 
 		bad = "position is not the count of tokens held";
 	else if (p + n > q->capacity)
 		bad = "the chunk runs past the sequence's capacity";
-	else if (row->slot != q->slot)
-		bad = "slot differs from the prefill's";
-	else if (row->n_block_table != (size_t)q->n_pages ||
-		 (q->n_pages &&
-		  memcmp(row->block_table, q->pages, sizeof(int32_t) * (size_t)q->n_pages)))
-		bad = "block table differs from the pages promoted";
+	else if ((bad = continuation_mismatch(q, row)) != NULL)
+		;
 	else if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS))
 		bad = "the new pages are not the pages the chunk fills";
 	else if (!pages_ok(row->new_pages, row->n_new_pages, lim->n_pages, &badp))
@@ -303,12 +311,8 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 		bad = "position is not the count of tokens held";
 	else if (row->position >= q->capacity)
 		bad = "the sequence is at its capacity";
-	else if (row->slot != q->slot)
-		bad = "slot differs from the prefill's";
-	else if (row->n_block_table != (size_t)q->n_pages ||
-		 (q->n_pages &&
-		  memcmp(row->block_table, q->pages, sizeof(int32_t) * (size_t)q->n_pages)))
-		bad = "block table differs from the pages promoted";
+	else if ((bad = continuation_mismatch(q, row)) != NULL)
+		;
 	else if (row->n_new_pages != (fills ? 1u : 0u))
 		bad = fills ? "this token fills a page and no page was named"
 			    : "a page was named for a token that fills none";

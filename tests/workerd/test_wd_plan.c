@@ -426,22 +426,23 @@ Test(wd_plan, resume_rows_rebuild_the_record)
 	cr_assert_eq(wd_gtab_find(&t, 3)->n_tokens, 356);
 	cr_assert_eq(t.n, 1);
 
-	decode_row(&r, 4, 300, &tok, 6, bt, 3, NULL, 0);
-	r.resume = true;
-	r.capacity = 400;
-	refused(&t, &r, &LIM, INV, "cannot resume");
-	decode_row(&r, 4, 300, &tok, 6, far, 2, NULL, 0);
-	r.resume = true;
-	r.capacity = 400;
-	refused(&t, &r, &LIM, INV, "outside the pool");
-	decode_row(&r, 4, 300, &tok, 5, bt, 2, NULL, 0);
-	r.resume = true;
-	r.capacity = 400;
-	refused(&t, &r, &LIM, INV, "held by request 3");
-	decode_row(&r, 4, 300, &tok, 6, bt, 2, NULL, 0);
-	r.resume = true;
-	r.capacity = 200;
-	refused(&t, &r, &LIM, INV, "capacity");
+	struct {
+		int32_t slot, *bt;
+		size_t n_bt;
+		uint32_t capacity;
+		const char *why;
+	} bad[] = {
+		{ 6, bt, 3, 400, "cannot resume" },
+		{ 6, far, 2, 400, "outside the pool" },
+		{ 5, bt, 2, 400, "held by request 3" },
+		{ 6, bt, 2, 200, "capacity" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		decode_row(&r, 4, 300, &tok, bad[i].slot, bad[i].bt, bad[i].n_bt, NULL, 0);
+		r.resume = true;
+		r.capacity = bad[i].capacity;
+		refused(&t, &r, &LIM, INV, bad[i].why);
+	}
 	cr_assert_null(wd_gtab_find(&t, 4));
 	cr_assert_eq(t.n, 1);
 	wd_gtab_clear(&t);
