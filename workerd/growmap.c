@@ -221,6 +221,23 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	return 0;
 }
 
+/* The record of the request row continues, not yet in this plan: 0 with *ret, or a ServeError. */
+static int held_record(struct wd_gtab *t, const Bdfp4__PlanRow *row, struct wd_greq **ret,
+		       char *msg, size_t cap)
+{
+	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	struct wd_greq *q = wd_gtab_find(t, row->request_id);
+
+	if (!q)
+		return bd_errf(msg, cap, inv, "no sequence for request %llu on this worker",
+			    (unsigned long long)row->request_id);
+	if (q->busy)
+		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
+			    (unsigned long long)row->request_id);
+	*ret = q;
+	return 0;
+}
+
 /* Why row, which continues the request of record q, names another slot or block table than q's
  * (NULL: it names q's). */
 static const char *continuation_mismatch(const struct wd_greq *q, const Bdfp4__PlanRow *row)
@@ -239,17 +256,14 @@ static int map_chunk(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct 
 		     struct wd_gitem *it, char *msg, size_t cap)
 {
 	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
-	struct wd_greq *q = wd_gtab_find(t, row->request_id);
+	struct wd_greq *q = NULL;
 	const char *bad = NULL;
 	int32_t badp;
+	int code;
 	int64_t p = row->position, n = (int64_t)row->n_tokens;
 
-	if (!q)
-		return bd_errf(msg, cap, inv, "no sequence for request %llu on this worker",
-			    (unsigned long long)row->request_id);
-	if (q->busy)
-		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
-			    (unsigned long long)row->request_id);
+	if ((code = held_record(t, row, &q, msg, cap)) != 0)
+		return code;
 	if (lim->synthetic)
 		bad = "a synthetic-prefill worker prefills whole prompts only";
 	else if (n < 1 || p % BD_PAGE_TOKENS)
@@ -294,16 +308,13 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 		      const struct wd_glimits *lim, struct wd_gitem *it, char *msg, size_t cap)
 {
 	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
-	struct wd_greq *q = wd_gtab_find(t, row->request_id);
+	struct wd_greq *q = NULL;
 	const char *bad = NULL;
 	int32_t badp;
+	int code;
 
-	if (!q)
-		return bd_errf(msg, cap, inv, "no sequence for request %llu on this worker",
-			    (unsigned long long)row->request_id);
-	if (q->busy)
-		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
-			    (unsigned long long)row->request_id);
+	if ((code = held_record(t, row, &q, msg, cap)) != 0)
+		return code;
 	bool fills = (row->position + 1) % BD_PAGE_TOKENS == 0;
 	if (row->n_tokens != 1)
 		bad = "a decode row feeds one token";

@@ -39,20 +39,29 @@ static void prefill_row(Bdfp4__PlanRow *r, uint64_t id, int n, int32_t slot, int
 	r->sample = true;
 }
 
-static void decode_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int32_t *tok, int32_t slot,
-		       int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new)
+/* A plan row of request id: n tokens at position pos over the block table bt[n_bt],
+ * promoting into newp[n_new]. */
+static void plan_row(Bdfp4__PlanRow *r, uint64_t id, bool prefill, int pos, int32_t *tokens, int n,
+		     int32_t slot, int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new, bool sample)
 {
 	bdfp4__plan_row__init(r);
 	r->request_id = id;
+	r->prefill = prefill;
 	r->position = pos;
-	r->n_tokens = 1;
-	r->tokens = tok;
+	r->n_tokens = (size_t)n;
+	r->tokens = tokens;
 	r->slot = slot;
 	r->block_table = bt;
 	r->n_block_table = n_bt;
 	r->new_pages = newp;
 	r->n_new_pages = n_new;
-	r->sample = true;
+	r->sample = sample;
+}
+
+static void decode_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int32_t *tok, int32_t slot,
+		       int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new)
+{
+	plan_row(r, id, false, pos, tok, 1, slot, bt, n_bt, newp, n_new, true);
 }
 
 /* A prefill of request id that maps and runs: its record then holds the n tokens. */
@@ -270,25 +279,13 @@ Test(wd_plan, inconsistent_row_fails_others_run)
 	wd_gtab_clear(&t);
 }
 
-/* A prefill chunk of request id: n tokens at position pos over the block table bt[n_bt],
- * promoting into newp[n_new]. */
+/* A prefill chunk of request id over PROMPT (plan_row). */
 static void chunk_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int n, int32_t slot, int32_t *bt,
 		      size_t n_bt, int32_t *newp, size_t n_new, bool sample)
 {
-	bdfp4__plan_row__init(r);
 	for (int i = 0; i < n; i++)
 		PROMPT[i] = (i * 11 + 3) % 1000;
-	r->request_id = id;
-	r->prefill = true;
-	r->position = pos;
-	r->n_tokens = (size_t)n;
-	r->tokens = PROMPT;
-	r->slot = slot;
-	r->block_table = bt;
-	r->n_block_table = n_bt;
-	r->new_pages = newp;
-	r->n_new_pages = n_new;
-	r->sample = sample;
+	plan_row(r, id, true, pos, PROMPT, n, slot, bt, n_bt, newp, n_new, sample);
 }
 
 /* A 600-token prompt in chunks of 256, 256, 88: the first at 0 makes the record (fills pages
