@@ -435,9 +435,12 @@ static void ask(struct wd_gpu *gp, const struct wd_gitem *it, int k, struct gask
 	if ((int)it->top_k > a->top_k)
 		a->top_k = (int)it->top_k;
 	if (it->logprobs) {
+		/* no more alternatives than the vocabulary has (bd_sampler_logprobs's min) */
+		int want = (int)it->top_logprobs < gp->hp.n_vocab ? (int)it->top_logprobs
+								  : gp->hp.n_vocab;
 		a->lp = true;
-		if ((int)it->top_logprobs > a->lp_k)
-			a->lp_k = (int)it->top_logprobs;
+		if (want > a->lp_k)
+			a->lp_k = want;
 	}
 }
 

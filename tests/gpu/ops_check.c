@@ -1122,7 +1122,9 @@ static void check_topk(int V)
 static double lp_tol(float want, double m, int V)
 {
 	const float a = fabsf(want);
-	const double ulp = (double)nextafterf(a, INFINITY) - (double)a;
+	/* the spacing above a (below, at FLT_MAX, where the next one up is inf) */
+	const double ulp = a < FLT_MAX ? (double)nextafterf(a, INFINITY) - (double)a
+				       : (double)a - (double)nextafterf(a, 0.0f);
 
 	return ulp + (V + 2.0) * 0x1p-52 + 0x1p-51 * (fabs(m) + log((double)V) + (double)a);
 }
