@@ -20,7 +20,8 @@
  *       ids exactly, values to one FP32 ulp plus the double-rounding bound of the two sums;
  *       the rows that do not ask are left as they were, and the steps still replay graphs.
  *   (c) refusals: a page id out of range, a slot out of range, a token ≥ V, a slot twice, a
- *       block table of the wrong length, a bad new page → -EINVAL with every slot and page
+ *       block table of the wrong length, log-probabilities with no array or k > 64, a bad
+ *       new page → -EINVAL with every slot and page
  *       byte unchanged, and the model still usable.
  *   (d) random-weight Qwen3-4B (BF16, bitdecoding-nvfp4, max_tokens 131264 as the serving
  *       benchmark): build time, synthetic fill of 4 rows at 32K and 1 at 128K (tokens/s),
@@ -563,6 +564,23 @@ static void refusal_checks(struct bd_gmodel *g, const struct ctx *c, const struc
 	r = bd_gmodel_decode(g, w, tok, 1, NULL, st, err);
 	report(r == -EINVAL, "(c) decode with %d pages at position %d: %d (%s)", w[0].n_pages,
 	       withpage->pos, r, err);
+
+	/* log-probabilities asked with no array for them, or more than 64 */
+	{
+		const bool yes = true;
+		int32_t t1 = -1, lids[65];
+		float lp1, lvals[65];
+		struct bd_gout o1 = { .tokens = &t1, .want_lp = &yes, .lp_k = 5, .lp = NULL,
+				      .lp_ids = lids, .lp_vals = lvals };
+		fill_row(&w[0], withpage, &newp[0]);
+		r = bd_gmodel_decode(g, w, tok, 1, &o1, st, err);
+		report(r == -EINVAL, "(c) decode asking log-probabilities with lp NULL: %d (%s)", r,
+		       err);
+		o1.lp = &lp1;
+		o1.lp_k = 65;
+		r = bd_gmodel_decode(g, w, tok, 1, &o1, st, err);
+		report(r == -EINVAL, "(c) decode asking 65 top log-probabilities: %d (%s)", r, err);
+	}
 
 	/* a prefill: a bad token, then a bad new page (into a live slot: nothing may change) */
 	int32_t *ptoks = xmalloc(sizeof(int32_t) * BD_PAGE_TOKENS);
