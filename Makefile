@@ -300,7 +300,7 @@ all: $(ROUTER_BIN)
 # One tensor-parallel rank: its model shard, kvpoold's arena, the router's step plans. Its cuda
 # backend (workerd/gpu.c, with the plan mapping growmap.c) is compiled in where nvcc is, and
 # main.c lists it then (BD_WORKERD_CUDA); without it workerd refuses a cuda pool at start.
-# growmap.o is built either way: the unit suite tests it.
+# growmap.o is built either way: the unit suite tests it (and row.o, the row results).
 WD_CUDA_SRC := workerd/gpu.c workerd/growmap.c
 WORKERD_SRC := $(filter-out $(if $(HAVE_NVCC),,$(WD_CUDA_SRC)),$(sort $(wildcard workerd/*.c)))
 WORKERD_OBJ := $(WORKERD_SRC:%.c=$(BUILD)/%.o)
@@ -336,6 +336,10 @@ $(BUILD)/bench/bench_scrub.o: CFLAGS += -Ikvpoold
 $(BUILD)/bench/bench_scrub.o: | $(PROTO_H)
 all: $(BUILD)/bin/bench_scrub
 $(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
+# systemd's restart and fd store for kvpoold under deploy/run-local.sh (deploy/fdstore_run.c)
+$(eval $(call program,fdstore-run,$(BUILD)/deploy/fdstore_run.o $(BUILD)/tests/common/fdstore.o $(BUILD)/tests/common/spawn.o,base))
+$(BUILD)/deploy/fdstore_run.o: CFLAGS += -Itests/common
+all: $(BUILD)/bin/fdstore-run
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
 	$(BUILD)/bin/bench_batch
@@ -367,7 +371,7 @@ bench-passkey: model $(BUILD)/bin/bdfp4
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,
 # tests/system the whole system; one Criterion binary. The daemons' pure parts link in as
-# objects or archives (libkvpoold.a, librouter.a, workerd's plan mapping).
+# objects or archives (libkvpoold.a, librouter.a, workerd's plan mapping and row results).
 TEST_DIRS := $(addprefix tests/lib/,$(LAYERS)) tests/kvpoold tests/router tests/workerd \
 	tests/system tests/common
 TEST_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(sort $(foreach d,$(TEST_DIRS),$(wildcard $(d)/*.c))))
@@ -379,7 +383,8 @@ $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
 $(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
-$(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
+$(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o \
+		$(BUILD)/workerd/row.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) \
 		$(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) -lm -pthread
@@ -389,7 +394,7 @@ all: $(TEST_BIN)
 # and the daemons they start through BD_BIN. With SAN=1, LeakSanitizer ignores the leaks of
 # Criterion's own runner (tests/lsan.supp).
 unit-run: $(TEST_BIN) $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4 \
-		$(BUILD)/bin/loadgen
+		$(BUILD)/bin/loadgen $(BUILD)/bin/fdstore-run
 	BD_SHARED=$(BD_SHARED) BD_BIN=$(abspath $(BUILD)/bin) BD_OPENAI_PY=$(abspath $(OPENAI_PY)) \
 	$(if $(filter 1,$(SAN)),LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0) \
 	$(TEST_BIN) --jobs 2
@@ -508,7 +513,8 @@ gpu-test-model: $(BUILD)/bin/gmodel_check
 # The serving benchmark on one GPU (bench/serve_gpu.sh): random Qwen3-4B weights, synthetic
 # prefill, bf16 and bitdecoding-nvfp4 pools; tables in $(BD_RESULTS_DIR) (default $(BUILD)/).
 # No deps/model here: the GPU machine has its libraries from tests/gpu/device-env.sh.
-bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $(BUILD)/bin/bdfp4
+bench-serve-gpu: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/loadgen $(BUILD)/bin/bdfp4 \
+		$(BUILD)/bin/fdstore-run
 	$(need_nvcc)
 	BD_RESULTS_DIR=$(or $(BD_RESULTS_DIR),$(BUILD)) sh bench/serve_gpu.sh $(BUILD)/bin
 

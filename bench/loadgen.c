@@ -29,8 +29,12 @@
  *
  * --fault kill9:R@S kills worker rank R with SIGKILL S seconds into each level; R's current pid
  * is read from the R-th file of BD_WORKER_PIDFILES (deploy/run-local.sh, which restarts the
- * rank as systemd would). Each level then reports the requests lost (failed: the goal is none)
- * and the time to resume: from the kill to the first token any request gets after it.
+ * rank as systemd would). --fault stop:R@S+D stops rank R with SIGSTOP at S seconds and lets it
+ * go on with SIGCONT D seconds later (a rank that hangs, then recovers); --fault kill9:pool@S
+ * kills kvpoold, whose pid is in BD_POOL_PIDFILE (run-local.sh starts it again on its stored
+ * fds, as systemd does). Each level then
+ * reports the requests lost (failed: the goal is none) and the time to resume: from the fault
+ * to the first token any request gets after it.
  * --long-prompt N makes the level's first request one of N random token ids (the others as
  * usual) and reports the TTFT of the short requests sent while it was prefilling (from its send
  * to its first token): what a long prompt costs the others.
@@ -78,8 +82,9 @@ struct opts {
 	const char *router, *pool, *results, *note, *kv;
 	int levels[MAX_LEVELS], n_levels, requests, max_tokens, prompt_tokens;
 	int steady;       /* --steady N, 0: off */
-	int fault_rank;   /* --fault kill9:R@S: rank R killed S s into each level; -1: none */
+	int fault_rank;   /* --fault kill9:R@S or stop:R@S+D: rank R, S s into each level; -1: none */
 	double fault_at;
+	double fault_for; /* stop: seconds between SIGSTOP and SIGCONT; 0: kill9 */
 	int long_prompt;  /* --long-prompt N: request 0 of each level has N token ids; 0: none */
 	uint32_t n_vocab; /* of the server, for --prompt-tokens */
 };
@@ -106,8 +111,10 @@ struct level {
 	atomic_int n_first, n_reached;
 	atomic_bool all_first, window_done;
 	double t_a;
-	/* --fault: when the rank was killed (0: not yet), the first token after it */
+	/* --fault: when the rank was killed (0: not yet), the first token after it; the last token
+	 * of any request, and the longest time without one from the fault on */
 	_Atomic double t_kill, t_resumed;
+	_Atomic double t_last_token, max_stall;
 };
 
 static void note_error(struct level *L, const char *msg)
@@ -234,6 +241,17 @@ static void *client_main(void *arg)
 
 				atomic_compare_exchange_strong(&L->t_resumed, &zero, t);
 			}
+			if (ev.n_tokens) {
+				const double prev = atomic_exchange(&L->t_last_token, t);
+				const double tk = atomic_load(&L->t_kill);
+				if (tk > 0) {
+					const double gap = t - (prev > tk ? prev : tk);
+					double m = atomic_load(&L->max_stall);
+					while (gap > m &&
+					       !atomic_compare_exchange_weak(&L->max_stall, &m, gap))
+						;
+				}
+			}
 			if (first)
 				s->ttft = t - t0;
 			if (ev.n_tokens)
@@ -319,7 +337,7 @@ struct row {
 	double steady_s;
 	/* --fault, --long-prompt */
 	bool fault, killed;
-	double resume_s, long_ttft, beside_ttft_mean, beside_ttft_max;
+	double resume_s, stall_s, long_ttft, beside_ttft_mean, beside_ttft_max;
 	int beside_n;
 	char error[256];
 };
@@ -353,9 +371,27 @@ static void steady_window(const struct level *L, struct row *r)
 }
 
 /* The pid in the rank-th file of BD_WORKER_PIDFILES (space-separated), or -1. */
+#define FAULT_POOL 8 /* --fault kill9:pool@S: kvpoold instead of a rank */
+
+/* What the fault hits, for messages: "worker rank R" or "kvpoold" (static buffer). */
+static const char *fault_name(int rank)
+{
+	static char name[32];
+
+	if (rank == FAULT_POOL)
+		return "kvpoold";
+	snprintf(name, sizeof(name), "worker rank %d", rank);
+	return name;
+}
+
+/* The current pid of worker rank (the rank-th file of BD_WORKER_PIDFILES) or, for FAULT_POOL,
+ * of kvpoold (BD_POOL_PIDFILE); -1 when unknown. */
 static pid_t worker_pid(int rank)
 {
-	const char *files = getenv("BD_WORKER_PIDFILES");
+	const char *files = getenv(rank == FAULT_POOL ? "BD_POOL_PIDFILE" : "BD_WORKER_PIDFILES");
+
+	if (rank == FAULT_POOL)
+		rank = 0;
 	char path[512];
 	long pid = -1;
 	int i = 0;
@@ -399,14 +435,28 @@ static void *fault_main(void *arg)
 	if (ft->stop)
 		return NULL;
 	pid = worker_pid(o->fault_rank);
-	if (pid <= 0 || kill(pid, SIGKILL) < 0) {
-		snprintf(ft->error, sizeof(ft->error), "cannot kill rank %d (pid %d): set "
-			 "BD_WORKER_PIDFILES", o->fault_rank, (int)pid);
+	if (pid <= 0 || kill(pid, o->fault_for > 0 ? SIGSTOP : SIGKILL) < 0) {
+		snprintf(ft->error, sizeof(ft->error), "cannot signal %s (pid %d): set %s",
+			 fault_name(o->fault_rank), (int)pid,
+			 o->fault_rank == FAULT_POOL ? "BD_POOL_PIDFILE" : "BD_WORKER_PIDFILES");
 		return NULL;
 	}
-	atomic_store(&ft->L->t_kill, bd_now_s());
-	fprintf(stderr, "loadgen: killed worker rank %d (pid %d) at %.1f s\n", o->fault_rank,
-		(int)pid, bd_now_s() - ft->t0);
+	const double t = bd_now_s();
+	atomic_store(&ft->L->t_kill, t);
+	fprintf(stderr, "loadgen: %s %s (pid %d) at %.1f s\n",
+		o->fault_for > 0 ? "stopped" : "killed", fault_name(o->fault_rank), (int)pid,
+		t - ft->t0);
+	if (o->fault_for > 0) {
+		/* the SIGCONT is sent even when the level ends first: no rank stays stopped */
+		while (!ft->stop && bd_now_s() - t < o->fault_for)
+			usleep(10000);
+		if (kill(pid, SIGCONT) < 0)
+			snprintf(ft->error, sizeof(ft->error), "cannot continue %s (pid %d): %s",
+				 fault_name(o->fault_rank), (int)pid, strerror(errno));
+		else
+			fprintf(stderr, "loadgen: continued %s at %.1f s\n",
+				fault_name(o->fault_rank), bd_now_s() - ft->t0);
+	}
 	return NULL;
 }
 
@@ -458,6 +508,7 @@ static int run_level(const struct opts *o, int conc, int fit, struct row *r)
 		r->resume_s = r->killed && atomic_load(&L.t_resumed) > 0
 				      ? atomic_load(&L.t_resumed) - atomic_load(&L.t_kill)
 				      : -1;
+		r->stall_s = atomic_load(&L.max_stall);
 		if (*ft.error)
 			fprintf(stderr, "loadgen: %s\n", ft.error);
 	}
@@ -605,11 +656,19 @@ static void print_rows(FILE *f, const struct row *rows, int n, const struct opts
 	for (int i = 0; i < n; i++) {
 		const struct row *r = &rows[i];
 
-		if (r->fault && r->killed)
-			fprintf(f, "\nConcurrency %d, kill -9 of worker rank %d at %.1f s: %d "
+		if (r->fault && r->killed && o->fault_for > 0)
+			fprintf(f, "\nConcurrency %d, SIGSTOP of %s at %.1f s, SIGCONT %.1f "
+				   "s later: %d request(s) lost of %d; the stop to the next token %.2f s; "
+				   "longest time without a token from the stop on %.2f s.\n", r->conc,
+				fault_name(o->fault_rank), o->fault_at, o->fault_for, r->n_req - r->ok,
+				r->n_req,
+				r->resume_s, r->stall_s);
+		else if (r->fault && r->killed)
+			fprintf(f, "\nConcurrency %d, kill -9 of %s at %.1f s: %d "
 				   "request(s) lost of %d; time to resume (the kill to the next token) "
-				   "%.2f s.\n", r->conc, o->fault_rank, o->fault_at, r->n_req - r->ok,
-				r->n_req, r->resume_s);
+				   "%.2f s; longest time without a token from the kill on %.2f s.\n",
+				r->conc, fault_name(o->fault_rank), o->fault_at, r->n_req - r->ok,
+				r->n_req, r->resume_s, r->stall_s);
 		else if (r->fault)
 			fprintf(f, "\nConcurrency %d: the fault was not injected (the level ended "
 				   "first, or no BD_WORKER_PIDFILES).\n", r->conc);
@@ -670,7 +729,9 @@ static void usage(FILE *f)
 	fprintf(f, "usage: loadgen --router EP [--pool EP] [--levels 1,4,16] [--requests N]\n"
 		   "               [--max-tokens T] [--prompt-tokens N] [--ignore-eos]\n"
 		   "               [--results FILE] [--note TEXT] [--kv FILE] [--steady N]\n"
-		   "               [--fault kill9:RANK@SECONDS] [--long-prompt N]\n");
+		   "               [--fault kill9:RANK@SECONDS | kill9:pool@SECONDS |\n"
+		   "                        stop:RANK@SECONDS+SECONDS]\n"
+		   "               [--long-prompt N]\n");
 }
 
 int main(int argc, char **argv)
@@ -737,12 +798,26 @@ int main(int argc, char **argv)
 		case 'E':
 			break; /* the default: every request generates exactly max_tokens */
 		case 'F':
-			if (sscanf(optarg, "kill9:%d@%lf", &o.fault_rank, &o.fault_at) != 2 ||
-			    o.fault_rank < 0 || o.fault_rank > 7 || o.fault_at < 0) {
-				fprintf(stderr, "loadgen: bad --fault '%s' (kill9:RANK@SECONDS)\n",
+		{
+			int used = 0;
+			o.fault_for = 0;
+			if (sscanf(optarg, "kill9:pool@%lf%n", &o.fault_at, &used) == 1)
+				o.fault_rank = FAULT_POOL;
+			else if (sscanf(optarg, "kill9:%d@%lf%n", &o.fault_rank, &o.fault_at,
+					&used) != 2 &&
+			    (sscanf(optarg, "stop:%d@%lf+%lf%n", &o.fault_rank, &o.fault_at,
+				    &o.fault_for, &used) != 3 || !(o.fault_for > 0)))
+				used = 0;
+			if (o.fault_rank == FAULT_POOL && strncmp(optarg, "kill9:pool@", 11))
+				used = 0; /* ranks are 0..7 */
+			if (!used || optarg[used] || o.fault_rank < 0 || o.fault_rank > FAULT_POOL ||
+			    o.fault_at < 0) {
+				fprintf(stderr, "loadgen: bad --fault '%s' (kill9:RANK@SECONDS, "
+						"kill9:pool@SECONDS or stop:RANK@SECONDS+SECONDS)\n",
 					optarg);
 				return 2;
 			}
+		}
 			break;
 		case 'h':
 			usage(stdout);

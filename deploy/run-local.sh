@@ -12,13 +12,16 @@
 # BD_LOADGEN="ARGS" set, bench/loadgen runs with ARGS instead of the prompt (make bench-serve);
 # with BD_RUN_CMD="COMMAND" set, COMMAND runs instead (sh -c), with BD_FRONT_EP, BD_HTTP_URL
 # (the router's HTTP API, e.g. http://127.0.0.1:PORT), BD_POOL_EP, BD_RUN_DIR (the logs),
-# BD_WORKER_PIDS (the workers' first pids) and BD_WORKER_PIDFILES (files that hold each rank's
-# current pid) exported (bench/serve_gpu.sh, loadgen --fault). The HTTP listener takes BD_HTTP
-# (HOST:PORT, default a free loopback port).
+# BD_WORKER_PIDS (the workers' first pids), BD_WORKER_PIDFILES (files that hold each rank's
+# current pid) and BD_POOL_PIDFILE (kvpoold's) exported (bench/serve_gpu.sh, loadgen --fault).
+# The HTTP listener takes BD_HTTP (HOST:PORT, default a free loopback port).
 #
 # Each worker runs as systemd's Restart=on-failure with RestartSec=1 runs it: a worker that ends
 # other than with exit 0 (kill -9, a crash, exit 1 when kvpoold went away) is started again
-# after a second, and the router resumes its requests when the group forms again.
+# after a second, and the router resumes its requests when the group forms again. kvpoold runs
+# as kvpoold.service runs it (Restart=on-failure, its fd store): under fdstore-run
+# (deploy/fdstore_run.c), which keeps the arena and state fds it stores and starts it again on
+# them 100 ms after it ends other than with exit 0, so its pages survive its restart.
 #
 # BD_BACKEND=cpu (default) or cuda (`make run BACKEND=cuda`): kvpoold's backend. On cuda the
 # pool takes BD_GPU_MEM_FRACTION (default 0.5) of each GPU, the rest is the model's; rank r runs
@@ -110,7 +113,7 @@ stop() {
 }
 
 [ -n "$PRESET" ] || [ -r "$MODEL" ] || fail "no model at $MODEL (make model)"
-for b in kvpoold kvpoolctl routerd workerd bdfp4 ${BD_LOADGEN+loadgen}; do
+for b in kvpoold kvpoolctl routerd workerd bdfp4 fdstore-run ${BD_LOADGEN+loadgen}; do
 	[ -x "$BIN/$b" ] || fail "no $BIN/$b (make all)"
 done
 export OPENBLAS_NUM_THREADS=1
@@ -155,11 +158,14 @@ case "$TP" in 1 | 2) ;; *) fail "BD_TP=$TP: 1 or 2" ;; esac
 
 say "runtime directory $RT"
 say "starting kvpoold ($BACKEND backend, TP=$TP, $KV${PRESET:+, $PRESET})"
+# POOL_PID is fdstore-run's: SIGTERM reaches kvpoold through it, and its status is kvpoold's
 # shellcheck disable=SC2086
-"$BIN/kvpoold" --no-config --socket "$POOL_SOCK" --endpoint "$POOL_EP" --backend "$BACKEND" \
+"$BIN/fdstore-run" "$RT/kvpoold.pid" "$RT/kvpoold-notify.sock" "$RT/kvpoold.log" -- \
+	"$BIN/kvpoold" --no-config --socket "$POOL_SOCK" --endpoint "$POOL_EP" --backend "$BACKEND" \
 	--tp "$TP" --kv-config "$KV" $GEOM --max-seq-len "$MAX_SEQ" --slots "$SLOTS" $MEM \
-	2>"$RT/kvpoold.log" &
+	2>>"$RT/kvpoold.log" &
 POOL_PID=$!
+export BD_POOL_PIDFILE="$RT/kvpoold.pid"
 i=0
 until "$BIN/kvpoolctl" --no-config --endpoint "$POOL_EP" --timeout 500 stats >/dev/null 2>&1; do
 	alive $POOL_PID || fail "kvpoold exited"

@@ -146,6 +146,27 @@ int bd_op_sample(const float *logits, int n, int V, const struct bd_gsample *p, 
 int bd_op_topk(const float *logits, int n, int V, int k, int32_t *ids, float *vals,
 	       void *stream);
 
+/* Log-probabilities of the model's distribution at one step: the device twin of
+ * bd_sampler_logprobs (lib/model/sampler.c, what the cpu backend reports). For each j < m,
+ * row r = rows[j] (rows: device-readable [m] indices into logits; NULL: r = j) of logits
+ * [*][V] — FP32, the LM head's raw logits: temperature 1, before top-k and top-p, the
+ * distribution OpenAI's logprobs describe, whatever the row samples with — in double, the same
+ * operations as the CPU:
+ *     m_r = max_v x_v,  lse_r = m_r + log Σ_v exp(x_v − m_r),  lp_v = (float)(x_v − lse_r)
+ * (max-subtracted log-sum-exp; the sum in a fixed tree, so a row's result does not depend on
+ * timing or on the other rows). lp[j] gets lp of tokens[r] (tokens: device [*], indexed like
+ * logits' rows, e.g. bd_op_sample's output); ids [m][k] and vals [m][k] the k ≤ 64 most likely
+ * tokens and their lp, most likely first, ties by the lower id, −0 equal to +0 (bd_sampler_top's
+ * order; bd_op_topk's selection). A −inf logit has lp −inf. A row with a NaN or +inf logit, or
+ * with every logit −inf (the CPU's -EDOM), gets lp[j] = NaN, ids −1 and vals NaN; a token
+ * outside [0, V) (a refused draw: −1) gets lp[j] = NaN, its row's top entries as usual.
+ * Results agree with the CPU's to one FP32 ulp plus the double rounding of the two sums
+ * ((V + 2)·2^-52 + 2^-51·(|m_r| + ln V), ops_check). One CTA per row of the m: steps that
+ * want no log-probabilities launch nothing. Returns 0 or -EINVAL (NULL logits, tokens or lp,
+ * V < 1, m < 0, k outside 0..min(64, V), k > 0 with NULL ids or vals). */
+int bd_op_logprobs(const float *logits, int V, const int32_t *rows, int m, const int32_t *tokens,
+		   int k, float *lp, int32_t *ids, float *vals, void *stream);
+
 /* x[i] = mean + sigma · N(0, 1) draw i of a counter-based generator keyed by seed (the same
  * values for the same (seed, i) whatever len), stored as dt; i < len. */
 int bd_op_fill_normal(void *x, enum bd_dtype dt, size_t len, uint64_t seed, float mean,

@@ -58,6 +58,14 @@
 #ifndef BD_PERSIST
 #define BD_PERSIST 1
 #endif
+/* BD_PLAN_TAIL 1 (the default) lets the split search see the grid kernel's BF16-partial CTAs:
+ * where they overflow the splits' last wave, the CTAs left over start only when the first ones
+ * finish, and the persistent kernel (which absorbs them) is costed as the plan will launch it.
+ * On an H200 it changed the plan at B = 8, N = 8K only, 15-18 % faster there (bench/RESULTS.md);
+ * 0 counts the splits' waves alone, for A/B runs. */
+#ifndef BD_PLAN_TAIL
+#define BD_PLAN_TAIL 1
+#endif
 /* With any of them, <128, 2, NVFP4> is held to 128 registers (4 CTAs per SM; ptxas took 133
  * with all three, which leaves 3) */
 #define BD_V9_ANY (BD_V9_LDSM || BD_V9_SOFT || BD_V9_MXK)
@@ -1702,6 +1710,20 @@ static int rcp_table_init(void)
 
 using namespace bdk;
 
+/* Whether the plan launches the persistent kernel for ns splits of per pages over work
+ * (request, KV head) groups: B ≤ 16, the persistent kernel as resident as the grid kernel
+ * (occ_p, occ CTAs per SM; occ_p < 0 where the build or the page format has none), the splits in
+ * one wave of slots CTAs, the partials' CTAs overflowing it, and the free slots able to run the
+ * partials (about 4 pages each) while the splits run. */
+static bool persist_fits(int B, int occ, int occ_p, long long slots, long long work, int ns,
+			 long long per)
+{
+	const long long sw = (work * ns + slots - 1) / slots;
+	const long long aw = (work * (ns + 1) + slots - 1) / slots;
+	return BD_PERSIST && occ_p == occ && B <= 16 && sw == 1 && aw > sw &&
+	       (slots - work * ns) * per >= 4 * work;
+}
+
 extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const struct bd_kvcfg *cfg,
 					  const struct bd_layout *lay,
 					  const struct bd_decode_params *dp, int B, int Hq,
@@ -1805,6 +1827,23 @@ extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const stru
 	const int pages = pl.bt_stride;
 	if (n_splits > 1024)
 		return -EINVAL;
+	/* The persistent kernel for small batches (B ≤ 16) when the splits fit one wave, the BF16
+	 * partials' CTAs would add one, and the slots the splits leave free can take the partials
+	 * while the splits run: a partial (144 rows in three dependent loads) takes about as long
+	 * as 4 pages of a split at full occupancy (same work items, same results). */
+	const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
+	int occ_p = -1;
+#if BD_PERSIST
+	if (pl.kind == 1 || pl.kind == 3) {
+		kern_t kp = pick_persist(pl.kind, pl.d, plan_mode(&pl));
+		BDK_TRY(cudaFuncSetAttribute((const void *)kp,
+					     cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     pl.smem_bytes));
+		BDK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_p, (const void *)kp,
+								      THREADS,
+								      (size_t)pl.smem_bytes));
+	}
+#endif
 	if (n_splits > 0) {
 		pl.n_splits = n_splits;
 	} else if (pages <= 1) {
@@ -1812,8 +1851,9 @@ extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const stru
 	} else {
 		/* split-KV by bytes: whole waves of equal splits, each split's start (prologue and
 		 * pipeline fill, about 6 pages) counted as work, and the combine's latency per split
-		 * (about a quarter page) */
-		const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
+		 * (about a quarter page); with BD_PLAN_TAIL, partials that overflow the last wave
+		 * of the grid kernel delay the CTAs left over by one partial (4 pages and a start)
+		 * or one split, whichever ends first */
 		const int min_ns = pl.kind == 1 || pl.kind == 3 ? (pages + MAXIDS - 1) / MAXIDS : 1;
 		long long best = -1;
 		int best_ns = min_ns;
@@ -1821,6 +1861,11 @@ extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const stru
 			long long waves = (work * ns + slots - 1) / slots;
 			long long per = (pages + ns - 1) / ns;
 			long long cost = 4 * waves * (per + 6) + ns;
+#if BD_PLAN_TAIL
+			if (work * (ns + 1) > waves * slots &&
+			    !persist_fits(B, occ, occ_p, slots, work, ns, per))
+				cost += 4 * (per + 6 < 10 ? per + 6 : 10);
+#endif
 			if (best < 0 || cost < best) {
 				best = cost;
 				best_ns = ns;
@@ -1830,30 +1875,9 @@ extern "C" int bd_decode_plan_init_hopper(struct bd_decode_plan *ret, const stru
 	}
 	pl.grid_ctas = B * pl.Hkv * (pl.n_splits + 1);
 	pl.persist_ctas = 0;
-#if BD_PERSIST
-	if (pl.kind == 1 || pl.kind == 3) {
-		/* the persistent kernel for small batches (B ≤ 16) when the splits fit one wave,
-		 * the BF16 partials' CTAs would add one, and the slots the splits leave free can
-		 * take the partials while the splits run: a partial (144 rows in three dependent
-		 * loads) takes about as long as 4 pages of a split at full occupancy (same work
-		 * items, same results) */
-		kern_t kp = pick_persist(pl.kind, pl.d, plan_mode(&pl));
-		int occ_p = 0;
-		BDK_TRY(cudaFuncSetAttribute((const void *)kp,
-					     cudaFuncAttributeMaxDynamicSharedMemorySize,
-					     pl.smem_bytes));
-		BDK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_p, (const void *)kp,
-								      THREADS,
-								      (size_t)pl.smem_bytes));
-		const long long slots = (long long)sms * occ, work = (long long)B * pl.Hkv;
-		const long long sw = (work * pl.n_splits + slots - 1) / slots;
-		const long long aw = (work * (pl.n_splits + 1) + slots - 1) / slots;
-		const long long per = (pages + pl.n_splits - 1) / pl.n_splits;
-		const long long free_slots = slots - work * pl.n_splits;
-		if (B <= 16 && occ_p == occ && sw == 1 && aw > sw && free_slots * per >= 4 * work)
-			pl.persist_ctas = (int)(slots < pl.grid_ctas ? slots : pl.grid_ctas);
-	}
-#endif
+	if (persist_fits(B, occ, occ_p, slots, work, pl.n_splits,
+			 (pages + pl.n_splits - 1) / pl.n_splits))
+		pl.persist_ctas = (int)(slots < pl.grid_ctas ? slots : pl.grid_ctas);
 	{
 		size_t parts = (size_t)B * pl.Hkv * (size_t)(pl.n_splits + 1) * pl.G;
 		size_t o_bytes = parts * (size_t)pl.d * sizeof(float);

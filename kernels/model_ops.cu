@@ -24,6 +24,10 @@
  * the same distribution) to the first whose cumulative mass exceeds ⌊u · kept mass⌋.
  * Masses below 2^-41 of the top token's round to zero (never drawn; the CPU gives them
  * probability < 1e-12). The per-row record of model_ops.h is left in the workspace.
+ * Top-k (bd_op_topk) and the top log-probabilities (bd_op_logprobs) select the k largest keys
+ * with the same radix selection in count mode. Log-probabilities are bd_sampler_logprobs's
+ * double log-sum-exp (lib/model/bd_sampler.h), not fixed point: they are reported, not drawn
+ * from, and must match the CPU's to FP32 rounding.
  */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -950,39 +954,115 @@ __global__ void __launch_bounds__(SNT) sample_kernel(const float *logits, int V,
 	}
 }
 
-__global__ void __launch_bounds__(SNT) topk_kernel(const float *logits, int V, int k,
-						   int32_t *ids, float *vals)
-{
-	__shared__ SelShared sh;
-	__shared__ unsigned long long sel[64];
-	__shared__ int cnt;
-	const int row = blockIdx.x, tid = threadIdx.x;
-	const float *lg = logits + (size_t)row * (size_t)V;
+/* What top_rank needs in shared memory. */
+struct TopShared {
+	SelShared sel;
+	unsigned long long keys[64];
+	int cnt;
+};
 
-	const uint64_t thresh = k < V ? radix_select(lg, V, false, 0.0f, 1.0, 0, (uint64_t)k, sh) : 0;
+/* The k ≤ min(64, V) largest keys of row lg (skey order: value desc, id asc, −0 = +0, NaN
+ * last): thread tid < k gets the id of one of them and its rank 0..k−1 (0 the largest) and
+ * returns true; the others return false. Every thread of the CTA calls it. */
+__device__ bool top_rank(const float *lg, int V, int k, TopShared &sh, int &rank, int &id)
+{
+	const int tid = threadIdx.x;
+	const uint64_t thresh =
+		k < V ? radix_select(lg, V, false, 0.0f, 1.0, 0, (uint64_t)k, sh.sel) : 0;
+
 	if (tid == 0)
-		cnt = 0;
+		sh.cnt = 0;
 	__syncthreads();
 	for (int i = tid; i < V; i += SNT) {
 		const uint64_t key = skey(lg[i], i);
 
+		/* keys are distinct, so exactly k of them reach the k-th largest */
 		if (key >= thresh) {
-			const int at = atomicAdd(&cnt, 1);
+			const int at = atomicAdd(&sh.cnt, 1);
 
 			if (at < 64)
-				sel[at] = key;
+				sh.keys[at] = key;
 		}
 	}
 	__syncthreads();
-	if (tid < k) {
-		const unsigned long long me = sel[tid];
-		int rank = 0;
+	if (tid >= k)
+		return false;
+	const unsigned long long me = sh.keys[tid];
+	int r = 0;
 
-		for (int j = 0; j < k; j++)
-			rank += sel[j] > me;
-		const int id = key_id(me);
+	for (int j = 0; j < k; j++)
+		r += sh.keys[j] > me;
+	rank = r;
+	id = key_id(me);
+	return true;
+}
+
+__global__ void __launch_bounds__(SNT) topk_kernel(const float *logits, int V, int k,
+						   int32_t *ids, float *vals)
+{
+	__shared__ TopShared sh;
+	const int row = blockIdx.x;
+	const float *lg = logits + (size_t)row * (size_t)V;
+	int rank, id;
+
+	if (top_rank(lg, V, k, sh, rank, id)) {
 		ids[(size_t)row * k + rank] = id;
 		vals[(size_t)row * k + rank] = lg[id];
+	}
+}
+
+/* bd_op_logprobs: one CTA per wanted row j, r = rows[j]. */
+__global__ void __launch_bounds__(SNT) logprobs_kernel(const float *logits, int V,
+						       const int32_t *rows, const int32_t *tokens,
+						       int k, float *lp, int32_t *ids, float *vals)
+{
+	__shared__ TopShared sh;
+	__shared__ float fred[32];
+	__shared__ double dred[32];
+	const int j = blockIdx.x, tid = threadIdx.x;
+	const int row = rows ? rows[j] : j;
+	const float *lg = logits + (size_t)row * (size_t)V;
+	float mx = -INFINITY;
+	int bad = 0;
+
+	for (int i = tid; i < V; i += SNT) {
+		const float l = lg[i];
+
+		bad |= isnan(l) || l == INFINITY;
+		mx = fmaxf(mx, l); /* NaN is never kept (and refuses the row) */
+	}
+	bad = __syncthreads_or(bad);
+	mx = block_reduce(mx, fred, OpMax(), SNT / 32); /* every warp present: no padding */
+	if (bad || mx == -INFINITY) {
+		/* the CPU's -EDOM */
+		if (tid == 0)
+			lp[j] = NAN;
+		if (tid < k) {
+			ids[(size_t)j * k + tid] = -1;
+			vals[(size_t)j * k + tid] = NAN;
+		}
+		return;
+	}
+	const double m = (double)mx;
+	double s = 0.0;
+
+	for (int i = tid; i < V; i += SNT)
+		s += exp((double)lg[i] - m);
+	s = block_sum(s, dred);
+	const double lse = m + log(s);
+
+	if (tid == 0) {
+		const int32_t t = tokens[row];
+
+		lp[j] = t >= 0 && t < V ? (float)((double)lg[t] - lse) : NAN;
+	}
+	if (k == 0)
+		return;
+	int rank, id;
+
+	if (top_rank(lg, V, k, sh, rank, id)) {
+		ids[(size_t)j * k + rank] = id;
+		vals[(size_t)j * k + rank] = (float)((double)lg[id] - lse);
 	}
 }
 
@@ -1268,6 +1348,20 @@ extern "C" int bd_op_topk(const float *logits, int n, int V, int k, int32_t *ids
 	if (n == 0)
 		return 0;
 	topk_kernel<<<n, SNT, 0, (cudaStream_t)stream>>>(logits, V, k, ids, vals);
+	return launched();
+}
+
+extern "C" int bd_op_logprobs(const float *logits, int V, const int32_t *rows, int m,
+			      const int32_t *tokens, int k, float *lp, int32_t *ids, float *vals,
+			      void *stream)
+{
+	if (!logits || V < 1 || m < 0 || !tokens || !lp || k < 0 || k > 64 || k > V ||
+	    (k > 0 && (!ids || !vals)))
+		return -EINVAL;
+	if (m == 0)
+		return 0;
+	logprobs_kernel<<<m, SNT, 0, (cudaStream_t)stream>>>(logits, V, rows, tokens, k, lp, ids,
+							     vals);
 	return launched();
 }
 

@@ -12,6 +12,7 @@
  * forward pass, never before it.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,6 @@
 #include "model/bd_kvmem.h"
 #include "model/bd_sampler.h"
 #include "model/bd_seq.h"
-#include "base/bd_rand.h"
 #include "pool/bd_kvmem_pool.h"
 #include "serve/bd_allreduce.h"
 #include "workerd.h"
@@ -96,26 +96,17 @@ static void top_logits(struct wd_row_out *o, const float *lg, int V, uint32_t k)
 }
 
 /* The sampled token's log-probability and the k most likely (k ≤ WD_LOGPROBS_MAX): the
- * log-softmax of the raw logits (bd_sampler_logprobs). Returns 0 or -EDOM. */
+ * log-softmax of the raw logits (bd_sampler_logprobs) into o (wd_row_logprobs). Returns 0, or
+ * -1 with the row failed (non-finite logits). */
 static int logprobs(struct wd_row_out *o, const float *lg, int V, uint32_t k)
 {
 	int32_t ids[WD_LOGPROBS_MAX];
-	float lp[WD_LOGPROBS_MAX];
+	float lp[WD_LOGPROBS_MAX], tok = NAN;
 	int n = bd_sampler_logprobs(lg, V, o->rr.token, k < WD_LOGPROBS_MAX ? (int)k
 									 : WD_LOGPROBS_MAX,
-				    &o->rr.logprob, ids, lp);
+				    &tok, ids, lp);
 
-	if (n < 0)
-		return n;
-	for (int i = 0; i < n; i++) {
-		bdfp4__token_logprob__init(&o->lp[i]);
-		o->lp[i].token = ids[i];
-		o->lp[i].logprob = lp[i];
-		o->lpp[i] = &o->lp[i];
-	}
-	o->rr.n_top_logprobs = (size_t)n;
-	o->rr.top_logprobs = o->lpp;
-	return 0;
+	return wd_row_logprobs(o, n < 0 ? NAN : tok, ids, lp, n);
 }
 
 /* Rank 0, after a forward pass of a row that samples: the token, the top logits and the
@@ -131,9 +122,8 @@ static int sample(struct wd *w, struct wd_seq *s, const Bdfp4__PlanRow *row, con
 				"sampling failed: non-finite logits");
 	if (row->logits_top_k)
 		top_logits(o, lg, w->model->hp.n_vocab, row->logits_top_k);
-	if (row->logprobs && logprobs(o, lg, w->model->hp.n_vocab, row->top_logprobs) < 0)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
-				   "log-probabilities failed: non-finite logits");
+	if (row->logprobs)
+		return logprobs(o, lg, w->model->hp.n_vocab, row->top_logprobs);
 	return 0;
 }
 
@@ -145,10 +135,9 @@ static int model_fail(struct wd_row_out *o, int r, const char *what)
 	return wd_row_fail(o, wd_serve_error(r), "%s failed: %s", what, strerror(-r));
 }
 
-/* The sampler of a request that drew `draws` tokens before (rank 0). A resumed sampler that
- * draws (temperature > 0) continues on a stream seeded by (seed, draws): bd_sampler cannot be
- * moved forward without the logits of the draws it missed, so its tokens are a sample of the
- * same distribution, not those an undisturbed run draws (a greedy one draws nothing: exact). */
+/* The sampler of a request that drew `draws` tokens before (rank 0): made with the request's
+ * parameters and moved past those draws (bd_sampler_skip), so a resumed request draws what an
+ * undisturbed run draws next, and with the same logits streams the same tokens. */
 static int make_sampler(struct wd *w, const Bdfp4__PlanRow *row, struct bd_sampler **ret)
 {
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
@@ -159,12 +148,10 @@ static int make_sampler(struct wd *w, const Bdfp4__PlanRow *row, struct bd_sampl
 		sp.top_p = row->sampling->top_p > 0.0f ? row->sampling->top_p : 1.0f;
 		sp.seed = row->sampling->seed;
 	}
-	if (row->draws) {
-		uint64_t x = sp.seed ^ (row->draws * 0x9e3779b97f4a7c15ull);
-
-		sp.seed = bd_splitmix64(&x);
-	}
-	return bd_sampler_new(&sp, w->model->hp.n_vocab, ret);
+	int r = bd_sampler_new(&sp, w->model->hp.n_vocab, ret);
+	if (r == 0)
+		bd_sampler_skip(*ret, row->draws);
+	return r;
 }
 
 /* A new sequence for row (a prefill at position 0, or a row that resumes a request): its

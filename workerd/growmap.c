@@ -10,8 +10,20 @@
 
 #include "base/bd_err.h"
 #include "growmap.h"
+#include "workerd.h"
 
-#define TOP_MAX 64
+/* What rank 0 hands back of a row that samples: the top logits and the log-probabilities the
+ * row asks for, cut at what a row result holds (WD_TOP_MAX, WD_LOGPROBS_MAX); top_logprobs
+ * without logprobs asks for nothing, as on the cpu backend. */
+static void set_outputs(struct wd_gitem *it, const Bdfp4__PlanRow *row)
+{
+	it->sample = row->sample;
+	it->top_k = row->logits_top_k < WD_TOP_MAX ? row->logits_top_k : WD_TOP_MAX;
+	it->logprobs = row->sample && row->logprobs;
+	it->top_logprobs = !it->logprobs ? 0
+			   : row->top_logprobs < WD_LOGPROBS_MAX ? row->top_logprobs
+								 : WD_LOGPROBS_MAX;
+}
 
 void wd_gtab_clear(struct wd_gtab *t)
 {
@@ -194,8 +206,7 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 
 	struct bd_sampler_params sp = q->sp;
 	it->id = row->request_id;
-	it->sample = row->sample;
-	it->top_k = row->logits_top_k < TOP_MAX ? row->logits_top_k : TOP_MAX;
+	set_outputs(it, row);
 	it->g = (struct bd_grow){ .slot = row->slot, .position = 0, .sampling = sp };
 	if (!lim->synthetic) {
 		it->kind = WD_G_PREFILL;
@@ -293,8 +304,7 @@ static int map_chunk(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct 
 	q->busy = true;
 	it->kind = WD_G_PREFILL;
 	it->id = row->request_id;
-	it->sample = row->sample;
-	it->top_k = row->logits_top_k < TOP_MAX ? row->logits_top_k : TOP_MAX;
+	set_outputs(it, row);
 	it->tokens = row->tokens;
 	it->n_tokens = (int)n;
 	it->g = (struct bd_grow){ .slot = q->slot, .position = row->position,
@@ -340,8 +350,7 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	q->busy = true;
 	it->kind = WD_G_DECODE;
 	it->id = row->request_id;
-	it->sample = row->sample;
-	it->top_k = row->logits_top_k < TOP_MAX ? row->logits_top_k : TOP_MAX;
+	set_outputs(it, row);
 	it->token = row->tokens[0];
 	it->g = (struct bd_grow){ .slot = q->slot, .position = row->position,
 				  .block_table = row->block_table, .n_pages = q->n_pages,
@@ -356,13 +365,6 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
 	memset(it, 0, sizeof(*it));
 	if (msg && cap)
 		msg[0] = 0;
-	/* the GPU's sampler hands back tokens and top logits, not the log-softmax */
-	if (row->logprobs || row->top_logprobs) {
-		wd_gtab_drop(t, row->request_id);
-		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-			       "request %llu: log-probabilities are not served by the cuda backend "
-			       "(its sampler runs on the GPU)", (unsigned long long)row->request_id);
-	}
 	if (row->prefill && row->position == 0)
 		return map_prefill(t, row, lim, it, msg, cap);
 	if (row->resume) {

@@ -76,7 +76,9 @@ struct wd_gitem {
 	struct bd_grow fill;     /* fill-decode: the synthetic fill of n_fill tokens */
 	int n_fill;              /* 0: nothing to fill (a one-token prompt) */
 	bool sample;             /* rank 0 samples (row->sample) */
-	uint32_t top_k;          /* logits_top_k, capped at 64 */
+	uint32_t top_k;          /* logits_top_k, capped at WD_TOP_MAX */
+	bool logprobs;           /* rank 0 reports log-probabilities (row->logprobs, sampling) */
+	uint32_t top_logprobs;   /* with logprobs: row->top_logprobs capped at WD_LOGPROBS_MAX */
 };
 
 /* Empty table / every record dropped (Reset, a new epoch, exit). */
@@ -91,8 +93,7 @@ void wd_gtab_drop(struct wd_gtab *t, uint64_t id);
  * wd_gdone. A chunk is refused with --synthetic-prefill (the worker registers whole_prompts, so
  * the router sends none). Returns 0, or a ServeError code (> 0) with a one-line
  * reason in msg[cap]: SERVE_ERR_UNKNOWN_KV_CONFIG (a configuration other than the pool's),
- * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit, and a row that asks for
- * log-probabilities: the GPU's sampler does not make them), SERVE_ERR_RESOURCE_EXHAUSTED
+ * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit), SERVE_ERR_RESOURCE_EXHAUSTED
  * (no memory for the record). A decode or chunk row that fails drops its request's record (its
  * cache is no longer trusted), as the CPU backend drops the sequence; so does a resume row. */
 int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,

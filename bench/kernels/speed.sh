@@ -3,7 +3,7 @@
 # decode kernels' build-flag variants against the default build (bench/KERNELS-NOTES.md):
 #   1. builds gpu_check and bench_kernels for sm_90a only: "old" (the default flags) in full,
 #      then each variant as a copy of old's build directory with kernels/decode_sm90.o rebuilt
-#      under its flags (the BD_V9_* and BD_PERSIST switches appear in no other file);
+#      under its flags (the BD_V9_*, BD_PERSIST and BD_PLAN_TAIL switches appear in no other file);
 #   2. static SASS of the page loops and the registers of every build (when cuobjdump is there);
 #   3. gpu_check on every variant: in full on the last one, --quick on the
 #      others, compute-sanitizer memcheck and racecheck --small on the last one beside it; a

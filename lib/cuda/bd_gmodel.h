@@ -31,6 +31,7 @@
 #ifndef BD_GMODEL_H
 #define BD_GMODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -135,13 +136,26 @@ struct bd_grow {
 				     * no device state) */
 };
 
-/* What a call returns to rank 0 (NULL pointers: not wanted). Rows in call order. */
+/* What a call returns to rank 0 (NULL pointers: not wanted). Rows in call order, host memory.
+ * Log-probabilities are those of bd_sampler_logprobs (the cpu backend's; OpenAI's logprobs):
+ * the log-softmax of the raw logits (temperature 1, before top-k and top-p, whatever the row
+ * samples with), in double, computed on the device by bd_op_logprobs for the rows that ask
+ * only, after the step (outside its CUDA graph): a call where no row asks launches nothing
+ * more. */
 struct bd_gout {
 	int32_t *tokens;    /* [n] sampled tokens */
 	float *logits;      /* [n][V] FP32 logits of each row's last position */
 	int top_k;          /* 0..64: the k largest logits of each row */
 	int32_t *top_ids;   /* [n][top_k], largest first, ties by lower id */
 	float *top_logits;  /* [n][top_k] */
+	const bool *want_lp; /* [n] true: row i wants its log-probabilities; NULL: no row does */
+	int lp_k;           /* 0..64 (≤ V): the most likely tokens reported per such row */
+	float *lp;          /* [n] the sampled token's log-probability; NaN when the row's logits
+			     * are not finite (NaN, +inf, or all −inf: bd_sampler_logprobs's -EDOM) */
+	int32_t *lp_ids;    /* [n][lp_k] the lp_k most likely, most likely first, ties by lower
+			     * id (bd_sampler_top's order); −1 where lp is NaN for that reason */
+	float *lp_vals;     /* [n][lp_k] their log-probabilities */
+	/* rows that do not ask keep what lp, lp_ids and lp_vals held */
 };
 
 /* Prefill tokens [n] (ids < V, 1 ≤ n ≤ max_prefill) of one request at positions p .. p+n−1,
@@ -195,7 +209,8 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 struct bd_gmodel_timing {
 	double upload_us, launch_us, device_us;
 	double extra_us;  /* host time to launch what follows the graph: the promotion of the
-			   * pages this step completed and the top-k of the logits (0 when none) */
+			   * pages this step completed, the top-k of the logits and the
+			   * log-probabilities of the rows that ask (0 when none) */
 	int graph;        /* 1 when the step replayed a graph */
 	int graph_nodes;  /* nodes of that graph (cudaGraphGetNodes), 0 without one */
 };

@@ -17,7 +17,11 @@
  * a mirror per slot and sends only the entries that changed (a router's table grows by
  * appended pages; a reused slot differs from its first changed entry on), which the first
  * kernel patches in before gathering the rows' tables for the decode kernel. Promotion of
- * completed pages and top-k run after the graph (their counts change from step to step).
+ * completed pages, top-k and the log-probabilities of the rows that ask run after the graph
+ * (their counts change from step to step; a step that wants none launches nothing more, and
+ * the graph of a bucket is one whatever its rows ask). They read what the graph left: the
+ * logits and, for log-probabilities, the sampled tokens in the result flags. The rows asking
+ * for log-probabilities are listed in mapped pinned memory that their kernel reads.
  *
  * Per layer a decode step is 10 graph nodes plus cuBLASLt's: RMSNorm, the q/k/v product, one
  * fused kernel for bias, q/k norms, RoPE and the KV write (bd_gaux_qkv_decode, bit for bit the
@@ -152,6 +156,11 @@ struct bd_gmodel {
 	void *sample_ws;
 	int32_t *top_ids;
 	float *top_vals;
+	float *lp_dev;          /* [Bmax] log-probabilities of the asking rows' tokens */
+	int32_t *lp_ids;        /* [Bmax][MAX_TOP_K] */
+	float *lp_vals;         /* [Bmax][MAX_TOP_K] */
+	int32_t *lp_rows;       /* [Bmax] mapped pinned: the call rows that ask, in order */
+	int32_t *lp_rows_dev;   /* lp_rows as the device addresses it */
 	float *stage;
 
 	struct bucket bk[MAX_BUCKETS];
@@ -692,8 +701,13 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	    (r = dev_alloc((void **)&g->iota, (size_t)ni * 4, ret_err)) < 0 ||
 	    (r = dev_alloc(&g->sample_ws, bd_op_sample_ws_bytes(Bmax, g->V), ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->top_ids, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
-	    (r = dev_alloc((void **)&g->top_vals, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0)
+	    (r = dev_alloc((void **)&g->top_vals, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->lp_dev, (size_t)Bmax * 4, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->lp_ids, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->lp_vals, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0)
 		goto out;
+	CU(cudaHostAlloc((void **)&g->lp_rows, (size_t)Bmax * 4, cudaHostAllocMapped));
+	CU(cudaHostGetDevicePointer((void **)&g->lp_rows_dev, g->lp_rows, 0));
 	/* padded query heads (a shard in a wider layout) must hold finite values */
 	CU(cudaMemset(g->q, 0, Rz * qw * 4));
 	/* the products; a timed β = 1 candidate writes g->tmp instead of x. Skinny shapes are
@@ -769,7 +783,8 @@ void bd_gmodel_free(struct bd_gmodel *g)
 	void *bufs[] = { g->wmem, g->dummy, g->x, g->xn, g->qkv, g->q, g->k, g->v,
 			 g->att, g->attb, g->tmp, g->gu, g->act, g->logits, g->kall, g->vall,
 			 g->kctx, g->vctx,
-			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->stage, g->md_dev,
+			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->lp_dev, g->lp_ids,
+			 g->lp_vals, g->stage, g->md_dev,
 			 g->res_dev, g->pf_dev, g->pst_dev, g->bt_slots };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		dev_free(bufs[i]);
@@ -780,7 +795,7 @@ void bd_gmodel_free(struct bd_gmodel *g)
 		dev_free(g->pages);
 	if (g->own_slots)
 		dev_free(g->slots);
-	void *pinned[] = { g->md_host, g->res_host, g->pf_host, g->pst_host };
+	void *pinned[] = { g->md_host, g->res_host, g->pf_host, g->pst_host, g->lp_rows };
 	for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
 		if (pinned[i])
 			cudaFreeHost(pinned[i]);
@@ -1230,6 +1245,11 @@ static int check_out(const struct bd_gmodel *g, const struct bd_gout *out, char 
 			    g->sh.rank);
 	if (out->top_k < 0 || out->top_k > MAX_TOP_K)
 		return fail(ret_err, -EINVAL, "top_k %d outside 0..%d", out->top_k, MAX_TOP_K);
+	if (out->want_lp && (!out->lp || out->lp_k < 0 || out->lp_k > MAX_TOP_K ||
+			     out->lp_k > g->V || (out->lp_k > 0 && (!out->lp_ids || !out->lp_vals))))
+		return fail(ret_err, -EINVAL, "log-probabilities: lp_k %d outside 0..%d, or a "
+					      "missing output array", out->lp_k,
+			    g->V < MAX_TOP_K ? g->V : MAX_TOP_K);
 	return 0;
 }
 
@@ -1462,12 +1482,57 @@ out:
 	return r;
 }
 
+/* The log-probabilities of the rows of out that ask (n rows): the rows listed in g->lp_rows
+ * and bd_op_logprobs launched on the step's logits and sampled tokens. Returns how many rows
+ * (0: nothing launched) or a negative errno. */
+static int launch_logprobs(struct bd_gmodel *g, const struct bd_gout *out, int n, char *ret_err)
+{
+	int r = 0, m = 0;
+	if (!out || !out->want_lp)
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (out->want_lp[i])
+			g->lp_rows[m++] = i;
+	if (m > 0)
+		OP(bd_op_logprobs(g->logits, g->V, g->lp_rows_dev, m,
+				  (const int32_t *)(g->res_dev + RES_FLAGS), out->lp_k, g->lp_dev,
+				  g->lp_ids, g->lp_vals, g->st));
+	return m;
+out:
+	return r;
+}
+
 static int copy_out(struct bd_gmodel *g, const struct bd_gout *out, int n, const int32_t *toks,
-		    char *ret_err)
+		    int n_lp, char *ret_err)
 {
 	int r = 0;
 	if (!out)
 		return 0;
+	if (n_lp > 0) {
+		/* the kernel's compact rows, scattered back to the rows that asked */
+		size_t k = (size_t)out->lp_k;
+		float *lp = malloc((size_t)n_lp * (4 + 8 * k));
+		if (!lp)
+			return fail(ret_err, -ENOMEM, "out of memory");
+		int32_t *ids = (int32_t *)(void *)(lp + n_lp);
+		float *vals = (float *)(void *)(ids + (size_t)n_lp * k);
+		cudaError_t e = cudaMemcpy(lp, g->lp_dev, (size_t)n_lp * 4, cudaMemcpyDeviceToHost);
+		if (e == cudaSuccess && k)
+			e = cudaMemcpy(ids, g->lp_ids, (size_t)n_lp * k * 4, cudaMemcpyDeviceToHost);
+		if (e == cudaSuccess && k)
+			e = cudaMemcpy(vals, g->lp_vals, (size_t)n_lp * k * 4,
+				       cudaMemcpyDeviceToHost);
+		for (int j = 0; e == cudaSuccess && j < n_lp; j++) {
+			size_t i = (size_t)g->lp_rows[j];
+			out->lp[i] = lp[j];
+			if (k) {
+				memcpy(out->lp_ids + i * k, ids + (size_t)j * k, k * 4);
+				memcpy(out->lp_vals + i * k, vals + (size_t)j * k, k * 4);
+			}
+		}
+		free(lp);
+		CU(e);
+	}
 	if (out->tokens)
 		memcpy(out->tokens, toks, (size_t)n * 4);
 	if (out->logits)
@@ -1509,7 +1574,7 @@ out:
 int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		      int n, const struct bd_gout *out, char *ret_err)
 {
-	int r = 0;
+	int r = 0, n_lp = 0;
 
 	if ((r = call_start(g, row && tokens, "model, row or tokens", ret_err)) < 0)
 		return r;
@@ -1573,13 +1638,17 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		if (out->top_k > 0)
 			OP(bd_op_topk(g->logits, 1, g->V, out->top_k, g->top_ids, g->top_vals,
 				      g->st));
+		if ((n_lp = launch_logprobs(g, out, 1, ret_err)) < 0) {
+			r = n_lp;
+			goto out;
+		}
 		CU(cudaMemcpyAsync(g->res_host, g->res_dev, sizeof(int) * (RES_FLAGS + 1),
 				   cudaMemcpyDeviceToHost, g->st));
 	}
 	if ((r = finish_pages(g, row->n_new, ret_err)) < 0)
 		goto out;
 	if (out)
-		r = copy_out(g, out, 1, g->res_host + RES_FLAGS, ret_err);
+		r = copy_out(g, out, 1, g->res_host + RES_FLAGS, n_lp, ret_err);
 out:
 	return model_fails(g, r);
 }
@@ -1864,7 +1933,7 @@ out:
 int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int32_t *tokens,
 		     int n, const struct bd_gout *out, int *ret_status, char *ret_err)
 {
-	int r = 0;
+	int r = 0, n_lp = 0;
 
 	if ((r = call_start(g, rows && tokens, "model, rows or tokens", ret_err)) < 0)
 		return r;
@@ -1904,6 +1973,10 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 	}
 	if (out && out->top_k > 0)
 		OP(bd_op_topk(g->logits, n, g->V, out->top_k, g->top_ids, g->top_vals, g->st));
+	if ((n_lp = launch_logprobs(g, out, n, ret_err)) < 0) {
+		r = n_lp;
+		goto out;
+	}
 	double t2 = now_us();
 	CU(cudaMemcpyAsync(g->res_host, g->res_dev, sizeof(int) * (size_t)g->res_n,
 			   cudaMemcpyDeviceToHost, g->st));
@@ -1934,7 +2007,7 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 		r = fail(ret_err, -EDOM, "non-finite activations in the decode step");
 		goto out;
 	}
-	r = copy_out(g, out, n, res + RES_FLAGS, ret_err);
+	r = copy_out(g, out, n, res + RES_FLAGS, n_lp, ret_err);
 out:
 	if (r < 0 && r != -EDOM) /* the patches may not have reached the device */
 		memset(g->bt_len, 0, g->n_slots * sizeof(int));

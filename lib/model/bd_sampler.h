@@ -46,6 +46,13 @@ int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs
  * Returns 0 and *ret_token, -EINVAL, -EDOM (as bd_sampler_probs). */
 int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_token);
 
+/* Advances s as n successful bd_sampler_sample calls would, whatever their logits: a draw that
+ * is not greedy takes exactly one 64-bit output of the PRNG, a greedy one none. So a sampler
+ * made again with the same parameters and moved past the draws of the one it replaces (a
+ * request resumed on a restarted worker) draws what the lost one would have drawn next.
+ * O(n); NULL is a no-op. */
+void bd_sampler_skip(struct bd_sampler *s, uint64_t n);
+
 /* Sorts ids[n], indices into x, by descending x and then ascending id: a total order for
  * values that are not NaN (−0 and +0 are equal, −inf comes last). The order in which top-k
  * and top-p keep candidates. */

@@ -214,6 +214,14 @@ int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs
 	return 0;
 }
 
+void bd_sampler_skip(struct bd_sampler *s, uint64_t n)
+{
+	if (!s || is_greedy(s))
+		return;
+	while (n--)
+		(void)bd_rng_u64(&s->rng); /* bd_sampler_sample's one bd_rng_uniform per draw */
+}
+
 int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_token)
 {
 	int m, r;

@@ -14,9 +14,14 @@
  *       split count, so only FP32 summation order separates the two attention paths.
  *   (b) batched decode: 5 rows at different positions in one bd_gmodel_decode == each row
  *       alone (tokens equal, logits within 1e-4 of the largest |logit|), with and without
- *       CUDA graphs (graph replays confirmed by bd_gmodel_last_timing).
+ *       CUDA graphs (graph replays confirmed by bd_gmodel_last_timing). Log-probabilities
+ *       (bd_gout.want_lp, top 20) of one prefill and of rows 1 and 3 of every batched step
+ *       equal bd_sampler_logprobs (the cpu backend's) on the logits the same call returned:
+ *       ids exactly, values to one FP32 ulp plus the double-rounding bound of the two sums;
+ *       the rows that do not ask are left as they were, and the steps still replay graphs.
  *   (c) refusals: a page id out of range, a slot out of range, a token ≥ V, a slot twice, a
- *       block table of the wrong length, a bad new page → -EINVAL with every slot and page
+ *       block table of the wrong length, log-probabilities with no array or k > 64, a bad
+ *       new page → -EINVAL with every slot and page
  *       byte unchanged, and the model still usable.
  *   (d) random-weight Qwen3-4B (BF16, bitdecoding-nvfp4, max_tokens 131264 as the serving
  *       benchmark): build time, synthetic fill of 4 rows at 32K and 1 at 128K (tokens/s),
@@ -567,6 +572,23 @@ static void refusal_checks(struct bd_gmodel *g, const struct ctx *c, const struc
 	report(r == -EINVAL, "(c) decode with %d pages at position %d: %d (%s)", w[0].n_pages,
 	       withpage->pos, r, err);
 
+	/* log-probabilities asked with no array for them, or more than 64 */
+	{
+		const bool yes = true;
+		int32_t t1 = -1, lids[65];
+		float lp1, lvals[65];
+		struct bd_gout o1 = { .tokens = &t1, .want_lp = &yes, .lp_k = 5, .lp = NULL,
+				      .lp_ids = lids, .lp_vals = lvals };
+		fill_row(&w[0], withpage, &newp[0]);
+		r = bd_gmodel_decode(g, w, tok, 1, &o1, st, err);
+		report(r == -EINVAL, "(c) decode asking log-probabilities with lp NULL: %d (%s)", r,
+		       err);
+		o1.lp = &lp1;
+		o1.lp_k = 65;
+		r = bd_gmodel_decode(g, w, tok, 1, &o1, st, err);
+		report(r == -EINVAL, "(c) decode asking 65 top log-probabilities: %d (%s)", r, err);
+	}
+
 	/* a prefill: a bad token, then a bad new page (into a live slot: nothing may change) */
 	int32_t *ptoks = xmalloc(sizeof(int32_t) * BD_PAGE_TOKENS);
 	for (int i = 0; i < BD_PAGE_TOKENS; i++)
@@ -600,6 +622,38 @@ static void refusal_checks(struct bd_gmodel *g, const struct ctx *c, const struc
 	free(a1);
 	free(s0);
 	free(s1);
+}
+
+/* The log-probabilities the model returned for row i of a call (lp, ids [LP_K], vals [LP_K])
+ * against bd_sampler_logprobs on the logits it returned for that row (lg [V]) and its token:
+ * the same computation on the same FP32 logits, so ids equal and values within one FP32 ulp
+ * plus the double-rounding bound of the two log-sum-exps (ops_check's lp_tol: (V + 2)·2^-52 +
+ * 2^-51·(|max| + ln V + |lp|)). Counts the entries that differ into *bad. */
+#define LP_K 20
+static void lp_compare(const float *lg, int V, int32_t token, float lp, const int32_t *ids,
+		       const float *vals, int *bad)
+{
+	int32_t wid[LP_K];
+	float wlp[LP_K], want = NAN;
+	double mx = -INFINITY;
+	int n = bd_sampler_logprobs(lg, V, token, LP_K, &want, wid, wlp);
+
+	for (int i = 0; i < V; i++)
+		mx = lg[i] > mx ? lg[i] : mx;
+	if (n != LP_K) {
+		(*bad)++;
+		return;
+	}
+	for (int j = -1; j < LP_K; j++) {
+		float g = j < 0 ? lp : vals[j], w = j < 0 ? want : wlp[j];
+		double a = fabs((double)w);
+		double tol = ((double)nextafterf((float)a, INFINITY) - a) + (V + 2.0) * 0x1p-52 +
+			     0x1p-51 * (fabs(mx) + log((double)V) + a);
+		if (isinf(w) ? g != w : !(fabs((double)g - (double)w) <= tol))
+			(*bad)++;
+		if (j >= 0 && ids[j] != wid[j])
+			(*bad)++;
+	}
 }
 
 static void batched_checks(struct ctx *c, bool graphs)
@@ -636,6 +690,11 @@ static void batched_checks(struct ctx *c, bool graphs)
 	int32_t tokA[5], tokB[5];
 	float *lgA = xmalloc(sizeof(float) * 5 * (size_t)V), *lgB = xmalloc(sizeof(float) * (size_t)V);
 	bool ok = true;
+	/* log-probabilities: the prefill of row 2, and rows 1 and 3 of every batched step */
+	const bool lp_yes = true, want_lp[5] = { false, true, false, true, false };
+	float plp = 0.0f, plp_vals[LP_K], blp[5], *blp_vals = xmalloc(sizeof(float) * 5 * LP_K);
+	int32_t plp_ids[LP_K], *blp_ids = xmalloc(sizeof(int32_t) * 5 * LP_K);
+	int lp_bad_pf = 0, lp_bad = 0, lp_touched = 0;
 	for (int i = 0; i < NR; i++) {
 		for (int set = 0; set < 2; set++) {
 			struct brow *b = set ? &B[i] : &A[i];
@@ -650,19 +709,35 @@ static void batched_checks(struct ctx *c, bool graphs)
 					     .sampling = bd_sampler_params_greedy() };
 			int32_t t = -1;
 			struct bd_gout out = { .tokens = &t };
+			if (set == 0 && i == 2) {
+				/* a prefill that asks for log-probabilities */
+				out.logits = lgB;
+				out.want_lp = &lp_yes;
+				out.lp_k = LP_K;
+				out.lp = &plp;
+				out.lp_ids = plp_ids;
+				out.lp_vals = plp_vals;
+			}
 			r = bd_gmodel_prefill(g, &w, c->prompt[1], lens[i], &out, err);
 			if (r < 0) {
 				report(false, "(b) prefill %d tokens: %d %s", lens[i], r, err);
 				bd_gmodel_free(g);
 				free(lgA);
 				free(lgB);
+				free(blp_vals);
+				free(blp_ids);
 				return;
 			}
 			(set ? tokB : tokA)[i] = t;
+			if (set == 0 && i == 2)
+				lp_compare(lgB, V, t, plp, plp_ids, plp_vals, &lp_bad_pf);
 		}
 		ok = ok && tokA[i] == tokB[i];
 	}
 	report(ok, "(b) %s: the two copies of 5 prefills pick the same tokens", gn);
+	report(lp_bad_pf == 0, "(b) %s: prefill of %d tokens with log-probabilities (top %d): %d "
+	       "entries differ from bd_sampler_logprobs on its logits", gn, lens[2], LP_K,
+	       lp_bad_pf);
 
 	double worst = 0.0;
 	int bad_tok = 0, n_graph = 0;
@@ -678,7 +753,11 @@ static void batched_checks(struct ctx *c, bool graphs)
 		for (int i = 0, k = 0; i < NR; i++)
 			if (w[i].n_new)
 				newp[i] = next_page + k++;
-		struct bd_gout out = { .tokens = tokA, .logits = lgA };
+		struct bd_gout out = { .tokens = tokA, .logits = lgA, .want_lp = want_lp,
+				       .lp_k = LP_K, .lp = blp, .lp_ids = blp_ids,
+				       .lp_vals = blp_vals };
+		for (int i = 0; i < NR; i++)
+			blp[i] = 1.0f; /* rows that do not ask keep it */
 		r = bd_gmodel_decode(g, w, feed, NR, &out, st, err);
 		if (r < 0) {
 			report(false, "(b) %s batched step %d: %d %s", gn, s, r, err);
@@ -692,6 +771,14 @@ static void batched_checks(struct ctx *c, bool graphs)
 				A[i].bt[A[i].nbt++] = newp[i];
 				next_page++;
 			}
+		for (int i = 0; i < NR; i++) {
+			if (!want_lp[i])
+				lp_touched += blp[i] != 1.0f;
+			else
+				lp_compare(lgA + (size_t)i * (size_t)V, V, tokA[i], blp[i],
+					   blp_ids + (size_t)i * LP_K, blp_vals + (size_t)i * LP_K,
+					   &lp_bad);
+		}
 		for (int i = 0; i < NR; i++) {
 			A[i].pos++;
 			struct bd_grow wb;
@@ -720,15 +807,21 @@ static void batched_checks(struct ctx *c, bool graphs)
 	       "(b) %s: %d steps of 5 rows (positions 20..304, a page completed in the batch): "
 	       "%d token mismatches, max relative logit difference %.2e (tol 5e-2)",
 	       gn, NSTEP, bad_tok, worst);
+	report(lp_bad == 0 && lp_touched == 0,
+	       "(b) %s: %d batched steps with log-probabilities (top %d) on rows 1 and 3: %d entries "
+	       "differ from bd_sampler_logprobs on the step's logits, %d rows that did not ask "
+	       "touched", gn, NSTEP, LP_K, lp_bad, lp_touched);
 	if (graphs)
-		report(n_graph >= NSTEP - 2, "(b) graph replays: %d of %d batched steps", n_graph,
-		       NSTEP);
+		report(n_graph >= NSTEP - 2, "(b) graph replays (log-probabilities asked in every "
+		       "step): %d of %d batched steps", n_graph, NSTEP);
 	if (graphs)
 		refusal_checks(g, c, &lay, n_slots, A, NR);
 done:
 	bd_gmodel_free(g);
 	free(lgA);
 	free(lgB);
+	free(blp_vals);
+	free(blp_ids);
 }
 
 /* ---- (d) random-weight Qwen3-4B ------------------------------------------------------------ */

@@ -37,12 +37,19 @@
  *     bd_sampler_probs, no token outside the kept set is drawn, and draws are deterministic;
  *   - top-k: ids and values exactly the first k of the (value desc, id asc) order, with ties,
  *     ±0 and -inf;
+ *   - log-probabilities vs bd_sampler_logprobs (the cpu backend's double log-sum-exp) for
+ *     k = 0, 1, 5, 20, 64 on rows with ties, a ±0 tie at the max, ±FLT_MAX, a spread of
+ *     ~1e4, -inf entries, ten or one finite values, a nearly one-hot row, and NaN, +inf and
+ *     all -inf rows (NaN, ids −1: the CPU's -EDOM), tokens −1 and V (NaN): ids exactly the
+ *     CPU's, values within one FP32 ulp plus the double-rounding bound of the two sums (lp_tol),
+ *     through a reversed row list and a subset; the time of a 64-row launch (INFO);
  *   - fill_normal: mean, variance and the ±1σ fraction within 5 standard errors, the same
  *     values for a shorter len, BF16 the rounding of the FP32 values;
  *   - refusals (-EINVAL, nothing written) and a CUDA graph capture replaying bitwise.
  * `--small` runs small cases of every kernel (for compute-sanitizer).
  */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1322,6 +1329,187 @@ static void check_topk(int V)
 	CK(cudaFree(dlg));
 }
 
+/* ---- log-probabilities ----------------------------------------------------------------------------- */
+
+/* How far bd_op_logprobs may lie from bd_sampler_logprobs (want) on a row of max m. Both
+ * evaluate lse = m + log Σ exp(x − m) and (float)(x − lse) in double with the same operations;
+ * they differ in the order of the sum (the CPU's sequential, relative error ≤ (V + 1)·2^-53; the
+ * device's per-thread-then-tree, ≤ (V/1024 + 11)·2^-53) and in exp/log (glibc < 1 ulp, CUDA ≤
+ * 1 ulp each: ≤ 2·2^-53 more per term, ≤ 2^-53·ln V on the log). So the doubles x − lse differ
+ * by δ ≤ (V + 2)·2^-52 + 2^-51·(|m| + ln V + |x − lse|), and their FP32 roundings by at most one
+ * FP32 ulp of the value when δ is below it (a double on either side of a rounding boundary),
+ * else by δ plus that ulp. */
+static double lp_tol(float want, double m, int V)
+{
+	const float a = fabsf(want);
+	/* the spacing above a (below, at FLT_MAX, where the next one up is inf) */
+	const double ulp = a < FLT_MAX ? (double)nextafterf(a, INFINITY) - (double)a
+				       : (double)a - (double)nextafterf(a, 0.0f);
+
+	return ulp + (V + 2.0) * 0x1p-52 + 0x1p-51 * (fabs(m) + log((double)V) + (double)a);
+}
+
+/* got within lp_tol of want, with -inf only equal to -inf and NaN only to NaN; *worst keeps the
+ * largest |Δ| / tolerance seen. */
+static bool lp_close(float got, float want, double m, int V, double *worst)
+{
+	if (isnan(want) || isnan(got))
+		return isnan(want) && isnan(got);
+	if (isinf(want) || isinf(got))
+		return got == want;
+	const double e = fabs((double)got - (double)want) / lp_tol(want, m, V);
+
+	if (e > *worst)
+		*worst = e;
+	return e <= 1.0;
+}
+
+static void check_logprobs(int V)
+{
+	enum { N = 11 };
+	const int ks[5] = { 0, 1, 5, 20, 64 };
+	float *lg = xmalloc((size_t)N * V * 4);
+	int32_t tok[N];
+	int32_t want_ids[64];
+	float want_lp[64];
+
+	fill_gauss(lg, (size_t)N * V, 2.0f, 3.0f);
+	for (int i = 0; i < V; i++) {
+		float *r = lg;
+
+		r[1 * (size_t)V + i] = floorf(r[1 * (size_t)V + i] * 4.0f) / 4.0f; /* many ties */
+		r[2 * (size_t)V + i] *= 1e4f;                 /* large magnitudes, with ±FLT_MAX */
+		r[3 * (size_t)V + i] *= 3e3f;                 /* large spread: most exp() underflow */
+		r[4 * (size_t)V + i] = i % 7 == 0 ? -INFINITY : -1.0f - fabsf(r[4 * (size_t)V + i]);
+		r[5 * (size_t)V + i] = -INFINITY;             /* ten finite values */
+		r[9 * (size_t)V + i] = -INFINITY;             /* all -inf: refused */
+		r[10 * (size_t)V + i] = -INFINITY;            /* one finite value */
+	}
+	lg[2 * (size_t)V + 7] = FLT_MAX;
+	lg[2 * (size_t)V + 8] = -FLT_MAX;                     /* lp −2·FLT_MAX rounds to −inf */
+	lg[4 * (size_t)V + 9] = 0.0f;                         /* a ±0 tie at the max */
+	lg[4 * (size_t)V + 3] = -0.0f;
+	for (int i = 0; i < 10; i++)
+		lg[5 * (size_t)V + (size_t)(i * 997) % (size_t)V] = gauss();
+	lg[6 * (size_t)V + 123] = 80.0f;                      /* nearly one-hot: lp ≈ 0 */
+	lg[7 * (size_t)V + (size_t)V / 2] = NAN;              /* refused */
+	lg[8 * (size_t)V + 5] = INFINITY;                     /* refused */
+	lg[10 * (size_t)V + (size_t)V - 1] = -1e30f;
+	for (int r = 0; r < N; r++)
+		tok[r] = (int32_t)(((int64_t)r * 7919 + 13) % V);
+	tok[2] = 7;
+	tok[3] = -1; /* a refused draw: lp NaN, the top entries as usual */
+	tok[4] = 3;  /* −0, tied with +0 at id 9 */
+	tok[6] = 123;
+	tok[10] = V; /* outside the vocabulary */
+
+	/* every row, in reverse order, through the row list; then rows 6, 0, 2 */
+	int32_t all[N], some[3] = { 6, 0, 2 };
+	for (int j = 0; j < N; j++)
+		all[j] = N - 1 - j;
+	float *dlg = dup_to_dev(lg, (size_t)N * V * 4);
+	int32_t *dtok = dup_to_dev(tok, sizeof(tok));
+	int32_t *dall = dup_to_dev(all, sizeof(all)), *dsome = dup_to_dev(some, sizeof(some));
+	float *dlp = dmalloc(N * 4), *dvals = dmalloc((size_t)N * 64 * 4);
+	int32_t *dids = dmalloc((size_t)N * 64 * 4);
+	float lp[N], *vals = xmalloc((size_t)N * 64 * 4);
+	int32_t *ids = xmalloc((size_t)N * 64 * 4);
+
+	for (int ki = 0; ki < 5; ki++) {
+		const int k = ks[ki];
+		size_t bad_lp = 0, bad_id = 0, bad_val = 0, exact = 0, values = 0;
+		double worst = 0.0;
+
+		for (int pass = 0; pass < 2; pass++) {
+			const int m = pass ? 3 : N;
+			const int32_t *rows = pass ? some : all;
+
+			CK(cudaMemset(dlp, 0x7f, N * 4));
+			CKR(bd_op_logprobs(dlg, V, pass ? dsome : dall, m, dtok, k, dlp,
+					   k ? dids : NULL, k ? dvals : NULL, NULL));
+			d2h(lp, dlp, (size_t)m * 4);
+			if (k) {
+				d2h(ids, dids, (size_t)m * k * 4);
+				d2h(vals, dvals, (size_t)m * k * 4);
+			}
+			for (int j = 0; j < m; j++) {
+				const int r = rows[j];
+				const float *row = lg + (size_t)r * V;
+				const bool in = tok[r] >= 0 && tok[r] < V;
+				float want = NAN;
+				double mx = -INFINITY;
+				int n = bd_sampler_logprobs(row, V, tok[r], k, in ? &want : NULL,
+							    want_ids, want_lp);
+
+				for (int i = 0; i < V; i++)
+					mx = row[i] > mx ? row[i] : mx;
+				if (n < 0) {
+					/* the CPU's -EDOM: NaN, ids −1 */
+					bad_lp += !isnan(lp[j]);
+					for (int i = 0; i < k; i++) {
+						bad_id += ids[(size_t)j * k + i] != -1;
+						bad_val += !isnan(vals[(size_t)j * k + i]);
+					}
+					continue;
+				}
+				bad_lp += !lp_close(lp[j], want, mx, V, &worst);
+				values++;
+				exact += fbits(lp[j]) == fbits(want) || (isnan(lp[j]) && isnan(want));
+				for (int i = 0; i < k; i++) {
+					const float v = vals[(size_t)j * k + i];
+
+					bad_id += ids[(size_t)j * k + i] != want_ids[i];
+					bad_val += !lp_close(v, want_lp[i], mx, V, &worst);
+					values++;
+					exact += fbits(v) == fbits(want_lp[i]);
+				}
+			}
+		}
+		report(bad_lp + bad_id + bad_val == 0,
+		       "logprobs V %d k %d vs bd_sampler_logprobs (ties, ±0, ±FLT_MAX, ±inf, NaN, "
+		       "tokens outside; all rows reversed, then 3): %zu sampled, %zu ids, %zu values "
+		       "differ; worst |Δ|/tol %.3f, %zu of %zu bitwise equal",
+		       V, k, bad_lp, bad_id, bad_val, worst, exact, values);
+	}
+
+	/* speed of a decode batch asking for 20 each (informative) */
+	{
+		enum { B = 64, REPS = 20 };
+		float *blg = xmalloc((size_t)B * V * 4);
+		int32_t btok[B];
+		float *dblg, *dblp, *dbv;
+		int32_t *dbtok, *dbid;
+		cudaEvent_t e0, e1;
+		float ms = 0.0f;
+
+		fill_gauss(blg, (size_t)B * V, 2.0f, 3.0f);
+		for (int r = 0; r < B; r++)
+			btok[r] = r;
+		dblg = dup_to_dev(blg, (size_t)B * V * 4);
+		dbtok = dup_to_dev(btok, sizeof(btok));
+		dblp = dmalloc(B * 4);
+		dbv = dmalloc((size_t)B * 20 * 4);
+		dbid = dmalloc((size_t)B * 20 * 4);
+		CK(cudaEventCreate(&e0));
+		CK(cudaEventCreate(&e1));
+		CKR(bd_op_logprobs(dblg, V, NULL, B, dbtok, 20, dblp, dbid, dbv, NULL));
+		CK(cudaEventRecord(e0, NULL));
+		for (int i = 0; i < REPS; i++)
+			CKR(bd_op_logprobs(dblg, V, NULL, B, dbtok, 20, dblp, dbid, dbv, NULL));
+		CK(cudaEventRecord(e1, NULL));
+		CK(cudaEventSynchronize(e1));
+		CK(cudaEventElapsedTime(&ms, e0, e1));
+		printf("INFO: logprobs V %d: %.1f us per launch of %d rows, top 20\n", V,
+		       1e3 * ms / REPS, B);
+		CK(cudaEventDestroy(e0));
+		CK(cudaEventDestroy(e1));
+		free(blg);
+		FREE_DEV(dblg, dbtok, dblp, dbv, dbid);
+	}
+	FREE_HOST(lg, vals, ids);
+	FREE_DEV(dlg, dtok, dall, dsome, dlp, dvals, dids);
+}
+
 /* ---- fill_normal --------------------------------------------------------------------------------- */
 
 static void check_fill_normal(void)
@@ -1432,6 +1620,16 @@ static void check_refusals(void)
 	REFUSE(bd_op_topk(dx, n, V, 65, dids, dy, NULL));
 	REFUSE(bd_op_topk(dx, n, 10, 11, dids, dy, NULL));
 	REFUSE(bd_op_topk(dx, n, V, 0, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 65, dy, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, 10, NULL, n, dpos, 11, dy, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, -1, dy, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 5, dy, NULL, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 5, dy, dids, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, NULL, 0, dy, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 0, NULL, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(NULL, V, NULL, n, dpos, 0, dy, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, 0, NULL, n, dpos, 0, dy, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, -1, dpos, 0, dy, NULL, NULL, NULL));
 	REFUSE(bd_op_fill_normal(dy, BD_DT_F32, 10, 1, NAN, 1.0f, NULL));
 	REFUSE(bd_op_fill_normal(dy, bad_dt, 10, 1, 0.0f, 1.0f, NULL));
 	REFUSE(bd_op_check_finite(dx, 10, NULL, NULL));
@@ -1443,7 +1641,8 @@ static void check_refusals(void)
 		touched += h[b] != 0x5a;
 	/* n = 0 is a no-op, not an error */
 	int zero = bd_op_rmsnorm(dx, dw, BD_DT_F32, 0, E, 1e-6f, dy, BD_DT_F32, NULL) |
-		   bd_op_add(dy, dx, 0, NULL) | bd_op_sample(dx, 0, V, dp, dpos, ws, NULL);
+		   bd_op_add(dy, dx, 0, NULL) | bd_op_sample(dx, 0, V, dp, dpos, ws, NULL) |
+		   bd_op_logprobs(dx, V, NULL, 0, dpos, 5, dy, dids, dy, NULL);
 	report(fails == 0 && touched == 0 && zero == 0,
 	       "refusals: %d calls did not return -EINVAL, %zu output bytes touched, empty calls %d",
 	       fails, touched, zero);
@@ -1453,14 +1652,15 @@ static void check_refusals(void)
 
 /* ---- graph capture ---------------------------------------------------------------------------------- */
 
-/* The ops on a stream: rmsnorm, head norm, RoPE, prefill, KV write, sampling, top-k, fill. */
+/* The ops on a stream: rmsnorm, head norm, RoPE, prefill, KV write, sampling, top-k,
+ * log-probabilities of the sampled tokens, fill. */
 struct gwork {
 	const struct shape *s;
 	int n, V;
 	struct bd_layout lay;
 	const struct bd_kvcfg *cfg;
-	float *x, *w, *xn, *q, *k, *v, *o, *lg, *tv, *nrm;
-	int32_t *pos, *tok, *tid;
+	float *x, *w, *xn, *q, *k, *v, *o, *lg, *tv, *nrm, *lpt, *lpv;
+	int32_t *pos, *tok, *tid, *lpid;
 	void **slots;
 	uint8_t *slot;
 	struct bd_gsample *p;
@@ -1481,6 +1681,7 @@ static void gwork_run(struct gwork *g, cudaStream_t st)
 			   s->Hkv, st));
 	CKR(bd_op_sample(g->lg, 4, g->V, g->p, g->tok, g->ws, st));
 	CKR(bd_op_topk(g->lg, 4, g->V, 8, g->tid, g->tv, st));
+	CKR(bd_op_logprobs(g->lg, g->V, NULL, 4, g->tok, 8, g->lpt, g->lpid, g->lpv, st));
 	CKR(bd_op_fill_normal(g->nrm, BD_DT_F32, 1000, 9, 0.0f, 1.0f, st));
 }
 
@@ -1532,6 +1733,9 @@ static void check_graph(void)
 	g.pos = dup_to_dev(pos, sizeof(pos));
 	g.tok = dmalloc(4 * 4);
 	g.tid = dmalloc(8 * 4 * 4);
+	g.lpt = dmalloc(4 * 4);
+	g.lpid = dmalloc(8 * 4 * 4);
+	g.lpv = dmalloc(8 * 4 * 4);
 	g.slot = dmalloc(g.lay.slot_bytes);
 	void *sp = g.slot;
 	g.slots = dmalloc(sizeof(void *) * (size_t)n);
@@ -1546,7 +1750,7 @@ static void check_graph(void)
 	/* direct run */
 	cudaStream_t st;
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-	const size_t outs = nx + nq + nq + 4 + 32 + 32 + 1000;
+	const size_t outs = nx + nq + nq + 4 + 32 + 32 + 1000 + 4 + 32 + 32;
 	float *res[2];
 	uint8_t *slot_res[2];
 	for (int pass = 0; pass < 2; pass++) {
@@ -1583,6 +1787,9 @@ static void check_graph(void)
 		d2h(r + nx + 2 * nq + 4, g.tid, 32 * 4);
 		d2h(r + nx + 2 * nq + 36, g.tv, 32 * 4);
 		d2h(r + nx + 2 * nq + 68, g.nrm, 1000 * 4);
+		d2h(r + nx + 2 * nq + 1068, g.lpt, 4 * 4);
+		d2h(r + nx + 2 * nq + 1072, g.lpid, 32 * 4);
+		d2h(r + nx + 2 * nq + 1104, g.lpv, 32 * 4);
 		d2h(slot_res[pass], g.slot, g.lay.slot_bytes);
 	}
 	const bool ok = memcmp(res[0], res[1], outs * 4) == 0 &&
@@ -1595,7 +1802,7 @@ static void check_graph(void)
 	}
 	FREE_HOST(hx, hq, hk, hv, hl, hw, ptrs);
 	void *dev[] = { g.x, g.w, g.xn, g.q, g.k, g.v, g.o, g.lg, g.tv, g.nrm, g.pos, g.tok, g.tid,
-			g.slot, g.slots, g.p, g.ws };
+			g.slot, g.slots, g.p, g.ws, g.lpt, g.lpid, g.lpv };
 	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
 		CK(cudaFree(dev[i]));
 }
@@ -1668,6 +1875,9 @@ int main(int argc, char **argv)
 	check_topk(small ? 3000 : shapes[1].V);
 	if (!small)
 		check_topk(shapes[0].V);
+	check_logprobs(small ? 3000 : shapes[1].V);
+	if (!small)
+		check_logprobs(shapes[0].V);
 	check_fill_normal();
 	check_refusals();
 	check_graph();

@@ -56,12 +56,17 @@ static void make_prompts(void)
 			prompts[i][t] = (int32_t)(300 + (t * 7919 + i * 104729) % 40000);
 }
 
-static void start(struct bd_client *c, uint64_t *tag)
+/* Sends the N_REQ requests: greedy, or sampled (temperature 0.9, top-k 40, seed 1000 + i). */
+static void start(struct bd_client *c, uint64_t *tag, bool sampled)
 {
 	for (int i = 0; i < N_REQ; i++) {
 		struct bd_client_gen g = { .token_ids = prompts[i], .n_token_ids = N_PROMPT,
 					   .max_tokens = N_GEN, .stream = true,
 					   .ignore_eos = true };
+		if (sampled)
+			g.sampling = (struct bd_sampler_params){ .temperature = 0.9f, .top_k = 40,
+								 .top_p = 1.0f,
+								 .seed = 1000 + (uint64_t)i };
 
 		cr_assert_eq(bd_client_generate_start(c, &g, &tag[i]), 0);
 	}
@@ -95,8 +100,9 @@ static void collect(struct bd_client *c, const uint64_t *tag, int32_t (*toks)[N_
 
 /* Requests of N_REQ prompts run undisturbed, then again with rank lost after KILL_AFTER
  * tokens: killed (kill -9) and restarted, or stopped (SIGSTOP) past the heartbeat timeout and
- * continued (SIGCONT). Each must stream the undisturbed tokens, none twice. */
-static void lose_rank_and_resume(int rank, bool stop)
+ * continued (SIGCONT). Each must stream the undisturbed tokens, none twice; sampled requests
+ * too, since the restarted rank 0's sampler continues the lost one's stream. */
+static void lose_rank_and_resume(int rank, bool stop, bool sampled)
 {
 	static int32_t want[N_REQ][N_GEN], got[N_REQ][N_GEN];
 	int n_want[N_REQ] = { 0 }, n_got[N_REQ] = { 0 }, ended = 0;
@@ -107,7 +113,7 @@ static void lose_rank_and_resume(int rank, bool stop)
 	up("60000");
 	c = sv_client(&E);
 	/* undisturbed */
-	start(c, tag);
+	start(c, tag, sampled);
 	collect(c, tag, want, n_want, &ended, 0);
 	for (int i = 0; i < N_REQ; i++)
 		cr_assert_eq(n_want[i], N_GEN);
@@ -115,7 +121,7 @@ static void lose_rank_and_resume(int rank, bool stop)
 
 	/* the same requests, rank killed mid-generation and restarted */
 	ended = 0;
-	start(c, tag);
+	start(c, tag, sampled);
 	collect(c, tag, got, n_got, &ended, KILL_AFTER);
 	cr_assert_eq(ended, 0, "the requests ended before the kill");
 	if (stop) {
@@ -160,25 +166,31 @@ static void lose_rank_and_resume(int rank, bool stop)
 
 Test(resume, kill_9_of_rank_1_mid_generation_loses_nothing)
 {
-	lose_rank_and_resume(1, false);
+	lose_rank_and_resume(1, false, false);
 }
 
 Test(resume, kill_9_of_rank_0_mid_generation_loses_nothing)
 {
-	lose_rank_and_resume(0, false);
+	lose_rank_and_resume(0, false, false);
+}
+
+/* Rank 0 holds the samplers: the restarted one moves each past the draws made before. */
+Test(resume, kill_9_of_rank_0_mid_sampled_generation_streams_the_undisturbed_tokens)
+{
+	lose_rank_and_resume(0, false, true);
 }
 
 /* The stopped process itself rejoins once continued: nothing restarts it. */
 Test(resume, sigstop_then_sigcont_of_rank_1_rejoins_and_loses_nothing)
 {
-	lose_rank_and_resume(1, true);
+	lose_rank_and_resume(1, true, false);
 	cr_expect_gt(E.worker[1].pid, 0);
 	cr_expect_eq(kill(E.worker[1].pid, 0), 0, "the same rank 1 process serves");
 }
 
 Test(resume, sigstop_then_sigcont_of_rank_0_rejoins_and_loses_nothing)
 {
-	lose_rank_and_resume(0, true);
+	lose_rank_and_resume(0, true, false);
 	cr_expect_eq(kill(E.worker[0].pid, 0), 0, "the same rank 0 process serves");
 }
 
@@ -192,7 +204,7 @@ Test(resume, a_rank_that_does_not_come_back_fails_the_requests_clearly)
 	make_prompts();
 	up("2000");
 	c = sv_client(&E);
-	start(c, tag);
+	start(c, tag, false);
 	collect(c, tag, got, n_got, &ended, 2);
 	cr_expect_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);
 	while (ended < N_REQ) {

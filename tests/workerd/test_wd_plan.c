@@ -148,6 +148,49 @@ Test(wd_plan, prefill_maps_and_the_record_follows)
 	wd_gtab_clear(&t);
 }
 
+/* Log-probabilities: a sampling row that asks gets them, top_logprobs cut at what a row result
+ * holds (WD_LOGPROBS_MAX = 20); top_logprobs without logprobs, or logprobs on a row that does
+ * not sample (a prefill chunk before the last), ask for nothing. Prefill and decode alike. */
+Test(wd_plan, logprobs_are_asked_on_sampling_rows)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t tok = 7;
+	char msg[200];
+	const struct {
+		bool prefill, sample, logprobs;
+		uint32_t top, want_top;
+		bool want;
+	} c[] = {
+		{ true, true, true, 5, 5, true },    { true, true, true, 0, 0, true },
+		{ true, true, true, 64, 20, true },  { true, true, false, 3, 0, false },
+		{ true, false, true, 3, 0, false },  { false, true, true, 20, 20, true },
+		{ false, true, true, 21, 20, true }, { false, true, false, 4, 0, false },
+		{ false, false, true, 4, 0, false },
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		if (c[i].prefill) {
+			prefill_row(&r, 3, 10, 1, NULL, 64);
+		} else {
+			prefilled(&t, 3, 10, 1, NULL, 64);
+			decode_row(&r, 3, 10, &tok, 1, NULL, 0, NULL, 0);
+		}
+		r.sample = c[i].sample;
+		r.logprobs = c[i].logprobs;
+		r.top_logprobs = c[i].top;
+		cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "case %zu: %s", i,
+			     msg);
+		cr_assert_eq(it.logprobs, c[i].want, "case %zu", i);
+		cr_assert_eq(it.top_logprobs, c[i].want_top, "case %zu", i);
+		cr_assert_eq(it.sample, c[i].sample, "case %zu", i);
+		wd_gdone(&t, &it, true);
+		cr_assert_not_null(wd_gtab_find(&t, 3), "case %zu: the record stays", i);
+		wd_gtab_clear(&t);
+	}
+}
+
 /* Decoding through a page boundary: the token at position 383 completes page 2, so that row
  * must name one new page; the one after has it in its block table. */
 Test(wd_plan, decode_promotes_at_the_page_boundary)
@@ -494,9 +537,6 @@ Test(wd_plan, bad_rows_are_refused)
 	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top_p above 1")->sampling = &sp;
 	bad_prefill(bad, &n, 10, 3, NULL, 64, INV,
 		    "a chunk at position 4 of a request this rank does not hold")->position = 4;
-	bad_prefill(bad, &n, 10, 3, NULL, 64, INV,
-		    "log-probabilities (the GPU's sampler has none)")->logprobs = true;
-	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top log-probabilities")->top_logprobs = 2;
 	decode_row(&bad[n].r, 77, 0, &tok, 3, NULL, 0, NULL, 0);
 	bad[n].want = INV;
 	bad[n++].what = "a decode of an unknown request";
@@ -520,10 +560,6 @@ Test(wd_plan, bad_rows_are_refused)
 	refused(&t, &r, &LIM, INV, "slot");
 	cr_assert_null(wd_gtab_find(&t, 1));
 	prefilled(&t, 1, 10, 2, NULL, 64);
-	decode_row(&r, 1, 10, &tok, 2, NULL, 0, NULL, 0);
-	r.logprobs = true;
-	refused(&t, &r, &LIM, INV, "not served by the cuda backend");
-	cr_assert_null(wd_gtab_find(&t, 1));
 
 	/* one request twice in a plan: the second row is refused */
 	prefill_row(&r, 1, 10, 2, NULL, 64);

@@ -788,6 +788,50 @@ Test(model, sampler_seed_reproducible)
 	bd_sampler_free(s3);
 }
 
+/* A sampler moved past k draws continues the stream of one that made them, whatever logits
+ * those draws had; a greedy one is not moved. */
+Test(model, sampler_skip_continues_the_stream)
+{
+	float l[50], other[50];
+	int32_t a[120], b[120];
+	rng_state = 9;
+	for (int i = 0; i < 50; i++) {
+		l[i] = rng_sym(2.0f);
+		other[i] = rng_sym(4.0f);
+	}
+	struct bd_sampler_params p = { .temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 7 };
+	struct bd_sampler *s1, *s2, *s3;
+	cr_assert_eq(bd_sampler_new(&p, 50, &s1), 0);
+	cr_assert_eq(bd_sampler_new(&p, 50, &s2), 0);
+	cr_assert_eq(bd_sampler_new(&p, 50, &s3), 0);
+	for (int i = 0; i < 40; i++) /* the first 40 draws on other logits */
+		cr_assert_eq(bd_sampler_sample(s1, other, &a[i]), 0);
+	for (int i = 40; i < 120; i++)
+		cr_assert_eq(bd_sampler_sample(s1, l, &a[i]), 0);
+	bd_sampler_skip(s2, 40);
+	int differ = 0;
+	for (int i = 40; i < 120; i++) {
+		cr_assert_eq(bd_sampler_sample(s2, l, &b[i]), 0);
+		cr_assert_eq(b[i], a[i], "draw %d after the skip: %d, %d unskipped", i, b[i], a[i]);
+		int32_t c;
+		cr_assert_eq(bd_sampler_sample(s3, l, &c), 0); /* not skipped: another stream */
+		differ += c != a[i];
+	}
+	cr_assert_gt(differ, 10, "an unskipped sampler drew the same tokens");
+	bd_sampler_free(s1);
+	bd_sampler_free(s2);
+	bd_sampler_free(s3);
+
+	struct bd_sampler_params g = bd_sampler_params_greedy();
+	cr_assert_eq(bd_sampler_new(&g, 50, &s1), 0);
+	bd_sampler_skip(s1, 1000);
+	int32_t t;
+	cr_assert_eq(bd_sampler_sample(s1, l, &t), 0);
+	cr_assert_eq(t, bd_argmax(l, 50));
+	bd_sampler_skip(NULL, 3);
+	bd_sampler_free(s1);
+}
+
 /* Probabilities (0.5, 0.3, 0.15, 0.05). top-p 0.7: 0.5 < 0.7 ≤ 0.8, keep two → (0.625, 0.375).
  * top-p 0.85: keep three (0.95) → (0.5263158, 0.3157895, 0.1578947). top-k 2 → (0.625, 0.375).
  * Temperature 2 on logits (0, ln 4): p ∝ (1, 2) → (1/3, 2/3). */
