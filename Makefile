@@ -300,7 +300,7 @@ all: $(ROUTER_BIN)
 # One tensor-parallel rank: its model shard, kvpoold's arena, the router's step plans. Its cuda
 # backend (workerd/gpu.c, with the plan mapping growmap.c) is compiled in where nvcc is, and
 # main.c lists it then (BD_WORKERD_CUDA); without it workerd refuses a cuda pool at start.
-# growmap.o is built either way: the unit suite tests it.
+# growmap.o is built either way: the unit suite tests it (and row.o, the row results).
 WD_CUDA_SRC := workerd/gpu.c workerd/growmap.c
 WORKERD_SRC := $(filter-out $(if $(HAVE_NVCC),,$(WD_CUDA_SRC)),$(sort $(wildcard workerd/*.c)))
 WORKERD_OBJ := $(WORKERD_SRC:%.c=$(BUILD)/%.o)
@@ -371,7 +371,7 @@ bench-passkey: model $(BUILD)/bin/bdfp4
 # ---- the unit suite -------------------------------------------------------------------------------
 # tests/lib/<layer>/ the layers, tests/kvpoold, tests/router, tests/workerd the daemons' parts,
 # tests/system the whole system; one Criterion binary. The daemons' pure parts link in as
-# objects or archives (libkvpoold.a, librouter.a, workerd's plan mapping).
+# objects or archives (libkvpoold.a, librouter.a, workerd's plan mapping and row results).
 TEST_DIRS := $(addprefix tests/lib/,$(LAYERS)) tests/kvpoold tests/router tests/workerd \
 	tests/system tests/common
 TEST_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(sort $(foreach d,$(TEST_DIRS),$(wildcard $(d)/*.c))))
@@ -383,7 +383,8 @@ $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
 $(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
-$(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
+$(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o \
+		$(BUILD)/workerd/row.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) \
 		$(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) -lm -pthread

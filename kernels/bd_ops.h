@@ -69,6 +69,43 @@ int bd_op_cast(const float *x, void *y, enum bd_dtype ydt, size_t len, void *str
 int bd_op_prefill_attn(const float *q, const float *k, const float *v, int n, int Hq, int Hkv,
 		       int d, float scale, float *out, void *stream);
 
+/* Causal GQA attention of a prefill chunk (bd_model_prefill_chunk's attention): n query rows
+ * q [n][Hq][d] at positions p .. p+n−1 over the p + n keys k, v [p+n][Hkv][d] FP32, used as
+ * given (no BF16 rounding here: the caller's keys are the context as the cache holds it —
+ * bd_op_kv_context — and the chunk's rows as the write path will store them — bd_op_kv_rows);
+ * query row i sees keys 0 .. p+i; softmax of scale·q·k in FP32, online over key tiles of 32;
+ * out [n][Hq][d] FP32. p = 0 computes what bd_op_prefill_attn computes on BF16-exact K and V
+ * up to FP32 summation order (its key tiles are 64). Same limits as bd_op_prefill_attn, and
+ * p + n ≤ 1 << 20. */
+int bd_op_prefill_attn_ctx(const float *q, const float *k, const float *v, int n, int p, int Hq,
+			   int Hkv, int d, float scale, float *out, void *stream);
+
+/* The K' and V rows the write path would store for n tokens, read back as FP32
+ * (bd_seq_cache_rows): ret_k[i][h] = BF16(H(k[i][h] − μ_k[h])) (smoothing and rotation as cfg
+ * says, the arithmetic of bd_op_kv_write), ret_v[i][h] = BF16(v[i][h]); k, v, ret_k, ret_v
+ * [n][H][d] FP32 (ret_* may be rows of a larger buffer of the same row width), mu_k [H][d] or
+ * NULL. GQA layouts only (dv = d). Writes no slot. */
+int bd_op_kv_rows(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer,
+		  const float *k, const float *v, const float *mu_k, int n, int H, float *ret_k,
+		  float *ret_v, void *stream);
+
+/* In place x[r] ← H x[r] for rows r < rows of d values (d a power of two ≤ BD_FWHT_MAX):
+ * bd_fwht's butterflies and 1/√d scale (NUMERICS.md §3), the query rotation q' = Hq of a
+ * chunk's prefill. Non-finite rows are transformed too (they stay non-finite). */
+int bd_op_fwht_rows(float *x, int rows, int d, void *stream);
+
+/* The context of a prefill chunk as the cache holds it (bd_seq_cache_context): for the n_full
+ * promoted pages pages[n_full] (device page ids, token order) of layer `layer` of the arena
+ * laid out by lay (GQA pages of any format), KV heads 0..H−1, ret_k and ret_v
+ * [n_full·128][H][d] FP32 get K' and V dequantized as bd_page_read_head does (NVFP4 and the
+ * channel-blocked NVFP4 (g·s)·x̂ with the page-head's g_K, g_V; MXFP4 s·x̂; FP8 x̂·g; BF16 as
+ * stored: NUMERICS.md §2–§4), and, when cfg keeps a sink (§8), positions 0..15 from the slot's
+ * BF16 sink rows instead (slot: the request's slot, device). Page ids are not checked here
+ * (the caller's). */
+int bd_op_kv_context(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer,
+		     const void *arena, const int32_t *pages, int n_full, const void *slot, int H,
+		     float *ret_k, float *ret_v, void *stream);
+
 /* The KV write path of one layer on the device (bd_layout.h's bd_kv_write_token): for each row
  * i < n, the token at position pos[i] of the request whose slot is slots[i] (device array of
  * device pointers) gets k[i] (after k − μ_k and the Hadamard rotation when cfg says so) and
@@ -108,6 +145,27 @@ int bd_op_sample(const float *logits, int n, int V, const struct bd_gsample *p, 
  * -inf: ids, vals [n][k]. */
 int bd_op_topk(const float *logits, int n, int V, int k, int32_t *ids, float *vals,
 	       void *stream);
+
+/* Log-probabilities of the model's distribution at one step: the device twin of
+ * bd_sampler_logprobs (lib/model/sampler.c, what the cpu backend reports). For each j < m,
+ * row r = rows[j] (rows: device-readable [m] indices into logits; NULL: r = j) of logits
+ * [*][V] — FP32, the LM head's raw logits: temperature 1, before top-k and top-p, the
+ * distribution OpenAI's logprobs describe, whatever the row samples with — in double, the same
+ * operations as the CPU:
+ *     m_r = max_v x_v,  lse_r = m_r + log Σ_v exp(x_v − m_r),  lp_v = (float)(x_v − lse_r)
+ * (max-subtracted log-sum-exp; the sum in a fixed tree, so a row's result does not depend on
+ * timing or on the other rows). lp[j] gets lp of tokens[r] (tokens: device [*], indexed like
+ * logits' rows, e.g. bd_op_sample's output); ids [m][k] and vals [m][k] the k ≤ 64 most likely
+ * tokens and their lp, most likely first, ties by the lower id, −0 equal to +0 (bd_sampler_top's
+ * order; bd_op_topk's selection). A −inf logit has lp −inf. A row with a NaN or +inf logit, or
+ * with every logit −inf (the CPU's -EDOM), gets lp[j] = NaN, ids −1 and vals NaN; a token
+ * outside [0, V) (a refused draw: −1) gets lp[j] = NaN, its row's top entries as usual.
+ * Results agree with the CPU's to one FP32 ulp plus the double rounding of the two sums
+ * ((V + 2)·2^-52 + 2^-51·(|m_r| + ln V), ops_check). One CTA per row of the m: steps that
+ * want no log-probabilities launch nothing. Returns 0 or -EINVAL (NULL logits, tokens or lp,
+ * V < 1, m < 0, k outside 0..min(64, V), k > 0 with NULL ids or vals). */
+int bd_op_logprobs(const float *logits, int V, const int32_t *rows, int m, const int32_t *tokens,
+		   int k, float *lp, int32_t *ids, float *vals, void *stream);
 
 /* x[i] = mean + sigma · N(0, 1) draw i of a counter-based generator keyed by seed (the same
  * values for the same (seed, i) whatever len), stored as dt; i < len. */

@@ -24,12 +24,18 @@
  * the same distribution) to the first whose cumulative mass exceeds ⌊u · kept mass⌋.
  * Masses below 2^-41 of the top token's round to zero (never drawn; the CPU gives them
  * probability < 1e-12). The per-row record of model_ops.h is left in the workspace.
+ * Top-k (bd_op_topk) and the top log-probabilities (bd_op_logprobs) select the k largest keys
+ * with the same radix selection in count mode. Log-probabilities are bd_sampler_logprobs's
+ * double log-sum-exp (lib/model/bd_sampler.h), not fixed point: they are reported, not drawn
+ * from, and must match the CPU's to FP32 rounding.
  */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "bd_kvslot.cuh"
 #include "bd_ops.h"
@@ -308,23 +314,16 @@ struct KvParams {
 	KvSlot s;
 };
 
-/* One CTA per (row, head): k' = H(k − μ) in shared memory with lib/fp4.c's butterfly stages
- * (each stage is exact pairwise a ± b, so any thread order gives the CPU's values).
- * Unlike bd_kv_write_token nothing is refused here (no status): a non-finite value is written
- * as its BF16 NaN/inf, so callers check activations first (bd_op_check_finite). Two rows of one
- * slot whose positions are equal mod 128 race for one recent row: the CPU writes position by
- * position and promotes in between, so callers split such batches at page boundaries. */
-__global__ void kv_write_kernel(const KvParams p, void *const *slots, const int32_t *pos,
-				const float *k, const float *v, const float *mu)
+/* k' = H(k − μ) of one head row into buf[d] (shared memory), with lib/fp4.c's butterfly stages
+ * (each stage is exact pairwise a ± b, so any thread order gives the CPU's values); smoothing
+ * and rotation as the flags say (mu NULL: μ = 0). Every thread of the CTA calls it; buf is
+ * complete for every thread on return. */
+__device__ __forceinline__ void kv_transform(const float *kr, const float *mu, int smoothing,
+					     int hadamard, float fwht_scale, int d, float *buf)
 {
-	extern __shared__ float buf[];
-	const int i = blockIdx.x, h = blockIdx.y, d = p.d, dv = p.dv;
-	const float *kr = k + ((size_t)i * p.H + h) * (size_t)d;
-	const float *vr = v + ((size_t)i * p.H + h) * (size_t)dv;
-
 	for (int c = threadIdx.x; c < d; c += blockDim.x)
-		buf[c] = p.s.smoothing && mu ? kr[c] - mu[(size_t)h * d + c] : kr[c];
-	if (p.s.hadamard) {
+		buf[c] = smoothing && mu ? kr[c] - mu[c] : kr[c];
+	if (hadamard) {
 		for (int s = 1; s < d; s *= 2) {
 			__syncthreads();
 			for (int t = threadIdx.x; t < d / 2; t += blockDim.x) {
@@ -337,8 +336,26 @@ __global__ void kv_write_kernel(const KvParams p, void *const *slots, const int3
 		}
 		__syncthreads();
 		for (int c = threadIdx.x; c < d; c += blockDim.x)
-			buf[c] = buf[c] * p.s.fwht_scale;
+			buf[c] = buf[c] * fwht_scale;
 	}
+	__syncthreads();
+}
+
+/* One CTA per (row, head): k' = H(k − μ) (kv_transform), then K' and V stored as BF16.
+ * Unlike bd_kv_write_token nothing is refused here (no status): a non-finite value is written
+ * as its BF16 NaN/inf, so callers check activations first (bd_op_check_finite). Two rows of one
+ * slot whose positions are equal mod 128 race for one recent row: the CPU writes position by
+ * position and promotes in between, so callers split such batches at page boundaries. */
+__global__ void kv_write_kernel(const KvParams p, void *const *slots, const int32_t *pos,
+				const float *k, const float *v, const float *mu)
+{
+	extern __shared__ float buf[];
+	const int i = blockIdx.x, h = blockIdx.y, d = p.d, dv = p.dv;
+	const float *kr = k + ((size_t)i * p.H + h) * (size_t)d;
+	const float *vr = v + ((size_t)i * p.H + h) * (size_t)dv;
+
+	kv_transform(kr, mu ? mu + (size_t)h * d : NULL, p.s.smoothing, p.s.hadamard,
+		     p.s.fwht_scale, d, buf);
 	const KvRows dst = kv_rows(p.s, slots[i], h, pos[i], d, dv);
 	for (int c = threadIdx.x; c < d; c += blockDim.x) {
 		const uint16_t b = f32_to_bf16(buf[c]);
@@ -356,19 +373,144 @@ __global__ void kv_write_kernel(const KvParams p, void *const *slots, const int3
 	}
 }
 
+/* One CTA per (row, head): what kv_write_kernel would store, read back as FP32 into
+ * ok, ov [n][H][d] (bd_seq_cache_rows). */
+__global__ void kv_rows_kernel(const KvParams p, const float *k, const float *v, const float *mu,
+			       float *ok, float *ov)
+{
+	extern __shared__ float buf[];
+	const int i = blockIdx.x, h = blockIdx.y, d = p.d;
+	const size_t off = ((size_t)i * p.H + h) * (size_t)d;
+
+	kv_transform(k + off, mu ? mu + (size_t)h * d : NULL, p.s.smoothing, p.s.hadamard,
+		     p.s.fwht_scale, d, buf);
+	for (int c = threadIdx.x; c < d; c += blockDim.x) {
+		ok[off + c] = bf16_to_f32(f32_to_bf16(buf[c]));
+		ov[off + c] = bf16_to_f32(f32_to_bf16(v[off + c]));
+	}
+}
+
+/* One CTA per row of d values: x ← H x (bd_fwht: the butterflies, then ·1/√d). */
+__global__ void fwht_rows_kernel(float *x, int d, float scale)
+{
+	extern __shared__ float buf[];
+	float *xr = x + (size_t)blockIdx.x * (size_t)d;
+
+	kv_transform(xr, NULL, 0, 1, scale, d, buf);
+	for (int c = threadIdx.x; c < d; c += blockDim.x)
+		xr[c] = buf[c];
+}
+
+/* ---- a chunk's context from the cache (bd_seq_cache_context) -------------------------------- */
+
+struct CtxParams {
+	const uint8_t *arena;
+	const int32_t *pages;  /* [n_full] the block table */
+	const uint8_t *slot;   /* the request's slot */
+	struct bd_layout lay;  /* where every byte lies (bd_layout.h) */
+	int H, layer, sink;
+};
+
+/* E2M1 value of code (NUMERICS.md §1): {0, .5, 1, 1.5, 2, 3, 4, 6} with the sign bit 3. */
+__device__ __forceinline__ float e2m1_value(uint32_t code)
+{
+	const uint32_t m = code & 7u;
+	const float v = m < 4u ? 0.5f * (float)m : (float)(m == 7u ? 6u : m - 2u);
+	return (code & 8u) ? -v : v;
+}
+
+/* A UE8M0 code (MXFP4) or an E4M3 code (any other format: NVFP4 block scales, FP8 elements)
+ * as FP32, exactly as bd_ue8m0_decode and bd_e4m3_decode (the NaN codes are never stored:
+ * promotion refuses non-finite values). */
+__device__ __forceinline__ float block_scale(int fmt, uint32_t code)
+{
+	if (fmt == BD_PAGE_MXFP4)
+		return __uint_as_float(code != 0u ? code << 23 : 0x00400000u);
+	const uint32_t e = (code >> 3) & 0xfu, m = code & 7u;
+	const float v = e == 0 ? __fmul_rn((float)m, 0x1p-9f)
+			       : __uint_as_float(((e + 120u) << 23) | (m << 20));
+	return (code & 0x80u) ? -v : v;
+}
+
+/* An NVFP4 or MXFP4 element of a region whose rows of n values are blocked by B along the row
+ * (row r's codes at r·n/2, its scales at r·(n/B)): (g·s)·x̂ as bd_nvfp4_dequantize_block
+ * (g = 1 for MXFP4, where 1·s = s exactly). */
+__device__ __forceinline__ float fp4_elem(const uint8_t *codes, const uint8_t *scales, int fmt,
+					  int B, int n, int r, int i, float g)
+{
+	const uint32_t cb = codes[(size_t)r * (n / 2) + i / 2];
+	const uint32_t sb = scales[(size_t)r * (n / B) + i / B];
+	return __fmul_rn(__fmul_rn(g, block_scale(fmt, sb)), e2m1_value((i & 1) ? cb >> 4 : cb & 15u));
+}
+
+/* One CTA per (page j, KV head h): element (t, c) of the page-head's K and V as
+ * bd_page_read_head gives it (NVFP4: (g·s)·x̂ with K token-major and V channel-major; the
+ * channel-blocked NVFP4 of trtllm-nvfp4 with both token-major; MXFP4: s·x̂; FP8: x̂·g; BF16 as
+ * stored), or, for t < 16 of page 0 when the configuration keeps a sink, the BF16 sink row of
+ * the slot; into ok, ov at row j·128 + t, column h·d + c of rows of H·d. */
+__global__ void kv_context_kernel(const CtxParams p, float *ok, float *ov)
+{
+	const struct bd_layout &L = p.lay;
+	const int j = blockIdx.x, h = blockIdx.y, d = L.d, B = L.block, T = BD_PAGE_TOKENS;
+	const int fmt = (int)L.fmt;
+	const uint8_t *page = p.arena + (size_t)p.layer * L.layer_stride +
+			      (size_t)p.pages[j] * L.page_bytes;
+	const uint8_t *head = page + (size_t)h * L.head_bytes;
+	const float *g = (const float *)(page + L.gscale_off) + 2 * h;
+	const bool scaled = fmt == BD_PAGE_NVFP4 || fmt == BD_PAGE_NVFP4_CH || fmt == BD_PAGE_FP8;
+	const float gk = scaled ? g[0] : 1.0f, gv = scaled ? g[1] : 1.0f;
+	const uint8_t *sh = p.slot + ((size_t)p.layer * L.n_kv_heads + (size_t)h) * L.slot_head_bytes;
+	const size_t ld = (size_t)p.H * d;
+
+	for (int e = threadIdx.x; e < T * d; e += blockDim.x) {
+		const int t = e / d, c = e % d;
+		const size_t o = ((size_t)j * T + t) * ld + (size_t)h * d + c;
+		float kx, vx;
+
+		if (p.sink && j == 0 && t < BD_SINK_TOKENS) {
+			kx = bf16_to_f32(((const uint16_t *)(sh + L.slot_sink_k_off))[(size_t)t * d + c]);
+			vx = bf16_to_f32(((const uint16_t *)(sh + L.slot_sink_v_off))[(size_t)t * d + c]);
+		} else if (fmt == BD_PAGE_BF16) {
+			kx = bf16_to_f32(((const uint16_t *)(head + L.k_codes_off))[(size_t)t * d + c]);
+			vx = bf16_to_f32(((const uint16_t *)(head + L.v_codes_off))[(size_t)t * d + c]);
+		} else if (fmt == BD_PAGE_FP8) {
+			kx = __fmul_rn(block_scale(fmt, head[L.k_codes_off + (size_t)t * d + c]), gk);
+			vx = __fmul_rn(block_scale(fmt, head[L.v_codes_off + (size_t)t * d + c]), gv);
+		} else {
+			const uint8_t *kc = head + L.k_codes_off, *ks = head + L.k_scales_off;
+			const uint8_t *vc = head + L.v_codes_off, *vs = head + L.v_scales_off;
+			kx = fp4_elem(kc, ks, fmt, B, d, t, c, gk);
+			vx = fmt == BD_PAGE_NVFP4_CH ? fp4_elem(vc, vs, fmt, B, d, t, c, gv)
+						     : fp4_elem(vc, vs, fmt, B, T, c, t, gv);
+		}
+		ok[o] = kx;
+		ov[o] = vx;
+	}
+}
+
 /* ---- prefill attention ----------------------------------------------------------------------- */
 
-/* Flash-style: one CTA of 256 threads per (64-query block, query head), key tiles of 64 in
- * shared memory (K and V rounded to BF16 on load, kept as BF16), online softmax in FP32.
+/* Flash-style: one CTA of 256 threads per (64-query block, query head), key tiles of BK in
+ * shared memory, online softmax in FP32. Query row r sits at position p0 + r and sees keys
+ * 0 .. p0 + r (causal over p0 + n keys). F32KV false: K and V are rounded to BF16 on load and
+ * kept as BF16, BK = 64 (the whole-prompt prefill); true: K and V are used as given (FP32: a
+ * chunk's context dequantized from the cache and its own rows already rounded as the cache
+ * holds them), BK = 32 so that the FP32 tiles fit the 99 KiB of an sm_120 CTA.
  * Thread (tx, ty) = (tid % 16, tid / 16) owns query rows 4ty..4ty+3; in Q·Kᵀ the keys
- * tx + 16j (j < 4), in P·V the columns 4tx + 64g + e. Rows of one query live in 16 lanes of
+ * tx + 16j (j < BK/16), in P·V the columns 4tx + 64g + e. Rows of one query live in 16 lanes of
  * one warp, so row max and sum are shuffles. Heaviest query blocks (latest) start first. */
-constexpr int PF_BQ = 64, PF_BK = 64, PF_THREADS = 256, PF_PST = PF_BQ + 4;
+constexpr int PF_BQ = 64, PF_THREADS = 256, PF_PST = PF_BQ + 4;
 
-template <int D> constexpr size_t prefill_smem()
+template <bool F32KV> __host__ __device__ constexpr int prefill_bk()
 {
-	return (size_t)PF_BQ * (D + 4) * 4 + 2 * (size_t)PF_BK * (D + 4) * 2 +
-	       (size_t)PF_BK * PF_PST * 4;
+	return F32KV ? 32 : 64;
+}
+
+template <int D, bool F32KV> constexpr size_t prefill_smem()
+{
+	return (size_t)PF_BQ * (D + 4) * 4 +
+	       2 * (size_t)prefill_bk<F32KV>() * (D + 4) * (F32KV ? 4 : 2) +
+	       (size_t)prefill_bk<F32KV>() * PF_PST * 4;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b)
@@ -376,23 +518,37 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b)
 	return (uint32_t)f32_to_bf16(a) | ((uint32_t)f32_to_bf16(b) << 16);
 }
 
-template <int D>
-__global__ void __launch_bounds__(PF_THREADS) prefill_kernel(const float *q, const float *k,
-							     const float *v, int n, int Hq, int Hkv,
-							     float scale, float *out)
+/* Four consecutive K or V values of a shared-memory row as FP32. */
+template <bool F32KV> __device__ __forceinline__ float4 kv4(const void *row, int c)
 {
-	constexpr int ST = D + 4; /* row stride of Q (FP32) and K, V (BF16): conflict-free */
+	if constexpr (F32KV) {
+		return *(const float4 *)((const float *)row + c);
+	} else {
+		const uint2 u = *(const uint2 *)((const uint16_t *)row + c);
+		return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+				   __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+	}
+}
+
+template <int D, bool F32KV>
+__global__ void __launch_bounds__(PF_THREADS) prefill_kernel(const float *q, const float *k,
+							     const float *v, int n, int p0, int Hq,
+							     int Hkv, float scale, float *out)
+{
+	constexpr int ST = D + 4; /* row stride of Q and K, V: conflict-free */
 	constexpr int NG = D / 64; /* float4 column groups per thread in P·V */
+	constexpr int BK = prefill_bk<F32KV>(), NJ = BK / 16;
+	using KT = typename std::conditional<F32KV, float, uint16_t>::type;
 	extern __shared__ __align__(16) unsigned char smem[];
 	float *Qs = (float *)smem;
-	uint16_t *Ks = (uint16_t *)(Qs + PF_BQ * ST);
-	uint16_t *Vs = Ks + PF_BK * ST;
-	float *Ps = (float *)(Vs + PF_BK * ST);
+	KT *Ks = (KT *)(Qs + PF_BQ * ST);
+	KT *Vs = Ks + BK * ST;
+	float *Ps = (float *)(Vs + BK * ST);
 
 	const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
 	const int qb = (int)gridDim.x - 1 - (int)blockIdx.x;
 	const int h = blockIdx.y, hk = h / (Hq / Hkv);
-	const int q0 = qb * PF_BQ;
+	const int q0 = qb * PF_BQ, nk = p0 + n;
 	const size_t ldq = (size_t)Hq * D, ldk = (size_t)Hkv * D;
 
 	for (int e = tid; e < PF_BQ * D / 4; e += PF_THREADS) {
@@ -412,62 +568,59 @@ __global__ void __launch_bounds__(PF_THREADS) prefill_kernel(const float *q, con
 			o[i][c] = 0.0f;
 	}
 
-	const int kend = min(n, q0 + PF_BQ);
-	for (int k0 = 0; k0 < kend; k0 += PF_BK) {
+	const int kend = min(nk, p0 + q0 + PF_BQ);
+	for (int k0 = 0; k0 < kend; k0 += BK) {
 		__syncthreads(); /* the previous tile's P·V is done */
-		for (int e = tid; e < PF_BK * D / 4; e += PF_THREADS) {
+		for (int e = tid; e < BK * D / 4; e += PF_THREADS) {
 			const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-			uint2 kk = make_uint2(0u, 0u), vv = make_uint2(0u, 0u);
+			float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
 
-			if (k0 + r < n) {
+			if (k0 + r < nk) {
 				const size_t off = (size_t)(k0 + r) * ldk + (size_t)hk * D + c;
-				const float4 a = *(const float4 *)(k + off);
-				const float4 b = *(const float4 *)(v + off);
-
-				kk = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
-				vv = make_uint2(pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+				a = *(const float4 *)(k + off);
+				b = *(const float4 *)(v + off);
 			}
-			*(uint2 *)&Ks[r * ST + c] = kk;
-			*(uint2 *)&Vs[r * ST + c] = vv;
+			if constexpr (F32KV) {
+				*(float4 *)&Ks[r * ST + c] = a;
+				*(float4 *)&Vs[r * ST + c] = b;
+			} else {
+				*(uint2 *)&Ks[r * ST + c] =
+					make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+				*(uint2 *)&Vs[r * ST + c] =
+					make_uint2(pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+			}
 		}
 		__syncthreads();
 
-		float s[4][4];
+		float s[4][NJ];
 		for (int i = 0; i < 4; i++)
-			for (int j = 0; j < 4; j++)
+			for (int j = 0; j < NJ; j++)
 				s[i][j] = 0.0f;
 #pragma unroll 4
 		for (int c = 0; c < D; c += 4) {
-			float4 qv[4];
-			float kf[4][4];
+			float4 qv[4], kf[NJ];
 
 			for (int i = 0; i < 4; i++)
 				qv[i] = *(const float4 *)&Qs[(ty * 4 + i) * ST + c];
-			for (int j = 0; j < 4; j++) {
-				const uint2 u = *(const uint2 *)&Ks[(tx + 16 * j) * ST + c];
-
-				kf[j][0] = __uint_as_float(u.x << 16);
-				kf[j][1] = __uint_as_float(u.x & 0xffff0000u);
-				kf[j][2] = __uint_as_float(u.y << 16);
-				kf[j][3] = __uint_as_float(u.y & 0xffff0000u);
-			}
+			for (int j = 0; j < NJ; j++)
+				kf[j] = kv4<F32KV>(&Ks[(tx + 16 * j) * ST], c);
 			for (int i = 0; i < 4; i++)
-				for (int j = 0; j < 4; j++) {
-					s[i][j] = __fmaf_rn(qv[i].x, kf[j][0], s[i][j]);
-					s[i][j] = __fmaf_rn(qv[i].y, kf[j][1], s[i][j]);
-					s[i][j] = __fmaf_rn(qv[i].z, kf[j][2], s[i][j]);
-					s[i][j] = __fmaf_rn(qv[i].w, kf[j][3], s[i][j]);
+				for (int j = 0; j < NJ; j++) {
+					s[i][j] = __fmaf_rn(qv[i].x, kf[j].x, s[i][j]);
+					s[i][j] = __fmaf_rn(qv[i].y, kf[j].y, s[i][j]);
+					s[i][j] = __fmaf_rn(qv[i].z, kf[j].z, s[i][j]);
+					s[i][j] = __fmaf_rn(qv[i].w, kf[j].w, s[i][j]);
 				}
 		}
 
 		for (int i = 0; i < 4; i++) {
-			const int qi = q0 + ty * 4 + i;
+			const int qi = p0 + q0 + ty * 4 + i;
 			float mx = -INFINITY;
 
-			for (int j = 0; j < 4; j++) {
+			for (int j = 0; j < NJ; j++) {
 				const int kj = k0 + tx + 16 * j;
 
-				s[i][j] = kj <= qi && kj < n ? s[i][j] * scale : -INFINITY;
+				s[i][j] = kj <= qi && kj < nk ? s[i][j] * scale : -INFINITY;
 				mx = fmaxf(mx, s[i][j]);
 			}
 			for (int off = 8; off > 0; off >>= 1)
@@ -477,7 +630,7 @@ __global__ void __launch_bounds__(PF_THREADS) prefill_kernel(const float *q, con
 			const float alpha = expf(m[i] - mnew);
 			float rs = 0.0f;
 
-			for (int j = 0; j < 4; j++) {
+			for (int j = 0; j < NJ; j++) {
 				s[i][j] = expf(s[i][j] - mnew);
 				rs += s[i][j];
 			}
@@ -488,22 +641,19 @@ __global__ void __launch_bounds__(PF_THREADS) prefill_kernel(const float *q, con
 			for (int c = 0; c < 4 * NG; c++)
 				o[i][c] = o[i][c] * alpha;
 		}
-		for (int j = 0; j < 4; j++)
+		for (int j = 0; j < NJ; j++)
 			*(float4 *)&Ps[(tx + 16 * j) * PF_PST + ty * 4] =
 				make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
 		__syncthreads();
 
-		const int kn = min(PF_BK, kend - k0);
+		const int kn = min(BK, kend - k0);
 		for (int kk = 0; kk < kn; kk++) {
 			const float4 p4 = *(const float4 *)&Ps[kk * PF_PST + ty * 4];
 			const float pr[4] = { p4.x, p4.y, p4.z, p4.w };
 
 			for (int g = 0; g < NG; g++) {
-				const uint2 u = *(const uint2 *)&Vs[kk * ST + tx * 4 + 64 * g];
-				const float vf[4] = { __uint_as_float(u.x << 16),
-						      __uint_as_float(u.x & 0xffff0000u),
-						      __uint_as_float(u.y << 16),
-						      __uint_as_float(u.y & 0xffff0000u) };
+				const float4 v4 = kv4<F32KV>(&Vs[kk * ST], tx * 4 + 64 * g);
+				const float vf[4] = { v4.x, v4.y, v4.z, v4.w };
 
 				for (int i = 0; i < 4; i++)
 					for (int e = 0; e < 4; e++)
@@ -804,39 +954,115 @@ __global__ void __launch_bounds__(SNT) sample_kernel(const float *logits, int V,
 	}
 }
 
-__global__ void __launch_bounds__(SNT) topk_kernel(const float *logits, int V, int k,
-						   int32_t *ids, float *vals)
-{
-	__shared__ SelShared sh;
-	__shared__ unsigned long long sel[64];
-	__shared__ int cnt;
-	const int row = blockIdx.x, tid = threadIdx.x;
-	const float *lg = logits + (size_t)row * (size_t)V;
+/* What top_rank needs in shared memory. */
+struct TopShared {
+	SelShared sel;
+	unsigned long long keys[64];
+	int cnt;
+};
 
-	const uint64_t thresh = k < V ? radix_select(lg, V, false, 0.0f, 1.0, 0, (uint64_t)k, sh) : 0;
+/* The k ≤ min(64, V) largest keys of row lg (skey order: value desc, id asc, −0 = +0, NaN
+ * last): thread tid < k gets the id of one of them and its rank 0..k−1 (0 the largest) and
+ * returns true; the others return false. Every thread of the CTA calls it. */
+__device__ bool top_rank(const float *lg, int V, int k, TopShared &sh, int &rank, int &id)
+{
+	const int tid = threadIdx.x;
+	const uint64_t thresh =
+		k < V ? radix_select(lg, V, false, 0.0f, 1.0, 0, (uint64_t)k, sh.sel) : 0;
+
 	if (tid == 0)
-		cnt = 0;
+		sh.cnt = 0;
 	__syncthreads();
 	for (int i = tid; i < V; i += SNT) {
 		const uint64_t key = skey(lg[i], i);
 
+		/* keys are distinct, so exactly k of them reach the k-th largest */
 		if (key >= thresh) {
-			const int at = atomicAdd(&cnt, 1);
+			const int at = atomicAdd(&sh.cnt, 1);
 
 			if (at < 64)
-				sel[at] = key;
+				sh.keys[at] = key;
 		}
 	}
 	__syncthreads();
-	if (tid < k) {
-		const unsigned long long me = sel[tid];
-		int rank = 0;
+	if (tid >= k)
+		return false;
+	const unsigned long long me = sh.keys[tid];
+	int r = 0;
 
-		for (int j = 0; j < k; j++)
-			rank += sel[j] > me;
-		const int id = key_id(me);
+	for (int j = 0; j < k; j++)
+		r += sh.keys[j] > me;
+	rank = r;
+	id = key_id(me);
+	return true;
+}
+
+__global__ void __launch_bounds__(SNT) topk_kernel(const float *logits, int V, int k,
+						   int32_t *ids, float *vals)
+{
+	__shared__ TopShared sh;
+	const int row = blockIdx.x;
+	const float *lg = logits + (size_t)row * (size_t)V;
+	int rank, id;
+
+	if (top_rank(lg, V, k, sh, rank, id)) {
 		ids[(size_t)row * k + rank] = id;
 		vals[(size_t)row * k + rank] = lg[id];
+	}
+}
+
+/* bd_op_logprobs: one CTA per wanted row j, r = rows[j]. */
+__global__ void __launch_bounds__(SNT) logprobs_kernel(const float *logits, int V,
+						       const int32_t *rows, const int32_t *tokens,
+						       int k, float *lp, int32_t *ids, float *vals)
+{
+	__shared__ TopShared sh;
+	__shared__ float fred[32];
+	__shared__ double dred[32];
+	const int j = blockIdx.x, tid = threadIdx.x;
+	const int row = rows ? rows[j] : j;
+	const float *lg = logits + (size_t)row * (size_t)V;
+	float mx = -INFINITY;
+	int bad = 0;
+
+	for (int i = tid; i < V; i += SNT) {
+		const float l = lg[i];
+
+		bad |= isnan(l) || l == INFINITY;
+		mx = fmaxf(mx, l); /* NaN is never kept (and refuses the row) */
+	}
+	bad = __syncthreads_or(bad);
+	mx = block_reduce(mx, fred, OpMax(), SNT / 32); /* every warp present: no padding */
+	if (bad || mx == -INFINITY) {
+		/* the CPU's -EDOM */
+		if (tid == 0)
+			lp[j] = NAN;
+		if (tid < k) {
+			ids[(size_t)j * k + tid] = -1;
+			vals[(size_t)j * k + tid] = NAN;
+		}
+		return;
+	}
+	const double m = (double)mx;
+	double s = 0.0;
+
+	for (int i = tid; i < V; i += SNT)
+		s += exp((double)lg[i] - m);
+	s = block_sum(s, dred);
+	const double lse = m + log(s);
+
+	if (tid == 0) {
+		const int32_t t = tokens[row];
+
+		lp[j] = t >= 0 && t < V ? (float)((double)lg[t] - lse) : NAN;
+	}
+	if (k == 0)
+		return;
+	int rank, id;
+
+	if (top_rank(lg, V, k, sh, rank, id)) {
+		ids[(size_t)j * k + rank] = id;
+		vals[(size_t)j * k + rank] = (float)((double)lg[id] - lse);
 	}
 }
 
@@ -935,19 +1161,19 @@ extern "C" int bd_op_cast(const float *x, void *y, enum bd_dtype ydt, size_t len
 	return launch_items(cast_kernel, len, stream, x, y, ydt, len);
 }
 
-template <int D>
-static int prefill_launch(const float *q, const float *k, const float *v, int n, int Hq, int Hkv,
-			  float scale, float *out, cudaStream_t st)
+template <int D, bool F32KV>
+static int prefill_launch(const float *q, const float *k, const float *v, int n, int p0, int Hq,
+			  int Hkv, float scale, float *out, cudaStream_t st)
 {
 	/* the shared-memory opt-in, once per device (racing threads set the same value) */
 	static int attr_set[64];
-	const size_t smem = prefill_smem<D>();
+	const size_t smem = prefill_smem<D, F32KV>();
 	int dev = 0;
 
 	if (cudaGetDevice(&dev) != cudaSuccess)
 		return -EIO;
 	if (dev < 0 || dev >= 64 || !__atomic_load_n(&attr_set[dev], __ATOMIC_ACQUIRE)) {
-		if (cudaFuncSetAttribute((const void *)prefill_kernel<D>,
+		if (cudaFuncSetAttribute((const void *)prefill_kernel<D, F32KV>,
 					 cudaFuncAttributeMaxDynamicSharedMemorySize,
 					 (int)smem) != cudaSuccess)
 			return -EIO;
@@ -955,47 +1181,142 @@ static int prefill_launch(const float *q, const float *k, const float *v, int n,
 			__atomic_store_n(&attr_set[dev], 1, __ATOMIC_RELEASE);
 	}
 	const dim3 grid((unsigned)((n + PF_BQ - 1) / PF_BQ), (unsigned)Hq);
-	prefill_kernel<D><<<grid, PF_THREADS, smem, st>>>(q, k, v, n, Hq, Hkv, scale, out);
+	prefill_kernel<D, F32KV><<<grid, PF_THREADS, smem, st>>>(q, k, v, n, p0, Hq, Hkv, scale,
+								 out);
 	return launched();
+}
+
+/* The argument checks both prefill attentions share. */
+static bool prefill_args_ok(const float *q, const float *k, const float *v, const float *out,
+			    int n, int Hq, int Hkv, int d, float scale)
+{
+	if (!q || !k || !v || !out || n < 0 || n > (1 << 20) || Hq < 1 || Hkv < 1 || Hq > 65535 ||
+	    Hq % Hkv != 0 || (d != 64 && d != 128) || !isfinite(scale))
+		return false;
+	/* float4 loads and stores */
+	return (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) & 15) == 0;
 }
 
 extern "C" int bd_op_prefill_attn(const float *q, const float *k, const float *v, int n, int Hq,
 				  int Hkv, int d, float scale, float *out, void *stream)
 {
-	if (!q || !k || !v || !out || n < 0 || n > (1 << 20) || Hq < 1 || Hkv < 1 || Hq > 65535 ||
-	    Hq % Hkv != 0 || (d != 64 && d != 128) || !isfinite(scale))
-		return -EINVAL;
-	/* float4 loads and stores */
-	if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) & 15)
+	if (!prefill_args_ok(q, k, v, out, n, Hq, Hkv, d, scale))
 		return -EINVAL;
 	if (n == 0)
 		return 0;
 	if (d == 64)
-		return prefill_launch<64>(q, k, v, n, Hq, Hkv, scale, out, (cudaStream_t)stream);
-	return prefill_launch<128>(q, k, v, n, Hq, Hkv, scale, out, (cudaStream_t)stream);
+		return prefill_launch<64, false>(q, k, v, n, 0, Hq, Hkv, scale, out,
+						 (cudaStream_t)stream);
+	return prefill_launch<128, false>(q, k, v, n, 0, Hq, Hkv, scale, out, (cudaStream_t)stream);
+}
+
+extern "C" int bd_op_prefill_attn_ctx(const float *q, const float *k, const float *v, int n,
+				      int p, int Hq, int Hkv, int d, float scale, float *out,
+				      void *stream)
+{
+	if (!prefill_args_ok(q, k, v, out, n, Hq, Hkv, d, scale) || p < 0 ||
+	    p > (1 << 20) - n)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	if (d == 64)
+		return prefill_launch<64, true>(q, k, v, n, p, Hq, Hkv, scale, out,
+						(cudaStream_t)stream);
+	return prefill_launch<128, true>(q, k, v, n, p, Hq, Hkv, scale, out, (cudaStream_t)stream);
+}
+
+/* The checks and kernel parameters both KV write launchers share: heads 0..H−1 of layer
+ * `layer`, the transform of cfg. false: a bad argument. */
+static bool kv_params(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer, int n,
+		      int H, KvParams *ret)
+{
+	if (!lay || !cfg || n < 0 || layer < 0 || layer >= lay->n_layers || H < 1 ||
+	    H > lay->n_kv_heads || H > 65535 || lay->d < 1 || lay->d > BD_FWHT_MAX ||
+	    lay->dv < 1 || lay->dv > BD_FWHT_MAX)
+		return false;
+	if (cfg->hadamard && (lay->d & (lay->d - 1)) != 0)
+		return false;
+	memset(ret, 0, sizeof(*ret));
+	ret->H = H;
+	ret->d = lay->d;
+	ret->dv = lay->dv;
+	ret->s = kv_slot(lay, cfg, layer);
+	return true;
 }
 
 extern "C" int bd_op_kv_write(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer,
 			      void *const *slots, const int32_t *pos, const float *k,
 			      const float *v, const float *mu_k, int n, int H, void *stream)
 {
-	if (!lay || !cfg || !slots || !pos || !k || !v || n < 0 || layer < 0 ||
-	    layer >= lay->n_layers || H < 1 || H > lay->n_kv_heads || H > 65535 || lay->d < 1 ||
-	    lay->d > BD_FWHT_MAX || lay->dv < 1 || lay->dv > BD_FWHT_MAX)
-		return -EINVAL;
-	if (cfg->hadamard && (lay->d & (lay->d - 1)) != 0)
+	KvParams p;
+
+	if (!slots || !pos || !k || !v || !kv_params(lay, cfg, layer, n, H, &p))
 		return -EINVAL;
 	if (n == 0)
 		return 0;
-	KvParams p;
-	memset(&p, 0, sizeof(p));
-	p.H = H;
-	p.d = lay->d;
-	p.dv = lay->dv;
-	p.s = kv_slot(lay, cfg, layer);
 	const int threads = lay->d >= 256 ? 256 : 128;
 	kv_write_kernel<<<dim3((unsigned)n, (unsigned)H), threads, (size_t)lay->d * sizeof(float),
 			  (cudaStream_t)stream>>>(p, slots, pos, k, v, mu_k);
+	return launched();
+}
+
+extern "C" int bd_op_kv_rows(const struct bd_layout *lay, const struct bd_kvcfg *cfg, int layer,
+			     const float *k, const float *v, const float *mu_k, int n, int H,
+			     float *ret_k, float *ret_v, void *stream)
+{
+	KvParams p;
+
+	if (!k || !v || !ret_k || !ret_v || !kv_params(lay, cfg, layer, n, H, &p) ||
+	    lay->dv != lay->d)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	const int threads = lay->d >= 256 ? 256 : 128;
+	kv_rows_kernel<<<dim3((unsigned)n, (unsigned)H), threads, (size_t)lay->d * sizeof(float),
+			 (cudaStream_t)stream>>>(p, k, v, mu_k, ret_k, ret_v);
+	return launched();
+}
+
+extern "C" int bd_op_fwht_rows(float *x, int rows, int d, void *stream)
+{
+	if (!x || rows < 0 || d < 2 || d > BD_FWHT_MAX || (d & (d - 1)) != 0)
+		return -EINVAL;
+	if (rows == 0)
+		return 0;
+	/* lib/quant/fp4.c's bd_fwht scale, by the same two IEEE operations */
+	const float scale = 1.0f / sqrtf((float)d);
+	fwht_rows_kernel<<<(unsigned)rows, d >= 256 ? 256 : 128, (size_t)d * sizeof(float),
+			   (cudaStream_t)stream>>>(x, d, scale);
+	return launched();
+}
+
+extern "C" int bd_op_kv_context(const struct bd_layout *lay, const struct bd_kvcfg *cfg,
+				int layer, const void *arena, const int32_t *pages, int n_full,
+				const void *slot, int H, float *ret_k, float *ret_v, void *stream)
+{
+	if (!lay || !cfg || !arena || !pages || !slot || !ret_k || !ret_v || n_full < 0 ||
+	    n_full > 65535 || layer < 0 || layer >= lay->n_layers || H < 1 ||
+	    H > lay->n_kv_heads || H > 65535 || lay->d_rope != 0 || lay->dv != lay->d ||
+	    (int)lay->fmt < 0 || lay->fmt >= BD_PAGE_FORMAT_COUNT)
+		return -EINVAL;
+	const bool fp4 = lay->fmt == BD_PAGE_NVFP4 || lay->fmt == BD_PAGE_NVFP4_CH ||
+			 lay->fmt == BD_PAGE_MXFP4;
+	if (fp4 && (lay->block < 2 || lay->d % lay->block != 0 ||
+		    BD_PAGE_TOKENS % lay->block != 0))
+		return -EINVAL;
+	if (n_full == 0)
+		return 0;
+	CtxParams p;
+	memset(&p, 0, sizeof(p));
+	p.arena = (const uint8_t *)arena;
+	p.pages = pages;
+	p.slot = (const uint8_t *)slot;
+	p.lay = *lay;
+	p.H = H;
+	p.layer = layer;
+	p.sink = cfg->sink ? 1 : 0;
+	kv_context_kernel<<<dim3((unsigned)n_full, (unsigned)H), 256, 0, (cudaStream_t)stream>>>(
+		p, ret_k, ret_v);
 	return launched();
 }
 
@@ -1027,6 +1348,20 @@ extern "C" int bd_op_topk(const float *logits, int n, int V, int k, int32_t *ids
 	if (n == 0)
 		return 0;
 	topk_kernel<<<n, SNT, 0, (cudaStream_t)stream>>>(logits, V, k, ids, vals);
+	return launched();
+}
+
+extern "C" int bd_op_logprobs(const float *logits, int V, const int32_t *rows, int m,
+			      const int32_t *tokens, int k, float *lp, int32_t *ids, float *vals,
+			      void *stream)
+{
+	if (!logits || V < 1 || m < 0 || !tokens || !lp || k < 0 || k > 64 || k > V ||
+	    (k > 0 && (!ids || !vals)))
+		return -EINVAL;
+	if (m == 0)
+		return 0;
+	logprobs_kernel<<<m, SNT, 0, (cudaStream_t)stream>>>(logits, V, rows, tokens, k, lp, ids,
+							     vals);
 	return launched();
 }
 

@@ -437,12 +437,6 @@ static int validate(struct bd_router *rt, const Bdfp4__GenerateRequest *g, char 
 			 BD_ROUTER_MAX_TOP_LOGPROBS);
 		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
 	}
-	if (g->logprobs && !strcmp(rt->backend, "cuda")) {
-		/* the GPU's sampler returns tokens and top logits, not the log-softmax */
-		snprintf(err, cap, "logprobs are not served by the cuda backend: its sampler runs on "
-			 "the GPU and reports no log-probabilities");
-		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
-	}
 	if (g->sampling) {
 		const Bdfp4__SamplingParams *s = g->sampling;
 

@@ -90,6 +90,8 @@ struct bd_worker {
 	uint64_t steps;
 	char backend[8];
 	char decode_kernel[256]; /* RegisterRequest.decode_kernel ("" on the cpu backend) */
+	bool whole_prompts;  /* RegisterRequest.whole_prompts: no prefill chunk at position > 0 */
+	uint32_t max_prefill; /* RegisterRequest.max_prefill: longest prefill row (0: no bound) */
 	uint8_t nccl_id[128];
 	size_t nccl_len;
 };

@@ -471,13 +471,21 @@ static bool decoding(const struct bd_req *r)
  * one); 0 when not a page fits. max_prefill_chunk 0: the whole prefill, budget or not (the
  * caller keeps one prompt a step at least). batch_invariant: min(rest, max_prefill_chunk) or
  * 0 when the budget cannot take that, so the chunks of a prompt are the same whatever else
- * the steps hold. */
+ * the steps hold. The group's workers (bd_sched_set_workers) may take whole prompts only (then
+ * the rest, as for max_prefill_chunk 0) or rows of at most max_row tokens (the chunk is cut
+ * to whole pages within it, also with max_prefill_chunk 0). */
 static int chunk_len(const struct bd_sched *s, const struct bd_req *r, int left)
 {
 	int rest = r->n_fill - r->n_pos, c = s->cfg.max_prefill_chunk, n;
 
-	if (c <= 0)
+	int cap = s->max_row >= BD_PAGE_TOKENS ? s->max_row - s->max_row % BD_PAGE_TOKENS : 0;
+
+	if (s->whole_prompts)
 		return rest;
+	if (c <= 0) /* whole prompts, but never a row longer than the workers take */
+		return cap && rest > cap ? cap : rest;
+	if (cap && c > cap)
+		c = cap;
 	if (s->cfg.batch_invariant) {
 		n = rest < c ? rest : c;
 		return n <= left ? n : 0;
@@ -532,6 +540,12 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 
 		if (r->state != RQ_RUNNING || r->n_pos >= r->n_fill)
 			continue;
+		if (s->whole_prompts && r->n_pos > 0) {
+			/* a group that cannot continue a prompt: its pages were allocated at
+			 * admission, so the prefill starts over at 0 and rewrites them */
+			r->n_pos = 0;
+			r->resume = false;
+		}
 		feed = chunk_len(s, r, s->cfg.max_prefill_tokens - prefill_tokens);
 		if (feed <= 0)
 			break;
@@ -843,6 +857,12 @@ void bd_sched_group_up(struct bd_sched *s, uint64_t epoch)
 	s->epoch = epoch;
 	s->n_release = 0; /* a new group holds no sequence */
 	s->resume_by = 0;
+}
+
+void bd_sched_set_workers(struct bd_sched *s, bool whole_prompts, int max_row)
+{
+	s->whole_prompts = whole_prompts;
+	s->max_row = max_row > 0 ? max_row : 0;
 }
 
 bool bd_sched_resuming(const struct bd_sched *s)

@@ -209,6 +209,8 @@ struct bd_sched {
 
 	bool group_ready;
 	uint64_t epoch;
+	bool whole_prompts;         /* bd_sched_set_workers */
+	int max_row;
 	int64_t resume_by;          /* ms, monotonic: the held requests fail then (0: none held) */
 	char down_msg[320];         /* why the group failed */
 	struct bd_sched_step step;
@@ -258,6 +260,17 @@ void bd_sched_step_done(struct bd_sched *s, Bdfp4__StepResult *const *res, int n
 			int64_t now);
 /* A worker group of this epoch formed: plans may go out. */
 void bd_sched_group_up(struct bd_sched *s, uint64_t epoch);
+
+/* What the group about to form runs (its ranks' RegisterRequests), before bd_sched_group_up:
+ * whole_prompts true: every prompt is prefilled in one row whatever max_prefill_chunk says
+ * (a backend that cannot continue a prompt at a position > 0); a request held in the middle of
+ * its prefill (resume) starts its prefill over at position 0 on the pages it was admitted with,
+ * so the workers are never sent a row they cannot run. max_row > 0: the longest prefill row
+ * every rank takes; chunks are cut to whole pages within it, and with max_prefill_chunk 0 a
+ * longer prompt goes in such chunks (a bound below one page leaves chunks as configured). Kept
+ * until the next call; a new scheduler runs chunks as configured. */
+void bd_sched_set_workers(struct bd_sched *s, bool whole_prompts, int max_row);
+
 /* The group failed (msg says why; now: ms, monotonic). With resume_timeout_ms > 0 nothing
  * fails: the step in flight is dropped, to run again; the running requests keep their slot,
  * pages, reserved page and tokens, and continue from their last committed token once a group

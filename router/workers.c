@@ -120,6 +120,15 @@ static void form_group(struct bd_router *rt)
 	if (rt->state != RS_STOPPING) /* a group formed during the drain serves the drain */
 		rt->state = RS_SERVING;
 	rt->reason[0] = 0;
+	/* what every rank runs: the least of the ranks' prefill rows */
+	bool whole = false;
+	uint32_t max_row = 0;
+	for (int i = 0; i < rt->o.tp; i++) {
+		whole |= rt->w[i].whole_prompts;
+		if (rt->w[i].max_prefill && (!max_row || rt->w[i].max_prefill < max_row))
+			max_row = rt->w[i].max_prefill;
+	}
+	bd_sched_set_workers(&rt->sched, whole, max_row > INT32_MAX ? INT32_MAX : (int)max_row);
 	bd_sched_group_up(&rt->sched, rt->epoch);
 	bd_log_info("worker group of %d rank(s) formed: epoch %llu", rt->o.tp,
 		  (unsigned long long)rt->epoch);
@@ -203,7 +212,10 @@ static void on_register(struct bd_router *rt, const uint8_t *ident, size_t len,
 	if (reg->nccl_unique_id.len)
 		memcpy(w->nccl_id, reg->nccl_unique_id.data, reg->nccl_unique_id.len);
 	w->nccl_len = reg->nccl_unique_id.len;
-	bd_log_info("worker rank %d registered: pid %d, %s", reg->rank, reg->pid, w->backend);
+	w->whole_prompts = reg->whole_prompts;
+	w->max_prefill = reg->max_prefill;
+	bd_log_info("worker rank %d registered: pid %d, %s%s", reg->rank, reg->pid, w->backend,
+		    reg->whole_prompts ? " (whole prompts only)" : "");
 	for (int i = 0; i < rt->o.tp; i++)
 		if (!rt->w[i].registered)
 			return;

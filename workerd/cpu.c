@@ -12,6 +12,7 @@
  * forward pass, never before it.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,26 +96,17 @@ static void top_logits(struct wd_row_out *o, const float *lg, int V, uint32_t k)
 }
 
 /* The sampled token's log-probability and the k most likely (k ≤ WD_LOGPROBS_MAX): the
- * log-softmax of the raw logits (bd_sampler_logprobs). Returns 0 or -EDOM. */
+ * log-softmax of the raw logits (bd_sampler_logprobs) into o (wd_row_logprobs). Returns 0, or
+ * -1 with the row failed (non-finite logits). */
 static int logprobs(struct wd_row_out *o, const float *lg, int V, uint32_t k)
 {
 	int32_t ids[WD_LOGPROBS_MAX];
-	float lp[WD_LOGPROBS_MAX];
+	float lp[WD_LOGPROBS_MAX], tok = NAN;
 	int n = bd_sampler_logprobs(lg, V, o->rr.token, k < WD_LOGPROBS_MAX ? (int)k
 									 : WD_LOGPROBS_MAX,
-				    &o->rr.logprob, ids, lp);
+				    &tok, ids, lp);
 
-	if (n < 0)
-		return n;
-	for (int i = 0; i < n; i++) {
-		bdfp4__token_logprob__init(&o->lp[i]);
-		o->lp[i].token = ids[i];
-		o->lp[i].logprob = lp[i];
-		o->lpp[i] = &o->lp[i];
-	}
-	o->rr.n_top_logprobs = (size_t)n;
-	o->rr.top_logprobs = o->lpp;
-	return 0;
+	return wd_row_logprobs(o, n < 0 ? NAN : tok, ids, lp, n);
 }
 
 /* Rank 0, after a forward pass of a row that samples: the token, the top logits and the
@@ -130,9 +122,8 @@ static int sample(struct wd *w, struct wd_seq *s, const Bdfp4__PlanRow *row, con
 				"sampling failed: non-finite logits");
 	if (row->logits_top_k)
 		top_logits(o, lg, w->model->hp.n_vocab, row->logits_top_k);
-	if (row->logprobs && logprobs(o, lg, w->model->hp.n_vocab, row->top_logprobs) < 0)
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
-				   "log-probabilities failed: non-finite logits");
+	if (row->logprobs)
+		return logprobs(o, lg, w->model->hp.n_vocab, row->top_logprobs);
 	return 0;
 }
 

@@ -4,9 +4,13 @@
  *
  * The worker allocates no KV of its own: pages and slots are the pool's arena
  * (bd_pool_cuda_map). The model is stateless per request; growmap.c checks each row against
- * the small record every rank keeps and turns it into a bd_grow. Prefill rows run one by one
- * (or, with synthetic_prefill, as a synthetic fill plus a decode of the last prompt token), all
- * decode rows of a step in one bd_gmodel_decode call (max_batch at a time).
+ * the small record every rank keeps and turns it into a bd_grow. Prefill rows (a prompt's first
+ * chunk, a later chunk at a page-aligned position, or one that resumes a request) run one by
+ * one (or, with synthetic_prefill, as a synthetic fill plus a decode of the last prompt token:
+ * then the worker registers with whole_prompts and the router sends no chunk), all decode rows
+ * of a step in one bd_gmodel_decode call (max_batch at a time). A row marked resume rebuilds
+ * the request's record from the row (slot, block table, position, draws) over the KV the pool
+ * kept, so a restarted worker continues the requests of the group that failed.
  *
  * NCCL (tp > 1): rank 0 makes a unique id for every registration, the router relays it in the
  * RegisterReply, each rank joins with a non-blocking ncclCommInitRankConfig polled with a
@@ -59,6 +63,10 @@ struct wd_gpu {
 	int32_t *toks, *out_tok, *top_ids;
 	int *status;
 	float *top_logits;
+	bool *want_lp;           /* [max_batch] the call's rows that report log-probabilities */
+	float *lp;               /* [max_batch] their sampled tokens' */
+	int32_t *lp_ids;         /* [max_batch][WD_LOGPROBS_MAX] */
+	float *lp_vals;          /* [max_batch][WD_LOGPROBS_MAX] */
 
 	/* decode-step timing since the last report; a step is one bd_gmodel_decode call */
 	double *ul, *dev;        /* upload + launch, device: µs per step */
@@ -205,8 +213,12 @@ static int gpu_setup(struct wd *w)
 	gp->status = calloc(B, sizeof(*gp->status));
 	gp->top_ids = calloc(B * WD_TOP_MAX, sizeof(*gp->top_ids));
 	gp->top_logits = calloc(B * WD_TOP_MAX, sizeof(*gp->top_logits));
+	gp->want_lp = calloc(B, sizeof(*gp->want_lp));
+	gp->lp = calloc(B, sizeof(*gp->lp));
+	gp->lp_ids = calloc(B * WD_LOGPROBS_MAX, sizeof(*gp->lp_ids));
+	gp->lp_vals = calloc(B * WD_LOGPROBS_MAX, sizeof(*gp->lp_vals));
 	if (!gp->rows || !gp->toks || !gp->out_tok || !gp->status || !gp->top_ids ||
-	    !gp->top_logits)
+	    !gp->top_logits || !gp->want_lp || !gp->lp || !gp->lp_ids || !gp->lp_vals)
 		return -ENOMEM;
 	bd_log_info("cuda backend: device %d, arena of %zu bytes mapped, tp %d%s", w->o.device,
 		geo->arena_bytes, w->o.tp,
@@ -224,6 +236,9 @@ static int gpu_register_fill(struct wd *w, Bdfp4__RegisterRequest *rq, uint8_t *
 
 	rq->device = w->o.device;
 	rq->decode_kernel = gpu(w)->decode_info;
+	/* a synthetic fill starts a sequence at 0 only; a real prefill row takes max_prefill */
+	rq->whole_prompts = w->o.synthetic_prefill;
+	rq->max_prefill = w->o.synthetic_prefill ? 0 : (uint32_t)gpu(w)->max_prefill;
 	if (w->o.tp == 1 || w->o.rank != 0)
 		return 0;
 	if ((nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
@@ -360,6 +375,10 @@ static void gpu_teardown(struct wd *w)
 	free(gp->status);
 	free(gp->top_ids);
 	free(gp->top_logits);
+	free(gp->want_lp);
+	free(gp->lp);
+	free(gp->lp_ids);
+	free(gp->lp_vals);
 	free(gp->ul);
 	free(gp->dev);
 	free(gp->host);
@@ -407,37 +426,70 @@ static void model_error(struct wd *w, struct wd_row_out *o, int r, const char *w
 		    "%s: %s", what, err && *err ? err : strerror(-r));
 }
 
-/* Rank 0's outputs of one call of n rows, top_k logits each. */
-static struct bd_gout *gout(struct wd *w, struct bd_gout *go, int top_k)
+/* What a call's rows ask of rank 0: the most top logits and top log-probabilities any of
+ * them wants, and whether any wants log-probabilities. */
+struct gask {
+	int top_k, lp_k;
+	bool lp;
+};
+
+/* Row k of a call: item it asks for its outputs (gp->want_lp[k] set) and widens *a. */
+static void ask(struct wd_gpu *gp, const struct wd_gitem *it, int k, struct gask *a)
+{
+	gp->want_lp[k] = it->sample && it->logprobs;
+	if (!it->sample)
+		return;
+	if ((int)it->top_k > a->top_k)
+		a->top_k = (int)it->top_k;
+	if (it->logprobs) {
+		/* no more alternatives than the vocabulary has (bd_sampler_logprobs's min) */
+		int want = (int)it->top_logprobs < gp->hp.n_vocab ? (int)it->top_logprobs
+								  : gp->hp.n_vocab;
+		a->lp = true;
+		if (want > a->lp_k)
+			a->lp_k = want;
+	}
+}
+
+/* Rank 0's outputs of one call (a: what its rows ask). */
+static struct bd_gout *gout(struct wd *w, struct bd_gout *go, const struct gask *a)
 {
 	struct wd_gpu *gp = gpu(w);
 
 	if (w->o.rank != 0)
 		return NULL;
-	*go = (struct bd_gout){ .tokens = gp->out_tok, .top_k = top_k,
-				.top_ids = top_k ? gp->top_ids : NULL,
-				.top_logits = top_k ? gp->top_logits : NULL };
+	*go = (struct bd_gout){ .tokens = gp->out_tok, .top_k = a->top_k,
+				.top_ids = a->top_k ? gp->top_ids : NULL,
+				.top_logits = a->top_k ? gp->top_logits : NULL,
+				.want_lp = a->lp ? gp->want_lp : NULL, .lp_k = a->lp_k,
+				.lp = gp->lp, .lp_ids = gp->lp_ids, .lp_vals = gp->lp_vals };
 	return go;
 }
 
-/* Row k of a call's outputs into o (rank 0, a row that samples). */
-static void put_result(struct wd *w, const struct wd_gitem *it, int k, int top_k,
-		       struct wd_row_out *o)
+/* Row k of a call's outputs into o (rank 0, a row that samples). Returns 0, or -1 with the
+ * row failed (its log-probabilities could not be made: non-finite logits). */
+static int put_result(struct wd *w, const struct wd_gitem *it, int k, const struct gask *a,
+		      struct wd_row_out *o)
 {
 	struct wd_gpu *gp = gpu(w);
 
 	if (w->o.rank != 0 || !it->sample)
-		return;
+		return 0;
 	o->rr.token = gp->out_tok[k];
-	uint32_t n = it->top_k < (uint32_t)top_k ? it->top_k : (uint32_t)top_k;
+	uint32_t n = it->top_k < (uint32_t)a->top_k ? it->top_k : (uint32_t)a->top_k;
 	for (uint32_t j = 0; j < n; j++) {
 		bdfp4__top_logit__init(&o->top[j]);
-		o->top[j].token = gp->top_ids[(size_t)k * (size_t)top_k + j];
-		o->top[j].logit = gp->top_logits[(size_t)k * (size_t)top_k + j];
+		o->top[j].token = gp->top_ids[(size_t)k * (size_t)a->top_k + j];
+		o->top[j].logit = gp->top_logits[(size_t)k * (size_t)a->top_k + j];
 		o->topp[j] = &o->top[j];
 	}
 	o->rr.n_top = n;
 	o->rr.top = n ? o->topp : NULL;
+	if (!it->logprobs)
+		return 0;
+	size_t at = (size_t)k * (size_t)a->lp_k;
+	int nl = it->top_logprobs < (uint32_t)a->lp_k ? (int)it->top_logprobs : a->lp_k;
+	return wd_row_logprobs(o, gp->lp[k], gp->lp_ids + at, gp->lp_vals + at, nl);
 }
 
 static double mono_us(void)
@@ -513,14 +565,14 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 	char err[BD_MODEL_ERR_MAX];
 
 	for (int k0 = 0; k0 < nd; k0 += w->o.max_batch) {
-		int n = nd - k0 < w->o.max_batch ? nd - k0 : w->o.max_batch, top_k = 0, r;
+		int n = nd - k0 < w->o.max_batch ? nd - k0 : w->o.max_batch, r;
 		struct bd_gout go;
+		struct gask a = { 0, 0, false };
 		for (int k = 0; k < n; k++) {
 			const struct wd_gitem *it = &gp->items[gp->dec[k0 + k]];
 			gp->rows[k] = it->g;
 			gp->toks[k] = it->token;
-			if (it->sample && (int)it->top_k > top_k)
-				top_k = (int)it->top_k;
+			ask(gp, it, k, &a);
 		}
 		if (*broken) {
 			r = -EPIPE;
@@ -528,7 +580,7 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 		} else {
 			err[0] = 0;
 			double t0 = mono_us();
-			r = bd_gmodel_decode(gp->g, gp->rows, gp->toks, n, gout(w, &go, top_k),
+			r = bd_gmodel_decode(gp->g, gp->rows, gp->toks, n, gout(w, &go, &a),
 					     gp->status, err);
 			double t1 = mono_us();
 			if (r == 0) {
@@ -544,8 +596,7 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 				model_error(w, &out[i], e, "decode", r < 0 ? err : NULL);
 				wd_gtab_drop(&gp->gtab, it->id);
 			} else {
-				put_result(w, it, k, top_k, &out[i]);
-				wd_gdone(&gp->gtab, it, true);
+				wd_gdone(&gp->gtab, it, put_result(w, it, k, &a, &out[i]) == 0);
 			}
 		}
 		if (r < 0)
@@ -599,12 +650,12 @@ static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 		}
 		err[0] = 0;
 		if (it->kind == WD_G_PREFILL) {
-			int top_k = it->sample ? (int)it->top_k : 0;
+			struct gask a = { 0, 0, false };
+			ask(gp, it, 0, &a);
 			r = bd_gmodel_prefill(gp->g, &it->g, it->tokens, it->n_tokens,
-					      gout(w, &go, top_k), err);
+					      gout(w, &go, &a), err);
 			if (r == 0) {
-				put_result(w, it, 0, top_k, &out[i]);
-				wd_gdone(&gp->gtab, it, true);
+				wd_gdone(&gp->gtab, it, put_result(w, it, 0, &a, &out[i]) == 0);
 				continue;
 			}
 		} else {

@@ -10,8 +10,20 @@
 
 #include "base/bd_err.h"
 #include "growmap.h"
+#include "workerd.h"
 
-#define TOP_MAX 64
+/* What rank 0 hands back of a row that samples: the top logits and the log-probabilities the
+ * row asks for, cut at what a row result holds (WD_TOP_MAX, WD_LOGPROBS_MAX); top_logprobs
+ * without logprobs asks for nothing, as on the cpu backend. */
+static void set_outputs(struct wd_gitem *it, const Bdfp4__PlanRow *row)
+{
+	it->sample = row->sample;
+	it->top_k = row->logits_top_k < WD_TOP_MAX ? row->logits_top_k : WD_TOP_MAX;
+	it->logprobs = row->sample && row->logprobs;
+	it->top_logprobs = !it->logprobs ? 0
+			   : row->top_logprobs < WD_LOGPROBS_MAX ? row->top_logprobs
+								 : WD_LOGPROBS_MAX;
+}
 
 void wd_gtab_clear(struct wd_gtab *t)
 {
@@ -49,41 +61,10 @@ static bool pages_ok(const int32_t *p, size_t n, size_t n_pages, int32_t *bad)
 	return true;
 }
 
-static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
-		       const struct wd_glimits *lim, struct wd_gitem *it, char *msg, size_t cap)
+/* The row's sampler (serve.proto SamplingParams; none: greedy). Returns 0 or a ServeError. */
+static int row_sampler(const Bdfp4__PlanRow *row, struct bd_sampler_params *ret, char *msg,
+		       size_t cap)
 {
-	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
-	int n = (int)row->n_tokens;
-	int32_t bad;
-
-	if (row->kv_config && *row->kv_config && strcmp(row->kv_config, lim->kv_config))
-		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
-			    "KV configuration '%.40s': the cuda backend runs the pool's '%s' only",
-			    row->kv_config, lim->kv_config);
-	if (row->position != 0 || row->n_tokens < 1 || row->n_tokens > INT_MAX / 2)
-		return bd_errf(msg, cap, inv, "prefill of %zu tokens at position %d", row->n_tokens,
-			    row->position);
-	if (row->capacity < (uint32_t)n || row->capacity > (uint32_t)lim->max_tokens)
-		return bd_errf(msg, cap, inv, "capacity %u for a %d-token prompt (the model holds %d "
-			    "tokens)", row->capacity, n, lim->max_tokens);
-	if (!lim->synthetic && n > lim->max_prefill)
-		return bd_errf(msg, cap, inv, "a %d-token prompt; one prefill takes at most %d "
-			    "(max_prefill)", n, lim->max_prefill);
-	if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
-		return bd_errf(msg, cap, inv, "a %d-token prompt fills %d pages; the plan names %zu "
-			    "(and %zu promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
-			    row->n_block_table);
-	if (!pages_ok(row->new_pages, row->n_new_pages, lim->n_pages, &bad))
-		return bd_errf(msg, cap, inv, "page %d is outside the pool (%zu pages)", bad,
-			    lim->n_pages);
-	if (row->slot < 0 || (size_t)row->slot >= lim->n_slots)
-		return bd_errf(msg, cap, inv, "slot %d is outside the pool (%zu slots)", row->slot,
-			    lim->n_slots);
-	for (int i = 0; i < n; i++)
-		if (row->tokens[i] < 0 || row->tokens[i] >= lim->n_vocab)
-			return bd_errf(msg, cap, inv, "token %d at %d is outside the vocabulary (%d)",
-				    row->tokens[i], i, lim->n_vocab);
-
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
 	if (row->sampling) {
 		const Bdfp4__SamplingParams *s = row->sampling;
@@ -94,9 +75,37 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	}
 	if (!isfinite(sp.temperature) || sp.temperature < 0 || sp.top_k < 0 ||
 	    !(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-		return bd_errf(msg, cap, inv, "bad sampling parameters");
+		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+			       "bad sampling parameters");
+	*ret = sp;
+	return 0;
+}
 
-	/* a preempted request starts over; another live request must not hold the slot */
+/* A new record for the request of row (a prefill at position 0, or a row that resumes it)
+ * after the checks every rank makes: configuration, capacity for position + n_tokens, slot
+ * inside the pool and held by no other request, sampler. Whatever the table held of the request
+ * is dropped first (a preempted request starts over; a resumed one is rebuilt). The record
+ * holds no tokens and no pages yet and is not busy. Returns 0 or a ServeError. */
+static int new_record(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,
+		      struct wd_greq **ret, char *msg, size_t cap)
+{
+	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	int64_t need = (int64_t)row->position + (int64_t)row->n_tokens;
+	struct bd_sampler_params sp;
+	int code;
+
+	if (row->kv_config && *row->kv_config && strcmp(row->kv_config, lim->kv_config))
+		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_UNKNOWN_KV_CONFIG,
+			    "KV configuration '%.40s': the cuda backend runs the pool's '%s' only",
+			    row->kv_config, lim->kv_config);
+	if ((int64_t)row->capacity < need || row->capacity > (uint32_t)lim->max_tokens)
+		return bd_errf(msg, cap, inv, "capacity %u for %lld tokens (the model holds %d "
+			    "tokens)", row->capacity, (long long)need, lim->max_tokens);
+	if (row->slot < 0 || (size_t)row->slot >= lim->n_slots)
+		return bd_errf(msg, cap, inv, "slot %d is outside the pool (%zu slots)", row->slot,
+			    lim->n_slots);
+	if ((code = row_sampler(row, &sp, msg, cap)) != 0)
+		return code;
 	struct wd_greq *old = wd_gtab_find(t, row->request_id);
 	if (old && old->busy)
 		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
@@ -127,11 +136,77 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	q->slot = row->slot;
 	q->capacity = (int)row->capacity;
 	q->sp = sp;
+	*ret = q;
+	return 0;
+}
+
+/* A row with resume set: the record rebuilt from the row over the KV the pool kept (slot,
+ * position tokens, block table = their position/128 promoted pages, draws). The row itself is
+ * then checked against it as any row continuing a request. Returns 0 or a ServeError. */
+static int resume_record(struct wd_gtab *t, const Bdfp4__PlanRow *row,
+			 const struct wd_glimits *lim, char *msg, size_t cap)
+{
+	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	struct wd_greq *q;
+	int32_t bad;
+	int code;
+
+	struct wd_greq *old = wd_gtab_find(t, row->request_id);
+	if (old && old->busy)
+		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
+			    (unsigned long long)row->request_id);
+	wd_gtab_drop(t, row->request_id); /* whatever this rank held of it is not trusted */
+	if (row->position < 0 || row->n_block_table != (size_t)(row->position / BD_PAGE_TOKENS))
+		return bd_errf(msg, cap, inv, "cannot resume request %llu at position %d with %zu "
+			    "pages (want %d)", (unsigned long long)row->request_id, row->position,
+			    row->n_block_table, row->position < 0 ? 0 : row->position / BD_PAGE_TOKENS);
+	if (!pages_ok(row->block_table, row->n_block_table, lim->n_pages, &bad))
+		return bd_errf(msg, cap, inv, "cannot resume request %llu: page %d is outside the "
+			    "pool (%zu pages)", (unsigned long long)row->request_id, bad,
+			    lim->n_pages);
+	if ((code = new_record(t, row, lim, &q, msg, cap)) != 0)
+		return code;
+	q->n_tokens = row->position;
+	q->n_pages = (int)row->n_block_table;
+	if (q->n_pages)
+		memcpy(q->pages, row->block_table, sizeof(int32_t) * (size_t)q->n_pages);
+	q->draws = row->draws;
+	return 0;
+}
+
+static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
+		       const struct wd_glimits *lim, struct wd_gitem *it, char *msg, size_t cap)
+{
+	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	int n = (int)row->n_tokens;
+	struct wd_greq *q;
+	int32_t bad;
+	int code;
+
+	if (row->n_tokens < 1 || row->n_tokens > INT_MAX / 2)
+		return bd_errf(msg, cap, inv, "prefill of %zu tokens at position %d", row->n_tokens,
+			    row->position);
+	if (!lim->synthetic && n > lim->max_prefill)
+		return bd_errf(msg, cap, inv, "a %d-token prompt; one prefill takes at most %d "
+			    "(max_prefill)", n, lim->max_prefill);
+	if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS) || row->n_block_table != 0)
+		return bd_errf(msg, cap, inv, "a %d-token prompt fills %d pages; the plan names %zu "
+			    "(and %zu promoted)", n, n / BD_PAGE_TOKENS, row->n_new_pages,
+			    row->n_block_table);
+	if (!pages_ok(row->new_pages, row->n_new_pages, lim->n_pages, &bad))
+		return bd_errf(msg, cap, inv, "page %d is outside the pool (%zu pages)", bad,
+			    lim->n_pages);
+	for (int i = 0; i < n; i++)
+		if (row->tokens[i] < 0 || row->tokens[i] >= lim->n_vocab)
+			return bd_errf(msg, cap, inv, "token %d at %d is outside the vocabulary (%d)",
+				    row->tokens[i], i, lim->n_vocab);
+	if ((code = new_record(t, row, lim, &q, msg, cap)) != 0)
+		return code;
 	q->busy = true;
 
+	struct bd_sampler_params sp = q->sp;
 	it->id = row->request_id;
-	it->sample = row->sample;
-	it->top_k = row->logits_top_k < TOP_MAX ? row->logits_top_k : TOP_MAX;
+	set_outputs(it, row);
 	it->g = (struct bd_grow){ .slot = row->slot, .position = 0, .sampling = sp };
 	if (!lim->synthetic) {
 		it->kind = WD_G_PREFILL;
@@ -157,13 +232,12 @@ static int map_prefill(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	return 0;
 }
 
-static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
-		      const struct wd_glimits *lim, struct wd_gitem *it, char *msg, size_t cap)
+/* The record of the request row continues, not yet in this plan: 0 with *ret, or a ServeError. */
+static int held_record(struct wd_gtab *t, const Bdfp4__PlanRow *row, struct wd_greq **ret,
+		       char *msg, size_t cap)
 {
 	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
 	struct wd_greq *q = wd_gtab_find(t, row->request_id);
-	const char *bad = NULL;
-	int32_t badp;
 
 	if (!q)
 		return bd_errf(msg, cap, inv, "no sequence for request %llu on this worker",
@@ -171,6 +245,86 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	if (q->busy)
 		return bd_errf(msg, cap, inv, "request %llu appears twice in the plan",
 			    (unsigned long long)row->request_id);
+	*ret = q;
+	return 0;
+}
+
+/* Why row, which continues the request of record q, names another slot or block table than q's
+ * (NULL: it names q's). */
+static const char *continuation_mismatch(const struct wd_greq *q, const Bdfp4__PlanRow *row)
+{
+	if (row->slot != q->slot)
+		return "slot differs from the prefill's";
+	if (row->n_block_table != (size_t)q->n_pages ||
+	    (q->n_pages && memcmp(row->block_table, q->pages, sizeof(int32_t) * (size_t)q->n_pages)))
+		return "block table differs from the pages promoted";
+	return NULL;
+}
+
+/* A prefill chunk at position p > 0 continuing the request's record (its tokens so far, its
+ * slot and pages). A row that does not fit drops the record, as a decode row does. */
+static int map_chunk(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,
+		     struct wd_gitem *it, char *msg, size_t cap)
+{
+	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	struct wd_greq *q = NULL;
+	const char *bad = NULL;
+	int32_t badp;
+	int code;
+	int64_t p = row->position, n = (int64_t)row->n_tokens;
+
+	if ((code = held_record(t, row, &q, msg, cap)) != 0)
+		return code;
+	if (lim->synthetic)
+		bad = "a synthetic-prefill worker prefills whole prompts only";
+	else if (n < 1 || p % BD_PAGE_TOKENS)
+		bad = "a prefill chunk starts on a page and feeds a token at least";
+	else if (n > lim->max_prefill)
+		bad = "the chunk is longer than one prefill takes (max_prefill)";
+	else if (p != q->n_tokens)
+		bad = "position is not the count of tokens held";
+	else if (p + n > q->capacity)
+		bad = "the chunk runs past the sequence's capacity";
+	else if ((bad = continuation_mismatch(q, row)) != NULL)
+		;
+	else if (row->n_new_pages != (size_t)(n / BD_PAGE_TOKENS))
+		bad = "the new pages are not the pages the chunk fills";
+	else if (!pages_ok(row->new_pages, row->n_new_pages, lim->n_pages, &badp))
+		bad = "a new page is outside the pool";
+	for (int64_t i = 0; !bad && i < n; i++)
+		if (row->tokens[i] < 0 || row->tokens[i] >= lim->n_vocab)
+			bad = "a token is outside the vocabulary";
+	if (bad) {
+		int held = q->n_tokens, np = q->n_pages;
+		wd_gtab_drop(t, row->request_id);
+		return bd_errf(msg, cap, inv, "request %llu, chunk of %zu at position %d (holds %d "
+			    "tokens, %d pages): %s", (unsigned long long)row->request_id,
+			    row->n_tokens, row->position, held, np, bad);
+	}
+	q->busy = true;
+	it->kind = WD_G_PREFILL;
+	it->id = row->request_id;
+	set_outputs(it, row);
+	it->tokens = row->tokens;
+	it->n_tokens = (int)n;
+	it->g = (struct bd_grow){ .slot = q->slot, .position = row->position,
+				  .block_table = row->block_table, .n_pages = q->n_pages,
+				  .new_pages = row->new_pages, .n_new = (int)row->n_new_pages,
+				  .sampling = q->sp, .rng_step = q->draws };
+	return 0;
+}
+
+static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
+		      const struct wd_glimits *lim, struct wd_gitem *it, char *msg, size_t cap)
+{
+	const int inv = BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
+	struct wd_greq *q = NULL;
+	const char *bad = NULL;
+	int32_t badp;
+	int code;
+
+	if ((code = held_record(t, row, &q, msg, cap)) != 0)
+		return code;
 	bool fills = (row->position + 1) % BD_PAGE_TOKENS == 0;
 	if (row->n_tokens != 1)
 		bad = "a decode row feeds one token";
@@ -178,12 +332,8 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 		bad = "position is not the count of tokens held";
 	else if (row->position >= q->capacity)
 		bad = "the sequence is at its capacity";
-	else if (row->slot != q->slot)
-		bad = "slot differs from the prefill's";
-	else if (row->n_block_table != (size_t)q->n_pages ||
-		 (q->n_pages &&
-		  memcmp(row->block_table, q->pages, sizeof(int32_t) * (size_t)q->n_pages)))
-		bad = "block table differs from the pages promoted";
+	else if ((bad = continuation_mismatch(q, row)) != NULL)
+		;
 	else if (row->n_new_pages != (fills ? 1u : 0u))
 		bad = fills ? "this token fills a page and no page was named"
 			    : "a page was named for a token that fills none";
@@ -200,8 +350,7 @@ static int map_decode(struct wd_gtab *t, const Bdfp4__PlanRow *row,
 	q->busy = true;
 	it->kind = WD_G_DECODE;
 	it->id = row->request_id;
-	it->sample = row->sample;
-	it->top_k = row->logits_top_k < TOP_MAX ? row->logits_top_k : TOP_MAX;
+	set_outputs(it, row);
 	it->token = row->tokens[0];
 	it->g = (struct bd_grow){ .slot = q->slot, .position = row->position,
 				  .block_table = row->block_table, .n_pages = q->n_pages,
@@ -216,14 +365,14 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
 	memset(it, 0, sizeof(*it));
 	if (msg && cap)
 		msg[0] = 0;
-	/* the GPU's sampler hands back tokens and top logits, not the log-softmax */
-	if (row->logprobs || row->top_logprobs) {
-		wd_gtab_drop(t, row->request_id);
-		return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-			       "request %llu: log-probabilities are not served by the cuda backend "
-			       "(its sampler runs on the GPU)", (unsigned long long)row->request_id);
+	if (row->prefill && row->position == 0)
+		return map_prefill(t, row, lim, it, msg, cap);
+	if (row->resume) {
+		int code = resume_record(t, row, lim, msg, cap);
+		if (code)
+			return code;
 	}
-	return row->prefill ? map_prefill(t, row, lim, it, msg, cap)
+	return row->prefill ? map_chunk(t, row, lim, it, msg, cap)
 			    : map_decode(t, row, lim, it, msg, cap);
 }
 

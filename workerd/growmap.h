@@ -10,13 +10,20 @@
  * without a GPU.
  *
  * A row maps to one of three forms:
- *   WD_G_PREFILL      bd_gmodel_prefill of the whole prompt (row->new_pages promoted in order);
+ *   WD_G_PREFILL      bd_gmodel_prefill of a prompt's first chunk (position 0: a new record) or
+ *                     of a later chunk at a position p > 0, a multiple of 128, that continues
+ *                     the record (its p tokens, slot and p/128 pages; row->new_pages promoted
+ *                     in order as the chunk fills them);
  *   WD_G_FILL_DECODE  --synthetic-prefill: bd_gmodel_fill_synthetic of positions 0..n−2 (the
  *                     n_fill = n − 1 tokens complete the first (n−1)/128 new pages), then the
  *                     last prompt token decoded at position n − 1 with the step's decode rows
  *                     (promoting into the last new page when it completes one);
  *   WD_G_DECODE       one token at row->position in the step's decode batch.
- * Pointers in a mapped item point into the plan row (valid while the plan lives).
+ * A row marked resume (a group formed after a failure) first rebuilds the request's record from
+ * the row over the KV the pool kept — slot, position tokens, the position/128 pages of its
+ * block table, draws (the sampler's counter, so the draws continue where they stopped) —, then
+ * maps as a chunk or a decode continuing it. Pointers in a mapped item point into the plan row
+ * (valid while the plan lives).
  */
 #ifndef BD_WORKERD_GROWMAP_H
 #define BD_WORKERD_GROWMAP_H
@@ -69,7 +76,9 @@ struct wd_gitem {
 	struct bd_grow fill;     /* fill-decode: the synthetic fill of n_fill tokens */
 	int n_fill;              /* 0: nothing to fill (a one-token prompt) */
 	bool sample;             /* rank 0 samples (row->sample) */
-	uint32_t top_k;          /* logits_top_k, capped at 64 */
+	uint32_t top_k;          /* logits_top_k, capped at WD_TOP_MAX */
+	bool logprobs;           /* rank 0 reports log-probabilities (row->logprobs, sampling) */
+	uint32_t top_logprobs;   /* with logprobs: row->top_logprobs capped at WD_LOGPROBS_MAX */
 };
 
 /* Empty table / every record dropped (Reset, a new epoch, exit). */
@@ -78,14 +87,15 @@ struct wd_greq *wd_gtab_find(struct wd_gtab *t, uint64_t id);
 /* Drops the record of request id (StepPlan.release); unknown ids are ignored. */
 void wd_gtab_drop(struct wd_gtab *t, uint64_t id);
 
-/* Checks row against lim and the records of t and fills *it. A prefill row (re)creates the
- * request's record (a preempted request starts over), a decode row names an existing one;
- * either marks it busy until wd_gdone. Returns 0, or a ServeError code (> 0) with a one-line
+/* Checks row against lim and the records of t and fills *it. A prefill row at position 0
+ * (re)creates the request's record (a preempted request starts over), a resume row rebuilds it
+ * from the row, a later chunk or a decode row names an existing one; each marks it busy until
+ * wd_gdone. A chunk is refused with --synthetic-prefill (the worker registers whole_prompts, so
+ * the router sends none). Returns 0, or a ServeError code (> 0) with a one-line
  * reason in msg[cap]: SERVE_ERR_UNKNOWN_KV_CONFIG (a configuration other than the pool's),
- * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit, and a row that asks for
- * log-probabilities: the GPU's sampler does not make them), SERVE_ERR_RESOURCE_EXHAUSTED
- * (no memory for the record). A decode row that fails drops its request's record (its cache
- * is no longer trusted), as the CPU backend drops the sequence. */
+ * SERVE_ERR_INVALID_ARGUMENT (anything else that does not fit), SERVE_ERR_RESOURCE_EXHAUSTED
+ * (no memory for the record). A decode or chunk row that fails drops its request's record (its
+ * cache is no longer trusted), as the CPU backend drops the sequence; so does a resume row. */
 int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,
 	    struct wd_gitem *it, char *msg, size_t cap);
 

@@ -1,7 +1,9 @@
 /* row.c — a row's result as the backends build it: the ServeError of a -errno and the row
- * errors with their one-line messages (workerd.h). Calls no other file of workerd/.
+ * errors with their one-line messages, the log-probabilities (workerd.h). Calls no other file
+ * of workerd/.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -40,4 +42,29 @@ void wd_rows_fail(const Bdfp4__StepPlan *plan, struct wd_row_out *out, Bdfp4__Se
 {
 	for (size_t i = 0; i < plan->n_rows; i++)
 		wd_row_fail(&out[i], code, "%s", msg);
+}
+
+int wd_row_logprobs(struct wd_row_out *o, float logprob, const int32_t *ids, const float *lp,
+		    int n)
+{
+	if (isnan(logprob)) {
+		o->rr.n_top_logprobs = 0;
+		o->rr.top_logprobs = NULL;
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INTERNAL,
+				   "log-probabilities failed: non-finite logits");
+	}
+	if (n < 0)
+		n = 0;
+	if (n > WD_LOGPROBS_MAX)
+		n = WD_LOGPROBS_MAX;
+	o->rr.logprob = logprob;
+	for (int i = 0; i < n; i++) {
+		bdfp4__token_logprob__init(&o->lp[i]);
+		o->lp[i].token = ids[i];
+		o->lp[i].logprob = lp[i];
+		o->lpp[i] = &o->lp[i];
+	}
+	o->rr.n_top_logprobs = (size_t)n;
+	o->rr.top_logprobs = n ? o->lpp : NULL;
+	return 0;
 }

@@ -198,5 +198,14 @@ int wd_row_fail(struct wd_row_out *o, Bdfp4__ServeError code, const char *fmt, .
 /* Fails every row of the plan with code and msg (no memory to run them). */
 void wd_rows_fail(const Bdfp4__StepPlan *plan, struct wd_row_out *out, Bdfp4__ServeError code,
 		  const char *msg);
+/* Rank 0's log-probabilities of a row that samples into its result, as both backends report
+ * them (bd_sampler_logprobs on the cpu, bd_op_logprobs on the GPU): rr.logprob = logprob (the
+ * sampled token's), rr.top_logprobs the first min(n, WD_LOGPROBS_MAX) of ids[n] and lp[n]
+ * (most likely first; o's own arrays, nothing borrowed from the caller's). A NaN logprob
+ * (the row's logits were not finite) fails the row with SERVE_ERR_INTERNAL instead and
+ * returns -1, with no log-probabilities in the result; else returns 0. n < 0 counts as 0;
+ * ids and lp may be NULL when n ≤ 0. */
+int wd_row_logprobs(struct wd_row_out *o, float logprob, const int32_t *ids, const float *lp,
+		    int n);
 
 #endif

@@ -31,6 +31,7 @@
 #ifndef BD_GMODEL_H
 #define BD_GMODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -122,8 +123,9 @@ void *bd_gmodel_slots(const struct bd_gmodel *g);
 /* One row of a step (one request): serve.proto PlanRow, host memory. */
 struct bd_grow {
 	int32_t slot;               /* the request's BF16 slot, 0..n_slots−1 */
-	int32_t position;           /* prefill: 0; decode: the fed token's position = tokens the
-				     * cache held before the step */
+	int32_t position;           /* tokens the cache held before the step: prefill 0 (a new
+				     * sequence) or a multiple of 128 (a chunk); decode: the fed
+				     * token's position */
 	const int32_t *block_table; /* [n_pages] pages promoted before this step, token order */
 	int n_pages;
 	const int32_t *new_pages;   /* [n_new] pages this row's tokens complete, in order */
@@ -134,20 +136,50 @@ struct bd_grow {
 				     * no device state) */
 };
 
-/* What a call returns to rank 0 (NULL pointers: not wanted). Rows in call order. */
+/* What a call returns to rank 0 (NULL pointers: not wanted). Rows in call order, host memory.
+ * Log-probabilities are those of bd_sampler_logprobs (the cpu backend's; OpenAI's logprobs):
+ * the log-softmax of the raw logits (temperature 1, before top-k and top-p, whatever the row
+ * samples with), in double, computed on the device by bd_op_logprobs for the rows that ask
+ * only, after the step (outside its CUDA graph): a call where no row asks launches nothing
+ * more. */
 struct bd_gout {
 	int32_t *tokens;    /* [n] sampled tokens */
 	float *logits;      /* [n][V] FP32 logits of each row's last position */
 	int top_k;          /* 0..64: the k largest logits of each row */
 	int32_t *top_ids;   /* [n][top_k], largest first, ties by lower id */
 	float *top_logits;  /* [n][top_k] */
+	const bool *want_lp; /* [n] true: row i wants its log-probabilities; NULL: no row does */
+	int lp_k;           /* 0..64 (≤ V): the most likely tokens reported per such row */
+	float *lp;          /* [n] the sampled token's log-probability; NaN when the row's logits
+			     * are not finite (NaN, +inf, or all −inf: bd_sampler_logprobs's -EDOM) */
+	int32_t *lp_ids;    /* [n][lp_k] the lp_k most likely, most likely first, ties by lower
+			     * id (bd_sampler_top's order); −1 where lp is NaN for that reason */
+	float *lp_vals;     /* [n][lp_k] their log-probabilities */
+	/* rows that do not ask keep what lp, lp_ids and lp_vals held */
 };
 
-/* Prefill one request: tokens [n] (ids < V, n ≤ max_prefill) at positions 0..n−1, the cache
- * written as bd_model_prefill writes it (sink, row->new_pages promoted in order as they fill —
- * n/128 of them —, recent). out: NULL on a shard without the LM head, else what is wanted of
- * the last position. Returns 0, -EINVAL (bad row, token, n, pages: nothing written), -EDOM,
- * -EPIPE, -ETIMEDOUT, -EIO. */
+/* Prefill tokens [n] (ids < V, 1 ≤ n ≤ max_prefill) of one request at positions p .. p+n−1,
+ * p = row->position:
+ *   - p = 0: a new sequence (row->n_pages 0), causal BF16-style attention over the prompt,
+ *     as bd_model_prefill;
+ *   - p > 0, a multiple of 128: the next chunk of a prompt whose first p tokens the cache holds
+ *     in the slot's sink and the p/128 pages of row->block_table (row->n_pages = p/128), as
+ *     bd_model_prefill_chunk (lib/model/bd_forward.h, the numeric spec): the chunk's queries,
+ *     rotated as the decoder rotates q (q' = Hq when the configuration rotates keys), attend
+ *     with FP32 scores, softmax and P·V over the context as the cache holds it (the pages
+ *     dequantized as bd_page_read_head reads them, e.g. (g·s)·x̂ for NVFP4 and s·x̂ for
+ *     MXFP4, positions 0..15 from the BF16 sink
+ *     when the configuration keeps one) and over the chunk's own positions as the write path
+ *     will store them (K' = H(k − μ_k) and V rounded to BF16), causally. The recent ring is
+ *     never read, so a chunk run again after a failure reads what the first run read.
+ * Either way the n tokens' KV is then written as bd_model_prefill writes it (sink, the
+ * n/128 row->new_pages promoted in order as they fill, recent), once the pass's activations
+ * are known finite. Memory: the context of one layer, [max_tokens][Hkv'·d] FP32 K' and V,
+ * made at bd_gmodel_new, so p + n ≤ max_tokens.
+ * out: NULL on a shard without the LM head, else what is wanted of the last position.
+ * Returns 0, -EINVAL (bad row, token, n, pages, p not a multiple of 128 or a block table of
+ * another length than p/128: nothing written), -ENOSPC (p + n > max_tokens: nothing written),
+ * -EDOM (non-finite activations: nothing written), -EPIPE, -ETIMEDOUT, -EIO. */
 int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		      int n, const struct bd_gout *out, char *ret_err);
 
@@ -177,7 +209,8 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 struct bd_gmodel_timing {
 	double upload_us, launch_us, device_us;
 	double extra_us;  /* host time to launch what follows the graph: the promotion of the
-			   * pages this step completed and the top-k of the logits (0 when none) */
+			   * pages this step completed, the top-k of the logits and the
+			   * log-probabilities of the rows that ask (0 when none) */
 	int graph;        /* 1 when the step replayed a graph */
 	int graph_nodes;  /* nodes of that graph (cudaGraphGetNodes), 0 without one */
 };

@@ -17,7 +17,11 @@
  * a mirror per slot and sends only the entries that changed (a router's table grows by
  * appended pages; a reused slot differs from its first changed entry on), which the first
  * kernel patches in before gathering the rows' tables for the decode kernel. Promotion of
- * completed pages and top-k run after the graph (their counts change from step to step).
+ * completed pages, top-k and the log-probabilities of the rows that ask run after the graph
+ * (their counts change from step to step; a step that wants none launches nothing more, and
+ * the graph of a bucket is one whatever its rows ask). They read what the graph left: the
+ * logits and, for log-probabilities, the sampled tokens in the result flags. The rows asking
+ * for log-probabilities are listed in mapped pinned memory that their kernel reads.
  *
  * Per layer a decode step is 10 graph nodes plus cuBLASLt's: RMSNorm, the q/k/v product, one
  * fused kernel for bias, q/k norms, RoPE and the KV write (bd_gaux_qkv_decode, bit for bit the
@@ -31,7 +35,11 @@
  * (FP32, [L][n][Hkv'·d]); only once the final activations are known finite is the cache
  * written: page by page (every layer's 128 tokens of page j into the slot's recent ring, then
  * promotion into new_pages[j]), then the tail, which is bd_model_prefill's write order per
- * (layer, position) pair and gives the same bytes.
+ * (layer, position) pair and gives the same bytes. A chunk at p > 0 does the same for its
+ * positions; its attention, layer by layer, reads a [p + n][kd] FP32 K'/V buffer: the context
+ * dequantized from the block table's pages and the slot's sink (bd_op_kv_context), then the
+ * chunk's own rows as the write path will store them (bd_op_kv_rows), with the queries rotated
+ * (bd_op_fwht_rows) and an offset causal mask (bd_op_prefill_attn_ctx).
  */
 #include <errno.h>
 #include <math.h>
@@ -143,10 +151,16 @@ struct bd_gmodel {
 	float *x, *qkv, *q, *k, *v, *att, *tmp, *gu, *logits;
 	void *xn, *attb, *act;
 	float *kall, *vall; /* [L][max_prefill][kd] */
+	float *kctx, *vctx; /* [max_tokens][kd]: one layer's K' and V a chunk attends over */
 	int32_t *iota;      /* [max(max_tokens, 128)]: 0, 1, 2, … */
 	void *sample_ws;
 	int32_t *top_ids;
 	float *top_vals;
+	float *lp_dev;          /* [Bmax] log-probabilities of the asking rows' tokens */
+	int32_t *lp_ids;        /* [Bmax][MAX_TOP_K] */
+	float *lp_vals;         /* [Bmax][MAX_TOP_K] */
+	int32_t *lp_rows;       /* [Bmax] mapped pinned: the call rows that ask, in order */
+	int32_t *lp_rows_dev;   /* lp_rows as the device addresses it */
 	float *stage;
 
 	struct bucket bk[MAX_BUCKETS];
@@ -161,9 +175,9 @@ struct bd_gmodel {
 	int res_n;
 
 	/* prefill / fill region: tokens [max_prefill], slot pointers [128], pages [n_pp],
-	 * sampling [1]; statuses [n_pp] */
+	 * sampling [1], a chunk's block table [n_pp]; statuses [n_pp] */
 	void *pf_dev, *pf_host;
-	size_t pf_tokens, pf_slots, pf_pages, pf_samp, pf_bytes;
+	size_t pf_tokens, pf_slots, pf_pages, pf_samp, pf_bt, pf_bytes;
 	int n_pp;
 	int *pst_dev, *pst_host;
 
@@ -665,6 +679,7 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	size_t Rz = (size_t)R, E = (size_t)g->E, dts = g->dts;
 	size_t qw = (size_t)(g->qdL > g->qd ? g->qdL : g->qd);
 	size_t pl = (size_t)g->L * (size_t)g->max_prefill * (size_t)g->kd * 4;
+	size_t cl = (size_t)g->max_tokens * (size_t)g->kd * 4;
 	int ni = g->max_tokens > BD_PAGE_TOKENS ? g->max_tokens : BD_PAGE_TOKENS;
 	size_t lg = (size_t)(Bmax > 1 ? Bmax : 1) * (size_t)g->V * 4;
 	if ((r = dev_alloc((void **)&g->x, Rz * E * 4, ret_err)) < 0 ||
@@ -681,11 +696,18 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	    (r = dev_alloc((void **)&g->logits, lg, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->kall, pl, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->vall, pl, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->kctx, cl, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->vctx, cl, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->iota, (size_t)ni * 4, ret_err)) < 0 ||
 	    (r = dev_alloc(&g->sample_ws, bd_op_sample_ws_bytes(Bmax, g->V), ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->top_ids, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
-	    (r = dev_alloc((void **)&g->top_vals, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0)
+	    (r = dev_alloc((void **)&g->top_vals, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->lp_dev, (size_t)Bmax * 4, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->lp_ids, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0 ||
+	    (r = dev_alloc((void **)&g->lp_vals, (size_t)Bmax * MAX_TOP_K * 4, ret_err)) < 0)
 		goto out;
+	CU(cudaHostAlloc((void **)&g->lp_rows, (size_t)Bmax * 4, cudaHostAllocMapped));
+	CU(cudaHostGetDevicePointer((void **)&g->lp_rows_dev, g->lp_rows, 0));
 	/* padded query heads (a shard in a wider layout) must hold finite values */
 	CU(cudaMemset(g->q, 0, Rz * qw * 4));
 	/* the products; a timed β = 1 candidate writes g->tmp instead of x. Skinny shapes are
@@ -718,7 +740,8 @@ static int build(struct bd_gmodel *g, const struct bd_gmodel_opts *o, char *ret_
 	g->pf_slots = align_up((size_t)g->max_prefill * 4, 16);
 	g->pf_pages = align_up(g->pf_slots + BD_PAGE_TOKENS * 8, 16);
 	g->pf_samp = align_up(g->pf_pages + (size_t)g->n_pp * 4, 16);
-	g->pf_bytes = align_up(g->pf_samp + sizeof(struct bd_gsample), DEV_ALIGN);
+	g->pf_bt = align_up(g->pf_samp + sizeof(struct bd_gsample), 16);
+	g->pf_bytes = align_up(g->pf_bt + (size_t)g->n_pp * 4, DEV_ALIGN);
 	if ((r = dev_alloc(&g->pf_dev, g->pf_bytes, ret_err)) < 0 ||
 	    (r = dev_alloc((void **)&g->pst_dev, (size_t)g->n_pp * 4, ret_err)) < 0)
 		goto out;
@@ -759,7 +782,9 @@ void bd_gmodel_free(struct bd_gmodel *g)
 	bd_gemm_free(g->gemm);
 	void *bufs[] = { g->wmem, g->dummy, g->x, g->xn, g->qkv, g->q, g->k, g->v,
 			 g->att, g->attb, g->tmp, g->gu, g->act, g->logits, g->kall, g->vall,
-			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->stage, g->md_dev,
+			 g->kctx, g->vctx,
+			 g->iota, g->sample_ws, g->top_ids, g->top_vals, g->lp_dev, g->lp_ids,
+			 g->lp_vals, g->stage, g->md_dev,
 			 g->res_dev, g->pf_dev, g->pst_dev, g->bt_slots };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		dev_free(bufs[i]);
@@ -770,7 +795,7 @@ void bd_gmodel_free(struct bd_gmodel *g)
 		dev_free(g->pages);
 	if (g->own_slots)
 		dev_free(g->slots);
-	void *pinned[] = { g->md_host, g->res_host, g->pf_host, g->pst_host };
+	void *pinned[] = { g->md_host, g->res_host, g->pf_host, g->pst_host, g->lp_rows };
 	for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
 		if (pinned[i])
 			cudaFreeHost(pinned[i]);
@@ -1220,6 +1245,11 @@ static int check_out(const struct bd_gmodel *g, const struct bd_gout *out, char 
 			    g->sh.rank);
 	if (out->top_k < 0 || out->top_k > MAX_TOP_K)
 		return fail(ret_err, -EINVAL, "top_k %d outside 0..%d", out->top_k, MAX_TOP_K);
+	if (out->want_lp && (!out->lp || out->lp_k < 0 || out->lp_k > MAX_TOP_K ||
+			     out->lp_k > g->V || (out->lp_k > 0 && (!out->lp_ids || !out->lp_vals))))
+		return fail(ret_err, -EINVAL, "log-probabilities: lp_k %d outside 0..%d, or a "
+					      "missing output array", out->lp_k,
+			    g->V < MAX_TOP_K ? g->V : MAX_TOP_K);
 	return 0;
 }
 
@@ -1250,6 +1280,33 @@ static int check_start_row(const struct bd_gmodel *g, const struct bd_grow *row,
 	return 0;
 }
 
+/* A prefill chunk of n tokens at row->position = p > 0 on top of the p tokens the cache holds
+ * (whole pages: p/128 of them in the block table). -EINVAL or -ENOSPC, nothing launched. */
+static int check_chunk_row(const struct bd_gmodel *g, const struct bd_grow *row, int n,
+			   char *ret_err)
+{
+	int p = row->position;
+	if (row->slot < 0 || (size_t)row->slot >= g->n_slots)
+		return fail(ret_err, -EINVAL, "slot %d outside 0..%zu", row->slot, g->n_slots - 1);
+	if (p % BD_PAGE_TOKENS != 0 || row->n_pages != p / BD_PAGE_TOKENS ||
+	    !row->block_table)
+		return fail(ret_err, -EINVAL, "a chunk at position %d starts on a page and names "
+					      "its %d promoted pages (got %d)", p,
+			    p / BD_PAGE_TOKENS, row->n_pages);
+	if (n < 1)
+		return fail(ret_err, -EINVAL, "a chunk of %d tokens", n);
+	if (n > g->max_tokens - p)
+		return fail(ret_err, -ENOSPC, "a chunk of %d tokens at position %d: the model "
+					      "holds %d tokens (max_tokens)", n, p, g->max_tokens);
+	if (row->n_new != n / BD_PAGE_TOKENS || (row->n_new > 0 && !row->new_pages))
+		return fail(ret_err, -EINVAL, "%d tokens at %d fill %d pages; %d new pages given", n,
+			    p, n / BD_PAGE_TOKENS, row->n_new);
+	if (check_pages(g, row->block_table, row->n_pages) < 0 ||
+	    check_pages(g, row->new_pages, row->n_new) < 0)
+		return fail(ret_err, -EINVAL, "a page outside 0..%zu", g->lay.n_pages - 1);
+	return 0;
+}
+
 /* ---- prefill and synthetic fill --------------------------------------------------------- */
 
 /* The device sampling parameters of row w: its own when they are valid, else greedy, as for a
@@ -1273,7 +1330,7 @@ static void *slot_ptr(const struct bd_gmodel *g, int slot)
 }
 
 /* Upload the prefill region: tokens, 128 copies of the slot pointer, the new pages, the
- * sampling parameters. */
+ * sampling parameters, the block table (a chunk's). */
 static int pf_upload(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		     int n, char *ret_err)
 {
@@ -1288,15 +1345,17 @@ static int pf_upload(struct bd_gmodel *g, const struct bd_grow *row, const int32
 		memcpy(h + g->pf_pages, row->new_pages, (size_t)row->n_new * 4);
 	struct bd_gsample s = gsample_of(row);
 	memcpy(h + g->pf_samp, &s, sizeof(s));
+	if (row->n_pages > 0)
+		memcpy(h + g->pf_bt, row->block_table, (size_t)row->n_pages * 4);
 	CU(cudaMemcpyAsync(g->pf_dev, g->pf_host, g->pf_bytes, cudaMemcpyHostToDevice, g->st));
 	CU(cudaMemsetAsync(g->pst_dev, 0, (size_t)g->n_pp * 4, g->st));
 out:
 	return r;
 }
 
-/* Write tokens [p0, p0 + cnt) of every layer (K/V rows of layer l at kl(l) + …) into the
- * slot; kbase/vbase [L][stride rows][kd], or NULL for synthetic values made here. */
-static int write_span(struct bd_gmodel *g, int p0, int cnt, const float *kbase,
+/* Write tokens [p0, p0 + cnt) of every layer into the slot, their K/V from rows r0 .. of
+ * kbase/vbase [L][stride rows][kd], or (kbase NULL) synthetic values made here. */
+static int write_span(struct bd_gmodel *g, int p0, int cnt, int r0, const float *kbase,
 		      const float *vbase, size_t stride, uint64_t seed, char *ret_err)
 {
 	int r = 0;
@@ -1305,8 +1364,8 @@ static int write_span(struct bd_gmodel *g, int p0, int cnt, const float *kbase,
 	for (int l = 0; l < g->L; l++) {
 		const float *k, *v;
 		if (kbase) {
-			k = kbase + ((size_t)l * stride + (size_t)p0) * kd;
-			v = vbase + ((size_t)l * stride + (size_t)p0) * kd;
+			k = kbase + ((size_t)l * stride + (size_t)r0) * kd;
+			v = vbase + ((size_t)l * stride + (size_t)r0) * kd;
 		} else {
 			OP(bd_gaux_synth_kv(g->k, g->v, cnt, g->Hkv, g->d, l, p0, seed, g->st));
 			k = g->k;
@@ -1319,19 +1378,20 @@ out:
 	return r;
 }
 
-/* The cache of n tokens written page by page, each full page promoted. */
-static int write_cache(struct bd_gmodel *g, int n, const float *kbase, const float *vbase,
-		       size_t stride, uint64_t seed, char *ret_err)
+/* The cache of n tokens at positions p .. p+n−1 (p a multiple of 128; their K/V rows 0..n−1
+ * of kbase/vbase) written page by page, each full page promoted into the next new page. */
+static int write_cache(struct bd_gmodel *g, int p, int n, const float *kbase,
+		       const float *vbase, size_t stride, char *ret_err)
 {
 	int r = 0;
 	void *const *sl = (void *const *)((uint8_t *)g->pf_dev + g->pf_slots);
 	const int32_t *pages = (const int32_t *)((uint8_t *)g->pf_dev + g->pf_pages);
-	for (int p0 = 0; p0 < n; p0 += BD_PAGE_TOKENS) {
-		int cnt = n - p0 < BD_PAGE_TOKENS ? n - p0 : BD_PAGE_TOKENS;
-		if ((r = write_span(g, p0, cnt, kbase, vbase, stride, seed, ret_err)) < 0)
+	for (int r0 = 0; r0 < n; r0 += BD_PAGE_TOKENS) {
+		int cnt = n - r0 < BD_PAGE_TOKENS ? n - r0 : BD_PAGE_TOKENS;
+		if ((r = write_span(g, p + r0, cnt, r0, kbase, vbase, stride, 0, ret_err)) < 0)
 			goto out;
 		if (cnt == BD_PAGE_TOKENS) {
-			int j = p0 / BD_PAGE_TOKENS;
+			int j = r0 / BD_PAGE_TOKENS;
 			OP(bd_promote_run(&g->lay, g->cfg, g->pages, sl, pages + j, 1, g->pst_dev + j,
 					  g->st));
 		}
@@ -1422,12 +1482,57 @@ out:
 	return r;
 }
 
+/* The log-probabilities of the rows of out that ask (n rows): the rows listed in g->lp_rows
+ * and bd_op_logprobs launched on the step's logits and sampled tokens. Returns how many rows
+ * (0: nothing launched) or a negative errno. */
+static int launch_logprobs(struct bd_gmodel *g, const struct bd_gout *out, int n, char *ret_err)
+{
+	int r = 0, m = 0;
+	if (!out || !out->want_lp)
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (out->want_lp[i])
+			g->lp_rows[m++] = i;
+	if (m > 0)
+		OP(bd_op_logprobs(g->logits, g->V, g->lp_rows_dev, m,
+				  (const int32_t *)(g->res_dev + RES_FLAGS), out->lp_k, g->lp_dev,
+				  g->lp_ids, g->lp_vals, g->st));
+	return m;
+out:
+	return r;
+}
+
 static int copy_out(struct bd_gmodel *g, const struct bd_gout *out, int n, const int32_t *toks,
-		    char *ret_err)
+		    int n_lp, char *ret_err)
 {
 	int r = 0;
 	if (!out)
 		return 0;
+	if (n_lp > 0) {
+		/* the kernel's compact rows, scattered back to the rows that asked */
+		size_t k = (size_t)out->lp_k;
+		float *lp = malloc((size_t)n_lp * (4 + 8 * k));
+		if (!lp)
+			return fail(ret_err, -ENOMEM, "out of memory");
+		int32_t *ids = (int32_t *)(void *)(lp + n_lp);
+		float *vals = (float *)(void *)(ids + (size_t)n_lp * k);
+		cudaError_t e = cudaMemcpy(lp, g->lp_dev, (size_t)n_lp * 4, cudaMemcpyDeviceToHost);
+		if (e == cudaSuccess && k)
+			e = cudaMemcpy(ids, g->lp_ids, (size_t)n_lp * k * 4, cudaMemcpyDeviceToHost);
+		if (e == cudaSuccess && k)
+			e = cudaMemcpy(vals, g->lp_vals, (size_t)n_lp * k * 4,
+				       cudaMemcpyDeviceToHost);
+		for (int j = 0; e == cudaSuccess && j < n_lp; j++) {
+			size_t i = (size_t)g->lp_rows[j];
+			out->lp[i] = lp[j];
+			if (k) {
+				memcpy(out->lp_ids + i * k, ids + (size_t)j * k, k * 4);
+				memcpy(out->lp_vals + i * k, vals + (size_t)j * k, k * 4);
+			}
+		}
+		free(lp);
+		CU(e);
+	}
 	if (out->tokens)
 		memcpy(out->tokens, toks, (size_t)n * 4);
 	if (out->logits)
@@ -1443,17 +1548,43 @@ out:
 	return r;
 }
 
+/* Attention of layer l for a chunk of n query rows at positions p .. p+n−1 (p > 0): the
+ * context 0..p−1 from the row's pages and sink, the chunk's own K'/V rows as the write path
+ * will store them (kl, vl: their post-RoPE K and V), the queries rotated as decode rotates
+ * them (bd_model_prefill_chunk's attention, NUMERICS.md §3 and §8). Output in g->att. */
+static int chunk_attn(struct bd_gmodel *g, const struct glayer *y, int l, const struct bd_grow *row,
+		      int n, const float *kl, const float *vl, char *ret_err)
+{
+	int r = 0, p = row->position;
+	size_t kd = (size_t)g->kd;
+	const int32_t *bt = (const int32_t *)((uint8_t *)g->pf_dev + g->pf_bt);
+	float scale = 1.0f / sqrtf((float)g->d);
+	OP(bd_op_kv_context(&g->lay, g->cfg, l, g->pages, bt, row->n_pages, slot_ptr(g, row->slot),
+			    g->Hkv, g->kctx, g->vctx, g->st));
+	OP(bd_op_kv_rows(&g->lay, g->cfg, l, kl, vl, y->mu, n, g->Hkv, g->kctx + (size_t)p * kd,
+			 g->vctx + (size_t)p * kd, g->st));
+	if (g->cfg->hadamard)
+		OP(bd_op_fwht_rows(g->q, n * g->Hq, g->d, g->st));
+	OP(bd_op_prefill_attn_ctx(g->q, g->kctx, g->vctx, n, p, g->Hq, g->Hkv, g->d, scale, g->att,
+				  g->st));
+out:
+	return r;
+}
+
 int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int32_t *tokens,
 		      int n, const struct bd_gout *out, char *ret_err)
 {
-	int r = 0;
+	int r = 0, n_lp = 0;
 
 	if ((r = call_start(g, row && tokens, "model, row or tokens", ret_err)) < 0)
 		return r;
 	if (n < 1 || n > g->max_prefill)
 		return fail(ret_err, -EINVAL, "prompt of %d tokens: outside 1..%d", n,
 			    g->max_prefill);
-	if ((r = check_start_row(g, row, n, ret_err)) < 0 || (r = check_out(g, out, ret_err)) < 0)
+	int p = row->position;
+	if ((r = p > 0 ? check_chunk_row(g, row, n, ret_err) : check_start_row(g, row, n, ret_err)) <
+		    0 ||
+	    (r = check_out(g, out, ret_err)) < 0)
 		return r;
 	if (out && out->tokens && !check_sampling(&row->sampling))
 		return fail(ret_err, -EINVAL, "bad sampling parameters");
@@ -1474,9 +1605,13 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		const struct glayer *y = &g->ly[l];
 		float *kl = g->kall + (size_t)l * mp * kd, *vl = g->vall + (size_t)l * mp * kd;
 		if ((r = qkv_proj(g, y, n, g->q, g->qd, kl, vl, ret_err)) < 0 ||
-		    (r = qk_rope(g, y, n, g->q, g->Hq, kl, g->iota, ret_err)) < 0)
+		    (r = qk_rope(g, y, n, g->q, g->Hq, kl, g->iota + p, ret_err)) < 0)
 			goto out;
-		OP(bd_op_prefill_attn(g->q, kl, vl, n, g->Hq, g->Hkv, g->d, scale, g->att, g->st));
+		if (p == 0)
+			OP(bd_op_prefill_attn(g->q, kl, vl, n, g->Hq, g->Hkv, g->d, scale, g->att,
+					      g->st));
+		else if ((r = chunk_attn(g, y, l, row, n, kl, vl, ret_err)) < 0)
+			goto out;
 		if ((r = attn_out(g, y, n, g->qd, ret_err)) < 0 || (r = mlp(g, y, n, ret_err)) < 0)
 			goto out;
 	}
@@ -1491,7 +1626,7 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		goto out;
 	}
 
-	if ((r = write_cache(g, n, g->kall, g->vall, mp, 0, ret_err)) < 0)
+	if ((r = write_cache(g, p, n, g->kall, g->vall, mp, ret_err)) < 0)
 		goto out;
 	if (out) {
 		if ((r = lm_head(g, n - 1, 1, ret_err)) < 0)
@@ -1503,13 +1638,17 @@ int bd_gmodel_prefill(struct bd_gmodel *g, const struct bd_grow *row, const int3
 		if (out->top_k > 0)
 			OP(bd_op_topk(g->logits, 1, g->V, out->top_k, g->top_ids, g->top_vals,
 				      g->st));
+		if ((n_lp = launch_logprobs(g, out, 1, ret_err)) < 0) {
+			r = n_lp;
+			goto out;
+		}
 		CU(cudaMemcpyAsync(g->res_host, g->res_dev, sizeof(int) * (RES_FLAGS + 1),
 				   cudaMemcpyDeviceToHost, g->st));
 	}
 	if ((r = finish_pages(g, row->n_new, ret_err)) < 0)
 		goto out;
 	if (out)
-		r = copy_out(g, out, 1, g->res_host + RES_FLAGS, ret_err);
+		r = copy_out(g, out, 1, g->res_host + RES_FLAGS, n_lp, ret_err);
 out:
 	return model_fails(g, r);
 }
@@ -1526,20 +1665,20 @@ int bd_gmodel_fill_synthetic(struct bd_gmodel *g, const struct bd_grow *row, int
 	if ((r = pf_upload(g, row, NULL, 0, ret_err)) < 0)
 		goto out;
 	if (n < BD_PAGE_TOKENS) {
-		r = write_span(g, 0, n, NULL, NULL, 0, seed, ret_err);
+		r = write_span(g, 0, n, 0, NULL, NULL, 0, seed, ret_err);
 	} else {
 		int J = n / BD_PAGE_TOKENS;
 		if ((r = fill_pages(g, J, seed, ret_err)) < 0)
 			goto out;
 		/* the slot as a position-by-position write leaves it: the sink, ring rows of the
 		 * last full page, then the tail (every value a function of (layer, position)) */
-		if ((r = write_span(g, 0, BD_SINK_TOKENS, NULL, NULL, 0, seed, ret_err)) < 0 ||
-		    (r = write_span(g, (J - 1) * BD_PAGE_TOKENS, BD_PAGE_TOKENS, NULL, NULL, 0, seed,
-				    ret_err)) < 0)
+		if ((r = write_span(g, 0, BD_SINK_TOKENS, 0, NULL, NULL, 0, seed, ret_err)) < 0 ||
+		    (r = write_span(g, (J - 1) * BD_PAGE_TOKENS, BD_PAGE_TOKENS, 0, NULL, NULL, 0,
+				    seed, ret_err)) < 0)
 			goto out;
 		if (n > J * BD_PAGE_TOKENS)
-			r = write_span(g, J * BD_PAGE_TOKENS, n - J * BD_PAGE_TOKENS, NULL, NULL, 0,
-				       seed, ret_err);
+			r = write_span(g, J * BD_PAGE_TOKENS, n - J * BD_PAGE_TOKENS, 0, NULL, NULL,
+				       0, seed, ret_err);
 	}
 	if (r < 0)
 		goto out;
@@ -1794,7 +1933,7 @@ out:
 int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int32_t *tokens,
 		     int n, const struct bd_gout *out, int *ret_status, char *ret_err)
 {
-	int r = 0;
+	int r = 0, n_lp = 0;
 
 	if ((r = call_start(g, rows && tokens, "model, rows or tokens", ret_err)) < 0)
 		return r;
@@ -1834,6 +1973,10 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 	}
 	if (out && out->top_k > 0)
 		OP(bd_op_topk(g->logits, n, g->V, out->top_k, g->top_ids, g->top_vals, g->st));
+	if ((n_lp = launch_logprobs(g, out, n, ret_err)) < 0) {
+		r = n_lp;
+		goto out;
+	}
 	double t2 = now_us();
 	CU(cudaMemcpyAsync(g->res_host, g->res_dev, sizeof(int) * (size_t)g->res_n,
 			   cudaMemcpyDeviceToHost, g->st));
@@ -1864,7 +2007,7 @@ int bd_gmodel_decode(struct bd_gmodel *g, const struct bd_grow *rows, const int3
 		r = fail(ret_err, -EDOM, "non-finite activations in the decode step");
 		goto out;
 	}
-	r = copy_out(g, out, n, res + RES_FLAGS, ret_err);
+	r = copy_out(g, out, n, res + RES_FLAGS, n_lp, ret_err);
 out:
 	if (r < 0 && r != -EDOM) /* the patches may not have reached the device */
 		memset(g->bt_len, 0, g->n_slots * sizeof(int));

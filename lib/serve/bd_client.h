@@ -132,7 +132,7 @@ struct bd_client_gen {
 	uint32_t logits_top_k;             /* ≤ BD_CLIENT_MAX_TOP */
 	/* log-probabilities of each generated token and of its step's top_logprobs most likely
 	 * tokens: the log-softmax of the raw logits (bd_sampler_logprobs); top_logprobs needs
-	 * logprobs. The cpu backend serves them, the cuda backend refuses them. */
+	 * logprobs. Both backends serve them. */
 	bool logprobs;
 	uint32_t top_logprobs;             /* ≤ BD_CLIENT_MAX_TOP_LOGPROBS */
 };

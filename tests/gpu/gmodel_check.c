@@ -14,9 +14,14 @@
  *       split count, so only FP32 summation order separates the two attention paths.
  *   (b) batched decode: 5 rows at different positions in one bd_gmodel_decode == each row
  *       alone (tokens equal, logits within 1e-4 of the largest |logit|), with and without
- *       CUDA graphs (graph replays confirmed by bd_gmodel_last_timing).
+ *       CUDA graphs (graph replays confirmed by bd_gmodel_last_timing). Log-probabilities
+ *       (bd_gout.want_lp, top 20) of one prefill and of rows 1 and 3 of every batched step
+ *       equal bd_sampler_logprobs (the cpu backend's) on the logits the same call returned:
+ *       ids exactly, values to one FP32 ulp plus the double-rounding bound of the two sums;
+ *       the rows that do not ask are left as they were, and the steps still replay graphs.
  *   (c) refusals: a page id out of range, a slot out of range, a token ≥ V, a slot twice, a
- *       block table of the wrong length, a bad new page → -EINVAL with every slot and page
+ *       block table of the wrong length, log-probabilities with no array or k > 64, a bad
+ *       new page → -EINVAL with every slot and page
  *       byte unchanged, and the model still usable.
  *   (d) random-weight Qwen3-4B (BF16, bitdecoding-nvfp4, max_tokens 131264 as the serving
  *       benchmark): build time, synthetic fill of 4 rows at 32K and 1 at 128K (tokens/s),
@@ -26,6 +31,13 @@
  *   (e) TP = 2 (2 GPUs, two threads, ncclCommInitAll, NCCL_NVLS_ENABLE=0): shards of the
  *       real model, FP32, both configurations: the argmax tokens of all 65 positions equal
  *       TP = 1's. SKIP with one GPU.
+ *   (f) chunked prefill and resume, the real model, FP32, both configurations: a 600-token
+ *       prompt in chunks of 128 and 256 and at once, each followed by 16 teacher-forced decode
+ *       steps, against the CPU's bd_model_prefill_chunk of the same chunks (argmax at all 17
+ *       positions, max |dlogit| within the tolerances stated at F_TOL_*) and chunked against
+ *       unchunked on the GPU; bad chunk rows refused with no byte changed; a request whose
+ *       model is rebuilt over the same arena after its first chunk and after its 8th decode
+ *       step (that step run again) streams the undisturbed run's tokens, greedy and sampled.
  * Prints PASS/FAIL/SKIP lines with numbers; exits 1 on any FAIL, 2 on a setup error. Writes
  * nothing. Options: --no-4b skips (d). Without the model file only (d) runs (the rest SKIP).
  */
@@ -560,6 +572,23 @@ static void refusal_checks(struct bd_gmodel *g, const struct ctx *c, const struc
 	report(r == -EINVAL, "(c) decode with %d pages at position %d: %d (%s)", w[0].n_pages,
 	       withpage->pos, r, err);
 
+	/* log-probabilities asked with no array for them, or more than 64 */
+	{
+		const bool yes = true;
+		int32_t t1 = -1, lids[65];
+		float lp1, lvals[65];
+		struct bd_gout o1 = { .tokens = &t1, .want_lp = &yes, .lp_k = 5, .lp = NULL,
+				      .lp_ids = lids, .lp_vals = lvals };
+		fill_row(&w[0], withpage, &newp[0]);
+		r = bd_gmodel_decode(g, w, tok, 1, &o1, st, err);
+		report(r == -EINVAL, "(c) decode asking log-probabilities with lp NULL: %d (%s)", r,
+		       err);
+		o1.lp = &lp1;
+		o1.lp_k = 65;
+		r = bd_gmodel_decode(g, w, tok, 1, &o1, st, err);
+		report(r == -EINVAL, "(c) decode asking 65 top log-probabilities: %d (%s)", r, err);
+	}
+
 	/* a prefill: a bad token, then a bad new page (into a live slot: nothing may change) */
 	int32_t *ptoks = xmalloc(sizeof(int32_t) * BD_PAGE_TOKENS);
 	for (int i = 0; i < BD_PAGE_TOKENS; i++)
@@ -593,6 +622,38 @@ static void refusal_checks(struct bd_gmodel *g, const struct ctx *c, const struc
 	free(a1);
 	free(s0);
 	free(s1);
+}
+
+/* The log-probabilities the model returned for row i of a call (lp, ids [LP_K], vals [LP_K])
+ * against bd_sampler_logprobs on the logits it returned for that row (lg [V]) and its token:
+ * the same computation on the same FP32 logits, so ids equal and values within one FP32 ulp
+ * plus the double-rounding bound of the two log-sum-exps (ops_check's lp_tol: (V + 2)·2^-52 +
+ * 2^-51·(|max| + ln V + |lp|)). Counts the entries that differ into *bad. */
+#define LP_K 20
+static void lp_compare(const float *lg, int V, int32_t token, float lp, const int32_t *ids,
+		       const float *vals, int *bad)
+{
+	int32_t wid[LP_K];
+	float wlp[LP_K], want = NAN;
+	double mx = -INFINITY;
+	int n = bd_sampler_logprobs(lg, V, token, LP_K, &want, wid, wlp);
+
+	for (int i = 0; i < V; i++)
+		mx = lg[i] > mx ? lg[i] : mx;
+	if (n != LP_K) {
+		(*bad)++;
+		return;
+	}
+	for (int j = -1; j < LP_K; j++) {
+		float g = j < 0 ? lp : vals[j], w = j < 0 ? want : wlp[j];
+		double a = fabs((double)w);
+		double tol = ((double)nextafterf((float)a, INFINITY) - a) + (V + 2.0) * 0x1p-52 +
+			     0x1p-51 * (fabs(mx) + log((double)V) + a);
+		if (isinf(w) ? g != w : !(fabs((double)g - (double)w) <= tol))
+			(*bad)++;
+		if (j >= 0 && ids[j] != wid[j])
+			(*bad)++;
+	}
 }
 
 static void batched_checks(struct ctx *c, bool graphs)
@@ -629,6 +690,11 @@ static void batched_checks(struct ctx *c, bool graphs)
 	int32_t tokA[5], tokB[5];
 	float *lgA = xmalloc(sizeof(float) * 5 * (size_t)V), *lgB = xmalloc(sizeof(float) * (size_t)V);
 	bool ok = true;
+	/* log-probabilities: the prefill of row 2, and rows 1 and 3 of every batched step */
+	const bool lp_yes = true, want_lp[5] = { false, true, false, true, false };
+	float plp = 0.0f, plp_vals[LP_K], blp[5], *blp_vals = xmalloc(sizeof(float) * 5 * LP_K);
+	int32_t plp_ids[LP_K], *blp_ids = xmalloc(sizeof(int32_t) * 5 * LP_K);
+	int lp_bad_pf = 0, lp_bad = 0, lp_touched = 0;
 	for (int i = 0; i < NR; i++) {
 		for (int set = 0; set < 2; set++) {
 			struct brow *b = set ? &B[i] : &A[i];
@@ -643,19 +709,35 @@ static void batched_checks(struct ctx *c, bool graphs)
 					     .sampling = bd_sampler_params_greedy() };
 			int32_t t = -1;
 			struct bd_gout out = { .tokens = &t };
+			if (set == 0 && i == 2) {
+				/* a prefill that asks for log-probabilities */
+				out.logits = lgB;
+				out.want_lp = &lp_yes;
+				out.lp_k = LP_K;
+				out.lp = &plp;
+				out.lp_ids = plp_ids;
+				out.lp_vals = plp_vals;
+			}
 			r = bd_gmodel_prefill(g, &w, c->prompt[1], lens[i], &out, err);
 			if (r < 0) {
 				report(false, "(b) prefill %d tokens: %d %s", lens[i], r, err);
 				bd_gmodel_free(g);
 				free(lgA);
 				free(lgB);
+				free(blp_vals);
+				free(blp_ids);
 				return;
 			}
 			(set ? tokB : tokA)[i] = t;
+			if (set == 0 && i == 2)
+				lp_compare(lgB, V, t, plp, plp_ids, plp_vals, &lp_bad_pf);
 		}
 		ok = ok && tokA[i] == tokB[i];
 	}
 	report(ok, "(b) %s: the two copies of 5 prefills pick the same tokens", gn);
+	report(lp_bad_pf == 0, "(b) %s: prefill of %d tokens with log-probabilities (top %d): %d "
+	       "entries differ from bd_sampler_logprobs on its logits", gn, lens[2], LP_K,
+	       lp_bad_pf);
 
 	double worst = 0.0;
 	int bad_tok = 0, n_graph = 0;
@@ -671,7 +753,11 @@ static void batched_checks(struct ctx *c, bool graphs)
 		for (int i = 0, k = 0; i < NR; i++)
 			if (w[i].n_new)
 				newp[i] = next_page + k++;
-		struct bd_gout out = { .tokens = tokA, .logits = lgA };
+		struct bd_gout out = { .tokens = tokA, .logits = lgA, .want_lp = want_lp,
+				       .lp_k = LP_K, .lp = blp, .lp_ids = blp_ids,
+				       .lp_vals = blp_vals };
+		for (int i = 0; i < NR; i++)
+			blp[i] = 1.0f; /* rows that do not ask keep it */
 		r = bd_gmodel_decode(g, w, feed, NR, &out, st, err);
 		if (r < 0) {
 			report(false, "(b) %s batched step %d: %d %s", gn, s, r, err);
@@ -685,6 +771,14 @@ static void batched_checks(struct ctx *c, bool graphs)
 				A[i].bt[A[i].nbt++] = newp[i];
 				next_page++;
 			}
+		for (int i = 0; i < NR; i++) {
+			if (!want_lp[i])
+				lp_touched += blp[i] != 1.0f;
+			else
+				lp_compare(lgA + (size_t)i * (size_t)V, V, tokA[i], blp[i],
+					   blp_ids + (size_t)i * LP_K, blp_vals + (size_t)i * LP_K,
+					   &lp_bad);
+		}
 		for (int i = 0; i < NR; i++) {
 			A[i].pos++;
 			struct bd_grow wb;
@@ -713,15 +807,21 @@ static void batched_checks(struct ctx *c, bool graphs)
 	       "(b) %s: %d steps of 5 rows (positions 20..304, a page completed in the batch): "
 	       "%d token mismatches, max relative logit difference %.2e (tol 5e-2)",
 	       gn, NSTEP, bad_tok, worst);
+	report(lp_bad == 0 && lp_touched == 0,
+	       "(b) %s: %d batched steps with log-probabilities (top %d) on rows 1 and 3: %d entries "
+	       "differ from bd_sampler_logprobs on the step's logits, %d rows that did not ask "
+	       "touched", gn, NSTEP, LP_K, lp_bad, lp_touched);
 	if (graphs)
-		report(n_graph >= NSTEP - 2, "(b) graph replays: %d of %d batched steps", n_graph,
-		       NSTEP);
+		report(n_graph >= NSTEP - 2, "(b) graph replays (log-probabilities asked in every "
+		       "step): %d of %d batched steps", n_graph, NSTEP);
 	if (graphs)
 		refusal_checks(g, c, &lay, n_slots, A, NR);
 done:
 	bd_gmodel_free(g);
 	free(lgA);
 	free(lgB);
+	free(blp_vals);
+	free(blp_ids);
 }
 
 /* ---- (d) random-weight Qwen3-4B ------------------------------------------------------------ */
@@ -982,6 +1082,348 @@ static void tp_checks(struct ctx *c)
 	}
 }
 
+/* ---- (f) chunked prefill and resume ------------------------------------------------------- */
+
+#define F_N 600                          /* the prompt of (f) */
+#define F_CTX 1024                       /* max_tokens and max_prefill of (f)'s models */
+#define F_STEPS 16                       /* decode steps after the prompt */
+#define F_NPOS (F_STEPS + 1)
+#define F_PAGES (F_CTX / BD_PAGE_TOKENS) /* pages per request */
+#define F_SLOTS 4
+
+/* Tolerances of (f), FP32 weights on both sides:
+ * - GPU chunked vs the CPU's bd_model_prefill_chunk with the same chunks (the numeric spec):
+ *   the GPU's FP32 GEMMs add in another order than OpenBLAS, which moves K and V by FP32
+ *   rounding; with BF16 pages that stays rounding (the whole-prompt comparison (a) measured
+ *   0.16 on this model: F_TOL_BF16 = 0.5 leaves room for the longer prompt), with FP4 pages a
+ *   value that lands on the other side of a rounding boundary flips its FP4 code and moves the
+ *   logits by up to one code's worth ((a) measured 1.41; a chunk reads 600 such tokens:
+ *   F_TOL_FP4 = 3.0). The argmax must agree at every position, as in (a).
+ * - GPU chunked vs GPU unchunked: with "bf16" (BF16 pages, keys neither smoothed nor rotated)
+ *   the two read the same K and V in real arithmetic, only FP32 summation order differs (GEMMs
+ *   of other row counts, key tiles of 32 against 64): F_TOL_BF16. With FP4 pages the chunk reads
+ *   the context as decode does, losing what the pages lose (the CPU's own bound for the same
+ *   comparison, tests/lib/model/test_prefill_chunk.c, is 1.0 at 300 tokens): F_TOL_FP4, argmax
+ *   equal. */
+#define F_TOL_BF16 0.5
+#define F_TOL_FP4 3.0
+
+/* The CPU's prompt of F_N tokens in chunks of `chunk` (0: at once), then F_STEPS greedy
+ * decodes: logits [F_NPOS][V] and argmax tokens [F_NPOS]. */
+static void f_cpu(const struct ctx *c, const struct bd_kvcfg *cfg, const int32_t *prompt,
+		  int chunk, float *logits, int32_t *toks)
+{
+	struct bd_layout lay = make_lay(c, cfg, c->m->hp.n_kv_heads, F_PAGES);
+	struct bd_decode_params dp = dp_for(c);
+	struct bd_decode_plan plan;
+	struct bd_kvmem *mem = NULL;
+	struct bd_seq *s = NULL;
+	char err[BD_MODEL_ERR_MAX];
+	int32_t pages[F_PAGES];
+	int V = c->V, r;
+
+	/* the GPU plan's split count for one row at (f)'s max_tokens */
+	if ((r = bd_decode_plan_init(&plan, cfg, &lay, &dp, 1, c->m->hp.n_heads, F_CTX, 0)) < 0)
+		die("bd_decode_plan_init: %d", r);
+	dp.n_splits = plan.n_splits;
+	if ((r = bd_kvmem_private_new(&lay, &mem)) < 0)
+		die("bd_kvmem_private_new: %d", r);
+	struct bd_seq_opts so = { .max_tokens = F_N + F_STEPS,
+				  .mu_k = c->cal ? c->cal->mu_k : NULL, .dp = &dp, .mem = mem };
+	if ((r = bd_seq_new(c->m, cfg, &so, &s, err)) < 0)
+		die("bd_seq_new: %s", err);
+	for (int i = 0; i < F_PAGES; i++)
+		pages[i] = i;
+	if ((r = bd_seq_give_pages(s, pages, (F_N + F_STEPS) / BD_PAGE_TOKENS)) < 0)
+		die("bd_seq_give_pages: %d", r);
+	int step = chunk > 0 ? chunk : F_N;
+	for (int p = 0; p < F_N; p += step) {
+		int n = F_N - p < step ? F_N - p : step;
+		r = p == 0 ? bd_model_prefill(c->m, s, prompt, n, p + n == F_N ? logits : NULL)
+			   : bd_model_prefill_chunk(c->m, s, prompt + p, n,
+						    p + n == F_N ? logits : NULL);
+		if (r < 0)
+			die("cpu prefill chunk at %d: %d", p, r);
+	}
+	toks[0] = bd_argmax(logits, V);
+	for (int i = 1; i < F_NPOS; i++) {
+		float *lg = logits + (size_t)i * (size_t)V;
+		if ((r = bd_model_decode(c->m, s, toks[i - 1], lg)) < 0)
+			die("cpu decode step %d: %d", i, r);
+		toks[i] = bd_argmax(lg, V);
+	}
+	bd_seq_free(s);
+	bd_kvmem_private_free(mem);
+}
+
+/* Prefill of prompt positions from .. F_N−1 on the GPU in chunks of `chunk` (0: the rest at
+ * once) for a request whose pages are pages[F_PAGES] and whose positions 0 .. from−1 the cache
+ * holds already; the last chunk samples with sp into *tok, its logits into lg (NULL: not
+ * wanted). Returns 0 or the first error (err says why). */
+static int f_prefill(struct bd_gmodel *g, const int32_t *prompt, int from, int chunk, int slot,
+		     const int32_t *pages, struct bd_sampler_params sp, float *lg, int32_t *tok,
+		     char *err)
+{
+	int step = chunk > 0 ? chunk : F_N - from;
+	for (int p = from; p < F_N; p += step) {
+		int n = F_N - p < step ? F_N - p : step;
+		struct bd_grow row = { .slot = slot, .position = p, .block_table = pages,
+				       .n_pages = p / BD_PAGE_TOKENS,
+				       .new_pages = pages + p / BD_PAGE_TOKENS,
+				       .n_new = n / BD_PAGE_TOKENS, .sampling = sp, .rng_step = 0 };
+		struct bd_gout out = { .tokens = tok, .logits = lg };
+		int r = bd_gmodel_prefill(g, &row, prompt + p, n, p + n == F_N ? &out : NULL, err);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* One decode step of the request at position pos (feeding token in), draws made before:
+ * rng_step. */
+static int f_decode(struct bd_gmodel *g, int slot, const int32_t *pages, int pos, int32_t in,
+		    struct bd_sampler_params sp, uint64_t rng_step, float *lg, int32_t *tok,
+		    char *err)
+{
+	struct bd_grow row = { .slot = slot, .position = pos, .block_table = pages,
+			       .n_pages = pos / BD_PAGE_TOKENS,
+			       .new_pages = pages + pos / BD_PAGE_TOKENS,
+			       .n_new = (pos + 1) % BD_PAGE_TOKENS == 0 ? 1 : 0, .sampling = sp,
+			       .rng_step = rng_step };
+	struct bd_gout out = { .tokens = tok, .logits = lg };
+	int st = 0, r = bd_gmodel_decode(g, &row, &in, 1, &out, &st, err);
+	if (r == 0 && st != 0) {
+		snprintf(err, BD_MODEL_ERR_MAX, "row status %d at position %d", st, pos);
+		r = st;
+	}
+	return r;
+}
+
+/* A model of (f) over the caller's arena (so that a new one, a restarted worker, finds the KV
+ * the last one wrote). */
+static struct bd_gmodel *f_model(const struct ctx *c, const struct bd_kvcfg *cfg,
+				 const struct bd_layout *lay, const struct bd_decode_params *dp,
+				 void *pages, void *slots, char *err)
+{
+	struct bd_gmodel_opts o = model_opts(c, cfg, lay, dp, BD_GWEIGHTS_F32, 1, F_SLOTS, 1);
+	struct bd_gmodel *g = NULL;
+	o.pages = pages;
+	o.slots = slots;
+	o.max_tokens = F_CTX;
+	o.max_prefill = F_CTX;
+	int r = bd_gmodel_new(c->m, &o, &g, err);
+	return r < 0 ? NULL : g;
+}
+
+/* The max |Δlogit| over F_NPOS positions and the positions whose argmax differs. */
+static double f_compare(const float *a, const float *b, const int32_t *ta, const int32_t *tb,
+			int V, int *ret_differ)
+{
+	double worst = 0.0;
+	*ret_differ = 0;
+	for (int i = 0; i < F_NPOS; i++) {
+		double d = max_abs_diff(a + (size_t)i * (size_t)V, b + (size_t)i * (size_t)V,
+					(size_t)V);
+		worst = d > worst || d != d ? d : worst;
+		*ret_differ += ta[i] != tb[i];
+	}
+	return worst;
+}
+
+/* (f) one configuration: a 600-token prompt prefilled on the GPU in chunks of 128 and 256 and
+ * at once, each followed by 16 decode steps teacher-forced with the CPU's tokens of the same
+ * chunking, against the CPU (bd_model_prefill_chunk, the numeric spec) and against each other;
+ * then a resume: request U runs undisturbed (chunks of 256, 24 steps), request D the same but
+ * its worker is restarted twice — after its first chunk and after its 8th decode step, whose
+ * lost result makes the new worker run that step again — by freeing the model and building a
+ * new one over the same arena, which holds nothing of D but its slot, block table and
+ * position: D's tokens must equal U's, greedy and sampled (the sampler's draw counter is the
+ * row's rng_step). Bad chunk rows are refused with nothing written. */
+static void chunk_checks(struct ctx *c, int ci)
+{
+	const struct bd_kvcfg *cfg = bd_kvcfg_find(cfg_names[ci]);
+	struct bd_layout lay = make_lay(c, cfg, c->m->hp.n_kv_heads, (size_t)F_SLOTS * F_PAGES);
+	struct bd_decode_params dp = dp_for(c);
+	const bool fp4 = cfg->page_fmt != BD_PAGE_BF16;
+	const double tol = fp4 ? F_TOL_FP4 : F_TOL_BF16;
+	const int chunks[3] = { 128, 256, 0 }, V = c->V;
+	char err[BD_MODEL_ERR_MAX] = "";
+	int32_t prompt[F_N], pages[F_SLOTS][F_PAGES];
+	float *cl[3] = { NULL, NULL, NULL }, *gl[3] = { NULL, NULL, NULL };
+	int32_t ct[3][F_NPOS], gt[3][F_NPOS];
+	void *dpages = NULL, *dslots = NULL;
+
+	for (int i = 0; i < F_N; i++)
+		prompt[i] = c->prompt[1][i % c->n_prompt[1]];
+	for (int s = 0; s < F_SLOTS; s++)
+		for (int j = 0; j < F_PAGES; j++)
+			pages[s][j] = s * F_PAGES + j;
+	CK(cudaMalloc(&dpages, lay.arena_bytes));
+	CK(cudaMalloc(&dslots, lay.slot_bytes * F_SLOTS));
+	CK(cudaMemset(dpages, 0, lay.arena_bytes));
+	CK(cudaMemset(dslots, 0, lay.slot_bytes * F_SLOTS));
+	struct bd_gmodel *g = f_model(c, cfg, &lay, &dp, dpages, dslots, err);
+	report(g != NULL, "(f) %s model over a caller's arena (%s)", cfg->name, g ? "" : err);
+	if (!g)
+		goto out_free;
+
+	/* chunked and unchunked, teacher-forced with the CPU's tokens of the same chunking */
+	for (int k = 0; k < 3; k++) {
+		cl[k] = xmalloc(sizeof(float) * F_NPOS * (size_t)V);
+		gl[k] = xmalloc(sizeof(float) * F_NPOS * (size_t)V);
+		f_cpu(c, cfg, prompt, chunks[k], cl[k], ct[k]);
+		int32_t tok = -1;
+		int r = f_prefill(g, prompt, 0, chunks[k], k, pages[k], bd_sampler_params_greedy(),
+				  gl[k], &tok, err);
+		gt[k][0] = tok;
+		for (int i = 1; r == 0 && i < F_NPOS; i++) {
+			r = f_decode(g, k, pages[k], F_N + i - 1, ct[k][i - 1],
+				     bd_sampler_params_greedy(), (uint64_t)i,
+				     gl[k] + (size_t)i * (size_t)V, &tok, err);
+			gt[k][i] = tok;
+		}
+		if (r < 0) {
+			report(false, "(f) %s chunks of %d: error %d: %s", cfg->name, chunks[k], r,
+			       err);
+			continue;
+		}
+		int differ;
+		double dl = f_compare(gl[k], cl[k], gt[k], ct[k], V, &differ);
+		double d0 = max_abs_diff(gl[k], cl[k], (size_t)V);
+		report(differ == 0 && dl <= tol,
+		       "(f) %s %s: GPU vs CPU (same chunks): argmax differs at %d of %d positions, "
+		       "max |dlogit| %.3e (last prompt token %.3e, tolerance %.1f)", cfg->name,
+		       chunks[k] ? (chunks[k] == 128 ? "chunks of 128" : "chunks of 256")
+				 : "whole prompt",
+		       differ, F_NPOS, dl, d0, tol);
+	}
+	for (int k = 0; k < 2; k++) {
+		double d0 = max_abs_diff(gl[k], gl[2], (size_t)V);
+		bool same = gt[k][0] == gt[2][0];
+		report(same && d0 <= tol,
+		       "(f) %s chunks of %d vs the whole prompt on the GPU: last prompt token argmax "
+		       "%d vs %d, max |dlogit| %.3e (tolerance %.1f; CPU's own: %.3e)", cfg->name,
+		       chunks[k], gt[k][0], gt[2][0], d0, tol, max_abs_diff(cl[k], cl[2], (size_t)V));
+	}
+
+	/* refusals: nothing written, the model still usable */
+	{
+		size_t sb = lay.slot_bytes * F_SLOTS;
+		uint8_t *a0 = xmalloc(lay.arena_bytes), *a1 = xmalloc(lay.arena_bytes);
+		uint8_t *s0 = xmalloc(sb), *s1 = xmalloc(sb);
+		snapshot(g, &lay, F_SLOTS, a0, s0);
+		struct bd_grow row = { .slot = 3, .position = 128, .block_table = pages[3],
+				       .n_pages = 1, .new_pages = pages[3] + 1, .n_new = 1,
+				       .sampling = bd_sampler_params_greedy() };
+		struct { int pos, n_pages, n, want; const char *what; } bad[] = {
+			{ 100, 0, 128, -EINVAL, "a chunk off a page boundary" },
+			{ 256, 1, 128, -EINVAL, "a block table shorter than position/128" },
+			{ 128, 1, 200, -EINVAL, "two new pages named for 200 tokens, which fill one" },
+			{ 896, 7, 256, -ENOSPC, "a chunk past max_tokens" },
+		};
+		bool all = true;
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			struct bd_grow w = row;
+			w.position = bad[i].pos;
+			w.n_pages = bad[i].n_pages;
+			w.new_pages = pages[3] + bad[i].n_pages;
+			w.n_new = bad[i].n / BD_PAGE_TOKENS;
+			if (i == 2)
+				w.n_new = 2;
+			int r = bd_gmodel_prefill(g, &w, prompt, bad[i].n, NULL, err);
+			if (r != bad[i].want) {
+				all = false;
+				printf("INFO: (f) %s: %s gave %d (%s), want %d\n", cfg->name,
+				       bad[i].what, r, err, bad[i].want);
+			}
+		}
+		snapshot(g, &lay, F_SLOTS, a1, s1);
+		long da = bytes_differ(a0, a1, lay.arena_bytes), ds = bytes_differ(s0, s1, sb);
+		report(all && da == 0 && ds == 0,
+		       "(f) %s: 4 bad chunk rows refused (-EINVAL, -ENOSPC), %ld arena and %ld slot "
+		       "bytes changed", cfg->name, da, ds);
+		free(a0);
+		free(a1);
+		free(s0);
+		free(s1);
+	}
+
+	/* resume: U undisturbed in slot 0, D restarted in slot 1, greedy and sampled. FP32
+	 * weights take cuBLASLt's first heuristic algorithm (no timed choice), the same in a
+	 * rebuilt model, so D's logits are U's bit for bit and the tokens must be equal */
+	for (int smp = 0; smp < 2; smp++) {
+		struct bd_sampler_params sp = bd_sampler_params_greedy();
+		if (smp) {
+			sp.temperature = 0.8f;
+			sp.top_p = 0.95f;
+			sp.seed = 12345;
+		}
+		const int steps = 24, crash_at = 8;
+		int32_t ut[25], dt[25], tok = -1;
+		int r = f_prefill(g, prompt, 0, 256, 0, pages[0], sp, NULL, &tok, err);
+		ut[0] = tok;
+		for (int i = 1; r == 0 && i <= steps; i++) {
+			r = f_decode(g, 0, pages[0], F_N + i - 1, ut[i - 1], sp, (uint64_t)i, NULL,
+				     &tok, err);
+			ut[i] = tok;
+		}
+		if (r < 0) {
+			report(false, "(f) %s resume, undisturbed run: %d: %s", cfg->name, r, err);
+			continue;
+		}
+		/* D's first chunk, then the worker dies */
+		struct bd_grow first = { .slot = 1, .position = 0, .new_pages = pages[1], .n_new = 2,
+					 .sampling = sp };
+		r = bd_gmodel_prefill(g, &first, prompt, 256, NULL, err);
+		bd_gmodel_free(g);
+		g = r == 0 ? f_model(c, cfg, &lay, &dp, dpages, dslots, err) : NULL;
+		/* the new worker continues the prompt from its block table, decodes to step 8 */
+		if (g)
+			r = f_prefill(g, prompt, 256, 256, 1, pages[1], sp, NULL, &tok, err);
+		dt[0] = tok;
+		for (int i = 1; g && r == 0 && i <= crash_at; i++) {
+			r = f_decode(g, 1, pages[1], F_N + i - 1, dt[i - 1], sp, (uint64_t)i, NULL,
+				     &tok, err);
+			dt[i] = tok;
+		}
+		/* step 8's result is lost with the worker: the next one runs it again */
+		bd_gmodel_free(g);
+		g = r == 0 ? f_model(c, cfg, &lay, &dp, dpages, dslots, err) : NULL;
+		for (int i = crash_at; g && r == 0 && i <= steps; i++) {
+			r = f_decode(g, 1, pages[1], F_N + i - 1, dt[i - 1], sp, (uint64_t)i, NULL,
+				     &tok, err);
+			dt[i] = tok;
+		}
+		if (!g || r < 0) {
+			report(false, "(f) %s resume (%s): %d: %s", cfg->name,
+			       smp ? "sampled" : "greedy", r, err);
+			if (!g)
+				goto out_free;
+			continue;
+		}
+		int differ = 0, first_diff = -1;
+		for (int i = 0; i <= steps; i++)
+			if (ut[i] != dt[i]) {
+				differ++;
+				if (first_diff < 0)
+					first_diff = i;
+			}
+		report(differ == 0,
+		       "(f) %s resume (%s): a request whose worker restarted after its first chunk "
+		       "and after decode step %d (run again) gives the undisturbed tokens at %d of "
+		       "%d positions (first difference %d)", cfg->name, smp ? "sampled" : "greedy",
+		       crash_at, steps + 1 - differ, steps + 1, first_diff);
+	}
+out_free:
+	for (int k = 0; k < 3; k++) {
+		free(cl[k]);
+		free(gl[k]);
+	}
+	bd_gmodel_free(g);
+	cudaFree(dpages);
+	cudaFree(dslots);
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static void tokenize(struct bd_tokenizer *tok, const char *text, int32_t **ret, int *ret_n)
@@ -1046,7 +1488,7 @@ int main(int argc, char **argv)
 
 	if (access(model_path, R_OK) != 0) {
 		/* the speed part needs no checkpoint */
-		skip("(a), (b), (c), (e): no model file %s", model_path);
+		skip("(a), (b), (c), (e), (f): no model file %s", model_path);
 		if (!no4b)
 			qwen3_4b_checks();
 		printf("%s: %d passed, %d failed, %d skipped in %.1f s\n", n_fail ? "FAIL" : "PASS",
@@ -1082,6 +1524,8 @@ int main(int argc, char **argv)
 		real_model_checks(&c, ci);
 	batched_checks(&c, true);
 	batched_checks(&c, false);
+	for (int ci = 0; ci < 2; ci++)
+		chunk_checks(&c, ci);
 	tp_checks(&c);
 	if (!no4b)
 		qwen3_4b_checks();

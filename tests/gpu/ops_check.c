@@ -24,6 +24,12 @@
  *     prefill) for n = 1, 17, 300, 2048 in both shapes: error normalized by Σp|v|/Σp ≤
  *     max(3e-5, 3 × the error of an FP32 CPU-order evaluation of the same rows);
  *   - prefill attention at n = 8192 in the Qwen3-4B shape: time (must be < 250 ms), finite;
+ *   - a prefill chunk's pieces: the attention with a query offset over FP32 K/V
+ *     (bd_op_prefill_attn_ctx, p = 128, 256, 384) against the double reference, bound as
+ *     above; the context from pages and sink (bd_op_kv_context) bitwise equal to
+ *     bd_page_read_head + the BF16 sink for every configuration; the chunk's rows
+ *     (bd_op_kv_rows) bitwise equal to bd_kv_write_token's; the query rotation
+ *     (bd_op_fwht_rows) bitwise equal to bd_fwht;
  *   - sampling: greedy and top-k 1 rows equal bd_sampler_sample's (ties, ±0, NaN, ±inf rows);
  *     for temperature / top-k / top-p settings the kept set equals bd_sampler_probs's non-zero
  *     set exactly, its mass agrees to the fixed-point resolution, the empirical distribution of
@@ -31,12 +37,19 @@
  *     bd_sampler_probs, no token outside the kept set is drawn, and draws are deterministic;
  *   - top-k: ids and values exactly the first k of the (value desc, id asc) order, with ties,
  *     ±0 and -inf;
+ *   - log-probabilities vs bd_sampler_logprobs (the cpu backend's double log-sum-exp) for
+ *     k = 0, 1, 5, 20, 64 on rows with ties, a ±0 tie at the max, ±FLT_MAX, a spread of
+ *     ~1e4, -inf entries, ten or one finite values, a nearly one-hot row, and NaN, +inf and
+ *     all -inf rows (NaN, ids −1: the CPU's -EDOM), tokens −1 and V (NaN): ids exactly the
+ *     CPU's, values within one FP32 ulp plus the double-rounding bound of the two sums (lp_tol),
+ *     through a reversed row list and a subset; the time of a 64-row launch (INFO);
  *   - fill_normal: mean, variance and the ±1σ fraction within 5 standard errors, the same
  *     values for a shorter len, BF16 the rounding of the FP32 values;
  *   - refusals (-EINVAL, nothing written) and a CUDA graph capture replaying bitwise.
  * `--small` runs small cases of every kernel (for compute-sanitizer).
  */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -669,10 +682,11 @@ struct attn_err {
 	size_t rows;
 };
 
-/* Row i, head h: the double reference (BF16 K/V as given), an FP32 CPU-order evaluation, and
- * their normalized errors against the GPU output row. */
+/* Query row i (at position p0 + i, seeing keys 0 .. p0 + i), head h: the double reference
+ * (K/V as given), an FP32 CPU-order evaluation, and their normalized errors against the GPU
+ * output row. pd, pf: scratch [p0 + i + 1]. */
 static void attn_row(const float *q, const float *kb, const float *vb, int Hq, int Hkv, int d,
-		     float scale, int i, int h, const float *gpu, double *pd, float *pf,
+		     float scale, int p0, int i, int h, const float *gpu, double *pd, float *pf,
 		     struct attn_err *err)
 {
 	const int hk = h / (Hq / Hkv);
@@ -682,7 +696,7 @@ static void attn_row(const float *q, const float *kb, const float *vb, int Hq, i
 	double ref[128], A[128];
 	float o32[128];
 
-	for (int j = 0; j <= i; j++) {
+	for (int j = 0; j <= p0 + i; j++) {
 		const float *kr = kb + ((size_t)j * Hkv + hk) * d;
 		double a = 0.0;
 		float b = 0.0f;
@@ -701,7 +715,7 @@ static void attn_row(const float *q, const float *kb, const float *vb, int Hq, i
 		A[c] = 0.0;
 		o32[c] = 0.0f;
 	}
-	for (int j = 0; j <= i; j++) {
+	for (int j = 0; j <= p0 + i; j++) {
 		const float *vr = vb + ((size_t)j * Hkv + hk) * d;
 		double p = exp(pd[j] - mx);
 		float pfl = expf(pf[j] - mxf);
@@ -759,18 +773,18 @@ static void check_prefill(const struct shape *s, int n)
 	if (n <= 300) {
 		for (int i = 0; i < n; i++)
 			for (int h = 0; h < Hq; h++)
-				attn_row(q, k, v, Hq, Hkv, d, scale, i, h, out, pd, pf, &err);
+				attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, h, out, pd, pf, &err);
 	} else {
 		/* every row of the first and last head, every head of 32 rows */
 		for (int i = 0; i < n; i++) {
-			attn_row(q, k, v, Hq, Hkv, d, scale, i, 0, out, pd, pf, &err);
-			attn_row(q, k, v, Hq, Hkv, d, scale, i, Hq - 1, out, pd, pf, &err);
+			attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, 0, out, pd, pf, &err);
+			attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, Hq - 1, out, pd, pf, &err);
 		}
 		for (int r = 0; r < 32; r++) {
 			int i = r < 4 ? n - 1 - r : (int)(bd_rng_u64(&rng) % (uint64_t)n);
 
 			for (int h = 1; h < Hq - 1; h++)
-				attn_row(q, k, v, Hq, Hkv, d, scale, i, h, out, pd, pf, &err);
+				attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, h, out, pd, pf, &err);
 		}
 	}
 	const double tol = fmax(3e-5, 3.0 * err.cpu32);
@@ -780,6 +794,219 @@ static void check_prefill(const struct shape *s, int n)
 	       s->name, n, err.gpu, err.cpu32, tol, err.rows);
 	FREE_HOST(q, k, v, out, pd, pf);
 	FREE_DEV(dq, dk, dv, dout);
+}
+
+/* The chunk form (bd_op_prefill_attn_ctx): n query rows at positions p .. p+n−1 over p + n
+ * FP32 keys and values used as given (not BF16-exact here: the kernel must not round them),
+ * against the double reference with the offset causal mask; bound as check_prefill's. */
+static void check_prefill_ctx(const struct shape *s, int p, int n)
+{
+	const int Hq = s->Hq, Hkv = s->Hkv, d = s->d, nk_rows = p + n;
+	const float scale = 1.0f / sqrtf((float)d);
+	const size_t nq = (size_t)n * Hq * d, nk = (size_t)nk_rows * Hkv * d;
+	float *q = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4);
+	float *out = xmalloc(nq * 4);
+	double *pd = xmalloc((size_t)nk_rows * sizeof(double));
+	float *pf = xmalloc((size_t)nk_rows * sizeof(float));
+	struct attn_err err = { 0, 0, 0 };
+
+	fill_gauss(q, nq, 2.0f, 3.0f);
+	fill_gauss(k, nk, 1.0f, 1.0f);
+	fill_gauss(v, nk, 1.0f, 8.0f);
+	float *dq = dup_to_dev(q, nq * 4), *dk = dup_to_dev(k, nk * 4), *dv = dup_to_dev(v, nk * 4);
+	float *dout = dmalloc(nq * 4);
+	CK(cudaMemset(dout, 0xff, nq * 4));
+	CKR(bd_op_prefill_attn_ctx(dq, dk, dv, n, p, Hq, Hkv, d, scale, dout, NULL));
+	d2h(out, dout, nq * 4);
+	for (int i = 0; i < n; i++)
+		for (int h = 0; h < Hq; h++)
+			attn_row(q, k, v, Hq, Hkv, d, scale, p, i, h, out, pd, pf, &err);
+	const double tol = fmax(3e-5, 3.0 * err.cpu32);
+	report(err.gpu <= tol,
+	       "prefill_attn_ctx %s p %d n %d: max error %.3g (FP32 CPU order %.3g, bound %.3g) of "
+	       "Σp|v|/Σp over %zu (row, head), FP32 K/V", s->name, p, n, err.gpu, err.cpu32, tol,
+	       err.rows);
+	FREE_HOST(q, k, v, out, pd, pf);
+	FREE_DEV(dq, dk, dv, dout);
+}
+
+/* A chunk's context (bd_op_kv_context) against bd_seq_cache_context's arithmetic
+ * (bd_page_read_head per page-head, then the BF16 sink rows for a configuration with a sink),
+ * bitwise, for every configuration, d 64 and 128: three pages written by bd_page_write_head
+ * from random BF16 K'/V with outlier channels, read in the block-table order {2, 0, 3} of a
+ * 4-page arena of 2 layers (layer 1) and H + 1 heads (H read); then the chunk's own rows
+ * (bd_op_kv_rows) against bd_kv_write_token's stored row read back (bd_seq_cache_rows), and
+ * the query rotation (bd_op_fwht_rows) against bd_fwht, bitwise. */
+static void check_chunk_context(void)
+{
+	const int dims[2][2] = { { 64, 3 }, { 128, 8 } }, layer = 1, nb = 3, n_rows = 37;
+	const int32_t bt[3] = { 2, 0, 3 };
+	const float fp8s[2] = { 0.03125f, 0.0625f };
+	int n_ok = 0, n_case = 0, rows_ok = 0, rows_case = 0;
+
+	for (int ci = 0; ci < BD_KVCFG_COUNT; ci++) {
+		const struct bd_kvcfg *cfg = bd_kvcfg_get(ci);
+
+		if (small && ci != BD_KVCFG_BITDECODING_NVFP4 && ci != BD_KVCFG_BF16)
+			continue;
+		for (int di = 0; di < 2; di++) {
+			const int d = dims[di][0], H = dims[di][1];
+			const size_t T = BD_PAGE_TOKENS, kd = (size_t)H * d, rows = nb * T;
+			struct bd_layout lay;
+
+			if (bd_layout_init(&lay, cfg->page_fmt, 2, H + 1, d, 0, 4) < 0 || lay.d_rope)
+				continue;
+			uint8_t *arena = xmalloc(lay.arena_bytes), *slot = xmalloc(lay.slot_bytes);
+			bd_bf16 *kb = xmalloc(T * d * 2), *vb = xmalloc(T * d * 2);
+			float *tk = xmalloc(T * d * 4), *tv = xmalloc(T * d * 4), *f = xmalloc(T * d * 4);
+			float *rk = xmalloc(rows * kd * 4), *rv = xmalloc(rows * kd * 4);
+			float *gk = xmalloc(rows * kd * 4), *gv = xmalloc(rows * kd * 4);
+			bool ok = true;
+
+			/* the slot: finite BF16 everywhere (its sink rows are what a sink reads) */
+			{
+				size_t nbf = lay.slot_bytes / 2;
+				float *x = xmalloc(nbf * 4);
+				fill_gauss(x, nbf, 1.0f, 10.0f);
+				for (size_t i = 0; i < nbf; i++) {
+					bd_bf16 b = bd_f32_to_bf16(x[i]);
+					memcpy(slot + 2 * i, &b, 2);
+				}
+				free(x);
+			}
+			for (int pg = 0; pg < 4 && ok; pg++)
+				for (int h = 0; h <= H && ok; h++) {
+					fill_gauss(f, T * d, 1.0f, 16.0f);
+					for (size_t i = 0; i < T * d; i++)
+						kb[i] = bd_f32_to_bf16(f[i]);
+					fill_gauss(f, T * d, 1.0f, 4.0f);
+					for (size_t i = 0; i < T * d; i++)
+						vb[i] = bd_f32_to_bf16(f[i]);
+					ok = bd_page_write_head(&lay, cfg, kb, vb, fp8s,
+								bd_layout_page(&lay, arena, layer, pg),
+								h) == 0;
+				}
+			for (int j = 0; j < nb && ok; j++)
+				for (int h = 0; h < H && ok; h++) {
+					ok = bd_page_read_head(&lay, bd_layout_page(&lay, arena, layer, bt[j]),
+							       h, tk, tv, NULL) == 0;
+					for (size_t t = 0; t < T; t++)
+						for (int c = 0; c < d; c++) {
+							size_t o = ((size_t)j * T + t) * kd + (size_t)h * d +
+								   (size_t)c;
+							rk[o] = tk[t * d + (size_t)c];
+							rv[o] = tv[t * d + (size_t)c];
+						}
+				}
+			if (cfg->sink)
+				for (int h = 0; h < H; h++) {
+					const bd_bf16 *sk = bd_slot_sink_k(&lay, slot, layer, h);
+					const bd_bf16 *sv = bd_slot_sink_v(&lay, slot, layer, h);
+					for (int t = 0; t < BD_SINK_TOKENS; t++)
+						for (int c = 0; c < d; c++) {
+							size_t o = (size_t)t * kd + (size_t)h * d + (size_t)c;
+							rk[o] = bd_bf16_to_f32(sk[(size_t)t * d + (size_t)c]);
+							rv[o] = bd_bf16_to_f32(sv[(size_t)t * d + (size_t)c]);
+						}
+				}
+			if (!ok) {
+				report(false, "kv_context %s d %d: the CPU page write or read failed",
+				       cfg->name, d);
+			} else {
+				void *da = dup_to_dev(arena, lay.arena_bytes);
+				void *ds = dup_to_dev(slot, lay.slot_bytes);
+				int32_t *dbt = dup_to_dev(bt, sizeof(bt));
+				float *dk = dmalloc(rows * kd * 4), *dv = dmalloc(rows * kd * 4);
+				CKR(bd_op_kv_context(&lay, cfg, layer, da, dbt, nb, ds, H, dk, dv, NULL));
+				d2h(gk, dk, rows * kd * 4);
+				d2h(gv, dv, rows * kd * 4);
+				size_t bad = 0, first = 0;
+				for (size_t i = 0; i < rows * kd; i++)
+					if (fbits(gk[i]) != fbits(rk[i]) || fbits(gv[i]) != fbits(rv[i])) {
+						if (!bad++)
+							first = i;
+					}
+				ok = bad == 0;
+				if (!ok)
+					report(false, "kv_context %s d %d: %zu of %zu values differ from "
+						      "bd_page_read_head's (first at row %zu, column %zu)",
+					       cfg->name, d, bad, rows * kd, first / kd, first % kd);
+				FREE_DEV(da, ds, dbt, dk, dv);
+			}
+			n_case++;
+			n_ok += ok;
+
+			/* the chunk's rows: bd_kv_write_token into a scratch slot, read back */
+			{
+				float *k = xmalloc((size_t)n_rows * kd * 4), *v = xmalloc((size_t)n_rows * kd * 4);
+				float *mu = xmalloc(kd * 4), *ek = xmalloc((size_t)n_rows * kd * 4);
+				float *ev = xmalloc((size_t)n_rows * kd * 4);
+				float *ok_ = xmalloc((size_t)n_rows * kd * 4), *ov = xmalloc((size_t)n_rows * kd * 4);
+				uint8_t *scratch = xmalloc(lay.slot_bytes);
+				bool rok = true;
+				fill_gauss(k, (size_t)n_rows * kd, 1.0f, 20.0f);
+				fill_gauss(v, (size_t)n_rows * kd, 1.0f, 20.0f);
+				fill_gauss(mu, kd, 0.5f, 8.0f);
+				for (int i = 0; i < n_rows && rok; i++)
+					for (int h = 0; h < H && rok; h++) {
+						size_t o = (size_t)i * kd + (size_t)h * d;
+						rok = bd_kv_write_token(&lay, cfg, scratch, 0, 0,
+									BD_SINK_TOKENS, k + o, v + o,
+									mu + (size_t)h * d) == 0;
+						const bd_bf16 *sk = bd_slot_recent_k(&lay, scratch, 0, 0) +
+								    (size_t)BD_SINK_TOKENS * d;
+						const bd_bf16 *sv = bd_slot_recent_v(&lay, scratch, 0, 0) +
+								    (size_t)BD_SINK_TOKENS * d;
+						for (int c = 0; c < d; c++) {
+							ek[o + (size_t)c] = bd_bf16_to_f32(sk[c]);
+							ev[o + (size_t)c] = bd_bf16_to_f32(sv[c]);
+						}
+					}
+				float *dk = dup_to_dev(k, (size_t)n_rows * kd * 4);
+				float *dv = dup_to_dev(v, (size_t)n_rows * kd * 4);
+				float *dmu = dup_to_dev(mu, kd * 4);
+				float *dok = dmalloc((size_t)n_rows * kd * 4), *dov = dmalloc((size_t)n_rows * kd * 4);
+				CKR(bd_op_kv_rows(&lay, cfg, layer, dk, dv, dmu, n_rows, H, dok, dov, NULL));
+				d2h(ok_, dok, (size_t)n_rows * kd * 4);
+				d2h(ov, dov, (size_t)n_rows * kd * 4);
+				for (size_t i = 0; rok && i < (size_t)n_rows * kd; i++)
+					rok = fbits(ok_[i]) == fbits(ek[i]) && fbits(ov[i]) == fbits(ev[i]);
+				if (!rok)
+					report(false, "kv_rows %s d %d: rows differ from bd_kv_write_token's",
+					       cfg->name, d);
+				rows_case++;
+				rows_ok += rok;
+				FREE_HOST(k, v, mu, ek, ev, ok_, ov, scratch);
+				FREE_DEV(dk, dv, dmu, dok, dov);
+			}
+			FREE_HOST(arena, slot, kb, vb, tk, tv, f, rk, rv, gk, gv);
+		}
+	}
+	report(n_ok == n_case && n_case > 0,
+	       "kv_context: K'/V of 3 pages (block table 2 0 3) and the sink bitwise equal to "
+	       "bd_page_read_head + the BF16 sink for %d of %d (configuration, d) cases",
+	       n_ok, n_case);
+	report(rows_ok == rows_case && rows_case > 0,
+	       "kv_rows: a chunk's K'/V rows bitwise equal to bd_kv_write_token's stored rows for %d "
+	       "of %d (configuration, d) cases, with mu", rows_ok, rows_case);
+
+	/* the query rotation */
+	for (int di = 0; di < 2; di++) {
+		const int d = dims[di][0], R = 45;
+		float *x = xmalloc((size_t)R * d * 4), *y = xmalloc((size_t)R * d * 4);
+		fill_gauss(x, (size_t)R * d, 2.0f, 16.0f);
+		float *dx = dup_to_dev(x, (size_t)R * d * 4);
+		CKR(bd_op_fwht_rows(dx, R, d, NULL));
+		d2h(y, dx, (size_t)R * d * 4);
+		bool fok = true;
+		for (int r = 0; r < R; r++)
+			CKR(bd_fwht(x + (size_t)r * d, d));
+		for (size_t i = 0; i < (size_t)R * d; i++)
+			fok &= fbits(x[i]) == fbits(y[i]);
+		report(fok, "fwht_rows d %d: %d rows bitwise equal to bd_fwht", d, R);
+		FREE_HOST(x, y);
+		FREE_DEV(dx);
+	}
 }
 
 static void time_prefill(void)
@@ -1102,6 +1329,187 @@ static void check_topk(int V)
 	CK(cudaFree(dlg));
 }
 
+/* ---- log-probabilities ----------------------------------------------------------------------------- */
+
+/* How far bd_op_logprobs may lie from bd_sampler_logprobs (want) on a row of max m. Both
+ * evaluate lse = m + log Σ exp(x − m) and (float)(x − lse) in double with the same operations;
+ * they differ in the order of the sum (the CPU's sequential, relative error ≤ (V + 1)·2^-53; the
+ * device's per-thread-then-tree, ≤ (V/1024 + 11)·2^-53) and in exp/log (glibc < 1 ulp, CUDA ≤
+ * 1 ulp each: ≤ 2·2^-53 more per term, ≤ 2^-53·ln V on the log). So the doubles x − lse differ
+ * by δ ≤ (V + 2)·2^-52 + 2^-51·(|m| + ln V + |x − lse|), and their FP32 roundings by at most one
+ * FP32 ulp of the value when δ is below it (a double on either side of a rounding boundary),
+ * else by δ plus that ulp. */
+static double lp_tol(float want, double m, int V)
+{
+	const float a = fabsf(want);
+	/* the spacing above a (below, at FLT_MAX, where the next one up is inf) */
+	const double ulp = a < FLT_MAX ? (double)nextafterf(a, INFINITY) - (double)a
+				       : (double)a - (double)nextafterf(a, 0.0f);
+
+	return ulp + (V + 2.0) * 0x1p-52 + 0x1p-51 * (fabs(m) + log((double)V) + (double)a);
+}
+
+/* got within lp_tol of want, with -inf only equal to -inf and NaN only to NaN; *worst keeps the
+ * largest |Δ| / tolerance seen. */
+static bool lp_close(float got, float want, double m, int V, double *worst)
+{
+	if (isnan(want) || isnan(got))
+		return isnan(want) && isnan(got);
+	if (isinf(want) || isinf(got))
+		return got == want;
+	const double e = fabs((double)got - (double)want) / lp_tol(want, m, V);
+
+	if (e > *worst)
+		*worst = e;
+	return e <= 1.0;
+}
+
+static void check_logprobs(int V)
+{
+	enum { N = 11 };
+	const int ks[5] = { 0, 1, 5, 20, 64 };
+	float *lg = xmalloc((size_t)N * V * 4);
+	int32_t tok[N];
+	int32_t want_ids[64];
+	float want_lp[64];
+
+	fill_gauss(lg, (size_t)N * V, 2.0f, 3.0f);
+	for (int i = 0; i < V; i++) {
+		float *r = lg;
+
+		r[1 * (size_t)V + i] = floorf(r[1 * (size_t)V + i] * 4.0f) / 4.0f; /* many ties */
+		r[2 * (size_t)V + i] *= 1e4f;                 /* large magnitudes, with ±FLT_MAX */
+		r[3 * (size_t)V + i] *= 3e3f;                 /* large spread: most exp() underflow */
+		r[4 * (size_t)V + i] = i % 7 == 0 ? -INFINITY : -1.0f - fabsf(r[4 * (size_t)V + i]);
+		r[5 * (size_t)V + i] = -INFINITY;             /* ten finite values */
+		r[9 * (size_t)V + i] = -INFINITY;             /* all -inf: refused */
+		r[10 * (size_t)V + i] = -INFINITY;            /* one finite value */
+	}
+	lg[2 * (size_t)V + 7] = FLT_MAX;
+	lg[2 * (size_t)V + 8] = -FLT_MAX;                     /* lp −2·FLT_MAX rounds to −inf */
+	lg[4 * (size_t)V + 9] = 0.0f;                         /* a ±0 tie at the max */
+	lg[4 * (size_t)V + 3] = -0.0f;
+	for (int i = 0; i < 10; i++)
+		lg[5 * (size_t)V + (size_t)(i * 997) % (size_t)V] = gauss();
+	lg[6 * (size_t)V + 123] = 80.0f;                      /* nearly one-hot: lp ≈ 0 */
+	lg[7 * (size_t)V + (size_t)V / 2] = NAN;              /* refused */
+	lg[8 * (size_t)V + 5] = INFINITY;                     /* refused */
+	lg[10 * (size_t)V + (size_t)V - 1] = -1e30f;
+	for (int r = 0; r < N; r++)
+		tok[r] = (int32_t)(((int64_t)r * 7919 + 13) % V);
+	tok[2] = 7;
+	tok[3] = -1; /* a refused draw: lp NaN, the top entries as usual */
+	tok[4] = 3;  /* −0, tied with +0 at id 9 */
+	tok[6] = 123;
+	tok[10] = V; /* outside the vocabulary */
+
+	/* every row, in reverse order, through the row list; then rows 6, 0, 2 */
+	int32_t all[N], some[3] = { 6, 0, 2 };
+	for (int j = 0; j < N; j++)
+		all[j] = N - 1 - j;
+	float *dlg = dup_to_dev(lg, (size_t)N * V * 4);
+	int32_t *dtok = dup_to_dev(tok, sizeof(tok));
+	int32_t *dall = dup_to_dev(all, sizeof(all)), *dsome = dup_to_dev(some, sizeof(some));
+	float *dlp = dmalloc(N * 4), *dvals = dmalloc((size_t)N * 64 * 4);
+	int32_t *dids = dmalloc((size_t)N * 64 * 4);
+	float lp[N], *vals = xmalloc((size_t)N * 64 * 4);
+	int32_t *ids = xmalloc((size_t)N * 64 * 4);
+
+	for (int ki = 0; ki < 5; ki++) {
+		const int k = ks[ki];
+		size_t bad_lp = 0, bad_id = 0, bad_val = 0, exact = 0, values = 0;
+		double worst = 0.0;
+
+		for (int pass = 0; pass < 2; pass++) {
+			const int m = pass ? 3 : N;
+			const int32_t *rows = pass ? some : all;
+
+			CK(cudaMemset(dlp, 0x7f, N * 4));
+			CKR(bd_op_logprobs(dlg, V, pass ? dsome : dall, m, dtok, k, dlp,
+					   k ? dids : NULL, k ? dvals : NULL, NULL));
+			d2h(lp, dlp, (size_t)m * 4);
+			if (k) {
+				d2h(ids, dids, (size_t)m * k * 4);
+				d2h(vals, dvals, (size_t)m * k * 4);
+			}
+			for (int j = 0; j < m; j++) {
+				const int r = rows[j];
+				const float *row = lg + (size_t)r * V;
+				const bool in = tok[r] >= 0 && tok[r] < V;
+				float want = NAN;
+				double mx = -INFINITY;
+				int n = bd_sampler_logprobs(row, V, tok[r], k, in ? &want : NULL,
+							    want_ids, want_lp);
+
+				for (int i = 0; i < V; i++)
+					mx = row[i] > mx ? row[i] : mx;
+				if (n < 0) {
+					/* the CPU's -EDOM: NaN, ids −1 */
+					bad_lp += !isnan(lp[j]);
+					for (int i = 0; i < k; i++) {
+						bad_id += ids[(size_t)j * k + i] != -1;
+						bad_val += !isnan(vals[(size_t)j * k + i]);
+					}
+					continue;
+				}
+				bad_lp += !lp_close(lp[j], want, mx, V, &worst);
+				values++;
+				exact += fbits(lp[j]) == fbits(want) || (isnan(lp[j]) && isnan(want));
+				for (int i = 0; i < k; i++) {
+					const float v = vals[(size_t)j * k + i];
+
+					bad_id += ids[(size_t)j * k + i] != want_ids[i];
+					bad_val += !lp_close(v, want_lp[i], mx, V, &worst);
+					values++;
+					exact += fbits(v) == fbits(want_lp[i]);
+				}
+			}
+		}
+		report(bad_lp + bad_id + bad_val == 0,
+		       "logprobs V %d k %d vs bd_sampler_logprobs (ties, ±0, ±FLT_MAX, ±inf, NaN, "
+		       "tokens outside; all rows reversed, then 3): %zu sampled, %zu ids, %zu values "
+		       "differ; worst |Δ|/tol %.3f, %zu of %zu bitwise equal",
+		       V, k, bad_lp, bad_id, bad_val, worst, exact, values);
+	}
+
+	/* speed of a decode batch asking for 20 each (informative) */
+	{
+		enum { B = 64, REPS = 20 };
+		float *blg = xmalloc((size_t)B * V * 4);
+		int32_t btok[B];
+		float *dblg, *dblp, *dbv;
+		int32_t *dbtok, *dbid;
+		cudaEvent_t e0, e1;
+		float ms = 0.0f;
+
+		fill_gauss(blg, (size_t)B * V, 2.0f, 3.0f);
+		for (int r = 0; r < B; r++)
+			btok[r] = r;
+		dblg = dup_to_dev(blg, (size_t)B * V * 4);
+		dbtok = dup_to_dev(btok, sizeof(btok));
+		dblp = dmalloc(B * 4);
+		dbv = dmalloc((size_t)B * 20 * 4);
+		dbid = dmalloc((size_t)B * 20 * 4);
+		CK(cudaEventCreate(&e0));
+		CK(cudaEventCreate(&e1));
+		CKR(bd_op_logprobs(dblg, V, NULL, B, dbtok, 20, dblp, dbid, dbv, NULL));
+		CK(cudaEventRecord(e0, NULL));
+		for (int i = 0; i < REPS; i++)
+			CKR(bd_op_logprobs(dblg, V, NULL, B, dbtok, 20, dblp, dbid, dbv, NULL));
+		CK(cudaEventRecord(e1, NULL));
+		CK(cudaEventSynchronize(e1));
+		CK(cudaEventElapsedTime(&ms, e0, e1));
+		printf("INFO: logprobs V %d: %.1f us per launch of %d rows, top 20\n", V,
+		       1e3 * ms / REPS, B);
+		CK(cudaEventDestroy(e0));
+		CK(cudaEventDestroy(e1));
+		free(blg);
+		FREE_DEV(dblg, dbtok, dblp, dbv, dbid);
+	}
+	FREE_HOST(lg, vals, ids);
+	FREE_DEV(dlg, dtok, dall, dsome, dlp, dvals, dids);
+}
+
 /* ---- fill_normal --------------------------------------------------------------------------------- */
 
 static void check_fill_normal(void)
@@ -1198,11 +1606,30 @@ static void check_refusals(void)
 	REFUSE(bd_op_kv_write(&lay, cfg, 2, (void *const *)dy, dpos, dx, dx, NULL, 1, 1, NULL));
 	REFUSE(bd_op_kv_write(&lay, cfg, 0, (void *const *)dy, dpos, dx, dx, NULL, 1, 3, NULL));
 	REFUSE(bd_op_kv_write(&lay, NULL, 0, (void *const *)dy, dpos, dx, dx, NULL, 1, 1, NULL));
+	REFUSE(bd_op_prefill_attn_ctx(dx, dx, dx, 1, -128, 1, 1, 64, 0.1f, dy, NULL));
+	REFUSE(bd_op_prefill_attn_ctx(dx, dx, dx, 1, 128, 1, 1, 96, 0.1f, dy, NULL));
+	REFUSE(bd_op_prefill_attn_ctx(dx, dx, dx, 2, (1 << 20) - 1, 1, 1, 64, 0.1f, dy, NULL));
+	REFUSE(bd_op_kv_rows(&lay, cfg, 0, dx, dx, NULL, 1, 3, dy, dy, NULL));
+	REFUSE(bd_op_kv_rows(&lay, cfg, 2, dx, dx, NULL, 1, 1, dy, dy, NULL));
+	REFUSE(bd_op_fwht_rows(dy, 1, 96, NULL));
+	REFUSE(bd_op_kv_context(&lay, cfg, 0, dx, dpos, -1, dx, 1, dy, dy, NULL));
+	REFUSE(bd_op_kv_context(&lay, cfg, 0, dx, dpos, 1, dx, 3, dy, dy, NULL));
+	REFUSE(bd_op_kv_context(&lay, cfg, 0, NULL, dpos, 1, dx, 1, dy, dy, NULL));
 	REFUSE(bd_op_sample(dx, n, V, dp, dpos, NULL, NULL));
 	REFUSE(bd_op_sample(dx, n, (1 << 23) + 1, dp, dpos, ws, NULL));
 	REFUSE(bd_op_topk(dx, n, V, 65, dids, dy, NULL));
 	REFUSE(bd_op_topk(dx, n, 10, 11, dids, dy, NULL));
 	REFUSE(bd_op_topk(dx, n, V, 0, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 65, dy, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, 10, NULL, n, dpos, 11, dy, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, -1, dy, dids, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 5, dy, NULL, dy, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 5, dy, dids, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, NULL, 0, dy, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, n, dpos, 0, NULL, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(NULL, V, NULL, n, dpos, 0, dy, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, 0, NULL, n, dpos, 0, dy, NULL, NULL, NULL));
+	REFUSE(bd_op_logprobs(dx, V, NULL, -1, dpos, 0, dy, NULL, NULL, NULL));
 	REFUSE(bd_op_fill_normal(dy, BD_DT_F32, 10, 1, NAN, 1.0f, NULL));
 	REFUSE(bd_op_fill_normal(dy, bad_dt, 10, 1, 0.0f, 1.0f, NULL));
 	REFUSE(bd_op_check_finite(dx, 10, NULL, NULL));
@@ -1214,7 +1641,8 @@ static void check_refusals(void)
 		touched += h[b] != 0x5a;
 	/* n = 0 is a no-op, not an error */
 	int zero = bd_op_rmsnorm(dx, dw, BD_DT_F32, 0, E, 1e-6f, dy, BD_DT_F32, NULL) |
-		   bd_op_add(dy, dx, 0, NULL) | bd_op_sample(dx, 0, V, dp, dpos, ws, NULL);
+		   bd_op_add(dy, dx, 0, NULL) | bd_op_sample(dx, 0, V, dp, dpos, ws, NULL) |
+		   bd_op_logprobs(dx, V, NULL, 0, dpos, 5, dy, dids, dy, NULL);
 	report(fails == 0 && touched == 0 && zero == 0,
 	       "refusals: %d calls did not return -EINVAL, %zu output bytes touched, empty calls %d",
 	       fails, touched, zero);
@@ -1224,14 +1652,15 @@ static void check_refusals(void)
 
 /* ---- graph capture ---------------------------------------------------------------------------------- */
 
-/* The ops on a stream: rmsnorm, head norm, RoPE, prefill, KV write, sampling, top-k, fill. */
+/* The ops on a stream: rmsnorm, head norm, RoPE, prefill, KV write, sampling, top-k,
+ * log-probabilities of the sampled tokens, fill. */
 struct gwork {
 	const struct shape *s;
 	int n, V;
 	struct bd_layout lay;
 	const struct bd_kvcfg *cfg;
-	float *x, *w, *xn, *q, *k, *v, *o, *lg, *tv, *nrm;
-	int32_t *pos, *tok, *tid;
+	float *x, *w, *xn, *q, *k, *v, *o, *lg, *tv, *nrm, *lpt, *lpv;
+	int32_t *pos, *tok, *tid, *lpid;
 	void **slots;
 	uint8_t *slot;
 	struct bd_gsample *p;
@@ -1252,6 +1681,7 @@ static void gwork_run(struct gwork *g, cudaStream_t st)
 			   s->Hkv, st));
 	CKR(bd_op_sample(g->lg, 4, g->V, g->p, g->tok, g->ws, st));
 	CKR(bd_op_topk(g->lg, 4, g->V, 8, g->tid, g->tv, st));
+	CKR(bd_op_logprobs(g->lg, g->V, NULL, 4, g->tok, 8, g->lpt, g->lpid, g->lpv, st));
 	CKR(bd_op_fill_normal(g->nrm, BD_DT_F32, 1000, 9, 0.0f, 1.0f, st));
 }
 
@@ -1303,6 +1733,9 @@ static void check_graph(void)
 	g.pos = dup_to_dev(pos, sizeof(pos));
 	g.tok = dmalloc(4 * 4);
 	g.tid = dmalloc(8 * 4 * 4);
+	g.lpt = dmalloc(4 * 4);
+	g.lpid = dmalloc(8 * 4 * 4);
+	g.lpv = dmalloc(8 * 4 * 4);
 	g.slot = dmalloc(g.lay.slot_bytes);
 	void *sp = g.slot;
 	g.slots = dmalloc(sizeof(void *) * (size_t)n);
@@ -1317,7 +1750,7 @@ static void check_graph(void)
 	/* direct run */
 	cudaStream_t st;
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-	const size_t outs = nx + nq + nq + 4 + 32 + 32 + 1000;
+	const size_t outs = nx + nq + nq + 4 + 32 + 32 + 1000 + 4 + 32 + 32;
 	float *res[2];
 	uint8_t *slot_res[2];
 	for (int pass = 0; pass < 2; pass++) {
@@ -1354,6 +1787,9 @@ static void check_graph(void)
 		d2h(r + nx + 2 * nq + 4, g.tid, 32 * 4);
 		d2h(r + nx + 2 * nq + 36, g.tv, 32 * 4);
 		d2h(r + nx + 2 * nq + 68, g.nrm, 1000 * 4);
+		d2h(r + nx + 2 * nq + 1068, g.lpt, 4 * 4);
+		d2h(r + nx + 2 * nq + 1072, g.lpid, 32 * 4);
+		d2h(r + nx + 2 * nq + 1104, g.lpv, 32 * 4);
 		d2h(slot_res[pass], g.slot, g.lay.slot_bytes);
 	}
 	const bool ok = memcmp(res[0], res[1], outs * 4) == 0 &&
@@ -1366,7 +1802,7 @@ static void check_graph(void)
 	}
 	FREE_HOST(hx, hq, hk, hv, hl, hw, ptrs);
 	void *dev[] = { g.x, g.w, g.xn, g.q, g.k, g.v, g.o, g.lg, g.tv, g.nrm, g.pos, g.tok, g.tid,
-			g.slot, g.slots, g.p, g.ws };
+			g.slot, g.slots, g.p, g.ws, g.lpt, g.lpid, g.lpv };
 	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
 		CK(cudaFree(dev[i]));
 }
@@ -1406,10 +1842,17 @@ int main(int argc, char **argv)
 		check_swiglu(s);
 	}
 	check_kv_write();
+	check_chunk_context();
 	if (small) {
 		check_prefill(&shapes[0], 17);
 		check_prefill(&shapes[1], 70);
+		check_prefill_ctx(&shapes[0], 128, 40);
 	} else {
+		for (int si = 0; si < 2; si++) {
+			check_prefill_ctx(&shapes[si], 128, 1);
+			check_prefill_ctx(&shapes[si], 256, 100);
+			check_prefill_ctx(&shapes[si], 384, 300);
+		}
 		const int ns[4] = { 1, 17, 300, 2048 };
 
 		for (int si = 0; si < 2; si++)
@@ -1432,6 +1875,9 @@ int main(int argc, char **argv)
 	check_topk(small ? 3000 : shapes[1].V);
 	if (!small)
 		check_topk(shapes[0].V);
+	check_logprobs(small ? 3000 : shapes[1].V);
+	if (!small)
+		check_logprobs(shapes[0].V);
 	check_fill_normal();
 	check_refusals();
 	check_graph();

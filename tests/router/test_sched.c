@@ -1237,6 +1237,90 @@ Test(sched, a_failed_group_holds_the_running_requests_and_the_next_group_resumes
 	cr_expect_eq(pages_free(), 16);
 }
 
+/* The group's workers decide how a prompt is cut (bd_sched_set_workers, from their
+ * RegisterRequests): rows of at most 200 tokens cut the 256-token chunks to one page; a group
+ * that takes whole prompts only gets each prompt in one row, and a prompt held in the middle
+ * of its prefill when such a group forms starts over at position 0 (no row at 128 is sent). */
+Test(sched, the_workers_capabilities_cut_the_chunks)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *rb;
+	struct bd_req *b;
+
+	setup(4, 8, 512, 16, 8);
+	S.cfg.max_prefill_chunk = 256;
+	S.cfg.resume_timeout_ms = 5000;
+	bd_sched_set_workers(&S, false, 200);
+	b = submit(2, 600, 3, true);
+	p = step();
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect_eq(rb->position, 0);
+	cr_expect_eq(rb->n_tokens, 128, "max_row 200 holds one whole page");
+	answer(p);
+	p = step();
+	rb = row_of(p, b->id);
+	cr_expect_eq(rb->position, 128);
+	cr_expect_eq(rb->n_tokens, 128);
+
+	/* the group fails with b at 128; the next one takes whole prompts only */
+	bd_sched_group_down(&S, "worker rank 0 (pid 9) disconnected", now);
+	drain();
+	bd_sched_set_workers(&S, true, 0);
+	bd_sched_group_up(&S, 2);
+	p = step();
+	rb = row_of(p, b->id);
+	cr_assert_not_null(rb);
+	cr_expect(rb->prefill);
+	cr_expect_not(rb->resume, "a prefill at 0 starts the sequence anyway");
+	cr_expect_eq(rb->position, 0, "the prefill starts over");
+	cr_expect_eq(rb->n_tokens, 600, "the whole prompt in one row");
+	cr_expect_eq(rb->n_block_table, 0);
+	cr_assert_eq(rb->n_new_pages, 4);
+	cr_expect_eq(rb->new_pages[0], b->pages[0], "on the pages it was admitted with");
+	cr_expect(rb->sample);
+	answer(p);
+	run_to_idle(20);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	cr_expect_eq(S.tokens_generated, 3, "no token twice");
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), 16);
+}
+
+/* max_prefill_chunk 0 (whole prompts) on workers that take rows of at most 300 tokens: a
+ * 600-token prompt goes in rows of 256, 256 and 88, beyond the step's budget as a whole prompt
+ * would; a 200-token prompt in one row. */
+Test(sched, whole_prompts_longer_than_the_workers_rows_go_in_chunks)
+{
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *rb;
+	struct bd_req *a, *b;
+	const int want[3][2] = { { 0, 256 }, { 256, 256 }, { 512, 88 } };
+
+	setup(4, 8, 128, 16, 8);
+	bd_sched_set_workers(&S, false, 300);
+	b = submit(2, 600, 2, true);
+	for (int k = 0; k < 3; k++) {
+		p = step();
+		rb = row_of(p, b->id);
+		cr_assert_not_null(rb);
+		cr_expect(rb->prefill);
+		cr_expect_eq(rb->position, want[k][0]);
+		cr_expect_eq(rb->n_tokens, want[k][1]);
+		cr_expect_eq(rb->sample, k == 2);
+		answer(p);
+	}
+	run_to_idle(20);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
+	a = submit(3, 200, 1, true);
+	p = step();
+	cr_assert_not_null(row_of(p, a->id));
+	cr_expect_eq(row_of(p, a->id)->n_tokens, 200);
+	answer(p);
+	run_to_idle(20);
+	cr_expect_eq(records(), 0);
+}
+
 /* No group forms within resume_timeout_ms: every live request, running or queued, fails
  * WORKER_FAILED saying so, and the pool gets everything back. */
 Test(sched, a_resume_that_times_out_fails_every_request_clearly_and_frees_the_pool)

@@ -64,6 +64,9 @@ struct fake {
 };
 
 static struct fake F[2];
+/* what the fakes say they run (RegisterRequest.whole_prompts): they take prefill rows at
+ * position 0 only, so a chunk at a later position sent to them is a violation */
+static bool fake_whole_prompts;
 /* the model the fakes register (a random-weights router names a preset) */
 static const char *fake_model = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -114,6 +117,7 @@ static void fregister(struct fake *f, void *s)
 	r.backend = (char *)"cpu";
 	r.device = -1;
 	r.model = (char *)fake_model;
+	r.whole_prompts = fake_whole_prompts;
 	m.msg_case = BDFP4__WORKER_MESSAGE__MSG_REGISTER_REQUEST;
 	m.register_request = &r;
 	fsend(s, &m);
@@ -568,6 +572,28 @@ Test(serve_router, stream_tokens_pages_and_usage)
 	cr_expect_str_eq(info.kv_config, "bitdecoding-nvfp4");
 	cr_expect_str_eq(info.decode_kernel,
 			 "rank 0: hopper (fake rank 0); rank 1: blackwell-tc (fake rank 1)");
+	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool still holds pages or slots");
+	bd_client_free(c);
+	expect_no_violations();
+}
+
+/* Workers that register whole_prompts (a cuda worker with synthetic_prefill cannot continue a
+ * prompt) get a 300-token prompt in one row although the router is set to chunks of 128: a
+ * row at position 128 would be a violation of the fakes. */
+Test(serve_router, workers_that_take_whole_prompts_get_no_chunk)
+{
+	struct bd_client *c;
+	struct result r;
+	int32_t ids[300];
+
+	fake_whole_prompts = true;
+	up("16", "4", (const char *const[]){ "--max-prefill-chunk", "128", "--max-prefill-tokens",
+					     "256", NULL });
+	c = sv_client(&E);
+	prompt_ids(ids, 300, 3);
+	generate(c, ids, 300, 20, 91, &r);
+	cr_expect_eq(r.finish, BD_FINISH_LENGTH, "finish %d: %s", r.finish, r.message);
+	expect_tokens(&r, 300, 91, 20);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool still holds pages or slots");
 	bd_client_free(c);
 	expect_no_violations();

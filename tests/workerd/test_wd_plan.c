@@ -39,20 +39,29 @@ static void prefill_row(Bdfp4__PlanRow *r, uint64_t id, int n, int32_t slot, int
 	r->sample = true;
 }
 
-static void decode_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int32_t *tok, int32_t slot,
-		       int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new)
+/* A plan row of request id: n tokens at position pos over the block table bt[n_bt],
+ * promoting into newp[n_new]. */
+static void plan_row(Bdfp4__PlanRow *r, uint64_t id, bool prefill, int pos, int32_t *tokens, int n,
+		     int32_t slot, int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new, bool sample)
 {
 	bdfp4__plan_row__init(r);
 	r->request_id = id;
+	r->prefill = prefill;
 	r->position = pos;
-	r->n_tokens = 1;
-	r->tokens = tok;
+	r->n_tokens = (size_t)n;
+	r->tokens = tokens;
 	r->slot = slot;
 	r->block_table = bt;
 	r->n_block_table = n_bt;
 	r->new_pages = newp;
 	r->n_new_pages = n_new;
-	r->sample = true;
+	r->sample = sample;
+}
+
+static void decode_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int32_t *tok, int32_t slot,
+		       int32_t *bt, size_t n_bt, int32_t *newp, size_t n_new)
+{
+	plan_row(r, id, false, pos, tok, 1, slot, bt, n_bt, newp, n_new, true);
 }
 
 /* A prefill of request id that maps and runs: its record then holds the n tokens. */
@@ -137,6 +146,49 @@ Test(wd_plan, prefill_maps_and_the_record_follows)
 	cr_assert_eq(wd_gtab_find(&t, 5)->n_tokens, 301);
 	cr_assert_eq(wd_gtab_find(&t, 5)->draws, 2);
 	wd_gtab_clear(&t);
+}
+
+/* Log-probabilities: a sampling row that asks gets them, top_logprobs cut at what a row result
+ * holds (WD_LOGPROBS_MAX = 20); top_logprobs without logprobs, or logprobs on a row that does
+ * not sample (a prefill chunk before the last), ask for nothing. Prefill and decode alike. */
+Test(wd_plan, logprobs_are_asked_on_sampling_rows)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t tok = 7;
+	char msg[200];
+	const struct {
+		bool prefill, sample, logprobs;
+		uint32_t top, want_top;
+		bool want;
+	} c[] = {
+		{ true, true, true, 5, 5, true },    { true, true, true, 0, 0, true },
+		{ true, true, true, 64, 20, true },  { true, true, false, 3, 0, false },
+		{ true, false, true, 3, 0, false },  { false, true, true, 20, 20, true },
+		{ false, true, true, 21, 20, true }, { false, true, false, 4, 0, false },
+		{ false, false, true, 4, 0, false },
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		if (c[i].prefill) {
+			prefill_row(&r, 3, 10, 1, NULL, 64);
+		} else {
+			prefilled(&t, 3, 10, 1, NULL, 64);
+			decode_row(&r, 3, 10, &tok, 1, NULL, 0, NULL, 0);
+		}
+		r.sample = c[i].sample;
+		r.logprobs = c[i].logprobs;
+		r.top_logprobs = c[i].top;
+		cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "case %zu: %s", i,
+			     msg);
+		cr_assert_eq(it.logprobs, c[i].want, "case %zu", i);
+		cr_assert_eq(it.top_logprobs, c[i].want_top, "case %zu", i);
+		cr_assert_eq(it.sample, c[i].sample, "case %zu", i);
+		wd_gdone(&t, &it, true);
+		cr_assert_not_null(wd_gtab_find(&t, 3), "case %zu: the record stays", i);
+		wd_gtab_clear(&t);
+	}
 }
 
 /* Decoding through a page boundary: the token at position 383 completes page 2, so that row
@@ -270,6 +322,172 @@ Test(wd_plan, inconsistent_row_fails_others_run)
 	wd_gtab_clear(&t);
 }
 
+/* A prefill chunk of request id over PROMPT (plan_row). */
+static void chunk_row(Bdfp4__PlanRow *r, uint64_t id, int pos, int n, int32_t slot, int32_t *bt,
+		      size_t n_bt, int32_t *newp, size_t n_new, bool sample)
+{
+	for (int i = 0; i < n; i++)
+		PROMPT[i] = (i * 11 + 3) % 1000;
+	plan_row(r, id, true, pos, PROMPT, n, slot, bt, n_bt, newp, n_new, sample);
+}
+
+/* A 600-token prompt in chunks of 256, 256, 88: the first at 0 makes the record (fills pages
+ * 0, 1), the second at 256 reads them (block table of 2) and fills pages 2, 3, the last at 512
+ * fills none (512 + 88 < 640) and samples; the record then holds 600 tokens, 4 pages, one
+ * draw, and the decode at 600 maps on it. */
+Test(wd_plan, chunks_continue_the_record)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t pages[4] = { 7, 3, 9, 1 }, tok = 4;
+	char msg[200];
+
+	chunk_row(&r, 6, 0, 256, 2, NULL, 0, pages, 2, false);
+	r.capacity = 640;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_PREFILL);
+	cr_assert_eq(it.g.position, 0);
+	cr_assert_not(it.sample);
+	wd_gdone(&t, &it, true);
+	cr_assert_eq(wd_gtab_find(&t, 6)->n_tokens, 256);
+	cr_assert_eq(wd_gtab_find(&t, 6)->draws, 0, "a chunk that samples nothing draws nothing");
+
+	chunk_row(&r, 6, 256, 256, 2, pages, 2, pages + 2, 2, false);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_PREFILL);
+	cr_assert_eq(it.n_tokens, 256);
+	cr_assert_eq(it.tokens, PROMPT);
+	cr_assert_eq(it.g.slot, 2);
+	cr_assert_eq(it.g.position, 256);
+	cr_assert_eq(it.g.n_pages, 2);
+	cr_assert_eq(it.g.block_table, pages);
+	cr_assert_eq(it.g.n_new, 2);
+	cr_assert_eq(it.g.new_pages, pages + 2);
+	cr_assert(wd_gtab_find(&t, 6)->busy);
+	wd_gdone(&t, &it, true);
+	struct wd_greq *q = wd_gtab_find(&t, 6);
+	cr_assert(q->n_tokens == 512 && q->n_pages == 4 && q->pages[2] == 9 && q->pages[3] == 1);
+
+	chunk_row(&r, 6, 512, 88, 2, pages, 4, NULL, 0, true);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.g.position, 512);
+	cr_assert_eq(it.g.n_new, 0);
+	cr_assert_eq(it.g.rng_step, 0);
+	cr_assert(it.sample);
+	wd_gdone(&t, &it, true);
+	cr_assert_eq(wd_gtab_find(&t, 6)->n_tokens, 600);
+	cr_assert_eq(wd_gtab_find(&t, 6)->draws, 1);
+
+	decode_row(&r, 6, 600, &tok, 2, pages, 4, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.g.rng_step, 1);
+	wd_gtab_clear(&t);
+}
+
+/* Chunks that do not continue their record, each refused (its record dropped): off a page
+ * boundary, at another position than the tokens held, another block table, the wrong count of
+ * new pages, past the capacity, longer than max_prefill, on a synthetic-prefill worker. */
+Test(wd_plan, chunks_that_lie_are_refused_and_drop_the_record)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_glimits syn = LIM;
+	Bdfp4__PlanRow r;
+	int32_t pages[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, wrong[1] = { 9 };
+	struct {
+		int held, pos, n, n_bt, n_new;
+		int32_t *bt;
+		const struct wd_glimits *lim;
+		const char *why;
+	} c[] = {
+		{ 300, 300, 10, 2, 0, pages, &LIM, "starts on a page" },
+		{ 256, 128, 10, 1, 0, pages, &LIM, "count of tokens held" },
+		{ 128, 128, 10, 1, 0, wrong, &LIM, "block table" },
+		{ 128, 128, 256, 1, 1, pages, &LIM, "new pages" },
+		{ 128, 128, 400, 1, 3, pages, &LIM, "capacity" },
+		{ 128, 128, 513, 1, 4, pages, &LIM, "max_prefill" },
+		{ 128, 128, 10, 1, 0, pages, &syn, "whole prompts" },
+	};
+	syn.synthetic = true;
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		prefilled(&t, 8, c[i].held, 1, pages, 512);
+		chunk_row(&r, 8, c[i].pos, c[i].n, 1, c[i].bt, (size_t)c[i].n_bt, pages + 4,
+			  (size_t)c[i].n_new, true);
+		refused(&t, &r, c[i].lim, INV, c[i].why);
+		cr_assert_null(wd_gtab_find(&t, 8), "%s: the record stays", c[i].why);
+	}
+	wd_gtab_clear(&t);
+}
+
+/* A restarted worker holds nothing: a decode row with resume (position 300, pages 5 and 6,
+ * draws 7) rebuilds the record and maps on it with rng_step 7 and the row's sampler; a chunk
+ * row with resume maps as a chunk; a resume replaces a stale record of the request. Bad resume
+ * rows (block table of another length than position/128, a page outside the pool, a slot
+ * another request holds) are refused and make no record. */
+Test(wd_plan, resume_rows_rebuild_the_record)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	Bdfp4__SamplingParams sp = BDFP4__SAMPLING_PARAMS__INIT;
+	int32_t bt[3] = { 5, 6, 11 }, far[2] = { 5, 100 }, tok = 8;
+	char msg[200];
+
+	sp.temperature = 0.5f;
+	sp.seed = 42;
+	decode_row(&r, 3, 300, &tok, 4, bt, 2, NULL, 0);
+	r.resume = true;
+	r.draws = 7;
+	r.capacity = 400;
+	r.sampling = &sp;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_DECODE);
+	cr_assert_eq(it.g.slot, 4);
+	cr_assert_eq(it.g.position, 300);
+	cr_assert_eq(it.g.n_pages, 2);
+	cr_assert_eq(it.g.rng_step, 7);
+	cr_assert_eq(it.g.sampling.seed, 42);
+	cr_assert_float_eq(it.g.sampling.temperature, 0.5f, 0);
+	wd_gdone(&t, &it, true);
+	struct wd_greq *q = wd_gtab_find(&t, 3);
+	cr_assert(q && q->n_tokens == 301 && q->draws == 8 && q->capacity == 400 &&
+		  q->n_pages == 2 && q->pages[1] == 6);
+
+	/* a stale record of request 3 (a different slot) is replaced by the resume */
+	chunk_row(&r, 3, 256, 100, 5, bt, 2, NULL, 0, true);
+	r.resume = true;
+	r.capacity = 400;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_PREFILL);
+	cr_assert_eq(it.g.position, 256);
+	cr_assert_eq(it.g.slot, 5);
+	cr_assert_eq(it.g.n_pages, 2);
+	wd_gdone(&t, &it, true);
+	cr_assert_eq(wd_gtab_find(&t, 3)->n_tokens, 356);
+	cr_assert_eq(t.n, 1);
+
+	struct {
+		int32_t slot, *bt;
+		size_t n_bt;
+		uint32_t capacity;
+		const char *why;
+	} bad[] = {
+		{ 6, bt, 3, 400, "cannot resume" },
+		{ 6, far, 2, 400, "outside the pool" },
+		{ 5, bt, 2, 400, "held by request 3" },
+		{ 6, bt, 2, 200, "capacity" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		decode_row(&r, 4, 300, &tok, bad[i].slot, bad[i].bt, bad[i].n_bt, NULL, 0);
+		r.resume = true;
+		r.capacity = bad[i].capacity;
+		refused(&t, &r, &LIM, INV, bad[i].why);
+	}
+	cr_assert_null(wd_gtab_find(&t, 4));
+	cr_assert_eq(t.n, 1);
+	wd_gtab_clear(&t);
+}
+
 struct bad_row {
 	Bdfp4__PlanRow r;
 	int want;          /* the code it is refused with */
@@ -317,10 +535,8 @@ Test(wd_plan, bad_rows_are_refused)
 	bad_prefill(bad, &n, 128, 3, &far, 300, INV, "a page outside the pool");
 	bad_prefill(bad, &n, 1, 3, NULL, 8, INV, "a token = the vocabulary size")->tokens = &big;
 	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top_p above 1")->sampling = &sp;
-	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "a prefill not at position 0")->position = 4;
 	bad_prefill(bad, &n, 10, 3, NULL, 64, INV,
-		    "log-probabilities (the GPU's sampler has none)")->logprobs = true;
-	bad_prefill(bad, &n, 10, 3, NULL, 64, INV, "top log-probabilities")->top_logprobs = 2;
+		    "a chunk at position 4 of a request this rank does not hold")->position = 4;
 	decode_row(&bad[n].r, 77, 0, &tok, 3, NULL, 0, NULL, 0);
 	bad[n].want = INV;
 	bad[n++].what = "a decode of an unknown request";
@@ -344,10 +560,6 @@ Test(wd_plan, bad_rows_are_refused)
 	refused(&t, &r, &LIM, INV, "slot");
 	cr_assert_null(wd_gtab_find(&t, 1));
 	prefilled(&t, 1, 10, 2, NULL, 64);
-	decode_row(&r, 1, 10, &tok, 2, NULL, 0, NULL, 0);
-	r.logprobs = true;
-	refused(&t, &r, &LIM, INV, "not served by the cuda backend");
-	cr_assert_null(wd_gtab_find(&t, 1));
 
 	/* one request twice in a plan: the second row is refused */
 	prefill_row(&r, 1, 10, 2, NULL, 64);
