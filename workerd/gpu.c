@@ -144,7 +144,6 @@ static int build_model(struct wd *w, ncclComm_t comm)
 static int gpu_setup(struct wd *w)
 {
 	const struct bd_pool_geometry *geo = w->geo;
-	char err[256] = "";
 	struct wd_gpu *gp;
 	int r;
 
@@ -165,11 +164,6 @@ static int gpu_setup(struct wd *w)
 	if (!gp)
 		return -ENOMEM;
 	w->be_state = gp;
-	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
-		bd_log_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
-		gp->base = NULL;
-		return r;
-	}
 	/* the decode kernel family, before any plan: refused here, not at a request */
 	r = bd_decode_select(w->o.decode_kernel, w->pool_cfg, &geo->layout,
 			     w->hp.n_heads / w->hp.n_kv_heads, NULL, &gp->decode);
@@ -208,9 +202,27 @@ static int gpu_setup(struct wd *w)
 	if (!gp->rows || !gp->toks || !gp->out_tok || !gp->status || !gp->top_ids ||
 	    !gp->top_logits)
 		return -ENOMEM;
-	bd_log_info("cuda backend: device %d, arena of %zu bytes mapped, tp %d%s", w->o.device,
-		geo->arena_bytes, w->o.tp,
+	bd_log_info("cuda backend: device %d, tp %d%s", w->o.device, w->o.tp,
 		w->o.synthetic_prefill ? ", synthetic prefill" : "");
+	return 0;
+}
+
+/* The arena imported on the rank's device; tp = 1: the model built over it (tp > 1 builds it
+ * at the first join, with the communicator). */
+static int gpu_map(struct wd *w)
+{
+	struct wd_gpu *gp = gpu(w);
+	char err[256] = "";
+	int r;
+
+	cudaSetDevice(w->o.device);
+	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
+		bd_log_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
+		gp->base = NULL;
+		return r;
+	}
+	bd_log_info("cuda backend: arena of %zu bytes mapped on device %d", w->geo->arena_bytes,
+		    w->o.device);
 	if (w->o.tp == 1)
 		return build_model(w, NULL);
 	return 0;
