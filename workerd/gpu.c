@@ -566,6 +566,35 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 	(void)plan;
 }
 
+/* The pages and the slot the row takes over (wd_gscrub) zeroed on the model's stream, before
+ * the step's kernels: what an earlier request left there is never read by this one. Returns 0,
+ * or -1 with the row failed and the backend dead (a memset of ids the row checked is refused
+ * only by a broken device, and the ranks must keep making the same calls: the worker exits). */
+static int scrub_row(struct wd *w, const Bdfp4__PlanRow *row, const struct wd_gitem *it,
+		     struct wd_row_out *o)
+{
+	struct wd_gpu *gp = gpu(w);
+	void *st = bd_gmodel_stream(gp->g);
+	const int32_t *pages;
+	size_t n;
+	int32_t slot;
+	char err[160];
+	int r = 0;
+
+	wd_gscrub(row, it, &pages, &n, &slot);
+	if (slot >= 0)
+		r = bd_pool_cuda_scrub(w->geo, gp->base, true, slot, st, err, sizeof(err));
+	for (size_t k = 0; k < n && r == 0; k++)
+		r = bd_pool_cuda_scrub(w->geo, gp->base, false, pages[k], st, err, sizeof(err));
+	if (r < 0) {
+		bd_log_err("%s", err);
+		gp->dead = true;
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, "rank %d: %s",
+				   w->o.rank, err);
+	}
+	return 0;
+}
+
 static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
 {
@@ -594,6 +623,9 @@ static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 		if (code) {
 			o->rr.error = (Bdfp4__ServeError)code;
 			o->rr.message = o->msg;
+		} else if (scrub_row(w, plan->rows[i], &gp->items[i], o) < 0) {
+			gp->mapped[i] = false;
+			wd_gdone(&gp->gtab, &gp->items[i], false);
 		}
 	}
 	/* prefills in plan order (real, or the synthetic fill), then every decode row: the same
