@@ -1221,3 +1221,127 @@ Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
 	bd_pool_conn_free(c);
 	cr_expect_eq(stop(), 0);
 }
+
+/* ---- attach tokens (kvpool.proto GroupRegister) ------------------------------------------- */
+
+/* bd_pool_attach of rank 0 with token (may be NULL): its code, with err holding the text; an
+ * attachment made is detached at once. */
+static int attach_with(const uint8_t *token, char *err, size_t cap)
+{
+	struct bd_pool_attach *a = NULL;
+	int e;
+
+	err[0] = 0;
+	e = bd_pool_attach(D.e.sock, 0, token, err, cap, &a);
+	bd_pool_detach(a);
+	return e;
+}
+
+/* No group, no token, a wrong token, one of an earlier epoch, one already used: each refused
+ * with its reason (-EKEYREJECTED), counted, and nothing of the pool changes; the current
+ * epoch's token attaches once; the geometry needs no token. */
+Test(pool_daemon, attach_tokens_are_checked)
+{
+	uint8_t t5[BD_POOL_TOKEN_BYTES], t6[BD_POOL_TOKEN_BYTES], bad[BD_POOL_TOKEN_BYTES];
+	uint8_t two[2 * BD_POOL_TOKEN_BYTES];
+	struct bd_pool_geometry q;
+	struct bd_pool_stats *s0, *s;
+	struct bd_pool_conn *c;
+	int32_t pages[2], slot;
+	char err[256];
+
+	start(false, NULL);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 8, 3, 2, pages), 0);
+	cr_assert_eq(bd_pool_slot_assign(c, 8, 3, &slot), 0);
+	s0 = stats(c);
+	cr_expect_eq(s0->group_epoch, 0);
+	memset(t5, 0x55, sizeof(t5));
+	memset(t6, 0x66, sizeof(t6));
+
+	cr_expect_eq(attach_with(t5, err, sizeof(err)), -EKEYREJECTED, "no group: %s", err);
+	cr_expect_neq(strstr(err, "no worker group is registered"), NULL, "%s", err);
+	cr_assert_eq(pt_group_register(D.e.endpoint, 5, t5, 1), 0);
+	cr_expect_eq(attach_with(NULL, err, sizeof(err)), -EKEYREJECTED, "no token: %s", err);
+	cr_expect_neq(strstr(err, "no attach token"), NULL, "%s", err);
+	memcpy(bad, t5, sizeof(bad));
+	bad[31] ^= 1;
+	cr_expect_eq(attach_with(bad, err, sizeof(err)), -EKEYREJECTED, "wrong token: %s", err);
+	cr_expect_neq(strstr(err, "not rank 0's of epoch 5"), NULL, "%s", err);
+	cr_assert_eq(pt_group_register(D.e.endpoint, 6, t6, 1), 0);
+	cr_expect_eq(attach_with(t5, err, sizeof(err)), -EKEYREJECTED, "stale token: %s", err);
+	cr_expect_neq(strstr(err, "of epoch 6"), NULL, "%s", err);
+	/* a group of another size is refused and leaves epoch 6 in place */
+	memset(two, 0x77, sizeof(two));
+	cr_expect_eq(pt_group_register(D.e.endpoint, 7, two, 2), -EINVAL);
+
+	s = stats(c);
+	cr_expect_eq(s->attach_refused, 4);
+	cr_expect_eq(s->group_epoch, 6);
+	cr_expect_eq(s->group_owner, 1);
+	cr_expect_eq(s->n_attachments, 0);
+	cr_expect_eq(s->devices[0].attached, 0);
+	cr_expect_eq(s->pages_free, s0->pages_free, "the refusals changed the pool");
+	cr_expect_eq(s->slots_free, s0->slots_free);
+	cr_expect_eq(s->requests, s0->requests);
+	bd_pool_stats_free(s);
+	cr_expect(log_has("refused: the token is not rank 0's"), "the refusal is not logged");
+
+	/* the geometry alone: no token, no attachment */
+	cr_assert_eq(bd_pool_query(D.e.sock, 0, err, sizeof(err), &q), 0, "%s", err);
+	cr_expect_eq(q.n_pages, 40);
+	cr_expect_eq(q.n_slots, 2);
+	cr_expect_eq(q.n_chunks, 1);
+	/* the current token opens one attachment; a repeat of the registration leaves it used */
+	cr_expect_eq(attach_with(t6, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pt_group_register(D.e.endpoint, 6, t6, 1), 0);
+	cr_expect_eq(attach_with(t6, err, sizeof(err)), -EKEYREJECTED, "a used token: %s", err);
+	cr_expect_neq(strstr(err, "used already"), NULL, "%s", err);
+	s = stats(c);
+	cr_expect_eq(s->attach_refused, 5);
+	cr_expect_eq(s->n_attachments, 0);
+	cr_expect_eq(s->pages_free, s0->pages_free);
+	bd_pool_stats_free(s);
+	bd_pool_stats_free(s0);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* Only root and kvpoold's uid register groups: a member of the pool's group, who may allocate
+ * and attach, may not hand out attach tokens. */
+Test(pool_daemon, group_members_may_not_register_groups)
+{
+	static const char *const extra[] = { "--group", "65534", NULL };
+	pid_t child;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user");
+	start(false, extra);
+	open_socket_to_all();
+	cr_assert_eq(chmod(D.e.endpoint + strlen("ipc://"), 0666), 0);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		uint8_t t[BD_POOL_TOKEN_BYTES] = { 1 };
+		struct bd_pool_conn *c;
+		int e;
+
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(10);
+		if (bd_pool_conn_new(D.e.endpoint, 5000, &c) < 0)
+			_exit(11);
+		e = bd_pool_group_register(c, 1, 9, t, 1);
+		_exit(e == -EACCES && strstr(bd_pool_conn_error(c, NULL), "may not register") ? 0
+											      : 12);
+	}
+	cr_expect_eq(sp_reap(child, TIMEOUT_MS), 0, "uid 65534 registered a group");
+	{
+		struct bd_pool_conn *c = conn();
+		struct bd_pool_stats *s = stats(c);
+
+		cr_expect_eq(s->group_epoch, 0, "the refused registration took effect");
+		bd_pool_stats_free(s);
+		bd_pool_conn_free(c);
+	}
+	cr_expect_eq(stop(), 0);
+}
