@@ -1240,7 +1240,10 @@ static void cleanup(struct ctx *c)
 int main(int argc, char **argv)
 {
 	struct ctx c = {
-		.d = { .name = "kvpoold", .section = SECTION, .keys = keys },
+		.d = { .name = "kvpoold", .section = SECTION, .keys = keys,
+		       .about = "The KV pool: one arena per TP rank, attached by a worker with its "
+				"rank's token of the router's group epoch (a geometry query needs "
+				"none), allocated over ZeroMQ by the router." },
 		.listen_fd = -1,
 	};
 	int e = bd_daemon_start(&c.d, argc, argv);
