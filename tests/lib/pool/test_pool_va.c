@@ -137,7 +137,8 @@ Test(pool_import, every_plan_of_the_daemon_maps)
 }
 
 /* NVFP4, 2 layers, 1 KV head, d = 64, 40 pages (page 9472 bytes: test_pool_daemon.c), the
- * slots after the two layers of pages (2 · 378880 bytes) at 761856, 2 slots of 36864 bytes */
+ * slots after the two layers of pages (2 · 378880 bytes) at 761856, 2 slots of 2 · 36864 bytes
+ * (a slot holds every layer; 36864 for one layer: test_pool_daemon.c) */
 static struct bd_pool_geometry scrub_geo(void)
 {
 	struct bd_pool_geometry g;
@@ -158,14 +159,15 @@ Test(pool_import, scrub_span_of_a_page_and_a_slot)
 	struct bd_pool_span s = { 1, 1, 1, 1 };
 
 	cr_assert_eq(g.layout.page_bytes, 9472);
+	cr_assert_eq(g.layout.slot_bytes, 2 * 36864);
 	cr_assert_eq(bd_pool_scrub_span(&g, false, 3, &s), 0);
 	cr_expect_eq(s.offset, 3 * 9472);
 	cr_expect_eq(s.pitch, 40 * 9472, "one row per layer, a layer apart");
 	cr_expect_eq(s.width, 9472);
 	cr_expect_eq(s.height, 2);
 	cr_assert_eq(bd_pool_scrub_span(&g, true, 1, &s), 0);
-	cr_expect_eq(s.offset, 2 * 380928 + 36864);
-	cr_expect_eq(s.width, 36864);
+	cr_expect_eq(s.offset, 2 * 380928 + 2 * 36864);
+	cr_expect_eq(s.width, 2 * 36864);
 	cr_expect_eq(s.height, 1);
 }
 
@@ -201,7 +203,7 @@ Test(pool_import, scrub_span_clears_exactly_its_bytes)
 	}
 	for (size_t i = 0; i < g.arena_bytes; i++)
 		zeros += arena[i] == 0;
-	cr_expect_eq(zeros, 2 * 9472 + 36864, "no byte outside the page and the slot");
+	cr_expect_eq(zeros, 2 * 9472 + 2 * 36864, "no byte outside the page and the slot");
 	free(arena);
 }
 
