@@ -325,6 +325,29 @@ int sv_stop(struct sv_daemon *d, int sig, int timeout_ms)
 	return -1;
 }
 
+bool sv_pool_group(struct sv_env *e, uint64_t *ret_epoch, uint64_t *ret_refused,
+		   size_t *ret_attached)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	bool ok = false;
+
+	if (bd_pool_conn_new(e->pool_ep, 3000, &c) < 0)
+		return false;
+	if (bd_pool_stats(c, 0, &s) == 0) {
+		if (ret_epoch)
+			*ret_epoch = s->group_epoch;
+		if (ret_refused)
+			*ret_refused = s->attach_refused;
+		if (ret_attached)
+			*ret_attached = s->n_attachments;
+		bd_pool_stats_free(s);
+		ok = true;
+	}
+	bd_pool_conn_free(c);
+	return ok;
+}
+
 bool sv_pool_books(struct sv_env *e, uint64_t *ret_requests, uint64_t *ret_pages_free,
 		   uint64_t *ret_slots_free, uint64_t *ret_pages_total, uint64_t *ret_slots_total)
 {
