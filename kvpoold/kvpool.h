@@ -383,8 +383,8 @@ extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu;
 struct bd_kvpool_scrub;
 
 /* Maps every chunk of arenas[0..n_arenas) (the CPU backend's memfds: plain mmap) for
- * bd_kvpool_scrub_hook. plan and arenas must outlive the result. Returns 0 and *ret; -EINVAL;
- * -ENOMEM; the -errno of mmap (err says which chunk). */
+ * bd_kvpool_scrub_hook, which clears plan's spans (bd_pool_scrub_span); arenas must outlive
+ * the result. Returns 0 and *ret; -EINVAL; -ENOMEM; the -errno of mmap (err says which chunk). */
 int bd_kvpool_scrub_new(const struct bd_kvpool_plan *plan, const struct bd_kvpool_arena *arenas,
 			int n_arenas, struct bd_kvpool_scrub **ret, char *err, size_t errlen);
 /* Unmaps. NULL is fine. */
