@@ -264,7 +264,7 @@ static int gpu_join(struct wd *w, const Bdfp4__RegisterReply *rr)
 	if (gp->dead)
 		return -EIO;
 	if (w->o.tp == 1)
-		return 0; /* the model was built at setup */
+		return 0; /* the model was built over the arena at map */
 	if (rr->nccl_unique_id.len != sizeof(uid)) {
 		bd_log_err("RegisterReply: NCCL unique id of %zu bytes (want %zu); registering again",
 			   rr->nccl_unique_id.len, sizeof(uid));
