@@ -49,8 +49,10 @@ ifeq ($(SAN),1)
 CFLAGS    += -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 LDFLAGS   += -fsanitize=address,undefined
 endif
+# UBSan's findings end a fuzzing run as a crash (one it recovers from would pass unnoticed)
 ifeq ($(FUZZ),1)
-CFLAGS    += -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+CFLAGS    += -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+	     -fno-omit-frame-pointer
 LDFLAGS   += -fsanitize=fuzzer,address,undefined
 endif
 

@@ -27,8 +27,10 @@ int bd_kvpool_attach_parse(const uint8_t *buf, size_t n, int tp, struct bd_kvpoo
 		*ret = (struct bd_kvpool_attach_req){ .rank = req->rank,
 						      .geometry_only = req->geometry_only,
 						      .token_len = req->token.len };
-		memcpy(ret->token, req->token.data,
-		       req->token.len < sizeof(ret->token) ? req->token.len : sizeof(ret->token));
+		if (req->token.len) /* data is NULL without bytes */
+			memcpy(ret->token, req->token.data,
+			       req->token.len < sizeof(ret->token) ? req->token.len
+								    : sizeof(ret->token));
 		if (cap)
 			err[0] = 0;
 	}
