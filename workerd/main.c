@@ -576,9 +576,12 @@ static int run(struct wd *w)
 		zmq_pollitem_t it[3] = {
 			{ w->pair, 0, ZMQ_POLLIN, 0 },
 			{ NULL, w->d.signal_fd, ZMQ_POLLIN, 0 },
-			{ NULL, bd_pool_attach_fd(w->pool), pool_lost || !w->pool ? 0 : ZMQ_POLLIN, 0 },
+			{ NULL, bd_pool_attach_fd(w->pool), pool_lost || !w->pool ? 0 : ZMQ_POLLIN,
+			  0 },
 		};
-		if (zmq_poll(it, w->pool ? 3 : 2, pool_lost ? POOL_REATTACH_RETRY_MS : 200) < 0 && zmq_errno() != EINTR) {
+		/* no attach socket before the first RegisterReply's token attached the pool */
+		if (zmq_poll(it, w->pool ? 3 : 2, pool_lost ? POOL_REATTACH_RETRY_MS : 200) < 0 &&
+		    zmq_errno() != EINTR) {
 			bd_log_err("poll: %s", zmq_strerror(zmq_errno()));
 			return 1;
 		}
