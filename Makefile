@@ -49,8 +49,10 @@ ifeq ($(SAN),1)
 CFLAGS    += -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 LDFLAGS   += -fsanitize=address,undefined
 endif
+# UBSan's findings end a fuzzing run as a crash (one it recovers from would pass unnoticed)
 ifeq ($(FUZZ),1)
-CFLAGS    += -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+CFLAGS    += -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+	     -fno-omit-frame-pointer
 LDFLAGS   += -fsanitize=fuzzer,address,undefined
 endif
 
@@ -559,7 +561,7 @@ $(eval $(call program,fuzz_tokenizer,$(BUILD)/tests/fuzz/fuzz_tokenizer.o $(FUZZ
 $(eval $(call program,fuzz_chat,$(BUILD)/tests/fuzz/fuzz_chat.o $(FUZZ_TOK_OBJ),formats base,-lpcre2-8))
 # routerd's client and worker frame decoders in the router's own loop, scheduler and sockets,
 # over kvpoold's handler (tests/fuzz/fuzz_router.c, built once per side)
-FUZZ_QUANT_OBJ := $(addprefix $(BUILD)/lib/quant/,kvcfg.o layout.o fp4.o kfamily.o)
+FUZZ_QUANT_OBJ := $(addprefix $(BUILD)/lib/quant/,kvcfg.o layout.o kvemul.o fp4.o kfamily.o)
 FUZZ_ROUTER_DEPS := $(ROUTER_LIB) $(KVPD_LIB) $(AR_serve) $(AR_pool) $(AR_model) $(AR_formats) \
 	$(FUZZ_QUANT_OBJ) $(AR_base)
 define fuzz_router_prog # $(1) side name, $(2) FUZZ_SIDE_WORKERS

@@ -115,6 +115,9 @@ static int fill_stats(struct bd_kvpool_handler *h, uint32_t top, Bdfp4__PoolStat
 	st->requests_holding = c.requests_holding;
 	st->served = h->served;
 	st->errors = h->errors;
+	st->group_epoch = h->group.epoch;
+	st->group_owner = h->group.owner;
+	st->attach_refused = h->group.refused;
 	if (in) {
 		st->backend = (char *)in->backend;
 		st->kv_config = (char *)in->kv_config;
@@ -184,8 +187,10 @@ static int fill_requests(struct bd_kvpool_handler *h, Bdfp4__PoolReply *rep, voi
 /* Operations that may change the pool: their repeats must not be applied again. */
 static bool changes_pool(Bdfp4__PoolRequest__OpCase op)
 {
+	/* a group registration changes no allocation, and is not kept for repeats: a kvpoold
+	 * restarted on its stored state has no group until the router registers it again */
 	return op != BDFP4__POOL_REQUEST__OP_STATS && op != BDFP4__POOL_REQUEST__OP_REQUESTS &&
-	       op != BDFP4__POOL_REQUEST__OP__NOT_SET;
+	       op != BDFP4__POOL_REQUEST__OP_GROUP_REGISTER && op != BDFP4__POOL_REQUEST__OP__NOT_SET;
 }
 
 /* The answer to a frame that repeats a call of its client (1: *ret_reply, a copy of the first
@@ -403,6 +408,14 @@ int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t l
 		if (fill_requests(h, &rep, &mem) < 0)
 			e = oom(text, sizeof(text), &own_text);
 		break;
+	case BDFP4__POOL_REQUEST__OP_GROUP_REGISTER: {
+		const Bdfp4__GroupRegister *m = req->group_register;
+
+		e = bd_kvpool_group_register(h, m->owner, m->epoch, m->tokens.data, m->tokens.len,
+					     text, sizeof(text));
+		own_text = true;
+		break;
+	}
 	default:
 		e = -BD_POOL_ERR_UNKNOWN_TYPE;
 		snprintf(text, sizeof(text), "unknown or missing operation (case %d)",

@@ -215,6 +215,17 @@ ssize_t bd_kvpool_replay_load(struct bd_kvpool_replay *r, const void *buf, size_
 
 #define BD_KVPOOL_MAX_OWNERS 64 /* owners bound to a uid at once (bd_kvpool_handler) */
 
+/* The worker group the router registered last (kvpool.proto GroupRegister): an attach of rank r
+ * needs tokens[r], and each token opens one attachment (spent_by: the pid that used it, 0 while
+ * unused). epoch 0: none registered, every attach is refused. */
+struct bd_kvpool_group {
+	uint64_t epoch, owner;
+	uint32_t tp;
+	uint8_t tokens[BD_POOL_MAX_TP][BD_POOL_TOKEN_BYTES];
+	int32_t spent_by[BD_POOL_MAX_TP];
+	uint64_t refused; /* attaches refused for their token */
+};
+
 struct bd_kvpool_handler {
 	struct bd_kvpool_alloc *alloc;
 	struct bd_kvpool_replay *replay;   /* NULL: every frame is applied, repeats too */
@@ -233,15 +244,43 @@ struct bd_kvpool_handler {
 	uint32_t peer_uid;
 	struct { uint64_t owner; uint32_t uid; } owners[BD_KVPOOL_MAX_OWNERS];
 	size_t n_owners;
+
+	/* GroupRegister: tp is the pool's (a group of another size is refused; 0: not checked);
+	 * with peer_known only peer_admin may register */
+	uint32_t tp;
+	struct bd_kvpool_group group;
 };
 
-/* Decodes and checks one attach request frame buf[n] (kvpool.proto AttachRequest) for a pool
- * of tp ranks (attach.c). Returns BD_POOL_OK with *ret_rank, or the code the refusal carries:
- * BD_POOL_ERR_MALFORMED (not an AttachRequest), BD_POOL_ERR_VERSION (another protocol
- * version), BD_POOL_ERR_NO_DEVICE (a rank outside 0..tp-1), with the reason in err[cap]
- * ("" on success). *ret_rank is written only on success. */
-int bd_kvpool_attach_parse(const uint8_t *buf, size_t n, int tp, int32_t *ret_rank, char *err,
-			   size_t cap);
+/* An attach request, decoded (kvpool.proto AttachRequest). token_len is the length sent (the
+ * first BD_POOL_TOKEN_BYTES of it in token). */
+struct bd_kvpool_attach_req {
+	int32_t rank;
+	bool geometry_only;
+	uint8_t token[BD_POOL_TOKEN_BYTES];
+	size_t token_len;
+};
+
+/* Decodes and checks one attach request frame buf[n] for a pool of tp ranks (attach.c).
+ * Returns BD_POOL_OK with *ret, or the code the refusal carries: BD_POOL_ERR_MALFORMED (not an
+ * AttachRequest), BD_POOL_ERR_VERSION (another protocol version), BD_POOL_ERR_NO_DEVICE (a rank
+ * outside 0..tp-1), with the reason in err[cap] ("" on success). *ret is written only on
+ * success. The token is checked apart (bd_kvpool_attach_token). */
+int bd_kvpool_attach_parse(const uint8_t *buf, size_t n, int tp, struct bd_kvpool_attach_req *ret,
+			   char *err, size_t cap);
+
+/* Whether req's token opens an attachment of its rank in group g (attach.c): the rank's token
+ * of the registered epoch, not used before. Returns BD_POOL_OK, the token now spent by pid; or
+ * BD_POOL_ERR_TOKEN (no group registered, no token, another token, one already used), counted
+ * in g->refused, with the reason in err[cap]. Compares in time independent of the bytes. */
+int bd_kvpool_attach_token(struct bd_kvpool_group *g, const struct bd_kvpool_attach_req *req,
+			   int32_t pid, char *err, size_t cap);
+
+/* Registers the group of epoch (≠ 0) under owner in h (kvpool.proto GroupRegister): n_tokens
+ * bytes of tokens, BD_POOL_TOKEN_BYTES per rank, for h->tp ranks. The same registration as the
+ * current one changes nothing (used tokens stay used); another replaces it. Returns 0, or
+ * -BD_POOL_ERR_INVALID / -BD_POOL_ERR_DENIED with the reason in err[cap], h->group unchanged. */
+int bd_kvpool_group_register(struct bd_kvpool_handler *h, uint64_t owner, uint64_t epoch,
+			     const uint8_t *tokens, size_t n_tokens, char *err, size_t cap);
 
 /* Answers one PoolRequest frame: decodes, validates, applies, encodes the PoolReply into
  * *ret_reply (malloc'd, *ret_len bytes). Every frame, however broken, gets a reply. Returns 0,
@@ -344,8 +383,8 @@ extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cpu;
 struct bd_kvpool_scrub;
 
 /* Maps every chunk of arenas[0..n_arenas) (the CPU backend's memfds: plain mmap) for
- * bd_kvpool_scrub_hook. plan and arenas must outlive the result. Returns 0 and *ret; -EINVAL;
- * -ENOMEM; the -errno of mmap (err says which chunk). */
+ * bd_kvpool_scrub_hook, which clears plan's spans (bd_pool_scrub_span); arenas must outlive
+ * the result. Returns 0 and *ret; -EINVAL; -ENOMEM; the -errno of mmap (err says which chunk). */
 int bd_kvpool_scrub_new(const struct bd_kvpool_plan *plan, const struct bd_kvpool_arena *arenas,
 			int n_arenas, struct bd_kvpool_scrub **ret, char *err, size_t errlen);
 /* Unmaps. NULL is fine. */

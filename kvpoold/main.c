@@ -731,7 +731,9 @@ static void on_accept(struct ctx *c)
 	}
 }
 
-static void send_attach(struct ctx *c, struct client *cl)
+/* The attach reply: the geometry of the client's rank, with the arena's fds unless
+ * geometry_only. */
+static void send_attach(struct ctx *c, struct client *cl, bool geometry_only)
 {
 	Bdfp4__AttachReply rep = BDFP4__ATTACH_REPLY__INIT;
 	const struct bd_kvpool_arena *ar = &c->arenas[cl->rank];
@@ -766,15 +768,19 @@ static void send_attach(struct ctx *c, struct client *cl)
 	rep.chunk_bytes = sizes;
 	rep.max_seq_len = c->o.max_seq_len;
 	rep.arena_id = (ProtobufCBinaryData){ sizeof(c->geo.arena_id), c->geo.arena_id };
+	rep.epoch = geometry_only ? 0 : c->handler.group.epoch;
 	e = bd_ipc_send(cl->fd, buf, bdfp4__attach_reply__pack(&rep, buf), fds,
-			(int)ar->n_chunks);
+			geometry_only ? 0 : (int)ar->n_chunks);
 	if (e < 0) {
 		bd_log_warn("attach reply to pid %d: %s", (int)cl->pid, strerror(-e));
 		return;
 	}
+	if (geometry_only)
+		return;
 	cl->attached = true;
 	refresh_info(c);
-	bd_log_info("rank %d attached by pid %d (uid %u)", cl->rank, (int)cl->pid, (unsigned)cl->uid);
+	bd_log_info("rank %d attached by pid %d (uid %u) with its token of epoch %llu", cl->rank,
+		    (int)cl->pid, (unsigned)cl->uid, (unsigned long long)c->handler.group.epoch);
 }
 
 /* Whether the peer of fd has hung up (its process died or closed the socket). */
@@ -809,7 +815,8 @@ static size_t live_rank(struct ctx *c, size_t self, int rank)
 static bool on_client(struct ctx *c, size_t i)
 {
 	struct client *cl = &c->clients[i];
-	char why[128];
+	struct bd_kvpool_attach_req req;
+	char why[200];
 	uint8_t buf[512];
 	int code;
 	int fds[BD_IPC_MAX_FDS], n_fds = 0;
@@ -829,10 +836,18 @@ static bool on_client(struct ctx *c, size_t i)
 		drop_client(c, i, "unexpected message after attach");
 		return false;
 	}
-	code = bd_kvpool_attach_parse(buf, (size_t)n, c->o.tp, &cl->rank, why, sizeof(why));
+	code = bd_kvpool_attach_parse(buf, (size_t)n, c->o.tp, &req, why, sizeof(why));
 	if (code != BD_POOL_OK) {
 		attach_refuse(cl->fd, code, why);
 		drop_client(c, i, why);
+		return false;
+	}
+	cl->rank = req.rank;
+	if (req.geometry_only) {
+		/* the geometry is not a secret: no token, no fds, no attachment */
+		send_attach(c, cl, true);
+		cl->rank = -1;
+		drop_client(c, i, "geometry sent");
 		return false;
 	}
 	live = live_rank(c, i, cl->rank);
@@ -849,7 +864,17 @@ static bool on_client(struct ctx *c, size_t i)
 		drop_client(c, i, "rank already attached");
 		return false;
 	}
-	send_attach(c, cl);
+	code = bd_kvpool_attach_token(&c->handler.group, &req, (int32_t)cl->pid, why, sizeof(why));
+	if (code != BD_POOL_OK) {
+		bd_log_warn("attach of rank %d by pid %d (uid %u) refused: %s (%llu refused so "
+			    "far)", cl->rank, (int)cl->pid, (unsigned)cl->uid, why,
+			    (unsigned long long)c->handler.group.refused);
+		attach_refuse(cl->fd, code, why);
+		cl->rank = -1;
+		drop_client(c, i, "attach token refused");
+		return false;
+	}
+	send_attach(c, cl, false);
 	if (!cl->attached) {
 		drop_client(c, i, "attach reply failed");
 		return false;
@@ -1215,7 +1240,10 @@ static void cleanup(struct ctx *c)
 int main(int argc, char **argv)
 {
 	struct ctx c = {
-		.d = { .name = "kvpoold", .section = SECTION, .keys = keys },
+		.d = { .name = "kvpoold", .section = SECTION, .keys = keys,
+		       .about = "The KV pool: one arena per TP rank, attached by a worker with its "
+				"rank's token of the router's group epoch (a geometry query needs "
+				"none), allocated over ZeroMQ by the router." },
 		.listen_fd = -1,
 	};
 	int e = bd_daemon_start(&c.d, argc, argv);
@@ -1251,6 +1279,7 @@ int main(int argc, char **argv)
 		.info = &c.info,
 		.max_frame = c.o.max_frame,
 		.default_top = (uint32_t)c.o.stats_top,
+		.tp = (uint32_t)c.o.tp,
 	};
 	bd_kvpool_alloc_set_quota(c.alloc, &c.o.quota);
 	if (setup_scrub(&c) < 0 || setup_sockets(&c) < 0)

@@ -9,10 +9,11 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "pool/bd_pool_va.h"
 #include "kvpool.h"
 
 struct bd_kvpool_scrub {
-	const struct bd_kvpool_plan *plan;
+	struct bd_pool_geometry geo; /* what bd_pool_scrub_span reads of the plan */
 	const struct bd_kvpool_arena *arenas;
 	int n_arenas;
 	uint8_t *(*map)[BD_POOL_MAX_CHUNKS]; /* [n_arenas][chunk] */
@@ -47,7 +48,10 @@ int bd_kvpool_scrub_new(const struct bd_kvpool_plan *plan, const struct bd_kvpoo
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	s->plan = plan;
+	s->geo = (struct bd_pool_geometry){ .layout = plan->layout, .n_pages = plan->n_pages,
+					    .n_slots = plan->n_slots,
+					    .pages_offset = plan->pages_offset,
+					    .slots_offset = plan->slots_offset };
 	s->arenas = arenas;
 	s->n_arenas = n_arenas;
 	for (int r = 0; r < n_arenas; r++)
@@ -92,19 +96,14 @@ static void zero_range(struct bd_kvpool_scrub *s, int r, size_t off, size_t len)
 void bd_kvpool_scrub_hook(void *ctx, bool slot, int32_t id)
 {
 	struct bd_kvpool_scrub *s = ctx;
-	const struct bd_layout *l = &s->plan->layout;
+	struct bd_pool_span sp;
 
-	for (int r = 0; r < s->n_arenas; r++) {
-		if (slot) {
-			zero_range(s, r, s->plan->slots_offset + (size_t)id * l->slot_bytes,
-				   l->slot_bytes);
-			continue;
-		}
-		for (int k = 0; k < l->n_layers; k++)
-			zero_range(s, r, s->plan->pages_offset + (size_t)k * l->layer_stride +
-						 (size_t)id * l->page_bytes,
-				   l->page_bytes);
-	}
+	/* the same bytes a worker of the cuda backend clears (bd_pool_cuda_scrub) */
+	if (bd_pool_scrub_span(&s->geo, slot, id, &sp) < 0)
+		return;
+	for (int r = 0; r < s->n_arenas; r++)
+		for (size_t k = 0; k < sp.height; k++)
+			zero_range(s, r, sp.offset + k * sp.pitch, sp.width);
 }
 
 uint64_t bd_kvpool_scrub_bytes(const struct bd_kvpool_scrub *s)

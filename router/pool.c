@@ -172,6 +172,42 @@ int bd_router_pool_refresh(struct bd_router *rt)
 	return 0;
 }
 
+int bd_router_pool_group(struct bd_router *rt)
+{
+	int e;
+
+	if (!rt->epoch)
+		return 0;
+	e = POOL_CALL(rt, bd_pool_group_register(rt->pool, rt->o.owner, rt->epoch, rt->tokens,
+						 (size_t)rt->o.tp));
+	if (e < 0) {
+		bd_log_err("pool: registering the attach tokens of epoch %llu: %s%s%s",
+			   (unsigned long long)rt->epoch, strerror(-e),
+			   *bd_pool_conn_error(rt->pool, NULL) ? ": " : "",
+			   bd_pool_conn_error(rt->pool, NULL));
+		return e;
+	}
+	rt->group_in_pool = true;
+	bd_log_info("pool: attach tokens of epoch %llu registered", (unsigned long long)rt->epoch);
+	return 0;
+}
+
+/* A stats answer's group against the router's: a kvpoold that restarted (its group is not
+ * stored) or did not take the registration gets the epoch's tokens again. */
+static void check_group(struct bd_router *rt, const Bdfp4__PoolStats *st)
+{
+	if (!rt->epoch || !rt->pool_ok)
+		return;
+	if (st->group_epoch == rt->epoch && st->group_owner == rt->o.owner && rt->group_in_pool)
+		return;
+	if (rt->group_in_pool)
+		bd_log_warn("pool: kvpoold has the group of epoch %llu, the router %llu (kvpoold "
+			    "restarted?): registering again", (unsigned long long)st->group_epoch,
+			    (unsigned long long)rt->epoch);
+	rt->group_in_pool = false;
+	bd_router_pool_group(rt);
+}
+
 /* Request id ended, its record possibly left in the pool (a release or an assignment without an
  * answer): released again when the pool answers, since a reclaim of the whole owner would take
  * the records of the requests that wait for it. A full list falls back to that reclaim. */
@@ -259,6 +295,8 @@ static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len, boo
 	} else {
 		recover(rt, busy);
 	}
+	if (rep->stats)
+		check_group(rt, rep->stats);
 	bdfp4__pool_reply__free_unpacked(rep, NULL);
 }
 

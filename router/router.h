@@ -155,6 +155,10 @@ struct bd_router {
 	struct bd_worker w[BD_ROUTER_MAX_TP];
 	uint64_t epoch;
 	bool group_ready;
+	/* the epoch's kvpoold attach tokens (rank r's at r · BD_POOL_TOKEN_BYTES), and whether
+	 * the pool has them (pool.c registers them again when its group_epoch is another) */
+	uint8_t tokens[BD_ROUTER_MAX_TP * BD_POOL_TOKEN_BYTES];
+	bool group_in_pool;
 	struct bd_router_step step;
 	int64_t next_heartbeat;
 
@@ -200,6 +204,9 @@ bool bd_router_pool_tick(struct bd_router *rt, int64_t now);
 void bd_router_pool_reason(const struct bd_router *rt, char *buf, size_t cap);
 /* Refreshes pages/slots free from the pool; 0 or -errno (-EHOSTDOWN while it is down). */
 int bd_router_pool_refresh(struct bd_router *rt);
+/* Registers the group of rt->epoch (rt->tokens) with kvpoold: a blocking call through the
+ * health gate. Returns 0 (rt->group_in_pool set) or -errno (logged; the probe tries again). */
+int bd_router_pool_group(struct bd_router *rt);
 
 /* A blocking pool call through the health gate: -EHOSTDOWN at once while the pool is down and
  * no longer waited for, else the call (repeated on a fresh connection until pool_timeout_ms when

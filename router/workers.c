@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -94,6 +95,15 @@ static void form_group(struct bd_router *rt)
 	rt->epoch++;
 	snprintf(name, sizeof(name), "bdfp4-ar-%d-%llu", (int)getpid(),
 		 (unsigned long long)rt->epoch);
+	/* the epoch's attach tokens, in kvpoold before any worker holds one: a pool that does
+	 * not take them now gets them when its probe answers (pool.c), and a worker whose attach
+	 * is refused meanwhile registers again */
+	rt->group_in_pool = false;
+	if (getrandom(rt->tokens, sizeof(rt->tokens), 0) != (ssize_t)sizeof(rt->tokens)) {
+		group_fail(rt, -1, "no random bytes for the attach tokens");
+		return;
+	}
+	bd_router_pool_group(rt);
 	rr.version = BD_SERVE_PROTO_VERSION;
 	rr.epoch = rt->epoch;
 	rr.tp = (uint32_t)rt->o.tp;
@@ -106,9 +116,12 @@ static void form_group(struct bd_router *rt)
 	m.register_reply = &rr;
 	for (int i = 0; i < rt->o.tp; i++) {
 		rr.rank = i;
+		rr.attach_token = (ProtobufCBinaryData){ BD_POOL_TOKEN_BYTES,
+							 rt->tokens + i * BD_POOL_TOKEN_BYTES };
 		if (send_worker(rt, i, &m) < 0 && failed < 0)
 			failed = i;
 	}
+	rr.attach_token = (ProtobufCBinaryData){ 0, NULL };
 	rt->group_ready = true;
 	if (failed >= 0) {
 		char msg[96];

@@ -479,7 +479,6 @@ out:
 static int cpu_setup(struct wd *w)
 {
 	struct wd_cpu *c;
-	int r;
 
 	if (*w->o.random_weights || w->o.synthetic_prefill) {
 		bd_log_err("%s needs a pool of the cuda backend; this pool's is cpu",
@@ -489,12 +488,20 @@ static int cpu_setup(struct wd *w)
 	if (!(c = calloc(1, sizeof(*c))))
 		return -ENOMEM;
 	w->be_state = c;
+	if (w->o.rank == 0 && !(c->logits = malloc(sizeof(float) * (size_t)w->hp.n_vocab)))
+		return -ENOMEM;
+	return 0;
+}
+
+static int cpu_map(struct wd *w)
+{
+	struct wd_cpu *c = cpu(w);
+	int r;
+
 	if ((r = bd_kvmem_pool_new(w->pool, &c->mem)) < 0) {
 		bd_log_err("pool arena: %s", strerror(-r));
 		return r;
 	}
-	if (w->o.rank == 0 && !(c->logits = malloc(sizeof(float) * (size_t)w->hp.n_vocab)))
-		return -ENOMEM;
 	return 0;
 }
 

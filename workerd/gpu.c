@@ -152,7 +152,6 @@ static int build_model(struct wd *w, ncclComm_t comm)
 static int gpu_setup(struct wd *w)
 {
 	const struct bd_pool_geometry *geo = w->geo;
-	char err[256] = "";
 	struct wd_gpu *gp;
 	int r;
 
@@ -173,11 +172,6 @@ static int gpu_setup(struct wd *w)
 	if (!gp)
 		return -ENOMEM;
 	w->be_state = gp;
-	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
-		bd_log_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
-		gp->base = NULL;
-		return r;
-	}
 	/* the decode kernel family, before any plan: refused here, not at a request */
 	r = bd_decode_select(w->o.decode_kernel, w->pool_cfg, &geo->layout,
 			     w->hp.n_heads / w->hp.n_kv_heads, NULL, &gp->decode);
@@ -220,9 +214,27 @@ static int gpu_setup(struct wd *w)
 	if (!gp->rows || !gp->toks || !gp->out_tok || !gp->status || !gp->top_ids ||
 	    !gp->top_logits || !gp->want_lp || !gp->lp || !gp->lp_ids || !gp->lp_vals)
 		return -ENOMEM;
-	bd_log_info("cuda backend: device %d, arena of %zu bytes mapped, tp %d%s", w->o.device,
-		geo->arena_bytes, w->o.tp,
+	bd_log_info("cuda backend: device %d, tp %d%s", w->o.device, w->o.tp,
 		w->o.synthetic_prefill ? ", synthetic prefill" : "");
+	return 0;
+}
+
+/* The arena imported on the rank's device; tp = 1: the model built over it (tp > 1 builds it
+ * at the first join, with the communicator). */
+static int gpu_map(struct wd *w)
+{
+	struct wd_gpu *gp = gpu(w);
+	char err[256] = "";
+	int r;
+
+	cudaSetDevice(w->o.device);
+	if ((r = bd_pool_cuda_map(w->pool, &gp->base, err, sizeof(err))) < 0) {
+		bd_log_err("importing kvpoold's arena on device %d: %s", w->o.device, err);
+		gp->base = NULL;
+		return r;
+	}
+	bd_log_info("cuda backend: arena of %zu bytes mapped on device %d", w->geo->arena_bytes,
+		    w->o.device);
 	if (w->o.tp == 1)
 		return build_model(w, NULL);
 	return 0;
@@ -267,7 +279,7 @@ static int gpu_join(struct wd *w, const Bdfp4__RegisterReply *rr)
 	if (gp->dead)
 		return -EIO;
 	if (w->o.tp == 1)
-		return 0; /* the model was built at setup */
+		return 0; /* the model was built over the arena at map */
 	if (rr->nccl_unique_id.len != sizeof(uid)) {
 		bd_log_err("RegisterReply: NCCL unique id of %zu bytes (want %zu); registering again",
 			   rr->nccl_unique_id.len, sizeof(uid));
@@ -605,6 +617,35 @@ static void run_decodes(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row
 	(void)plan;
 }
 
+/* The pages and the slot the row takes over (wd_gscrub) zeroed on the model's stream, before
+ * the step's kernels: what an earlier request left there is never read by this one. Returns 0,
+ * or -1 with the row failed and the backend dead (a memset of ids the row checked is refused
+ * only by a broken device, and the ranks must keep making the same calls: the worker exits). */
+static int scrub_row(struct wd *w, const Bdfp4__PlanRow *row, const struct wd_gitem *it,
+		     struct wd_row_out *o)
+{
+	struct wd_gpu *gp = gpu(w);
+	void *st = bd_gmodel_stream(gp->g);
+	const int32_t *pages;
+	size_t n;
+	int32_t slot;
+	char err[160];
+	int r = 0;
+
+	wd_gscrub(row, it, &pages, &n, &slot);
+	if (slot >= 0)
+		r = bd_pool_cuda_scrub(w->geo, gp->base, true, slot, st, err, sizeof(err));
+	for (size_t k = 0; k < n && r == 0; k++)
+		r = bd_pool_cuda_scrub(w->geo, gp->base, false, pages[k], st, err, sizeof(err));
+	if (r < 0) {
+		bd_log_err("%s", err);
+		gp->dead = true;
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, "rank %d: %s",
+				   w->o.rank, err);
+	}
+	return 0;
+}
+
 static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
 {
@@ -633,6 +674,9 @@ static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 		if (code) {
 			o->rr.error = (Bdfp4__ServeError)code;
 			o->rr.message = o->msg;
+		} else if (scrub_row(w, plan->rows[i], &gp->items[i], o) < 0) {
+			gp->mapped[i] = false;
+			wd_gdone(&gp->gtab, &gp->items[i], false);
 		}
 	}
 	/* prefills in plan order (real, or the synthetic fill), then every decode row: the same

@@ -398,3 +398,11 @@ void wd_gdone(struct wd_gtab *t, const struct wd_gitem *it, bool ok)
 	if (it->sample)
 		q->draws++;
 }
+
+void wd_gscrub(const Bdfp4__PlanRow *row, const struct wd_gitem *it, const int32_t **ret_pages,
+	       size_t *ret_n, int32_t *ret_slot)
+{
+	*ret_pages = row->new_pages;
+	*ret_n = row->n_new_pages;
+	*ret_slot = it->kind == WD_G_DECODE ? -1 : row->slot;
+}

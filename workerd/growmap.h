@@ -99,6 +99,15 @@ void wd_gtab_drop(struct wd_gtab *t, uint64_t id);
 int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimits *lim,
 	    struct wd_gitem *it, char *msg, size_t cap);
 
+/* What a mapped row takes over from an earlier owner, to be zeroed before the step writes it
+ * (the cuda backend's scrub: kvpoold does not map device memory, so pages and slots are cleared
+ * where they are next owned): the row's new pages in every form (a prefill's, a fill's, the
+ * decode page reserved for it) into *ret_pages[*ret_n] (pointing into the row), and the slot of
+ * a new sequence (prefill, fill-decode) into *ret_slot, -1 for a decode row, whose slot holds
+ * the sequence. Pages it shares (the block table) are never among them. */
+void wd_gscrub(const Bdfp4__PlanRow *row, const struct wd_gitem *it, const int32_t **ret_pages,
+	       size_t *ret_n, int32_t *ret_slot);
+
 /* After the item ran: ok advances the record (tokens held, pages promoted, one draw when
  * sampled); !ok drops it. */
 void wd_gdone(struct wd_gtab *t, const struct wd_gitem *it, bool ok);

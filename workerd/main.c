@@ -232,6 +232,35 @@ static void leave_group(struct wd *w)
 	atomic_store(&w->pub_epoch, 0);
 }
 
+/* The first attach, with the token of the first RegisterReply, and the backend's memory over
+ * it. Returns 0; -1 when the attach was refused or failed (logged: the worker registers again
+ * in a second, which gives the group a new epoch and new tokens); 1 when it is fatal (another
+ * pool than the one queried, or the memory cannot be mapped). */
+static int pool_attach(struct wd *w)
+{
+	char perr[256];
+	int r = bd_pool_attach(w->o.pool_socket, w->o.rank, w->attach_token, perr, sizeof(perr),
+			       &w->pool);
+
+	if (r < 0) {
+		bd_log_err("attaching to kvpoold at %s: %s; registering again", w->o.pool_socket,
+			   perr);
+		w->pool = NULL;
+		w->retry_at = bd_now_ms() + 1000;
+		return -1;
+	}
+	if (!bd_pool_geometry_same(bd_pool_attach_geometry(w->pool), &w->pool_geo)) {
+		bd_log_err("kvpoold at %s has other arenas than it had at start: exiting (to be "
+			   "restarted on them)", w->o.pool_socket);
+		return 1;
+	}
+	if (w->be->map(w) < 0)
+		return 1;
+	bd_log_info("attached to kvpoold: rank %d's arena, %zu bytes", w->o.rank,
+		    w->geo->arena_bytes);
+	return 0;
+}
+
 /* Returns 1 when the reply is fatal (the worker cannot serve this router). */
 static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 {
@@ -256,6 +285,19 @@ static int on_register_reply(struct wd *w, const Bdfp4__RegisterReply *rr)
 	}
 	if (rr->heartbeat_ms >= 10 && rr->heartbeat_ms <= 60000)
 		atomic_store(&w->heartbeat_ms, (int)rr->heartbeat_ms);
+	if (rr->attach_token.len != BD_POOL_TOKEN_BYTES) {
+		bd_log_err("RegisterReply: an attach token of %zu bytes (want %d); registering "
+			   "again", rr->attach_token.len, BD_POOL_TOKEN_BYTES);
+		w->retry_at = bd_now_ms() + 1000;
+		return 0;
+	}
+	memcpy(w->attach_token, rr->attach_token.data, BD_POOL_TOKEN_BYTES);
+	if (!w->pool) {
+		int a = pool_attach(w);
+
+		if (a)
+			return a > 0 ? 1 : 0;
+	}
 	int r = w->be->join(w, rr);
 	if (r < 0) {
 		if (w->be->health(w) == WD_DEAD)
@@ -414,12 +456,13 @@ static int setup(struct wd *w)
 	if ((r = load_calib(w)) < 0)
 		return r;
 
-	r = bd_pool_attach(w->o.pool_socket, w->o.rank, perr, sizeof(perr), &w->pool);
+	/* the geometry only: the attachment needs the token the router's RegisterReply brings */
+	r = bd_pool_query(w->o.pool_socket, w->o.rank, perr, sizeof(perr), &w->pool_geo);
 	if (r < 0) {
 		bd_log_err("kvpoold at %s: %s", w->o.pool_socket, perr);
 		return r;
 	}
-	w->geo = bd_pool_attach_geometry(w->pool);
+	w->geo = &w->pool_geo;
 	const struct bd_layout *lay = &w->geo->layout;
 	struct bd_model_shard sh;
 	w->pool_cfg = bd_kvcfg_find(w->geo->kv_config);
@@ -446,7 +489,7 @@ static int setup(struct wd *w)
 	}
 	if ((r = w->be->setup(w)) < 0)
 		return r;
-	bd_log_info("attached to kvpoold: %s backend, %s, %zu pages, %zu slots", w->geo->backend,
+	bd_log_info("kvpoold's pool: %s backend, %s, %zu pages, %zu slots", w->geo->backend,
 		w->geo->kv_config, w->geo->n_pages, w->geo->n_slots);
 
 	w->zctx = zmq_ctx_new();
@@ -503,7 +546,7 @@ static int on_signals(struct wd *w)
 static int pool_reattach(struct wd *w, int64_t lost_ms, int64_t now)
 {
 	char perr[256];
-	int r = bd_pool_reattach(w->pool, w->o.pool_socket, perr, sizeof(perr));
+	int r = bd_pool_reattach(w->pool, w->o.pool_socket, w->attach_token, perr, sizeof(perr));
 
 	if (r == 0) {
 		bd_log_info("attached again to kvpoold after %lld ms: the same arenas, the mapping "
@@ -533,9 +576,12 @@ static int run(struct wd *w)
 		zmq_pollitem_t it[3] = {
 			{ w->pair, 0, ZMQ_POLLIN, 0 },
 			{ NULL, w->d.signal_fd, ZMQ_POLLIN, 0 },
-			{ NULL, bd_pool_attach_fd(w->pool), pool_lost ? 0 : ZMQ_POLLIN, 0 },
+			{ NULL, bd_pool_attach_fd(w->pool), pool_lost || !w->pool ? 0 : ZMQ_POLLIN,
+			  0 },
 		};
-		if (zmq_poll(it, 3, pool_lost ? POOL_REATTACH_RETRY_MS : 200) < 0 && zmq_errno() != EINTR) {
+		/* no attach socket before the first RegisterReply's token attached the pool */
+		if (zmq_poll(it, w->pool ? 3 : 2, pool_lost ? POOL_REATTACH_RETRY_MS : 200) < 0 &&
+		    zmq_errno() != EINTR) {
 			bd_log_err("poll: %s", zmq_strerror(zmq_errno()));
 			return 1;
 		}

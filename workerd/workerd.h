@@ -96,10 +96,14 @@ struct wd_backend {
 	/* whether it serves batch_invariant (wd_opts): a decode row's products and reductions in
 	 * an order that does not depend on the batch */
 	bool batch_invariant;
-	/* After the pool attached and the shard (or its shape, with random_weights) loaded: the
-	 * KV memory over the pool's arena and the backend's state. Returns 0 or -errno, logged
-	 * (-ENOTSUP: an option this backend cannot serve). teardown runs either way. */
+	/* After the pool's geometry was read (w->geo; nothing attached yet) and the shard (or
+	 * its shape, with random_weights) loaded: the backend's state. Returns 0 or -errno,
+	 * logged (-ENOTSUP: an option this backend cannot serve). teardown runs either way. */
 	int (*setup)(struct wd *w);
+	/* Once, after the first attach (w->pool, made with the epoch's token of the first
+	 * RegisterReply), before the first join: the KV memory over the pool's arena. Returns 0
+	 * or -errno, logged (the worker exits). */
+	int (*map)(struct wd *w);
 	/* Frees what setup made, after leave; accepts a setup that failed part way, or none. */
 	void (*teardown)(struct wd *w);
 	/* The backend's part of a RegisterRequest: rq->device and rq->nccl_unique_id (its bytes
@@ -133,7 +137,7 @@ struct wd_backend {
 #define WD_BACKEND(prefix, name_, collective_, ...)                                            \
 	{                                                                                       \
 		__VA_ARGS__ .name = name_, .collective = collective_, .setup = prefix##_setup,  \
-		.teardown = prefix##_teardown, .register_fill = prefix##_register_fill,         \
+		.map = prefix##_map, .teardown = prefix##_teardown, .register_fill = prefix##_register_fill,         \
 		.join = prefix##_join, .leave = prefix##_leave, .health = prefix##_health,      \
 		.release = prefix##_release, .run_rows = prefix##_run_rows,                     \
 		.note_plan = prefix##_note_plan, .report = prefix##_report,                     \
@@ -154,8 +158,10 @@ struct wd {
 	char model_name[256]; /* base name (or the preset's name), as registered */
 	struct bd_calib *calib;     /* or NULL */
 	struct bd_decode_params dp; /* the defaults, τ from the calibration */
-	struct bd_pool_attach *pool;
-	const struct bd_pool_geometry *geo;
+	struct bd_pool_attach *pool; /* NULL until the first RegisterReply's token attached it */
+	struct bd_pool_geometry pool_geo; /* what bd_pool_query read before registering */
+	const struct bd_pool_geometry *geo; /* &pool_geo */
+	uint8_t attach_token[BD_POOL_TOKEN_BYTES]; /* the latest RegisterReply's (reattaches) */
 	const struct bd_kvcfg *pool_cfg;
 
 	void *zctx, *pair; /* compute side of the inproc pair */

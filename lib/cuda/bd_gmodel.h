@@ -216,6 +216,10 @@ struct bd_gmodel_timing {
 };
 void bd_gmodel_last_timing(const struct bd_gmodel *g, struct bd_gmodel_timing *ret);
 
+/* The model's stream (a cudaStream_t): what a caller enqueues there before a prefill or decode
+ * call runs before the call's kernels (the pool scrub, bd_pool_cuda_scrub). NULL g: NULL. */
+void *bd_gmodel_stream(const struct bd_gmodel *g);
+
 /* What the captured decode graph of the bucket that serves B rows launches (the graph-launch
  * cost depends on it): one line per distinct kernel, "COUNT NAME", most frequent first, with
  * " cluster XxYxZ" for kernels launched with a thread-block cluster, then a line counting the

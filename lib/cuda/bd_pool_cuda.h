@@ -24,7 +24,9 @@
 #ifndef BD_POOL_CUDA_H
 #define BD_POOL_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "pool/bd_pool_client.h"
 #include "pool/bd_pool_va.h"
@@ -53,6 +55,16 @@ int bd_pool_cuda_map(const struct bd_pool_attach *a, void **ret_base, char *err,
  * primary context reference. The caller synchronizes its work on the arena first. NULL a or
  * base is a no-op. */
 void bd_pool_cuda_unmap(const struct bd_pool_attach *a, void *base);
+
+/* Zeroes page id (every layer) or, with slot, slot id of the arena of geometry g mapped at base
+ * (bd_pool_cuda_map), enqueued on stream (a cudaStream_t; NULL: the legacy default stream)
+ * without waiting: work enqueued after it on that stream sees zeros. The CUDA backend's scrub:
+ * kvpoold does not map device memory, so a worker clears a page or slot when a step plan first
+ * gives it to a request (its new pages, a new sequence's slot), before the step writes it;
+ * the bytes of the spans of bd_pool_scrub_span. Returns 0, -EINVAL (NULL g or base), -ERANGE
+ * (id out of range), -EIO (the memset was refused; err says why). */
+int bd_pool_cuda_scrub(const struct bd_pool_geometry *g, void *base, bool slot, int32_t id,
+		       void *stream, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -964,6 +964,11 @@ void *bd_gmodel_comm(const struct bd_gmodel *g)
 	return g ? (void *)g->comm : NULL;
 }
 
+void *bd_gmodel_stream(const struct bd_gmodel *g)
+{
+	return g ? (void *)g->st : NULL;
+}
+
 int bd_gmodel_set_comm(struct bd_gmodel *g, void *nccl_comm)
 {
 	if (!g)

@@ -4,12 +4,15 @@
  * Driver API through dlopen("libcuda.so.1"), like kvpoold/mem_cuda.c: the CUDA runtime (static)
  * opens the same library, so this adds no link dependency. The imported handles are released
  * right after mapping: the mapping keeps the memory alive, and unmapping then needs nothing
- * but the geometry.
+ * but the geometry. The scrub (bd_pool_cuda_scrub) is a runtime memset on the caller's stream,
+ * ordered with the kernels that stream runs.
  */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include <cuda_runtime_api.h>
 
 #include "base/bd_err.h"
 #include "pool/bd_cudrv.h"
@@ -164,4 +167,24 @@ void bd_pool_cuda_unmap(const struct bd_pool_attach *a, void *base)
 		cu->unmap(b + offsets[i], (size_t)g->chunk_bytes[i]);
 	cu->addr_free(b, va_bytes);
 	cu->ctx_release(dev);
+}
+
+int bd_pool_cuda_scrub(const struct bd_pool_geometry *g, void *base, bool slot, int32_t id,
+		       void *stream, char *err, size_t errlen)
+{
+	struct bd_pool_span s;
+	cudaError_t ce;
+	int e;
+
+	if (!g || !base)
+		return bd_errf(err, errlen, -EINVAL, "bad argument");
+	if ((e = bd_pool_scrub_span(g, slot, id, &s)) < 0)
+		return bd_errf(err, errlen, e, "%s %d is outside the pool", slot ? "slot" : "page",
+			       id);
+	ce = cudaMemset2DAsync((uint8_t *)base + s.offset, s.pitch, 0, s.width, s.height,
+			       (cudaStream_t)stream);
+	if (ce != cudaSuccess)
+		return bd_errf(err, errlen, -EIO, "zeroing %s %d: %s", slot ? "slot" : "page", id,
+			       cudaGetErrorString(ce));
+	return 0;
 }

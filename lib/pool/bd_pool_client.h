@@ -1,8 +1,12 @@
 /* bd_pool_client.h — the client of kvpoold: attach to the pool's memory, allocate from it.
  *
  * Two connections, two jobs:
- *   - attach (Unix socket, default BD_POOL_DEFAULT_SOCKET): a worker names its TP rank and gets
- *     that rank's arena as fds (SCM_RIGHTS) with its geometry. On the CPU backend the client maps
+ *   - attach (Unix socket, default BD_POOL_DEFAULT_SOCKET): a worker names its TP rank and the
+ *     rank's token of the current group epoch (the router registers each epoch's tokens with
+ *     bd_pool_group_register and hands each worker its own in the RegisterReply), and gets that
+ *     rank's arena as fds (SCM_RIGHTS) with its geometry. A token opens one attachment, and a
+ *     rank has one live attachment at a time; bd_pool_query reads the geometry alone, with no
+ *     token (what a worker checks before it registers). On the CPU backend the client maps
  *     the chunks back to back with mmap; on the CUDA backend it hands the fds to the caller, who
  *     imports them (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
  *     cuMemSetAccess). The daemon drops the attachment when the socket closes.
@@ -23,7 +27,8 @@
  * message type, -EINVAL bad argument, -ERANGE count or id out of range, -ENOENT unknown request,
  * -EPERM page or slot held by another request, -EALREADY double free, -ENOSPC pool exhausted,
  * -EACCES owner mismatch or peer denied, -EBUSY wrong state, -ENODEV no such rank, -EPROTO
- * version mismatch; -ETIMEDOUT when the daemon does not answer in time, -ECONNRESET when its
+ * version mismatch, -EISCONN rank attached already, -EDQUOT owner quota, -EKEYREJECTED attach
+ * token missing, not the rank's of the current epoch, or used; -ETIMEDOUT when the daemon does not answer in time, -ECONNRESET when its
  * connection closed before the answer (it died). The daemon's code and text of the last error
  * stay readable with bd_pool_conn_error().
  * Handles are not thread-safe: one per thread, or a lock around them.
@@ -31,6 +36,7 @@
 #ifndef BD_POOL_CLIENT_H
 #define BD_POOL_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +51,8 @@ extern "C" {
 #define BD_POOL_DEFAULT_SOCKET "/run/bdfp4/kvpool.sock"
 #define BD_POOL_DEFAULT_ENDPOINT "ipc:///run/bdfp4/kvpool-alloc.sock"
 #define BD_POOL_MAX_CHUNKS 64 /* arena chunks of one rank (fds in one packet) */
+#define BD_POOL_TOKEN_BYTES 32 /* one rank's attach token (GroupRegister) */
+#define BD_POOL_MAX_TP 64      /* ranks of a pool (kvpoold's tp) */
 /* The largest allocation frame kvpoold reads: it answers frames up to its max_frame_bytes, and
  * up to this size those over it with POOL_ERR_OVERSIZE; ZeroMQ closes the connection of a peer
  * that sends a larger one (no reply). The client refuses to send one (-EMSGSIZE). */
@@ -69,6 +77,7 @@ enum bd_pool_error {
 	BD_POOL_ERR_VERSION = 14,
 	BD_POOL_ERR_ATTACHED = 15,
 	BD_POOL_ERR_QUOTA = 16,
+	BD_POOL_ERR_TOKEN = 17,
 	BD_POOL_ERR_COUNT
 };
 
@@ -92,14 +101,21 @@ struct bd_pool_geometry {
 
 struct bd_pool_attach;
 
-/* Attaches to rank `rank` (0..tp-1) of the pool listening at socket_path (NULL: the default).
- * CPU backend: maps the arena read-write (MAP_SHARED) after checking each chunk's size and that
+/* The geometry of rank `rank`'s arena of the pool listening at socket_path (NULL: the default),
+ * checked like an attach's, without fds or a token (nothing is mapped, no attachment made).
+ * Returns 0 and *ret, or bd_pool_attach's errors. */
+int bd_pool_query(const char *socket_path, int rank, char *errbuf, size_t errlen,
+		  struct bd_pool_geometry *ret);
+
+/* Attaches to rank `rank` (0..tp-1) of the pool listening at socket_path (NULL: the default)
+ * with token (BD_POOL_TOKEN_BYTES bytes: the rank's token of the group epoch the router
+ * registered; NULL: none, which the daemon refuses with -EKEYREJECTED). CPU backend: maps the arena read-write (MAP_SHARED) after checking each chunk's size and that
  * it is sealed against shrinking. CUDA backend: keeps the fds for bd_pool_attach_chunks().
  * errbuf (errlen bytes, may be NULL) receives a one-line reason on failure, the daemon's own
  * text when it refused. Returns 0 and *ret, or -errno (table above; -EBADMSG also when the
  * geometry does not match what bd_layout_init computes here). */
-int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errlen,
-		   struct bd_pool_attach **ret);
+int bd_pool_attach(const char *socket_path, int rank, const uint8_t *token, char *errbuf,
+		   size_t errlen, struct bd_pool_attach **ret);
 
 /* Unmaps, closes the fds and the socket (the daemon then drops the attachment). NULL is
  * accepted. */
@@ -122,15 +138,20 @@ size_t bd_pool_attach_chunks(const struct bd_pool_attach *a, const int **ret_fds
 /* The attach socket: it becomes readable (EOF) when the daemon exits. */
 int bd_pool_attach_fd(const struct bd_pool_attach *a);
 
-/* Attaches a again, to the kvpoold now listening at socket_path (NULL: the default), after the
- * one it was attached to stopped (its attach socket reads EOF): a daemon restarted on its stored
+/* Attaches a again with token (as bd_pool_attach's: the rank's token of the epoch the router
+ * registered last, which it registers again with a restarted kvpoold), to the kvpoold now
+ * listening at socket_path (NULL: the default), after the one it was attached to stopped (its attach socket reads EOF): a daemon restarted on its stored
  * arenas hands out the same memory. When the new attachment names the same arenas (arena id,
  * geometry, the same files), a keeps its mapping and its fds and takes the new connection (the
  * daemon counts it attached again); the new fds are closed. Returns 0; -ESTALE when the daemon
  * has other arenas (it started empty: the pages held before are gone; a is unchanged and its
  * mapping still valid, the caller detaches and attaches anew); or bd_pool_attach's errors. */
-int bd_pool_reattach(struct bd_pool_attach *a, const char *socket_path, char *errbuf,
-		     size_t errlen);
+int bd_pool_reattach(struct bd_pool_attach *a, const char *socket_path, const uint8_t *token,
+		     char *errbuf, size_t errlen);
+
+/* Whether a and geometry g describe the same arenas (arena id, backend, configuration, rank,
+ * device, sizes): the attachment a worker made after registering is of the pool it queried. */
+bool bd_pool_geometry_same(const struct bd_pool_geometry *a, const struct bd_pool_geometry *g);
 
 /* ---- allocation ------------------------------------------------------------------------------ */
 
@@ -200,6 +221,14 @@ int bd_pool_request_release(struct bd_pool_conn *c, uint64_t request_id,
 int bd_pool_owner_reclaim(struct bd_pool_conn *c, uint64_t owner, uint64_t *ret_requests,
 			  uint64_t *ret_pages_freed);
 
+/* Registers the worker group of epoch (non-zero) under owner: tokens holds tp (1..
+ * BD_POOL_MAX_TP) tokens of BD_POOL_TOKEN_BYTES bytes, rank r's at r · BD_POOL_TOKEN_BYTES;
+ * from now on an attach of rank r needs its token, once (kvpool.proto GroupRegister). Returns
+ * 0, -EINVAL (the daemon's pool has another tp, or a bad argument), -EACCES (over ipc://, a peer
+ * that is neither root nor kvpoold's uid), or the call errors. */
+int bd_pool_group_register(struct bd_pool_conn *c, uint64_t owner, uint64_t epoch,
+			   const uint8_t *tokens, size_t tp);
+
 struct bd_pool_holder {
 	uint64_t request_id, owner;
 	uint32_t pages, reserved; /* page references held, of which reserved */
@@ -229,6 +258,8 @@ struct bd_pool_stats {
 	struct bd_pool_device *devices;
 	struct bd_pool_attachment *attachments;
 	uint8_t arena_id[16];                   /* as in bd_pool_geometry; zeros: not said */
+	uint64_t group_epoch, group_owner;      /* the registered group (0: none) */
+	uint64_t attach_refused;                /* attaches refused for their token */
 };
 
 /* The pool's counters and its `top` largest holders (0: the daemon's default). *ret is one

@@ -27,6 +27,8 @@ enum bd_pool_op_kind {
 	BD_POOL_OP_OWNER_RECLAIM = 9,
 	BD_POOL_OP_STATS = 10,
 	BD_POOL_OP_REQUESTS = 11,
+	/* 12, 13: PoolRequest's client and call, not operations */
+	BD_POOL_OP_GROUP_REGISTER = 14,
 	BD_POOL_OP_COUNT
 };
 
@@ -38,6 +40,7 @@ enum bd_pool_op_kind {
  *   SLOT_RELEASE   request_id, index (the slot)     REQUEST_RELEASE request_id
  *   OWNER_RECLAIM  owner                            STATS          n (largest holders, 0: the
  *   REQUESTS, NONE nothing                                         daemon's default)
+ *   GROUP_REGISTER owner, epoch, bytes (the tokens: tp · BD_POOL_TOKEN_BYTES)
  * Any kind carries client and call, the caller's id and the call's number (kvpool.proto).
  * The allocation calls of bd_pool_client.h build one each; tests and tools that speak the
  * protocol themselves (a fuzzer, an asynchronous probe) pack them with bd_pool_op_pack(). */
@@ -48,13 +51,16 @@ struct bd_pool_op {
 	int32_t index;
 	const int32_t *pages; /* n_pages page ids, borrowed */
 	size_t n_pages;
+	uint64_t epoch;
+	const uint8_t *bytes; /* n_bytes bytes, borrowed */
+	size_t n_bytes;
 	uint64_t client, call; /* repeat protection (kvpool.proto); 0: none */
 };
 
 /* Packs op as one PoolRequest frame into buf (cap bytes; buf may be NULL when cap is 0) when
  * it fits, like snprintf: returns the frame's length in bytes, and a length above cap means
  * nothing was written (call again with a buffer that large). Returns -EINVAL for a NULL op,
- * an unknown kind or n_pages ids without a list, -EMSGSIZE for a frame beyond SSIZE_MAX. */
+ * an unknown kind, n_pages ids or n_bytes bytes without their list, -EMSGSIZE for a frame beyond SSIZE_MAX. */
 ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap);
 
 #ifdef __cplusplus

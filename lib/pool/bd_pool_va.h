@@ -23,6 +23,17 @@ extern "C" {
 int bd_pool_va_plan(const struct bd_pool_geometry *g, size_t granularity,
 		    size_t *ret_va_bytes, size_t *ret_offsets);
 
+/* The bytes of page id (every layer) or, with slot, of slot id in an arena of geometry g, as a
+ * 2-D span from the arena's byte 0: height rows of width bytes, row r at offset + r·pitch (a
+ * page: one row per layer, pitch layer_stride, width page_bytes; a slot: one row of slot_bytes).
+ * What a worker zeroes when a page or slot becomes a request's (bd_pool_cuda_scrub).
+ * Returns 0, or -ERANGE (id outside 0..n_pages−1 or 0..n_slots−1; *ret untouched), -EINVAL. */
+struct bd_pool_span {
+	size_t offset, pitch, width, height;
+};
+int bd_pool_scrub_span(const struct bd_pool_geometry *g, bool slot, int32_t id,
+		       struct bd_pool_span *ret);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,7 @@ int bd_pool_errno(int e)
 		[BD_POOL_ERR_VERSION] = -EPROTO,
 		[BD_POOL_ERR_ATTACHED] = -EISCONN,
 		[BD_POOL_ERR_QUOTA] = -EDQUOT,
+		[BD_POOL_ERR_TOKEN] = -EKEYREJECTED,
 	};
 
 	if (e < 0 || e >= BD_POOL_ERR_COUNT)
@@ -75,6 +76,7 @@ SAME(NO_DEVICE);
 SAME(VERSION);
 SAME(ATTACHED);
 SAME(QUOTA);
+SAME(TOKEN);
 #undef SAME
 
 /* ---- attach ---------------------------------------------------------------------------------- */
@@ -102,18 +104,23 @@ void bd_pool_detach(struct bd_pool_attach *a)
 
 /* The geometry of the reply, checked: sizes must be what this build's layout computes. */
 static int take_geometry(struct bd_pool_geometry *g, const Bdfp4__AttachReply *r, int rank,
-			 size_t n_fds, char *errbuf, size_t errlen)
+			 size_t n_fds, bool geometry_only, char *errbuf, size_t errlen)
 {
 	uint64_t sum = 0, end;
 	int e;
 
 	if (strcmp(r->backend, "cpu") && strcmp(r->backend, "cuda"))
 		return bd_errf(errbuf, errlen, -EBADMSG, "unknown backend '%.16s'", r->backend);
+	/* a geometry reply has the chunk sizes and no fds */
+	if (geometry_only && n_fds == 0)
+		n_fds = r->n_chunk_bytes;
+	else if (geometry_only)
+		n_fds = SIZE_MAX;
 	if (r->rank != rank || r->n_chunk_bytes != n_fds || n_fds == 0 ||
 	    n_fds > BD_POOL_MAX_CHUNKS || strlen(r->kv_config) >= sizeof(g->kv_config))
 		return bd_errf(errbuf, errlen, -EBADMSG,
 			       "attach reply: rank %d, %zu chunk sizes for %zu fds", r->rank,
-			       r->n_chunk_bytes, n_fds);
+			       r->n_chunk_bytes, geometry_only ? (size_t)0 : n_fds);
 	snprintf(g->backend, sizeof(g->backend), "%s", r->backend);
 	snprintf(g->kv_config, sizeof(g->kv_config), "%s", r->kv_config);
 	g->rank = r->rank;
@@ -190,15 +197,17 @@ static int map_chunks(struct bd_pool_attach *a, char *errbuf, size_t errlen)
 	return 0;
 }
 
-/* The attach exchange: connects to socket_path, asks for rank, takes the reply's fds and its
- * checked geometry into a fresh *ret (nothing mapped). Returns 0 or -errno with errbuf. */
-static int attach_exchange(const char *socket_path, int rank, char *errbuf, size_t errlen,
+/* The attach exchange: connects to socket_path, asks for rank with token (or for the geometry
+ * only, token NULL), takes the reply's fds and its checked geometry into a fresh *ret (nothing
+ * mapped). Returns 0 or -errno with errbuf. */
+static int attach_exchange(const char *socket_path, int rank, bool geometry_only,
+			   const uint8_t *token, char *errbuf, size_t errlen,
 			   struct bd_pool_attach **ret)
 {
 	Bdfp4__AttachRequest req = BDFP4__ATTACH_REQUEST__INIT;
 	Bdfp4__AttachReply *rep = NULL;
 	struct bd_pool_attach *a;
-	uint8_t out[64], *in = NULL;
+	uint8_t out[128], *in = NULL;
 	int fds[BD_POOL_MAX_CHUNKS], n_fds = 0, e;
 	struct pollfd pfd;
 	ssize_t n;
@@ -223,6 +232,9 @@ static int attach_exchange(const char *socket_path, int rank, char *errbuf, size
 	req.version = BD_POOL_PROTO_VERSION;
 	req.rank = rank;
 	req.pid = (int32_t)getpid();
+	req.geometry_only = geometry_only;
+	if (token)
+		req.token = (ProtobufCBinaryData){ BD_POOL_TOKEN_BYTES, (uint8_t *)token };
 	e = bd_ipc_send(a->sock, out, bdfp4__attach_request__pack(&req, out), NULL, 0);
 	/* a daemon that refuses us may have answered and closed before our request went out:
 	 * its answer is still there to read */
@@ -265,7 +277,7 @@ static int attach_exchange(const char *socket_path, int rank, char *errbuf, size
 			    rep->version, BD_POOL_PROTO_VERSION);
 		goto fail;
 	}
-	e = take_geometry(&a->geo, rep, rank, a->n_fds, errbuf, errlen);
+	e = take_geometry(&a->geo, rep, rank, a->n_fds, geometry_only, errbuf, errlen);
 	if (e < 0)
 		goto fail;
 	bdfp4__attach_reply__free_unpacked(rep, NULL);
@@ -281,11 +293,27 @@ fail:
 	return e;
 }
 
-int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errlen,
-		   struct bd_pool_attach **ret)
+int bd_pool_query(const char *socket_path, int rank, char *errbuf, size_t errlen,
+		  struct bd_pool_geometry *ret)
 {
 	struct bd_pool_attach *a;
-	int e = attach_exchange(socket_path, rank, errbuf, errlen, &a);
+	int e;
+
+	if (!ret)
+		return bd_errf(errbuf, errlen, -EINVAL, "bad argument");
+	e = attach_exchange(socket_path, rank, true, NULL, errbuf, errlen, &a);
+	if (e < 0)
+		return e;
+	*ret = a->geo;
+	bd_pool_detach(a);
+	return 0;
+}
+
+int bd_pool_attach(const char *socket_path, int rank, const uint8_t *token, char *errbuf,
+		   size_t errlen, struct bd_pool_attach **ret)
+{
+	struct bd_pool_attach *a;
+	int e = attach_exchange(socket_path, rank, false, token, errbuf, errlen, &a);
 
 	if (e < 0)
 		return e;
@@ -300,39 +328,48 @@ int bd_pool_attach(const char *socket_path, int rank, char *errbuf, size_t errle
 	return 0;
 }
 
+bool bd_pool_geometry_same(const struct bd_pool_geometry *g, const struct bd_pool_geometry *h)
+{
+	if (!g || !h || memcmp(g->arena_id, h->arena_id, sizeof(g->arena_id)) ||
+	    strcmp(g->backend, h->backend) || strcmp(g->kv_config, h->kv_config) ||
+	    g->rank != h->rank || g->device != h->device || g->tp != h->tp ||
+	    g->max_seq_len != h->max_seq_len || g->n_pages != h->n_pages ||
+	    g->n_slots != h->n_slots || g->pages_offset != h->pages_offset ||
+	    g->slots_offset != h->slots_offset || g->arena_bytes != h->arena_bytes ||
+	    g->n_chunks != h->n_chunks || g->layout.page_bytes != h->layout.page_bytes ||
+	    g->layout.slot_bytes != h->layout.slot_bytes)
+		return false;
+	for (size_t i = 0; i < g->n_chunks; i++)
+		if (g->chunk_bytes[i] != h->chunk_bytes[i])
+			return false;
+	return true;
+}
+
 /* a and b attach the same arenas: the id, the geometry, and chunk files that are the same
  * files (fds of one open file, whichever process passed them on). */
 static bool same_arenas(const struct bd_pool_attach *a, const struct bd_pool_attach *b)
 {
-	const struct bd_pool_geometry *g = &a->geo, *h = &b->geo;
-
-	if (memcmp(g->arena_id, h->arena_id, sizeof(g->arena_id)) || strcmp(g->backend, h->backend) ||
-	    strcmp(g->kv_config, h->kv_config) || g->rank != h->rank || g->device != h->device ||
-	    g->tp != h->tp || g->n_pages != h->n_pages || g->n_slots != h->n_slots ||
-	    g->pages_offset != h->pages_offset || g->slots_offset != h->slots_offset ||
-	    g->arena_bytes != h->arena_bytes || g->n_chunks != h->n_chunks ||
-	    g->layout.page_bytes != h->layout.page_bytes ||
-	    g->layout.slot_bytes != h->layout.slot_bytes || a->n_fds != b->n_fds)
+	if (!bd_pool_geometry_same(&a->geo, &b->geo) || a->n_fds != b->n_fds)
 		return false;
 	for (size_t i = 0; i < a->n_fds; i++) {
 		struct stat x, y;
 
-		if (g->chunk_bytes[i] != h->chunk_bytes[i] || fstat(a->fds[i], &x) < 0 ||
+		if (fstat(a->fds[i], &x) < 0 ||
 		    fstat(b->fds[i], &y) < 0 || x.st_dev != y.st_dev || x.st_ino != y.st_ino)
 			return false;
 	}
 	return true;
 }
 
-int bd_pool_reattach(struct bd_pool_attach *a, const char *socket_path, char *errbuf,
-		     size_t errlen)
+int bd_pool_reattach(struct bd_pool_attach *a, const char *socket_path, const uint8_t *token,
+		     char *errbuf, size_t errlen)
 {
 	struct bd_pool_attach *b;
 	int e;
 
 	if (!a)
 		return bd_errf(errbuf, errlen, -EINVAL, "bad argument");
-	e = attach_exchange(socket_path, a->geo.rank, errbuf, errlen, &b);
+	e = attach_exchange(socket_path, a->geo.rank, false, token, errbuf, errlen, &b);
 	if (e < 0)
 		return e;
 	if (!same_arenas(a, b)) {
@@ -786,6 +823,17 @@ int bd_pool_owner_reclaim(struct bd_pool_conn *c, uint64_t owner, uint64_t *ret_
 	return call(c, &op, (struct take){ .requests = ret_requests, .freed = ret_pages_freed });
 }
 
+int bd_pool_group_register(struct bd_pool_conn *c, uint64_t owner, uint64_t epoch,
+			   const uint8_t *tokens, size_t tp)
+{
+	struct bd_pool_op op = { BD_POOL_OP_GROUP_REGISTER, .owner = owner, .epoch = epoch,
+				 .bytes = tokens, .n_bytes = tp * BD_POOL_TOKEN_BYTES };
+
+	if (!tokens || tp == 0 || tp > BD_POOL_MAX_TP || epoch == 0)
+		return -EINVAL;
+	return call(c, &op, (struct take){ 0 });
+}
+
 static void holder_from(struct bd_pool_holder *h, const Bdfp4__Holder *p)
 {
 	h->request_id = p->request_id;
@@ -854,6 +902,9 @@ int bd_pool_stats(struct bd_pool_conn *c, uint32_t top, struct bd_pool_stats **r
 	s->n_attachments = p->n_attachments;
 	if (p->arena_id.len == sizeof(s->arena_id))
 		memcpy(s->arena_id, p->arena_id.data, sizeof(s->arena_id));
+	s->group_epoch = p->group_epoch;
+	s->group_owner = p->group_owner;
+	s->attach_refused = p->attach_refused;
 	for (size_t i = 0; i < p->n_largest; i++)
 		holder_from(&s->largest[i], p->largest[i]);
 	for (size_t i = 0; i < p->n_devices; i++) {

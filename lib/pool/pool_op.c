@@ -21,12 +21,14 @@ SAME(REQUEST_RELEASE);
 SAME(OWNER_RECLAIM);
 SAME(STATS);
 SAME(REQUESTS);
+SAME(GROUP_REGISTER);
 #undef SAME
 _Static_assert(BD_POOL_OP_NONE == (int)BDFP4__POOL_REQUEST__OP__NOT_SET, "NONE");
 
 /* Copies op's values into message m by field name: kvpool.proto gives a value the same name
- * and type in every message that carries it (request_id, owner: uint64; n, top: uint32; page,
- * slot: int32; pages: repeated int32). Returns -EINVAL for any other field. */
+ * and type in every message that carries it (request_id, owner, epoch: uint64; n, top: uint32;
+ * page, slot: int32; pages: repeated int32; tokens: bytes). Returns -EINVAL for any other
+ * field. */
 static int put_fields(ProtobufCMessage *m, const struct bd_pool_op *op)
 {
 	const ProtobufCMessageDescriptor *d = m->descriptor;
@@ -40,6 +42,11 @@ static int put_fields(ProtobufCMessage *m, const struct bd_pool_op *op)
 			*(uint64_t *)p = op->request_id;
 		else if (f->type == PROTOBUF_C_TYPE_UINT64 && one && !strcmp(f->name, "owner"))
 			*(uint64_t *)p = op->owner;
+		else if (f->type == PROTOBUF_C_TYPE_UINT64 && one && !strcmp(f->name, "epoch"))
+			*(uint64_t *)p = op->epoch;
+		else if (f->type == PROTOBUF_C_TYPE_BYTES && one && !strcmp(f->name, "tokens"))
+			*(ProtobufCBinaryData *)p = (ProtobufCBinaryData){ op->n_bytes,
+									   (uint8_t *)op->bytes };
 		else if (f->type == PROTOBUF_C_TYPE_UINT32 && one &&
 			 (!strcmp(f->name, "n") || !strcmp(f->name, "top")))
 			*(uint32_t *)p = op->n;
@@ -66,7 +73,7 @@ ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap)
 	size_t len;
 	int e;
 
-	if (!op || (!buf && cap) || (op->n_pages && !op->pages) ||
+	if (!op || (!buf && cap) || (op->n_pages && !op->pages) || (op->n_bytes && !op->bytes) ||
 	    (unsigned)op->kind >= BD_POOL_OP_COUNT)
 		return -EINVAL;
 	if (op->kind != BD_POOL_OP_NONE) {

@@ -32,3 +32,24 @@ int bd_pool_va_plan(const struct bd_pool_geometry *g, size_t granularity,
 	*ret_va_bytes = va;
 	return 0;
 }
+
+int bd_pool_scrub_span(const struct bd_pool_geometry *g, bool slot, int32_t id,
+		       struct bd_pool_span *ret)
+{
+	if (!g || !ret)
+		return -EINVAL;
+	if (id < 0 || (size_t)id >= (slot ? g->n_slots : g->n_pages))
+		return -ERANGE;
+	if (slot)
+		*ret = (struct bd_pool_span){ .offset = g->slots_offset +
+							(size_t)id * g->layout.slot_bytes,
+					      .pitch = g->layout.slot_bytes,
+					      .width = g->layout.slot_bytes, .height = 1 };
+	else
+		*ret = (struct bd_pool_span){ .offset = g->pages_offset +
+							(size_t)id * g->layout.page_bytes,
+					      .pitch = g->layout.layer_stride,
+					      .width = g->layout.page_bytes,
+					      .height = (size_t)g->layout.n_layers };
+	return 0;
+}

@@ -325,31 +325,56 @@ int sv_stop(struct sv_daemon *d, int sig, int timeout_ms)
 	return -1;
 }
 
+/* The pool's stats (bd_pool_stats_free them), or NULL when it does not answer. */
+static struct bd_pool_stats *pool_stats(struct sv_env *e)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s = NULL;
+
+	if (bd_pool_conn_new(e->pool_ep, 3000, &c) < 0)
+		return NULL;
+	if (bd_pool_stats(c, 0, &s) < 0)
+		s = NULL;
+	bd_pool_conn_free(c);
+	return s;
+}
+
+bool sv_pool_group(struct sv_env *e, uint64_t *ret_epoch, uint64_t *ret_refused,
+		   size_t *ret_attached)
+{
+	struct bd_pool_stats *s = pool_stats(e);
+
+	if (!s)
+		return false;
+	if (ret_epoch)
+		*ret_epoch = s->group_epoch;
+	if (ret_refused)
+		*ret_refused = s->attach_refused;
+	if (ret_attached)
+		*ret_attached = s->n_attachments;
+	bd_pool_stats_free(s);
+	return true;
+}
+
 bool sv_pool_books(struct sv_env *e, uint64_t *ret_requests, uint64_t *ret_pages_free,
 		   uint64_t *ret_slots_free, uint64_t *ret_pages_total, uint64_t *ret_slots_total)
 {
-	struct bd_pool_conn *c;
-	struct bd_pool_stats *s;
-	bool ok = false;
+	struct bd_pool_stats *s = pool_stats(e);
 
-	if (bd_pool_conn_new(e->pool_ep, 3000, &c) < 0)
+	if (!s)
 		return false;
-	if (bd_pool_stats(c, 0, &s) == 0) {
-		if (ret_requests)
-			*ret_requests = s->requests;
-		if (ret_pages_free)
-			*ret_pages_free = s->pages_free;
-		if (ret_slots_free)
-			*ret_slots_free = s->slots_free;
-		if (ret_pages_total)
-			*ret_pages_total = s->pages_total;
-		if (ret_slots_total)
-			*ret_slots_total = s->slots_total;
-		bd_pool_stats_free(s);
-		ok = true;
-	}
-	bd_pool_conn_free(c);
-	return ok;
+	if (ret_requests)
+		*ret_requests = s->requests;
+	if (ret_pages_free)
+		*ret_pages_free = s->pages_free;
+	if (ret_slots_free)
+		*ret_slots_free = s->slots_free;
+	if (ret_pages_total)
+		*ret_pages_total = s->pages_total;
+	if (ret_slots_total)
+		*ret_slots_total = s->slots_total;
+	bd_pool_stats_free(s);
+	return true;
 }
 
 bool sv_pool_idle(struct sv_env *e, int timeout_ms)

@@ -67,6 +67,11 @@ bool sv_pool_books(struct sv_env *e, uint64_t *ret_requests, uint64_t *ret_pages
 		   uint64_t *ret_slots_free, uint64_t *ret_pages_total, uint64_t *ret_slots_total);
 /* Waits until the pool holds nothing for anyone (every page and slot free, no record). */
 bool sv_pool_idle(struct sv_env *e, int timeout_ms);
+/* kvpoold's worker group and attachments (stats): the epoch the router registered (0: none),
+ * the attaches refused for their token, the live attachments. False when the pool does not
+ * answer. Pointers may be NULL. */
+bool sv_pool_group(struct sv_env *e, uint64_t *ret_epoch, uint64_t *ret_refused,
+		   size_t *ret_attached);
 
 /* Waits until the router reports healthy (want true) or not (want false). */
 bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);

@@ -45,7 +45,8 @@ static void handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t len
 }
 
 /* One operation from b[0..n): op, request, owner, count/page/slot, page list; packed by the
- * client's own bd_pool_op_pack (op 11 is BD_POOL_OP_NONE: no member, an unknown type). */
+ * client's own bd_pool_op_pack (op 11 is BD_POOL_OP_NONE: no member, an unknown type; 12 a
+ * GROUP_REGISTER). */
 static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 {
 	static const uint32_t count_mod[BD_POOL_OP_COUNT] = {
@@ -61,8 +62,10 @@ static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 
 	if (n < 4)
 		return;
-	/* 0 → PAGE_ALLOC, ..., 10 → REQUESTS, 11 → NONE */
-	op.kind = (enum bd_pool_op_kind)((b[0] % 12 + 1) % 12);
+	/* 0 → PAGE_ALLOC, ..., 10 → REQUESTS, 11 → NONE, 12 → GROUP_REGISTER (the rest its
+	 * tokens) */
+	op.kind = b[0] % 13 == 12 ? BD_POOL_OP_GROUP_REGISTER
+				  : (enum bd_pool_op_kind)((b[0] % 13 + 1) % 12);
 	op.request_id = b[1] % (N_REQ + 1); /* 0 is invalid on purpose */
 	op.owner = b[2] % 3;
 	if (count_mod[op.kind])
@@ -73,6 +76,11 @@ static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 		for (size_t i = 4; i < n && op.n_pages < 16; i++)
 			pages[op.n_pages++] = (int32_t)(b[i] % (N_PAGES + 2)) - 1; /* -1, N_PAGES */
 		op.pages = pages;
+	}
+	if (op.kind == BD_POOL_OP_GROUP_REGISTER) {
+		op.epoch = b[3] % 3; /* 0 is invalid on purpose */
+		op.bytes = b + 4;
+		op.n_bytes = n - 4;
 	}
 	len = bd_pool_op_pack(&op, frame, sizeof(frame));
 	if (len < 0)

@@ -85,11 +85,19 @@ def worker_seeds(pb):
 
 
 def attach_seeds(kp):
-    for name, r in (("rank0", kp.AttachRequest(version=1, rank=0, pid=1234)),
-                    ("rank1", kp.AttachRequest(version=1, rank=1, pid=99)),
-                    ("old-version", kp.AttachRequest(version=0, rank=0))):
-        # the first byte is the pool's TP size less one (fuzz_attach.c): 1, a pool of 2
-        out("attach-corpus", name, b"\1" + r.SerializeToString())
+    # fuzz_attach.c's registered group: rank r's token is the bytes 32·r .. 32·r + 31
+    tok = [bytes(range(32 * r, 32 * r + 32)) for r in range(2)]
+    for name, r, registered in (
+            ("rank0", kp.AttachRequest(version=1, rank=0, pid=1234), False),
+            ("rank1", kp.AttachRequest(version=1, rank=1, pid=99), False),
+            ("old-version", kp.AttachRequest(version=0, rank=0), False),
+            ("geometry", kp.AttachRequest(version=1, rank=1, geometry_only=True), False),
+            ("rank0-token", kp.AttachRequest(version=1, rank=0, pid=7, token=tok[0]), True),
+            ("rank1-token", kp.AttachRequest(version=1, rank=1, pid=8, token=tok[1]), True),
+            ("rank1-wrong-token", kp.AttachRequest(version=1, rank=1, token=tok[0]), True)):
+        # the first byte: the pool's TP size less one in its low 3 bits (fuzz_attach.c): 1, a
+        # pool of 2; 0x80: a group is registered
+        out("attach-corpus", name, bytes([0x81 if registered else 1]) + r.SerializeToString())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@
  *     slot holds A's data and that the page equals bd_page_promote of it on the CPU, byte for
  *     byte, then writes a pattern into the second page, synchronizes, detaches and tells A,
  *     who attaches again, reads it back and checks it (both directions);
+ *   - A releases its request and a new one takes two pages and a slot: each that was the old
+ *     request's still holds its bytes, bd_pool_cuda_scrub (what workerd runs on its stream when
+ *     a plan gives a page or slot to a request) clears it, and it reads back zero;
  * then a process attached and mapped on rank 0 is SIGKILLed: the attachment count must drop
  * back, its pages come back through owner reclaim, and an allocation must work afterwards;
  * `kvpoolctl stats` is shown; SIGTERM must stop kvpoold with exit status 0.
@@ -34,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -177,11 +181,31 @@ static void wpass(struct worker *w, const char *fmt, ...)
  * processes of one rank take turns: each detaches before it hands over). */
 static void worker_attach(struct worker *w)
 {
+	static uint64_t n_groups;
+	uint8_t tokens[BD_POOL_MAX_TP * BD_POOL_TOKEN_BYTES];
+	struct bd_pool_geometry q;
+	struct bd_pool_conn *c;
 	char err[512];
 	void *base = NULL;
 	int e;
 
-	e = bd_pool_attach(S.sock, w->rank, err, sizeof(err), &w->att);
+	/* the router's part: a group epoch with a token per rank (the geometry says how many
+	 * ranks), then the attach with this rank's token */
+	e = bd_pool_query(S.sock, w->rank, err, sizeof(err), &q);
+	if (e == 0 && getrandom(tokens, sizeof(tokens), 0) != (ssize_t)sizeof(tokens))
+		e = -EIO;
+	if (e == 0 && (e = bd_pool_conn_new(S.endpoint, 5000, &c)) == 0) {
+		e = bd_pool_group_register(c, 1, (uint64_t)getpid() * 1000 + ++n_groups, tokens,
+					   (size_t)q.tp);
+		snprintf(err, sizeof(err), "%s", bd_pool_conn_error(c, NULL));
+		bd_pool_conn_free(c);
+	}
+	if (e < 0) {
+		wfail(w, "the group's tokens: %s (%d)", err, e);
+		_exit(1);
+	}
+	e = bd_pool_attach(S.sock, w->rank, tokens + (size_t)w->rank * BD_POOL_TOKEN_BYTES, err,
+			   sizeof(err), &w->att);
 	if (e < 0) {
 		wfail(w, "bd_pool_attach: %s (%d)", err, e);
 		_exit(1);
@@ -317,6 +341,80 @@ static bool read_full(int fd, void *buf, size_t n, int timeout_ms)
 	return read(fd, buf, n) == (ssize_t)n;
 }
 
+/* Whether n bytes at p are all zero; the count of non-zero ones in *ret_nz. */
+static bool zero_bytes(const uint8_t *p, size_t n, size_t *ret_nz)
+{
+	size_t nz = 0;
+
+	for (size_t i = 0; i < n; i++)
+		nz += p[i] != 0;
+	*ret_nz = nz;
+	return nz == 0;
+}
+
+/* Pages and slots change owner zeroed. The request that held old_pages (A's promoted page, B's
+ * pattern) and old_slot (A's K'/V) was released; a new request req takes two pages and a slot.
+ * Each that was the old request's still holds its bytes on the CUDA backend (kvpoold does not
+ * map device memory), the worker's bd_pool_cuda_scrub clears it on the stream, and it reads
+ * back zero. On --cpu kvpoold zeroed them when they were freed: they read zero at once. */
+static void check_scrub(struct worker *w, uint64_t req, uint64_t owner, const int32_t *old_pages,
+			int32_t old_slot, uint8_t *host)
+{
+	const struct bd_layout *lay = &w->g->layout;
+	size_t page_all = lay->page_bytes * (size_t)lay->n_layers, nz, reused = 0;
+	int32_t pages[2], slot;
+	char err[256];
+	int e;
+
+	e = bd_pool_page_alloc(w->conn, req, owner, 2, pages);
+	if (e == 0)
+		e = bd_pool_slot_assign(w->conn, req, owner, &slot);
+	if (e < 0) {
+		wfail(w, "scrub: allocation: %d %s", e, bd_pool_conn_error(w->conn, NULL));
+		return;
+	}
+	for (int k = 0; k < 3; k++) {
+		bool is_slot = k == 2;
+		int32_t id = is_slot ? slot : pages[k];
+		size_t n = is_slot ? lay->slot_bytes : page_all;
+		bool was_old = is_slot ? id == old_slot : id == old_pages[0] || id == old_pages[1];
+
+		if (!was_old)
+			continue; /* a page no request wrote: nothing to show */
+		reused++;
+		if (is_slot)
+			xfer(w, host, slot_ptr(w, id), n, false);
+		else
+			read_page(w, id, host);
+		if (!S.cpu) {
+			if (zero_bytes(host, n, &nz))
+				wfail(w, "scrub: %s %d reads zero before the scrub: the check cannot "
+				      "tell it worked", is_slot ? "slot" : "page", id);
+			e = bd_pool_cuda_scrub(w->g, w->base, is_slot, id, NULL, err, sizeof(err));
+			if (e < 0) {
+				wfail(w, "scrub: %s", err);
+				continue;
+			}
+			WCK(w, cudaDeviceSynchronize());
+			if (is_slot)
+				xfer(w, host, slot_ptr(w, id), n, false);
+			else
+				read_page(w, id, host);
+		}
+		if (zero_bytes(host, n, &nz))
+			wpass(w, "%s %d of the released request reads zero for the next one (%zu "
+			      "bytes)", is_slot ? "slot" : "page", id, n);
+		else
+			wfail(w, "%s %d of the released request: %zu of %zu bytes not zero for the "
+			      "next one", is_slot ? "slot" : "page", id, nz, n);
+	}
+	if (!reused)
+		wfail(w, "scrub: the new request got none of the old one's pages or slot");
+	e = bd_pool_request_release(w->conn, req, NULL);
+	if (e < 0)
+		wfail(w, "scrub: release: %d %s", e, bd_pool_conn_error(w->conn, NULL));
+}
+
 /* A: promote on the device, hand over to B, then check what B wrote. */
 __attribute__((noreturn)) static void process_a(int rank, int to_b, int from_b, uint64_t seed)
 {
@@ -387,6 +485,8 @@ __attribute__((noreturn)) static void process_a(int rank, int to_b, int from_b, 
 	e = bd_pool_request_release(w.conn, req, NULL);
 	if (e < 0)
 		wfail(&w, "request release: %d %s", e, bd_pool_conn_error(w.conn, NULL));
+	else
+		check_scrub(&w, req + 0x100, owner, pages, slot, host);
 	free(host);
 	worker_end(&w);
 }

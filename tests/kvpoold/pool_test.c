@@ -1,8 +1,10 @@
 /* pool_test.c — the real-daemon tests' shared parts (pool_test.h). */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "pool_test.h"
@@ -89,4 +91,58 @@ struct bd_pool_stats *pt_stats(struct bd_pool_conn *c)
 
 	cr_assert_eq(e, 0, "stats: %s", bd_pool_conn_error(c, NULL));
 	return s;
+}
+
+int pt_group_register(const char *endpoint, uint64_t epoch, const uint8_t *tokens, int tp)
+{
+	struct bd_pool_conn *c;
+	int e;
+
+	if ((e = bd_pool_conn_new(endpoint, 5000, &c)) < 0)
+		return e;
+	e = bd_pool_group_register(c, 1, epoch, tokens, (size_t)tp);
+	bd_pool_conn_free(c);
+	return e;
+}
+
+int pt_group(const char *endpoint, int tp, uint8_t *ret_tokens, uint64_t *ret_epoch)
+{
+	static uint64_t n;
+	uint8_t tokens[BD_POOL_MAX_TP * BD_POOL_TOKEN_BYTES];
+	uint64_t epoch = (uint64_t)getpid() * 1000 + ++n;
+	int e;
+
+	if (tp < 1 || tp > BD_POOL_MAX_TP)
+		return -EINVAL;
+	if (getrandom(tokens, sizeof(tokens), 0) != (ssize_t)sizeof(tokens))
+		return -EIO;
+	e = pt_group_register(endpoint, epoch, tokens, tp);
+	if (e == 0 && ret_tokens)
+		memcpy(ret_tokens, tokens, (size_t)tp * BD_POOL_TOKEN_BYTES);
+	if (e == 0 && ret_epoch)
+		*ret_epoch = epoch;
+	return e;
+}
+
+int pt_attach(const char *sock, const char *endpoint, int rank, char *err, size_t errlen,
+	      struct bd_pool_attach **ret)
+{
+	uint8_t tokens[BD_POOL_MAX_TP * BD_POOL_TOKEN_BYTES];
+	struct bd_pool_stats *s = NULL;
+	struct bd_pool_conn *c;
+	int tp, e;
+
+	if ((e = bd_pool_conn_new(endpoint, 5000, &c)) < 0)
+		return e;
+	e = bd_pool_stats(c, 0, &s);
+	bd_pool_conn_free(c);
+	if (e < 0)
+		return e;
+	tp = (int)s->tp;
+	bd_pool_stats_free(s);
+	if ((e = pt_group(endpoint, tp, tokens, NULL)) < 0)
+		return e;
+	return bd_pool_attach(sock, rank,
+			      rank >= 0 && rank < tp ? tokens + rank * BD_POOL_TOKEN_BYTES : tokens,
+			      err, errlen, ret);
 }

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "pool/bd_pool_client.h"
 
@@ -36,5 +37,18 @@ bool pt_log_has(const struct pt_env *e, const char *what);
 struct bd_pool_conn *pt_conn(const struct pt_env *e);
 /* The pool's stats (asserted), the daemon's default number of holders. */
 struct bd_pool_stats *pt_stats(struct bd_pool_conn *c);
+
+/* Registers the worker group of epoch with tokens (tp of BD_POOL_TOKEN_BYTES) under owner 1
+ * through endpoint, as the router does (kvpool.proto GroupRegister). Not asserted (children
+ * call it): returns 0 or -errno. */
+int pt_group_register(const char *endpoint, uint64_t epoch, const uint8_t *tokens, int tp);
+/* pt_group_register of a new epoch (unique to this process) with fresh random tokens, rank r's
+ * into ret_tokens + r · BD_POOL_TOKEN_BYTES, the epoch into *ret_epoch (either may be NULL). */
+int pt_group(const char *endpoint, int tp, uint8_t *ret_tokens, uint64_t *ret_epoch);
+/* pt_group over every rank of the pool (its tp read from the stats), then bd_pool_attach of rank
+ * with its token: what a worker does once the router answered its registration. Not asserted:
+ * returns bd_pool_attach's result (err as it writes it). */
+int pt_attach(const char *sock, const char *endpoint, int rank, char *err, size_t errlen,
+	      struct bd_pool_attach **ret);
 
 #endif

@@ -343,7 +343,7 @@ static int writer(int go_fd, int where_fd, int done_fd, const char *sock, const 
 	if (bd_pool_page_alloc(c, 501, 9, 1, &where[0]) < 0 ||
 	    bd_pool_slot_assign(c, 501, 9, &where[1]) < 0)
 		return 12;
-	if (bd_pool_attach(sock, 1, NULL, 0, &a) < 0)
+	if (pt_attach(sock, endpoint, 1, NULL, 0, &a) < 0)
 		return 13;
 	g = bd_pool_attach_geometry(a);
 	if (write_heads(&g->layout, bd_layout_page(&g->layout, bd_pool_attach_pages(a), 1,
@@ -371,7 +371,7 @@ static bool all_zero(const uint8_t *p, size_t n)
 /* Reader: attaches rank 0, lets the writer go, attaches rank 1 once the writer has left it, then
  * finds exactly the bytes the layout module writes for the same inputs, in the page and in the
  * slot, on rank 1 and only there. */
-static int reader(int go_fd, int where_fd, int done_fd, const char *sock)
+static int reader(int go_fd, int where_fd, int done_fd, const char *sock, const char *endpoint)
 {
 	struct bd_pool_attach *a, *a0;
 	const struct bd_pool_geometry *g;
@@ -380,11 +380,11 @@ static int reader(int go_fd, int where_fd, int done_fd, const char *sock)
 	uint8_t *want_page, *want_slot, *got;
 	int rc = 0;
 
-	if (bd_pool_attach(sock, 0, err, sizeof(err), &a0) < 0)
+	if (pt_attach(sock, endpoint, 0, err, sizeof(err), &a0) < 0)
 		return 21;
 	if (write(go_fd, "g", 1) != 1 || read(where_fd, where, sizeof(where)) != sizeof(where))
 		return 23;
-	if (bd_pool_attach(sock, 1, err, sizeof(err), &a) < 0)
+	if (pt_attach(sock, endpoint, 1, err, sizeof(err), &a) < 0)
 		return 20;
 	g = bd_pool_attach_geometry(a);
 	if (g->layout.n_kv_heads != 2 || g->layout.n_layers != 2 || g->tp != 2 || g->rank != 1)
@@ -427,7 +427,7 @@ Test(pool_daemon, two_processes_share_a_page)
 	r = fork();
 	cr_assert_geq(r, 0);
 	if (r == 0)
-		_exit(reader(go[1], where[0], done[1], D.e.sock));
+		_exit(reader(go[1], where[0], done[1], D.e.sock, D.e.endpoint));
 	w = fork();
 	cr_assert_geq(w, 0);
 	if (w == 0)
@@ -469,7 +469,7 @@ Test(pool_daemon, dead_client_is_detached_without_leaks)
 		struct bd_pool_conn *cc;
 		int32_t p[3];
 
-		if (bd_pool_attach(D.e.sock, 0, NULL, 0, &a) < 0 ||
+		if (pt_attach(D.e.sock, D.e.endpoint, 0, NULL, 0, &a) < 0 ||
 		    bd_pool_conn_new(D.e.endpoint, 5000, &cc) < 0 ||
 		    bd_pool_page_alloc(cc, 900, 42, 3, p) < 0)
 			_exit(1);
@@ -518,7 +518,13 @@ Test(pool_daemon, dead_client_is_detached_without_leaks)
  * exit code: 0 attached and mapped, 1 refused with -EACCES, other codes: something else. */
 static int attach_as_nobody(void)
 {
-	pid_t child = fork();
+	uint8_t token[BD_POOL_TOKEN_BYTES];
+	pid_t child;
+
+	/* the token comes from the group registered here (the router's part), as a worker's
+	 * comes in its RegisterReply: the uid is what the daemon checks */
+	cr_assert_eq(pt_group(D.e.endpoint, 1, token, NULL), 0);
+	child = fork();
 
 	cr_assert_geq(child, 0);
 	if (child == 0) {
@@ -528,7 +534,7 @@ static int attach_as_nobody(void)
 
 		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
 			_exit(10);
-		e = bd_pool_attach(D.e.sock, 0, err, sizeof(err), &a);
+		e = bd_pool_attach(D.e.sock, 0, token, err, sizeof(err), &a);
 		if (e == -EACCES)
 			_exit(strstr(err, "not allowed") ? 1 : 11);
 		if (e < 0) {
@@ -566,7 +572,7 @@ Test(pool_daemon, peers_outside_the_group_are_refused)
 		cr_expect_eq(rc, 1, "uid 65534 outside group 1 must be refused (child: %d)", rc);
 	}
 	/* and the daemon still serves the rest */
-	cr_assert_eq(bd_pool_attach(D.e.sock, 0, NULL, 0, &a), 0);
+	cr_assert_eq(pt_attach(D.e.sock, D.e.endpoint, 0, NULL, 0, &a), 0);
 	c = conn();
 	s = stats(c);
 	cr_expect_eq(s->devices[0].attached, 1);
@@ -594,10 +600,10 @@ Test(pool_daemon, attach_errors)
 	char err[256];
 
 	start(false, NULL);
-	cr_expect_eq(bd_pool_attach(D.e.sock, 1, err, sizeof(err), &a), -ENODEV); /* tp 1 */
+	cr_expect_eq(pt_attach(D.e.sock, D.e.endpoint, 1, err, sizeof(err), &a), -ENODEV); /* tp 1 */
 	cr_expect_neq(strstr(err, "rank 1"), NULL, "%s", err);
 	cr_expect_null(a);
-	cr_expect_eq(bd_pool_attach(D.e.sock, -1, err, sizeof(err), &a), -EINVAL);
+	cr_expect_eq(pt_attach(D.e.sock, D.e.endpoint, -1, err, sizeof(err), &a), -EINVAL);
 	/* a connection that sends something else than an AttachRequest */
 	{
 		const char *path = D.e.sock;
@@ -734,7 +740,7 @@ Test(pool_daemon, kvpoolctl_shows_a_live_pool)
 	cr_assert_eq(bd_pool_page_alloc(c, 77, 5, 3, p), 0);
 	cr_assert_eq(bd_pool_slot_assign(c, 77, 5, &slot), 0);
 	cr_assert_eq(bd_pool_page_alloc(c, 78, 6, 1, p), 0);
-	cr_assert_eq(bd_pool_attach(D.e.sock, 0, NULL, 0, &a), 0);
+	cr_assert_eq(pt_attach(D.e.sock, D.e.endpoint, 0, NULL, 0, &a), 0);
 
 	out = run_ctl("stats --json", &st);
 	cr_assert_eq(st, 0, "%s", out);
@@ -883,7 +889,7 @@ static int rogue_attach(int rank)
 	if (child == 0) {
 		struct bd_pool_attach *a = NULL;
 		char err[256] = "";
-		int e = bd_pool_attach(D.e.sock, rank, err, sizeof(err), &a);
+		int e = pt_attach(D.e.sock, D.e.endpoint, rank, err, sizeof(err), &a);
 
 		if (e == 0)
 			_exit(1);
@@ -902,7 +908,7 @@ Test(pool_daemon, rogue_attach_of_a_live_rank_is_refused)
 	uint8_t *page;
 
 	start(false, NULL);
-	cr_assert_eq(bd_pool_attach(D.e.sock, 0, NULL, 0, &a), 0);
+	cr_assert_eq(pt_attach(D.e.sock, D.e.endpoint, 0, NULL, 0, &a), 0);
 	c = conn();
 	cr_assert_eq(bd_pool_page_alloc(c, 3, 7, 2, pages), 0);
 	page = bd_layout_page(&bd_pool_attach_geometry(a)->layout, bd_pool_attach_pages(a), 0,
@@ -969,7 +975,7 @@ static void freed_memory_reads(bool scrubbed)
 	argv[n] = NULL;
 	start(true, argv);
 	for (int r = 0; r < 2; r++)
-		cr_assert_eq(bd_pool_attach(D.e.sock, r, NULL, 0, &a[r]), 0);
+		cr_assert_eq(pt_attach(D.e.sock, D.e.endpoint, r, NULL, 0, &a[r]), 0);
 	l = &bd_pool_attach_geometry(a[0])->layout;
 	c = conn();
 	cr_assert_eq(bd_pool_page_alloc(c, 10, 7, 3, pages), 0);
@@ -1097,7 +1103,7 @@ static int nobody_everywhere(void)
 	char err[256] = "", cmd[PATH_MAX + 256];
 	int64_t t0 = bd_now_ms();
 
-	if (bd_pool_attach(D.e.sock, 0, err, sizeof(err), &a) != -EACCES)
+	if (pt_attach(D.e.sock, D.e.endpoint, 0, err, sizeof(err), &a) != -EACCES)
 		return 1;
 	if (bd_pool_conn_new(D.e.endpoint, 30000, &c) != -EACCES)
 		return 2;
@@ -1213,5 +1219,129 @@ Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
 	cr_expect_eq(h[1].owner, 99);
 	free(h);
 	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* ---- attach tokens (kvpool.proto GroupRegister) ------------------------------------------- */
+
+/* bd_pool_attach of rank 0 with token (may be NULL): its code, with err holding the text; an
+ * attachment made is detached at once. */
+static int attach_with(const uint8_t *token, char *err, size_t cap)
+{
+	struct bd_pool_attach *a = NULL;
+	int e;
+
+	err[0] = 0;
+	e = bd_pool_attach(D.e.sock, 0, token, err, cap, &a);
+	bd_pool_detach(a);
+	return e;
+}
+
+/* No group, no token, a wrong token, one of an earlier epoch, one already used: each refused
+ * with its reason (-EKEYREJECTED), counted, and nothing of the pool changes; the current
+ * epoch's token attaches once; the geometry needs no token. */
+Test(pool_daemon, attach_tokens_are_checked)
+{
+	uint8_t t5[BD_POOL_TOKEN_BYTES], t6[BD_POOL_TOKEN_BYTES], bad[BD_POOL_TOKEN_BYTES];
+	uint8_t two[2 * BD_POOL_TOKEN_BYTES];
+	struct bd_pool_geometry q;
+	struct bd_pool_stats *s0, *s;
+	struct bd_pool_conn *c;
+	int32_t pages[2], slot;
+	char err[256];
+
+	start(false, NULL);
+	c = conn();
+	cr_assert_eq(bd_pool_page_alloc(c, 8, 3, 2, pages), 0);
+	cr_assert_eq(bd_pool_slot_assign(c, 8, 3, &slot), 0);
+	s0 = stats(c);
+	cr_expect_eq(s0->group_epoch, 0);
+	memset(t5, 0x55, sizeof(t5));
+	memset(t6, 0x66, sizeof(t6));
+
+	cr_expect_eq(attach_with(t5, err, sizeof(err)), -EKEYREJECTED, "no group: %s", err);
+	cr_expect_neq(strstr(err, "no worker group is registered"), NULL, "%s", err);
+	cr_assert_eq(pt_group_register(D.e.endpoint, 5, t5, 1), 0);
+	cr_expect_eq(attach_with(NULL, err, sizeof(err)), -EKEYREJECTED, "no token: %s", err);
+	cr_expect_neq(strstr(err, "no attach token"), NULL, "%s", err);
+	memcpy(bad, t5, sizeof(bad));
+	bad[31] ^= 1;
+	cr_expect_eq(attach_with(bad, err, sizeof(err)), -EKEYREJECTED, "wrong token: %s", err);
+	cr_expect_neq(strstr(err, "not rank 0's of epoch 5"), NULL, "%s", err);
+	cr_assert_eq(pt_group_register(D.e.endpoint, 6, t6, 1), 0);
+	cr_expect_eq(attach_with(t5, err, sizeof(err)), -EKEYREJECTED, "stale token: %s", err);
+	cr_expect_neq(strstr(err, "of epoch 6"), NULL, "%s", err);
+	/* a group of another size is refused and leaves epoch 6 in place */
+	memset(two, 0x77, sizeof(two));
+	cr_expect_eq(pt_group_register(D.e.endpoint, 7, two, 2), -EINVAL);
+
+	s = stats(c);
+	cr_expect_eq(s->attach_refused, 4);
+	cr_expect_eq(s->group_epoch, 6);
+	cr_expect_eq(s->group_owner, 1);
+	cr_expect_eq(s->n_attachments, 0);
+	cr_expect_eq(s->devices[0].attached, 0);
+	cr_expect_eq(s->pages_free, s0->pages_free, "the refusals changed the pool");
+	cr_expect_eq(s->slots_free, s0->slots_free);
+	cr_expect_eq(s->requests, s0->requests);
+	bd_pool_stats_free(s);
+	cr_expect(log_has("refused: the token is not rank 0's"), "the refusal is not logged");
+
+	/* the geometry alone: no token, no attachment */
+	cr_assert_eq(bd_pool_query(D.e.sock, 0, err, sizeof(err), &q), 0, "%s", err);
+	cr_expect_eq(q.n_pages, 40);
+	cr_expect_eq(q.n_slots, 2);
+	cr_expect_eq(q.n_chunks, 1);
+	/* the current token opens one attachment; a repeat of the registration leaves it used */
+	cr_expect_eq(attach_with(t6, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pt_group_register(D.e.endpoint, 6, t6, 1), 0);
+	cr_expect_eq(attach_with(t6, err, sizeof(err)), -EKEYREJECTED, "a used token: %s", err);
+	cr_expect_neq(strstr(err, "used already"), NULL, "%s", err);
+	s = stats(c);
+	cr_expect_eq(s->attach_refused, 5);
+	cr_expect_eq(s->n_attachments, 0);
+	cr_expect_eq(s->pages_free, s0->pages_free);
+	bd_pool_stats_free(s);
+	bd_pool_stats_free(s0);
+	bd_pool_conn_free(c);
+	cr_expect_eq(stop(), 0);
+}
+
+/* Only root and kvpoold's uid register groups: a member of the pool's group, who may allocate
+ * and attach, may not hand out attach tokens. */
+Test(pool_daemon, group_members_may_not_register_groups)
+{
+	static const char *const extra[] = { "--group", "65534", NULL };
+	pid_t child;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user");
+	start(false, extra);
+	open_socket_to_all();
+	cr_assert_eq(chmod(D.e.endpoint + strlen("ipc://"), 0666), 0);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		uint8_t t[BD_POOL_TOKEN_BYTES] = { 1 };
+		struct bd_pool_conn *c;
+		int e;
+
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(10);
+		if (bd_pool_conn_new(D.e.endpoint, 5000, &c) < 0)
+			_exit(11);
+		e = bd_pool_group_register(c, 1, 9, t, 1);
+		_exit(e == -EACCES && strstr(bd_pool_conn_error(c, NULL), "may not register") ? 0
+											      : 12);
+	}
+	cr_expect_eq(sp_reap(child, TIMEOUT_MS), 0, "uid 65534 registered a group");
+	{
+		struct bd_pool_conn *c = conn();
+		struct bd_pool_stats *s = stats(c);
+
+		cr_expect_eq(s->group_epoch, 0, "the refused registration took effect");
+		bd_pool_stats_free(s);
+		bd_pool_conn_free(c);
+	}
 	cr_expect_eq(stop(), 0);
 }

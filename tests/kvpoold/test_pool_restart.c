@@ -147,13 +147,18 @@ static size_t arena_differs(const struct bd_pool_attach *a, uint32_t seed, uint3
  * and waits for the end. Exit codes name the failing step. */
 static int worker(int up, int down)
 {
+	uint8_t tokens[2 * BD_POOL_TOKEN_BYTES];
 	struct bd_pool_attach *a[2];
+	uint64_t epoch;
 	char err[256], b;
 
+	if (pt_group(E.endpoint, 2, tokens, &epoch) < 0)
+		return 9;
 	for (int r = 0; r < 2; r++) {
 		const struct bd_pool_geometry *g;
 
-		if (bd_pool_attach(E.sock, r, err, sizeof(err), &a[r]) < 0)
+		if (bd_pool_attach(E.sock, r, tokens + r * BD_POOL_TOKEN_BYTES, err, sizeof(err),
+				   &a[r]) < 0)
 			return 10 + r;
 		g = bd_pool_attach_geometry(a[r]);
 		pattern((uint8_t *)bd_pool_attach_pages(a[r]) - g->pages_offset, g->arena_bytes,
@@ -161,12 +166,16 @@ static int worker(int up, int down)
 	}
 	if (write(up, "r", 1) != 1 || read(down, &b, 1) != 1)
 		return 20;
+	/* the restarted kvpoold has no group until the router registers its epoch again */
+	if (pt_group_register(E.endpoint, epoch, tokens, 2) < 0)
+		return 21;
 	for (int r = 0; r < 2; r++) {
 		void *before = bd_pool_attach_pages(a[r]);
 
 		if (arena_differs(a[r], 100u + (uint32_t)r, 0))
 			return 30 + r; /* the mapping lost what was written */
-		if (bd_pool_reattach(a[r], E.sock, err, sizeof(err)) != 0) {
+		if (bd_pool_reattach(a[r], E.sock, tokens + r * BD_POOL_TOKEN_BYTES, err,
+				     sizeof(err)) != 0) {
 			fprintf(stderr, "reattach of rank %d: %s\n", r, err);
 			return 40 + r;
 		}
@@ -257,7 +266,7 @@ Test(pool_restart, kill_9_keeps_pages_state_and_mappings)
 	cr_expect_eq(st, 0, "worker exit %d (codes in worker())", st);
 	/* a fresh attachment (the worker gone: one live attachment per rank) sees what the worker wrote before and after the restart */
 	for (int r = 0; r < 2; r++) {
-		cr_assert_eq(bd_pool_attach(E.sock, r, NULL, 0, &a[r]), 0);
+		cr_assert_eq(pt_attach(E.sock, E.endpoint, r, NULL, 0, &a[r]), 0);
 		cr_expect_eq(memcmp(bd_pool_attach_geometry(a[r])->arena_id, before.st->arena_id,
 				    16), 0);
 		cr_expect_eq(arena_differs(a[r], 100u + (uint32_t)r, r == 0 ? 7 : 0), 0,
@@ -437,7 +446,7 @@ static void refused_after(void (*tamper)(void), const char *const *extra2, const
 	start(NULL);
 	c = pt_conn(&E);
 	cr_assert_eq(bd_pool_page_alloc(c, 40, 4, 2, p), 0);
-	cr_assert_eq(bd_pool_attach(E.sock, 0, NULL, 0, &a), 0);
+	cr_assert_eq(pt_attach(E.sock, E.endpoint, 0, NULL, 0, &a), 0);
 	s = pt_stats(c);
 	memcpy(id, s->arena_id, 16);
 	bd_pool_stats_free(s);
@@ -456,7 +465,13 @@ static void refused_after(void (*tamper)(void), const char *const *extra2, const
 		restart();
 	}
 	expect_started_empty(c, id, st.st_ino, says);
-	cr_expect_eq(bd_pool_reattach(a, E.sock, err, sizeof(err)), -ESTALE, "%s", err);
+	{
+		uint8_t tokens[2 * BD_POOL_TOKEN_BYTES];
+
+		cr_assert_eq(pt_group(E.endpoint, 2, tokens, NULL), 0);
+		cr_expect_eq(bd_pool_reattach(a, E.sock, tokens, err, sizeof(err)), -ESTALE, "%s",
+			     err);
+	}
 	bd_pool_detach(a);
 	bd_pool_conn_free(c);
 }

@@ -8,6 +8,9 @@
  *   a new connection takes the same id; the predecessor's request is dropped (its pool record
  *   released) and never answered to the successor.
  * - A chat message of a role the template does not know is refused, nothing allocated.
+ * - A worker killed and started again registers, the group forms in a new epoch whose attach
+ *   tokens the router registered with kvpoold, the new process attaches with its rank's token
+ *   (no attach refused), and the system serves.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -329,5 +332,54 @@ Test(faults, a_chat_role_outside_system_user_assistant_is_refused)
 	cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0);
 	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "%s (%s): %s",
 		  bd_finish_name(ev.finish), bd_serve_error_name(ev.error), ev.message);
+	bd_client_free(c);
+}
+
+/* ---- a worker restart: a new epoch, new attach tokens ------------------------------------- */
+
+/* A short request on c runs to its end. */
+static void short_request(struct bd_client *c)
+{
+	const struct bd_client_gen g = { .prompt = "Hi!", .chat = true, .max_tokens = 4 };
+	struct bd_client_event ev;
+	uint64_t tag;
+
+	cr_assert_eq(bd_client_generate_start(c, &g, &tag), 0);
+	do
+		cr_assert_eq(bd_client_next(c, WAIT_MS, &ev), 0, "no answer; router log:\n%s",
+			     sv_log_tail(&E.router));
+	while (ev.tag != tag || (ev.kind == BD_CLIENT_CHUNK && ev.finish == BD_FINISH_NONE));
+	cr_expect(ev.finish == BD_FINISH_LENGTH || ev.finish == BD_FINISH_STOP, "%s (%s): %s",
+		  bd_finish_name(ev.finish), bd_serve_error_name(ev.error), ev.message);
+}
+
+Test(faults, a_restarted_worker_attaches_with_a_new_epoch_token_and_serves)
+{
+	struct bd_client *c;
+	uint64_t e1 = 0, e2 = 0, refused = 1;
+	size_t attached = 0;
+	int64_t end;
+
+	up(NULL);
+	c = sv_client(&E);
+	short_request(c);
+	cr_assert(sv_pool_group(&E, &e1, &refused, &attached));
+	cr_expect_gt(e1, 0, "the router registered no group with kvpoold");
+	cr_expect_eq(refused, 0, "an attach of the group was refused");
+	cr_expect_eq(attached, 2);
+
+	cr_assert_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);
+	sv_start_worker(&E, 1);
+	sv_expect_healthy(&E, WAIT_MS, "the group did not form again");
+	/* the new rank 1 attached once the group formed: wait for its attachment */
+	end = sv_now_ms() + WAIT_MS;
+	while (sv_pool_group(&E, &e2, &refused, &attached) && attached != 2 &&
+	       sv_now_ms() < end)
+		usleep(20000);
+	cr_expect_gt(e2, e1, "the restart formed no new epoch in kvpoold");
+	cr_expect_eq(attached, 2, "rank 1 did not attach again");
+	cr_expect_eq(refused, 0, "the new worker's token was refused; kvpoold log:\n%s",
+		     sv_log_tail(&E.pool));
+	short_request(c);
 	bd_client_free(c);
 }

@@ -573,3 +573,45 @@ Test(wd_plan, bad_rows_are_refused)
 	cr_assert_eq(t.n, 0);
 	wd_gtab_clear(&t);
 }
+
+/* What the cuda backend zeroes before a step: a prefill's slot and its new pages; a decode row's
+ * reserved page only, never its slot (it holds the sequence) nor its block table (shared or
+ * already written). */
+Test(wd_plan, scrub_takes_new_pages_and_a_new_sequence_slot)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t pages[3] = { 4, 7, 11 }, tok = 3, slot;
+	const int32_t *sp;
+	size_t n;
+	char msg[200];
+
+	prefill_row(&r, 5, 300, 2, pages, 1000);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, 2);
+	cr_assert_eq(n, 2);
+	cr_expect(sp[0] == 4 && sp[1] == 7);
+	wd_gdone(&t, &it, true);
+	/* positions 300..382 complete nothing; 383 completes page 2 */
+	decode_row(&r, 5, 300, &tok, 2, pages, 2, NULL, 0);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, -1, "a decode row's slot is the sequence's");
+	cr_expect_eq(n, 0);
+	wd_gdone(&t, &it, true);
+	for (int p = 301; p < 383; p++) {
+		decode_row(&r, 5, p, &tok, 2, pages, 2, NULL, 0);
+		cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%d: %s", p, msg);
+		wd_gdone(&t, &it, true);
+	}
+	decode_row(&r, 5, 383, &tok, 2, pages, 2, &pages[2], 1);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, -1);
+	cr_assert_eq(n, 1);
+	cr_expect_eq(sp[0], 11, "the reserved page, not the block table's 4 and 7");
+	wd_gdone(&t, &it, true);
+	wd_gtab_clear(&t);
+}

@@ -30,6 +30,7 @@
 #include "base/bd_clock.h"
 #include "model/bd_forward.h"
 #include "model/bd_sampler.h"
+#include "pool/bd_pool_client.h"
 #include "serve/bd_wire.h"
 #include "serve.pb-c.h"
 #include "spawn.h"
@@ -261,11 +262,25 @@ static void form_group(uint64_t epoch, const char *ar_name)
 		seen[rq->rank] = true;
 		bdfp4__worker_message__free_unpacked(m, NULL);
 	}
+	/* the router's part: the epoch's attach tokens, registered with kvpoold first */
+	uint8_t tokens[2 * BD_POOL_TOKEN_BYTES];
+	struct bd_pool_conn *pc;
+	char ep[128];
+
+	for (size_t i = 0; i < sizeof(tokens); i++)
+		tokens[i] = (uint8_t)(epoch * 31 + i);
+	snprintf(ep, sizeof(ep), "ipc://%s/alloc.sock", T.dir);
+	cr_assert_eq(bd_pool_conn_new(ep, 5000, &pc), 0);
+	cr_assert_eq(bd_pool_group_register(pc, 1, epoch, tokens, 2), 0, "%s",
+		     bd_pool_conn_error(pc, NULL));
+	bd_pool_conn_free(pc);
 	for (int r = 0; r < 2; r++) {
 		Bdfp4__RouterMessage m = BDFP4__ROUTER_MESSAGE__INIT;
 		Bdfp4__RegisterReply rr = BDFP4__REGISTER_REPLY__INIT;
 		rr.version = 1;
 		rr.epoch = epoch;
+		rr.attach_token = (ProtobufCBinaryData){ BD_POOL_TOKEN_BYTES,
+							 tokens + r * BD_POOL_TOKEN_BYTES };
 		rr.rank = r;
 		rr.tp = 2;
 		rr.allreduce_name = (char *)ar_name;

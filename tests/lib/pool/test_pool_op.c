@@ -10,7 +10,8 @@
 #include "pool/bd_pool_op.h"
 #include "kvpool.pb-c.h"
 
-/* Every kind from the same op (request 3, owner 9, n 5, index 13, pages 7 and 300): the
+/* Every kind from the same op (request 3, owner 9, n 5, index 13, pages 7 and 300, epoch 4,
+ * bytes aa bb): the
  * frame holds the kind's oneof member (field number = kind) with exactly the fields its
  * message has, varints as kvpool.proto's wire format fixes them (300 = 0xac 0x02, pages
  * packed). Written out by hand, so a field sent to the wrong member or number shows. */
@@ -33,12 +34,16 @@ Test(pool_op, each_kind_is_its_member_with_its_fields)
 		{ BD_POOL_OP_OWNER_RECLAIM, 4, { 0x4a, 2, 0x08, 9 } },
 		{ BD_POOL_OP_STATS, 4, { 0x52, 2, 0x08, 5 } },
 		{ BD_POOL_OP_REQUESTS, 2, { 0x5a, 0 } },
+		{ BD_POOL_OP_GROUP_REGISTER, 10, { 0x72, 8, 0x08, 9, 0x10, 4, 0x1a, 2, 0xaa, 0xbb } },
 	};
+	static const uint8_t bytes[2] = { 0xaa, 0xbb };
 	struct bd_pool_op op = { .request_id = 3, .owner = 9, .n = 5, .index = 13,
-				 .pages = pages, .n_pages = 2 };
+				 .pages = pages, .n_pages = 2, .epoch = 4, .bytes = bytes,
+				 .n_bytes = 2 };
 
-	cr_assert_eq(sizeof(want) / sizeof(want[0]), BD_POOL_OP_COUNT, "every kind listed");
-	for (size_t i = 0; i < BD_POOL_OP_COUNT; i++) {
+	/* 12 and 13 are PoolRequest's client and call, not kinds */
+	cr_assert_eq(sizeof(want) / sizeof(want[0]), BD_POOL_OP_COUNT - 2, "every kind listed");
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		uint8_t buf[32];
 		ssize_t n;
 		Bdfp4__PoolRequest *req;
@@ -82,6 +87,10 @@ Test(pool_op, bad_ops_are_refused)
 	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "two pages, no list");
 	op = (struct bd_pool_op){ BD_POOL_OP_COUNT, 1 };
 	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "an unknown kind");
+	op.kind = (enum bd_pool_op_kind)12; /* PoolRequest.client: a field, not an operation */
+	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "the client field");
+	op = (struct bd_pool_op){ BD_POOL_OP_GROUP_REGISTER, .n_bytes = 32 };
+	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "32 bytes, no list");
 	op.kind = BD_POOL_OP_REQUEST_RELEASE;
 	cr_expect_eq(bd_pool_op_pack(&op, NULL, 4), -EINVAL, "no buffer but a capacity");
 	cr_expect_eq(bd_pool_op_pack(NULL, buf, sizeof(buf)), -EINVAL);

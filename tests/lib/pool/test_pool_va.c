@@ -135,3 +135,86 @@ Test(pool_import, every_plan_of_the_daemon_maps)
 		cr_expect_eq(pl.n_chunks, b == 0 ? 4 : 2);
 	}
 }
+
+/* NVFP4, 2 layers, 1 KV head, d = 64, 40 pages (page 9472 bytes: test_pool_daemon.c), the
+ * slots after the two layers of pages (2 · 378880 bytes) at 761856, 2 slots of 2 · 36864 bytes
+ * (a slot holds every layer; 36864 for one layer: test_pool_daemon.c) */
+static struct bd_pool_geometry scrub_geo(void)
+{
+	struct bd_pool_geometry g;
+
+	memset(&g, 0, sizeof(g));
+	cr_assert_eq(bd_layout_init(&g.layout, BD_PAGE_NVFP4, 2, 1, 64, 0, 40), 0);
+	g.n_pages = 40;
+	g.n_slots = 2;
+	g.pages_offset = 0;
+	g.slots_offset = 2 * 380928;
+	g.arena_bytes = g.slots_offset + 2 * g.layout.slot_bytes;
+	return g;
+}
+
+Test(pool_import, scrub_span_of_a_page_and_a_slot)
+{
+	struct bd_pool_geometry g = scrub_geo();
+	struct bd_pool_span s = { 1, 1, 1, 1 };
+
+	cr_assert_eq(g.layout.page_bytes, 9472);
+	cr_assert_eq(g.layout.slot_bytes, 2 * 36864);
+	cr_assert_eq(bd_pool_scrub_span(&g, false, 3, &s), 0);
+	cr_expect_eq(s.offset, 3 * 9472);
+	cr_expect_eq(s.pitch, 40 * 9472, "one row per layer, a layer apart");
+	cr_expect_eq(s.width, 9472);
+	cr_expect_eq(s.height, 2);
+	cr_assert_eq(bd_pool_scrub_span(&g, true, 1, &s), 0);
+	cr_expect_eq(s.offset, 2 * 380928 + 2 * 36864);
+	cr_expect_eq(s.width, 2 * 36864);
+	cr_expect_eq(s.height, 1);
+}
+
+/* Zeroing the span of page 3 clears page 3 of every layer (as bd_layout_page finds it) and
+ * nothing else; the span of slot 1 clears slot 1 only. */
+Test(pool_import, scrub_span_clears_exactly_its_bytes)
+{
+	struct bd_pool_geometry g = scrub_geo();
+	uint8_t *arena = malloc(g.arena_bytes);
+	struct bd_pool_span s;
+	size_t zeros = 0;
+
+	cr_assert_not_null(arena);
+	memset(arena, 0xff, g.arena_bytes);
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(bd_pool_scrub_span(&g, k == 1, k == 1 ? 1 : 3, &s), 0);
+		for (size_t r = 0; r < s.height; r++)
+			memset(arena + s.offset + r * s.pitch, 0, s.width);
+	}
+	for (int l = 0; l < 2; l++)
+		for (int32_t p = 0; p < 40; p++) {
+			const uint8_t *pg = bd_layout_page(&g.layout, arena + g.pages_offset, l, p);
+
+			for (size_t i = 0; i < g.layout.page_bytes; i++)
+				cr_assert_eq(pg[i], p == 3 ? 0 : 0xff, "layer %d page %d byte %zu", l,
+					     p, i);
+		}
+	for (int32_t sl = 0; sl < 2; sl++) {
+		const uint8_t *b = arena + g.slots_offset + (size_t)sl * g.layout.slot_bytes;
+
+		for (size_t i = 0; i < g.layout.slot_bytes; i++)
+			cr_assert_eq(b[i], sl == 1 ? 0 : 0xff, "slot %d byte %zu", sl, i);
+	}
+	for (size_t i = 0; i < g.arena_bytes; i++)
+		zeros += arena[i] == 0;
+	cr_expect_eq(zeros, 2 * 9472 + 2 * 36864, "no byte outside the page and the slot");
+	free(arena);
+}
+
+Test(pool_import, scrub_span_out_of_range)
+{
+	struct bd_pool_geometry g = scrub_geo();
+	struct bd_pool_span s = { 7, 7, 7, 7 };
+
+	cr_expect_eq(bd_pool_scrub_span(&g, false, 40, &s), -ERANGE);
+	cr_expect_eq(bd_pool_scrub_span(&g, false, -1, &s), -ERANGE);
+	cr_expect_eq(bd_pool_scrub_span(&g, true, 2, &s), -ERANGE);
+	cr_expect_eq(s.offset, 7, "untouched");
+	cr_expect_eq(bd_pool_scrub_span(NULL, true, 0, &s), -EINVAL);
+}
