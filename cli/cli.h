@@ -51,6 +51,14 @@ struct cli_eval_common {
 	bool json, no_calib;
 };
 bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e);
+/* One turn of an evaluation's getopt_long loop (c its return, arg optarg): an entry of ints
+ * (cli_int_opt, n_ints of them), one of cli_eval_opt's, or --kv (cli_parse_kv_list into
+ * cfg[BD_KVCFG_COUNT], *n_cfg). Returns 1 when it took c, 0 when c is none of them (the
+ * caller's own switch), 2 (the exit status of bad usage) after cli_bad_usage for a bad value. */
+struct cli_int_opt;
+int cli_eval_getopt(const char *tool, void (*usage)(FILE *f), const struct cli_int_opt *ints,
+		    size_t n_ints, int c, const char *arg, struct cli_eval_common *e,
+		    const struct bd_kvcfg **cfg, int *n_cfg);
 /* What an evaluation runs on: the model (model_opt as cli_model_path takes it) and its
  * tokenizer, the calibration for ctx (explicit calib, else the default file; none with
  * no_calib), and the texts paths[n] tokenized as plain text (no special tokens). */
@@ -69,6 +77,38 @@ int cli_eval_load(const char *tool, const char *model_opt, const char *calib, bo
 /* Frees what cli_eval_load made (a zeroed or failed one too). */
 void cli_eval_input_free(struct cli_eval_input *in);
 int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len);
+/* After the options, n_texts the TEXT arguments left: the message for cli_bad_usage (no %s of
+ * its own: an empty arg) of a --summarize with TEXT, of no TEXT without --summarize, of --calib
+ * with --no-calib (a summary loads neither); NULL when the arguments stand. */
+const char *cli_eval_args_bad(const struct cli_eval_common *e, int n_texts);
+/* An evaluation's usage in three parts: cli_eval_usage_head the synopsis of tool, about (its
+ * paragraph, ending in a newline) and --model; then the tool's own options, in the same
+ * columns (names from column 3, help from column 23); cli_eval_usage_tail the options every
+ * evaluation takes, item what one of its threads works on and its --log records ("run"),
+ * summary what --summarize reports ("a --log file's runs"). */
+void cli_eval_usage_head(FILE *f, const char *tool, const char *about);
+void cli_eval_usage_tail(FILE *f, const char *item, const char *summary);
+/* The decode parameters of calibration cal (NULL: uncalibrated): bd_decode_params_default()
+ * with the calibration's τ and c (NUMERICS.md §7). */
+struct bd_decode_params;
+void cli_eval_decode_params(const struct bd_calib *cal, struct bd_decode_params *ret);
+/* On f: the calibration line of in, then "texts: N tokens from" and paths[n], without the line's
+ * end (the caller adds what it says of them). */
+void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in, char *const *paths, int n);
+/* --log: path (NULL: none, *ret NULL) opened for appending into *ret. Returns 0, or -1 after
+ * printing why ("bdfp4 TOOL: cannot open ..."). */
+int cli_eval_open_log(const char *tool, const char *path, FILE **ret);
+/* worker(arg) on n ≥ 1 threads (OpenBLAS single-threaded inside each when n > 1), joined.
+ * Returns how many ran, or -1 after printing why (memory, or not one thread started). */
+int cli_eval_threads(const char *tool, int n, void *(*worker)(void *), void *arg);
+/* --summarize's reading: each line of the log at path parsed (NULL when it is no JSON) and
+ * handed to rec with its 1-based number; rec returns < 0 to stop (after printing why), else
+ * ≥ 0; the value is freed after it returns. Returns 0 at the end of the file, -1 when it could
+ * not be opened (printed) or rec stopped. */
+struct json_t;
+int cli_eval_read_log(const char *tool, const char *path,
+		      int (*rec)(void *ctx, struct json_t *j, int lineno), void *ctx);
+
 int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg **cfg, int *ret_n);
 
 /* Number arguments (cli/args.c): the whole of s a decimal integer in [lo, hi] (cli_parse_int

@@ -54,8 +54,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cblas.h>
-
 #include "quant/bd_calib.h"
 #include "model/bd_eval.h"
 #include "quant/bd_kvcfg.h"
@@ -634,94 +632,89 @@ static int report(const struct opts *o, const struct result *res, int T)
 
 /* --summarize: the report of the trajectories of a --log file on which every configuration of
  * the list finished (a run cut short, or runs split over several invocations). */
-static int summarize(const struct opts *o, const char *path)
+struct summary {
+	const struct opts *o;
+	const char *path;
+	struct result *res;   /* [n_traj][n_cfg] */
+	unsigned char *have;  /* [n_traj][n_cfg] */
+	int n_traj;
+};
+
+static int summary_record(void *ctx, json_t *j, int lineno)
 {
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot read %s: %s\n", path, strerror(errno));
+	struct summary *S = ctx;
+	const struct opts *o = S->o;
+	json_t *jt = json_object_get(j, "traj"), *jc = json_object_get(j, "config");
+	if (!j || !json_is_integer(jt) || !json_is_string(jc)) {
+		fprintf(stderr, "bdfp4 eval-kl: %s:%d: not a run record\n", S->path, lineno);
 		return -1;
 	}
-	struct result *res = NULL;
-	unsigned char *have = NULL; /* [n_traj][n_cfg] */
-	int n_traj = 0, rc = -1, lineno = 0;
-	char *line = NULL;
-	size_t cap = 0;
-
-	while (getline(&line, &cap, f) > 0) {
-		json_error_t je;
-		lineno++;
-		json_t *j = json_loads(line, 0, &je);
-		json_t *jt = json_object_get(j, "traj"), *jc = json_object_get(j, "config");
-		if (!j || !json_is_integer(jt) || !json_is_string(jc)) {
-			fprintf(stderr, "bdfp4 eval-kl: %s:%d: not a run record\n", path, lineno);
-			json_decref(j);
-			goto out;
+	json_int_t t = json_integer_value(jt);
+	int ci = -1;
+	for (int i = 0; i < o->n_cfg; i++)
+		if (strcmp(o->cfg[i]->name, json_string_value(jc)) == 0)
+			ci = i;
+	if (ci < 0 || t < 0 || t >= (1 << 20)) /* a reference run, or not in the list */
+		return 0;
+	if (t >= S->n_traj) {
+		int n = (int)t + 1;
+		struct result *r2 = realloc(S->res, sizeof(*S->res) * (size_t)n * (size_t)o->n_cfg);
+		unsigned char *h2 = r2 ? realloc(S->have, (size_t)n * (size_t)o->n_cfg) : NULL;
+		if (r2)
+			S->res = r2;
+		if (!r2 || !h2) {
+			fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
+			return -1;
 		}
-		json_int_t t = json_integer_value(jt);
-		int ci = -1;
-		for (int i = 0; i < o->n_cfg; i++)
-			if (strcmp(o->cfg[i]->name, json_string_value(jc)) == 0)
-				ci = i;
-		if (ci < 0 || t < 0 || t >= (1 << 20)) { /* a reference run, or not in the list */
-			json_decref(j);
-			continue;
-		}
-		if (t >= n_traj) {
-			int n = (int)t + 1;
-			struct result *r2 = realloc(res, sizeof(*res) * (size_t)n * (size_t)o->n_cfg);
-			unsigned char *h2 = r2 ? realloc(have, (size_t)n * (size_t)o->n_cfg) : NULL;
-			if (r2)
-				res = r2;
-			if (!r2 || !h2) {
-				json_decref(j);
-				fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
-				goto out;
-			}
-			have = h2;
-			memset(have + (size_t)n_traj * (size_t)o->n_cfg, 0,
-			       (size_t)(n - n_traj) * (size_t)o->n_cfg);
-			n_traj = n;
-		}
-		struct result *r = &res[(size_t)t * (size_t)o->n_cfg + (size_t)ci];
-		*r = (struct result){
-			.kl = json_number_value(json_object_get(j, "kl")),
-			.top1 = json_number_value(json_object_get(j, "top1_mismatch")),
-			.p_blocks = (uint64_t)json_integer_value(json_object_get(j, "p_blocks")),
-			.p_zero = (uint64_t)json_integer_value(json_object_get(j, "p_zero_blocks")),
-			.q = { .n = (uint64_t)json_integer_value(json_object_get(j, "qerr_pairs")),
-			       .key_term = json_number_value(json_object_get(j, "key_term")),
-			       .query_term = json_number_value(json_object_get(j, "query_term")),
-			       .cross_term = json_number_value(json_object_get(j, "cross_term")) },
-		};
-		have[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = 1;
-		json_decref(j);
+		S->have = h2;
+		memset(S->have + (size_t)S->n_traj * (size_t)o->n_cfg, 0,
+		       (size_t)(n - S->n_traj) * (size_t)o->n_cfg);
+		S->n_traj = n;
 	}
+	S->res[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = (struct result){
+		.kl = json_number_value(json_object_get(j, "kl")),
+		.top1 = json_number_value(json_object_get(j, "top1_mismatch")),
+		.p_blocks = (uint64_t)json_integer_value(json_object_get(j, "p_blocks")),
+		.p_zero = (uint64_t)json_integer_value(json_object_get(j, "p_zero_blocks")),
+		.q = { .n = (uint64_t)json_integer_value(json_object_get(j, "qerr_pairs")),
+		       .key_term = json_number_value(json_object_get(j, "key_term")),
+		       .query_term = json_number_value(json_object_get(j, "query_term")),
+		       .cross_term = json_number_value(json_object_get(j, "cross_term")) },
+	};
+	S->have[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = 1;
+	return 0;
+}
+
+static int summarize(const struct opts *o, const char *path)
+{
+	struct summary S = { .o = o, .path = path };
+	int rc = -1;
+
+	if (cli_eval_read_log("eval-kl", path, summary_record, &S) < 0)
+		goto out;
 	/* keep the complete trajectories, in order */
 	int T = 0;
-	for (int t = 0; t < n_traj; t++) {
+	for (int t = 0; t < S.n_traj; t++) {
 		bool all = true;
 		for (int i = 0; i < o->n_cfg; i++)
-			all = all && have[(size_t)t * (size_t)o->n_cfg + (size_t)i];
+			all = all && S.have[(size_t)t * (size_t)o->n_cfg + (size_t)i];
 		if (!all)
 			continue;
-		memmove(res + (size_t)T * (size_t)o->n_cfg, res + (size_t)t * (size_t)o->n_cfg,
-			sizeof(*res) * (size_t)o->n_cfg);
+		memmove(S.res + (size_t)T * (size_t)o->n_cfg, S.res + (size_t)t * (size_t)o->n_cfg,
+			sizeof(*S.res) * (size_t)o->n_cfg);
 		T++;
 	}
 	fprintf(o->ev.json ? stderr : stdout,
 		"eval-kl summary of %s: %d trajectories on which all %d configurations ran (of %d "
 		"seen)\n",
-		path, T, o->n_cfg, n_traj);
-	if (T == 0) {
+		path, T, o->n_cfg, S.n_traj);
+	if (T == 0)
 		fprintf(stderr, "bdfp4 eval-kl: no complete trajectory in %s\n", path);
-		goto out;
-	}
-	rc = report(o, res, T);
+	else
+		rc = report(o, S.res, T);
 out:
-	free(line);
-	free(res);
-	free(have);
-	fclose(f);
+	free(S.res);
+	free(S.have);
 	return rc;
 }
 
@@ -729,13 +722,10 @@ out:
 
 static void usage(FILE *f)
 {
+	cli_eval_usage_head(f, "eval-kl",
+			    "Teacher-forced KL of KV cache configurations against BF16 KV on prompts cut from\n"
+			    "the TEXT files (NUMERICS.md section 10).\n");
 	fprintf(f,
-		"usage: bdfp4 eval-kl [OPTIONS] TEXT...\n       bdfp4 eval-kl [--kv LIST] [--json] --summarize LOG\n"
-		"\n"
-		"Teacher-forced KL of KV cache configurations against BF16 KV on prompts cut from\n"
-		"the TEXT files (NUMERICS.md section 10).\n"
-		"\n"
-		"  --model PATH        GGUF model (default: $BD_MODEL, else the embedded one)\n"
 		"  --kv LIST           comma-separated configurations (default: all of them);\n"
 		"                      NAME:norm=qmass for the quantized-mass normalization,\n"
 		"                      emu-* for the emulated K/V formats of bd_kvemul.h\n"
@@ -745,17 +735,11 @@ static void usage(FILE *f)
 		"  --trajectories T    prompts (default 16)\n"
 		"  --temperature T     reference sampler temperature, 0 = greedy (default 0)\n"
 		"  --seed S            reference sampler seed (trajectory t uses S + t; default 0)\n"
-		"  --calib FILE        calibration (default: MODEL.ctxN.calib next to the model if\n"
-		"                      present and matching)\n"
-		"  --no-calib          μ_k = 0 and τ = 21/1024\n"
-		"  --qerr-every N      logit error split every N decode steps (default 16)\n"
-		"  --threads N         runs at once (default: the CPUs online)\n"
-		"  --log FILE          append one JSON line per finished run\n"
-		"  --json              JSON to stdout (the table goes to stderr)\n"
-		"  --summarize LOG     no runs: the report of the trajectories of a --log file\n"
-		"                      on which every configuration of --kv finished\n"
-		"  -h, --help          this text\n",
+		"  --qerr-every N      logit error split every N decode steps (default 16)\n",
 		CLI_DEFAULT_CTX);
+	cli_eval_usage_tail(f, "run",
+			    "the trajectories of a --log file\n"
+			    "                      on which every configuration of --kv finished");
 }
 
 static int bad_usage(const char *msg, const char *arg)
@@ -800,17 +784,13 @@ int cmd_eval_kl(int argc, char **argv)
 	optind = 0;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
-		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), c, optarg, &bad)) < 0)
-			return bad_usage(bad, optarg);
-		if (k > 0 || cli_eval_opt(c, optarg, &o.ev))
+		k = cli_eval_getopt("eval-kl", usage, ints, sizeof(ints) / sizeof(ints[0]), c, optarg,
+				    &o.ev, o.cfg, &o.n_cfg);
+		if (k == 2)
+			return 2;
+		if (k)
 			continue;
 		switch (c) {
-		case CLI_O_KV:
-			if (cli_parse_kv_list("eval-kl", optarg, o.cfg, &o.n_cfg) < 0)
-				return bad_usage("--kv wants a comma-separated list of "
-						 "configurations, not '%s'",
-						 optarg);
-			break;
 		case CLI_O_TEMP:
 		case CLI_O_SEED:
 			if ((bad = cli_sampling_opt(c, optarg, &o.sp)))
@@ -820,13 +800,10 @@ int cmd_eval_kl(int argc, char **argv)
 			return cli_getopt_other("eval-kl", usage, c, argv);
 		}
 	}
+	if ((bad = cli_eval_args_bad(&o.ev, argc - optind)))
+		return bad_usage(bad, "");
 	if (o.ev.summary)
-		return optind == argc ? (summarize(&o, o.ev.summary) < 0 ? 1 : 0)
-				      : bad_usage("--summarize takes no TEXT%s", "");
-	if (optind >= argc)
-		return bad_usage("no TEXT file given%s", "");
-	if (o.ev.calib && o.ev.no_calib)
-		return bad_usage("--calib and --no-calib exclude each other%s", "");
+		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
 	if (o.steps >= o.ctx)
 		return bad_usage("--steps must be below --ctx%s", "");
 	o.texts = argv + optind;
@@ -835,7 +812,6 @@ int cmd_eval_kl(int argc, char **argv)
 	int rc = 1;
 	struct cli_eval_input in = { 0 };
 	struct shared sh = { .o = &o };
-	pthread_t *th = NULL;
 	double t_start = bd_now_s();
 
 	pthread_mutex_init(&sh.lock, NULL);
@@ -863,17 +839,12 @@ int cmd_eval_kl(int argc, char **argv)
 
 	sh.m = m;
 	sh.mu = cal ? cal->mu_k : NULL;
-	sh.dp = bd_decode_params_default();
-	if (cal) {
-		sh.dp.tau = cal->tau;
-		sh.dp.c = cal->c;
-	}
+	cli_eval_decode_params(cal, &sh.dp);
 	sh.n_items = T * (o.n_cfg + 1);
 	sh.tr = calloc((size_t)T, sizeof(*sh.tr));
 	sh.res = calloc((size_t)T * (size_t)o.n_cfg, sizeof(*sh.res));
 	sh.state = calloc((size_t)sh.n_items, sizeof(*sh.state));
-	th = calloc((size_t)o.threads, sizeof(*th));
-	if (!sh.tr || !sh.res || !sh.state || !th)
+	if (!sh.tr || !sh.res || !sh.state)
 		goto oom;
 	for (int t = 0; t < T; t++) {
 		sh.tr[t].prompt = stream + (size_t)floor(stride * t);
@@ -885,9 +856,6 @@ int cmd_eval_kl(int argc, char **argv)
 	}
 
 	FILE *info = o.ev.json ? stderr : stdout;
-	char hex[65] = "";
-	if (cal)
-		bd_sha256_hex(cal->model_sha256, hex);
 	fprintf(info, "eval-kl: %s, ctx %d (prompt %d tokens + %d decoded), %d steps compared per "
 		      "trajectory, %d trajectories\n",
 		model_path, o.ctx, sh.P, o.steps - 1, o.steps, T);
@@ -896,36 +864,18 @@ int cmd_eval_kl(int argc, char **argv)
 	else
 		fprintf(info, "reference: bf16 KV, sampled at temperature %g, seed %" PRIu64 " + t\n",
 			(double)o.sp.temperature, o.sp.seed);
-	if (cal)
-		fprintf(info, "calibration: context %d, tau = %.6g (grid index %d), model sha256 %.16s…\n",
-			cal->n_ctx, (double)cal->tau, cal->tau_index, hex);
-	else
-		fprintf(info, "calibration: none (mu_k = 0, tau = 21/1024)\n");
-	fprintf(info, "texts: %zu tokens from", n_stream);
-	for (int i = 0; i < o.n_texts; i++)
-		fprintf(info, " %s", o.texts[i]);
+	cli_eval_print_inputs(info, &in, o.texts, o.n_texts);
 	fprintf(info, "; windows every %.0f tokens%s\n", stride,
 		T > 1 && stride < sh.P ? " (they overlap: give more text for disjoint prompts)" : "");
 	fflush(info);
 
-	if (o.ev.log && !(sh.log = fopen(o.ev.log, "a"))) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot open %s: %s\n", o.ev.log, strerror(errno));
+	if (cli_eval_open_log("eval-kl", o.ev.log, &sh.log) < 0)
 		goto out;
-	}
-	if (o.threads > 1)
-		openblas_set_num_threads(1);
 	sh.tty = isatty(STDERR_FILENO);
 	sh.t0 = bd_now_s();
-	int n_th = 0;
-	for (; n_th < o.threads; n_th++)
-		if (pthread_create(&th[n_th], NULL, worker, &sh) != 0)
-			break;
-	if (n_th == 0) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot start a thread\n");
+	int n_th = cli_eval_threads("eval-kl", o.threads, worker, &sh);
+	if (n_th < 0)
 		goto out;
-	}
-	for (int i = 0; i < n_th; i++)
-		pthread_join(th[i], NULL);
 	if (sh.tty)
 		fputc('\n', stderr);
 	if (sh.err) {
@@ -952,7 +902,6 @@ out:
 	free(sh.tr);
 	free(sh.res);
 	free(sh.state);
-	free(th);
 	cli_eval_input_free(&in);
 	pthread_mutex_destroy(&sh.lock);
 	pthread_cond_destroy(&sh.cv);

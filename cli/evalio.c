@@ -1,10 +1,15 @@
 /* evalio.c — what the evaluation subcommands (eval-kl, eval-passkey) share: the model, its
  * calibration and the texts their prompts are cut from, and the --kv list of configurations. */
 #include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
+#include "quant/bd_attn_ref.h"
 #include "quant/bd_calib.h"
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_kvemul.h"
@@ -162,4 +167,144 @@ bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e)
 	default:
 		return false;
 	}
+}
+
+const char *cli_eval_args_bad(const struct cli_eval_common *e, int n_texts)
+{
+	if (e->summary)
+		return n_texts == 0 ? NULL : "--summarize takes no TEXT%s";
+	if (n_texts == 0)
+		return "no TEXT file given%s";
+	if (e->calib && e->no_calib)
+		return "--calib and --no-calib exclude each other%s";
+	return NULL;
+}
+
+void cli_eval_usage_head(FILE *f, const char *tool, const char *about)
+{
+	fprintf(f,
+		"usage: bdfp4 %s [OPTIONS] TEXT...\n"
+		"       bdfp4 %s [--kv LIST] [--json] --summarize LOG\n"
+		"\n"
+		"%s"
+		"\n"
+		"  --model PATH        GGUF model (default: $BD_MODEL, else the embedded one)\n",
+		tool, tool, about);
+}
+
+void cli_eval_usage_tail(FILE *f, const char *item, const char *summary)
+{
+	fprintf(f,
+		"  --calib FILE        calibration (default: MODEL.ctxN.calib next to the model if\n"
+		"                      present and matching)\n"
+		"  --no-calib          mu_k = 0 and tau = 21/1024\n"
+		"  --threads N         %ss at once (default: the CPUs online)\n"
+		"  --log FILE          append one JSON line per finished %s\n"
+		"  --json              JSON to stdout (the table goes to stderr)\n"
+		"  --summarize LOG     no runs: the report of %s\n"
+		"  -h, --help          this text\n",
+		item, item, summary);
+}
+
+void cli_eval_decode_params(const struct bd_calib *cal, struct bd_decode_params *ret)
+{
+	*ret = bd_decode_params_default();
+	if (cal) {
+		ret->tau = cal->tau;
+		ret->c = cal->c;
+	}
+}
+
+void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in, char *const *paths, int n)
+{
+	const struct bd_calib *cal = in->cal;
+
+	if (cal) {
+		char hex[65];
+		bd_sha256_hex(cal->model_sha256, hex);
+		fprintf(f, "calibration: context %d, tau = %.6g (grid index %d), model sha256 %.16s…\n",
+			cal->n_ctx, (double)cal->tau, cal->tau_index, hex);
+	} else {
+		fprintf(f, "calibration: none (mu_k = 0, tau = 21/1024)\n");
+	}
+	fprintf(f, "texts: %zu tokens from", in->n_stream);
+	for (int i = 0; i < n; i++)
+		fprintf(f, " %s", paths[i]);
+}
+
+int cli_eval_open_log(const char *tool, const char *path, FILE **ret)
+{
+	*ret = NULL;
+	if (path && !(*ret = fopen(path, "a"))) {
+		fprintf(stderr, "bdfp4 %s: cannot open %s: %s\n", tool, path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int cli_eval_threads(const char *tool, int n, void *(*worker)(void *), void *arg)
+{
+	pthread_t *th = calloc((size_t)n, sizeof(*th));
+	int n_th = 0;
+
+	if (!th) {
+		fprintf(stderr, "bdfp4 %s: out of memory\n", tool);
+		return -1;
+	}
+	if (n > 1)
+		openblas_set_num_threads(1);
+	for (; n_th < n; n_th++)
+		if (pthread_create(&th[n_th], NULL, worker, arg) != 0)
+			break;
+	for (int i = 0; i < n_th; i++)
+		pthread_join(th[i], NULL);
+	free(th);
+	if (n_th == 0) {
+		fprintf(stderr, "bdfp4 %s: cannot start a thread\n", tool);
+		return -1;
+	}
+	return n_th;
+}
+
+int cli_eval_read_log(const char *tool, const char *path,
+		      int (*rec)(void *ctx, struct json_t *j, int lineno), void *ctx)
+{
+	FILE *f = fopen(path, "r");
+	char *line = NULL;
+	size_t cap = 0;
+	int lineno = 0, r = 0;
+
+	if (!f) {
+		fprintf(stderr, "bdfp4 %s: cannot read %s: %s\n", tool, path, strerror(errno));
+		return -1;
+	}
+	while (r >= 0 && getline(&line, &cap, f) > 0) {
+		json_error_t je;
+		json_t *j = json_loads(line, 0, &je);
+		r = rec(ctx, j, ++lineno);
+		json_decref(j);
+	}
+	free(line);
+	fclose(f);
+	return r < 0 ? -1 : 0;
+}
+
+int cli_eval_getopt(const char *tool, void (*usage)(FILE *f), const struct cli_int_opt *ints,
+		    size_t n_ints, int c, const char *arg, struct cli_eval_common *e,
+		    const struct bd_kvcfg **cfg, int *n_cfg)
+{
+	const char *bad;
+	int k = cli_int_opt(ints, n_ints, c, arg, &bad);
+
+	if (k < 0)
+		return cli_bad_usage(tool, usage, bad, arg);
+	if (k > 0 || cli_eval_opt(c, arg, e))
+		return 1;
+	if (c != CLI_O_KV)
+		return 0;
+	if (cli_parse_kv_list(tool, arg, cfg, n_cfg) < 0)
+		return cli_bad_usage(tool, usage,
+				     "--kv wants a comma-separated list of configurations, not '%s'",
+				     arg);
+	return 1;
 }
