@@ -331,11 +331,11 @@ $(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/be
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
-$(eval $(call program,bench_scrub,$(BUILD)/bench/bench_scrub.o $(KVPD_LIB),pool quant base))
+$(eval $(call program,bench_scrub,$(BUILD)/bench/bench_scrub.o $(BUILD)/bench/bench_info.o $(KVPD_LIB),pool quant base))
 $(BUILD)/bench/bench_scrub.o: CFLAGS += -Ikvpoold
 $(BUILD)/bench/bench_scrub.o: | $(PROTO_H)
 all: $(BUILD)/bin/bench_scrub
-$(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
+$(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o $(BUILD)/bench/bench_info.o,serve pool quant base,-ljansson))
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
 	$(BUILD)/bin/bench_batch
@@ -447,7 +447,7 @@ $(eval $(call program,ops_check,$(BUILD)/tests/gpu/ops_check.o,cuda model format
 $(eval $(call program,gmodel_check,$(BUILD)/tests/gpu/gmodel_check.o,cuda model formats quant base))
 $(eval $(call program,pool_vmm_check,$(BUILD)/tests/gpu/pool_vmm_check.o $(BUILD)/tests/common/spawn.o $(BUILD)/tests/common/tmpdir.o,cuda pool quant base))
 $(BUILD)/tests/gpu/pool_vmm_check.o: CFLAGS += -Itests/common
-$(eval $(call program,gpu_capture,$(BUILD)/tests/gpu/gpu_capture.o,model formats quant base))
+$(eval $(call program,gpu_capture,$(BUILD)/tests/gpu/gpu_capture.o $(BUILD)/tests/common/tmpdir.o,model formats quant base))
 ifeq ($(HAVE_NVCC),1)
 all: $(GPU_BIN)
 endif
