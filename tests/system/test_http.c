@@ -28,6 +28,7 @@
 #include "quant/bd_kvcfg.h"
 #include "serve/bd_client.h"
 #include "serve_common.h"
+#include "tmpdir.h"
 
 #define WAIT_MS 120000
 #define N_CLIENTS 64
@@ -51,27 +52,6 @@ TestSuite(http, .init = init, .fini = fini, .timeout = 600);
 
 /* ---- the system and curl -------------------------------------------------------------------- */
 
-static char *read_file(const char *path, size_t *ret_len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	cr_assert(buf);
-	n = (long)fread(buf, 1, (size_t)n, f);
-	buf[n] = 0;
-	fclose(f);
-	if (ret_len)
-		*ret_len = (size_t)n;
-	return buf;
-}
-
 static void write_file(const char *path, const char *data)
 {
 	FILE *f = fopen(path, "wb");
@@ -87,7 +67,7 @@ static void find_url(void)
 	int64_t end = sv_now_ms() + WAIT_MS;
 
 	while (sv_now_ms() < end) {
-		char *log = read_file(E.router.log, NULL), *p;
+		char *log = td_read_file(E.router.log, NULL), *p;
 
 		p = log ? strstr(log, "http: listening on ") : NULL;
 		if (p) {
@@ -179,7 +159,7 @@ static int curl_wait(pid_t pid, const char *code)
 
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 127, "curl did not run");
-	s = read_file(code, NULL);
+	s = td_read_file(code, NULL);
 	cr_assert(s, "no status from curl");
 	status = atoi(s);
 	free(s);
@@ -196,7 +176,7 @@ static int http(const char *method, const char *path, const char *body, char **r
 	snprintf(out, sizeof(out), "%s/out-%d-%d", E.dir, (int)getpid(), k);
 	snprintf(code, sizeof(code), "%s/code-%d-%d", E.dir, (int)getpid(), k);
 	status = curl_wait(curl_start(method, path, body, out, code), code);
-	*ret_body = read_file(out, NULL);
+	*ret_body = td_read_file(out, NULL);
 	if (!*ret_body)
 		*ret_body = strdup("");
 	return status;
@@ -394,7 +374,7 @@ static void promtool_check(const char *text)
 		 E.dir);
 	st = system(cmd);
 	snprintf(in, sizeof(in), "%s/promtool.out", E.dir);
-	res = read_file(in, NULL);
+	res = td_read_file(in, NULL);
 	cr_assert(res);
 	cr_assert(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 3),
 		  "promtool failed (status %d): %s", st, res);
@@ -654,7 +634,7 @@ Test(http, disconnect_cancels)
 	end = sv_now_ms() + WAIT_MS;
 	while (sv_now_ms() < end) {
 		free(text);
-		text = read_file(out, NULL);
+		text = td_read_file(out, NULL);
 		if (text && strstr(text, "data: ") && strstr(strstr(text, "data: ") + 6, "data: "))
 			break;
 		usleep(20000);
@@ -717,7 +697,7 @@ Test(http, concurrent_streams_and_metrics)
 		json_t *j;
 
 		cr_assert_eq(curl_wait(pid[i], code[i]), 200, "reference %d", i);
-		o = read_file(out[i], NULL);
+		o = td_read_file(out[i], NULL);
 		j = parse(o);
 		free(o);
 		snprintf(ref[i], sizeof(ref[i]), "%s", jstr(j, "choices.0.text"));
@@ -740,7 +720,7 @@ Test(http, concurrent_streams_and_metrics)
 		char *text;
 
 		cr_assert_eq(curl_wait(pid[c], code[c]), 200, "client %d", c);
-		text = read_file(out[c], NULL);
+		text = td_read_file(out[c], NULL);
 		cr_assert(text);
 		parse_sse(text, false, &s);
 		free(text);
@@ -1079,7 +1059,7 @@ Test(http, openai_sdk)
 	st = system(cmd);
 	snprintf(cmd, sizeof(cmd), "%s/openai.out", E.dir);
 	{
-		char *o = read_file(cmd, NULL);
+		char *o = td_read_file(cmd, NULL);
 
 		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "openai_check.py failed:\n%s",
 			  o ? o : "");
