@@ -43,25 +43,16 @@ enum { CLI_O_MODEL = 300, CLI_O_KV, CLI_O_CALIB, CLI_O_NOCALIB, CLI_O_THREADS, C
 	{ "json", no_argument, NULL, CLI_O_JSON },                    \
 	{ "summarize", required_argument, NULL, CLI_O_SUMMARIZE },    \
 	{ "help", no_argument, NULL, 'h' }
-/* The values of those options but --kv and --threads, and cli_eval_opt, which takes them: when
- * c (getopt_long's return) is one of CLI_O_MODEL, _CALIB, _NOCALIB, _LOG, _JSON, _SUMMARIZE,
- * arg goes into e and it returns true. */
+/* The values of those options but --kv and --threads, with the TEXT arguments. */
 struct cli_eval_common {
 	const char *model, *calib, *log, *summary;
 	bool json, no_calib;
+	char **texts; /* [n_texts] */
+	int n_texts;
 };
-bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e);
-/* One turn of an evaluation's getopt_long loop (c its return, arg optarg): an entry of ints
- * (cli_int_opt, n_ints of them), one of cli_eval_opt's, or --kv (cli_parse_kv_list into
- * cfg[BD_KVCFG_COUNT], *n_cfg). Returns 1 when it took c, 0 when c is none of them (the
- * caller's own switch), 2 (the exit status of bad usage) after cli_bad_usage for a bad value. */
-struct cli_int_opt;
-int cli_eval_getopt(const char *tool, void (*usage)(FILE *f), const struct cli_int_opt *ints,
-		    size_t n_ints, int c, const char *arg, struct cli_eval_common *e,
-		    const struct bd_kvcfg **cfg, int *n_cfg);
-/* What an evaluation runs on: the model (model_opt as cli_model_path takes it) and its
- * tokenizer, the calibration for ctx (explicit calib, else the default file; none with
- * no_calib), and the texts paths[n] tokenized as plain text (no special tokens). */
+/* What an evaluation runs on: the model (e->model as cli_model_path takes it) and its
+ * tokenizer, the calibration for ctx (e->calib, else the default file; none with
+ * e->no_calib), and the texts of e tokenized as plain text (no special tokens). */
 struct cli_eval_input {
 	char model_path[PATH_MAX + 64];
 	struct bd_model *m;
@@ -72,15 +63,25 @@ struct cli_eval_input {
 };
 /* Fills in (zeroed first). Returns 0, or -1 after printing why ("bdfp4 TOOL: ...": the model,
  * a ctx beyond its context, the calibration, a text), with what was made freed. */
-int cli_eval_load(const char *tool, const char *model_opt, const char *calib, bool no_calib,
-		  int ctx, char *const *paths, int n, struct cli_eval_input *in);
+int cli_eval_load(const char *tool, const struct cli_eval_common *e, int ctx,
+		  struct cli_eval_input *in);
 /* Frees what cli_eval_load made (a zeroed or failed one too). */
 void cli_eval_input_free(struct cli_eval_input *in);
 int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len);
-/* After the options, n_texts the TEXT arguments left: the message for cli_bad_usage (no %s of
- * its own: an empty arg) of a --summarize with TEXT, of no TEXT without --summarize, of --calib
- * with --no-calib (a summary loads neither); NULL when the arguments stand. */
-const char *cli_eval_args_bad(const struct cli_eval_common *e, int n_texts);
+/* An evaluation's command line: getopt_long over lopts (optstring ":h"), each option one of
+ * ints (cli_int_opt, n_ints of them), of cli_eval_opt's, --kv (cli_parse_kv_list into
+ * cfg[BD_KVCFG_COUNT], *n_cfg), a sampling option into sp (cli_sampling_opt), or --help and
+ * the unknown (cli_getopt_other); then the TEXT arguments into e, which stand with --summarize
+ * when there are none, without it when there are some, and --calib not with --no-calib (a
+ * summary loads neither). Returns -1 when the command goes on, else its exit status (0 after
+ * --help, 2 after cli_bad_usage). */
+struct option;
+struct cli_int_opt;
+struct bd_sampler_params;
+int cli_eval_parse(const char *tool, void (*usage)(FILE *f), const struct option *lopts,
+		   const struct cli_int_opt *ints, size_t n_ints, int argc, char **argv,
+		   struct cli_eval_common *e, const struct bd_kvcfg **cfg, int *n_cfg,
+		   struct bd_sampler_params *sp);
 /* An evaluation's usage in three parts: cli_eval_usage_head the synopsis of tool, about (its
  * paragraph, ending in a newline) and --model; then the tool's own options, in the same
  * columns (names from column 3, help from column 23); cli_eval_usage_tail the options every
@@ -92,9 +93,10 @@ void cli_eval_usage_tail(FILE *f, const char *item, const char *summary);
  * with the calibration's τ and c (NUMERICS.md §7). */
 struct bd_decode_params;
 void cli_eval_decode_params(const struct bd_calib *cal, struct bd_decode_params *ret);
-/* On f: the calibration line of in, then "texts: N tokens from" and paths[n], without the line's
- * end (the caller adds what it says of them). */
-void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in, char *const *paths, int n);
+/* On f: the calibration line of in, then "texts: N tokens from" and the texts of e, without
+ * the line's end (the caller adds what it says of them). */
+void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in,
+			   const struct cli_eval_common *e);
 /* --log: path (NULL: none, *ret NULL) opened for appending into *ret. Returns 0, or -1 after
  * printing why ("bdfp4 TOOL: cannot open ..."). */
 int cli_eval_open_log(const char *tool, const char *path, FILE **ret);

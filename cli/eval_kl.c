@@ -67,13 +67,11 @@
 #define BASELINE "bitdecoding-nvfp4"
 
 struct opts {
-	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize */
+	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize, TEXT */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
 	int ctx, steps, trajectories, threads, qerr_every;
 	struct bd_sampler_params sp;
-	char **texts;
-	int n_texts;
 };
 
 /* One configuration's results on one trajectory. */
@@ -775,39 +773,18 @@ int cmd_eval_kl(int argc, char **argv)
 		{ CLI_O_THREADS, 1, 1024, &o.threads,
 		  "--threads wants an integer in 1..1024, not '%s'" },
 	};
-	const char *bad;
-	int c, k;
+	int k;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
 	for (int i = 0; i < BD_KVCFG_COUNT; i++)
 		o.cfg[o.n_cfg++] = bd_kvcfg_get(i);
-	optind = 0;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
-		k = cli_eval_getopt("eval-kl", usage, ints, sizeof(ints) / sizeof(ints[0]), c, optarg,
-				    &o.ev, o.cfg, &o.n_cfg);
-		if (k == 2)
-			return 2;
-		if (k)
-			continue;
-		switch (c) {
-		case CLI_O_TEMP:
-		case CLI_O_SEED:
-			if ((bad = cli_sampling_opt(c, optarg, &o.sp)))
-				return bad_usage(bad, optarg);
-			break;
-		default:
-			return cli_getopt_other("eval-kl", usage, c, argv);
-		}
-	}
-	if ((bad = cli_eval_args_bad(&o.ev, argc - optind)))
-		return bad_usage(bad, "");
+	if ((k = cli_eval_parse("eval-kl", usage, lopts, ints, sizeof(ints) / sizeof(ints[0]), argc,
+				argv, &o.ev, o.cfg, &o.n_cfg, &o.sp)) >= 0)
+		return k;
 	if (o.ev.summary)
 		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
 	if (o.steps >= o.ctx)
 		return bad_usage("--steps must be below --ctx%s", "");
-	o.texts = argv + optind;
-	o.n_texts = argc - optind;
 
 	int rc = 1;
 	struct cli_eval_input in = { 0 };
@@ -816,8 +793,7 @@ int cmd_eval_kl(int argc, char **argv)
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
-	if (cli_eval_load("eval-kl", o.ev.model, o.ev.calib, o.ev.no_calib, o.ctx, o.texts, o.n_texts,
-			  &in) < 0)
+	if (cli_eval_load("eval-kl", &o.ev, o.ctx, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_calib *cal = in.cal;
@@ -864,7 +840,7 @@ int cmd_eval_kl(int argc, char **argv)
 	else
 		fprintf(info, "reference: bf16 KV, sampled at temperature %g, seed %" PRIu64 " + t\n",
 			(double)o.sp.temperature, o.sp.seed);
-	cli_eval_print_inputs(info, &in, o.texts, o.n_texts);
+	cli_eval_print_inputs(info, &in, &o.ev);
 	fprintf(info, "; windows every %.0f tokens%s\n", stride,
 		T > 1 && stride < sh.P ? " (they overlap: give more text for disjoint prompts)" : "");
 	fflush(info);

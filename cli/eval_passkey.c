@@ -74,13 +74,11 @@ static const char QUESTION[] = "\n\nWhat is the pass key? Answer with the 5-digi
 static const char ANSWER_START[] = "The pass key is";
 
 struct opts {
-	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize */
+	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize, TEXT */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
 	int ctx, depths, keys, max_new, tail, threads;
 	uint64_t seed;
-	char **texts;
-	int n_texts;
 };
 
 /* One trial's outcome: the answers of the reference (index 0) and of each configuration. */
@@ -581,39 +579,19 @@ int cmd_eval_passkey(int argc, char **argv)
 		{ CLI_O_THREADS, 1, 1024, &o.threads, "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
-	const char *bad;
-	int c, k;
+	int k;
 
 	o.threads = ncpu > 0 ? (int)ncpu : 1;
 	if (cli_parse_kv_list(TOOL, DEFAULT_KV, o.cfg, &o.n_cfg) < 0)
 		return 1;
-	optind = 0;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
-		k = cli_eval_getopt(TOOL, usage, ints, sizeof(ints) / sizeof(ints[0]), c, optarg,
-				    &o.ev, o.cfg, &o.n_cfg);
-		if (k == 2)
-			return 2;
-		if (k)
-			continue;
-		switch (c) {
-		case CLI_O_SEED:
-			if ((bad = cli_sampling_opt(c, optarg, &sp)))
-				return bad_usage(bad, optarg);
-			o.seed = sp.seed;
-			break;
-		default:
-			return cli_getopt_other(TOOL, usage, c, argv);
-		}
-	}
-	if ((bad = cli_eval_args_bad(&o.ev, argc - optind)))
-		return bad_usage(bad, "");
+	if ((k = cli_eval_parse(TOOL, usage, lopts, ints, sizeof(ints) / sizeof(ints[0]), argc, argv,
+				&o.ev, o.cfg, &o.n_cfg, &sp)) >= 0)
+		return k;
+	o.seed = sp.seed;
 	if (o.ev.summary)
 		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
 	if (o.tail + o.max_new + 64 > o.ctx)
 		return bad_usage("--ctx is too small for --tail and --max-new%s", "");
-	o.texts = argv + optind;
-	o.n_texts = argc - optind;
 
 	int rc = 1;
 	struct cli_eval_input in = { 0 };
@@ -622,7 +600,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	char terr[BD_TOKENIZER_ERR_MAX];
 
 	pthread_mutex_init(&sh.lock, NULL);
-	if (cli_eval_load(TOOL, o.ev.model, o.ev.calib, o.ev.no_calib, o.ctx, o.texts, o.n_texts, &in) < 0)
+	if (cli_eval_load(TOOL, &o.ev, o.ctx, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_tokenizer *tok = in.tok;
@@ -649,7 +627,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	fprintf(info, TOOL ": %s, ctx %d, %d depths x %d keys = %d trials, greedy, answers of at "
 		      "most %d tokens, the last %d prompt tokens decoded\n",
 		model_path, o.ctx, o.depths, o.keys, sh.T, o.max_new, o.tail);
-	cli_eval_print_inputs(info, &in, o.texts, o.n_texts);
+	cli_eval_print_inputs(info, &in, &o.ev);
 	fputc('\n', info);
 	fflush(info);
 

@@ -1,6 +1,7 @@
 /* evalio.c — what the evaluation subcommands (eval-kl, eval-passkey) share: the model, its
  * calibration and the texts their prompts are cut from, and the --kv list of configurations. */
 #include <errno.h>
+#include <getopt.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_kvemul.h"
 #include "model/bd_model.h"
+#include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"
 #include "cli.h"
 
@@ -97,15 +99,15 @@ int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg 
 	return 0;
 }
 
-int cli_eval_load(const char *tool, const char *model_opt, const char *calib, bool no_calib,
-		  int ctx, char *const *paths, int n, struct cli_eval_input *in)
+int cli_eval_load(const char *tool, const struct cli_eval_common *e, int ctx,
+		  struct cli_eval_input *in)
 {
 	char *text = NULL;
 	size_t len = 0;
 	int r;
 
 	memset(in, 0, sizeof(*in));
-	cli_model_path(model_opt, in->model_path, sizeof(in->model_path));
+	cli_model_path(e->model, in->model_path, sizeof(in->model_path));
 	if (cli_load_model(tool, in->model_path, &in->m, &in->tok) < 0)
 		goto fail;
 	if (ctx > in->m->hp.n_ctx_train) {
@@ -113,10 +115,10 @@ int cli_eval_load(const char *tool, const char *model_opt, const char *calib, bo
 			in->m->hp.n_ctx_train);
 		goto fail;
 	}
-	if (!no_calib &&
-	    cli_calib_setup(tool, calib, in->model_path, &in->m->hp, ctx, ctx, true, &in->cal) < 0)
+	if (!e->no_calib &&
+	    cli_calib_setup(tool, e->calib, in->model_path, &in->m->hp, ctx, ctx, true, &in->cal) < 0)
 		goto fail;
-	if (cli_read_texts(tool, paths, n, &text, &len) < 0)
+	if (cli_read_texts(tool, e->texts, e->n_texts, &text, &len) < 0)
 		goto fail;
 	if ((r = bd_tokenizer_encode(in->tok, text, len, 0, &in->stream, &in->n_stream)) < 0) {
 		fprintf(stderr, "bdfp4 %s: cannot tokenize the texts: %s\n", tool, strerror(-r));
@@ -143,7 +145,7 @@ void cli_eval_input_free(struct cli_eval_input *in)
 	in->n_stream = 0;
 }
 
-bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e)
+static bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e)
 {
 	switch (c) {
 	case CLI_O_MODEL:
@@ -167,17 +169,6 @@ bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e)
 	default:
 		return false;
 	}
-}
-
-const char *cli_eval_args_bad(const struct cli_eval_common *e, int n_texts)
-{
-	if (e->summary)
-		return n_texts == 0 ? NULL : "--summarize takes no TEXT%s";
-	if (n_texts == 0)
-		return "no TEXT file given%s";
-	if (e->calib && e->no_calib)
-		return "--calib and --no-calib exclude each other%s";
-	return NULL;
 }
 
 void cli_eval_usage_head(FILE *f, const char *tool, const char *about)
@@ -215,7 +206,8 @@ void cli_eval_decode_params(const struct bd_calib *cal, struct bd_decode_params 
 	}
 }
 
-void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in, char *const *paths, int n)
+void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in,
+			   const struct cli_eval_common *e)
 {
 	const struct bd_calib *cal = in->cal;
 
@@ -228,8 +220,8 @@ void cli_eval_print_inputs(FILE *f, const struct cli_eval_input *in, char *const
 		fprintf(f, "calibration: none (mu_k = 0, tau = 21/1024)\n");
 	}
 	fprintf(f, "texts: %zu tokens from", in->n_stream);
-	for (int i = 0; i < n; i++)
-		fprintf(f, " %s", paths[i]);
+	for (int i = 0; i < e->n_texts; i++)
+		fprintf(f, " %s", e->texts[i]);
 }
 
 int cli_eval_open_log(const char *tool, const char *path, FILE **ret)
@@ -289,9 +281,10 @@ int cli_eval_read_log(const char *tool, const char *path,
 	return r < 0 ? -1 : 0;
 }
 
-int cli_eval_getopt(const char *tool, void (*usage)(FILE *f), const struct cli_int_opt *ints,
+/* One option: 1 taken, 0 not one of cli_eval_parse's, 2 after cli_bad_usage. */
+static int eval_opt(const char *tool, void (*usage)(FILE *f), const struct cli_int_opt *ints,
 		    size_t n_ints, int c, const char *arg, struct cli_eval_common *e,
-		    const struct bd_kvcfg **cfg, int *n_cfg)
+		    const struct bd_kvcfg **cfg, int *n_cfg, struct bd_sampler_params *sp)
 {
 	const char *bad;
 	int k = cli_int_opt(ints, n_ints, c, arg, &bad);
@@ -300,11 +293,49 @@ int cli_eval_getopt(const char *tool, void (*usage)(FILE *f), const struct cli_i
 		return cli_bad_usage(tool, usage, bad, arg);
 	if (k > 0 || cli_eval_opt(c, arg, e))
 		return 1;
-	if (c != CLI_O_KV)
+	switch (c) {
+	case CLI_O_KV:
+		if (cli_parse_kv_list(tool, arg, cfg, n_cfg) < 0)
+			return cli_bad_usage(tool, usage,
+					     "--kv wants a comma-separated list of configurations, "
+					     "not '%s'", arg);
+		return 1;
+	case CLI_O_TEMP:
+	case CLI_O_TOPK:
+	case CLI_O_TOPP:
+	case CLI_O_SEED:
+		if ((bad = cli_sampling_opt(c, arg, sp)))
+			return cli_bad_usage(tool, usage, bad, arg);
+		return 1;
+	default:
 		return 0;
-	if (cli_parse_kv_list(tool, arg, cfg, n_cfg) < 0)
-		return cli_bad_usage(tool, usage,
-				     "--kv wants a comma-separated list of configurations, not '%s'",
-				     arg);
-	return 1;
+	}
+}
+
+int cli_eval_parse(const char *tool, void (*usage)(FILE *f), const struct option *lopts,
+		   const struct cli_int_opt *ints, size_t n_ints, int argc, char **argv,
+		   struct cli_eval_common *e, const struct bd_kvcfg **cfg, int *n_cfg,
+		   struct bd_sampler_params *sp)
+{
+	const char *bad = NULL;
+	int c, k;
+
+	optind = 0;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
+		k = eval_opt(tool, usage, ints, n_ints, c, optarg, e, cfg, n_cfg, sp);
+		if (k == 0)
+			return cli_getopt_other(tool, usage, c, argv);
+		if (k == 2)
+			return 2;
+	}
+	e->texts = argv + optind;
+	e->n_texts = argc - optind;
+	if (e->summary)
+		bad = e->n_texts == 0 ? NULL : "--summarize takes no TEXT%s";
+	else if (e->n_texts == 0)
+		bad = "no TEXT file given%s";
+	else if (e->calib && e->no_calib)
+		bad = "--calib and --no-calib exclude each other%s";
+	return bad ? cli_bad_usage(tool, usage, bad, "") : -1;
 }
