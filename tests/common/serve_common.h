@@ -40,6 +40,21 @@ void sv_init(struct sv_env *e);
 /* Kills every daemon still running and removes the dir. */
 void sv_fini(struct sv_env *e);
 
+/* The Criterion suite of a test file whose fixture is the environment alone: E, the static
+ * struct sv_env its tests use, sv_init before each test and sv_fini after, timeout secs
+ * (expands where criterion/criterion.h is included). */
+#define SV_TEST_SUITE(suite, secs)                                                             \
+	static struct sv_env E;                                                                 \
+	static void suite##_init(void)                                                          \
+	{                                                                                       \
+		sv_init(&E);                                                                    \
+	}                                                                                       \
+	static void suite##_fini(void)                                                          \
+	{                                                                                       \
+		sv_fini(&E);                                                                    \
+	}                                                                                       \
+	TestSuite(suite, .init = suite##_init, .fini = suite##_fini, .timeout = (secs))
+
 /* Starts a daemon (bin/name with args, NULL-terminated) and returns without waiting. */
 void sv_spawn(struct sv_env *e, struct sv_daemon *d, const char *name, const char *const *args);
 /* Waits for a notify datagram holding what; false on timeout or when the daemon exited. */

@@ -34,19 +34,7 @@
  * 30 layers the flips add up (0.45 seen) */
 #define LOGIT_TOL 0.75f
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(chunked, .init = init, .fini = fini, .timeout = 600);
+SV_TEST_SUITE(chunked, 600);
 
 /* Token ids of a prompt: a fixed walk over the vocabulary, away from the special tokens. */
 static void walk(int32_t *t, int n, int salt)

@@ -26,19 +26,7 @@
 #define WAIT_MS 120000
 #define N_CLIENTS 4
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(faults, .init = init, .fini = fini, .timeout = 600);
+SV_TEST_SUITE(faults, 600);
 
 static void up(const char *const *router_args)
 {

@@ -34,21 +34,10 @@
 #define N_CLIENTS 64
 #define N_DISTINCT 8
 
-static struct sv_env E;
 static char url[160];
 static int n_calls;
 
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(http, .init = init, .fini = fini, .timeout = 600);
+SV_TEST_SUITE(http, 600);
 
 /* ---- the system and curl -------------------------------------------------------------------- */
 

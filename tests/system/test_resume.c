@@ -23,19 +23,7 @@
 #define N_GEN 72     /* positions 200 .. 271: a page completes after the resume */
 #define KILL_AFTER 8 /* tokens streamed before the kill */
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(resume, .init = init, .fini = fini, .timeout = 900);
+SV_TEST_SUITE(resume, 900);
 
 static void up(const char *resume_ms)
 {

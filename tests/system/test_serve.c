@@ -35,19 +35,7 @@
  * K and V before FP4 may fall the other way for a few values */
 #define LOGIT_TOL 0.25f
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(serve, .init = init, .fini = fini, .timeout = 300);
+SV_TEST_SUITE(serve, 300);
 
 static void up(void)
 {
