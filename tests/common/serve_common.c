@@ -273,6 +273,11 @@ void sv_start_pool(struct sv_env *e, const char *const *extra)
 
 void sv_start_router(struct sv_env *e, const char *const *extra)
 {
+	sv_start_router2(e, extra, NULL);
+}
+
+void sv_start_router2(struct sv_env *e, const char *const *extra, const char *const *more)
+{
 	const char *argv[SV_MAX_ARGS + 1] = {
 		"--no-config", "--frontend", e->front_ep, "--workers", e->workers_ep,
 		"--pool", e->pool_ep, "--model", e->model, "--tp", "2",
@@ -282,6 +287,7 @@ void sv_start_router(struct sv_env *e, const char *const *extra)
 	};
 
 	add_args(argv, extra);
+	add_args(argv, more);
 	start_and_wait(e, &e->router, "routerd", argv);
 }
 

@@ -65,6 +65,8 @@ bool sv_wait_notify(struct sv_daemon *d, const char *what, int timeout_ms);
 void sv_start_pool(struct sv_env *e, const char *const *extra);
 /* routerd on the env's endpoints with extra flags, waits for READY. */
 void sv_start_router(struct sv_env *e, const char *const *extra);
+/* The same with the flags of extra, then those of more (either NULL). */
+void sv_start_router2(struct sv_env *e, const char *const *extra, const char *const *more);
 /* workerd of rank r (tp 2), waits for READY. */
 void sv_start_worker(struct sv_env *e, int rank);
 /* The same with extra flags (NULL: none). */

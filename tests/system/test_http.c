@@ -73,14 +73,10 @@ static void find_url(void)
 
 static void up_with(const char *const *router_extra, bool workers)
 {
-	const char *args[SV_MAX_ARGS] = { "--http", "127.0.0.1:0" };
-	int n = 2;
+	static const char *const args[] = { "--http", "127.0.0.1:0", NULL };
 
-	for (int i = 0; router_extra && router_extra[i] && n < SV_MAX_ARGS - 1; i++)
-		args[n++] = router_extra[i];
-	args[n] = NULL;
 	sv_start_pool(&E, NULL);
-	sv_start_router(&E, args);
+	sv_start_router2(&E, args, router_extra);
 	find_url();
 	if (workers) {
 		sv_start_worker(&E, 0);
