@@ -310,6 +310,20 @@ void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra)
 	start_and_wait(e, &e->worker[rank], name, argv);
 }
 
+void sv_start_workers(struct sv_env *e, int timeout_ms, const char *what)
+{
+	sv_start_worker(e, 0);
+	sv_start_worker(e, 1);
+	sv_expect_healthy(e, timeout_ms, what);
+}
+
+void sv_start_system(struct sv_env *e, const char *const *router_extra, int timeout_ms)
+{
+	sv_start_pool(e, NULL);
+	sv_start_router(e, router_extra);
+	sv_start_workers(e, timeout_ms, "the group did not form");
+}
+
 int sv_stop(struct sv_daemon *d, int sig, int timeout_ms)
 {
 	int64_t end = sv_now_ms() + timeout_ms;

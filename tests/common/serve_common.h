@@ -71,6 +71,11 @@ void sv_start_router2(struct sv_env *e, const char *const *extra, const char *co
 void sv_start_worker(struct sv_env *e, int rank);
 /* The same with extra flags (NULL: none). */
 void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra);
+/* Workers 0 and 1 (tp 2), then sv_expect_healthy(e, timeout_ms, what): the group formed. */
+void sv_start_workers(struct sv_env *e, int timeout_ms, const char *what);
+/* The whole system: kvpoold as sv_start_pool starts it, routerd with router_extra (NULL: none)
+ * and sv_start_workers. */
+void sv_start_system(struct sv_env *e, const char *const *router_extra, int timeout_ms);
 
 /* Sends sig and waits up to timeout_ms for the exit: the exit status, 128 + signal when
  * killed by one, -1 if it had to be SIGKILLed. The daemon's pid is cleared. */

@@ -85,12 +85,8 @@ Test(chunked, short_prompts_get_their_first_token_while_a_long_one_prefills)
 	cr_assert_not_null(logits);
 	reference(m, long_p, N_LONG, traj, logits);
 
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, (const char *const[]){ "--max-prefill-chunk", "128",
-						   "--max-prefill-tokens", "256", NULL });
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_system(&E, (const char *const[]){ "--max-prefill-chunk", "128",
+						   "--max-prefill-tokens", "256", NULL }, WAIT_MS);
 	c = sv_client(&E);
 
 	struct bd_client_gen gl = { .token_ids = long_p, .n_token_ids = N_LONG,

@@ -30,11 +30,7 @@ SV_TEST_SUITE(faults, 600);
 
 static void up(const char *const *router_args)
 {
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, router_args);
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_system(&E, router_args, WAIT_MS);
 }
 
 /* ---- the drain ----------------------------------------------------------------------------- */

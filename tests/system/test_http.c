@@ -79,9 +79,7 @@ static void up_with(const char *const *router_extra, bool workers)
 	sv_start_router2(&E, args, router_extra);
 	find_url();
 	if (workers) {
-		sv_start_worker(&E, 0);
-		sv_start_worker(&E, 1);
-		sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+		sv_start_workers(&E, WAIT_MS, "the group did not form");
 	}
 }
 

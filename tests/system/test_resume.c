@@ -31,12 +31,8 @@ static void make_prompts(void);
 static struct bd_client *up(const char *resume_ms)
 {
 	make_prompts();
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
-						   "--resume-timeout-ms", resume_ms, NULL });
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_system(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
+						   "--resume-timeout-ms", resume_ms, NULL }, WAIT_MS);
 	return sv_client(&E);
 }
 
