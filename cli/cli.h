@@ -152,6 +152,31 @@ enum { CLI_O_TEMP = 200, CLI_O_TOPK, CLI_O_TOPP, CLI_O_SEED };
 #define CLI_OPT_TOP_P { "top-p", required_argument, NULL, CLI_O_TOPP }
 #define CLI_OPT_SEED { "seed", required_argument, NULL, CLI_O_SEED }
 
+/* A generation's options, with the same codes in the option table of each subcommand that
+ * generates (client, generate): --max-tokens N, the sampling options and --stop STRING. */
+enum { CLI_O_MAXTOK = 220, CLI_O_STOP };
+#define CLI_GEN_MAX_STOPS 16
+#define CLI_OPTS_GENERATION                                                       \
+	{ "max-tokens", required_argument, NULL, CLI_O_MAXTOK }, CLI_OPT_TEMPERATURE, \
+		CLI_OPT_TOP_K, CLI_OPT_TOP_P, CLI_OPT_SEED,                           \
+		{ "stop", required_argument, NULL, CLI_O_STOP }
+/* Their values: max_tokens (default 256), sp (greedy), stops[n_stops] of at most max_stops
+ * (≤ CLI_GEN_MAX_STOPS, the subcommand's limit), all set by cli_gen_init. */
+struct cli_gen_opts {
+	int max_tokens;
+	struct bd_sampler_params *sp;
+	const char *stops[CLI_GEN_MAX_STOPS];
+	int n_stops, max_stops;
+};
+void cli_gen_init(struct cli_gen_opts *g, struct bd_sampler_params *sp, int max_stops);
+/* The usage lines of those options (columns 3 and 22), seed0 what --seed 0 means. */
+void cli_gen_usage(FILE *f, int max_stops, const char *seed0);
+/* When c (getopt_long's return) is one of CLI_OPTS_GENERATION's codes: arg into g (a stop string
+ * must be non-empty, one over max_stops is refused). Returns 1 when it took arg, 0 when c is
+ * none of them, 2 (bad usage) after cli_bad_usage. */
+int cli_gen_opt(const char *tool, void (*usage)(FILE *f), int c, const char *arg,
+		struct cli_gen_opts *g);
+
 /* The value arg of sampling option opt (one of CLI_O_*) into sp: --temperature a number ≥ 0,
  * --top-k an integer ≥ 0, --top-p a number in (0, 1], --seed an unsigned 64-bit integer.
  * Returns NULL, or (a bad value; sp unchanged) the message for cli_bad_usage. */
