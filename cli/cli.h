@@ -69,7 +69,7 @@ int cli_eval_load(const char *tool, const struct cli_eval_common *e, int ctx,
 void cli_eval_input_free(struct cli_eval_input *in);
 int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len);
 /* An evaluation's command line: getopt_long over lopts (optstring ":h"), each option one of
- * ints (cli_int_opt, n_ints of them), of cli_eval_opt's, --kv (cli_parse_kv_list into
+ * ints (cli_int_opt, n_ints of them), one of CLI_OPTS_EVAL's (into e), --kv (cli_parse_kv_list into
  * cfg[BD_KVCFG_COUNT], *n_cfg), a sampling option into sp (cli_sampling_opt), or --help and
  * the unknown (cli_getopt_other); then the TEXT arguments into e, which stand with --summarize
  * when there are none, without it when there are some, and --calib not with --no-calib (a

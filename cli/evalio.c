@@ -145,30 +145,15 @@ void cli_eval_input_free(struct cli_eval_input *in)
 	in->n_stream = 0;
 }
 
-static bool cli_eval_opt(int c, const char *arg, struct cli_eval_common *e)
+/* Where the value of a common option goes in e: a text for --model, --calib, --log and
+ * --summarize, a flag for --no-calib and --json; both NULL for any other option. */
+static void common_opt(int c, struct cli_eval_common *e, const char ***ret_text, bool **ret_flag)
 {
-	switch (c) {
-	case CLI_O_MODEL:
-		e->model = arg;
-		return true;
-	case CLI_O_CALIB:
-		e->calib = arg;
-		return true;
-	case CLI_O_NOCALIB:
-		e->no_calib = true;
-		return true;
-	case CLI_O_LOG:
-		e->log = arg;
-		return true;
-	case CLI_O_JSON:
-		e->json = true;
-		return true;
-	case CLI_O_SUMMARIZE:
-		e->summary = arg;
-		return true;
-	default:
-		return false;
-	}
+	*ret_text = c == CLI_O_MODEL ? &e->model :
+		    c == CLI_O_CALIB ? &e->calib :
+		    c == CLI_O_LOG ? &e->log :
+		    c == CLI_O_SUMMARIZE ? &e->summary : NULL;
+	*ret_flag = c == CLI_O_NOCALIB ? &e->no_calib : c == CLI_O_JSON ? &e->json : NULL;
 }
 
 void cli_eval_usage_head(FILE *f, const char *tool, const char *about)
@@ -291,7 +276,17 @@ static int eval_opt(const char *tool, void (*usage)(FILE *f), const struct cli_i
 
 	if (k < 0)
 		return cli_bad_usage(tool, usage, bad, arg);
-	if (k > 0 || cli_eval_opt(c, arg, e))
+	const char **text;
+	bool *flag;
+
+	if (k > 0)
+		return 1;
+	common_opt(c, e, &text, &flag);
+	if (text)
+		*text = arg;
+	if (flag)
+		*flag = true;
+	if (text || flag)
 		return 1;
 	switch (c) {
 	case CLI_O_KV:
