@@ -144,6 +144,12 @@ int cli_bad_usage(const char *tool, void (*usage)(FILE *f), const char *fmt, con
  * and anything else (an unknown option) are bad usage (2). c: getopt_long's return. */
 int cli_getopt_other(const char *tool, void (*usage)(FILE *f), int c, char **argv);
 
+/* The end of every subcommand's option table: --help (getopt_long returns 'h', as for -h), then
+ * the terminating entry. */
+#define CLI_OPTS_END { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 }
+/* The end of a table that lists --help in a group of its own (CLI_OPTS_EVAL). */
+#define CLI_OPTS_NULL { NULL, 0, NULL, 0 }
+
 /* The sampling options, with the same codes in every subcommand's option table (each lists
  * the ones it takes). */
 enum { CLI_O_TEMP = 200, CLI_O_TOPK, CLI_O_TOPP, CLI_O_SEED };

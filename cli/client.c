@@ -345,8 +345,7 @@ int cmd_client(int argc, char **argv)
 		{ "info", no_argument, NULL, O_INFO },
 		{ "server-key", required_argument, NULL, O_SRVKEY },
 		{ "secret-key", required_argument, NULL, O_SECKEY },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_END,
 	};
 	char *prompt __attribute__((cleanup(free_str))) = NULL;
 	const char *router = getenv("BD_ROUTER"), *system_msg = NULL, *bad;

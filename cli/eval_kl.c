@@ -758,7 +758,7 @@ int cmd_eval_kl(int argc, char **argv)
 		CLI_OPT_TEMPERATURE,
 		CLI_OPT_SEED,
 		{ "qerr-every", required_argument, NULL, O_QERR },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_NULL,
 	};
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
 			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };

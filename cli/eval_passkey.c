@@ -565,7 +565,7 @@ int cmd_eval_passkey(int argc, char **argv)
 		{ "max-new", required_argument, NULL, O_MAXNEW },
 		{ "tail", required_argument, NULL, O_TAIL },
 		CLI_OPT_SEED,
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_NULL,
 	};
 	struct opts o = { .ctx = CLI_DEFAULT_CTX, .depths = 10, .keys = 10, .max_new = 8,
 			  .tail = 8 };

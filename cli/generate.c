@@ -128,8 +128,7 @@ int cmd_generate(int argc, char **argv)
 		{ "stats", no_argument, NULL, O_STATS },
 		{ "calib", required_argument, NULL, O_CALIB },
 		{ "no-calib", no_argument, NULL, O_NOCALIB },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_END,
 	};
 	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL;
 	struct bd_sampler_params sp;
