@@ -230,6 +230,16 @@ static double jnum(json_t *j, const char *path)
 	return json_number_value(v);
 }
 
+/* http_json of a request that succeeds (200) with an OpenAI object of type object. */
+static json_t *http_object(const char *method, const char *path, const char *body,
+			   const char *object)
+{
+	json_t *j = http_json(method, path, body, 200);
+
+	cr_expect_str_eq(jstr(j, "object"), object, "%s %s", method, path);
+	return j;
+}
+
 /* ---- server-sent events --------------------------------------------------------------------- */
 
 struct stream {
@@ -377,8 +387,7 @@ Test(http, models_health_and_paths)
 	char *out;
 
 	up();
-	j = http_json("GET", "/v1/models", NULL, 200);
-	cr_expect_str_eq(jstr(j, "object"), "list");
+	j = http_object("GET", "/v1/models", NULL, "list");
 	cr_expect_str_eq(jstr(j, "data.0.id"), "SmolLM2-135M-Instruct.Q4_1.gguf");
 	cr_expect_eq(jint(j, "data.0.max_model_len"), 1024, "the pool's max_seq_len caps it");
 	json_decref(j);
@@ -427,8 +436,7 @@ Test(http, completions_match_native_api)
 	char *out;
 
 	up();
-	j = http_json("POST", "/v1/completions", body, 200);
-	cr_expect_str_eq(jstr(j, "object"), "text_completion");
+	j = http_object("POST", "/v1/completions", body, "text_completion");
 	cr_expect_str_eq(jstr(j, "choices.0.finish_reason"), "length");
 	cr_expect_eq(jint(j, "usage.completion_tokens"), 12);
 	cr_expect_eq(jint(j, "usage.total_tokens"),
@@ -476,8 +484,7 @@ Test(http, chat_stream_and_stop)
 
 	up();
 	snprintf(body, sizeof(body), "{%s}", msgs);
-	j = http_json("POST", "/v1/chat/completions", body, 200);
-	cr_expect_str_eq(jstr(j, "object"), "chat.completion");
+	j = http_object("POST", "/v1/chat/completions", body, "chat.completion");
 	cr_expect_str_eq(jstr(j, "choices.0.message.role"), "assistant");
 	text = jstr(j, "choices.0.message.content");
 	cr_assert(strlen(text) > 8, "a too short answer to cut: '%s'", text);
