@@ -31,27 +31,33 @@ int cmd_eval_passkey(int argc, char **argv);
  * unchanged. */
 struct bd_kvcfg;
 /* The options every evaluation takes, with the same codes in each option table. */
-enum { CLI_O_MODEL = 300, CLI_O_KV, CLI_O_CALIB, CLI_O_NOCALIB, CLI_O_THREADS, CLI_O_LOG,
-       CLI_O_JSON, CLI_O_SUMMARIZE };
+enum { CLI_O_MODEL = 300, CLI_O_KV, CLI_O_CTX, CLI_O_CALIB, CLI_O_NOCALIB, CLI_O_THREADS,
+       CLI_O_LOG, CLI_O_JSON, CLI_O_SUMMARIZE };
+/* --calib FILE and --no-calib, also generate's. */
+#define CLI_OPTS_CALIB                                                \
+	{ "calib", required_argument, NULL, CLI_O_CALIB },            \
+	{ "no-calib", no_argument, NULL, CLI_O_NOCALIB }
 #define CLI_OPTS_EVAL                                                 \
 	{ "model", required_argument, NULL, CLI_O_MODEL },            \
 	{ "kv", required_argument, NULL, CLI_O_KV },                  \
-	{ "calib", required_argument, NULL, CLI_O_CALIB },            \
-	{ "no-calib", no_argument, NULL, CLI_O_NOCALIB },             \
+	{ "ctx", required_argument, NULL, CLI_O_CTX },                \
+	CLI_OPTS_CALIB,                                               \
 	{ "threads", required_argument, NULL, CLI_O_THREADS },        \
 	{ "log", required_argument, NULL, CLI_O_LOG },                \
 	{ "json", no_argument, NULL, CLI_O_JSON },                    \
 	{ "summarize", required_argument, NULL, CLI_O_SUMMARIZE },    \
 	{ "help", no_argument, NULL, 'h' }
-/* The values of those options but --kv and --threads, with the TEXT arguments. */
+/* The values of those options but --kv, with the TEXT arguments; cli_eval_init sets the
+ * defaults: --ctx CLI_DEFAULT_CTX of at least ctx_min, --threads the CPUs online. */
 struct cli_eval_common {
 	const char *model, *calib, *log, *summary;
 	bool json, no_calib;
+	int ctx, ctx_min, threads;
 	char **texts; /* [n_texts] */
 	int n_texts;
 };
 /* What an evaluation runs on: the model (e->model as cli_model_path takes it) and its
- * tokenizer, the calibration for ctx (e->calib, else the default file; none with
+ * tokenizer, the calibration for e->ctx (e->calib, else the default file; none with
  * e->no_calib), and the texts of e tokenized as plain text (no special tokens). */
 struct cli_eval_input {
 	char model_path[PATH_MAX + 64];
@@ -63,11 +69,11 @@ struct cli_eval_input {
 };
 /* Fills in (zeroed first). Returns 0, or -1 after printing why ("bdfp4 TOOL: ...": the model,
  * a ctx beyond its context, the calibration, a text), with what was made freed. */
-int cli_eval_load(const char *tool, const struct cli_eval_common *e, int ctx,
-		  struct cli_eval_input *in);
+int cli_eval_load(const char *tool, const struct cli_eval_common *e, struct cli_eval_input *in);
 /* Frees what cli_eval_load made (a zeroed or failed one too). */
 void cli_eval_input_free(struct cli_eval_input *in);
 int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size_t *ret_len);
+void cli_eval_init(struct cli_eval_common *e, int ctx_min);
 /* An evaluation's command line: getopt_long over lopts (optstring ":h"), each option one of
  * ints (cli_int_opt, n_ints of them), one of CLI_OPTS_EVAL's (into e), --kv (cli_parse_kv_list into
  * cfg[BD_KVCFG_COUNT], *n_cfg), a sampling option into sp (cli_sampling_opt), or --help and

@@ -70,7 +70,7 @@ struct opts {
 	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize, TEXT */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
-	int ctx, steps, trajectories, threads, qerr_every;
+	int steps, trajectories, qerr_every;
 	struct bd_sampler_params sp;
 };
 
@@ -212,7 +212,7 @@ static int cfg_run_new(struct shared *sh, const struct bd_kvcfg *cfg, struct cfg
 		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
 		return -ENOMEM;
 	}
-	size_t n_pages = o->ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ctx / BD_PAGE_TOKENS) : 1;
+	size_t n_pages = o->ev.ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ev.ctx / BD_PAGE_TOKENS) : 1;
 	if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, hp->n_kv_heads, hp->head_dim, 0,
 				n_pages)) < 0 ||
 	    (r = bd_kvmem_private_new(&lay, &cr->mem)) < 0) {
@@ -220,7 +220,7 @@ static int cfg_run_new(struct shared *sh, const struct bd_kvcfg *cfg, struct cfg
 			 strerror(-r));
 		return r;
 	}
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+	struct bd_seq_opts so = { .max_tokens = o->ev.ctx, .mu_k = sh->mu, .dp = &sh->dp,
 				  .mem = cr->mem, .hook = qhook, .hook_ctx = &cr->qh };
 	return bd_seq_new(sh->m, cfg, &so, &cr->s, err);
 }
@@ -250,7 +250,7 @@ static int run_reference(struct shared *sh, int t, char *err)
 		goto out;
 	}
 	rh.kraw = tr->kraw;
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+	struct bd_seq_opts so = { .max_tokens = o->ev.ctx, .mu_k = sh->mu, .dp = &sh->dp,
 				  .hook = rawhook, .hook_ctx = &rh };
 	if ((r = bd_sampler_new(&sp, sh->V, &smp)) < 0) {
 		snprintf(err, BD_MODEL_ERR_MAX, "bad sampling parameters");
@@ -748,11 +748,10 @@ static int bad_usage(const char *msg, const char *arg)
 int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
-		O_CTX = 256, O_STEPS, O_TRAJ, O_QERR
+		O_STEPS = 256, O_TRAJ, O_QERR
 	};
 	static const struct option lopts[] = {
 		CLI_OPTS_EVAL,
-		{ "ctx", required_argument, NULL, O_CTX },
 		{ "steps", required_argument, NULL, O_STEPS },
 		{ "trajectories", required_argument, NULL, O_TRAJ },
 		CLI_OPT_TEMPERATURE,
@@ -760,22 +759,18 @@ int cmd_eval_kl(int argc, char **argv)
 		{ "qerr-every", required_argument, NULL, O_QERR },
 		CLI_OPTS_NULL,
 	};
-	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
+	struct opts o = { .steps = 64, .trajectories = 16,
 			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cli_int_opt ints[] = {
-		{ O_CTX, 2, INT_MAX, &o.ctx, "--ctx wants an integer ≥ 2, not '%s'" },
 		{ O_STEPS, 1, INT_MAX, &o.steps, "--steps wants an integer ≥ 1, not '%s'" },
 		{ O_TRAJ, 1, 1 << 20, &o.trajectories,
 		  "--trajectories wants an integer ≥ 1, not '%s'" },
 		{ O_QERR, 1, INT_MAX, &o.qerr_every,
 		  "--qerr-every wants an integer ≥ 1, not '%s'" },
-		{ CLI_O_THREADS, 1, 1024, &o.threads,
-		  "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	int k;
 
-	o.threads = ncpu > 0 ? (int)ncpu : 1;
+	cli_eval_init(&o.ev, 2);
 	for (int i = 0; i < BD_KVCFG_COUNT; i++)
 		o.cfg[o.n_cfg++] = bd_kvcfg_get(i);
 	if ((k = cli_eval_parse("eval-kl", usage, lopts, ints, sizeof(ints) / sizeof(ints[0]), argc,
@@ -783,7 +778,7 @@ int cmd_eval_kl(int argc, char **argv)
 		return k;
 	if (o.ev.summary)
 		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
-	if (o.steps >= o.ctx)
+	if (o.steps >= o.ev.ctx)
 		return bad_usage("--steps must be below --ctx%s", "");
 
 	int rc = 1;
@@ -793,7 +788,7 @@ int cmd_eval_kl(int argc, char **argv)
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
-	if (cli_eval_load("eval-kl", &o.ev, o.ctx, &in) < 0)
+	if (cli_eval_load("eval-kl", &o.ev, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_calib *cal = in.cal;
@@ -801,14 +796,14 @@ int cmd_eval_kl(int argc, char **argv)
 	const char *model_path = in.model_path;
 	size_t n_stream = in.n_stream;
 	const int32_t *stream = in.stream;
-	sh.P = o.ctx - o.steps + 1;
+	sh.P = o.ev.ctx - o.steps + 1;
 	sh.V = hp->n_vocab;
 	int T = o.trajectories;
 	if (n_stream < (size_t)sh.P) {
 		fprintf(stderr,
 			"bdfp4 eval-kl: the texts hold %zu tokens; a prompt needs %d (--ctx %d, "
 			"--steps %d): give more text\n",
-			n_stream, sh.P, o.ctx, o.steps);
+			n_stream, sh.P, o.ev.ctx, o.steps);
 		goto out;
 	}
 	double stride = T > 1 ? (double)(n_stream - (size_t)sh.P) / (double)(T - 1) : 0.0;
@@ -834,7 +829,7 @@ int cmd_eval_kl(int argc, char **argv)
 	FILE *info = o.ev.json ? stderr : stdout;
 	fprintf(info, "eval-kl: %s, ctx %d (prompt %d tokens + %d decoded), %d steps compared per "
 		      "trajectory, %d trajectories\n",
-		model_path, o.ctx, sh.P, o.steps - 1, o.steps, T);
+		model_path, o.ev.ctx, sh.P, o.steps - 1, o.steps, T);
 	if (o.sp.temperature == 0.0f || o.sp.top_k == 1)
 		fprintf(info, "reference: bf16 KV, greedy\n");
 	else
@@ -849,7 +844,7 @@ int cmd_eval_kl(int argc, char **argv)
 		goto out;
 	sh.tty = isatty(STDERR_FILENO);
 	sh.t0 = bd_now_s();
-	int n_th = cli_eval_threads("eval-kl", o.threads, worker, &sh);
+	int n_th = cli_eval_threads("eval-kl", o.ev.threads, worker, &sh);
 	if (n_th < 0)
 		goto out;
 	if (sh.tty)

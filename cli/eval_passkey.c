@@ -77,7 +77,7 @@ struct opts {
 	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize, TEXT */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
-	int ctx, depths, keys, max_new, tail, threads;
+	int depths, keys, max_new, tail;
 	uint64_t seed;
 };
 
@@ -249,7 +249,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 {
 	const struct opts *o = sh->o;
 	struct trial *tr = &sh->tr[t];
-	int n_seq = o->n_cfg + 1, budget = o->ctx - o->max_new, r;
+	int n_seq = o->n_cfg + 1, budget = o->ev.ctx - o->max_new, r;
 	struct bd_seq **seqs = calloc((size_t)n_seq, sizeof(*seqs));
 	float *logits = malloc(sizeof(float) * (size_t)sh->m->hp.n_vocab);
 	int32_t *ids = NULL;
@@ -268,7 +268,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 	int H = budget > 384 ? budget - 192 : budget / 2;
 	for (int tries = 0;; tries++) {
 		if (H < 1 || (size_t)H > sh->n_stream) {
-			snprintf(err, BD_MODEL_ERR_MAX, "no haystack fits a context of %d", o->ctx);
+			snprintf(err, BD_MODEL_ERR_MAX, "no haystack fits a context of %d", o->ev.ctx);
 			r = -EINVAL;
 			goto out;
 		}
@@ -287,7 +287,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 	}
 	tr->n_prompt = (int)n;
 
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp };
+	struct bd_seq_opts so = { .max_tokens = o->ev.ctx, .mu_k = sh->mu, .dp = &sh->dp };
 	for (int i = 0; i < n_seq; i++)
 		if ((r = bd_seq_new(sh->m, i == 0 ? bd_kvcfg_find("bf16") : o->cfg[i - 1], &so,
 				    &seqs[i], err)) < 0)
@@ -334,7 +334,7 @@ static void log_trial(struct shared *sh, int t)
 	for (int i = 0; i < sh->o->n_cfg; i++)
 		json_object_set_new(a, sh->o->cfg[i]->name, json_string(tr->ans[1 + i]));
 	json_object_set_new(j, "trial", json_integer(t));
-	json_object_set_new(j, "ctx", json_integer(sh->o->ctx));
+	json_object_set_new(j, "ctx", json_integer(sh->o->ev.ctx));
 	json_object_set_new(j, "depth", json_integer(tr->depth));
 	json_object_set_new(j, "depths", json_integer(sh->o->depths));
 	json_object_set_new(j, "key", json_string(tr->key));
@@ -555,11 +555,10 @@ static int bad_usage(const char *msg, const char *arg)
 int cmd_eval_passkey(int argc, char **argv)
 {
 	enum {
-		O_CTX = 256, O_DEPTHS, O_KEYS, O_MAXNEW, O_TAIL
+		O_DEPTHS = 256, O_KEYS, O_MAXNEW, O_TAIL
 	};
 	static const struct option lopts[] = {
 		CLI_OPTS_EVAL,
-		{ "ctx", required_argument, NULL, O_CTX },
 		{ "depths", required_argument, NULL, O_DEPTHS },
 		{ "keys", required_argument, NULL, O_KEYS },
 		{ "max-new", required_argument, NULL, O_MAXNEW },
@@ -567,21 +566,18 @@ int cmd_eval_passkey(int argc, char **argv)
 		CLI_OPT_SEED,
 		CLI_OPTS_NULL,
 	};
-	struct opts o = { .ctx = CLI_DEFAULT_CTX, .depths = 10, .keys = 10, .max_new = 8,
+	struct opts o = { .depths = 10, .keys = 10, .max_new = 8,
 			  .tail = 8 };
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cli_int_opt ints[] = {
-		{ O_CTX, 64, INT_MAX, &o.ctx, "--ctx wants an integer ≥ 64, not '%s'" },
 		{ O_DEPTHS, 1, MAX_DEPTHS, &o.depths, "--depths wants an integer in 1..64, not '%s'" },
 		{ O_KEYS, 1, 1 << 16, &o.keys, "--keys wants an integer ≥ 1, not '%s'" },
 		{ O_MAXNEW, 1, 256, &o.max_new, "--max-new wants an integer in 1..256, not '%s'" },
 		{ O_TAIL, 1, 4096, &o.tail, "--tail wants an integer in 1..4096, not '%s'" },
-		{ CLI_O_THREADS, 1, 1024, &o.threads, "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
 	int k;
 
-	o.threads = ncpu > 0 ? (int)ncpu : 1;
+	cli_eval_init(&o.ev, 64);
 	if (cli_parse_kv_list(TOOL, DEFAULT_KV, o.cfg, &o.n_cfg) < 0)
 		return 1;
 	if ((k = cli_eval_parse(TOOL, usage, lopts, ints, sizeof(ints) / sizeof(ints[0]), argc, argv,
@@ -590,7 +586,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	o.seed = sp.seed;
 	if (o.ev.summary)
 		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
-	if (o.tail + o.max_new + 64 > o.ctx)
+	if (o.tail + o.max_new + 64 > o.ev.ctx)
 		return bad_usage("--ctx is too small for --tail and --max-new%s", "");
 
 	int rc = 1;
@@ -600,7 +596,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	char terr[BD_TOKENIZER_ERR_MAX];
 
 	pthread_mutex_init(&sh.lock, NULL);
-	if (cli_eval_load(TOOL, &o.ev, o.ctx, &in) < 0)
+	if (cli_eval_load(TOOL, &o.ev, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_tokenizer *tok = in.tok;
@@ -626,7 +622,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	FILE *info = o.ev.json ? stderr : stdout;
 	fprintf(info, TOOL ": %s, ctx %d, %d depths x %d keys = %d trials, greedy, answers of at "
 		      "most %d tokens, the last %d prompt tokens decoded\n",
-		model_path, o.ctx, o.depths, o.keys, sh.T, o.max_new, o.tail);
+		model_path, o.ev.ctx, o.depths, o.keys, sh.T, o.max_new, o.tail);
 	cli_eval_print_inputs(info, &in, &o.ev);
 	fputc('\n', info);
 	fflush(info);
@@ -634,7 +630,7 @@ int cmd_eval_passkey(int argc, char **argv)
 	if (cli_eval_open_log(TOOL, o.ev.log, &sh.log) < 0)
 		goto out;
 	sh.t0 = bd_now_s();
-	int n_th = cli_eval_threads(TOOL, o.threads < sh.T ? o.threads : sh.T, worker, &sh);
+	int n_th = cli_eval_threads(TOOL, o.ev.threads < sh.T ? o.ev.threads : sh.T, worker, &sh);
 	if (n_th < 0)
 		goto out;
 	if (sh.err) {

@@ -1,12 +1,14 @@
 /* evalio.c — what the evaluation subcommands (eval-kl, eval-passkey) share: the model, its
  * calibration and the texts their prompts are cut from, and the --kv list of configurations. */
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
@@ -99,9 +101,9 @@ int cli_parse_kv_list(const char *tool, const char *list, const struct bd_kvcfg 
 	return 0;
 }
 
-int cli_eval_load(const char *tool, const struct cli_eval_common *e, int ctx,
-		  struct cli_eval_input *in)
+int cli_eval_load(const char *tool, const struct cli_eval_common *e, struct cli_eval_input *in)
 {
+	const int ctx = e->ctx;
 	char *text = NULL;
 	size_t len = 0;
 	int r;
@@ -266,6 +268,14 @@ int cli_eval_read_log(const char *tool, const char *path,
 	return r < 0 ? -1 : 0;
 }
 
+void cli_eval_init(struct cli_eval_common *e, int ctx_min)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	*e = (struct cli_eval_common){ .ctx = CLI_DEFAULT_CTX, .ctx_min = ctx_min,
+				       .threads = ncpu > 0 ? (int)ncpu : 1 };
+}
+
 /* One option: 1 taken, 0 not one of cli_eval_parse's, 2 after cli_bad_usage. */
 static int eval_opt(const char *tool, void (*usage)(FILE *f), const struct cli_int_opt *ints,
 		    size_t n_ints, int c, const char *arg, struct cli_eval_common *e,
@@ -289,6 +299,19 @@ static int eval_opt(const char *tool, void (*usage)(FILE *f), const struct cli_i
 	if (text || flag)
 		return 1;
 	switch (c) {
+	case CLI_O_CTX:
+		if (!cli_parse_int(arg, e->ctx_min, INT_MAX, &e->ctx)) {
+			char msg[64];
+
+			snprintf(msg, sizeof(msg), "--ctx wants an integer ≥ %d, not '%%s'", e->ctx_min);
+			return cli_bad_usage(tool, usage, msg, arg);
+		}
+		return 1;
+	case CLI_O_THREADS:
+		if (!cli_parse_int(arg, 1, 1024, &e->threads))
+			return cli_bad_usage(tool, usage,
+					     "--threads wants an integer in 1..1024, not '%s'", arg);
+		return 1;
 	case CLI_O_KV:
 		if (cli_parse_kv_list(tool, arg, cfg, n_cfg) < 0)
 			return cli_bad_usage(tool, usage,

@@ -119,15 +119,14 @@ static int on_token(void *ctx, int32_t t)
 
 int cmd_generate(int argc, char **argv)
 {
-	enum { O_MODEL = 256, O_KV, O_CHAT, O_STATS, O_CALIB, O_NOCALIB };
+	enum { O_MODEL = 256, O_KV, O_CHAT, O_STATS };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, O_MODEL },
 		{ "kv", required_argument, NULL, O_KV },
 		CLI_OPTS_GENERATION,
 		{ "chat", no_argument, NULL, O_CHAT },
 		{ "stats", no_argument, NULL, O_STATS },
-		{ "calib", required_argument, NULL, O_CALIB },
-		{ "no-calib", no_argument, NULL, O_NOCALIB },
+		CLI_OPTS_CALIB,
 		CLI_OPTS_END,
 	};
 	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL;
@@ -160,10 +159,10 @@ int cmd_generate(int argc, char **argv)
 		case O_STATS:
 			stats = true;
 			break;
-		case O_CALIB:
+		case CLI_O_CALIB:
 			calib_path = optarg;
 			break;
-		case O_NOCALIB:
+		case CLI_O_NOCALIB:
 			no_calib = true;
 			break;
 		default:
