@@ -160,3 +160,10 @@ void cli_gen_usage(FILE *f, int max_stops, const char *seed0)
 		"  --stop STRING      stop before STRING appears (repeatable, up to %d)\n",
 		seed0, max_stops);
 }
+
+const char *cli_prompt_bad(int n_args)
+{
+	if (n_args == 1)
+		return NULL;
+	return n_args < 1 ? "no PROMPT given%s" : "one PROMPT only (quote it)%s";
+}

@@ -145,6 +145,10 @@ int cli_int_opt(const struct cli_int_opt *opts, size_t n, int c, const char *arg
  * usage; returns 2, the exit status of bad usage. */
 int cli_bad_usage(const char *tool, void (*usage)(FILE *f), const char *fmt, const char *arg);
 
+/* n_args, the arguments left after the options of a subcommand that takes one PROMPT: NULL
+ * when there is one, else the message for cli_bad_usage (with an empty arg). */
+const char *cli_prompt_bad(int n_args);
+
 /* The cases a subcommand's getopt_long switch leaves to this (opterr 0, optstring starting
  * ":h"): 'h' prints the usage to stdout (exit status 0), ':' (an option without its value)
  * and anything else (an unknown option) are bad usage (2). c: getopt_long's return. */

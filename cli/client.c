@@ -51,11 +51,6 @@ static void usage(FILE *f)
 		BD_CLIENT_MAX_TOP_LOGPROBS);
 }
 
-static int bad_usage(const char *fmt, const char *arg)
-{
-	return cli_bad_usage("client", usage, fmt, arg);
-}
-
 static const char *state_name(int s)
 {
 	static const char *const n[] = { "starting", "serving", "degraded", "stopping" };
@@ -381,7 +376,7 @@ int cmd_client(int argc, char **argv)
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), opt, optarg, &bad)) < 0)
-			return bad_usage(bad, optarg);
+			return cli_bad_usage("client", usage, bad, optarg);
 		if (k > 0 || (k = cli_gen_opt("client", usage, opt, optarg, &gen)) == 1)
 			continue;
 		if (k == 2)
@@ -424,11 +419,11 @@ int cmd_client(int argc, char **argv)
 			return cli_getopt_other("client", usage, opt, argv);
 		}
 	}
-	if (!health && !info && optind != argc - 1)
-		return bad_usage(optind >= argc ? "no PROMPT given%s"
-						: "one PROMPT only (quote it)%s", "");
+	if (!health && !info && (bad = cli_prompt_bad(argc - optind)))
+		return cli_bad_usage("client", usage, bad, "");
 	if ((health || info) && optind != argc)
-		return bad_usage("--health and --info take no PROMPT%s", "");
+		return cli_bad_usage("client", usage, "--health and --info take no PROMPT%s",
+				     "");
 	if (!health && !info && !(prompt = read_prompt(argv[optind])))
 		return 1;
 	g.stops = gen.stops;

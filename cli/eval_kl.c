@@ -740,11 +740,6 @@ static void usage(FILE *f)
 			    "                      on which every configuration of --kv finished");
 }
 
-static int bad_usage(const char *msg, const char *arg)
-{
-	return cli_bad_usage("eval-kl", usage, msg, arg);
-}
-
 int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
@@ -779,7 +774,7 @@ int cmd_eval_kl(int argc, char **argv)
 	if (o.ev.summary)
 		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
 	if (o.steps >= o.ev.ctx)
-		return bad_usage("--steps must be below --ctx%s", "");
+		return cli_bad_usage("eval-kl", usage, "--steps must be below --ctx%s", "");
 
 	int rc = 1;
 	struct cli_eval_input in = { 0 };

@@ -547,11 +547,6 @@ static void usage(FILE *f)
 	cli_eval_usage_tail(f, "trial", "a --log file's trials");
 }
 
-static int bad_usage(const char *msg, const char *arg)
-{
-	return cli_bad_usage(TOOL, usage, msg, arg);
-}
-
 int cmd_eval_passkey(int argc, char **argv)
 {
 	enum {
@@ -587,7 +582,8 @@ int cmd_eval_passkey(int argc, char **argv)
 	if (o.ev.summary)
 		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
 	if (o.tail + o.max_new + 64 > o.ev.ctx)
-		return bad_usage("--ctx is too small for --tail and --max-new%s", "");
+		return cli_bad_usage(TOOL, usage, "--ctx is too small for --tail and --max-new%s",
+				     "");
 
 	int rc = 1;
 	struct cli_eval_input in = { 0 };

@@ -46,11 +46,6 @@ static void usage(FILE *f)
 		CLI_DEFAULT_CTX);
 }
 
-static int bad_usage(const char *fmt, const char *arg)
-{
-	return cli_bad_usage("generate", usage, fmt, arg);
-}
-
 static long peak_rss_kib(void)
 {
 	struct rusage ru;
@@ -129,7 +124,7 @@ int cmd_generate(int argc, char **argv)
 		CLI_OPTS_CALIB,
 		CLI_OPTS_END,
 	};
-	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL;
+	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL, *bad;
 	struct bd_sampler_params sp;
 	struct cli_gen_opts gen;
 	bool chat = false, stats = false, no_calib = false;
@@ -150,7 +145,8 @@ int cmd_generate(int argc, char **argv)
 			break;
 		case O_KV:
 			if (!bd_kvcfg_find(optarg))
-				return bad_usage("unknown KV configuration '%s'", optarg);
+				return cli_bad_usage("generate", usage,
+						     "unknown KV configuration '%s'", optarg);
 			kv = optarg;
 			break;
 		case O_CHAT:
@@ -169,13 +165,13 @@ int cmd_generate(int argc, char **argv)
 			return cli_getopt_other("generate", usage, c, argv);
 		}
 	}
-	if (optind != argc - 1)
-		return bad_usage(optind >= argc ? "no PROMPT given%s"
-						: "one PROMPT only (quote it)%s", "");
+	if ((bad = cli_prompt_bad(argc - optind)))
+		return cli_bad_usage("generate", usage, bad, "");
 	const char *prompt = argv[optind];
 
 	if (calib_path && no_calib)
-		return bad_usage("--calib and --no-calib exclude each other%s", "");
+		return cli_bad_usage("generate", usage,
+				     "--calib and --no-calib exclude each other%s", "");
 	char pathbuf[PATH_MAX + 64];
 	cli_model_path(model_path, pathbuf, sizeof(pathbuf));
 	model_path = pathbuf;
