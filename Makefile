@@ -333,11 +333,11 @@ $(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/be
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
-$(eval $(call program,bench_scrub,$(BUILD)/bench/bench_scrub.o $(KVPD_LIB),pool quant base))
+$(eval $(call program,bench_scrub,$(BUILD)/bench/bench_scrub.o $(BUILD)/bench/bench_info.o $(KVPD_LIB),pool quant base))
 $(BUILD)/bench/bench_scrub.o: CFLAGS += -Ikvpoold
 $(BUILD)/bench/bench_scrub.o: | $(PROTO_H)
 all: $(BUILD)/bin/bench_scrub
-$(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o,serve pool quant base,-ljansson))
+$(eval $(call program,loadgen,$(BUILD)/bench/loadgen.o $(BUILD)/bench/bench_info.o,serve pool quant base,-ljansson))
 # systemd's restart and fd store for kvpoold under deploy/run-local.sh (deploy/fdstore_run.c)
 $(eval $(call program,fdstore-run,$(BUILD)/deploy/fdstore_run.o $(BUILD)/tests/common/fdstore.o $(BUILD)/tests/common/spawn.o,base))
 $(BUILD)/deploy/fdstore_run.o: CFLAGS += -Itests/common
@@ -454,7 +454,7 @@ $(eval $(call program,ops_check,$(BUILD)/tests/gpu/ops_check.o,cuda model format
 $(eval $(call program,gmodel_check,$(BUILD)/tests/gpu/gmodel_check.o,cuda model formats quant base))
 $(eval $(call program,pool_vmm_check,$(BUILD)/tests/gpu/pool_vmm_check.o $(BUILD)/tests/common/spawn.o $(BUILD)/tests/common/tmpdir.o,cuda pool quant base))
 $(BUILD)/tests/gpu/pool_vmm_check.o: CFLAGS += -Itests/common
-$(eval $(call program,gpu_capture,$(BUILD)/tests/gpu/gpu_capture.o,model formats quant base))
+$(eval $(call program,gpu_capture,$(BUILD)/tests/gpu/gpu_capture.o $(BUILD)/tests/common/tmpdir.o,model formats quant base))
 ifeq ($(HAVE_NVCC),1)
 all: $(GPU_BIN)
 endif

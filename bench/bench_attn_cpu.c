@@ -36,86 +36,20 @@
 #define D 64
 #define MAX_REPEATS 101
 
-struct kvdata {
-	const struct bd_kvcfg *cfg;
-	struct bd_layout lay;
-	int n;
-	void *arena, *slot;
-	int32_t *bt;
-	float *q; /* [L][HKV][G][D] */
-};
-
-static int kv_build(struct kvdata *x, const struct bd_kvcfg *cfg, int n, uint64_t seed)
+/* The KV of a context of n tokens (testgen.h): L layers, HKV heads of D, queries of every
+ * layer [L][HKV][G][D]. */
+static int kv_build(struct tg_paged *x, const struct bd_kvcfg *cfg, int n, uint64_t seed)
 {
-	struct tg_rng r = { seed };
-	int n_full = (n - 1) / BD_PAGE_TOKENS;
-	float bias[L * HKV][D], mu[L * HKV][D], k[D], v[D], fp8s[L * HKV * 2];
-	int outl[L * HKV][6], rc;
-
-	memset(x, 0, sizeof(*x));
-	x->cfg = cfg;
-	x->n = n;
-	if ((rc = bd_layout_init(&x->lay, cfg->page_fmt, L, HKV, D, 0, (size_t)n_full + 1)) < 0)
-		return rc;
-	x->arena = calloc(1, x->lay.arena_bytes);
-	x->slot = calloc(1, x->lay.slot_bytes);
-	x->bt = malloc(sizeof(int32_t) * ((size_t)n_full + 1));
-	x->q = malloc(sizeof(float) * L * HKV * G * D);
-	if (!x->arena || !x->slot || !x->bt || !x->q)
-		return -ENOMEM;
-	for (int i = 0; i <= n_full; i++)
-		x->bt[i] = i;
-	tg_shuffle_i32(&r, x->bt, (size_t)n_full + 1);
-	for (int lh = 0; lh < L * HKV; lh++) {
-		for (int c = 0; c < D; c++) {
-			bias[lh][c] = 2.0f * tg_gauss(&r);
-			mu[lh][c] = bias[lh][c] + 0.1f * tg_gauss(&r);
-		}
-		for (int j = 0; j < 6; j++)
-			outl[lh][j] = (int)(tg_next(&r) % D);
-		fp8s[2 * lh] = fp8s[2 * lh + 1] = 0.25f;
-	}
-	for (int pos = 0; pos < n; pos++) {
-		for (int lh = 0; lh < L * HKV; lh++) {
-			for (int c = 0; c < D; c++) {
-				k[c] = bias[lh][c] + tg_gauss(&r);
-				v[c] = tg_gauss(&r);
-			}
-			for (int j = 0; j < 3; j++) {
-				k[outl[lh][j]] *= 12.0f;
-				v[outl[lh][j + 3]] *= 8.0f;
-			}
-			rc = bd_kv_write_token(&x->lay, cfg, x->slot, lh / HKV, lh % HKV, pos, k, v,
-					       mu[lh]);
-			if (rc < 0)
-				return rc;
-		}
-		if ((pos + 1) % BD_PAGE_TOKENS == 0 && pos + 1 < n &&
-		    (rc = bd_page_promote(&x->lay, cfg, fp8s, x->slot, x->arena,
-					  x->bt[pos / BD_PAGE_TOKENS])) < 0)
-			return rc;
-	}
-	tg_fill_queries(&r, x->q, (size_t)L * HKV * G, D);
-	return 0;
-}
-
-static void kv_free(struct kvdata *x)
-{
-	free(x->arena);
-	free(x->slot);
-	free(x->bt);
-	free(x->q);
+	return tg_paged_build(x, cfg, L, HKV, G, D, n, 1, L * HKV, seed, false);
 }
 
 /* One decode step: every layer, all KV heads; ref = true runs bd_ref_decode_gqa head by head. */
-static int step(const struct kvdata *x, bool ref, float *o)
+static int step(const struct tg_paged *x, bool ref, float *o)
 {
 	struct bd_decode_params dp = bd_decode_params_default();
 
 	for (int l = 0; l < L; l++) {
-		struct bd_kv_view kv = { .lay = &x->lay, .arena = x->arena, .block_table = x->bt,
-					 .slot = x->slot, .layer = l, .kv_head = 0,
-					 .n_tokens = x->n };
+		struct bd_kv_view kv = tg_paged_view(x, l, 0);
 		const float *q = x->q + (size_t)l * HKV * G * D;
 		float *ol = o + (size_t)l * HKV * G * D;
 		int rc;
@@ -155,7 +89,7 @@ static double cpu_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double median_ms(const struct kvdata *x, bool ref, int repeats, float *o)
+static double median_ms(const struct tg_paged *x, bool ref, int repeats, float *o)
 {
 	double t[MAX_REPEATS];
 
@@ -233,7 +167,7 @@ int main(int argc, char **argv)
 	printf("| --- | --- | --- | --- | --- | --- | --- |\n");
 	for (int ci = 0; ci < nctx; ci++) {
 		for (int k = 0; k < 2; k++) {
-			struct kvdata x;
+			struct tg_paged x;
 			const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgs[k]);
 			if (kv_build(&x, cfg, contexts[ci], 42u + (uint64_t)ci) < 0) {
 				fprintf(stderr, "bench_attn_cpu: building the KV failed\n");
@@ -258,7 +192,7 @@ int main(int argc, char **argv)
 			printf("| %s | %d | %.2f | %.2f | %.2f | %.1f× | %.2g |\n", cfgs[k],
 			       contexts[ci], tref, t[1], t[0], tref / best, err);
 			fflush(stdout);
-			kv_free(&x);
+			tg_paged_free(&x);
 		}
 	}
 	free(o);

@@ -151,25 +151,19 @@ int main(int argc, char **argv)
 		return rc;
 	fputs(table, stdout);
 	if (out_path) {
-		FILE *f = fopen(out_path, "a");
-		char cpu[256], commit[64], date[32];
-		time_t now = time(NULL);
+		struct bench_info bi;
+		FILE *f = bench_results_open("bench_batch", out_path, &bi);
 		double load = 0.0;
-		if (!f) {
-			fprintf(stderr, "bench_batch: %s: %s\n", out_path, strerror(errno));
+		if (!f)
 			return 1;
-		}
-		bench_machine(cpu, sizeof(cpu));
-		bench_commit(commit, sizeof(commit));
-		strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
 		fprintf(f,
 			"\n## bench_batch — the cost of batch-invariant decoding, %s\n\n"
 			"Machine: %s, %ld cores online, load average %.2f at the end; commit %s; "
 			"command `bench_batch --kv %s --batches %s --prompt %d --steps %d` (%s); one "
 			"OpenBLAS thread; tok/s of the decoding thread's CPU time and of wall time.\n\n"
 			"%s",
-			date, cpu, sysconf(_SC_NPROCESSORS_ONLN),
-			getloadavg(&load, 1) == 1 ? load : -1.0, commit, kv, list, prompt,
+			bi.date, bi.cpu, sysconf(_SC_NPROCESSORS_ONLN),
+			getloadavg(&load, 1) == 1 ? load : -1.0, bi.commit, kv, list, prompt,
 			steps, model, table);
 		if (fclose(f) != 0) {
 			fprintf(stderr, "bench_batch: %s: write failed\n", out_path);

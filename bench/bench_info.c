@@ -1,7 +1,9 @@
 /* bench_info.c — what a benchmark's RESULTS.md heading says about where it ran (bench_info.h). */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "bench_info.h"
 
@@ -42,4 +44,19 @@ void bench_commit(char *buf, size_t len)
 		buf[strcspn(buf, "\n")] = '\0';
 	if (pclose(p) != 0 || !*buf)
 		snprintf(buf, len, "unknown");
+}
+
+FILE *bench_results_open(const char *prog, const char *path, struct bench_info *ret)
+{
+	FILE *f = fopen(path, "a");
+	time_t now = time(NULL);
+
+	if (!f) {
+		fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
+		return NULL;
+	}
+	bench_machine(ret->cpu, sizeof(ret->cpu));
+	bench_commit(ret->commit, sizeof(ret->commit));
+	strftime(ret->date, sizeof(ret->date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
+	return f;
 }

@@ -219,10 +219,9 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *out_path = NULL;
-	char table[4096], cpu[256], commit[64], date[32];
+	char table[4096];
 	size_t len = 0;
 	int repeats = 7, c, status = 0;
-	time_t now = time(NULL);
 
 	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
 		char *end;
@@ -286,21 +285,17 @@ int main(int argc, char **argv)
 	fputs(table, stdout);
 
 	if (out_path) {
-		FILE *f = fopen(out_path, "a");
+		struct bench_info bi;
+		FILE *f = bench_results_open("bench_ref", out_path, &bi);
 
-		if (!f) {
-			fprintf(stderr, "bench_ref: %s: %s\n", out_path, strerror(errno));
+		if (!f)
 			return 1;
-		}
-		bench_machine(cpu, sizeof(cpu));
-		bench_commit(commit, sizeof(commit));
-		strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
 		fprintf(f,
 			"\n## bench_ref — CPU reference decoder, %s\n\n"
 			"Machine: %s, %ld cores online; commit %s; command `bench_ref --repeats %d`; "
 			"G = %d, d = %d, one KV head, B_k = 64, 1 split, single thread, median of %d.\n\n"
 			"%s",
-			date, cpu, sysconf(_SC_NPROCESSORS_ONLN), commit, repeats, G, D, repeats,
+			bi.date, bi.cpu, sysconf(_SC_NPROCESSORS_ONLN), bi.commit, repeats, G, D, repeats,
 			table);
 		if (fclose(f) != 0) {
 			fprintf(stderr, "bench_ref: %s: write failed\n", out_path);

@@ -28,6 +28,7 @@
 #include "base/bd_version.h"
 #include "quant/bd_kvcfg.h"
 #include "kvpool.h"
+#include "bench_info.h"
 
 #define TP 2
 #define REPS 40
@@ -248,28 +249,16 @@ int main(int argc, char **argv)
 	       REPS, TP);
 	table(stdout, rows, n);
 	if (argc > 1) {
-		FILE *f = fopen(argv[1], "a"), *ci = fopen("/proc/cpuinfo", "r");
-		char line[256], model[200] = "unknown CPU", date[64];
-		time_t t = time(NULL);
+		struct bench_info bi;
+		FILE *f = bench_results_open("bench_scrub", argv[1], &bi);
 
-		if (!f) {
-			perror(argv[1]);
+		if (!f)
 			return 1;
-		}
-		while (ci && fgets(line, sizeof(line), ci))
-			if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-				snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
-				model[strcspn(model, "\n")] = 0;
-				break;
-			}
-		if (ci)
-			fclose(ci);
-		strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&t));
 		fprintf(f, "\n## kvpoold page scrubbing on the CPU backend — %s\n\nMachine: %s, %ld "
 			   "online core(s). Build: %s. Command: `%s %s`. RequestRelease of one "
 			   "request in kvpoold's allocator over memfd arenas of %d ranks, its pages "
 			   "and slot written before each release; median of %d.\n\n",
-			date, model, sysconf(_SC_NPROCESSORS_ONLN), bd_version(), argv[0], argv[1],
+			bi.date, bi.cpu, sysconf(_SC_NPROCESSORS_ONLN), bd_version(), argv[0], argv[1],
 			TP, REPS);
 		table(f, rows, n);
 		fclose(f);

@@ -55,6 +55,7 @@
 #include "base/bd_clock.h"
 #include "serve/bd_client.h"
 #include "pool/bd_pool_client.h"
+#include "bench_info.h"
 
 #define MAX_LEVELS 8
 #define MAX_REQ 4096
@@ -570,18 +571,11 @@ static int run_level(const struct opts *o, int conc, int fit, struct row *r)
 
 static void machine(char *buf, size_t cap)
 {
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[512], model[256] = "unknown CPU";
+	FILE *f;
+	char line[512], model[256];
 	struct utsname u;
 
-	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-			snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
-			model[strcspn(model, "\n")] = 0;
-			break;
-		}
-	if (f)
-		fclose(f);
+	bench_machine(model, sizeof(model));
 	uname(&u);
 	/* other work on the machine skews CPU numbers: say how busy it was */
 	f = fopen("/proc/loadavg", "r");

@@ -107,3 +107,63 @@ const char *cli_sampling_opt(int opt, const char *arg, struct bd_sampler_params 
 		return "'%s' is not a sampling option";
 	}
 }
+
+void cli_gen_init(struct cli_gen_opts *g, struct bd_sampler_params *sp, int max_stops)
+{
+	*g = (struct cli_gen_opts){ .max_tokens = 256, .sp = sp, .max_stops = max_stops };
+	*sp = bd_sampler_params_greedy();
+}
+
+int cli_gen_opt(const char *tool, void (*usage)(FILE *f), int c, const char *arg,
+		struct cli_gen_opts *g)
+{
+	char msg[96];
+	const char *bad;
+
+	switch (c) {
+	case CLI_O_MAXTOK:
+		if (!cli_parse_int(arg, 1, INT_MAX, &g->max_tokens))
+			return cli_bad_usage(tool, usage, "--max-tokens wants an integer ≥ 1, not '%s'",
+					     arg);
+		return 1;
+	case CLI_O_TEMP:
+	case CLI_O_TOPK:
+	case CLI_O_TOPP:
+	case CLI_O_SEED:
+		if ((bad = cli_sampling_opt(c, arg, g->sp)))
+			return cli_bad_usage(tool, usage, bad, arg);
+		return 1;
+	case CLI_O_STOP:
+		if (g->n_stops == g->max_stops) {
+			snprintf(msg, sizeof(msg), "too many --stop strings (the limit is %d)",
+				 g->max_stops);
+			return cli_bad_usage(tool, usage, "%s", msg);
+		}
+		if (!*arg)
+			return cli_bad_usage(tool, usage, "--stop wants a non-empty string%s", "");
+		g->stops[g->n_stops++] = arg;
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+void cli_gen_usage(FILE *f, int max_stops, const char *seed0)
+{
+	fprintf(f,
+		"  --max-tokens N     generate at most N tokens (default 256)\n"
+		"  --temperature T    sampling temperature, 0 = greedy (default 0)\n"
+		"  --top-k K          keep the K most likely tokens, 0 = all (default 0)\n"
+		"  --top-p P          keep the most likely tokens up to mass P in (0, 1]\n"
+		"                     (default 1)\n"
+		"  --seed S           the sampler's seed (default 0: %s)\n"
+		"  --stop STRING      stop before STRING appears (repeatable, up to %d)\n",
+		seed0, max_stops);
+}
+
+const char *cli_prompt_bad(int n_args)
+{
+	if (n_args == 1)
+		return NULL;
+	return n_args < 1 ? "no PROMPT given%s" : "one PROMPT only (quote it)%s";
+}

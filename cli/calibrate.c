@@ -241,8 +241,7 @@ int cmd_calibrate(int argc, char **argv)
 		{ "model", required_argument, NULL, 'm' },
 		{ "ctx", required_argument, NULL, 'c' },
 		{ "output", required_argument, NULL, 'o' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_END,
 	};
 	const char *model_opt = NULL, *out_path = NULL;
 	int ctx = CLI_DEFAULT_CTX, c;

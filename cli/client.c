@@ -31,11 +31,9 @@ static void usage(FILE *f)
 		"  --json             one JSON object per line: each chunk, then the final one\n"
 		"  --raw              send PROMPT as plain text, without the chat template\n"
 		"  --system TEXT      a system message before the user turn\n"
-		"  --max-tokens N     generate at most N tokens (default 256)\n"
-		"  --temperature T    sampling temperature, 0 = greedy (default 0)\n"
-		"  --top-k K, --top-p P, --seed S   sampling (defaults 0, 1, the router's)\n"
-		"  --kv CONFIG        KV configuration (default: the server's)\n"
-		"  --stop STRING      stop before STRING (repeatable, up to %d)\n"
+		"  --kv CONFIG        KV configuration (default: the server's)\n");
+	cli_gen_usage(f, BD_CLIENT_MAX_STOPS, "the router picks one");
+	fprintf(f,
 		"  --no-stream        one reply at the end instead of a chunk per token\n"
 		"  --logprobs N       each token's log-probability and the N (0-%d) most likely\n"
 		"                     (natural log of the model's distribution; after the text, one\n"
@@ -50,12 +48,7 @@ static void usage(FILE *f)
 		"  --secret-key FILE  this client's CURVE secret key (default: $BDFP4_SECRET_KEY;\n"
 		"                     bdfp4 keygen makes a pair); both set: the connection is CURVE\n"
 		"  -h, --help         this text\n",
-		BD_CLIENT_MAX_STOPS, BD_CLIENT_MAX_TOP_LOGPROBS);
-}
-
-static int bad_usage(const char *fmt, const char *arg)
-{
-	return cli_bad_usage("client", usage, fmt, arg);
+		BD_CLIENT_MAX_TOP_LOGPROBS);
 }
 
 static const char *state_name(int s)
@@ -326,7 +319,7 @@ static json_t *chunk_json(const struct bd_client_event *ev)
 int cmd_client(int argc, char **argv)
 {
 	enum {
-		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_MAX, O_KV, O_STOP, O_NOSTREAM,
+		O_ROUTER = 256, O_JSON, O_RAW, O_SYSTEM, O_KV, O_NOSTREAM,
 		O_DEADLINE, O_TIMEOUT, O_WAIT, O_STATS, O_HEALTH, O_INFO, O_SRVKEY, O_SECKEY,
 		O_LOGPROBS
 	};
@@ -335,13 +328,8 @@ int cmd_client(int argc, char **argv)
 		{ "json", no_argument, NULL, O_JSON },
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
-		{ "max-tokens", required_argument, NULL, O_MAX },
-		CLI_OPT_TEMPERATURE,
-		CLI_OPT_TOP_K,
-		CLI_OPT_TOP_P,
-		CLI_OPT_SEED,
+		CLI_OPTS_GENERATION,
 		{ "kv", required_argument, NULL, O_KV },
-		{ "stop", required_argument, NULL, O_STOP },
 		{ "no-stream", no_argument, NULL, O_NOSTREAM },
 		{ "logprobs", required_argument, NULL, O_LOGPROBS },
 		{ "deadline-ms", required_argument, NULL, O_DEADLINE },
@@ -352,18 +340,16 @@ int cmd_client(int argc, char **argv)
 		{ "info", no_argument, NULL, O_INFO },
 		{ "server-key", required_argument, NULL, O_SRVKEY },
 		{ "secret-key", required_argument, NULL, O_SECKEY },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_END,
 	};
 	char *prompt __attribute__((cleanup(free_str))) = NULL;
 	const char *router = getenv("BD_ROUTER"), *system_msg = NULL, *bad;
-	const char *stops[BD_CLIENT_MAX_STOPS];
 	struct bd_client_gen g = { .stream = true, .chat = true };
 	struct bd_client_msg msgs[2];
 	bool json = false, stats = false, health = false, info = false, done = false;
-	int max_tokens = 256, deadline_ms = 0, timeout_ms = 30000, wait_s = 0, logprobs = -1;
+	struct cli_gen_opts gen;
+	int deadline_ms = 0, timeout_ms = 30000, wait_s = 0, logprobs = -1;
 	const struct cli_int_opt ints[] = {
-		{ O_MAX, 1, INT_MAX, &max_tokens, "--max-tokens wants an integer >= 1, not '%s'" },
 		{ O_DEADLINE, 1, INT_MAX, &deadline_ms,
 		  "--deadline-ms wants an integer >= 1, not '%s'" },
 		{ O_TIMEOUT, 1, INT_MAX, &timeout_ms,
@@ -383,16 +369,18 @@ int cmd_client(int argc, char **argv)
 	size_t n_tokens = 0;
 	int opt, k, e, rc = 1;
 
-	g.sampling = bd_sampler_params_greedy();
+	cli_gen_init(&gen, &g.sampling, BD_CLIENT_MAX_STOPS);
 	if (!router || !*router)
 		router = BD_CLIENT_DEFAULT_ENDPOINT;
 	optind = 0;
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), opt, optarg, &bad)) < 0)
-			return bad_usage(bad, optarg);
-		if (k > 0)
+			return cli_bad_usage("client", usage, bad, optarg);
+		if (k > 0 || (k = cli_gen_opt("client", usage, opt, optarg, &gen)) == 1)
 			continue;
+		if (k == 2)
+			return 2;
 		switch (opt) {
 		case O_ROUTER:
 			router = optarg;
@@ -406,22 +394,8 @@ int cmd_client(int argc, char **argv)
 		case O_SYSTEM:
 			system_msg = optarg;
 			break;
-		case CLI_O_TEMP:
-		case CLI_O_TOPK:
-		case CLI_O_TOPP:
-		case CLI_O_SEED:
-			if ((bad = cli_sampling_opt(opt, optarg, &g.sampling)))
-				return bad_usage(bad, optarg);
-			break;
 		case O_KV:
 			g.kv_config = optarg;
-			break;
-		case O_STOP:
-			if (g.n_stops == BD_CLIENT_MAX_STOPS)
-				return bad_usage("too many --stop strings%s", "");
-			if (!*optarg)
-				return bad_usage("--stop wants a non-empty string%s", "");
-			stops[g.n_stops++] = optarg;
 			break;
 		case O_NOSTREAM:
 			g.stream = false;
@@ -445,15 +419,16 @@ int cmd_client(int argc, char **argv)
 			return cli_getopt_other("client", usage, opt, argv);
 		}
 	}
-	if (!health && !info && optind != argc - 1)
-		return bad_usage(optind >= argc ? "no PROMPT given%s"
-						: "one PROMPT only (quote it)%s", "");
+	if (!health && !info && (bad = cli_prompt_bad(argc - optind)))
+		return cli_bad_usage("client", usage, bad, "");
 	if ((health || info) && optind != argc)
-		return bad_usage("--health and --info take no PROMPT%s", "");
+		return cli_bad_usage("client", usage, "--health and --info take no PROMPT%s",
+				     "");
 	if (!health && !info && !(prompt = read_prompt(argv[optind])))
 		return 1;
-	g.stops = stops;
-	g.max_tokens = (uint32_t)max_tokens;
+	g.stops = gen.stops;
+	g.n_stops = (size_t)gen.n_stops;
+	g.max_tokens = (uint32_t)gen.max_tokens;
 	g.logprobs = logprobs >= 0;
 	g.top_logprobs = logprobs > 0 ? (uint32_t)logprobs : 0;
 	g.deadline_ms = (uint32_t)deadline_ms;

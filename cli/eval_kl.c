@@ -54,8 +54,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cblas.h>
-
 #include "quant/bd_calib.h"
 #include "model/bd_eval.h"
 #include "quant/bd_kvcfg.h"
@@ -69,13 +67,11 @@
 #define BASELINE "bitdecoding-nvfp4"
 
 struct opts {
-	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize */
+	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize, TEXT */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
-	int ctx, steps, trajectories, threads, qerr_every;
+	int steps, trajectories, qerr_every;
 	struct bd_sampler_params sp;
-	char **texts;
-	int n_texts;
 };
 
 /* One configuration's results on one trajectory. */
@@ -216,7 +212,7 @@ static int cfg_run_new(struct shared *sh, const struct bd_kvcfg *cfg, struct cfg
 		snprintf(err, BD_MODEL_ERR_MAX, "out of memory");
 		return -ENOMEM;
 	}
-	size_t n_pages = o->ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ctx / BD_PAGE_TOKENS) : 1;
+	size_t n_pages = o->ev.ctx / BD_PAGE_TOKENS > 0 ? (size_t)(o->ev.ctx / BD_PAGE_TOKENS) : 1;
 	if ((r = bd_layout_init(&lay, cfg->page_fmt, hp->n_layers, hp->n_kv_heads, hp->head_dim, 0,
 				n_pages)) < 0 ||
 	    (r = bd_kvmem_private_new(&lay, &cr->mem)) < 0) {
@@ -224,7 +220,7 @@ static int cfg_run_new(struct shared *sh, const struct bd_kvcfg *cfg, struct cfg
 			 strerror(-r));
 		return r;
 	}
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+	struct bd_seq_opts so = { .max_tokens = o->ev.ctx, .mu_k = sh->mu, .dp = &sh->dp,
 				  .mem = cr->mem, .hook = qhook, .hook_ctx = &cr->qh };
 	return bd_seq_new(sh->m, cfg, &so, &cr->s, err);
 }
@@ -254,7 +250,7 @@ static int run_reference(struct shared *sh, int t, char *err)
 		goto out;
 	}
 	rh.kraw = tr->kraw;
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp,
+	struct bd_seq_opts so = { .max_tokens = o->ev.ctx, .mu_k = sh->mu, .dp = &sh->dp,
 				  .hook = rawhook, .hook_ctx = &rh };
 	if ((r = bd_sampler_new(&sp, sh->V, &smp)) < 0) {
 		snprintf(err, BD_MODEL_ERR_MAX, "bad sampling parameters");
@@ -634,94 +630,89 @@ static int report(const struct opts *o, const struct result *res, int T)
 
 /* --summarize: the report of the trajectories of a --log file on which every configuration of
  * the list finished (a run cut short, or runs split over several invocations). */
-static int summarize(const struct opts *o, const char *path)
+struct summary {
+	const struct opts *o;
+	const char *path;
+	struct result *res;   /* [n_traj][n_cfg] */
+	unsigned char *have;  /* [n_traj][n_cfg] */
+	int n_traj;
+};
+
+static int summary_record(void *ctx, json_t *j, int lineno)
 {
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot read %s: %s\n", path, strerror(errno));
+	struct summary *S = ctx;
+	const struct opts *o = S->o;
+	json_t *jt = json_object_get(j, "traj"), *jc = json_object_get(j, "config");
+	if (!j || !json_is_integer(jt) || !json_is_string(jc)) {
+		fprintf(stderr, "bdfp4 eval-kl: %s:%d: not a run record\n", S->path, lineno);
 		return -1;
 	}
-	struct result *res = NULL;
-	unsigned char *have = NULL; /* [n_traj][n_cfg] */
-	int n_traj = 0, rc = -1, lineno = 0;
-	char *line = NULL;
-	size_t cap = 0;
-
-	while (getline(&line, &cap, f) > 0) {
-		json_error_t je;
-		lineno++;
-		json_t *j = json_loads(line, 0, &je);
-		json_t *jt = json_object_get(j, "traj"), *jc = json_object_get(j, "config");
-		if (!j || !json_is_integer(jt) || !json_is_string(jc)) {
-			fprintf(stderr, "bdfp4 eval-kl: %s:%d: not a run record\n", path, lineno);
-			json_decref(j);
-			goto out;
+	json_int_t t = json_integer_value(jt);
+	int ci = -1;
+	for (int i = 0; i < o->n_cfg; i++)
+		if (strcmp(o->cfg[i]->name, json_string_value(jc)) == 0)
+			ci = i;
+	if (ci < 0 || t < 0 || t >= (1 << 20)) /* a reference run, or not in the list */
+		return 0;
+	if (t >= S->n_traj) {
+		int n = (int)t + 1;
+		struct result *r2 = realloc(S->res, sizeof(*S->res) * (size_t)n * (size_t)o->n_cfg);
+		unsigned char *h2 = r2 ? realloc(S->have, (size_t)n * (size_t)o->n_cfg) : NULL;
+		if (r2)
+			S->res = r2;
+		if (!r2 || !h2) {
+			fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
+			return -1;
 		}
-		json_int_t t = json_integer_value(jt);
-		int ci = -1;
-		for (int i = 0; i < o->n_cfg; i++)
-			if (strcmp(o->cfg[i]->name, json_string_value(jc)) == 0)
-				ci = i;
-		if (ci < 0 || t < 0 || t >= (1 << 20)) { /* a reference run, or not in the list */
-			json_decref(j);
-			continue;
-		}
-		if (t >= n_traj) {
-			int n = (int)t + 1;
-			struct result *r2 = realloc(res, sizeof(*res) * (size_t)n * (size_t)o->n_cfg);
-			unsigned char *h2 = r2 ? realloc(have, (size_t)n * (size_t)o->n_cfg) : NULL;
-			if (r2)
-				res = r2;
-			if (!r2 || !h2) {
-				json_decref(j);
-				fprintf(stderr, "bdfp4 eval-kl: out of memory\n");
-				goto out;
-			}
-			have = h2;
-			memset(have + (size_t)n_traj * (size_t)o->n_cfg, 0,
-			       (size_t)(n - n_traj) * (size_t)o->n_cfg);
-			n_traj = n;
-		}
-		struct result *r = &res[(size_t)t * (size_t)o->n_cfg + (size_t)ci];
-		*r = (struct result){
-			.kl = json_number_value(json_object_get(j, "kl")),
-			.top1 = json_number_value(json_object_get(j, "top1_mismatch")),
-			.p_blocks = (uint64_t)json_integer_value(json_object_get(j, "p_blocks")),
-			.p_zero = (uint64_t)json_integer_value(json_object_get(j, "p_zero_blocks")),
-			.q = { .n = (uint64_t)json_integer_value(json_object_get(j, "qerr_pairs")),
-			       .key_term = json_number_value(json_object_get(j, "key_term")),
-			       .query_term = json_number_value(json_object_get(j, "query_term")),
-			       .cross_term = json_number_value(json_object_get(j, "cross_term")) },
-		};
-		have[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = 1;
-		json_decref(j);
+		S->have = h2;
+		memset(S->have + (size_t)S->n_traj * (size_t)o->n_cfg, 0,
+		       (size_t)(n - S->n_traj) * (size_t)o->n_cfg);
+		S->n_traj = n;
 	}
+	S->res[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = (struct result){
+		.kl = json_number_value(json_object_get(j, "kl")),
+		.top1 = json_number_value(json_object_get(j, "top1_mismatch")),
+		.p_blocks = (uint64_t)json_integer_value(json_object_get(j, "p_blocks")),
+		.p_zero = (uint64_t)json_integer_value(json_object_get(j, "p_zero_blocks")),
+		.q = { .n = (uint64_t)json_integer_value(json_object_get(j, "qerr_pairs")),
+		       .key_term = json_number_value(json_object_get(j, "key_term")),
+		       .query_term = json_number_value(json_object_get(j, "query_term")),
+		       .cross_term = json_number_value(json_object_get(j, "cross_term")) },
+	};
+	S->have[(size_t)t * (size_t)o->n_cfg + (size_t)ci] = 1;
+	return 0;
+}
+
+static int summarize(const struct opts *o, const char *path)
+{
+	struct summary S = { .o = o, .path = path };
+	int rc = -1;
+
+	if (cli_eval_read_log("eval-kl", path, summary_record, &S) < 0)
+		goto out;
 	/* keep the complete trajectories, in order */
 	int T = 0;
-	for (int t = 0; t < n_traj; t++) {
+	for (int t = 0; t < S.n_traj; t++) {
 		bool all = true;
 		for (int i = 0; i < o->n_cfg; i++)
-			all = all && have[(size_t)t * (size_t)o->n_cfg + (size_t)i];
+			all = all && S.have[(size_t)t * (size_t)o->n_cfg + (size_t)i];
 		if (!all)
 			continue;
-		memmove(res + (size_t)T * (size_t)o->n_cfg, res + (size_t)t * (size_t)o->n_cfg,
-			sizeof(*res) * (size_t)o->n_cfg);
+		memmove(S.res + (size_t)T * (size_t)o->n_cfg, S.res + (size_t)t * (size_t)o->n_cfg,
+			sizeof(*S.res) * (size_t)o->n_cfg);
 		T++;
 	}
 	fprintf(o->ev.json ? stderr : stdout,
 		"eval-kl summary of %s: %d trajectories on which all %d configurations ran (of %d "
 		"seen)\n",
-		path, T, o->n_cfg, n_traj);
-	if (T == 0) {
+		path, T, o->n_cfg, S.n_traj);
+	if (T == 0)
 		fprintf(stderr, "bdfp4 eval-kl: no complete trajectory in %s\n", path);
-		goto out;
-	}
-	rc = report(o, res, T);
+	else
+		rc = report(o, S.res, T);
 out:
-	free(line);
-	free(res);
-	free(have);
-	fclose(f);
+	free(S.res);
+	free(S.have);
 	return rc;
 }
 
@@ -729,13 +720,10 @@ out:
 
 static void usage(FILE *f)
 {
+	cli_eval_usage_head(f, "eval-kl",
+			    "Teacher-forced KL of KV cache configurations against BF16 KV on prompts cut from\n"
+			    "the TEXT files (NUMERICS.md section 10).\n");
 	fprintf(f,
-		"usage: bdfp4 eval-kl [OPTIONS] TEXT...\n       bdfp4 eval-kl [--kv LIST] [--json] --summarize LOG\n"
-		"\n"
-		"Teacher-forced KL of KV cache configurations against BF16 KV on prompts cut from\n"
-		"the TEXT files (NUMERICS.md section 10).\n"
-		"\n"
-		"  --model PATH        GGUF model (default: $BD_MODEL, else the embedded one)\n"
 		"  --kv LIST           comma-separated configurations (default: all of them);\n"
 		"                      NAME:norm=qmass for the quantized-mass normalization,\n"
 		"                      emu-* for the emulated K/V formats of bd_kvemul.h\n"
@@ -745,103 +733,57 @@ static void usage(FILE *f)
 		"  --trajectories T    prompts (default 16)\n"
 		"  --temperature T     reference sampler temperature, 0 = greedy (default 0)\n"
 		"  --seed S            reference sampler seed (trajectory t uses S + t; default 0)\n"
-		"  --calib FILE        calibration (default: MODEL.ctxN.calib next to the model if\n"
-		"                      present and matching)\n"
-		"  --no-calib          μ_k = 0 and τ = 21/1024\n"
-		"  --qerr-every N      logit error split every N decode steps (default 16)\n"
-		"  --threads N         runs at once (default: the CPUs online)\n"
-		"  --log FILE          append one JSON line per finished run\n"
-		"  --json              JSON to stdout (the table goes to stderr)\n"
-		"  --summarize LOG     no runs: the report of the trajectories of a --log file\n"
-		"                      on which every configuration of --kv finished\n"
-		"  -h, --help          this text\n",
+		"  --qerr-every N      logit error split every N decode steps (default 16)\n",
 		CLI_DEFAULT_CTX);
-}
-
-static int bad_usage(const char *msg, const char *arg)
-{
-	return cli_bad_usage("eval-kl", usage, msg, arg);
+	cli_eval_usage_tail(f, "run",
+			    "the trajectories of a --log file\n"
+			    "                      on which every configuration of --kv finished");
 }
 
 int cmd_eval_kl(int argc, char **argv)
 {
 	enum {
-		O_CTX = 256, O_STEPS, O_TRAJ, O_QERR
+		O_STEPS = 256, O_TRAJ, O_QERR
 	};
 	static const struct option lopts[] = {
 		CLI_OPTS_EVAL,
-		{ "ctx", required_argument, NULL, O_CTX },
 		{ "steps", required_argument, NULL, O_STEPS },
 		{ "trajectories", required_argument, NULL, O_TRAJ },
 		CLI_OPT_TEMPERATURE,
 		CLI_OPT_SEED,
 		{ "qerr-every", required_argument, NULL, O_QERR },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_NULL,
 	};
-	struct opts o = { .ctx = CLI_DEFAULT_CTX, .steps = 64, .trajectories = 16,
+	struct opts o = { .steps = 64, .trajectories = 16,
 			  .qerr_every = 16, .sp = bd_sampler_params_greedy() };
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cli_int_opt ints[] = {
-		{ O_CTX, 2, INT_MAX, &o.ctx, "--ctx wants an integer ≥ 2, not '%s'" },
 		{ O_STEPS, 1, INT_MAX, &o.steps, "--steps wants an integer ≥ 1, not '%s'" },
 		{ O_TRAJ, 1, 1 << 20, &o.trajectories,
 		  "--trajectories wants an integer ≥ 1, not '%s'" },
 		{ O_QERR, 1, INT_MAX, &o.qerr_every,
 		  "--qerr-every wants an integer ≥ 1, not '%s'" },
-		{ CLI_O_THREADS, 1, 1024, &o.threads,
-		  "--threads wants an integer in 1..1024, not '%s'" },
 	};
-	const char *bad;
-	int c, k;
+	int k;
 
-	o.threads = ncpu > 0 ? (int)ncpu : 1;
+	cli_eval_init(&o.ev, 2);
 	for (int i = 0; i < BD_KVCFG_COUNT; i++)
 		o.cfg[o.n_cfg++] = bd_kvcfg_get(i);
-	optind = 0;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
-		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), c, optarg, &bad)) < 0)
-			return bad_usage(bad, optarg);
-		if (k > 0 || cli_eval_opt(c, optarg, &o.ev))
-			continue;
-		switch (c) {
-		case CLI_O_KV:
-			if (cli_parse_kv_list("eval-kl", optarg, o.cfg, &o.n_cfg) < 0)
-				return bad_usage("--kv wants a comma-separated list of "
-						 "configurations, not '%s'",
-						 optarg);
-			break;
-		case CLI_O_TEMP:
-		case CLI_O_SEED:
-			if ((bad = cli_sampling_opt(c, optarg, &o.sp)))
-				return bad_usage(bad, optarg);
-			break;
-		default:
-			return cli_getopt_other("eval-kl", usage, c, argv);
-		}
-	}
+	if ((k = cli_eval_parse("eval-kl", usage, lopts, ints, sizeof(ints) / sizeof(ints[0]), argc,
+				argv, &o.ev, o.cfg, &o.n_cfg, &o.sp)) >= 0)
+		return k;
 	if (o.ev.summary)
-		return optind == argc ? (summarize(&o, o.ev.summary) < 0 ? 1 : 0)
-				      : bad_usage("--summarize takes no TEXT%s", "");
-	if (optind >= argc)
-		return bad_usage("no TEXT file given%s", "");
-	if (o.ev.calib && o.ev.no_calib)
-		return bad_usage("--calib and --no-calib exclude each other%s", "");
-	if (o.steps >= o.ctx)
-		return bad_usage("--steps must be below --ctx%s", "");
-	o.texts = argv + optind;
-	o.n_texts = argc - optind;
+		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
+	if (o.steps >= o.ev.ctx)
+		return cli_bad_usage("eval-kl", usage, "--steps must be below --ctx%s", "");
 
 	int rc = 1;
 	struct cli_eval_input in = { 0 };
 	struct shared sh = { .o = &o };
-	pthread_t *th = NULL;
 	double t_start = bd_now_s();
 
 	pthread_mutex_init(&sh.lock, NULL);
 	pthread_cond_init(&sh.cv, NULL);
-	if (cli_eval_load("eval-kl", o.ev.model, o.ev.calib, o.ev.no_calib, o.ctx, o.texts, o.n_texts,
-			  &in) < 0)
+	if (cli_eval_load("eval-kl", &o.ev, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_calib *cal = in.cal;
@@ -849,31 +791,26 @@ int cmd_eval_kl(int argc, char **argv)
 	const char *model_path = in.model_path;
 	size_t n_stream = in.n_stream;
 	const int32_t *stream = in.stream;
-	sh.P = o.ctx - o.steps + 1;
+	sh.P = o.ev.ctx - o.steps + 1;
 	sh.V = hp->n_vocab;
 	int T = o.trajectories;
 	if (n_stream < (size_t)sh.P) {
 		fprintf(stderr,
 			"bdfp4 eval-kl: the texts hold %zu tokens; a prompt needs %d (--ctx %d, "
 			"--steps %d): give more text\n",
-			n_stream, sh.P, o.ctx, o.steps);
+			n_stream, sh.P, o.ev.ctx, o.steps);
 		goto out;
 	}
 	double stride = T > 1 ? (double)(n_stream - (size_t)sh.P) / (double)(T - 1) : 0.0;
 
 	sh.m = m;
 	sh.mu = cal ? cal->mu_k : NULL;
-	sh.dp = bd_decode_params_default();
-	if (cal) {
-		sh.dp.tau = cal->tau;
-		sh.dp.c = cal->c;
-	}
+	cli_eval_decode_params(cal, &sh.dp);
 	sh.n_items = T * (o.n_cfg + 1);
 	sh.tr = calloc((size_t)T, sizeof(*sh.tr));
 	sh.res = calloc((size_t)T * (size_t)o.n_cfg, sizeof(*sh.res));
 	sh.state = calloc((size_t)sh.n_items, sizeof(*sh.state));
-	th = calloc((size_t)o.threads, sizeof(*th));
-	if (!sh.tr || !sh.res || !sh.state || !th)
+	if (!sh.tr || !sh.res || !sh.state)
 		goto oom;
 	for (int t = 0; t < T; t++) {
 		sh.tr[t].prompt = stream + (size_t)floor(stride * t);
@@ -885,47 +822,26 @@ int cmd_eval_kl(int argc, char **argv)
 	}
 
 	FILE *info = o.ev.json ? stderr : stdout;
-	char hex[65] = "";
-	if (cal)
-		bd_sha256_hex(cal->model_sha256, hex);
 	fprintf(info, "eval-kl: %s, ctx %d (prompt %d tokens + %d decoded), %d steps compared per "
 		      "trajectory, %d trajectories\n",
-		model_path, o.ctx, sh.P, o.steps - 1, o.steps, T);
+		model_path, o.ev.ctx, sh.P, o.steps - 1, o.steps, T);
 	if (o.sp.temperature == 0.0f || o.sp.top_k == 1)
 		fprintf(info, "reference: bf16 KV, greedy\n");
 	else
 		fprintf(info, "reference: bf16 KV, sampled at temperature %g, seed %" PRIu64 " + t\n",
 			(double)o.sp.temperature, o.sp.seed);
-	if (cal)
-		fprintf(info, "calibration: context %d, tau = %.6g (grid index %d), model sha256 %.16s…\n",
-			cal->n_ctx, (double)cal->tau, cal->tau_index, hex);
-	else
-		fprintf(info, "calibration: none (mu_k = 0, tau = 21/1024)\n");
-	fprintf(info, "texts: %zu tokens from", n_stream);
-	for (int i = 0; i < o.n_texts; i++)
-		fprintf(info, " %s", o.texts[i]);
+	cli_eval_print_inputs(info, &in, &o.ev);
 	fprintf(info, "; windows every %.0f tokens%s\n", stride,
 		T > 1 && stride < sh.P ? " (they overlap: give more text for disjoint prompts)" : "");
 	fflush(info);
 
-	if (o.ev.log && !(sh.log = fopen(o.ev.log, "a"))) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot open %s: %s\n", o.ev.log, strerror(errno));
+	if (cli_eval_open_log("eval-kl", o.ev.log, &sh.log) < 0)
 		goto out;
-	}
-	if (o.threads > 1)
-		openblas_set_num_threads(1);
 	sh.tty = isatty(STDERR_FILENO);
 	sh.t0 = bd_now_s();
-	int n_th = 0;
-	for (; n_th < o.threads; n_th++)
-		if (pthread_create(&th[n_th], NULL, worker, &sh) != 0)
-			break;
-	if (n_th == 0) {
-		fprintf(stderr, "bdfp4 eval-kl: cannot start a thread\n");
+	int n_th = cli_eval_threads("eval-kl", o.ev.threads, worker, &sh);
+	if (n_th < 0)
 		goto out;
-	}
-	for (int i = 0; i < n_th; i++)
-		pthread_join(th[i], NULL);
 	if (sh.tty)
 		fputc('\n', stderr);
 	if (sh.err) {
@@ -952,7 +868,6 @@ out:
 	free(sh.tr);
 	free(sh.res);
 	free(sh.state);
-	free(th);
 	cli_eval_input_free(&in);
 	pthread_mutex_destroy(&sh.lock);
 	pthread_cond_destroy(&sh.cv);

@@ -50,8 +50,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <cblas.h>
-
 #include "base/bd_rand.h"
 #include "quant/bd_calib.h"
 #include "model/bd_chat_template.h"
@@ -76,13 +74,11 @@ static const char QUESTION[] = "\n\nWhat is the pass key? Answer with the 5-digi
 static const char ANSWER_START[] = "The pass key is";
 
 struct opts {
-	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize */
+	struct cli_eval_common ev; /* --model, --calib, --no-calib, --log, --json, --summarize, TEXT */
 	const struct bd_kvcfg *cfg[BD_KVCFG_COUNT];
 	int n_cfg;
-	int ctx, depths, keys, max_new, tail, threads;
+	int depths, keys, max_new, tail;
 	uint64_t seed;
-	char **texts;
-	int n_texts;
 };
 
 /* One trial's outcome: the answers of the reference (index 0) and of each configuration. */
@@ -253,7 +249,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 {
 	const struct opts *o = sh->o;
 	struct trial *tr = &sh->tr[t];
-	int n_seq = o->n_cfg + 1, budget = o->ctx - o->max_new, r;
+	int n_seq = o->n_cfg + 1, budget = o->ev.ctx - o->max_new, r;
 	struct bd_seq **seqs = calloc((size_t)n_seq, sizeof(*seqs));
 	float *logits = malloc(sizeof(float) * (size_t)sh->m->hp.n_vocab);
 	int32_t *ids = NULL;
@@ -272,7 +268,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 	int H = budget > 384 ? budget - 192 : budget / 2;
 	for (int tries = 0;; tries++) {
 		if (H < 1 || (size_t)H > sh->n_stream) {
-			snprintf(err, BD_MODEL_ERR_MAX, "no haystack fits a context of %d", o->ctx);
+			snprintf(err, BD_MODEL_ERR_MAX, "no haystack fits a context of %d", o->ev.ctx);
 			r = -EINVAL;
 			goto out;
 		}
@@ -291,7 +287,7 @@ static int run_trial(struct shared *sh, int t, char *err)
 	}
 	tr->n_prompt = (int)n;
 
-	struct bd_seq_opts so = { .max_tokens = o->ctx, .mu_k = sh->mu, .dp = &sh->dp };
+	struct bd_seq_opts so = { .max_tokens = o->ev.ctx, .mu_k = sh->mu, .dp = &sh->dp };
 	for (int i = 0; i < n_seq; i++)
 		if ((r = bd_seq_new(sh->m, i == 0 ? bd_kvcfg_find("bf16") : o->cfg[i - 1], &so,
 				    &seqs[i], err)) < 0)
@@ -338,7 +334,7 @@ static void log_trial(struct shared *sh, int t)
 	for (int i = 0; i < sh->o->n_cfg; i++)
 		json_object_set_new(a, sh->o->cfg[i]->name, json_string(tr->ans[1 + i]));
 	json_object_set_new(j, "trial", json_integer(t));
-	json_object_set_new(j, "ctx", json_integer(sh->o->ctx));
+	json_object_set_new(j, "ctx", json_integer(sh->o->ev.ctx));
 	json_object_set_new(j, "depth", json_integer(tr->depth));
 	json_object_set_new(j, "depths", json_integer(sh->o->depths));
 	json_object_set_new(j, "key", json_string(tr->key));
@@ -452,76 +448,82 @@ static int report(const struct opts *o, const char *const *names, int n_rows,
 
 /* --summarize: the trials of a --log file of one context (the first record's), for the
  * configurations of --kv that every counted record answers. */
-static int summarize(const struct opts *o, const char *path)
+struct summary {
+	const struct opts *o;
+	const char *path;
+	const char *const *names; /* [1 + n_cfg] */
+	struct trial *tr;         /* [T] of cap */
+	int T, cap, ctx, depths;
+};
+
+static int summary_record(void *ctx, json_t *j, int lineno)
 {
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		fprintf(stderr, "bdfp4 " TOOL ": cannot read %s: %s\n", path, strerror(errno));
+	struct summary *S = ctx;
+	const struct opts *o = S->o;
+	json_t *a = json_object_get(j, "answers"), *jk = json_object_get(j, "key");
+	if (!j || !json_is_object(a) || !json_is_string(jk) ||
+	    !json_is_integer(json_object_get(j, "ctx")) ||
+	    !json_is_integer(json_object_get(j, "depth"))) {
+		fprintf(stderr, "bdfp4 " TOOL ": %s:%d: not a trial record\n", S->path, lineno);
 		return -1;
 	}
-	const char *names[1 + BD_KVCFG_COUNT] = { REF_NAME };
+	int c = (int)json_integer_value(json_object_get(j, "ctx"));
+	int dd = (int)json_integer_value(json_object_get(j, "depths"));
+	if (S->ctx < 0) {
+		S->ctx = c;
+		S->depths = dd;
+	}
+	bool all = c == S->ctx && dd == S->depths;
+	for (int i = 0; i < 1 + o->n_cfg && all; i++)
+		all = json_is_string(json_object_get(a, S->names[i]));
+	if (!all)
+		return 0;
+	if (S->T == S->cap) {
+		int cap = S->cap ? 2 * S->cap : 128;
+		struct trial *t2 = realloc(S->tr, sizeof(*S->tr) * (size_t)cap);
+		if (!t2) {
+			fprintf(stderr, "bdfp4 " TOOL ": out of memory\n");
+			return -1;
+		}
+		S->tr = t2;
+		S->cap = cap;
+	}
+	struct trial *x = &S->tr[S->T++];
+	memset(x, 0, sizeof(*x));
+	x->done = true;
+	x->depth = (int)json_integer_value(json_object_get(j, "depth"));
+	snprintf(x->key, sizeof(x->key), "%s", json_string_value(jk));
+	for (int i = 0; i < 1 + o->n_cfg; i++)
+		snprintf(x->ans[i], ANSWER_MAX, "%s",
+			 json_string_value(json_object_get(a, S->names[i])));
+	return 0;
+}
+
+/* The report's rows: the reference, then the configurations of --kv. */
+static void row_names(const struct opts *o, const char *names[1 + BD_KVCFG_COUNT])
+{
+	names[0] = REF_NAME;
 	for (int i = 0; i < o->n_cfg; i++)
 		names[1 + i] = o->cfg[i]->name;
-	struct trial *tr = NULL;
-	int T = 0, cap = 0, rc = -1, lineno = 0, ctx = -1, depths = -1;
-	char *line = NULL;
-	size_t lcap = 0;
+}
 
-	while (getline(&line, &lcap, f) > 0) {
-		json_error_t je;
-		lineno++;
-		json_t *j = json_loads(line, 0, &je), *a = json_object_get(j, "answers");
-		json_t *jk = json_object_get(j, "key");
-		if (!j || !json_is_object(a) || !json_is_string(jk) ||
-		    !json_is_integer(json_object_get(j, "ctx")) ||
-		    !json_is_integer(json_object_get(j, "depth"))) {
-			fprintf(stderr, "bdfp4 " TOOL ": %s:%d: not a trial record\n", path, lineno);
-			json_decref(j);
-			goto out;
-		}
-		int c = (int)json_integer_value(json_object_get(j, "ctx"));
-		int dd = (int)json_integer_value(json_object_get(j, "depths"));
-		if (ctx < 0) {
-			ctx = c;
-			depths = dd;
-		}
-		bool all = c == ctx && dd == depths;
-		for (int i = 0; i < 1 + o->n_cfg && all; i++)
-			all = json_is_string(json_object_get(a, names[i]));
-		if (!all) {
-			json_decref(j);
-			continue;
-		}
-		if (T == cap) {
-			cap = cap ? 2 * cap : 128;
-			struct trial *t2 = realloc(tr, sizeof(*tr) * (size_t)cap);
-			if (!t2) {
-				json_decref(j);
-				fprintf(stderr, "bdfp4 " TOOL ": out of memory\n");
-				goto out;
-			}
-			tr = t2;
-		}
-		struct trial *x = &tr[T++];
-		memset(x, 0, sizeof(*x));
-		x->done = true;
-		x->depth = (int)json_integer_value(json_object_get(j, "depth"));
-		snprintf(x->key, sizeof(x->key), "%s", json_string_value(jk));
-		for (int i = 0; i < 1 + o->n_cfg; i++)
-			snprintf(x->ans[i], ANSWER_MAX, "%s",
-				 json_string_value(json_object_get(a, names[i])));
-		json_decref(j);
+static int summarize(const struct opts *o, const char *path)
+{
+	const char *names[1 + BD_KVCFG_COUNT];
+	struct summary S = { .o = o, .path = path, .names = names, .ctx = -1, .depths = -1 };
+	int rc = -1;
+
+	row_names(o, names);
+	if (cli_eval_read_log(TOOL, path, summary_record, &S) == 0) {
+		fprintf(o->ev.json ? stderr : stdout, TOOL " summary of %s: context %d, %d trials\n",
+			path, S.ctx, S.T);
+		if (S.T > 0 && S.depths > 0 && S.depths <= MAX_DEPTHS)
+			rc = report(o, names, 1 + o->n_cfg, S.tr, S.T, S.depths);
+		else
+			fprintf(stderr, "bdfp4 " TOOL ": no trial of every configuration in %s\n",
+				path);
 	}
-	fprintf(o->ev.json ? stderr : stdout, TOOL " summary of %s: context %d, %d trials\n", path,
-		ctx, T);
-	if (T > 0 && depths > 0 && depths <= MAX_DEPTHS)
-		rc = report(o, names, 1 + o->n_cfg, tr, T, depths);
-	else
-		fprintf(stderr, "bdfp4 " TOOL ": no trial of every configuration in %s\n", path);
-out:
-	free(line);
-	free(tr);
-	fclose(f);
+	free(S.tr);
 	return rc;
 }
 
@@ -529,115 +531,68 @@ out:
 
 static void usage(FILE *f)
 {
+	cli_eval_usage_head(f, TOOL,
+			    "Passkey retrieval: a 5-digit key hidden at one of --depths depths of a haystack cut\n"
+			    "from the TEXT files, asked for through the chat template, answered greedily with\n"
+			    "each KV configuration; accuracy with its 95% Wilson interval.\n");
 	fprintf(f,
-		"usage: bdfp4 " TOOL " [OPTIONS] TEXT...\n"
-		"       bdfp4 " TOOL " [--kv LIST] [--json] --summarize LOG\n"
-		"\n"
-		"Passkey retrieval: a 5-digit key hidden at one of --depths depths of a haystack cut\n"
-		"from the TEXT files, asked for through the chat template, answered greedily with\n"
-		"each KV configuration; accuracy with its 95%% Wilson interval.\n"
-		"\n"
-		"  --model PATH     GGUF model (default: $BD_MODEL, else the embedded one)\n"
-		"  --kv LIST        comma-separated configurations (default %s)\n"
-		"  --ctx N          context: prompt + answer (default %d)\n"
-		"  --depths N       needle depths, evenly from start to end (default 10)\n"
-		"  --keys N         trials per depth (default 10)\n"
-		"  --max-new N      answer tokens at most (default 8)\n"
-		"  --tail N         last prompt tokens decoded through each cache (default 8)\n"
-		"  --seed S         the keys' seed (default 0)\n"
-		"  --calib FILE     calibration (default: MODEL.ctxN.calib next to the model if\n"
-		"                   present and matching)\n"
-		"  --no-calib       mu_k = 0 and tau = 21/1024\n"
-		"  --threads N      trials at once (default: the CPUs online)\n"
-		"  --log FILE       append one JSON line per finished trial\n"
-		"  --json           JSON to stdout (the table goes to stderr)\n"
-		"  --summarize LOG  no runs: the report of a --log file's trials\n"
-		"  -h, --help       this text\n",
+		"  --kv LIST           comma-separated configurations (default %s)\n"
+		"  --ctx N             context: prompt + answer (default %d)\n"
+		"  --depths N          needle depths, evenly from start to end (default 10)\n"
+		"  --keys N            trials per depth (default 10)\n"
+		"  --max-new N         answer tokens at most (default 8)\n"
+		"  --tail N            last prompt tokens decoded through each cache (default 8)\n"
+		"  --seed S            the keys' seed (default 0)\n",
 		DEFAULT_KV, CLI_DEFAULT_CTX);
-}
-
-static int bad_usage(const char *msg, const char *arg)
-{
-	return cli_bad_usage(TOOL, usage, msg, arg);
+	cli_eval_usage_tail(f, "trial", "a --log file's trials");
 }
 
 int cmd_eval_passkey(int argc, char **argv)
 {
 	enum {
-		O_CTX = 256, O_DEPTHS, O_KEYS, O_MAXNEW, O_TAIL
+		O_DEPTHS = 256, O_KEYS, O_MAXNEW, O_TAIL
 	};
 	static const struct option lopts[] = {
 		CLI_OPTS_EVAL,
-		{ "ctx", required_argument, NULL, O_CTX },
 		{ "depths", required_argument, NULL, O_DEPTHS },
 		{ "keys", required_argument, NULL, O_KEYS },
 		{ "max-new", required_argument, NULL, O_MAXNEW },
 		{ "tail", required_argument, NULL, O_TAIL },
 		CLI_OPT_SEED,
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_NULL,
 	};
-	struct opts o = { .ctx = CLI_DEFAULT_CTX, .depths = 10, .keys = 10, .max_new = 8,
+	struct opts o = { .depths = 10, .keys = 10, .max_new = 8,
 			  .tail = 8 };
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cli_int_opt ints[] = {
-		{ O_CTX, 64, INT_MAX, &o.ctx, "--ctx wants an integer ≥ 64, not '%s'" },
 		{ O_DEPTHS, 1, MAX_DEPTHS, &o.depths, "--depths wants an integer in 1..64, not '%s'" },
 		{ O_KEYS, 1, 1 << 16, &o.keys, "--keys wants an integer ≥ 1, not '%s'" },
 		{ O_MAXNEW, 1, 256, &o.max_new, "--max-new wants an integer in 1..256, not '%s'" },
 		{ O_TAIL, 1, 4096, &o.tail, "--tail wants an integer in 1..4096, not '%s'" },
-		{ CLI_O_THREADS, 1, 1024, &o.threads, "--threads wants an integer in 1..1024, not '%s'" },
 	};
 	struct bd_sampler_params sp = bd_sampler_params_greedy();
-	const char *bad;
-	int c, k;
+	int k;
 
-	o.threads = ncpu > 0 ? (int)ncpu : 1;
+	cli_eval_init(&o.ev, 64);
 	if (cli_parse_kv_list(TOOL, DEFAULT_KV, o.cfg, &o.n_cfg) < 0)
 		return 1;
-	optind = 0;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
-		if ((k = cli_int_opt(ints, sizeof(ints) / sizeof(ints[0]), c, optarg, &bad)) < 0)
-			return bad_usage(bad, optarg);
-		if (k > 0 || cli_eval_opt(c, optarg, &o.ev))
-			continue;
-		switch (c) {
-		case CLI_O_KV:
-			if (cli_parse_kv_list(TOOL, optarg, o.cfg, &o.n_cfg) < 0)
-				return bad_usage("--kv wants a comma-separated list of "
-						 "configurations, not '%s'",
-						 optarg);
-			break;
-		case CLI_O_SEED:
-			if ((bad = cli_sampling_opt(c, optarg, &sp)))
-				return bad_usage(bad, optarg);
-			o.seed = sp.seed;
-			break;
-		default:
-			return cli_getopt_other(TOOL, usage, c, argv);
-		}
-	}
+	if ((k = cli_eval_parse(TOOL, usage, lopts, ints, sizeof(ints) / sizeof(ints[0]), argc, argv,
+				&o.ev, o.cfg, &o.n_cfg, &sp)) >= 0)
+		return k;
+	o.seed = sp.seed;
 	if (o.ev.summary)
-		return optind == argc ? (summarize(&o, o.ev.summary) < 0 ? 1 : 0)
-				      : bad_usage("--summarize takes no TEXT%s", "");
-	if (optind >= argc)
-		return bad_usage("no TEXT file given%s", "");
-	if (o.ev.calib && o.ev.no_calib)
-		return bad_usage("--calib and --no-calib exclude each other%s", "");
-	if (o.tail + o.max_new + 64 > o.ctx)
-		return bad_usage("--ctx is too small for --tail and --max-new%s", "");
-	o.texts = argv + optind;
-	o.n_texts = argc - optind;
+		return summarize(&o, o.ev.summary) < 0 ? 1 : 0;
+	if (o.tail + o.max_new + 64 > o.ev.ctx)
+		return cli_bad_usage(TOOL, usage, "--ctx is too small for --tail and --max-new%s",
+				     "");
 
 	int rc = 1;
 	struct cli_eval_input in = { 0 };
 	struct shared sh = { .o = &o };
-	pthread_t *th = NULL;
 	double t_start = bd_now_s();
 	char terr[BD_TOKENIZER_ERR_MAX];
 
 	pthread_mutex_init(&sh.lock, NULL);
-	if (cli_eval_load(TOOL, o.ev.model, o.ev.calib, o.ev.no_calib, o.ctx, o.texts, o.n_texts, &in) < 0)
+	if (cli_eval_load(TOOL, &o.ev, &in) < 0)
 		goto out;
 	const struct bd_model *m = in.m;
 	const struct bd_tokenizer *tok = in.tok;
@@ -654,56 +609,33 @@ int cmd_eval_passkey(int argc, char **argv)
 	sh.tok = tok;
 	sh.stream = in.stream;
 	sh.mu = cal ? cal->mu_k : NULL;
-	sh.dp = bd_decode_params_default();
-	if (cal) {
-		sh.dp.tau = cal->tau;
-		sh.dp.c = cal->c;
-	}
+	cli_eval_decode_params(cal, &sh.dp);
 	sh.T = o.depths * o.keys;
 	sh.tr = calloc((size_t)sh.T, sizeof(*sh.tr));
-	th = calloc((size_t)o.threads, sizeof(*th));
-	if (!sh.tr || !th)
+	if (!sh.tr)
 		goto oom;
 
 	FILE *info = o.ev.json ? stderr : stdout;
 	fprintf(info, TOOL ": %s, ctx %d, %d depths x %d keys = %d trials, greedy, answers of at "
 		      "most %d tokens, the last %d prompt tokens decoded\n",
-		model_path, o.ctx, o.depths, o.keys, sh.T, o.max_new, o.tail);
-	if (cal)
-		fprintf(info, "calibration: context %d, tau = %.6g\n", cal->n_ctx, (double)cal->tau);
-	else
-		fprintf(info, "calibration: none (mu_k = 0, tau = 21/1024)\n");
-	fprintf(info, "texts: %zu tokens from", sh.n_stream);
-	for (int i = 0; i < o.n_texts; i++)
-		fprintf(info, " %s", o.texts[i]);
+		model_path, o.ev.ctx, o.depths, o.keys, sh.T, o.max_new, o.tail);
+	cli_eval_print_inputs(info, &in, &o.ev);
 	fputc('\n', info);
 	fflush(info);
 
-	if (o.ev.log && !(sh.log = fopen(o.ev.log, "a"))) {
-		fprintf(stderr, "bdfp4 " TOOL ": cannot open %s: %s\n", o.ev.log, strerror(errno));
+	if (cli_eval_open_log(TOOL, o.ev.log, &sh.log) < 0)
 		goto out;
-	}
-	if (o.threads > 1)
-		openblas_set_num_threads(1);
 	sh.t0 = bd_now_s();
-	int n_th = 0;
-	for (; n_th < o.threads && n_th < sh.T; n_th++)
-		if (pthread_create(&th[n_th], NULL, worker, &sh) != 0)
-			break;
-	if (n_th == 0) {
-		fprintf(stderr, "bdfp4 " TOOL ": cannot start a thread\n");
+	int n_th = cli_eval_threads(TOOL, o.ev.threads < sh.T ? o.ev.threads : sh.T, worker, &sh);
+	if (n_th < 0)
 		goto out;
-	}
-	for (int i = 0; i < n_th; i++)
-		pthread_join(th[i], NULL);
 	if (sh.err) {
 		fprintf(stderr, "bdfp4 " TOOL ": %s\n", sh.errmsg);
 		goto out;
 	}
 	fprintf(info, "\nwall time %.0f s (%d threads)\n", bd_now_s() - t_start, n_th);
-	const char *names[1 + BD_KVCFG_COUNT] = { REF_NAME };
-	for (int i = 0; i < o.n_cfg; i++)
-		names[1 + i] = o.cfg[i]->name;
+	const char *names[1 + BD_KVCFG_COUNT];
+	row_names(&o, names);
 	if (report(&o, names, 1 + o.n_cfg, sh.tr, sh.T, o.depths) < 0)
 		goto out;
 	rc = 0;
@@ -715,7 +647,6 @@ out:
 		fclose(sh.log);
 	free(sh.tr);
 	free(sh.eog);
-	free(th);
 	cli_eval_input_free(&in);
 	pthread_mutex_destroy(&sh.lock);
 	return rc;

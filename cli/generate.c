@@ -19,7 +19,6 @@
 #include "cli.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define MAX_STOPS 16
 
 static void usage(FILE *f)
 {
@@ -35,27 +34,16 @@ static void usage(FILE *f)
 		"                     ");
 	for (int i = 0; i < BD_KVCFG_COUNT; i++)
 		fprintf(f, "%s%s", bd_kvcfg_get(i)->name, i + 1 < BD_KVCFG_COUNT ? " " : "\n");
+	cli_gen_usage(f, CLI_GEN_MAX_STOPS, "the same stream every run");
 	fprintf(f,
-		"  --max-tokens N     generate at most N tokens (default 256)\n"
-		"  --temperature T    sampling temperature, 0 = greedy (default 0)\n"
-		"  --top-k K          keep the K most likely tokens, 0 = all (default 0)\n"
-		"  --top-p P          keep the most likely tokens up to mass P in (0, 1]\n"
-		"                     (default 1)\n"
-		"  --seed S           PRNG seed (default 0)\n"
 		"  --chat             wrap PROMPT in the model's chat template as a user turn\n"
-		"  --stop STRING      stop before STRING appears (repeatable, up to %d)\n"
 		"  --calib FILE       calibration of μ_k and τ (`bdfp4 calibrate`; default: the\n"
 		"                     model's MODEL.ctx%d.calib of `make calib`, if present and\n"
 		"                     made for this model)\n"
 		"  --no-calib         μ_k = 0 and τ = 21/1024\n"
 		"  --stats            print prefill time, decode speed and peak memory to stderr\n"
 		"  -h, --help         this text\n",
-		MAX_STOPS, CLI_DEFAULT_CTX);
-}
-
-static int bad_usage(const char *fmt, const char *arg)
-{
-	return cli_bad_usage("generate", usage, fmt, arg);
+		CLI_DEFAULT_CTX);
 }
 
 static long peak_rss_kib(void)
@@ -84,7 +72,7 @@ struct stream {
 	size_t piece_cap;
 	char *text;       /* everything generated, for the stop strings */
 	size_t len, cap, shown;
-	const char *stops[MAX_STOPS];
+	const char *const *stops; /* [n_stops] */
 	int n_stops;
 	int err;
 	int n_tokens;
@@ -126,85 +114,64 @@ static int on_token(void *ctx, int32_t t)
 
 int cmd_generate(int argc, char **argv)
 {
-	enum { O_MODEL = 256, O_KV, O_MAX, O_CHAT, O_STOP, O_STATS, O_CALIB, O_NOCALIB };
+	enum { O_MODEL = 256, O_KV, O_CHAT, O_STATS };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, O_MODEL },
 		{ "kv", required_argument, NULL, O_KV },
-		{ "max-tokens", required_argument, NULL, O_MAX },
-		CLI_OPT_TEMPERATURE,
-		CLI_OPT_TOP_K,
-		CLI_OPT_TOP_P,
-		CLI_OPT_SEED,
+		CLI_OPTS_GENERATION,
 		{ "chat", no_argument, NULL, O_CHAT },
-		{ "stop", required_argument, NULL, O_STOP },
 		{ "stats", no_argument, NULL, O_STATS },
-		{ "calib", required_argument, NULL, O_CALIB },
-		{ "no-calib", no_argument, NULL, O_NOCALIB },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_CALIB,
+		CLI_OPTS_END,
 	};
 	const char *model_path = NULL, *kv = "bitdecoding-nvfp4", *calib_path = NULL, *bad;
-	struct bd_sampler_params sp = bd_sampler_params_greedy();
-	long max_tokens = 256, v;
+	struct bd_sampler_params sp;
+	struct cli_gen_opts gen;
 	bool chat = false, stats = false, no_calib = false;
 	struct stream s = { 0 };
-	int c;
+	int c, k;
 
+	cli_gen_init(&gen, &sp, CLI_GEN_MAX_STOPS);
 	optind = 0; /* glibc: full reinitialization, argv[0] is the subcommand */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		if ((k = cli_gen_opt("generate", usage, c, optarg, &gen)) == 2)
+			return 2;
+		if (k)
+			continue;
 		switch (c) {
 		case O_MODEL:
 			model_path = optarg;
 			break;
 		case O_KV:
 			if (!bd_kvcfg_find(optarg))
-				return bad_usage("unknown KV configuration '%s'", optarg);
+				return cli_bad_usage("generate", usage,
+						     "unknown KV configuration '%s'", optarg);
 			kv = optarg;
-			break;
-		case O_MAX:
-			if (!cli_parse_long(optarg, 1, INT_MAX, &v))
-				return bad_usage("--max-tokens wants an integer ≥ 1, not '%s'",
-						 optarg);
-			max_tokens = v;
-			break;
-		case CLI_O_TEMP:
-		case CLI_O_TOPK:
-		case CLI_O_TOPP:
-		case CLI_O_SEED:
-			if ((bad = cli_sampling_opt(c, optarg, &sp)))
-				return bad_usage(bad, optarg);
 			break;
 		case O_CHAT:
 			chat = true;
 			break;
-		case O_STOP:
-			if (s.n_stops == MAX_STOPS)
-				return bad_usage("too many --stop strings (the limit is 16)%s", "");
-			if (!optarg[0])
-				return bad_usage("--stop wants a non-empty string%s", "");
-			s.stops[s.n_stops++] = optarg;
-			break;
 		case O_STATS:
 			stats = true;
 			break;
-		case O_CALIB:
+		case CLI_O_CALIB:
 			calib_path = optarg;
 			break;
-		case O_NOCALIB:
+		case CLI_O_NOCALIB:
 			no_calib = true;
 			break;
 		default:
 			return cli_getopt_other("generate", usage, c, argv);
 		}
 	}
-	if (optind != argc - 1)
-		return bad_usage(optind >= argc ? "no PROMPT given%s"
-						: "one PROMPT only (quote it)%s", "");
+	if ((bad = cli_prompt_bad(argc - optind)))
+		return cli_bad_usage("generate", usage, bad, "");
 	const char *prompt = argv[optind];
 
 	if (calib_path && no_calib)
-		return bad_usage("--calib and --no-calib exclude each other%s", "");
+		return cli_bad_usage("generate", usage,
+				     "--calib and --no-calib exclude each other%s", "");
 	char pathbuf[PATH_MAX + 64];
 	cli_model_path(model_path, pathbuf, sizeof(pathbuf));
 	model_path = pathbuf;
@@ -256,14 +223,14 @@ int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "bdfp4 generate: the prompt is empty\n");
 		goto out;
 	}
-	if (n_ids > (size_t)m->hp.n_ctx_train || (long)n_ids + max_tokens > m->hp.n_ctx_train) {
-		fprintf(stderr, "bdfp4 generate: prompt (%zu tokens) + --max-tokens %ld exceed the "
+	if (n_ids > (size_t)m->hp.n_ctx_train || (long)n_ids + gen.max_tokens > m->hp.n_ctx_train) {
+		fprintf(stderr, "bdfp4 generate: prompt (%zu tokens) + --max-tokens %d exceed the "
 				"model's context of %d tokens\n",
-			n_ids, max_tokens, m->hp.n_ctx_train);
+			n_ids, gen.max_tokens, m->hp.n_ctx_train);
 		goto out;
 	}
 
-	out = malloc(sizeof(*out) * (size_t)max_tokens);
+	out = malloc(sizeof(*out) * (size_t)gen.max_tokens);
 	s.piece_cap = bd_tokenizer_stream_cap(tok);
 	s.piece = malloc(s.piece_cap);
 	if (cli_eog_ids(tok, &stop_ids, &n_stop) < 0 || !out || !s.piece) {
@@ -271,11 +238,13 @@ int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 	s.tok = tok;
+	s.stops = gen.stops;
+	s.n_stops = gen.n_stops;
 	bd_tokenizer_stream_init(&s.st, BD_TOK_SKIP_SPECIAL);
 
 	struct bd_gen_params gp = {
 		.kv = kv,
-		.max_tokens = (int)max_tokens,
+		.max_tokens = gen.max_tokens,
 		.sampling = &sp,
 		.stop_ids = stop_ids,
 		.n_stop_ids = n_stop,

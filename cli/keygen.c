@@ -26,8 +26,7 @@ static void usage(FILE *f)
 int cmd_keygen(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_END,
 	};
 	struct bd_zsec_keypair kp;
 	char err[512];

@@ -515,8 +515,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "json", no_argument, NULL, 'j' },     { "ctx", required_argument, NULL, 'n' },
 		{ "d", required_argument, NULL, 'd' },  { "group", required_argument, NULL, 'g' },
 		{ "trials", required_argument, NULL, 't' }, { "seed", required_argument, NULL, 's' },
-		{ "threads", required_argument, NULL, 'p' }, { "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		{ "threads", required_argument, NULL, 'p' }, CLI_OPTS_END,
 	};
 	int c;
 

@@ -267,8 +267,7 @@ int cmd_serve(int argc, char **argv)
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "bin", required_argument, NULL, O_BIN },
 		{ "run-dir", required_argument, NULL, O_RUN },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		CLI_OPTS_END,
 	};
 	const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *front = NULL;
 	const char *backend = "cpu", *kv = "bitdecoding-nvfp4", *seq = "8192", *slots = "16";

@@ -19,6 +19,7 @@ struct entry {
 	uint32_t len;
 };
 
+/* One allocation: the table, its entries, then their replies. */
 struct bd_kvpool_replay {
 	size_t n_clients, reply_max, n;
 	uint64_t clock, changes;
@@ -33,27 +34,20 @@ int bd_kvpool_replay_new(size_t n_clients, size_t reply_max, struct bd_kvpool_re
 	if (!ret || n_clients < 1 || n_clients > 4096 || reply_max < 1 ||
 	    reply_max > (64u << 20) / n_clients)
 		return -EINVAL;
-	r = calloc(1, sizeof(*r));
+	/* at most 64 MiB of replies and 4096 entries: no overflow */
+	r = calloc(1, sizeof(*r) + n_clients * sizeof(*r->e) + n_clients * reply_max);
 	if (!r)
 		return -ENOMEM;
 	r->n_clients = n_clients;
 	r->reply_max = reply_max;
-	r->e = calloc(n_clients, sizeof(*r->e));
-	r->replies = malloc(n_clients * reply_max);
-	if (!r->e || !r->replies) {
-		bd_kvpool_replay_free(r);
-		return -ENOMEM;
-	}
+	r->e = (struct entry *)(r + 1);
+	r->replies = (uint8_t *)(r->e + n_clients);
 	*ret = r;
 	return 0;
 }
 
 void bd_kvpool_replay_free(struct bd_kvpool_replay *r)
 {
-	if (!r)
-		return;
-	free(r->e);
-	free(r->replies);
 	free(r);
 }
 

@@ -58,24 +58,36 @@ static int read_line_file(const char *path, const char *what, char *buf, size_t 
 	return 0;
 }
 
-int bd_zsec_load_secret(const char *path, struct bd_zsec_keypair *ret, char *err, size_t cap)
+/* The key of a key file into key[BD_ZSEC_Z85 + 1]: one line of 40 Z85 characters; a secret
+ * key's file (secret) must be its owner's alone, as ssh wants of a private key. */
+static int read_key_file(const char *path, bool secret, char *key, char *err, size_t cap)
 {
+	const char *what = secret ? "secret key file" : "public key file";
 	char line[128];
 	unsigned char raw[32];
 	struct stat st;
 	int e;
 
-	if (!path || !*path || !ret)
-		return bd_errf(err, cap, -EINVAL, "no secret key file");
-	if ((e = read_line_file(path, "secret key file", line, sizeof(line), &st, err, cap)) < 0)
+	if (!path || !*path || !key)
+		return bd_errf(err, cap, -EINVAL, "no %s", what);
+	if ((e = read_line_file(path, what, line, sizeof(line), &st, err, cap)) < 0)
 		return e;
-	if (st.st_mode & 077)
+	if (secret && (st.st_mode & 077))
 		return bd_errf(err, cap, -EPERM, "secret key file %s: mode %04o lets others read it "
 			    "(chmod 600)", path, (unsigned)(st.st_mode & 07777));
 	if (strlen(line) != BD_ZSEC_Z85 || !z85_key(line, raw))
-		return bd_errf(err, cap, -EBADMSG, "secret key file %s: not a 40-character Z85 key "
-			    "(bdfp4 keygen makes one)", path);
-	memcpy(ret->sec, line, BD_ZSEC_Z85 + 1);
+		return bd_errf(err, cap, -EBADMSG, "%s %s: not a 40-character Z85 key%s", what, path,
+			       secret ? " (bdfp4 keygen makes one)" : "");
+	memcpy(key, line, BD_ZSEC_Z85 + 1);
+	return 0;
+}
+
+int bd_zsec_load_secret(const char *path, struct bd_zsec_keypair *ret, char *err, size_t cap)
+{
+	int e = read_key_file(path, true, ret ? ret->sec : NULL, err, cap);
+
+	if (e < 0)
+		return e;
 	if (zmq_curve_public(ret->pub, ret->sec) < 0)
 		return bd_errf(err, cap, -ENOTSUP, "secret key file %s: %s", path,
 			    zmq_strerror(zmq_errno()));
@@ -84,20 +96,7 @@ int bd_zsec_load_secret(const char *path, struct bd_zsec_keypair *ret, char *err
 
 int bd_zsec_load_public(const char *path, char *ret, char *err, size_t cap)
 {
-	char line[128];
-	unsigned char raw[32];
-	struct stat st;
-	int e;
-
-	if (!path || !*path || !ret)
-		return bd_errf(err, cap, -EINVAL, "no public key file");
-	if ((e = read_line_file(path, "public key file", line, sizeof(line), &st, err, cap)) < 0)
-		return e;
-	if (strlen(line) != BD_ZSEC_Z85 || !z85_key(line, raw))
-		return bd_errf(err, cap, -EBADMSG, "public key file %s: not a 40-character Z85 key",
-			    path);
-	memcpy(ret, line, BD_ZSEC_Z85 + 1);
-	return 0;
+	return read_key_file(path, false, ret, err, cap);
 }
 
 static int write_file(const char *path, const char *text, int flags, mode_t mode, char *err,

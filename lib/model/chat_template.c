@@ -385,6 +385,18 @@ static bool stmt_is(const struct items *it, size_t pos, const char *pattern)
 	return pos < it->n && it->v[pos].kind == I_STMT && jmatch(&it->v[pos].toks, pattern);
 }
 
+/* parse_outs into ts, then the statement pattern at *pos, passed. Returns 0, the error of
+ * parse_outs, or 1 when the statement there is another. */
+static int outs_then(const struct bd_chat_specials *sp, const struct items *it, size_t *pos,
+		     struct pieces *ts, const char *pattern)
+{
+	int r = parse_outs(sp, it, pos, ts);
+
+	if (r < 0)
+		return r;
+	return stmt_is(it, (*pos)++, pattern) ? 0 : 1;
+}
+
 static bool terms_literal(const struct pieces *ts)
 {
 	for (size_t i = 0; i < ts->n; i++)
@@ -411,10 +423,8 @@ int bd_chat_template_new(const char *s, size_t n, const struct bd_chat_specials 
 			goto unsupported;
 		p += 3;
 	}
-	if ((r = parse_outs(sp, &it, &p, &c->prefix)) < 0)
-		goto bad_out;
-	if (!stmt_is(&it, p++, "for message in messages"))
-		goto unsupported;
+	if ((r = outs_then(sp, &it, &p, &c->prefix, "for message in messages")) != 0)
+		goto bad;
 	if (stmt_is(&it, p, "if loop.first and messages[0]['role'] != 'system'")) {
 		p++;
 		c->has_def_sys = true;
@@ -423,18 +433,14 @@ int bd_chat_template_new(const char *s, size_t n, const struct bd_chat_specials 
 		if (!terms_literal(&c->def_sys) || !stmt_is(&it, p++, "endif"))
 			goto unsupported;
 	}
-	if ((r = parse_outs(sp, &it, &p, &c->body)) < 0)
-		goto bad_out;
-	if (!stmt_is(&it, p++, "endfor"))
-		goto unsupported;
+	if ((r = outs_then(sp, &it, &p, &c->body, "endfor")) != 0)
+		goto bad;
 	if ((r = parse_outs(sp, &it, &p, &c->suffix)) < 0)
 		goto bad_out;
 	if (stmt_is(&it, p, "if add_generation_prompt")) {
 		p++;
-		if ((r = parse_outs(sp, &it, &p, &c->gen)) < 0)
-			goto bad_out;
-		if (!stmt_is(&it, p++, "endif"))
-			goto unsupported;
+		if ((r = outs_then(sp, &it, &p, &c->gen, "endif")) != 0)
+			goto bad;
 	}
 	if ((r = parse_outs(sp, &it, &p, &c->tail)) < 0)
 		goto bad_out;
@@ -445,6 +451,9 @@ int bd_chat_template_new(const char *s, size_t n, const struct bd_chat_specials 
 	c = NULL;
 	r = 0;
 	goto out;
+bad:
+	if (r > 0)
+		goto unsupported;
 bad_out:
 	if (r != -ENOTSUP)
 		goto out;

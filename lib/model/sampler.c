@@ -145,9 +145,14 @@ int bd_sampler_logprobs(const float *logits, int n_vocab, int32_t token, int top
 
 /* Fill s->idx[0..*ret_m) and s->prob with the kept candidates (unnormalized), most likely
  * first when sorting was needed, and *ret_total with their mass; a greedy sampler keeps the
- * argmax alone (mass 1). Returns 0 or -EDOM (a NaN or +inf logit, or all of them -inf). */
-static int candidates(struct bd_sampler *s, const float *logits, int *ret_m, double *ret_total)
+ * argmax alone (mass 1). out: the caller's output pointer, checked with s and logits. Returns
+ * 0, -EINVAL (one of them NULL) or -EDOM (a NaN or +inf logit, or all of them -inf). */
+static int candidates(struct bd_sampler *s, const float *logits, const void *out, int *ret_m,
+		      double *ret_total)
 {
+	if (!s || !logits || !out)
+		return -EINVAL;
+
 	int n = s->n, m = n, amax = 0;
 	float lmax = -INFINITY;
 
@@ -204,9 +209,7 @@ int bd_sampler_probs(struct bd_sampler *s, const float *logits, float *ret_probs
 	int m, r;
 	double total;
 
-	if (!s || !logits || !ret_probs)
-		return -EINVAL;
-	if ((r = candidates(s, logits, &m, &total)) < 0)
+	if ((r = candidates(s, logits, ret_probs, &m, &total)) < 0)
 		return r;
 	memset(ret_probs, 0, sizeof(float) * (size_t)s->n);
 	for (int i = 0; i < m; i++)
@@ -227,9 +230,7 @@ int bd_sampler_sample(struct bd_sampler *s, const float *logits, int32_t *ret_to
 	int m, r;
 	double total;
 
-	if (!s || !logits || !ret_token)
-		return -EINVAL;
-	if ((r = candidates(s, logits, &m, &total)) < 0)
+	if ((r = candidates(s, logits, ret_token, &m, &total)) < 0)
 		return r;
 	if (is_greedy(s)) { /* no draw: a greedy stream leaves the generator alone */
 		*ret_token = s->idx[0];

@@ -78,6 +78,7 @@ struct merge_ent {
 
 struct bd_tokenizer {
 	int32_t n_vocab;
+	/* the vocabulary's tables, one allocation (load_vocab) at text_off */
 	char *text;                /* vocabulary strings, back to back */
 	size_t *text_off;          /* [n_vocab + 1] */
 	char *bytes;               /* decoded bytes of each token, back to back */
@@ -194,13 +195,7 @@ void bd_tokenizer_free(struct bd_tokenizer *t)
 		return;
 	for (int i = 0; i < t->n_re; i++)
 		pcre2_code_free(t->re[i]);
-	free(t->text);
-	free(t->text_off);
-	free(t->bytes);
-	free(t->bytes_off);
-	free(t->type);
-	free(t->eog);
-	free(t->vocab_ht);
+	free(t->text_off); /* and the vocabulary's other tables */
 	free(t->merge_ht);
 	free(t->special);
 	bd_chat_template_free(t->chat);
@@ -233,17 +228,20 @@ static int load_vocab(struct bd_tokenizer *t, const struct bd_tokenizer_spec *sp
 	t->n_vocab = (int32_t)n;
 	for (size_t i = 0; i < n; i++)
 		total += sp->tok[i].len;
-	t->text = malloc(total + 1);
-	t->text_off = malloc((n + 1) * sizeof(size_t));
-	t->bytes = malloc(total + 1); /* a token never decodes to more bytes than its text */
-	t->bytes_off = malloc((n + 1) * sizeof(size_t));
-	t->type = malloc(n);
-	t->eog = calloc(n, 1);
 	t->vocab_mask = pow2_above(n) - 1;
-	t->vocab_ht = malloc((t->vocab_mask + 1) * sizeof(int32_t));
-	if (!t->text || !t->text_off || !t->bytes || !t->bytes_off || !t->type || !t->eog ||
-	    !t->vocab_ht)
+	/* one block, the 8- and 4-byte arrays first: the offsets of the texts and of their
+	 * decoded bytes, the hash table, the texts, the bytes (a token never decodes to more
+	 * bytes than its text), the types, the end-of-generation flags */
+	t->text_off = calloc(1, 2 * (n + 1) * sizeof(size_t) +
+				    (t->vocab_mask + 1) * sizeof(int32_t) + 2 * (total + 1) + 2 * n);
+	if (!t->text_off)
 		return -ENOMEM;
+	t->bytes_off = t->text_off + n + 1;
+	t->vocab_ht = (int32_t *)(t->bytes_off + n + 1);
+	t->text = (char *)(t->vocab_ht + t->vocab_mask + 1);
+	t->bytes = t->text + total + 1;
+	t->type = (uint8_t *)t->bytes + total + 1;
+	t->eog = t->type + n;
 	memset(t->vocab_ht, 0xff, (t->vocab_mask + 1) * sizeof(int32_t));
 	memcpy(t->type, sp->type, n);
 

@@ -29,8 +29,7 @@
 struct dctx {
 	const struct bd_kvcfg *cfg;
 	const struct bd_decode_params *dp;
-	const struct bd_kv_view *kv;
-	const struct bd_layout *lay;
+	const struct bd_kv_view *kv; /* its lay: the page layout */
 	bool mla;
 	bool fp4_query;  /* the page path uses the FP4-quantized query (NVFP4 / MXFP4 pages) */
 	enum bd_fp4_format qfmt;
@@ -157,7 +156,6 @@ static int ctx_init(struct dctx *x, const struct bd_kvcfg *cfg, const struct bd_
 		.cfg = cfg,
 		.dp = dp,
 		.kv = kv,
-		.lay = lay,
 		.mla = mla,
 		.fp4_query = fp4q,
 		.qfmt = cfg->page_fmt == BD_PAGE_MXFP4 ? BD_FP4_MXFP4 : BD_FP4_NVFP4,
@@ -342,7 +340,7 @@ static void load_page(const struct dctx *x, struct ws *w, int32_t page)
 {
 	if (w->loaded == page)
 		return;
-	const struct bd_layout *lay = x->lay;
+	const struct bd_layout *lay = x->kv->lay;
 	const uint8_t *base = bd_layout_page(lay, (void *)x->kv->arena, x->kv->layer, page);
 	const uint8_t *head = base + (size_t)x->kv->kv_head * lay->head_bytes;
 	size_t d = (size_t)lay->d, dv = (size_t)lay->dv;
@@ -625,7 +623,7 @@ static void bf16_partial(const struct dctx *x, struct ws *w, const struct head *
 	int n = kv->n_tokens, d = x->d, dv = x->dv;
 	const bd_bf16 *krows[BD_SINK_TOKENS + BD_RECENT_TOKENS];
 	const bd_bf16 *vrows[BD_SINK_TOKENS + BD_RECENT_TOKENS];
-	int cnt = bd_slot_rows(x->lay, slot, kv->layer, kv->kv_head, n, x->n_full, x->cfg->sink, d,
+	int cnt = bd_slot_rows(kv->lay, slot, kv->layer, kv->kv_head, n, x->n_full, x->cfg->sink, d,
 			       dv, krows, vrows);
 
 	memset(ret_o, 0, sizeof(float) * (size_t)d);

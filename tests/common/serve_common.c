@@ -273,6 +273,11 @@ void sv_start_pool(struct sv_env *e, const char *const *extra)
 
 void sv_start_router(struct sv_env *e, const char *const *extra)
 {
+	sv_start_router2(e, extra, NULL);
+}
+
+void sv_start_router2(struct sv_env *e, const char *const *extra, const char *const *more)
+{
 	const char *argv[SV_MAX_ARGS + 1] = {
 		"--no-config", "--frontend", e->front_ep, "--workers", e->workers_ep,
 		"--pool", e->pool_ep, "--model", e->model, "--tp", "2",
@@ -282,6 +287,7 @@ void sv_start_router(struct sv_env *e, const char *const *extra)
 	};
 
 	add_args(argv, extra);
+	add_args(argv, more);
 	start_and_wait(e, &e->router, "routerd", argv);
 }
 
@@ -302,6 +308,20 @@ void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra)
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(name, sizeof(name), "workerd-%d", rank);
 	start_and_wait(e, &e->worker[rank], name, argv);
+}
+
+void sv_start_workers(struct sv_env *e, int timeout_ms, const char *what)
+{
+	sv_start_worker(e, 0);
+	sv_start_worker(e, 1);
+	sv_expect_healthy(e, timeout_ms, what);
+}
+
+void sv_start_system(struct sv_env *e, const char *const *router_extra, int timeout_ms)
+{
+	sv_start_pool(e, NULL);
+	sv_start_router(e, router_extra);
+	sv_start_workers(e, timeout_ms, "the group did not form");
 }
 
 int sv_stop(struct sv_daemon *d, int sig, int timeout_ms)

@@ -40,6 +40,21 @@ void sv_init(struct sv_env *e);
 /* Kills every daemon still running and removes the dir. */
 void sv_fini(struct sv_env *e);
 
+/* The Criterion suite of a test file whose fixture is the environment alone: E, the static
+ * struct sv_env its tests use, sv_init before each test and sv_fini after, timeout secs
+ * (expands where criterion/criterion.h is included). */
+#define SV_TEST_SUITE(suite, secs)                                                             \
+	static struct sv_env E;                                                                 \
+	static void suite##_init(void)                                                          \
+	{                                                                                       \
+		sv_init(&E);                                                                    \
+	}                                                                                       \
+	static void suite##_fini(void)                                                          \
+	{                                                                                       \
+		sv_fini(&E);                                                                    \
+	}                                                                                       \
+	TestSuite(suite, .init = suite##_init, .fini = suite##_fini, .timeout = (secs))
+
 /* Starts a daemon (bin/name with args, NULL-terminated) and returns without waiting. */
 void sv_spawn(struct sv_env *e, struct sv_daemon *d, const char *name, const char *const *args);
 /* Waits for a notify datagram holding what; false on timeout or when the daemon exited. */
@@ -50,10 +65,17 @@ bool sv_wait_notify(struct sv_daemon *d, const char *what, int timeout_ms);
 void sv_start_pool(struct sv_env *e, const char *const *extra);
 /* routerd on the env's endpoints with extra flags, waits for READY. */
 void sv_start_router(struct sv_env *e, const char *const *extra);
+/* The same with the flags of extra, then those of more (either NULL). */
+void sv_start_router2(struct sv_env *e, const char *const *extra, const char *const *more);
 /* workerd of rank r (tp 2), waits for READY. */
 void sv_start_worker(struct sv_env *e, int rank);
 /* The same with extra flags (NULL: none). */
 void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra);
+/* Workers 0 and 1 (tp 2), then sv_expect_healthy(e, timeout_ms, what): the group formed. */
+void sv_start_workers(struct sv_env *e, int timeout_ms, const char *what);
+/* The whole system: kvpoold as sv_start_pool starts it, routerd with router_extra (NULL: none)
+ * and sv_start_workers. */
+void sv_start_system(struct sv_env *e, const char *const *router_extra, int timeout_ms);
 
 /* Sends sig and waits up to timeout_ms for the exit: the exit status, 128 + signal when
  * killed by one, -1 if it had to be SIGKILLed. The daemon's pid is cleared. */

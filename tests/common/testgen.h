@@ -10,8 +10,12 @@
 #ifndef BD_TESTGEN_H
 #define BD_TESTGEN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "quant/bd_attn_ref.h"
+#include "quant/bd_layout.h"
 
 /* A stream: `struct tg_rng r = { seed };` starts it; equal seeds give equal sequences. */
 struct tg_rng {
@@ -51,5 +55,29 @@ void tg_fill_gauss(struct tg_rng *r, float *x, size_t n, float scale);
  * head one channel (tg_next mod d) scaled by 6, so attention is peaked and the FP4 query
  * terms see a large channel. */
 void tg_fill_queries(struct tg_rng *r, float *q, size_t n_heads, int d);
+
+/* A paged decode problem of the CPU decode tests and bench_attn_cpu: n tokens of L layers of Hkv
+ * KV heads of dimension d (GQA), written in configuration cfg through the slot
+ * (bd_kv_write_token) and promoted into the pages of a shuffled block table of
+ * ⌊(n − 1)/128⌋ + extra_pages pages (bd_page_promote; FP8 pages at scale 0.25). Each head's keys
+ * are a bias of 2·tg_gauss per channel plus tg_gauss, its values tg_gauss, with six outlier
+ * channels (three ×12 in K, three ×8 in V); its μ_k is the bias plus 0.1·tg_gauss. Then the
+ * queries q [n_q][G][d] (tg_fill_queries). unit_v: every value 1 and every query 0 (the
+ * normalization's inputs). Every draw from one stream of seed. */
+struct tg_paged {
+	const struct bd_kvcfg *cfg;
+	struct bd_layout lay;
+	int n, d, Hkv, G;
+	void *arena, *slot;
+	int32_t *bt;
+	float *q;
+};
+/* Returns 0, -ENOMEM, or the -errno of the layout, the write or the promotion (P freed). */
+int tg_paged_build(struct tg_paged *P, const struct bd_kvcfg *cfg, int L, int Hkv, int G, int d,
+		   int n, int extra_pages, int n_q, uint64_t seed, bool unit_v);
+/* Frees what tg_paged_build made (a zeroed P too). */
+void tg_paged_free(struct tg_paged *P);
+/* The view of P's KV for one layer, starting at KV head head. */
+struct bd_kv_view tg_paged_view(const struct tg_paged *P, int layer, int head);
 
 #endif

@@ -1,4 +1,4 @@
-/* tmpdir.c — a test's private directory and its removal (tmpdir.h). */
+/* tmpdir.c — a test's private directory, its removal, reading a file back (tmpdir.h). */
 #include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -35,4 +35,30 @@ int td_remove(const char *dir)
 	if (e < 0)
 		return errno == ENOENT ? 0 : -errno;
 	return -e;
+}
+
+char *td_read_file(const char *path, size_t *ret_len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+		fclose(f);
+		return NULL;
+	}
+	buf = malloc((size_t)n + 1);
+	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	if (buf) {
+		buf[n] = 0;
+		if (ret_len)
+			*ret_len = (size_t)n;
+	}
+	return buf;
 }

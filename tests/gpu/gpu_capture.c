@@ -22,6 +22,7 @@
 #include "quant/bd_kvcfg.h"
 #include "model/bd_forward.h"
 #include "model/bd_tokenizer.h"
+#include "tmpdir.h"
 
 static const int cap_layers[] = { 0, 1, 15, 29 };
 #define N_CAP ((int)(sizeof(cap_layers) / sizeof(cap_layers[0])))
@@ -57,31 +58,6 @@ static void hook(void *ctx, int layer, int pos, const float *q, const float *k, 
 			memcpy(c->q + ((size_t)li * N_Q + j) * qn, q, sizeof(float) * qn);
 }
 
-static char *read_text(const char *path, size_t *ret_n)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
-
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-		fclose(f);
-		return NULL;
-	}
-	buf = malloc((size_t)n + 1);
-	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	if (buf) {
-		buf[n] = 0;
-		*ret_n = (size_t)n;
-	}
-	return buf;
-}
-
 int main(int argc, char **argv)
 {
 	char err[BD_MODEL_ERR_MAX] = "";
@@ -104,7 +80,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "n_tok must be at least %d\n", cap_lens[N_Q - 1]);
 		return 2;
 	}
-	text = read_text(argv[2], &text_n);
+	text = td_read_file(argv[2], &text_n);
 	if (!text) {
 		fprintf(stderr, "cannot read %s\n", argv[2]);
 		return 1;

@@ -1143,47 +1143,64 @@ Test(pool_daemon, a_second_uid_is_refused_everywhere)
 	cr_expect_eq(stop(), 0);
 }
 
-/* A uid that reaches the allocation socket (its file opened to all) but is not of the pool's
- * group gets POOL_ERR_DENIED from kvpoold itself, read from SO_PEERCRED. */
-static int nobody_allocates(void)
+/* A child of as_nobody_conn: conn_child on a fresh allocation connection (code 1: none). */
+static int (*conn_child)(struct bd_pool_conn *c);
+
+static int conn_child_main(void)
 {
 	struct bd_pool_conn *c;
-	int32_t p[1];
-	int code = 0;
+	int code;
 
 	if (bd_pool_conn_new(D.e.endpoint, 5000, &c) < 0)
 		return 1;
-	if (bd_pool_page_alloc(c, 50, 50, 1, p) != -EACCES)
-		return 2;
-	bd_pool_conn_error(c, &code);
-	if (code != BD_POOL_ERR_DENIED || !strstr(bd_pool_conn_error(c, NULL), "uid 65534"))
-		return 3;
+	code = conn_child(c);
 	bd_pool_conn_free(c);
-	return 0;
+	return code;
+}
+
+static int as_nobody_conn(int (*fn)(struct bd_pool_conn *c))
+{
+	conn_child = fn;
+	return as_nobody(conn_child_main);
+}
+
+/* Whether r is kvpoold's refusal -EACCES with error code and a message that holds text. */
+static bool refused_as(struct bd_pool_conn *c, int r, int code, const char *text)
+{
+	int got = 0;
+
+	if (r != -EACCES)
+		return false;
+	bd_pool_conn_error(c, &got);
+	return got == code && strstr(bd_pool_conn_error(c, NULL), text);
+}
+
+/* A uid that reaches the allocation socket (its file opened to all) but is not of the pool's
+ * group gets POOL_ERR_DENIED from kvpoold itself, read from SO_PEERCRED. */
+static int nobody_allocates(struct bd_pool_conn *c)
+{
+	int32_t p[1];
+
+	return refused_as(c, bd_pool_page_alloc(c, 50, 50, 1, p), BD_POOL_ERR_DENIED, "uid 65534")
+		       ? 0
+		       : 2;
 }
 
 /* A member of the pool's group of another uid may allocate for its own owner, not act on the
  * requests of an owner that another uid holds. */
-static int member_meddles(void)
+static int member_meddles(struct bd_pool_conn *c)
 {
-	struct bd_pool_conn *c;
 	int32_t p[1];
-	int code = 0;
 
-	if (bd_pool_conn_new(D.e.endpoint, 5000, &c) < 0)
-		return 1;
-	if (bd_pool_request_release(c, 60, NULL) != -EACCES)
+	if (!refused_as(c, bd_pool_request_release(c, 60, NULL), BD_POOL_ERR_OWNER,
+			"belongs to uid 0"))
 		return 2;
-	bd_pool_conn_error(c, &code);
-	if (code != BD_POOL_ERR_OWNER || !strstr(bd_pool_conn_error(c, NULL), "belongs to uid 0"))
-		return 3;
 	if (bd_pool_page_alloc(c, 61, 7, 1, p) != -EACCES)
 		return 4;
 	if (bd_pool_owner_reclaim(c, 7, NULL, NULL) != -EACCES)
 		return 5;
 	if (bd_pool_page_alloc(c, 62, 99, 1, p) != 0)
 		return 6;
-	bd_pool_conn_free(c);
 	return 0;
 }
 
@@ -1201,7 +1218,7 @@ Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
 	start(false, NULL);
 	cr_assert_eq(chmod(D.e.dir, 0711), 0);
 	cr_assert_eq(chmod(D.e.endpoint + 6, 0666), 0);
-	rc = as_nobody(nobody_allocates);
+	rc = as_nobody_conn(nobody_allocates);
 	cr_expect_eq(rc, 0, "outside the group (child code %d, log in %s)", rc, D.e.log);
 	cr_expect_eq(stop(), 0);
 
@@ -1209,7 +1226,7 @@ Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
 	cr_assert_eq(chmod(D.e.dir, 0711), 0);
 	c = conn();
 	cr_assert_eq(bd_pool_page_alloc(c, 60, 7, 2, p), 0);
-	rc = as_nobody(member_meddles);
+	rc = as_nobody_conn(member_meddles);
 	cr_expect_eq(rc, 0, "a group member of uid 65534 (child code %d, log in %s)", rc, D.e.log);
 	/* owner 7's request is intact; the member's own one is there */
 	cr_assert_eq(bd_pool_requests(c, &h, &n), 0);

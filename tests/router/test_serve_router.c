@@ -385,14 +385,10 @@ static void up(const char *pages, const char *slots, const char *const *router_e
 	snprintf(seq, sizeof(seq), "%d", atoi(pages) * 128 < 1024 ? atoi(pages) * 128 : 1024);
 
 	/* the fake ranks rebuild nothing: a lost rank fails its requests at once (no resume) */
-	const char *args[SV_MAX_ARGS] = { "--resume-timeout-ms", "0" };
-	int n = 2;
+	static const char *const args[] = { "--resume-timeout-ms", "0", NULL };
 
-	for (int i = 0; router_extra && router_extra[i] && n < SV_MAX_ARGS - 1; i++)
-		args[n++] = router_extra[i];
-	args[n] = NULL;
 	sv_start_pool(&E, pool_extra);
-	sv_start_router(&E, args);
+	sv_start_router2(&E, args, router_extra);
 	fake_start(0);
 	fake_start(1);
 	sv_expect_healthy(&E, WAIT_MS, "the group did not form");

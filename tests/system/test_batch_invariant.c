@@ -23,19 +23,7 @@
 #define WAIT_MS 180000
 #define N_REQ 3
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(batch_invariant, .init = init, .fini = fini, .timeout = 900);
+SV_TEST_SUITE(batch_invariant, 900);
 
 static const int prompt_len[N_REQ] = { 300, 200, 20 }, gen_len[N_REQ] = { 130, 200, 5 };
 

@@ -34,19 +34,7 @@
  * 30 layers the flips add up (0.45 seen) */
 #define LOGIT_TOL 0.75f
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(chunked, .init = init, .fini = fini, .timeout = 600);
+SV_TEST_SUITE(chunked, 600);
 
 /* Token ids of a prompt: a fixed walk over the vocabulary, away from the special tokens. */
 static void walk(int32_t *t, int n, int salt)
@@ -97,12 +85,8 @@ Test(chunked, short_prompts_get_their_first_token_while_a_long_one_prefills)
 	cr_assert_not_null(logits);
 	reference(m, long_p, N_LONG, traj, logits);
 
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, (const char *const[]){ "--max-prefill-chunk", "128",
-						   "--max-prefill-tokens", "256", NULL });
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_system(&E, (const char *const[]){ "--max-prefill-chunk", "128",
+						   "--max-prefill-tokens", "256", NULL }, WAIT_MS);
 	c = sv_client(&E);
 
 	struct bd_client_gen gl = { .token_ids = long_p, .n_token_ids = N_LONG,

@@ -27,19 +27,7 @@
 /* a refused handshake must be reported well before any timeout a caller would pick */
 #define FAST_MS 3000
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(curve, .init = init, .fini = fini, .timeout = 240);
+SV_TEST_SUITE(curve, 240);
 
 /* A TCP port nothing listens on now (bound to port 0 and released). */
 static int free_port(void)

@@ -17,19 +17,7 @@
 #include "model/bd_eval.h"
 #include "serve_common.h"
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(eval_passkey, .init = init, .fini = fini, .timeout = 60);
+SV_TEST_SUITE(eval_passkey, 60);
 
 static void write_log(const char *path, const char *extra)
 {

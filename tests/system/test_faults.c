@@ -29,27 +29,11 @@
 #define WAIT_MS 120000
 #define N_CLIENTS 4
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(faults, .init = init, .fini = fini, .timeout = 600);
+SV_TEST_SUITE(faults, 600);
 
 static void up(const char *const *router_args)
 {
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, router_args);
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_system(&E, router_args, WAIT_MS);
 }
 
 /* ---- the drain ----------------------------------------------------------------------------- */

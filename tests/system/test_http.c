@@ -28,49 +28,18 @@
 #include "quant/bd_kvcfg.h"
 #include "serve/bd_client.h"
 #include "serve_common.h"
+#include "tmpdir.h"
 
 #define WAIT_MS 120000
 #define N_CLIENTS 64
 #define N_DISTINCT 8
 
-static struct sv_env E;
 static char url[160];
 static int n_calls;
 
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(http, .init = init, .fini = fini, .timeout = 600);
+SV_TEST_SUITE(http, 600);
 
 /* ---- the system and curl -------------------------------------------------------------------- */
-
-static char *read_file(const char *path, size_t *ret_len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	cr_assert(buf);
-	n = (long)fread(buf, 1, (size_t)n, f);
-	buf[n] = 0;
-	fclose(f);
-	if (ret_len)
-		*ret_len = (size_t)n;
-	return buf;
-}
 
 static void write_file(const char *path, const char *data)
 {
@@ -87,7 +56,7 @@ static void find_url(void)
 	int64_t end = sv_now_ms() + WAIT_MS;
 
 	while (sv_now_ms() < end) {
-		char *log = read_file(E.router.log, NULL), *p;
+		char *log = td_read_file(E.router.log, NULL), *p;
 
 		p = log ? strstr(log, "http: listening on ") : NULL;
 		if (p) {
@@ -104,19 +73,13 @@ static void find_url(void)
 
 static void up_with(const char *const *router_extra, bool workers)
 {
-	const char *args[SV_MAX_ARGS] = { "--http", "127.0.0.1:0" };
-	int n = 2;
+	static const char *const args[] = { "--http", "127.0.0.1:0", NULL };
 
-	for (int i = 0; router_extra && router_extra[i] && n < SV_MAX_ARGS - 1; i++)
-		args[n++] = router_extra[i];
-	args[n] = NULL;
 	sv_start_pool(&E, NULL);
-	sv_start_router(&E, args);
+	sv_start_router2(&E, args, router_extra);
 	find_url();
 	if (workers) {
-		sv_start_worker(&E, 0);
-		sv_start_worker(&E, 1);
-		sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+		sv_start_workers(&E, WAIT_MS, "the group did not form");
 	}
 }
 
@@ -179,7 +142,7 @@ static int curl_wait(pid_t pid, const char *code)
 
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 127, "curl did not run");
-	s = read_file(code, NULL);
+	s = td_read_file(code, NULL);
 	cr_assert(s, "no status from curl");
 	status = atoi(s);
 	free(s);
@@ -196,7 +159,7 @@ static int http(const char *method, const char *path, const char *body, char **r
 	snprintf(out, sizeof(out), "%s/out-%d-%d", E.dir, (int)getpid(), k);
 	snprintf(code, sizeof(code), "%s/code-%d-%d", E.dir, (int)getpid(), k);
 	status = curl_wait(curl_start(method, path, body, out, code), code);
-	*ret_body = read_file(out, NULL);
+	*ret_body = td_read_file(out, NULL);
 	if (!*ret_body)
 		*ret_body = strdup("");
 	return status;
@@ -265,6 +228,16 @@ static double jnum(json_t *j, const char *path)
 
 	cr_assert(json_is_number(v), "%s is not a number in %s", path, json_dumps(j, 0));
 	return json_number_value(v);
+}
+
+/* http_json of a request that succeeds (200) with an OpenAI object of type object. */
+static json_t *http_object(const char *method, const char *path, const char *body,
+			   const char *object)
+{
+	json_t *j = http_json(method, path, body, 200);
+
+	cr_expect_str_eq(jstr(j, "object"), object, "%s %s", method, path);
+	return j;
 }
 
 /* ---- server-sent events --------------------------------------------------------------------- */
@@ -394,7 +367,7 @@ static void promtool_check(const char *text)
 		 E.dir);
 	st = system(cmd);
 	snprintf(in, sizeof(in), "%s/promtool.out", E.dir);
-	res = read_file(in, NULL);
+	res = td_read_file(in, NULL);
 	cr_assert(res);
 	cr_assert(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 3),
 		  "promtool failed (status %d): %s", st, res);
@@ -414,8 +387,7 @@ Test(http, models_health_and_paths)
 	char *out;
 
 	up();
-	j = http_json("GET", "/v1/models", NULL, 200);
-	cr_expect_str_eq(jstr(j, "object"), "list");
+	j = http_object("GET", "/v1/models", NULL, "list");
 	cr_expect_str_eq(jstr(j, "data.0.id"), "SmolLM2-135M-Instruct.Q4_1.gguf");
 	cr_expect_eq(jint(j, "data.0.max_model_len"), 1024, "the pool's max_seq_len caps it");
 	json_decref(j);
@@ -464,8 +436,7 @@ Test(http, completions_match_native_api)
 	char *out;
 
 	up();
-	j = http_json("POST", "/v1/completions", body, 200);
-	cr_expect_str_eq(jstr(j, "object"), "text_completion");
+	j = http_object("POST", "/v1/completions", body, "text_completion");
 	cr_expect_str_eq(jstr(j, "choices.0.finish_reason"), "length");
 	cr_expect_eq(jint(j, "usage.completion_tokens"), 12);
 	cr_expect_eq(jint(j, "usage.total_tokens"),
@@ -513,8 +484,7 @@ Test(http, chat_stream_and_stop)
 
 	up();
 	snprintf(body, sizeof(body), "{%s}", msgs);
-	j = http_json("POST", "/v1/chat/completions", body, 200);
-	cr_expect_str_eq(jstr(j, "object"), "chat.completion");
+	j = http_object("POST", "/v1/chat/completions", body, "chat.completion");
 	cr_expect_str_eq(jstr(j, "choices.0.message.role"), "assistant");
 	text = jstr(j, "choices.0.message.content");
 	cr_assert(strlen(text) > 8, "a too short answer to cut: '%s'", text);
@@ -654,7 +624,7 @@ Test(http, disconnect_cancels)
 	end = sv_now_ms() + WAIT_MS;
 	while (sv_now_ms() < end) {
 		free(text);
-		text = read_file(out, NULL);
+		text = td_read_file(out, NULL);
 		if (text && strstr(text, "data: ") && strstr(strstr(text, "data: ") + 6, "data: "))
 			break;
 		usleep(20000);
@@ -717,7 +687,7 @@ Test(http, concurrent_streams_and_metrics)
 		json_t *j;
 
 		cr_assert_eq(curl_wait(pid[i], code[i]), 200, "reference %d", i);
-		o = read_file(out[i], NULL);
+		o = td_read_file(out[i], NULL);
 		j = parse(o);
 		free(o);
 		snprintf(ref[i], sizeof(ref[i]), "%s", jstr(j, "choices.0.text"));
@@ -740,7 +710,7 @@ Test(http, concurrent_streams_and_metrics)
 		char *text;
 
 		cr_assert_eq(curl_wait(pid[c], code[c]), 200, "client %d", c);
-		text = read_file(out[c], NULL);
+		text = td_read_file(out[c], NULL);
 		cr_assert(text);
 		parse_sse(text, false, &s);
 		free(text);
@@ -1079,7 +1049,7 @@ Test(http, openai_sdk)
 	st = system(cmd);
 	snprintf(cmd, sizeof(cmd), "%s/openai.out", E.dir);
 	{
-		char *o = read_file(cmd, NULL);
+		char *o = td_read_file(cmd, NULL);
 
 		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "openai_check.py failed:\n%s",
 			  o ? o : "");

@@ -89,14 +89,14 @@ static void up_with(const char *pool_wait_ms)
 	start_pool();
 	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
 						   "--pool-wait-ms", pool_wait_ms, NULL });
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_workers(&E, WAIT_MS, "the group did not form");
 }
 
-static void up(void)
+/* The system with a patient router; returns a client. */
+static struct bd_client *up(void)
 {
 	up_with("30000");
+	return sv_client(&E);
 }
 
 static const struct bd_client_gen GEN = {
@@ -194,8 +194,7 @@ Test(pool_restart_serve, kill_9_mid_generation_resumes_on_the_stored_arenas)
 	size_t n = 0, attached = 0;
 	uint64_t tag, epoch = 0, epoch2 = 0;
 
-	up();
-	c = sv_client(&E);
+	c = up();
 	reference(c, want);
 	cr_assert(sv_pool_idle(&E, WAIT_MS), "the reference run left pages in the pool");
 	w0 = E.worker[0].pid;
@@ -248,8 +247,7 @@ Test(pool_restart_serve, a_restart_on_an_empty_store_fails_the_request_clearly)
 	size_t n = 0;
 	uint64_t tag;
 
-	up();
-	c = sv_client(&E);
+	c = up();
 	tag = start_part_way(c, got, &n, &ev);
 	/* killed, its store emptied, started again: a new pool */
 	kill_pool();
@@ -286,9 +284,7 @@ Test(pool_restart_serve, a_restart_on_an_empty_store_fails_the_request_clearly)
 			  sv_log_tail(&E.worker[r]));
 	}
 	cr_expect_eq(kill(E.router.pid, 0), 0, "routerd must stay up");
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "no recovery");
+	sv_start_workers(&E, WAIT_MS, "no recovery");
 	expect_short_answer(c);
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages after the answers");
 	bd_client_free(c);

@@ -23,28 +23,28 @@
 #define N_GEN 72     /* positions 200 .. 271: a page completes after the resume */
 #define KILL_AFTER 8 /* tokens streamed before the kill */
 
-static struct sv_env E;
+SV_TEST_SUITE(resume, 900);
 
-static void init(void)
+static void make_prompts(void);
+
+/* The system with resume_timeout_ms resume_ms, the prompts made; returns a client. */
+static struct bd_client *up(const char *resume_ms)
 {
-	sv_init(&E);
+	make_prompts();
+	sv_start_system(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
+						   "--resume-timeout-ms", resume_ms, NULL }, WAIT_MS);
+	return sv_client(&E);
 }
 
-static void fini(void)
+/* The router's health now, asked on a client of its own. */
+static struct bd_client_health health_now(void)
 {
-	sv_fini(&E);
-}
+	struct bd_client *hc = sv_client(&E);
+	struct bd_client_health h;
 
-TestSuite(resume, .init = init, .fini = fini, .timeout = 900);
-
-static void up(const char *resume_ms)
-{
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
-						   "--resume-timeout-ms", resume_ms, NULL });
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	cr_assert_eq(bd_client_health(hc, WAIT_MS, &h), 0);
+	bd_client_free(hc);
+	return h;
 }
 
 static int32_t prompts[N_REQ][N_PROMPT];
@@ -103,9 +103,7 @@ static void lose_rank_and_resume(int rank, bool stop)
 	uint64_t tag[N_REQ];
 	struct bd_client *c;
 
-	make_prompts();
-	up("60000");
-	c = sv_client(&E);
+	c = up("60000");
 	/* undisturbed */
 	start(c, tag);
 	collect(c, tag, want, n_want, &ended, 0);
@@ -125,14 +123,8 @@ static void lose_rank_and_resume(int rank, bool stop)
 	} else {
 		cr_expect_eq(sv_stop(&E.worker[rank], SIGKILL, WAIT_MS), 128 + SIGKILL);
 		cr_expect(sv_wait_health(&E, false, WAIT_MS), "health does not show the lost rank");
-		{
-			struct bd_client *hc = sv_client(&E);
-			struct bd_client_health h;
-
-			cr_assert_eq(bd_client_health(hc, WAIT_MS, &h), 0);
-			cr_expect_not_null(strstr(h.reason, "rank"), "reason: %s", h.reason);
-			bd_client_free(hc);
-		}
+		struct bd_client_health h = health_now();
+		cr_expect_not_null(strstr(h.reason, "rank"), "reason: %s", h.reason);
 		sv_start_worker(&E, rank);
 	}
 	collect(c, tag, got, n_got, &ended, 0);
@@ -146,15 +138,9 @@ static void lose_rank_and_resume(int rank, bool stop)
 	/* the baseline: every page and slot free, no record */
 	cr_expect(sv_pool_idle(&E, WAIT_MS), "the pool holds pages or slots after the resume");
 	cr_expect(sv_wait_health(&E, true, WAIT_MS), "health did not recover");
-	{
-		struct bd_client *hc = sv_client(&E);
-		struct bd_client_health h;
-
-		cr_assert_eq(bd_client_health(hc, WAIT_MS, &h), 0);
-		cr_expect(h.healthy);
-		cr_expect_str_eq(h.reason, "", "the reason of the failure stays after the recovery");
-		bd_client_free(hc);
-	}
+	struct bd_client_health h = health_now();
+	cr_expect(h.healthy);
+	cr_expect_str_eq(h.reason, "", "the reason of the failure stays after the recovery");
 	bd_client_free(c);
 }
 
@@ -189,9 +175,7 @@ Test(resume, a_rank_that_does_not_come_back_fails_the_requests_clearly)
 	uint64_t tag[N_REQ];
 	struct bd_client *c;
 
-	make_prompts();
-	up("2000");
-	c = sv_client(&E);
+	c = up("2000");
 	start(c, tag);
 	collect(c, tag, got, n_got, &ended, 2);
 	cr_expect_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);

@@ -35,33 +35,17 @@
  * K and V before FP4 may fall the other way for a few values */
 #define LOGIT_TOL 0.25f
 
-static struct sv_env E;
-
-static void init(void)
-{
-	sv_init(&E);
-}
-
-static void fini(void)
-{
-	sv_fini(&E);
-}
-
-TestSuite(serve, .init = init, .fini = fini, .timeout = 300);
+SV_TEST_SUITE(serve, 300);
 
 static void up(void)
 {
-	sv_start_pool(&E, NULL);
 	/* no resume: the failure tests below see the group's failure itself (test_resume.c runs
 	 * the resume); whole prompts: the reference prefills them at once (a chunk reads the
 	 * context from the FP4 pages, test_chunked.c) */
-	sv_start_router(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
+	sv_start_system(&E, (const char *const[]){ "--heartbeat-timeout-ms", "3000",
 						   "--resume-timeout-ms", "0",
 						   "--max-prefill-chunk", "0",
-						   "--max-prefill-tokens", "8192", NULL });
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+						   "--max-prefill-tokens", "8192", NULL }, WAIT_MS);
 }
 
 /* Real text for the long prompts (more than one 128-token page, so FP4 pages get promoted):
@@ -517,9 +501,7 @@ Test(serve, kill_9_of_kvpoold_shows_in_health_and_service_resumes)
 	sv_start_pool(&E, NULL);
 	sv_stop(&E.worker[0], 0, WAIT_MS);
 	sv_stop(&E.worker[1], 0, WAIT_MS);
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "no recovery");
+	sv_start_workers(&E, WAIT_MS, "no recovery");
 	expect_short_answer(c, "after the pool's restart");
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
 	bd_client_free(c);

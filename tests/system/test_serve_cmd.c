@@ -194,11 +194,7 @@ Test(serve_cmd, prompt_from_stdin_and_file)
 	char cmd[PATH_MAX * 2], a[4096], b[4096], c[4096], file[PATH_MAX];
 	FILE *f;
 
-	sv_start_pool(&E, NULL);
-	sv_start_router(&E, NULL);
-	sv_start_worker(&E, 0);
-	sv_start_worker(&E, 1);
-	sv_expect_healthy(&E, WAIT_MS, "the group did not form");
+	sv_start_system(&E, NULL, WAIT_MS);
 	snprintf(file, sizeof(file), "%s/prompt.txt", E.dir);
 	f = fopen(file, "w");
 	cr_assert(f);

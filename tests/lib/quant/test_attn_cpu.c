@@ -24,114 +24,22 @@
 #define TOL 1e-3
 #define N_LAYERS 2
 
-struct prob {
-	const struct bd_kvcfg *cfg;
-	struct bd_layout lay;
-	int n, d, Hkv, G;
-	void *arena, *slot;
-	int32_t *bt;
-	float *q; /* [Hkv][G][d] */
-};
-
-/* With unit_v every value is 1 and every query 0 (the normalization property's inputs). */
-static void prob_build_v(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
+/* A problem of N_LAYERS layers (testgen.h), its queries [Hkv][G][d] those of one layer. */
+static void prob_build_v(struct tg_paged *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
 			 uint64_t seed, bool unit_v)
 {
-	struct tg_rng r = { seed };
-	int n_full = (n - 1) / BD_PAGE_TOKENS;
-	size_t n_pages = (size_t)n_full + 3;
-
-	memset(P, 0, sizeof(*P));
-	P->cfg = cfg;
-	P->n = n;
-	P->d = d;
-	P->Hkv = Hkv;
-	P->G = G;
-	cr_assert_eq(bd_layout_init(&P->lay, cfg->page_fmt, N_LAYERS, Hkv, d, 0, n_pages), 0);
-	P->arena = calloc(1, P->lay.arena_bytes);
-	P->slot = calloc(1, P->lay.slot_bytes);
-	P->bt = malloc(sizeof(int32_t) * n_pages);
-	P->q = malloc(sizeof(float) * (size_t)Hkv * (size_t)G * (size_t)d);
-	cr_assert(P->arena && P->slot && P->bt && P->q);
-	for (size_t i = 0; i < n_pages; i++)
-		P->bt[i] = (int32_t)i;
-	tg_shuffle_i32(&r, P->bt, n_pages);
-
-	int LH = N_LAYERS * Hkv;
-	float *bias = malloc(sizeof(float) * (size_t)LH * (size_t)d);
-	float *mu = malloc(sizeof(float) * (size_t)LH * (size_t)d);
-	int *outl = malloc(sizeof(int) * 6 * (size_t)LH);
-	float *k = malloc(sizeof(float) * (size_t)d), *v = malloc(sizeof(float) * (size_t)d);
-	float *fp8s = malloc(sizeof(float) * 2 * (size_t)LH);
-	cr_assert(bias && mu && outl && k && v && fp8s);
-	for (int i = 0; i < 2 * LH; i++)
-		fp8s[i] = 0.25f; /* E4M3 codes of x / 0.25: |x| up to 112 */
-	for (int lh = 0; lh < LH; lh++) {
-		for (int c = 0; c < d; c++) {
-			bias[lh * d + c] = 2.0f * tg_gauss(&r);
-			mu[lh * d + c] = bias[lh * d + c] + 0.1f * tg_gauss(&r);
-		}
-		for (int j = 0; j < 6; j++)
-			outl[lh * 6 + j] = (int)(tg_next(&r) % (uint64_t)d);
-	}
-	for (int pos = 0; pos < n; pos++) {
-		for (int lh = 0; lh < LH; lh++) {
-			for (int c = 0; c < d; c++) {
-				k[c] = bias[lh * d + c] + tg_gauss(&r);
-				v[c] = tg_gauss(&r);
-			}
-			for (int j = 0; j < 3; j++) {
-				k[outl[lh * 6 + j]] *= 12.0f;
-				v[outl[lh * 6 + j + 3]] *= 8.0f;
-			}
-			for (int c = 0; c < d && unit_v; c++)
-				v[c] = 1.0f;
-			cr_assert_eq(bd_kv_write_token(&P->lay, cfg, P->slot, lh / Hkv, lh % Hkv, pos, k,
-						       v, mu + lh * d),
-				     0);
-		}
-		if ((pos + 1) % BD_PAGE_TOKENS == 0 && pos + 1 < n)
-			cr_assert_eq(bd_page_promote(&P->lay, cfg,
-						     cfg->page_fmt == BD_PAGE_FP8 ? fp8s : NULL,
-						     P->slot, P->arena,
-						     P->bt[pos / BD_PAGE_TOKENS]),
-				     0);
-	}
-	tg_fill_queries(&r, P->q, (size_t)Hkv * G, d);
-	for (int i = 0; i < Hkv * G * d && unit_v; i++)
-		P->q[i] = 0.0f;
-	free(bias);
-	free(mu);
-	free(outl);
-	free(k);
-	free(v);
-	free(fp8s);
+	cr_assert_eq(tg_paged_build(P, cfg, N_LAYERS, Hkv, G, d, n, 3, Hkv, seed, unit_v), 0);
 }
 
-static void prob_build(struct prob *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
+static void prob_build(struct tg_paged *P, const struct bd_kvcfg *cfg, int d, int Hkv, int G, int n,
 		       uint64_t seed)
 {
 	prob_build_v(P, cfg, d, Hkv, G, n, seed, false);
 }
 
-static void prob_free(struct prob *P)
-{
-	free(P->arena);
-	free(P->slot);
-	free(P->bt);
-	free(P->q);
-}
-
-static struct bd_kv_view prob_view(const struct prob *P, int layer, int head)
-{
-	return (struct bd_kv_view){ .lay = &P->lay, .arena = P->arena, .block_table = P->bt,
-				    .slot = P->slot, .layer = layer, .kv_head = head,
-				    .n_tokens = P->n };
-}
-
 /* The fast path over all KV heads in one call against the reference head by head; returns
  * the worst relative error, |Δlse| in *ret_lse. */
-static double compare(const struct prob *P, const struct bd_decode_params *dp, int layer,
+static double compare(const struct tg_paged *P, const struct bd_decode_params *dp, int layer,
 		      double *ret_lse)
 {
 	size_t gd = (size_t)P->G * (size_t)P->d;
@@ -139,13 +47,13 @@ static double compare(const struct prob *P, const struct bd_decode_params *dp, i
 	float *lse = malloc(sizeof(float) * (size_t)P->G * (size_t)P->Hkv);
 	float *ro = malloc(sizeof(float) * gd), *rl = malloc(sizeof(float) * (size_t)P->G);
 	struct bd_decode_stats sf = { 0, 0 }, sr = { 0, 0 };
-	struct bd_kv_view kv = prob_view(P, layer, 0);
+	struct bd_kv_view kv = tg_paged_view(P, layer, 0);
 	double worst = 0.0, wl = 0.0;
 
 	cr_assert(o && lse && ro && rl);
 	cr_assert_eq(bd_attn_cpu_decode_gqa(P->cfg, dp, &kv, P->Hkv, P->q, P->G, o, lse, &sf), 0);
 	for (int h = 0; h < P->Hkv; h++) {
-		struct bd_kv_view kh = prob_view(P, layer, h);
+		struct bd_kv_view kh = tg_paged_view(P, layer, h);
 		cr_assert_eq(bd_ref_decode_gqa(P->cfg, dp, &kh, P->q + (size_t)h * gd, P->G, ro, rl,
 					       &sr),
 			     0);
@@ -196,7 +104,7 @@ static void config_sweep(int d, int G, const int *lens, int nlens)
 		if (cfg->page_fmt == BD_PAGE_FP8)
 			continue;
 		for (int li = 0; li < nlens; li++) {
-			struct prob P;
+			struct tg_paged P;
 			uint64_t seed = 1000u + (uint64_t)cv * 31u + (uint64_t)li;
 			prob_build(&P, cfg, d, 2, G, lens[li], seed);
 			for (int ii = 0; ii < 2; ii++) {
@@ -222,7 +130,7 @@ static void config_sweep(int d, int G, const int *lens, int nlens)
 							    dp.n_splits, dp.tile_keys, e, el);
 				}
 			}
-			prob_free(&P);
+			tg_paged_free(&P);
 		}
 	}
 	if (bd_attn_cpu_set_isa(isas[0]) < 0)
@@ -255,13 +163,13 @@ Test(attn_cpu, long_context_nvfp4_and_bf16)
 	static const char *const names[] = { "bitdecoding-nvfp4", "bf16", "bitdecoding-mxfp4" };
 
 	for (int i = 0; i < 3; i++) {
-		struct prob P;
+		struct tg_paged P;
 		prob_build(&P, bd_kvcfg_find(names[i]), 64, 3, 3, 2100, 77u + (uint64_t)i);
 		struct bd_decode_params dp = bd_decode_params_default();
 		double el, e = compare(&P, &dp, 1, &el);
 		cr_expect(e <= TOL && el <= TOL, "%s %s n=2100: rel %.3g lse %.3g",
 			  bd_attn_cpu_isa(), names[i], e, el);
-		prob_free(&P);
+		tg_paged_free(&P);
 	}
 }
 
@@ -282,29 +190,29 @@ Test(attn_cpu, isa_and_support)
 /* FP8 pages have no SIMD path: the call is the reference decoder's, bit for bit. */
 Test(attn_cpu, fp8_is_the_reference)
 {
-	struct prob P;
+	struct tg_paged P;
 	struct bd_decode_params dp = bd_decode_params_default();
 	prob_build(&P, bd_kvcfg_find("fp8"), 64, 2, 4, 300, 5);
 	float o[2 * 4 * 64], ro[4 * 64];
-	struct bd_kv_view kv = prob_view(&P, 0, 0);
+	struct bd_kv_view kv = tg_paged_view(&P, 0, 0);
 
 	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 4, o, NULL, NULL), 0);
 	for (int h = 0; h < 2; h++) {
-		struct bd_kv_view kh = prob_view(&P, 0, h);
+		struct bd_kv_view kh = tg_paged_view(&P, 0, h);
 		cr_assert_eq(bd_ref_decode_gqa(P.cfg, &dp, &kh, P.q + h * 256, 4, ro, NULL, NULL), 0);
 		cr_expect_arr_eq(o + h * 256, ro, sizeof(ro));
 	}
-	prob_free(&P);
+	tg_paged_free(&P);
 }
 
 /* Bad calls are refused and leave the outputs alone. */
 Test(attn_cpu, bad_inputs)
 {
-	struct prob P;
+	struct tg_paged P;
 	struct bd_decode_params dp = bd_decode_params_default();
 	prob_build(&P, bd_kvcfg_find("bitdecoding-nvfp4"), 64, 2, 2, 200, 9);
 	float o[2 * 2 * 64], lse[4];
-	struct bd_kv_view kv = prob_view(&P, 0, 1);
+	struct bd_kv_view kv = tg_paged_view(&P, 0, 1);
 
 	for (size_t i = 0; i < 256; i++)
 		o[i] = 7.0f;
@@ -322,29 +230,29 @@ Test(attn_cpu, bad_inputs)
 	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL), -EINVAL);
 	for (size_t i = 0; i < 256; i++)
 		cr_expect_eq(o[i], 7.0f);
-	prob_free(&P);
+	tg_paged_free(&P);
 }
 
 /* A call long enough to be shared out over threads gives, group for group, the bytes of calls
  * that decode one group each on the caller's thread. */
 Test(attn_cpu, threads_match_one_group_calls)
 {
-	struct prob P;
+	struct tg_paged P;
 	struct bd_decode_params dp = bd_decode_params_default();
 	prob_build(&P, bd_kvcfg_find("bitdecoding-nvfp4"), 64, 4, 3, 2000, 21);
 	float o[4 * 3 * 64], lse[12], o1[3 * 64], l1[3];
-	struct bd_kv_view kv = prob_view(&P, 1, 0);
+	struct bd_kv_view kv = tg_paged_view(&P, 1, 0);
 
 	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 4, P.q, 3, o, lse, NULL), 0);
 	for (int h = 0; h < 4; h++) {
-		struct bd_kv_view kh = prob_view(&P, 1, h);
+		struct bd_kv_view kh = tg_paged_view(&P, 1, h);
 		cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kh, 1, P.q + h * 192, 3, o1, l1,
 						    NULL),
 			     0);
 		cr_expect_arr_eq(o + h * 192, o1, sizeof(o1), "group %d", h);
 		cr_expect_arr_eq(lse + h * 3, l1, sizeof(l1), "group %d", h);
 	}
-	prob_free(&P);
+	tg_paged_free(&P);
 }
 
 /* A decode call of SmolLM2 (bitdecoding-nvfp4, layer 15, a TP=2 worker's KV head 1, 9 query
@@ -423,7 +331,7 @@ Test(attn_cpu, p_tie_of_a_model_call)
 static void unit_case(const struct bd_kvcfg *cfg, int n, int splits, int tile, float *ret_lo,
 		      float *ret_hi)
 {
-	struct prob P;
+	struct tg_paged P;
 	const int G = 4, d = 64;
 	size_t gd = (size_t)G * d;
 	float *o = malloc(sizeof(float) * gd * 2), lse[8];
@@ -438,7 +346,7 @@ static void unit_case(const struct bd_kvcfg *cfg, int n, int splits, int tile, f
 	for (int path = 0; path < 3; path++) {
 		if (path == 0) {
 			for (int h = 0; h < 2; h++) {
-				struct bd_kv_view kv = prob_view(&P, 1, h);
+				struct bd_kv_view kv = tg_paged_view(&P, 1, h);
 				cr_assert_eq(bd_ref_decode_gqa(cfg, &dp, &kv, P.q + h * gd, G,
 							       o + h * gd, lse, NULL),
 					     0);
@@ -446,7 +354,7 @@ static void unit_case(const struct bd_kvcfg *cfg, int n, int splits, int tile, f
 		} else {
 			if (!bd_attn_cpu_supported(cfg) || bd_attn_cpu_set_isa(isas[path - 1]) < 0)
 				continue;
-			struct bd_kv_view kv = prob_view(&P, 1, 0);
+			struct bd_kv_view kv = tg_paged_view(&P, 1, 0);
 			cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 2, P.q, G, o, lse, NULL), 0);
 		}
 		for (size_t i = 0; i < gd * 2; i++) {
@@ -456,7 +364,7 @@ static void unit_case(const struct bd_kvcfg *cfg, int n, int splits, int tile, f
 	}
 	if (bd_attn_cpu_set_isa(isas[0]) < 0)
 		(void)bd_attn_cpu_set_isa(isas[1]);
-	prob_free(&P);
+	tg_paged_free(&P);
 	free(o);
 }
 

@@ -96,7 +96,6 @@ Test(client, bad_arguments_send_nothing)
 {
 	struct bd_client *c;
 	struct bd_client_event ev;
-	struct bd_client_gen g = { .max_tokens = 4 };
 	const char *stops[9] = { "a", "b", "c", "d", "e", "f", "g", "h", "i" };
 	const char *nulls[1] = { NULL };
 	struct bd_client_msg msg = { "user", NULL };
@@ -107,40 +106,34 @@ Test(client, bad_arguments_send_nothing)
 
 	cr_assert_eq(bd_client_new(T.ep, NULL), -EINVAL);
 	cr_assert_eq(bd_client_new(T.ep, &c), 0);
-	/* nothing, or two of prompt / messages / token_ids */
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EINVAL);
-	g.prompt = "x";
-	g.token_ids = ids;
-	g.n_token_ids = 2;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EINVAL);
-	g.token_ids = NULL;
-	g.n_token_ids = 0;
-	/* limits of serve.proto */
-	g.stops = stops;
-	g.n_stops = 9;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EMSGSIZE);
-	g.stops = nulls;
-	g.n_stops = 1;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EINVAL);
-	g.n_stops = 0;
-	g.logits_top_k = 65;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EMSGSIZE);
-	g.logits_top_k = 0;
-	g.logprobs = true;
-	g.top_logprobs = 21;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EMSGSIZE);
-	g.logprobs = false;
-	g.top_logprobs = 2;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EINVAL, "top_logprobs without logprobs");
-	g.top_logprobs = 0;
 	memset(big, 'a', (64 << 10) + 1);
 	big[(64 << 10) + 1] = 0;
-	g.prompt = big;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EMSGSIZE);
-	g.prompt = NULL;
-	g.messages = &msg;
-	g.n_messages = 1;
-	cr_expect_eq(bd_client_generate_start(c, &g, &tag), -EINVAL, "a message without content");
+	/* each a request with one thing wrong: nothing, or two of prompt / messages / token_ids;
+	 * beyond a limit of serve.proto; a NULL stop, logprobs or message content */
+	const struct {
+		struct bd_client_gen g;
+		int want;
+		const char *what;
+	} bad[] = {
+		{ { .max_tokens = 4 }, -EINVAL, "no prompt" },
+		{ { .max_tokens = 4, .prompt = "x", .token_ids = ids, .n_token_ids = 2 }, -EINVAL,
+		  "a prompt and token ids" },
+		{ { .max_tokens = 4, .prompt = "x", .stops = stops, .n_stops = 9 }, -EMSGSIZE,
+		  "9 stop strings" },
+		{ { .max_tokens = 4, .prompt = "x", .stops = nulls, .n_stops = 1 }, -EINVAL,
+		  "a NULL stop string" },
+		{ { .max_tokens = 4, .prompt = "x", .logits_top_k = 65 }, -EMSGSIZE, "logits_top_k 65" },
+		{ { .max_tokens = 4, .prompt = "x", .logprobs = true, .top_logprobs = 21 }, -EMSGSIZE,
+		  "top_logprobs 21" },
+		{ { .max_tokens = 4, .prompt = "x", .top_logprobs = 2 }, -EINVAL,
+		  "top_logprobs without logprobs" },
+		{ { .max_tokens = 4, .prompt = big }, -EMSGSIZE, "a prompt over 64 KiB" },
+		{ { .max_tokens = 4, .messages = &msg, .n_messages = 1 }, -EINVAL,
+		  "a message without content" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_expect_eq(bd_client_generate_start(c, &bad[i].g, &tag), bad[i].want, "%s",
+			     bad[i].what);
 	cr_expect_eq(tag, 12345, "the tag was written on failure");
 	cr_expect_eq(bd_client_cancel(c, 0), -EINVAL);
 	cr_expect_eq(bd_client_next(c, -1, &ev), -EINVAL);

@@ -540,6 +540,33 @@ Test(tp, dead_peer_fails_the_step_without_hanging)
 
 /* ---- continuous batching ----------------------------------------------------------------- */
 
+/* The three sequences of the batch tests: prompts of 120, 5 and 126 tokens of a V-token
+ * vocabulary, room for steps more, prefilled; n_sets alike ones, sets[k][0..3). */
+static const int batch_lens[3] = { 120, 5, 126 };
+
+static void batch_seqs(struct bd_model *m, const struct bd_kvcfg *cfg, int V, int steps,
+		       struct bd_seq **sets[], int n_sets)
+{
+	int32_t prompt[126];
+
+	for (int i = 0; i < 126; i++)
+		prompt[i] = (i * 11 + 4) % V;
+	for (int i = 0; i < 3; i++) {
+		struct bd_seq_opts o = { .max_tokens = batch_lens[i] + steps };
+		for (int k = 0; k < n_sets; k++) {
+			cr_assert_eq(bd_seq_new(m, cfg, &o, &sets[k][i], NULL), 0);
+			cr_assert_eq(bd_model_prefill(m, sets[k][i], prompt, batch_lens[i], NULL), 0);
+		}
+	}
+}
+
+static void batch_seqs_free(struct bd_seq **sets[], int n_sets)
+{
+	for (int k = 0; k < n_sets; k++)
+		for (int i = 0; i < 3; i++)
+			bd_seq_free(sets[k][i]);
+}
+
 /* bd_model_decode_batch against bd_model_decode row by row: three sequences of 120, 5 and 126
  * prompt tokens (rows 0 and 2 promote a page while decoding), 12 steps, bitdecoding-nvfp4. The
  * batch adds in another order (matrix–matrix products), so logits agree to rounding, not
@@ -548,21 +575,13 @@ Test(tp, decode_batch_matches_row_by_row)
 {
 	struct bd_model *m = tiny_model(BD_ARCH_QWEN3);
 	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
-	const int V = 37, lens[3] = { 120, 5, 126 }, steps = 12;
-	struct bd_seq *a[3], *b[3];
+	const int V = 37, *lens = batch_lens, steps = 12;
+	struct bd_seq *a[3], *b[3], **sets[] = { a, b };
 	float la[3 * 37], lb[37];
-	int32_t prompt[126], tok[3];
+	int32_t tok[3];
 	int st[3];
 	double maxd = 0, scale = 0;
-	for (int i = 0; i < 126; i++)
-		prompt[i] = (i * 11 + 4) % V;
-	for (int i = 0; i < 3; i++) {
-		struct bd_seq_opts o = { .max_tokens = lens[i] + steps };
-		cr_assert_eq(bd_seq_new(m, cfg, &o, &a[i], NULL), 0);
-		cr_assert_eq(bd_seq_new(m, cfg, &o, &b[i], NULL), 0);
-		cr_assert_eq(bd_model_prefill(m, a[i], prompt, lens[i], NULL), 0);
-		cr_assert_eq(bd_model_prefill(m, b[i], prompt, lens[i], NULL), 0);
-	}
+	batch_seqs(m, cfg, V, steps, sets, 2);
 	for (int t = 0; t < steps; t++) {
 		for (int i = 0; i < 3; i++)
 			tok[i] = (t * 7 + i * 3 + 1) % V;
@@ -605,10 +624,7 @@ Test(tp, decode_batch_matches_row_by_row)
 	cr_assert_eq(bd_seq_n_tokens(a[0]), n0);
 	cr_assert_eq(bd_model_decode_batch(m, a, tok, 0, la, st), -EINVAL);
 	cr_assert_eq(bd_model_decode_batch(m, a, tok, 3, la, NULL), -EINVAL);
-	for (int i = 0; i < 3; i++) {
-		bd_seq_free(a[i]);
-		bd_seq_free(b[i]);
-	}
+	batch_seqs_free(sets, 2);
 	bd_model_free(m);
 }
 
@@ -621,22 +637,12 @@ Test(tp, decode_batch_invariant_is_bitwise_row_by_row)
 {
 	struct bd_model *m = tiny_model(BD_ARCH_QWEN3);
 	const struct bd_kvcfg *cfg = bd_kvcfg_find("bitdecoding-nvfp4");
-	const int V = 37, lens[3] = { 120, 5, 126 }, steps = 12;
-	struct bd_seq *a[3], *b[3], *f[3];
+	const int V = 37, steps = 12;
+	struct bd_seq *a[3], *b[3], *f[3], **sets[] = { a, b, f };
 	float la[3 * 37], lf[3 * 37], lb[37];
-	int32_t prompt[126], tok[3];
+	int32_t tok[3];
 	int st[3], fast_diff = 0;
-	for (int i = 0; i < 126; i++)
-		prompt[i] = (i * 11 + 4) % V;
-	for (int i = 0; i < 3; i++) {
-		struct bd_seq_opts o = { .max_tokens = lens[i] + steps };
-		cr_assert_eq(bd_seq_new(m, cfg, &o, &a[i], NULL), 0);
-		cr_assert_eq(bd_seq_new(m, cfg, &o, &b[i], NULL), 0);
-		cr_assert_eq(bd_seq_new(m, cfg, &o, &f[i], NULL), 0);
-		cr_assert_eq(bd_model_prefill(m, a[i], prompt, lens[i], NULL), 0);
-		cr_assert_eq(bd_model_prefill(m, b[i], prompt, lens[i], NULL), 0);
-		cr_assert_eq(bd_model_prefill(m, f[i], prompt, lens[i], NULL), 0);
-	}
+	batch_seqs(m, cfg, V, steps, sets, 3);
 	for (int t = 0; t < steps; t++) {
 		/* the batch of step t: rows {0,1,2}, then {2,0}, then {1} */
 		static const int rows[3][3] = { { 0, 1, 2 }, { 2, 0, -1 }, { 1, -1, -1 } };
@@ -668,11 +674,7 @@ Test(tp, decode_batch_invariant_is_bitwise_row_by_row)
 	cr_assert_eq(bd_model_decode_batch_mode(m, a, tok, 1, la, st, (enum bd_batch_mode)2),
 		     -EINVAL);
 	cr_assert_eq(bd_seq_n_tokens(a[0]), n0);
-	for (int i = 0; i < 3; i++) {
-		bd_seq_free(a[i]);
-		bd_seq_free(b[i]);
-		bd_seq_free(f[i]);
-	}
+	batch_seqs_free(sets, 3);
 	bd_model_free(m);
 }
 
