@@ -62,6 +62,7 @@
 #include "cuda/bd_gmodel.h"
 #include "model/bd_model_preset.h"
 #include "bd_kernels.h"
+#include "model/bd_eval.h"
 #include "model/bd_forward.h"
 #include "model/bd_sampler.h"
 #include "model/bd_tokenizer.h"
@@ -1096,17 +1097,21 @@ static void tp_checks(struct ctx *c)
  *   the GPU's FP32 GEMMs add in another order than OpenBLAS, which moves K and V by FP32
  *   rounding; with BF16 pages that stays rounding (the whole-prompt comparison (a) measured
  *   0.16 on this model: F_TOL_BF16 = 0.5 leaves room for the longer prompt), with FP4 pages a
- *   value that lands on the other side of a rounding boundary flips its FP4 code and moves the
- *   logits by up to one code's worth ((a) measured 1.41; a chunk reads 600 such tokens:
- *   F_TOL_FP4 = 3.0). The argmax must agree at every position, as in (a).
+ *   value that lands on the other side of a rounding boundary flips its FP4 code and moves
+ *   many logits of the step at once (max |dlogit| 1.4 in (a), 2.8 between the CPU's own chunked
+ *   and whole prompts here), so a largest difference says little. FP4 pages are held instead
+ *   to the eval's own measure (bd_eval_kl_topk, NUMERICS.md §10): the mean KL over the 17
+ *   positions at most F_KL_FP4, a quarter of what the paper's recipe itself costs against BF16
+ *   pages on this model at 2K (9.3e-3, bench/RESULTS.md): a discrepancy between two
+ *   implementations of one format is held well under the format's own error. The argmax must
+ *   agree at every position, as in (a).
  * - GPU chunked vs GPU unchunked: with "bf16" (BF16 pages, keys neither smoothed nor rotated)
  *   the two read the same K and V in real arithmetic, only FP32 summation order differs (GEMMs
  *   of other row counts, key tiles of 32 against 64): F_TOL_BF16. With FP4 pages the chunk reads
- *   the context as decode does, losing what the pages lose (the CPU's own bound for the same
- *   comparison, tests/lib/model/test_prefill_chunk.c, is 1.0 at 300 tokens): F_TOL_FP4, argmax
- *   equal. */
+ *   the context as decode does, losing what the pages lose: F_KL_FP4 on the last prompt token's
+ *   logits, argmax equal, the CPU's own KL for the same comparison printed beside it. */
 #define F_TOL_BF16 0.5
-#define F_TOL_FP4 3.0
+#define F_KL_FP4 2.5e-3
 
 /* The CPU's prompt of F_N tokens in chunks of `chunk` (0: at once), then F_STEPS greedy
  * decodes: logits [F_NPOS][V] and argmax tokens [F_NPOS]. */
@@ -1230,6 +1235,21 @@ static double f_compare(const float *a, const float *b, const int32_t *ta, const
 	return worst;
 }
 
+/* The mean over n positions of V logits each of bd_eval_kl_topk(ref, got) over the 128 most
+ * likely reference tokens (nats); NaN when a position's logits are not finite. */
+static double f_kl(const float *ref, const float *got, int n, int V)
+{
+	double sum = 0.0;
+	for (int i = 0; i < n; i++) {
+		double kl;
+		if (bd_eval_kl_topk(ref + (size_t)i * (size_t)V, got + (size_t)i * (size_t)V, V,
+				    128, &kl) < 0)
+			return NAN;
+		sum += kl;
+	}
+	return sum / n;
+}
+
 /* (f) one configuration: a 600-token prompt prefilled on the GPU in chunks of 128 and 256 and
  * at once, each followed by 16 decode steps teacher-forced with the CPU's tokens of the same
  * chunking, against the CPU (bd_model_prefill_chunk, the numeric spec) and against each other;
@@ -1245,7 +1265,6 @@ static void chunk_checks(struct ctx *c, int ci)
 	struct bd_layout lay = make_lay(c, cfg, c->m->hp.n_kv_heads, (size_t)F_SLOTS * F_PAGES);
 	struct bd_decode_params dp = dp_for(c);
 	const bool fp4 = cfg->page_fmt != BD_PAGE_BF16;
-	const double tol = fp4 ? F_TOL_FP4 : F_TOL_BF16;
 	const int chunks[3] = { 128, 256, 0 }, V = c->V;
 	char err[BD_MODEL_ERR_MAX] = "";
 	int32_t prompt[F_N], pages[F_SLOTS][F_PAGES];
@@ -1290,20 +1309,27 @@ static void chunk_checks(struct ctx *c, int ci)
 		int differ;
 		double dl = f_compare(gl[k], cl[k], gt[k], ct[k], V, &differ);
 		double d0 = max_abs_diff(gl[k], cl[k], (size_t)V);
-		report(differ == 0 && dl <= tol,
+		double kl = f_kl(cl[k], gl[k], F_NPOS, V);
+		report(differ == 0 && (fp4 ? kl <= F_KL_FP4 : dl <= F_TOL_BF16),
 		       "(f) %s %s: GPU vs CPU (same chunks): argmax differs at %d of %d positions, "
-		       "max |dlogit| %.3e (last prompt token %.3e, tolerance %.1f)", cfg->name,
+		       "mean KL %.2e, max |dlogit| %.3e (last prompt token %.3e); tolerance: %s %.1e",
+		       cfg->name,
 		       chunks[k] ? (chunks[k] == 128 ? "chunks of 128" : "chunks of 256")
 				 : "whole prompt",
-		       differ, F_NPOS, dl, d0, tol);
+		       differ, F_NPOS, kl, dl, d0, fp4 ? "mean KL" : "max |dlogit|",
+		       fp4 ? F_KL_FP4 : F_TOL_BF16);
 	}
 	for (int k = 0; k < 2; k++) {
 		double d0 = max_abs_diff(gl[k], gl[2], (size_t)V);
+		double kl = f_kl(gl[2], gl[k], 1, V), cpu_kl = f_kl(cl[2], cl[k], 1, V);
 		bool same = gt[k][0] == gt[2][0];
-		report(same && d0 <= tol,
+		report(same && (fp4 ? kl <= F_KL_FP4 : d0 <= F_TOL_BF16),
 		       "(f) %s chunks of %d vs the whole prompt on the GPU: last prompt token argmax "
-		       "%d vs %d, max |dlogit| %.3e (tolerance %.1f; CPU's own: %.3e)", cfg->name,
-		       chunks[k], gt[k][0], gt[2][0], d0, tol, max_abs_diff(cl[k], cl[2], (size_t)V));
+		       "%d vs %d, KL %.2e (CPU's own %.2e), max |dlogit| %.3e (CPU's own %.3e); "
+		       "tolerance: %s %.1e",
+		       cfg->name, chunks[k], gt[k][0], gt[2][0], kl, cpu_kl, d0,
+		       max_abs_diff(cl[k], cl[2], (size_t)V), fp4 ? "KL" : "max |dlogit|",
+		       fp4 ? F_KL_FP4 : F_TOL_BF16);
 	}
 
 	/* refusals: nothing written, the model still usable */
