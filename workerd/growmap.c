@@ -404,5 +404,10 @@ void wd_gscrub(const Bdfp4__PlanRow *row, const struct wd_gitem *it, const int32
 {
 	*ret_pages = row->new_pages;
 	*ret_n = row->n_new_pages;
-	*ret_slot = it->kind == WD_G_DECODE ? -1 : row->slot;
+	/* only a new sequence's slot: a later chunk's or a resumed request's slot holds its sink
+	 * and recent rows */
+	*ret_slot = it->kind == WD_G_FILL_DECODE ||
+				    (it->kind == WD_G_PREFILL && row->position == 0 && !row->resume)
+			    ? row->slot
+			    : -1;
 }

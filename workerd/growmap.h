@@ -103,8 +103,9 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
  * (the cuda backend's scrub: kvpoold does not map device memory, so pages and slots are cleared
  * where they are next owned): the row's new pages in every form (a prefill's, a fill's, the
  * decode page reserved for it) into *ret_pages[*ret_n] (pointing into the row), and the slot of
- * a new sequence (prefill, fill-decode) into *ret_slot, -1 for a decode row, whose slot holds
- * the sequence. Pages it shares (the block table) are never among them. */
+ * a new sequence (a prompt's first chunk at position 0, a fill-decode) into *ret_slot; -1 for a
+ * decode row, a later chunk and a resume row, whose slot holds the sequence's sink and recent
+ * rows. Pages it shares (the block table) are never among them. */
 void wd_gscrub(const Bdfp4__PlanRow *row, const struct wd_gitem *it, const int32_t **ret_pages,
 	       size_t *ret_n, int32_t *ret_slot);
 

@@ -615,3 +615,44 @@ Test(wd_plan, scrub_takes_new_pages_and_a_new_sequence_slot)
 	wd_gdone(&t, &it, true);
 	wd_gtab_clear(&t);
 }
+
+/* A prompt's later chunk keeps its slot (the sink and recent rows of the first chunk) and
+ * zeroes only the pages it fills; so does a resume row, whose slot is the interrupted
+ * request's. */
+Test(wd_plan, scrub_keeps_the_slot_of_a_later_chunk_and_a_resume)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t pages[4] = { 7, 3, 9, 1 }, slot;
+	const int32_t *sp;
+	size_t n;
+	char msg[200];
+
+	chunk_row(&r, 8, 0, 256, 5, NULL, 0, pages, 2, false);
+	r.capacity = 1000;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, 5, "the first chunk starts the sequence in a new slot");
+	cr_expect_eq(n, 2);
+	wd_gdone(&t, &it, true);
+	chunk_row(&r, 8, 256, 256, 5, pages, 2, &pages[2], 2, false);
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, -1, "a later chunk's slot holds the first chunk's sink");
+	cr_assert_eq(n, 2);
+	cr_expect(sp[0] == 9 && sp[1] == 1, "the chunk's own pages, not the block table's");
+	wd_gdone(&t, &it, true);
+	wd_gtab_clear(&t);
+
+	/* the same second chunk on a fresh worker, as the first row of a new group */
+	chunk_row(&r, 8, 256, 256, 5, pages, 2, &pages[2], 2, false);
+	r.resume = true;
+	r.capacity = 1000;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, -1, "a resumed request's slot holds its sink");
+	cr_expect_eq(n, 2);
+	wd_gdone(&t, &it, true);
+	wd_gtab_clear(&t);
+}
