@@ -176,9 +176,7 @@ done
 
 say "starting the router"
 RMAX=
-# the cuda backend prefills whole prompts only (no chunk at a position > 0)
-[ "$BACKEND" = cuda ] &&
-	RMAX="--max-batch ${BD_MAX_BATCH:-64} --max-prefill-chunk 0 --max-prefill-tokens 8192"
+[ "$BACKEND" = cuda ] && RMAX="--max-batch ${BD_MAX_BATCH:-64}"
 # shellcheck disable=SC2086
 "$BIN/routerd" --no-config --frontend "$FRONT_EP" --workers "$WORKERS_EP" --pool "$POOL_EP" \
 	--http "${BD_HTTP:-127.0.0.1:0}" $MODEL_ARGS --tp "$TP" $RMAX ${BD_ROUTER_ARGS:-} \
