@@ -459,7 +459,7 @@ ifeq ($(HAVE_NVCC),1)
 all: $(GPU_BIN)
 endif
 
-.PHONY: gpu-test gpu-test-pool gpu-test-ops gpu-test-model gpu-capture bench-serve-gpu
+.PHONY: gpu-test gpu-test-pool gpu-test-ops gpu-test-model gpu-test-serve gpu-capture bench-serve-gpu
 define need_nvcc
 	@test -n "$(HAVE_NVCC)" || { echo "$@ needs nvcc"; exit 1; }
 endef
@@ -511,6 +511,14 @@ gpu-test-model: $(BUILD)/bin/gmodel_check
 	$(need_nvcc)
 	@test -f $(or $(BD_MODEL),$(MODEL_FILE)) || $(MAKE) --no-print-directory model
 	$< $(or $(BD_MODEL),$(MODEL_FILE))
+
+# The whole system on the GPU with the real model (tests/gpu/serve_check.sh): a greedy answer
+# with the prompt prefilled whole, in chunks of 128 and on the cpu backend.
+gpu-test-serve: $(KVPD_BIN) $(ROUTER_BIN) $(WORKERD_BIN) $(BUILD)/bin/bdfp4 \
+		$(BUILD)/bin/fdstore-run
+	$(need_nvcc)
+	@test -f $(or $(BD_MODEL),$(MODEL_FILE)) || $(MAKE) --no-print-directory model
+	sh tests/gpu/serve_check.sh $(BUILD)/bin $(or $(BD_MODEL),$(MODEL_FILE)) $(BUILD)/serve_check
 
 # The serving benchmark on one GPU (bench/serve_gpu.sh): random Qwen3-4B weights, synthetic
 # prefill, bf16 and bitdecoding-nvfp4 pools; tables in $(BD_RESULTS_DIR) (default $(BUILD)/).
