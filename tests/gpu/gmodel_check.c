@@ -1100,11 +1100,13 @@ static void tp_checks(struct ctx *c)
  *   value that lands on the other side of a rounding boundary flips its FP4 code and moves
  *   many logits of the step at once (max |dlogit| 1.4 in (a), 2.8 between the CPU's own chunked
  *   and whole prompts here), so a largest difference says little. FP4 pages are held instead
- *   to the eval's own measure (bd_eval_kl_topk, NUMERICS.md §10): the mean KL over the 17
- *   positions at most F_KL_FP4, a quarter of what the paper's recipe itself costs against BF16
- *   pages on this model at 2K (9.3e-3, bench/RESULTS.md): a discrepancy between two
- *   implementations of one format is held well under the format's own error. The argmax must
- *   agree at every position, as in (a).
+ *   to the eval's own measure (bd_eval_kl_topk, NUMERICS.md §10), the mean KL over the 17
+ *   positions: the whole prompt at most F_KL_FP4, a quarter of what the paper's recipe itself
+ *   costs against BF16 pages on this model at 2K (9.3e-3, bench/RESULTS.md). A chunk after the
+ *   first reads the FP4 context and writes pages from it, so one flipped code in an early page
+ *   changes the keys of every later chunk: chunked, the GPU may be as far from the CPU as
+ *   twice the CPU's own chunked prompt is from its whole one (whichever of that and F_KL_FP4
+ *   is larger). The argmax must agree at every position, as in (a).
  * - GPU chunked vs GPU unchunked: with "bf16" (BF16 pages, keys neither smoothed nor rotated)
  *   the two read the same K and V in real arithmetic, only FP32 summation order differs (GEMMs
  *   of other row counts, key tiles of 32 against 64): F_TOL_BF16. With FP4 pages the chunk reads
@@ -1270,6 +1272,7 @@ static void chunk_checks(struct ctx *c, int ci)
 	int32_t prompt[F_N], pages[F_SLOTS][F_PAGES];
 	float *cl[3] = { NULL, NULL, NULL }, *gl[3] = { NULL, NULL, NULL };
 	int32_t ct[3][F_NPOS], gt[3][F_NPOS];
+	bool ran[3] = { false, false, false };
 	void *dpages = NULL, *dslots = NULL;
 
 	for (int i = 0; i < F_N; i++)
@@ -1301,25 +1304,31 @@ static void chunk_checks(struct ctx *c, int ci)
 				     gl[k] + (size_t)i * (size_t)V, &tok, err);
 			gt[k][i] = tok;
 		}
-		if (r < 0) {
+		ran[k] = r == 0;
+		if (r < 0)
 			report(false, "(f) %s chunks of %d: error %d: %s", cfg->name, chunks[k], r,
 			       err);
+	}
+	for (int k = 0; k < 3; k++) {
+		if (!ran[k])
 			continue;
-		}
 		int differ;
 		double dl = f_compare(gl[k], cl[k], gt[k], ct[k], V, &differ);
 		double d0 = max_abs_diff(gl[k], cl[k], (size_t)V);
 		double kl = f_kl(cl[k], gl[k], F_NPOS, V);
-		report(differ == 0 && (fp4 ? kl <= F_KL_FP4 : dl <= F_TOL_BF16),
+		/* chunked FP4: within twice the CPU's own chunked-vs-whole KL, or F_KL_FP4 */
+		double own = k < 2 ? f_kl(cl[2], cl[k], F_NPOS, V) : 0.0;
+		double tol = fp4 ? fmax(F_KL_FP4, 2.0 * own) : F_TOL_BF16;
+		report(differ == 0 && (fp4 ? kl <= tol : dl <= tol),
 		       "(f) %s %s: GPU vs CPU (same chunks): argmax differs at %d of %d positions, "
-		       "mean KL %.2e, max |dlogit| %.3e (last prompt token %.3e); tolerance: %s %.1e",
+		       "mean KL %.2e (the CPU's chunks vs its whole prompt: %.2e), max |dlogit| %.3e "
+		       "(last prompt token %.3e); tolerance: %s %.2e",
 		       cfg->name,
 		       chunks[k] ? (chunks[k] == 128 ? "chunks of 128" : "chunks of 256")
 				 : "whole prompt",
-		       differ, F_NPOS, kl, dl, d0, fp4 ? "mean KL" : "max |dlogit|",
-		       fp4 ? F_KL_FP4 : F_TOL_BF16);
+		       differ, F_NPOS, kl, own, dl, d0, fp4 ? "mean KL" : "max |dlogit|", tol);
 	}
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < 2 && ran[k] && ran[2]; k++) {
 		double d0 = max_abs_diff(gl[k], gl[2], (size_t)V);
 		double kl = f_kl(gl[2], gl[k], 1, V), cpu_kl = f_kl(cl[2], cl[k], 1, V);
 		bool same = gt[k][0] == gt[2][0];
