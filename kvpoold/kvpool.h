@@ -116,6 +116,51 @@ int bd_kvpool_request_release(struct bd_kvpool_alloc *a, uint64_t req, uint64_t 
 int bd_kvpool_owner_reclaim(struct bd_kvpool_alloc *a, uint64_t owner, uint64_t *ret_requests,
 			    uint64_t *ret_freed);
 
+/* ---- prefix caching: promoted pages shared by the hash of the tokens they hold ---------------
+ *
+ * A promoted page (USED, held by the request that filled it) may be indexed under a hash the
+ * router computed (non-zero; chained over the page's tokens, the previous page's hash and the
+ * KV identity, router/prefix.c). A later request takes references to the leading indexed pages
+ * of its prompt (prefix_match); an indexed page whose last reference goes is IDLE: kept, and
+ * counted as free capacity (bd_kvpool_counts.pages_free); an allocation that finds the free
+ * stack short evicts the least recently released idle pages (scrubbed, as any freed page).
+ * Indexed pages are immutable: nothing writes a USED page. */
+
+enum bd_kvpool_cache_event { BD_KVPOOL_CACHE_STORED = 1, BD_KVPOOL_CACHE_REMOVED, BD_KVPOOL_CACHE_CLEARED };
+
+/* Told of each page indexed (STORED) or evicted (REMOVED) under hash, and of a clear of the
+ * whole index (CLEARED, hash 0, page -1), as it happens inside the operation. */
+typedef void (*bd_kvpool_cache_fn)(void *ctx, enum bd_kvpool_cache_event ev, uint64_t hash,
+				   int32_t page);
+void bd_kvpool_alloc_set_cache_hook(struct bd_kvpool_alloc *a, bd_kvpool_cache_fn fn, void *ctx);
+
+/* Indexes pages[i] (held by req, promoted: USED) under hashes[i] (≠ 0), i < n ≤ max pages per
+ * request. A page already indexed, or a hash another page is indexed under, is left as it is
+ * (the first page of a prefix wins; the request's own page stays private). All checked before
+ * any change: -POOL_ERR_UNKNOWN_REQUEST, _RANGE (n, a page id), _INVALID (hash 0, a page or
+ * hash twice), _NOT_HELD, _STATE (a reserved page). *ret_stored: pages indexed by this call. */
+int bd_kvpool_prefix_store(struct bd_kvpool_alloc *a, uint64_t req, const int32_t *pages,
+			   const uint64_t *hashes, size_t n, uint64_t *ret_stored);
+
+/* The longest leading run hashes[0..k) that is indexed: req (created under owner when new)
+ * takes a reference to each of those pages (an idle one becomes USED again), ret_pages[0..k)
+ * in that order, *ret_n = k (0 is not an error: nothing changes). Errors as PageRef's (range,
+ * owner, the request's page limit, quota: nothing changes). Counts n queries and k hits. */
+int bd_kvpool_prefix_match(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
+			   const uint64_t *hashes, size_t n, int32_t *ret_pages, size_t *ret_n);
+
+/* Empties the index: idle pages are freed (scrubbed), held ones stay with their holders and
+ * are freed by the last. *ret_dropped: pages that left the index. */
+int bd_kvpool_prefix_clear(struct bd_kvpool_alloc *a, uint64_t *ret_dropped);
+
+struct bd_kvpool_prefix_counts {
+	size_t cached, idle;          /* indexed pages; of which no request holds */
+	uint64_t queries, hits;       /* pages asked for by prefix_match, and found */
+	uint64_t stored, evictions;   /* pages indexed, idle pages evicted (since start) */
+};
+void bd_kvpool_prefix_counts(const struct bd_kvpool_alloc *a,
+			     struct bd_kvpool_prefix_counts *ret);
+
 struct bd_kvpool_counts {
 	size_t pages_total, pages_free, pages_used, pages_reserved, pages_shared;
 	size_t slots_total, slots_free;
@@ -233,6 +278,14 @@ struct bd_kvpool_handler {
 	uint32_t peer_uid;
 	struct { uint64_t owner; uint32_t uid; } owners[BD_KVPOOL_MAX_OWNERS];
 	size_t n_owners;
+
+	/* The PrefixStore being applied, for the allocator's cache hook (the KV event stream
+	 * publishes each stored page with its tokens): its pages and hashes [store_n], tokens
+	 * [store_n_tokens] (128 per page, in page order) and parent; store_n is 0 outside it. */
+	const int32_t *store_pages, *store_tokens;
+	const uint64_t *store_hashes;
+	size_t store_n, store_n_tokens;
+	uint64_t store_parent;
 };
 
 /* Decodes and checks one attach request frame buf[n] (kvpool.proto AttachRequest) for a pool
@@ -379,7 +432,7 @@ const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name);
  * bd_kvpool_state_geo), the replay table, the allocator. */
 
 #define BD_KVPOOL_STATE_MAGIC "bdfp4kvs"
-#define BD_KVPOOL_STATE_VERSION 1
+#define BD_KVPOOL_STATE_VERSION 2 /* 2: the allocator record ends with the prefix index */
 #define BD_KVPOOL_STATE_BOM 0x01020304u
 #define BD_KVPOOL_STATE_FDNAME "state"
 

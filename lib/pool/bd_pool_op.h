@@ -27,6 +27,10 @@ enum bd_pool_op_kind {
 	BD_POOL_OP_OWNER_RECLAIM = 9,
 	BD_POOL_OP_STATS = 10,
 	BD_POOL_OP_REQUESTS = 11,
+	/* 12, 13: PoolRequest's client and call */
+	BD_POOL_OP_PREFIX_STORE = 14,
+	BD_POOL_OP_PREFIX_MATCH = 15,
+	BD_POOL_OP_PREFIX_CLEAR = 16,
 	BD_POOL_OP_COUNT
 };
 
@@ -38,6 +42,8 @@ enum bd_pool_op_kind {
  *   SLOT_RELEASE   request_id, index (the slot)     REQUEST_RELEASE request_id
  *   OWNER_RECLAIM  owner                            STATS          n (largest holders, 0: the
  *   REQUESTS, NONE nothing                                         daemon's default)
+ *   PREFIX_STORE   request_id, pages, hashes, tokens, parent
+ *   PREFIX_MATCH   request_id, owner, hashes        PREFIX_CLEAR   nothing
  * Any kind carries client and call, the caller's id and the call's number (kvpool.proto).
  * The allocation calls of bd_pool_client.h build one each; tests and tools that speak the
  * protocol themselves (a fuzzer, an asynchronous probe) pack them with bd_pool_op_pack(). */
@@ -48,13 +54,18 @@ struct bd_pool_op {
 	int32_t index;
 	const int32_t *pages; /* n_pages page ids, borrowed */
 	size_t n_pages;
+	const uint64_t *hashes; /* n_hashes page hashes (prefix caching), borrowed */
+	size_t n_hashes;
+	const int32_t *tokens; /* n_tokens token ids, borrowed */
+	size_t n_tokens;
+	uint64_t parent;
 	uint64_t client, call; /* repeat protection (kvpool.proto); 0: none */
 };
 
 /* Packs op as one PoolRequest frame into buf (cap bytes; buf may be NULL when cap is 0) when
  * it fits, like snprintf: returns the frame's length in bytes, and a length above cap means
  * nothing was written (call again with a buffer that large). Returns -EINVAL for a NULL op,
- * an unknown kind or n_pages ids without a list, -EMSGSIZE for a frame beyond SSIZE_MAX. */
+ * an unknown kind or n_pages ids (n_hashes, n_tokens) without a list, -EMSGSIZE for a frame beyond SSIZE_MAX. */
 ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap);
 
 #ifdef __cplusplus
