@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "kvpool.pb-c.h"
+#include "quant/bd_layout.h"
 #include "router.h"
 
 #define MON_ENDPOINT "inproc://routerd-pool-monitor"
@@ -390,6 +391,24 @@ static int pool_release(void *ctx, uint64_t id)
 	return e;
 }
 
+static int pool_prefix_match(void *ctx, uint64_t id, const uint64_t *hashes, size_t n,
+			     int32_t *ret_pages, size_t *ret_n)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_prefix_match(rt->pool, id, rt->o.owner, hashes, n, ret_pages,
+						  ret_n));
+}
+
+static int pool_prefix_store(void *ctx, uint64_t id, const int32_t *pages, const uint64_t *hashes,
+			     size_t n, const int32_t *tokens, uint64_t parent)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_prefix_store(rt->pool, id, pages, hashes, n, tokens,
+						  n * BD_PAGE_TOKENS, parent, NULL));
+}
+
 static bool pool_is_down(void *ctx, char *why, size_t cap)
 {
 	struct bd_router *rt = ctx;
@@ -405,5 +424,7 @@ const struct bd_sched_pool_ops bd_router_pool_ops = {
 	.page_reserve = pool_page_reserve,
 	.page_commit = pool_page_commit,
 	.release = pool_release,
+	.prefix_match = pool_prefix_match,
+	.prefix_store = pool_prefix_store,
 	.down = pool_is_down,
 };

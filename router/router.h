@@ -66,6 +66,7 @@ struct bd_router_opts {
 	int tp;
 	int max_batch, max_queue, max_frame, max_prefill_tokens, max_prefill_chunk;
 	bool batch_invariant; /* bd_sched_cfg.batch_invariant */
+	bool prefix_cache;    /* bd_sched_cfg.prefix_cache (the cpu backend only) */
 	int deadline_ms, heartbeat_ms, heartbeat_timeout_ms, step_timeout_ms, keepalive_ms;
 	int resume_timeout_ms;
 	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
