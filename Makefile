@@ -39,7 +39,8 @@ all:
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
-	prometheus python3-venv python3-pip python3-matplotlib systemd
+	prometheus python3-venv python3-pip python3-matplotlib systemd libmsgpack-dev python3-msgpack \
+	libsodium-dev
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -276,7 +277,7 @@ $(KVPD_OBJ) $(BUILD)/kvpoold/main.o $(BUILD)/kvpoold/kvpoolctl.o: | $(PROTO_H)
 ifeq ($(HAVE_CUDA_H),1)
 $(BUILD)/kvpoold/mem_cuda.o: CFLAGS += -DBD_HAVE_CUDA_H -isystem $(CUDA_INC)
 endif
-$(eval $(call program,kvpoold,$(BUILD)/kvpoold/main.o $(KVPD_LIB),pool quant base))
+$(eval $(call program,kvpoold,$(BUILD)/kvpoold/main.o $(KVPD_LIB),pool quant base,-lmsgpackc))
 $(eval $(call program,kvpoolctl,$(BUILD)/kvpoold/kvpoolctl.o,pool quant base,-ljansson))
 all: $(KVPD_BIN)
 
@@ -377,11 +378,11 @@ $(TEST_OBJ): CFLAGS += -Itests/common
 $(TEST_OBJ): | $(PROTO_H)
 $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
-$(BUILD)/tests/router/%.o: CFLAGS += -iquote router
+$(BUILD)/tests/router/%.o $(BUILD)/tests/system/test_prefix.o: CFLAGS += -iquote router
 
 $(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) \
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) -lmsgpackc \
 		$(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) -lm -pthread
 all: $(TEST_BIN)
 

@@ -416,6 +416,43 @@ extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda;
 /* The backend called name ("cpu", "cuda"), or NULL. */
 const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name);
 
+/* ---- KV events (events.c): the prefix index's changes in vLLM's format --------------------- *
+ *
+ * kvpoold publishes, on a ZeroMQ PUB socket ([pool] kv_events), the batches vLLM's
+ * ZmqEventPublisher sends: frames [topic, sequence number (8 bytes, big-endian, from 0),
+ * msgpack payload], the payload as events.c's comment spells out; a ROUTER socket
+ * (kv_events_replay) answers a request [""][start (8 bytes, big-endian)] with every kept batch
+ * from start on, each as [""][seq][payload], then [""][-1 as 8 bytes][""]. A bdfp4 page is one
+ * vLLM block of 128 tokens; the block hash is the router's page hash (router/prefix.h). */
+
+struct bd_kvpool_events;
+
+/* A publisher's books keeping the last replay_batches batches (≥ 1; 0 is 1); medium names the
+ * memory in the events ("GPU", "CPU"; < 16 bytes). Returns 0, -EINVAL, -ENOMEM. */
+int bd_kvpool_events_new(size_t replay_batches, const char *medium,
+			 struct bd_kvpool_events **ret);
+void bd_kvpool_events_free(struct bd_kvpool_events *e);
+
+/* The handler whose PrefixStore context (bd_kvpool_handler.store_*) gives a stored page its
+ * tokens and parent. */
+void bd_kvpool_events_set_handler(struct bd_kvpool_events *e, const struct bd_kvpool_handler *h);
+
+/* The allocator's bd_kvpool_cache_fn (ctx: the events): the change joins the pending batch. */
+void bd_kvpool_events_hook(void *ctx, enum bd_kvpool_cache_event ev, uint64_t hash,
+			   int32_t page);
+
+/* The pending changes as the next batch (timestamp ts, seconds since the epoch): returns 1
+ * with its sequence number and payload (valid until this batch leaves the replay ring),
+ * 0 when nothing is pending, -ENOMEM (the changes are lost; the next batch is an
+ * AllBlocksCleared, so consumers do not keep a view the pool no longer has). */
+int bd_kvpool_events_batch(struct bd_kvpool_events *e, double ts, uint64_t *ret_seq,
+			   const uint8_t **ret_payload, size_t *ret_len);
+
+/* Calls fn for each kept batch with sequence number ≥ start, oldest first; returns how many. */
+size_t bd_kvpool_events_replay(const struct bd_kvpool_events *e, uint64_t start,
+			       void (*fn)(void *ctx, uint64_t seq, const uint8_t *p, size_t len),
+			       void *ctx);
+
 /* ---- the state record (state.c): what a restarted kvpoold adopts ---------------------------- *
  *
  * The allocation state lives in a memfd the daemon keeps in systemd's fd store beside its arena

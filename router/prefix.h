@@ -6,8 +6,9 @@
  *         tokens of page j as 128 little-endian int32),  h_{−1} = seed,
  * so a page's hash names its tokens and every token before it (the KV of a page depends on
  * the whole prefix). The seed names what else the bytes depend on: the model, the KV
- * configuration and page format, the workers' μ_k calibration (BD_ROUTER_PREFIX_SEED), and,
- * for a request with a cache salt, the salt (bd_router_prefix_salted): requests of different
+ * configuration and page format of the pool, the workers' μ_k calibration
+ * (bd_router_prefix_seed), then the request's own KV configuration and, when it has one, its
+ * cache salt (bd_router_prefix_salted, in that order): requests of different configurations or
  * salts never share a page. A hash of 0 is made 1 (kvpoold reserves 0).
  */
 #ifndef BD_ROUTER_PREFIX_H

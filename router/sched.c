@@ -383,15 +383,17 @@ void bd_sched_set_prefix(struct bd_sched *s, bool on, uint64_t seed)
 static void match_prefix(struct bd_sched *s, struct bd_req *r, int n)
 {
 	int np = n / BD_PAGE_TOKENS, look = (n - 1) / BD_PAGE_TOKENS;
+	uint64_t seed;
 	size_t k = 0;
 
 	if (!prefix_on(s) || np < 1)
 		return;
 	if (!r->hashes && !(r->hashes = calloc((size_t)r->max_pages, sizeof(*r->hashes))))
 		return;
-	bd_router_prefix_hashes(bd_router_prefix_salted(s->cfg.prefix_seed, r->cache_salt,
-							r->cache_salt_len),
-				r->toks, np, r->hashes);
+	/* the request's own KV configuration (one of the pool's page format) and its salt */
+	seed = bd_router_prefix_salted(s->cfg.prefix_seed, r->kv_config, strlen(r->kv_config));
+	seed = bd_router_prefix_salted(seed, r->cache_salt, r->cache_salt_len);
+	bd_router_prefix_hashes(seed, r->toks, np, r->hashes);
 	r->n_hashed = np;
 	s->prefix_queries += (uint64_t)look * BD_PAGE_TOKENS;
 	if (look < 1 || s->pool->prefix_match(s->pool_ctx, r->id, r->hashes, (size_t)look, r->pages,
