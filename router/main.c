@@ -529,6 +529,10 @@ static void metrics_gauges(struct bd_router *rt)
 		.slots_free = rt->slots_free,
 		.pages_held = rt->sched.pages_held,
 		.preemptions = rt->sched.preemptions,
+		.prefix_queries = rt->sched.prefix_queries,
+		.prefix_hits = rt->sched.prefix_hits,
+		.pages_cached = rt->pages_cached,
+		.prefix_evictions = rt->prefix_evictions,
 		.healthy = rt->state == RS_SERVING && rt->pool_ok,
 	};
 

@@ -162,6 +162,8 @@ int bd_router_pool_refresh(struct bd_router *rt)
 		return e;
 	rt->pages_free = st->pages_free;
 	rt->slots_free = st->slots_free;
+	rt->pages_cached = st->pages_cached;
+	rt->prefix_evictions = st->prefix_evictions;
 	rt->pages_total = st->pages_total;
 	rt->slots_total = st->slots_total;
 	/* the first refresh (at start) learns the arena id; a later one holds the pool to it */
@@ -254,6 +256,8 @@ static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len, boo
 		if (rep->stats) {
 			rt->pages_free = rep->stats->pages_free;
 			rt->slots_free = rep->stats->slots_free;
+			rt->pages_cached = rep->stats->pages_cached;
+			rt->prefix_evictions = rep->stats->prefix_evictions;
 			rt->pages_total = rep->stats->pages_total;
 			rt->slots_total = rep->stats->slots_total;
 		}

@@ -120,6 +120,7 @@ struct bd_router {
 	struct bd_pool_conn *pool;
 	char kv_config[32], page_format[16], backend[8];
 	uint64_t pages_total, slots_total, pages_free, slots_free;
+	uint64_t pages_cached, prefix_evictions; /* kvpoold's prefix index (stats) */
 
 	/* pool health (pool.c): down after a call without an answer (timeout, connection gone);
 	 * back when a probe is answered */
