@@ -26,7 +26,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-cpu bench-passkey bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-prefix bench-cpu bench-passkey bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -356,6 +356,11 @@ PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
 # The cost of batch-invariant decoding (bench/bench_batch.c): decode tok/s at 1, 4 and 16 rows,
 # one matrix-matrix product per weight against one matrix-vector product per row; appended to
 # bench/RESULTS.md.
+# TTFT and throughput of a shared-system-prompt load, prefix caching on and off (bench/prefix.sh)
+bench-prefix: deps model
+	$(MAKE) --no-print-directory all
+	sh bench/prefix.sh $(BUILD)/bin $(MODEL_FILE) bench/RESULTS.md
+
 bench-batch: model $(BUILD)/bin/bench_batch
 	$(BUILD)/bin/bench_batch --model $(MODEL_FILE) --out bench/RESULTS.md
 

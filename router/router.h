@@ -93,6 +93,7 @@ struct bd_worker {
 	char decode_kernel[256]; /* RegisterRequest.decode_kernel ("" on the cpu backend) */
 	uint8_t nccl_id[128];
 	size_t nccl_len;
+	uint64_t calib_id;   /* the first 8 bytes of RegisterRequest.calib_sha256, 0: none */
 };
 
 /* The step in flight as the ranks see it: sent, its answers gathered (workers.c). */

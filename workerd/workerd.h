@@ -153,6 +153,7 @@ struct wd {
 	struct bd_model_hparams hp; /* the whole model's shape */
 	char model_name[256]; /* base name (or the preset's name), as registered */
 	struct bd_calib *calib;     /* or NULL */
+	uint8_t calib_sha[32];      /* SHA-256 of its file (RegisterRequest.calib_sha256) */
 	struct bd_decode_params dp; /* the defaults, τ from the calibration */
 	struct bd_pool_attach *pool;
 	const struct bd_pool_geometry *geo;
