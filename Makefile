@@ -35,7 +35,9 @@ all:
 # Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
 # python3-zmq, python3-protobuf and protoc run the Python client (clients/python/) and its tests;
 # python3-matplotlib draws the benchmarks' plots (bench/plot.py); systemd brings systemd-analyze
-# for the units' verify and exposure checks (tests/system).
+# for the units' verify and exposure checks (tests/system); libmsgpack-dev packs kvpoold's KV
+# events, python3-msgpack decodes them (clients/python/kv_events.py), libsodium-dev hashes the
+# router's prefix-cache pages (BLAKE2b).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \

@@ -22,6 +22,6 @@ for on in 1 0; do
 	args="--levels $LEVELS --max-tokens $TOKENS --prompt-tokens $PROMPT --shared-prefix $PREFIX"
 	args="$args --note prefix_cache=$on(bench/prefix.sh)"
 	[ -n "$OUTF" ] && args="$args --results $OUTF"
-	BD_LOADGEN="$args" BD_ROUTER_ARGS="--prefix-cache $on" \
+	BD_LOADGEN="$args" BD_ROUTER_ARGS="--prefix-cache=$on" \
 		sh "$HERE/../deploy/run-local.sh" "$BIN" "$MODEL" ""
 done

@@ -565,6 +565,25 @@ static int pages_quota(struct bd_kvpool_alloc *a, const struct req *r, size_t n)
 		    (unsigned long long)r->owner, held, n, a->quota.pages);
 }
 
+/* The record of id (created under owner when unknown, as get_req) for an operation on n
+ * pages: n in range first. */
+static int req_for_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, size_t n,
+			 struct req **ret, bool *fresh)
+{
+	int e = count_in_range(a, n);
+
+	*fresh = false;
+	return e < 0 ? e : get_req(a, id, owner, ret, fresh);
+}
+
+/* r may take n more page references: the request's limit, then its owner's quota. */
+static int room_for(struct bd_kvpool_alloc *a, const struct req *r, size_t n)
+{
+	int e = under_limit(a, r, n);
+
+	return e < 0 ? e : pages_quota(a, r, n);
+}
+
 static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, uint32_t n,
 		      int state, int32_t *ret)
 {
@@ -572,9 +591,7 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 	bool fresh;
 	int e;
 
-	e = count_in_range(a, n);
-	if (e == 0)
-		e = get_req(a, id, owner, &r, &fresh);
+	e = req_for_pages(a, id, owner, n, &r, &fresh);
 	if (e < 0)
 		return e;
 	if (state == PAGE_RESERVED && r->reserved >= 0) {
@@ -582,9 +599,7 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 			 (unsigned long long)id, r->reserved);
 		goto out;
 	}
-	e = under_limit(a, r, n);
-	if (e == 0)
-		e = pages_quota(a, r, n);
+	e = room_for(a, r, n);
 	if (e < 0)
 		goto out;
 	if (n > a->n_free + a->n_idle) {
@@ -724,14 +739,10 @@ int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
 
 	if (!a || (n && !pages))
 		return -BD_POOL_ERR_INVALID;
-	e = count_in_range(a, n);
-	if (e == 0)
-		e = get_req(a, req, owner, &r, &fresh);
+	e = req_for_pages(a, req, owner, n, &r, &fresh);
 	if (e < 0)
 		return e;
-	e = under_limit(a, r, n);
-	if (e == 0)
-		e = pages_quota(a, r, n);
+	e = room_for(a, r, n);
 	if (e == 0)
 		e = check_list(a, fresh ? NULL : r, req, pages, n, false);
 	if (e < 0)
@@ -811,9 +822,7 @@ int bd_kvpool_prefix_match(struct bd_kvpool_alloc *a, uint64_t req, uint64_t own
 	if (!a || !ret_n || (n && (!hashes || !ret_pages)))
 		return -BD_POOL_ERR_INVALID;
 	*ret_n = 0;
-	e = count_in_range(a, n);
-	if (e == 0)
-		e = get_req(a, req, owner, &r, &fresh);
+	e = req_for_pages(a, req, owner, n, &r, &fresh);
 	if (e < 0)
 		return e;
 	/* the leading run of indexed hashes whose pages the request does not hold yet */
@@ -824,9 +833,7 @@ int bd_kvpool_prefix_match(struct bd_kvpool_alloc *a, uint64_t req, uint64_t own
 			break;
 		ret_pages[k++] = p;
 	}
-	e = k ? under_limit(a, r, k) : 0;
-	if (e == 0 && k)
-		e = pages_quota(a, r, k);
+	e = k ? room_for(a, r, k) : 0;
 	if (e == 0 && k)
 		e = reserve_room(a, r, (uint32_t)k);
 	a->pc.queries += n;
