@@ -379,10 +379,13 @@ void bd_sched_set_prefix(struct bd_sched *s, bool on, uint64_t seed)
 
 /* The leading pages of r's fill of n tokens that kvpoold has indexed become its first pages
  * (r->n_cached; its prefill starts after them). At most (n − 1) / 128 pages: the last token is
- * always prefilled, for its logits. A lookup that fails costs the hit, not the request. */
+ * always prefilled, for its logits. None with batch_invariant: a hit's sink is rebuilt by a
+ * 16-token prefill, whose products may round otherwise than the longer first chunk that wrote
+ * the original sink (router/README.md "Prefix caching"), and batch_invariant promises the
+ * tokens of a run alone bit for bit. A lookup that fails costs the hit, not the request. */
 static void match_prefix(struct bd_sched *s, struct bd_req *r, int n)
 {
-	int np = n / BD_PAGE_TOKENS, look = (n - 1) / BD_PAGE_TOKENS;
+	int np = n / BD_PAGE_TOKENS, look = s->cfg.batch_invariant ? 0 : (n - 1) / BD_PAGE_TOKENS;
 	uint64_t seed;
 	size_t k = 0;
 
