@@ -1383,8 +1383,8 @@ static int load_index(struct bd_kvpool_alloc *a, struct bd_kvpool_cur *c)
 		return fail(a, EBADMSG, "the prefix index count is missing or above %zu",
 			    a->n_pages);
 	for (uint32_t i = 0; i < n; i++) {
-		int32_t p;
-		uint64_t h;
+		int32_t p = -1;
+		uint64_t h = 0;
 
 		bd_kvpool_get(c, &p, sizeof(p));
 		if (!bd_kvpool_get(c, &h, sizeof(h)))
