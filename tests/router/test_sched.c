@@ -1412,16 +1412,8 @@ static int fp_prefix_store(void *ctx, uint64_t id, const int32_t *pages, const u
 	return 0;
 }
 
-static const struct bd_sched_pool_ops fake_pool_prefix = {
-	.slot_assign = fp_slot_assign,
-	.page_alloc = fp_page_alloc,
-	.page_reserve = fp_page_reserve,
-	.page_commit = fp_page_commit,
-	.release = fp_release,
-	.prefix_match = fp_prefix_match,
-	.prefix_store = fp_prefix_store,
-	.down = fp_down,
-};
+/* fake_pool with the index (setup_prefix fills it) */
+static struct bd_sched_pool_ops fake_pool_prefix;
 
 static void setup_prefix(void)
 {
@@ -1432,6 +1424,9 @@ static void setup_prefix(void)
 	setup(8, 8, 1024, MAX_PAGES, 8);
 	bd_sched_fini(&S);
 	memset(&X, 0, sizeof(X));
+	fake_pool_prefix = fake_pool;
+	fake_pool_prefix.prefix_match = fp_prefix_match;
+	fake_pool_prefix.prefix_store = fp_prefix_store;
 	cr_assert_eq(bd_sched_init(&S, &cfg, &fake_pool_prefix, NULL), 0);
 	bd_sched_set_prefix(&S, true, 42);
 	bd_sched_group_up(&S, 1);
