@@ -1,11 +1,13 @@
 /* kvpool.h — what kvpoold is made of, behind its main: the allocator (alloc.c), the message
  * handler of the allocation socket (handler.c), the attach request's check (attach.c), the
- * arena sizing (plan.c) and the memory
+ * arena sizing (plan.c), the KV event batches (events.c) and the memory
  * backends (mem_cpu.c, mem_cuda.c). None of it does I/O or logs, so the unit tests and the
  * fuzzer drive it directly.
  *
  * Allocator model: pages are FREE, RESERVED (the next page of one request, before
- * promotion) or USED; a USED page may be held by several requests (refcount = holders). A
+ * promotion), USED, or IDLE (in the prefix index, held by no request: free capacity that an
+ * allocation evicts, "prefix caching" below); a USED page may be held by several requests
+ * (refcount = holders). A
  * request record (id ≠ 0, owner = router session id) holds page references, at most one
  * reservation and at most one BF16 slot. Every operation checks everything before it changes
  * anything: on error the pool is exactly as before.
