@@ -784,10 +784,10 @@ int bd_pool_prefix_match(struct bd_pool_conn *c, uint64_t request_id, uint64_t o
 	e = call(c, &op, (struct take){ .reply = &rep });
 	if (e == 0 && rep->n_pages > n)
 		e = -EBADMSG;
-	if (e == 0) {
+	if (e == 0 && rep->n_pages) /* a miss carries no page array (NULL) */
 		memcpy(ret_pages, rep->pages, rep->n_pages * sizeof(int32_t));
+	if (e == 0)
 		*ret_n = rep->n_pages;
-	}
 	if (rep)
 		bdfp4__pool_reply__free_unpacked(rep, NULL);
 	return e;
