@@ -551,6 +551,11 @@ Test(http, errors_and_statuses)
 		{ "/v1/completions", "{\"prompt\": \"Hi\", \"model\": \"gpt-4\"}", 404, "model",
 		  "does not exist" },
 		{ "/v1/chat/completions", "{\"messages\": []}", 400, "messages", "non-empty" },
+		{ "/v1/completions", "{\"prompt\": \"Hi\", \"cache_salt\": 7}", 400, "cache_salt",
+		  "cache_salt must be a string" },
+		{ "/v1/completions", "{\"prompt\": \"Hi\", \"cache_salt\": \"0123456789012345678901"
+				     "234567890123456789012345678901234567890123\"}", 413, NULL,
+		  "cache_salt longer than 63 bytes" },
 		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": "
 					  "\"x\"}]}", 400, "messages", "role" },
 	};
