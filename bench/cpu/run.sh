@@ -49,7 +49,9 @@ prompt_text() { # context → the text of its prompt (the 39-token chat prompt i
 }
 
 # /usr/bin/time's line "RSS KiB" at the end of $TMP/err → MiB
-peak_mib() { sed -n 's/^RSS \([0-9]*\)$/\1/p' "$TMP/err" | tail -n 1 | awk '{ printf "%.0f", $1 / 1024 }'; }
+peak_mib() {
+	sed -n 's/^RSS \([0-9]*\)$/\1/p' "$TMP/err" | tail -n 1 | awk '{ printf "%.0f", $1 / 1024 }'
+}
 
 run_one() { # system context → "tok/s peak_MiB"
 	if [ "$1" = llama.cpp ]; then
@@ -70,11 +72,18 @@ run_one() { # system context → "tok/s peak_MiB"
 		fi
 		tps=$(sed -n 's/.*decode \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/err" | tail -n 1)
 	fi
-	[ -n "$tps" ] || { echo "run.sh: $1 at $2 tokens gave no decode rate:" >&2; cat "$TMP/err" >&2; exit 1; }
+	if [ -z "$tps" ]; then
+		echo "run.sh: $1 at $2 tokens gave no decode rate:" >&2
+		cat "$TMP/err" >&2
+		exit 1
+	fi
 	echo "$tps $(peak_mib)"
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() {
+	sort -g | awk '{ v[NR] = $1 }
+		END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 
 {
 	echo "### Decode attention per token (bench_attn_cpu)"
@@ -136,14 +145,16 @@ if [ -n "$OUTF" ]; then
 	cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 	{
 		echo
-		echo "## CPU decode, bdfp4 bf16 / bitdecoding-nvfp4 KV${LLAMA:+ and llama.cpp} (make bench-cpu) — $(date -u '+%Y-%m-%d %H:%M') UTC"
+		echo "## CPU decode, bdfp4 bf16 / bitdecoding-nvfp4 KV${LLAMA:+ and llama.cpp}" \
+			"(make bench-cpu) — $(date -u '+%Y-%m-%d %H:%M') UTC"
 		echo
 		echo "Machine: $cpu, $(nproc) cores; commit $commit; model $MODEL; command:" \
 			"\`BD_THREADS=$THREADS BD_ROUNDS=$ROUNDS BD_TOKENS=$TOKENS" \
 			"BD_CONTEXTS=\"$CONTEXTS\"${LLAMA:+ BD_LLAMA=$LLAMA} sh bench/cpu/run.sh $BIN\`;" \
 			"load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
-		[ -z "$LLAMA" ] || echo "llama.cpp: \`llama-bench -m MODEL -t $THREADS -p 0 -n $TOKENS -d CONTEXT -r 1\`" \
-			"built by bench/cpu/llama_build.sh (llama-cpp-python ${LLAMA_PY_VERSION:-0.3.36}'s vendored source)."
+		[ -z "$LLAMA" ] || echo "llama.cpp: \`llama-bench -m MODEL -t $THREADS -p 0" \
+			"-n $TOKENS -d CONTEXT -r 1 -o csv\` built by bench/cpu/llama_build.sh" \
+			"(llama-cpp-python ${LLAMA_PY_VERSION:-0.3.36}'s vendored llama.cpp)."
 		echo
 		cat "$TMP/attn.md" "$TMP/gen.md"
 	} >>"$OUTF"
