@@ -4,7 +4,8 @@
 #
 # usage: sh bench/cpu/run.sh BIN_DIR [RESULTS_FILE]
 #   1. bench_attn_cpu: decode attention per token in the model's shape, reference vs SIMD, one
-#      thread (CPU time) and BD_THREADS threads (wall time);
+#      thread (CPU time) and BD_THREADS threads (wall time); with oneDNN's header present,
+#      gemv_eval: one decode step's weight products by OpenBLAS FP32 and oneDNN BF16/INT8;
 #   2. at three contexts — the chat prompt "Describe how to make a cup of tea." (39 tokens) and
 #      the first 9000 / 31000 bytes of the GPL-3 text (1943 / 6606 tokens) — `bdfp4 generate
 #      --stats` with bf16 and bitdecoding-nvfp4 KV, and (with BD_LLAMA) `llama-bench -p 0 -n
@@ -95,6 +96,24 @@ median() {
 } >"$TMP/attn.md"
 cat "$TMP/attn.md"
 
+# the decode step's weight products by the libraries Debian ships (bench/cpu/gemv_eval.c), when
+# oneDNN's header is there (libdnnl-dev)
+: >"$TMP/gemv.md"
+if [ -f /usr/include/oneapi/dnnl/dnnl.h ] &&
+	${CC:-cc} -O2 -o "$TMP/gemv_eval" bench/cpu/gemv_eval.c -lopenblas -ldnnl -lm; then
+	{
+		echo "### The decode step's weight products (gemv_eval), SmolLM2-135M's shapes"
+		for t in 1 "$THREADS"; do
+			echo
+			echo "$t thread(s):"
+			echo
+			OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$TMP/gemv_eval" --repeats 9
+		done
+		echo
+	} >"$TMP/gemv.md"
+	cat "$TMP/gemv.md"
+fi
+
 for r in $(seq "$ROUNDS"); do
 	for c in $CONTEXTS; do
 		# the systems' order turns with the round, so none always runs first
@@ -156,6 +175,6 @@ if [ -n "$OUTF" ]; then
 			"-n $TOKENS -d CONTEXT -r 1 -o csv\` built by bench/cpu/llama_build.sh" \
 			"(llama-cpp-python ${LLAMA_PY_VERSION:-0.3.36}'s vendored llama.cpp)."
 		echo
-		cat "$TMP/attn.md" "$TMP/gen.md"
+		cat "$TMP/attn.md" "$TMP/gemv.md" "$TMP/gen.md"
 	} >>"$OUTF"
 fi
