@@ -1,5 +1,5 @@
 #!/bin/sh
-# llama_build.sh — builds llama.cpp's llama-bench (llama-cli on request) from the copy vendored
+# llama_build.sh — builds llama.cpp's llama-bench (other targets on request) from the copy vendored
 # in the PyPI source distribution of llama-cpp-python (0.3.36 unless LLAMA_PY_VERSION says
 # otherwise), in the ignored cache .deps/ (not committed), for bench/cpu/run.sh.
 #
@@ -7,7 +7,8 @@
 # Prints the directory holding bin/llama-bench on stdout. Reuses a finished build. Needs pip,
 # cmake and a C++ compiler; the sdist comes through `pip download` (the package index).
 # Environment: LLAMA_PY_VERSION (0.3.36), LLAMA_JOBS (2) parallel compile jobs, LLAMA_TARGETS
-# ("llama-bench"; llama-cli adds llama.cpp's server library, several minutes more).
+# ("llama-bench"; this configuration builds llama.cpp's tools without its server, so not
+# llama-cli, which is built on the server's library).
 set -eu
 VER=${LLAMA_PY_VERSION:-0.3.36}
 DIR=${1:-.deps/llama-cpp-python-$VER}

@@ -59,8 +59,9 @@ run_one() { # system context → "tok/s peak_MiB"
 		/usr/bin/time -f 'RSS %M' "$LLAMA" -m "$MODEL" -t "$THREADS" -p 0 -n "$TOKENS" \
 			-d "$2" -r 1 -o csv 2>"$TMP/err" >"$TMP/out"
 		# the CSV's avg_ts column, found by its header name
-		tps=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "\"avg_ts\"") c = i }
-			NR == 2 && c { gsub(/"/, "", $c); print $c }' "$TMP/out")
+		tps=$(awk -F, '{ gsub(/"/, "") }
+			NR == 1 { for (i = 1; i <= NF; i++) if ($i == "avg_ts") c = i }
+			NR == 2 && c { print $c }' "$TMP/out")
 	else
 		if [ "$2" = 39 ]; then
 			/usr/bin/time -f 'RSS %M' "$BIN/bdfp4" generate --model "$MODEL" --stats \
