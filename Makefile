@@ -352,11 +352,13 @@ all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUI
 bench: all
 	$(BUILD)/bin/bench_ref
 
-# The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu.sh): decode attention
-# per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_BENCH_RESULTS=FILE
-# appends the tables to FILE (bench/RESULTS.md).
+# The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu/run.sh): decode
+# attention per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_LLAMA=build
+# adds llama.cpp's llama-bench on the same GGUF, built from PyPI's llama-cpp-python source in
+# .deps/ (bench/cpu/llama_build.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE
+# (bench/RESULTS.md).
 bench-cpu: all
-	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
+	sh bench/cpu/run.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
 # PNG plots of the benchmarks' tables (bench/plot.py, Debian python3-matplotlib): Debian's python
 PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
