@@ -26,7 +26,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-cpu bench-passkey bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-prefix bench-cpu bench-passkey bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -35,11 +35,14 @@ all:
 # Debian packages the project needs (DESIGN.md "Dependencies"), installed by `make deps`;
 # python3-zmq, python3-protobuf and protoc run the Python client (clients/python/) and its tests;
 # python3-matplotlib draws the benchmarks' plots (bench/plot.py); systemd brings systemd-analyze
-# for the units' verify and exposure checks (tests/system).
+# for the units' verify and exposure checks (tests/system); libmsgpack-dev packs kvpoold's KV
+# events, python3-msgpack decodes them (clients/python/kv_events.py), libsodium-dev hashes the
+# router's prefix-cache pages (BLAKE2b).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
-	prometheus python3-venv python3-pip python3-matplotlib systemd
+	prometheus python3-venv python3-pip python3-matplotlib systemd libmsgpack-dev python3-msgpack \
+	libsodium-dev
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -278,7 +281,7 @@ $(KVPD_OBJ) $(BUILD)/kvpoold/main.o $(BUILD)/kvpoold/kvpoolctl.o: | $(PROTO_H)
 ifeq ($(HAVE_CUDA_H),1)
 $(BUILD)/kvpoold/mem_cuda.o: CFLAGS += -DBD_HAVE_CUDA_H -isystem $(CUDA_INC)
 endif
-$(eval $(call program,kvpoold,$(BUILD)/kvpoold/main.o $(KVPD_LIB),pool quant base))
+$(eval $(call program,kvpoold,$(BUILD)/kvpoold/main.o $(KVPD_LIB),pool quant base,-lmsgpackc))
 $(eval $(call program,kvpoolctl,$(BUILD)/kvpoold/kvpoolctl.o,pool quant base,-ljansson))
 all: $(KVPD_BIN)
 
@@ -290,7 +293,7 @@ ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_LIB := $(BUILD)/router/librouter.a
 ROUTER_BIN := $(BUILD)/bin/routerd
 # the HTTP front door (router/http.c): libmicrohttpd, through pkg-config
-ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd)
+ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd) -lsodium
 $(BUILD)/router/http.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 $(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
 $(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
@@ -349,11 +352,13 @@ all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUI
 bench: all
 	$(BUILD)/bin/bench_ref
 
-# The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu.sh): decode attention
-# per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_BENCH_RESULTS=FILE
-# appends the tables to FILE (bench/RESULTS.md).
+# The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu/run.sh): decode
+# attention per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_LLAMA=build
+# adds llama.cpp's llama-bench on the same GGUF, built from PyPI's llama-cpp-python source in
+# .deps/ (bench/cpu/llama_build.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE
+# (bench/RESULTS.md).
 bench-cpu: all
-	sh bench/cpu.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
+	sh bench/cpu/run.sh $(BUILD)/bin $(BD_BENCH_RESULTS)
 
 # PNG plots of the benchmarks' tables (bench/plot.py, Debian python3-matplotlib): Debian's python
 PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
@@ -361,6 +366,11 @@ PLOT := $(firstword $(wildcard /usr/bin/python3) python3) bench/plot.py
 # The cost of batch-invariant decoding (bench/bench_batch.c): decode tok/s at 1, 4 and 16 rows,
 # one matrix-matrix product per weight against one matrix-vector product per row; appended to
 # bench/RESULTS.md.
+# TTFT and throughput of a shared-system-prompt load, prefix caching on and off (bench/prefix.sh)
+bench-prefix: deps model
+	$(MAKE) --no-print-directory all
+	sh bench/prefix.sh $(BUILD)/bin $(MODEL_FILE) bench/RESULTS.md
+
 bench-batch: model $(BUILD)/bin/bench_batch
 	$(BUILD)/bin/bench_batch --model $(MODEL_FILE) --out bench/RESULTS.md
 
@@ -383,12 +393,12 @@ $(TEST_OBJ): CFLAGS += -Itests/common
 $(TEST_OBJ): | $(PROTO_H)
 $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
-$(BUILD)/tests/router/%.o: CFLAGS += -iquote router
+$(BUILD)/tests/router/%.o $(BUILD)/tests/system/test_prefix.o: CFLAGS += -iquote router
 
 $(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o \
 		$(BUILD)/workerd/row.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) \
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(ROUTER_LIBS) -lmsgpackc \
 		$(sort $(foreach l,$(TEST_LAYERS),$(LIBS_$(l)))) -lm -pthread
 all: $(TEST_BIN)
 

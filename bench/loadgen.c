@@ -38,6 +38,10 @@
  * --long-prompt N makes the level's first request one of N random token ids (the others as
  * usual) and reports the TTFT of the short requests sent while it was prefilling (from its send
  * to its first token): what a long prompt costs the others.
+ * --shared-prefix N (with --prompt-tokens) makes the first N token ids the same in every
+ * request (a system prompt: drawn from one fixed seed), the rest drawn per request as above:
+ * the load the router's prefix caching serves (prefix_cache in [router]). The table's note
+ * then gives the pool's prefix hits over its lookups during the run (kvpoold's stats, pages).
  */
 #include <signal.h>
 #include <errno.h>
@@ -83,6 +87,7 @@ struct opts {
 	const char *router, *pool, *results, *note, *kv;
 	int levels[MAX_LEVELS], n_levels, requests, max_tokens, prompt_tokens;
 	int steady;       /* --steady N, 0: off */
+	int shared_prefix; /* --shared-prefix N: the first N ids of every prompt are the same */
 	int fault_rank;   /* --fault kill9:R@S or stop:R@S+D: rank R, S s into each level; -1: none */
 	double fault_at;
 	double fault_for; /* stop: seconds between SIGSTOP and SIGCONT; 0: kill9 */
@@ -201,11 +206,14 @@ static void *client_main(void *arg)
 		if (n_ids > 0 && ids) {
 			/* xorshift64 seeded by the level and the request: ids differ per request */
 			uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1) + (uint64_t)L->conc;
+			uint64_t y = 0x2545f4914f6cdd1dull; /* the shared prefix's seed */
 			for (int k = 0; k < n_ids; k++) {
-				x ^= x << 13;
-				x ^= x >> 7;
-				x ^= x << 17;
-				ids[k] = (int32_t)(x % L->o->n_vocab);
+				uint64_t *z = k < L->o->shared_prefix ? &y : &x;
+
+				*z ^= *z << 13;
+				*z ^= *z >> 7;
+				*z ^= *z << 17;
+				ids[k] = (int32_t)(*z % L->o->n_vocab);
 			}
 			g.chat = false;
 			g.token_ids = ids;
@@ -283,6 +291,8 @@ struct sampler {
 	const char *ep;
 	atomic_bool stop;
 	uint64_t pages_peak, slots_peak, pages_total, slots_total;
+	/* kvpoold's prefix counters (pages) at the first and the last sample */
+	uint64_t hits0, queries0, hits, queries;
 	bool ok;
 };
 
@@ -304,6 +314,12 @@ static void *sampler_main(void *arg)
 			sp->slots_total = st->slots_total;
 			sp->pages_peak = pu > sp->pages_peak ? pu : sp->pages_peak;
 			sp->slots_peak = su > sp->slots_peak ? su : sp->slots_peak;
+			if (!sp->ok) {
+				sp->hits0 = st->prefix_hits;
+				sp->queries0 = st->prefix_queries;
+			}
+			sp->hits = st->prefix_hits;
+			sp->queries = st->prefix_queries;
 			sp->ok = true;
 			bd_pool_stats_free(st);
 		}
@@ -331,6 +347,7 @@ struct row {
 	int conc, n_req, ok;
 	double wall, tok_s, req_s, ttft_mean, ttft_p50, ttft_p90, lat_mean, tpot_mean, tpot_p50;
 	uint64_t tokens, pages_peak, pages_total, slots_peak, slots_total;
+	uint64_t prefix_hits, prefix_queries; /* pages, during the level (kvpoold's stats) */
 	/* --steady */
 	int steady_n;
 	bool steady_ok;
@@ -565,6 +582,8 @@ static int run_level(const struct opts *o, int conc, int fit, struct row *r)
 	r->pages_total = sp.pages_total;
 	r->slots_peak = sp.slots_peak;
 	r->slots_total = sp.slots_total;
+	r->prefix_hits = sp.hits - sp.hits0;
+	r->prefix_queries = sp.queries - sp.queries0;
 	snprintf(r->error, sizeof(r->error), "%s", L.first_error);
 	return L.failed ? -EIO : 0;
 }
@@ -623,7 +642,11 @@ static void print_rows(FILE *f, const struct row *rows, int n, const struct opts
 			(unsigned long long)r->pages_total, (unsigned long long)r->slots_peak,
 			(unsigned long long)r->slots_total);
 	}
-	if (o->prompt_tokens)
+	if (o->prompt_tokens && o->shared_prefix)
+		fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); prompts of %d "
+			   "random token ids, the first %d the same in every request.\n",
+			o->max_tokens, o->prompt_tokens, o->shared_prefix);
+	else if (o->prompt_tokens)
 		fprintf(f, "\n%d generated tokens per request (greedy, EOS ignored); prompts of %d "
 			   "random token ids.\n", o->max_tokens, o->prompt_tokens);
 	else
@@ -670,6 +693,14 @@ static void print_rows(FILE *f, const struct row *rows, int n, const struct opts
 				   "s, max %.2f s.\n", r->conc, o->long_prompt, r->long_ttft,
 				r->beside_n, r->beside_ttft_mean, r->beside_ttft_max);
 	}
+	for (int i = 0; o->shared_prefix && i < n; i++)
+		fprintf(f, "\nConcurrency %d: prefix cache hit rate %.1f %% (%llu of %llu pages "
+			   "looked up, kvpoold's stats).\n", rows[i].conc,
+			rows[i].prefix_queries ? 100.0 * (double)rows[i].prefix_hits /
+							 (double)rows[i].prefix_queries
+					       : 0.0,
+			(unsigned long long)rows[i].prefix_hits,
+			(unsigned long long)rows[i].prefix_queries);
 	for (int i = 0; i < n; i++)
 		if (rows[i].error[0])
 			fprintf(f, "Concurrency %d: first error: %s\n", rows[i].conc, rows[i].error);
@@ -723,7 +754,7 @@ static void usage(FILE *f)
 		   "               [--results FILE] [--note TEXT] [--kv FILE] [--steady N]\n"
 		   "               [--fault kill9:RANK@SECONDS | kill9:pool@SECONDS |\n"
 		   "                        stop:RANK@SECONDS+SECONDS]\n"
-		   "               [--long-prompt N]\n");
+		   "               [--long-prompt N] [--shared-prefix N]\n");
 }
 
 int main(int argc, char **argv)
@@ -739,6 +770,7 @@ int main(int argc, char **argv)
 		{ "steady", required_argument, NULL, 'S' },
 		{ "fault", required_argument, NULL, 'F' },
 		{ "long-prompt", required_argument, NULL, 'L' },
+		{ "shared-prefix", required_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -748,7 +780,7 @@ int main(int argc, char **argv)
 				   ['N'] = &o.note, ['K'] = &o.kv };
 	int *number[128] = { ['n'] = &o.requests, ['t'] = &o.max_tokens,
 			     ['P'] = &o.prompt_tokens, ['S'] = &o.steady,
-			     ['L'] = &o.long_prompt };
+			     ['L'] = &o.long_prompt, ['X'] = &o.shared_prefix };
 	struct row rows[MAX_LEVELS];
 	char mach[512], rev[128], date[64];
 	time_t now = time(NULL);
@@ -818,7 +850,8 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!o.router || o.max_tokens < 1 || o.requests < 0 || o.prompt_tokens < 0 ||
-	    o.long_prompt < 0 ||
+	    o.long_prompt < 0 || o.shared_prefix < 0 ||
+	    (o.shared_prefix && o.shared_prefix > o.prompt_tokens) ||
 	    o.steady < 0 || (o.steady && o.steady >= o.max_tokens)) {
 		usage(stderr);
 		return 2;

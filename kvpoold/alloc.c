@@ -14,7 +14,9 @@
 
 #include "kvpool.h"
 
-enum { PAGE_FREE = 0, PAGE_RESERVED = 1, PAGE_USED = 2 };
+/* PAGE_IDLE: a page of the prefix index that no request holds; it counts as free capacity and
+ * goes back to the free stack (least recently used first) only when an allocation needs it */
+enum { PAGE_FREE = 0, PAGE_RESERVED = 1, PAGE_USED = 2, PAGE_IDLE = 3 };
 
 struct req {
 	uint64_t id, owner;
@@ -42,6 +44,18 @@ struct bd_kvpool_alloc {
 	size_t tab_mask, n_reqs;
 
 	uint64_t changes; /* operations that changed the pool */
+
+	/* the prefix index (bd_kvpool_prefix_*): hash[p] ≠ 0 for an indexed page; idx an
+	 * open-addressing table of page ids (-1: empty) keyed by hash[p]; the idle pages in a
+	 * list from least (lru_head) to most recently released */
+	uint64_t *hash;
+	int32_t *idx;
+	size_t idx_mask, n_cached;
+	int32_t *lru_prev, *lru_next, lru_head, lru_tail;
+	size_t n_idle;
+	struct bd_kvpool_prefix_counts pc;
+	bd_kvpool_cache_fn cache_fn;
+	void *cache_ctx;
 
 	struct bd_kvpool_quota quota;  /* per owner; 0: no limit */
 	bd_kvpool_scrub_fn scrub;      /* told of each page and slot that becomes free */
@@ -93,6 +107,11 @@ static void reset(struct bd_kvpool_alloc *a)
 	for (size_t i = 0; i < a->n_pages; i++)
 		a->free_pages[i] = (int32_t)(a->n_pages - 1 - i);
 	a->n_free = a->n_pages;
+	memset(a->hash, 0, a->n_pages * sizeof(*a->hash));
+	for (size_t i = 0; i <= a->idx_mask; i++)
+		a->idx[i] = -1;
+	a->n_cached = a->n_idle = 0;
+	a->lru_head = a->lru_tail = -1;
 	memset(a->slot_holder, 0, (a->n_slots ? a->n_slots : 1) * sizeof(uint64_t));
 	for (size_t i = 0; i < a->n_slots; i++)
 		a->free_slots[i] = (int32_t)(a->n_slots - 1 - i);
@@ -125,8 +144,15 @@ int bd_kvpool_alloc_new(size_t n_pages, size_t n_slots, uint32_t max_pages_per_r
 	a->free_slots = malloc((n_slots ? n_slots : 1) * sizeof(int32_t));
 	a->tab = calloc(tab, sizeof(*a->tab));
 	a->tab_mask = tab - 1;
+	for (tab = 16; tab < 2 * n_pages; tab *= 2)
+		;
+	a->hash = calloc(n_pages, sizeof(*a->hash));
+	a->idx = malloc(tab * sizeof(*a->idx));
+	a->idx_mask = tab - 1;
+	a->lru_prev = malloc(n_pages * sizeof(int32_t));
+	a->lru_next = malloc(n_pages * sizeof(int32_t));
 	if (!a->state || !a->ref || !a->mark || !a->free_pages || !a->slot_holder ||
-	    !a->free_slots || !a->tab) {
+	    !a->free_slots || !a->tab || !a->hash || !a->idx || !a->lru_prev || !a->lru_next) {
 		bd_kvpool_alloc_free(a);
 		return -ENOMEM;
 	}
@@ -152,6 +178,10 @@ void bd_kvpool_alloc_free(struct bd_kvpool_alloc *a)
 	free(a->free_pages);
 	free(a->slot_holder);
 	free(a->free_slots);
+	free(a->hash);
+	free(a->idx);
+	free(a->lru_prev);
+	free(a->lru_next);
 	free(a);
 }
 
@@ -172,6 +202,14 @@ void bd_kvpool_alloc_set_scrub(struct bd_kvpool_alloc *a, bd_kvpool_scrub_fn fn,
 		return;
 	a->scrub = fn;
 	a->scrub_ctx = ctx;
+}
+
+void bd_kvpool_alloc_set_cache_hook(struct bd_kvpool_alloc *a, bd_kvpool_cache_fn fn, void *ctx)
+{
+	if (!a)
+		return;
+	a->cache_fn = fn;
+	a->cache_ctx = ctx;
 }
 
 /* ---- request table ---------------------------------------------------------------------- */
@@ -391,6 +429,101 @@ static void add_page(struct req *r, int32_t page)
 	r->n_pages++;
 }
 
+/* ---- the prefix index -------------------------------------------------------------------- */
+
+static size_t idx_home(const struct bd_kvpool_alloc *a, uint64_t h)
+{
+	return hash64(h) & a->idx_mask;
+}
+
+/* The indexed page of hash h, or -1. */
+static int32_t idx_find(const struct bd_kvpool_alloc *a, uint64_t h)
+{
+	for (size_t i = idx_home(a, h);; i = (i + 1) & a->idx_mask) {
+		if (a->idx[i] < 0)
+			return -1;
+		if (a->hash[a->idx[i]] == h)
+			return a->idx[i];
+	}
+}
+
+static void idx_put(struct bd_kvpool_alloc *a, int32_t page, uint64_t h)
+{
+	size_t i = idx_home(a, h);
+
+	while (a->idx[i] >= 0)
+		i = (i + 1) & a->idx_mask;
+	a->idx[i] = page;
+	a->hash[page] = h;
+	a->n_cached++;
+}
+
+/* Takes page out of the index (backward-shift deletion, as remove_req). */
+static void idx_del(struct bd_kvpool_alloc *a, int32_t page)
+{
+	size_t i = idx_home(a, a->hash[page]);
+
+	while (a->idx[i] != page)
+		i = (i + 1) & a->idx_mask;
+	a->idx[i] = -1;
+	for (size_t j = (i + 1) & a->idx_mask; a->idx[j] >= 0; j = (j + 1) & a->idx_mask) {
+		size_t home = idx_home(a, a->hash[a->idx[j]]);
+
+		if (((j - home) & a->idx_mask) >= ((j - i) & a->idx_mask)) {
+			a->idx[i] = a->idx[j];
+			a->idx[j] = -1;
+			i = j;
+		}
+	}
+	a->hash[page] = 0;
+	a->n_cached--;
+}
+
+/* page at the most recent end of the idle list */
+static void lru_push(struct bd_kvpool_alloc *a, int32_t page)
+{
+	a->lru_prev[page] = a->lru_tail;
+	a->lru_next[page] = -1;
+	if (a->lru_tail >= 0)
+		a->lru_next[a->lru_tail] = page;
+	else
+		a->lru_head = page;
+	a->lru_tail = page;
+	a->n_idle++;
+}
+
+static void lru_unlink(struct bd_kvpool_alloc *a, int32_t page)
+{
+	int32_t p = a->lru_prev[page], n = a->lru_next[page];
+
+	if (p >= 0)
+		a->lru_next[p] = n;
+	else
+		a->lru_head = n;
+	if (n >= 0)
+		a->lru_prev[n] = p;
+	else
+		a->lru_tail = p;
+	a->n_idle--;
+}
+
+/* The least recently used idle page leaves the index for the free stack (scrubbed, told). */
+static void evict_one(struct bd_kvpool_alloc *a)
+{
+	int32_t page = a->lru_head;
+	uint64_t h = a->hash[page];
+
+	lru_unlink(a, page);
+	idx_del(a, page);
+	a->state[page] = PAGE_FREE;
+	a->free_pages[a->n_free++] = page;
+	a->pc.evictions++;
+	if (a->scrub)
+		a->scrub(a->scrub_ctx, false, page);
+	if (a->cache_fn)
+		a->cache_fn(a->cache_ctx, BD_KVPOOL_CACHE_REMOVED, h, page);
+}
+
 /* Drops one reference of r to page; returns 1 when the page became free. */
 static int drop_page(struct bd_kvpool_alloc *a, struct req *r, int32_t page)
 {
@@ -402,6 +535,12 @@ static int drop_page(struct bd_kvpool_alloc *a, struct req *r, int32_t page)
 		r->reserved = -1;
 	if (--a->ref[page])
 		return 0;
+	if (a->hash[page]) {
+		/* indexed: kept for the next request with this prefix */
+		a->state[page] = PAGE_IDLE;
+		lru_push(a, page);
+		return 0;
+	}
 	a->state[page] = PAGE_FREE;
 	a->free_pages[a->n_free++] = page;
 	if (a->scrub)
@@ -426,6 +565,25 @@ static int pages_quota(struct bd_kvpool_alloc *a, const struct req *r, size_t n)
 		    (unsigned long long)r->owner, held, n, a->quota.pages);
 }
 
+/* The record of id (created under owner when unknown, as get_req) for an operation on n
+ * pages: n in range first. */
+static int req_for_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, size_t n,
+			 struct req **ret, bool *fresh)
+{
+	int e = count_in_range(a, n);
+
+	*fresh = false;
+	return e < 0 ? e : get_req(a, id, owner, ret, fresh);
+}
+
+/* r may take n more page references: the request's limit, then its owner's quota. */
+static int room_for(struct bd_kvpool_alloc *a, const struct req *r, size_t n)
+{
+	int e = under_limit(a, r, n);
+
+	return e < 0 ? e : pages_quota(a, r, n);
+}
+
 static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, uint32_t n,
 		      int state, int32_t *ret)
 {
@@ -433,9 +591,7 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 	bool fresh;
 	int e;
 
-	e = count_in_range(a, n);
-	if (e == 0)
-		e = get_req(a, id, owner, &r, &fresh);
+	e = req_for_pages(a, id, owner, n, &r, &fresh);
 	if (e < 0)
 		return e;
 	if (state == PAGE_RESERVED && r->reserved >= 0) {
@@ -443,13 +599,12 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 			 (unsigned long long)id, r->reserved);
 		goto out;
 	}
-	e = under_limit(a, r, n);
-	if (e == 0)
-		e = pages_quota(a, r, n);
+	e = room_for(a, r, n);
 	if (e < 0)
 		goto out;
-	if (n > a->n_free) {
-		e = fail(a, BD_POOL_ERR_EXHAUSTED, "%u pages wanted, %zu free", n, a->n_free);
+	if (n > a->n_free + a->n_idle) {
+		e = fail(a, BD_POOL_ERR_EXHAUSTED, "%u pages wanted, %zu free", n,
+			 a->n_free + a->n_idle);
 		goto out;
 	}
 	e = reserve_room(a, r, n);
@@ -457,6 +612,8 @@ static int take_pages(struct bd_kvpool_alloc *a, uint64_t id, uint64_t owner, ui
 		goto out;
 	if (fresh)
 		insert(a, r);
+	while (a->n_free < n)
+		evict_one(a);
 	for (uint32_t i = 0; i < n; i++) {
 		int32_t p = a->free_pages[--a->n_free];
 
@@ -582,14 +739,10 @@ int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
 
 	if (!a || (n && !pages))
 		return -BD_POOL_ERR_INVALID;
-	e = count_in_range(a, n);
-	if (e == 0)
-		e = get_req(a, req, owner, &r, &fresh);
+	e = req_for_pages(a, req, owner, n, &r, &fresh);
 	if (e < 0)
 		return e;
-	e = under_limit(a, r, n);
-	if (e == 0)
-		e = pages_quota(a, r, n);
+	e = room_for(a, r, n);
 	if (e == 0)
 		e = check_list(a, fresh ? NULL : r, req, pages, n, false);
 	if (e < 0)
@@ -607,6 +760,139 @@ int bd_kvpool_page_ref(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
 out:
 	drop_fresh(r, fresh);
 	return e;
+}
+
+/* ---- prefix caching ----------------------------------------------------------------------- */
+
+int bd_kvpool_prefix_store(struct bd_kvpool_alloc *a, uint64_t req, const int32_t *pages,
+			   const uint64_t *hashes, size_t n, uint64_t *ret_stored)
+{
+	uint64_t stored = 0;
+	struct req *r;
+	int e;
+
+	if (!a || (n && (!pages || !hashes)))
+		return -BD_POOL_ERR_INVALID;
+	e = find_known(a, req, &r);
+	if (e == 0)
+		e = count_in_range(a, n);
+	for (size_t i = 0; e == 0 && i < n; i++) {
+		int32_t p = pages[i];
+
+		e = in_range(a, "page", p, a->n_pages);
+		if (e < 0)
+			break;
+		if (hashes[i] == 0)
+			e = fail(a, BD_POOL_ERR_INVALID, "page %d: hash 0 is reserved", p);
+		else if (find_page(r, p) < 0)
+			e = fail(a, BD_POOL_ERR_NOT_HELD, "page %d is not held by request %llu", p,
+				 (unsigned long long)req);
+		else if (a->state[p] != PAGE_USED)
+			e = fail(a, BD_POOL_ERR_STATE, "page %d is reserved, not promoted yet", p);
+		for (size_t k = 0; e == 0 && k < i; k++)
+			if (pages[k] == p || hashes[k] == hashes[i])
+				e = fail(a, BD_POOL_ERR_INVALID, "page %d or its hash is listed twice",
+					 p);
+	}
+	if (e < 0)
+		return e;
+	for (size_t i = 0; i < n; i++) {
+		/* a page indexed already, or a hash another page holds: that page stays as it is */
+		if (a->hash[pages[i]] || idx_find(a, hashes[i]) >= 0)
+			continue;
+		idx_put(a, pages[i], hashes[i]);
+		stored++;
+		if (a->cache_fn)
+			a->cache_fn(a->cache_ctx, BD_KVPOOL_CACHE_STORED, hashes[i], pages[i]);
+	}
+	a->pc.stored += stored;
+	if (ret_stored)
+		*ret_stored = stored;
+	return stored ? changed(a) : ok(a);
+}
+
+int bd_kvpool_prefix_match(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
+			   const uint64_t *hashes, size_t n, int32_t *ret_pages, size_t *ret_n)
+{
+	struct req *r;
+	bool fresh;
+	size_t k = 0;
+	int e;
+
+	if (!a || !ret_n || (n && (!hashes || !ret_pages)))
+		return -BD_POOL_ERR_INVALID;
+	*ret_n = 0;
+	e = req_for_pages(a, req, owner, n, &r, &fresh);
+	if (e < 0)
+		return e;
+	/* the leading run of indexed hashes whose pages the request does not hold yet */
+	while (k < n) {
+		int32_t p = hashes[k] ? idx_find(a, hashes[k]) : -1;
+
+		if (p < 0 || find_page(r, p) >= 0 || a->ref[p] == UINT32_MAX)
+			break;
+		ret_pages[k++] = p;
+	}
+	e = k ? room_for(a, r, k) : 0;
+	if (e == 0 && k)
+		e = reserve_room(a, r, (uint32_t)k);
+	a->pc.queries += n;
+	if (e < 0 || !k) {
+		drop_fresh(r, fresh);
+		return e < 0 ? e : ok(a);
+	}
+	a->pc.hits += k;
+	if (fresh)
+		insert(a, r);
+	for (size_t i = 0; i < k; i++) {
+		int32_t p = ret_pages[i];
+
+		if (a->state[p] == PAGE_IDLE) {
+			lru_unlink(a, p);
+			a->state[p] = PAGE_USED;
+		}
+		a->ref[p]++;
+		add_page(r, p);
+	}
+	*ret_n = k;
+	return changed(a);
+}
+
+int bd_kvpool_prefix_clear(struct bd_kvpool_alloc *a, uint64_t *ret_dropped)
+{
+	uint64_t n = 0;
+
+	bd_kvpool_cache_fn fn;
+
+	if (!a)
+		return -BD_POOL_ERR_INVALID;
+	/* one CLEARED event says it all: no REMOVED for each page */
+	fn = a->cache_fn;
+	a->cache_fn = NULL;
+	while (a->n_idle) {
+		evict_one(a);
+		n++;
+	}
+	a->cache_fn = fn;
+	/* pages still held leave the index and are freed by their last holder */
+	for (size_t p = 0; p < a->n_pages; p++)
+		if (a->hash[p]) {
+			idx_del(a, (int32_t)p);
+			n++;
+		}
+	if (a->cache_fn)
+		a->cache_fn(a->cache_ctx, BD_KVPOOL_CACHE_CLEARED, 0, -1);
+	if (ret_dropped)
+		*ret_dropped = n;
+	return n ? changed(a) : ok(a);
+}
+
+void bd_kvpool_prefix_counts(const struct bd_kvpool_alloc *a,
+			     struct bd_kvpool_prefix_counts *ret)
+{
+	*ret = a->pc;
+	ret->cached = a->n_cached;
+	ret->idle = a->n_idle;
 }
 
 /* ---- slots -------------------------------------------------------------------------------- */
@@ -745,7 +1031,8 @@ void bd_kvpool_alloc_counts(const struct bd_kvpool_alloc *a, struct bd_kvpool_co
 {
 	memset(ret, 0, sizeof(*ret));
 	ret->pages_total = a->n_pages;
-	ret->pages_free = a->n_free;
+	/* free capacity: the free stack and the idle pages an allocation evicts */
+	ret->pages_free = a->n_free + a->n_idle;
 	for (size_t p = 0; p < a->n_pages; p++) {
 		ret->pages_used += a->state[p] == PAGE_USED;
 		ret->pages_reserved += a->state[p] == PAGE_RESERVED;
@@ -833,7 +1120,7 @@ long bd_kvpool_alloc_pages_of(const struct bd_kvpool_alloc *a, uint64_t req, int
 int bd_kvpool_alloc_check(struct bd_kvpool_alloc *a)
 {
 	uint32_t *count;
-	size_t n_reqs = 0, n_free = 0, n_slot_held = 0;
+	size_t n_reqs = 0, n_free = 0, n_idle = 0, n_cached = 0, n_slot_held = 0;
 	int e = 0;
 
 	if (!a)
@@ -876,20 +1163,41 @@ int bd_kvpool_alloc_check(struct bd_kvpool_alloc *a)
 		if (count[p] != a->ref[p])
 			e = fail(a, EFAULT, "page %zu: refcount %u, %u holders", p, a->ref[p],
 				 count[p]);
-		else if ((a->ref[p] == 0) != (a->state[p] == PAGE_FREE))
+		else if ((a->ref[p] == 0) !=
+			 (a->state[p] == PAGE_FREE || a->state[p] == PAGE_IDLE))
 			e = fail(a, EFAULT, "page %zu: state %d with refcount %u", p,
 				 a->state[p], a->ref[p]);
+		else if (a->hash[p] && a->state[p] != PAGE_USED && a->state[p] != PAGE_IDLE)
+			e = fail(a, EFAULT, "page %zu: indexed in state %d", p, a->state[p]);
+		else if (a->state[p] == PAGE_IDLE && !a->hash[p])
+			e = fail(a, EFAULT, "page %zu: idle and not indexed", p);
+		else if (a->hash[p] && idx_find(a, a->hash[p]) != (int32_t)p)
+			e = fail(a, EFAULT, "page %zu: its hash does not find it", p);
 		else if (a->state[p] == PAGE_RESERVED && a->ref[p] != 1)
 			e = fail(a, EFAULT, "page %zu: reserved and shared", p);
 		else if (a->mark[p])
 			e = fail(a, EFAULT, "page %zu: scratch mark left set", p);
-		n_free += a->ref[p] == 0;
+		n_free += a->state[p] == PAGE_FREE;
+		n_idle += a->state[p] == PAGE_IDLE;
+		n_cached += a->hash[p] != 0;
+	}
+	if (!e && (n_idle != a->n_idle || n_cached != a->n_cached))
+		e = fail(a, EFAULT, "%zu idle and %zu indexed pages, counted %zu and %zu", n_idle,
+			 n_cached, a->n_idle, a->n_cached);
+	/* the idle list holds each idle page once, linked both ways */
+	for (int32_t p = a->lru_head, prev = -1, k = 0; !e && p >= 0;
+	     prev = p, p = a->lru_next[p], k++) {
+		if ((size_t)k >= a->n_idle || a->state[p] != PAGE_IDLE || a->lru_prev[p] != prev)
+			e = fail(a, EFAULT, "idle list entry %d (page %d) is wrong", k, p);
+		else if (a->lru_next[p] < 0 && a->lru_tail != p)
+			e = fail(a, EFAULT, "idle list ends at %d, its tail is %d", p, a->lru_tail);
 	}
 	/* the free stack holds each free page once */
 	for (size_t i = 0; i < a->n_free && !e; i++) {
 		int32_t p = a->free_pages[i];
 
-		if (p < 0 || (size_t)p >= a->n_pages || a->ref[p] || count[p] == UINT32_MAX)
+		if (p < 0 || (size_t)p >= a->n_pages || a->state[p] != PAGE_FREE ||
+		    count[p] == UINT32_MAX)
 			e = fail(a, EFAULT, "free stack entry %zu (page %d) is wrong", i, p);
 		else
 			count[p] = UINT32_MAX;
@@ -930,7 +1238,8 @@ size_t bd_kvpool_alloc_save_max(size_t n_pages, size_t n_slots, uint32_t max_pag
 	    __builtin_add_overflow(n_pages, n_slots, &total) ||
 	    __builtin_mul_overflow(total, sizeof(int32_t), &total) ||
 	    __builtin_add_overflow(total, recs, &total) ||
-	    __builtin_add_overflow(total, 3 * sizeof(uint32_t), &total))
+	    __builtin_add_overflow(total, 4 * sizeof(uint32_t), &total) ||
+	    __builtin_add_overflow(total, n_pages * (sizeof(int32_t) + sizeof(uint64_t)), &total))
 		return 0;
 	return total;
 }
@@ -962,6 +1271,20 @@ ssize_t bd_kvpool_alloc_save(const struct bd_kvpool_alloc *a, void *buf, size_t 
 		bd_kvpool_put(&c, &r->n_pages, sizeof(r->n_pages));
 		bd_kvpool_put(&c, r->pages, r->n_pages * sizeof(int32_t));
 	}
+	/* the prefix index: the idle pages from the least recently used, then the held ones */
+	n = (uint32_t)a->n_cached;
+	bd_kvpool_put(&c, &n, sizeof(n));
+	for (int32_t p = a->lru_head; p >= 0 && c.ok; p = a->lru_next[p]) {
+		bd_kvpool_put(&c, &p, sizeof(p));
+		bd_kvpool_put(&c, &a->hash[p], sizeof(a->hash[p]));
+	}
+	for (size_t p = 0; p < a->n_pages && c.ok; p++)
+		if (a->hash[p] && a->state[p] != PAGE_IDLE) {
+			int32_t q = (int32_t)p;
+
+			bd_kvpool_put(&c, &q, sizeof(q));
+			bd_kvpool_put(&c, &a->hash[p], sizeof(a->hash[p]));
+		}
 	return c.ok ? (ssize_t)c.off : -ENOSPC;
 }
 
@@ -1050,6 +1373,36 @@ static int load_req(struct bd_kvpool_alloc *a, struct bd_kvpool_cur *c, const ui
 	return 0;
 }
 
+/* The prefix index from c, after the requests: an indexed page no request holds is idle (in
+ * the order saved, least recently used first), one held stays USED. 0 or -EBADMSG. */
+static int load_index(struct bd_kvpool_alloc *a, struct bd_kvpool_cur *c)
+{
+	uint32_t n;
+
+	if (!bd_kvpool_get(c, &n, sizeof(n)) || n > a->n_pages)
+		return fail(a, EBADMSG, "the prefix index count is missing or above %zu",
+			    a->n_pages);
+	for (uint32_t i = 0; i < n; i++) {
+		int32_t p = -1;
+		uint64_t h = 0;
+
+		bd_kvpool_get(c, &p, sizeof(p));
+		if (!bd_kvpool_get(c, &h, sizeof(h)))
+			return fail(a, EBADMSG, "the prefix index is truncated");
+		if (p < 0 || (size_t)p >= a->n_pages || !h || a->hash[p] || idx_find(a, h) >= 0 ||
+		    a->state[p] == PAGE_RESERVED)
+			return fail(a, EBADMSG, "prefix index entry %u (page %d) is out of range, "
+				    "repeated or reserved", i, p);
+		idx_put(a, p, h);
+		if (a->ref[p] == 0) {
+			/* idle: it must not be on the free stack (the check below counts that) */
+			a->state[p] = PAGE_IDLE;
+			lru_push(a, p);
+		}
+	}
+	return 0;
+}
+
 ssize_t bd_kvpool_alloc_load(struct bd_kvpool_alloc *a, const void *buf, size_t len)
 {
 	struct bd_kvpool_cur c = { .r = buf, .len = len, .ok = buf != NULL };
@@ -1074,6 +1427,8 @@ ssize_t bd_kvpool_alloc_load(struct bd_kvpool_alloc *a, const void *buf, size_t 
 	for (uint32_t i = 0; e == 0 && i < n_reqs; i++)
 		e = load_req(a, &c, slot_free);
 	free(slot_free);
+	if (e == 0)
+		e = load_index(a, &c);
 	/* the rest of the invariants; the violation stays in a->err */
 	if (e == 0 && bd_kvpool_alloc_check(a) < 0)
 		e = -EBADMSG;

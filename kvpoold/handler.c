@@ -113,6 +113,17 @@ static int fill_stats(struct bd_kvpool_handler *h, uint32_t top, Bdfp4__PoolStat
 	st->slots_free = c.slots_free;
 	st->requests = c.requests;
 	st->requests_holding = c.requests_holding;
+	{
+		struct bd_kvpool_prefix_counts pc;
+
+		bd_kvpool_prefix_counts(h->alloc, &pc);
+		st->pages_cached = pc.cached;
+		st->pages_cached_idle = pc.idle;
+		st->prefix_queries = pc.queries;
+		st->prefix_hits = pc.hits;
+		st->prefix_stored = pc.stored;
+		st->prefix_evictions = pc.evictions;
+	}
 	st->served = h->served;
 	st->errors = h->errors;
 	st->group_epoch = h->group.epoch;
@@ -242,6 +253,8 @@ static uint64_t call_owner(const struct bd_kvpool_handler *h, const Bdfp4__PoolR
 	case BDFP4__POOL_REQUEST__OP_PAGE_FREE: id = req->page_free->request_id; break;
 	case BDFP4__POOL_REQUEST__OP_SLOT_RELEASE: id = req->slot_release->request_id; break;
 	case BDFP4__POOL_REQUEST__OP_REQUEST_RELEASE: id = req->request_release->request_id; break;
+	case BDFP4__POOL_REQUEST__OP_PREFIX_MATCH: owner = req->prefix_match->owner; break;
+	case BDFP4__POOL_REQUEST__OP_PREFIX_STORE: id = req->prefix_store->request_id; break;
 	default: break;
 	}
 	if (id) {
@@ -393,6 +406,54 @@ int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t l
 	case BDFP4__POOL_REQUEST__OP_OWNER_RECLAIM:
 		e = bd_kvpool_owner_reclaim(a, req->owner_reclaim->owner, &rep.requests_released,
 					    &rep.pages_freed);
+		break;
+	case BDFP4__POOL_REQUEST__OP_PREFIX_STORE: {
+		const Bdfp4__PrefixStore *m = req->prefix_store;
+
+		if (m->n_hashes != m->n_pages) {
+			e = -BD_POOL_ERR_INVALID;
+			snprintf(text, sizeof(text), "%zu pages and %zu hashes", m->n_pages,
+				 m->n_hashes);
+			own_text = true;
+			break;
+		}
+		h->store_tokens = m->tokens;
+		h->store_n_tokens = m->n_tokens;
+		h->store_parent = m->parent;
+		h->store_pages = m->pages;
+		h->store_hashes = m->hashes;
+		h->store_n = m->n_pages;
+		e = bd_kvpool_prefix_store(a, m->request_id, m->pages, m->hashes, m->n_pages,
+					   &rep.pages_stored);
+		h->store_n = 0;
+		break;
+	}
+	case BDFP4__POOL_REQUEST__OP_PREFIX_MATCH: {
+		const Bdfp4__PrefixMatch *m = req->prefix_match;
+		size_t k = 0;
+
+		pages = malloc((m->n_hashes ? m->n_hashes : 1) * sizeof(*pages));
+		if (!pages) {
+			e = oom(text, sizeof(text), &own_text);
+			break;
+		}
+		e = bd_kvpool_prefix_match(a, m->request_id, m->owner, m->hashes, m->n_hashes,
+					   pages, &k);
+		if (!e) {
+			rep.n_pages = k;
+			rep.pages = pages;
+		}
+		break;
+	}
+	case BDFP4__POOL_REQUEST__OP_PREFIX_CLEAR:
+		if (h->peer_known && !h->peer_admin) {
+			e = -BD_POOL_ERR_DENIED;
+			snprintf(text, sizeof(text), "clearing the prefix cache is the operator's "
+				 "(root or kvpoold's uid)");
+			own_text = true;
+			break;
+		}
+		e = bd_kvpool_prefix_clear(a, &rep.pages_freed);
 		break;
 	case BDFP4__POOL_REQUEST__OP_STATS:
 		/* counted before filling, so the reply includes itself */

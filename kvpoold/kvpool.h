@@ -1,11 +1,13 @@
 /* kvpool.h — what kvpoold is made of, behind its main: the allocator (alloc.c), the message
  * handler of the allocation socket (handler.c), the attach request's check (attach.c), the
- * arena sizing (plan.c) and the memory
+ * arena sizing (plan.c), the KV event batches (events.c) and the memory
  * backends (mem_cpu.c, mem_cuda.c). None of it does I/O or logs, so the unit tests and the
  * fuzzer drive it directly.
  *
  * Allocator model: pages are FREE, RESERVED (the next page of one request, before
- * promotion) or USED; a USED page may be held by several requests (refcount = holders). A
+ * promotion), USED, or IDLE (in the prefix index, held by no request: free capacity that an
+ * allocation evicts, "prefix caching" below); a USED page may be held by several requests
+ * (refcount = holders). A
  * request record (id ≠ 0, owner = router session id) holds page references, at most one
  * reservation and at most one BF16 slot. Every operation checks everything before it changes
  * anything: on error the pool is exactly as before.
@@ -115,6 +117,51 @@ int bd_kvpool_request_release(struct bd_kvpool_alloc *a, uint64_t req, uint64_t 
 /* bd_kvpool_request_release of every request of owner (none is not an error). */
 int bd_kvpool_owner_reclaim(struct bd_kvpool_alloc *a, uint64_t owner, uint64_t *ret_requests,
 			    uint64_t *ret_freed);
+
+/* ---- prefix caching: promoted pages shared by the hash of the tokens they hold ---------------
+ *
+ * A promoted page (USED, held by the request that filled it) may be indexed under a hash the
+ * router computed (non-zero; chained over the page's tokens, the previous page's hash and the
+ * KV identity, router/prefix.c). A later request takes references to the leading indexed pages
+ * of its prompt (prefix_match); an indexed page whose last reference goes is IDLE: kept, and
+ * counted as free capacity (bd_kvpool_counts.pages_free); an allocation that finds the free
+ * stack short evicts the least recently released idle pages (scrubbed, as any freed page).
+ * Indexed pages are immutable: nothing writes a USED page. */
+
+enum bd_kvpool_cache_event { BD_KVPOOL_CACHE_STORED = 1, BD_KVPOOL_CACHE_REMOVED, BD_KVPOOL_CACHE_CLEARED };
+
+/* Told of each page indexed (STORED) or evicted (REMOVED) under hash, and of a clear of the
+ * whole index (CLEARED, hash 0, page -1), as it happens inside the operation. */
+typedef void (*bd_kvpool_cache_fn)(void *ctx, enum bd_kvpool_cache_event ev, uint64_t hash,
+				   int32_t page);
+void bd_kvpool_alloc_set_cache_hook(struct bd_kvpool_alloc *a, bd_kvpool_cache_fn fn, void *ctx);
+
+/* Indexes pages[i] (held by req, promoted: USED) under hashes[i] (≠ 0), i < n ≤ max pages per
+ * request. A page already indexed, or a hash another page is indexed under, is left as it is
+ * (the first page of a prefix wins; the request's own page stays private). All checked before
+ * any change: -POOL_ERR_UNKNOWN_REQUEST, _RANGE (n, a page id), _INVALID (hash 0, a page or
+ * hash twice), _NOT_HELD, _STATE (a reserved page). *ret_stored: pages indexed by this call. */
+int bd_kvpool_prefix_store(struct bd_kvpool_alloc *a, uint64_t req, const int32_t *pages,
+			   const uint64_t *hashes, size_t n, uint64_t *ret_stored);
+
+/* The longest leading run hashes[0..k) that is indexed: req (created under owner when new)
+ * takes a reference to each of those pages (an idle one becomes USED again), ret_pages[0..k)
+ * in that order, *ret_n = k (0 is not an error: nothing changes). Errors as PageRef's (range,
+ * owner, the request's page limit, quota: nothing changes). Counts n queries and k hits. */
+int bd_kvpool_prefix_match(struct bd_kvpool_alloc *a, uint64_t req, uint64_t owner,
+			   const uint64_t *hashes, size_t n, int32_t *ret_pages, size_t *ret_n);
+
+/* Empties the index: idle pages are freed (scrubbed), held ones stay with their holders and
+ * are freed by the last. *ret_dropped: pages that left the index. */
+int bd_kvpool_prefix_clear(struct bd_kvpool_alloc *a, uint64_t *ret_dropped);
+
+struct bd_kvpool_prefix_counts {
+	size_t cached, idle;          /* indexed pages; of which no request holds */
+	uint64_t queries, hits;       /* pages asked for by prefix_match, and found */
+	uint64_t stored, evictions;   /* pages indexed, idle pages evicted (since start) */
+};
+void bd_kvpool_prefix_counts(const struct bd_kvpool_alloc *a,
+			     struct bd_kvpool_prefix_counts *ret);
 
 struct bd_kvpool_counts {
 	size_t pages_total, pages_free, pages_used, pages_reserved, pages_shared;
@@ -249,6 +296,14 @@ struct bd_kvpool_handler {
 	 * with peer_known only peer_admin may register */
 	uint32_t tp;
 	struct bd_kvpool_group group;
+
+	/* The PrefixStore being applied, for the allocator's cache hook (the KV event stream
+	 * publishes each stored page with its tokens): its pages and hashes [store_n], tokens
+	 * [store_n_tokens] (128 per page, in page order) and parent; store_n is 0 outside it. */
+	const int32_t *store_pages, *store_tokens;
+	const uint64_t *store_hashes;
+	size_t store_n, store_n_tokens;
+	uint64_t store_parent;
 };
 
 /* An attach request, decoded (kvpool.proto AttachRequest). token_len is the length sent (the
@@ -402,6 +457,43 @@ extern const struct bd_kvpool_mem_ops bd_kvpool_mem_cuda;
 /* The backend called name ("cpu", "cuda"), or NULL. */
 const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name);
 
+/* ---- KV events (events.c): the prefix index's changes in vLLM's format --------------------- *
+ *
+ * kvpoold publishes, on a ZeroMQ PUB socket ([pool] kv_events), the batches vLLM's
+ * ZmqEventPublisher sends: frames [topic, sequence number (8 bytes, big-endian, from 0),
+ * msgpack payload], the payload as events.c's comment spells out; a ROUTER socket
+ * (kv_events_replay) answers a request [""][start (8 bytes, big-endian)] with every kept batch
+ * from start on, each as [""][seq][payload], then [""][-1 as 8 bytes][""]. A bdfp4 page is one
+ * vLLM block of 128 tokens; the block hash is the router's page hash (router/prefix.h). */
+
+struct bd_kvpool_events;
+
+/* A publisher's books keeping the last replay_batches batches (≥ 1; 0 is 1); medium names the
+ * memory in the events ("GPU", "CPU"; < 16 bytes). Returns 0, -EINVAL, -ENOMEM. */
+int bd_kvpool_events_new(size_t replay_batches, const char *medium,
+			 struct bd_kvpool_events **ret);
+void bd_kvpool_events_free(struct bd_kvpool_events *e);
+
+/* The handler whose PrefixStore context (bd_kvpool_handler.store_*) gives a stored page its
+ * tokens and parent. */
+void bd_kvpool_events_set_handler(struct bd_kvpool_events *e, const struct bd_kvpool_handler *h);
+
+/* The allocator's bd_kvpool_cache_fn (ctx: the events): the change joins the pending batch. */
+void bd_kvpool_events_hook(void *ctx, enum bd_kvpool_cache_event ev, uint64_t hash,
+			   int32_t page);
+
+/* The pending changes as the next batch (timestamp ts, seconds since the epoch): returns 1
+ * with its sequence number and payload (valid until this batch leaves the replay ring),
+ * 0 when nothing is pending, -ENOMEM (the changes are lost; the next batch is an
+ * AllBlocksCleared, so consumers do not keep a view the pool no longer has). */
+int bd_kvpool_events_batch(struct bd_kvpool_events *e, double ts, uint64_t *ret_seq,
+			   const uint8_t **ret_payload, size_t *ret_len);
+
+/* Calls fn for each kept batch with sequence number ≥ start, oldest first; returns how many. */
+size_t bd_kvpool_events_replay(const struct bd_kvpool_events *e, uint64_t start,
+			       void (*fn)(void *ctx, uint64_t seq, const uint8_t *p, size_t len),
+			       void *ctx);
+
 /* ---- the state record (state.c): what a restarted kvpoold adopts ---------------------------- *
  *
  * The allocation state lives in a memfd the daemon keeps in systemd's fd store beside its arena
@@ -418,7 +510,7 @@ const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name);
  * bd_kvpool_state_geo), the replay table, the allocator. */
 
 #define BD_KVPOOL_STATE_MAGIC "bdfp4kvs"
-#define BD_KVPOOL_STATE_VERSION 1
+#define BD_KVPOOL_STATE_VERSION 2 /* 2: the allocator record ends with the prefix index */
 #define BD_KVPOOL_STATE_BOM 0x01020304u
 #define BD_KVPOOL_STATE_FDNAME "state"
 

@@ -104,6 +104,17 @@ static int print_stats_json(const struct bd_pool_stats *s)
 		      (json_int_t)s->requests_holding, "largest", largest, "devices", devices,
 		      "attachments", att, "served", "requests", (json_int_t)s->served, "errors",
 		      (json_int_t)s->errors);
+	if (o && json_object_set_new(o, "prefix",
+				     json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "cached",
+					       (json_int_t)s->pages_cached, "idle",
+					       (json_int_t)s->pages_cached_idle, "queries",
+					       (json_int_t)s->prefix_queries, "hits",
+					       (json_int_t)s->prefix_hits, "stored",
+					       (json_int_t)s->prefix_stored, "evictions",
+					       (json_int_t)s->prefix_evictions)) < 0) {
+		json_decref(o);
+		o = NULL;
+	}
 	if (!o)
 		return -ENOMEM;
 	json_dumpf(o, stdout, JSON_INDENT(2));
@@ -123,6 +134,10 @@ static void print_stats(const struct bd_pool_stats *s)
 	printf("pages     %" PRIu64 " total, %" PRIu64 " free, %" PRIu64 " used, %" PRIu64
 	       " reserved, %" PRIu64 " shared\n",
 	       s->pages_total, s->pages_free, s->pages_used, s->pages_reserved, s->pages_shared);
+	printf("prefix    %" PRIu64 " pages cached (%" PRIu64 " idle, counted free), %" PRIu64
+	       " of %" PRIu64 " looked up found, %" PRIu64 " stored, %" PRIu64 " evicted\n",
+	       s->pages_cached, s->pages_cached_idle, s->prefix_hits, s->prefix_queries,
+	       s->prefix_stored, s->prefix_evictions);
 	printf("slots     %" PRIu64 " total, %" PRIu64 " free\n", s->slots_total, s->slots_free);
 	human(a, sizeof(a), used_pages * s->page_bytes * s->tp);
 	human(b, sizeof(b), s->pages_total * s->page_bytes * s->tp);

@@ -28,6 +28,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
@@ -59,6 +60,8 @@ struct opts {
 	mode_t socket_mode;
 	struct bd_kvpool_quota quota;
 	bool scrub;
+	const char *kv_events, *kv_events_replay, *kv_events_topic;
+	size_t kv_events_buffer;
 };
 
 #define OPT(t, field, lo, hi) BD_CONFIG_FIELD(t, struct opts, field, lo, hi)
@@ -122,6 +125,16 @@ static const struct bd_config_key keys[] = {
 	  "zero a page's and a slot's bytes when they are freed, before another request gets "
 	  "them (cpu backend only: kvpoold does not map the cuda backend's memory)", false,
 	  OPT(BOOL, scrub, 0, 1) },
+	{ "kv_events", "",
+	  "ZeroMQ PUB endpoint of the KV event stream (vLLM's BlockStored/BlockRemoved/"
+	  "AllBlocksCleared of the prefix index, for Dynamo or llm-d); empty: none",
+	  TEXT(kv_events) },
+	{ "kv_events_replay", "",
+	  "ZeroMQ ROUTER endpoint where a subscriber asks for the kept batches from a sequence "
+	  "number on; empty: none", TEXT(kv_events_replay) },
+	{ "kv_events_topic", "", "topic frame of every event message", TEXT(kv_events_topic) },
+	{ "kv_events_buffer", "1000", "event batches kept for replay",
+	  OPT(INT, kv_events_buffer, 1, 1 << 20) },
 	{ NULL, NULL, NULL },
 };
 #undef OPT
@@ -153,6 +166,10 @@ struct ctx {
 	struct bd_kvpool_info info;
 
 	/* the state record (state.c) and what it was made for */
+	/* the KV event stream (events.c): PUB and replay ROUTER sockets, NULL when off */
+	struct bd_kvpool_events *events;
+	void *ev_pub, *ev_replay;
+
 	struct bd_kvpool_state *state;
 	struct bd_kvpool_state_geo geo;
 	uint64_t saved_alloc, saved_replay; /* the change counters the last record holds */
@@ -627,6 +644,9 @@ static int setup_memory(struct ctx *c)
 
 /* ---- scrubbing ----------------------------------------------------------------------------- */
 
+/* the batch of what the last allocation call changed, on the KV event stream (below) */
+static void publish_events(struct ctx *c);
+
 /* Hooks scrub.c into the allocator over the CPU backend's arenas (kvpoold does not map the cuda
  * backend's VMM memory, so it is not cleared). Returns 0 or -errno. */
 static int setup_scrub(struct ctx *c)
@@ -1006,6 +1026,7 @@ static void on_rep(struct ctx *c)
 		}
 		zmq_msg_close(&m);
 		save_state(c);
+		publish_events(c);
 		if (e < 0) {
 			/* no memory for a reply: an empty frame still unblocks the peer */
 			zmq_send(c->rep, "", 0, 0);
@@ -1110,6 +1131,148 @@ static int setup_sockets(struct ctx *c)
 	return e;
 }
 
+/* ---- the KV event stream -------------------------------------------------------------------- */
+
+static void be64(uint8_t b[8], uint64_t x)
+{
+	for (int i = 7; i >= 0; i--, x >>= 8)
+		b[i] = (uint8_t)x;
+}
+
+/* The batch of what the last call changed, on the PUB socket (dropped there when a slow
+ * subscriber's queue is full: the replay socket has it). */
+static void publish_events(struct ctx *c)
+{
+	const uint8_t *p;
+	uint64_t seq;
+	size_t len;
+	uint8_t sb[8];
+	struct timespec ts;
+	int r;
+
+	if (!c->events)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	r = bd_kvpool_events_batch(c->events, (double)ts.tv_sec + ts.tv_nsec * 1e-9, &seq, &p,
+				   &len);
+	if (r == -ENOMEM)
+		bd_log_warn("kv events: out of memory, a batch is lost (the next clears the index)");
+	if (r <= 0)
+		return;
+	be64(sb, seq);
+	if (zmq_send(c->ev_pub, c->o.kv_events_topic, strlen(c->o.kv_events_topic),
+		     ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(c->ev_pub, sb, sizeof(sb), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(c->ev_pub, p, len, ZMQ_DONTWAIT) < 0)
+		bd_log_debug("kv events: batch %llu not sent: %s", (unsigned long long)seq,
+			     zmq_strerror(zmq_errno()));
+}
+
+struct replay_to {
+	void *sock;
+	zmq_msg_t *id;
+};
+
+static void replay_one(void *ctx, uint64_t seq, const uint8_t *p, size_t len)
+{
+	struct replay_to *t = ctx;
+	uint8_t sb[8];
+
+	be64(sb, seq);
+	zmq_send(t->sock, zmq_msg_data(t->id), zmq_msg_size(t->id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(t->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(t->sock, sb, sizeof(sb), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(t->sock, p, len, ZMQ_DONTWAIT);
+}
+
+/* Replay requests [id][""][start, 8 bytes big-endian]: the kept batches from start, then the
+ * end marker (sequence -1, empty payload). Anything else is dropped. */
+static void on_replay(struct ctx *c)
+{
+	for (;;) {
+		zmq_msg_t part[3];
+		int n = 0, more = 1;
+		size_t ml = sizeof(more);
+
+		while (more) {
+			zmq_msg_t m;
+
+			zmq_msg_init(&m);
+			if (zmq_msg_recv(&m, c->ev_replay, ZMQ_DONTWAIT) < 0) {
+				zmq_msg_close(&m);
+				for (int i = 0; i < n && i < 3; i++)
+					zmq_msg_close(&part[i]);
+				return;
+			}
+			zmq_getsockopt(c->ev_replay, ZMQ_RCVMORE, &more, &ml);
+			if (n < 3) {
+				zmq_msg_init(&part[n]);
+				zmq_msg_move(&part[n], &m);
+			}
+			zmq_msg_close(&m);
+			n++;
+		}
+		if (n == 3 && zmq_msg_size(&part[1]) == 0 && zmq_msg_size(&part[2]) == 8) {
+			const uint8_t *b = zmq_msg_data(&part[2]);
+			uint64_t start = 0;
+			uint8_t end[8];
+			struct replay_to t = { c->ev_replay, &part[0] };
+
+			for (int i = 0; i < 8; i++)
+				start = start << 8 | b[i];
+			bd_kvpool_events_replay(c->events, start, replay_one, &t);
+			memset(end, 0xff, sizeof(end));
+			zmq_send(c->ev_replay, zmq_msg_data(&part[0]), zmq_msg_size(&part[0]),
+				 ZMQ_SNDMORE | ZMQ_DONTWAIT);
+			zmq_send(c->ev_replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+			zmq_send(c->ev_replay, end, sizeof(end), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+			zmq_send(c->ev_replay, "", 0, ZMQ_DONTWAIT);
+		}
+		for (int i = 0; i < n && i < 3; i++)
+			zmq_msg_close(&part[i]);
+	}
+}
+
+/* The PUB (and replay) sockets when kv_events is set, the allocator's cache hook on them, and
+ * a first AllBlocksCleared: a consumer's view of an earlier run is void (an index adopted
+ * from the fd store is served, but not announced again: its tokens are not kept). */
+static int setup_events(struct ctx *c)
+{
+	int zero = 0, e;
+
+	if (!*c->o.kv_events)
+		return 0;
+	e = bd_kvpool_events_new(c->o.kv_events_buffer, strcmp(c->mem->name, "cpu") ? "GPU" : "CPU",
+				 &c->events);
+	if (e < 0) {
+		bd_log_err("kv events: %s", strerror(-e));
+		return e;
+	}
+	bd_kvpool_events_set_handler(c->events, &c->handler);
+	c->ev_pub = zmq_socket(c->zctx, ZMQ_PUB);
+	if (!c->ev_pub || zmq_setsockopt(c->ev_pub, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_bind(c->ev_pub, c->o.kv_events) < 0) {
+		bd_log_err("kv_events %s: %s", c->o.kv_events, zmq_strerror(zmq_errno()));
+		return -EIO;
+	}
+	if (*c->o.kv_events_replay) {
+		c->ev_replay = zmq_socket(c->zctx, ZMQ_ROUTER);
+		if (!c->ev_replay ||
+		    zmq_setsockopt(c->ev_replay, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+		    zmq_bind(c->ev_replay, c->o.kv_events_replay) < 0) {
+			bd_log_err("kv_events_replay %s: %s", c->o.kv_events_replay,
+				   zmq_strerror(zmq_errno()));
+			return -EIO;
+		}
+	}
+	bd_kvpool_alloc_set_cache_hook(c->alloc, bd_kvpool_events_hook, c->events);
+	bd_kvpool_events_hook(c->events, BD_KVPOOL_CACHE_CLEARED, 0, -1);
+	publish_events(c);
+	bd_log_info("kv events on %s%s%s", c->o.kv_events, *c->o.kv_events_replay ? ", replay on " : "",
+		    c->o.kv_events_replay);
+	return 0;
+}
+
 /* ---- loop ---------------------------------------------------------------------------------- */
 
 static void notify_status(struct ctx *c)
@@ -1142,7 +1305,7 @@ static void on_tick(struct ctx *c, int64_t now)
 
 static int run(struct ctx *c)
 {
-	zmq_pollitem_t *items = calloc(3 + c->o.max_clients, sizeof(*items));
+	zmq_pollitem_t *items = calloc(4 + c->o.max_clients, sizeof(*items));
 
 	if (!items)
 		return -ENOMEM;
@@ -1165,7 +1328,10 @@ static int run(struct ctx *c)
 		for (size_t i = 0; i < n_cl; i++)
 			items[3 + i] = (zmq_pollitem_t){ .fd = c->clients[i].fd,
 							 .events = ZMQ_POLLIN };
-		r = zmq_poll(items, 3 + (int)n_cl, (long)wait);
+		/* the replay socket last, so the clients keep their indices */
+		items[3 + n_cl] = (zmq_pollitem_t){ .socket = c->ev_replay,
+						    .events = c->ev_replay ? ZMQ_POLLIN : 0 };
+		r = zmq_poll(items, 3 + (int)n_cl + (c->ev_replay != NULL), (long)wait);
 		if (r < 0) {
 			if (zmq_errno() == EINTR)
 				continue;
@@ -1191,6 +1357,8 @@ static int run(struct ctx *c)
 				on_client(c, i);
 		if (items[1].revents)
 			on_accept(c);
+		if (c->ev_replay && items[3 + n_cl].revents)
+			on_replay(c);
 		on_tick(c, bd_now_ms());
 	}
 	free(items);
@@ -1226,6 +1394,11 @@ static void cleanup(struct ctx *c)
 		if (c->rep_bound && path)
 			unlink(path);
 	}
+	if (c->ev_pub)
+		zmq_close(c->ev_pub);
+	if (c->ev_replay)
+		zmq_close(c->ev_replay);
+	bd_kvpool_events_free(c->events);
 	bd_zsec_zap_stop(c->zap);
 	memset(&c->curve_kp, 0, sizeof(c->curve_kp));
 	if (c->zctx)
@@ -1282,7 +1455,7 @@ int main(int argc, char **argv)
 		.tp = (uint32_t)c.o.tp,
 	};
 	bd_kvpool_alloc_set_quota(c.alloc, &c.o.quota);
-	if (setup_scrub(&c) < 0 || setup_sockets(&c) < 0)
+	if (setup_scrub(&c) < 0 || setup_sockets(&c) < 0 || setup_events(&c) < 0)
 		goto fail;
 	c.next_status = bd_now_ms();
 	bd_log_info("listening on %s (attach) and %s (allocation)", c.o.socket, c.o.endpoint);

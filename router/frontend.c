@@ -417,6 +417,11 @@ static int validate(struct bd_router *rt, const Bdfp4__GenerateRequest *g, char 
 			return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
 		}
 	}
+	if (g->cache_salt && strlen(g->cache_salt) >= sizeof(((struct bd_req *)0)->cache_salt)) {
+		snprintf(err, cap, "cache_salt longer than %zu bytes",
+			 sizeof(((struct bd_req *)0)->cache_salt) - 1);
+		return BDFP4__SERVE_ERROR__SERVE_ERR_OVERSIZE;
+	}
 	if (g->n_forced_tokens > g->max_tokens) {
 		snprintf(err, cap, "more forced tokens than max_tokens");
 		return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
@@ -536,6 +541,10 @@ static struct bd_req *new_req(struct bd_router *rt, const struct envelope *env,
 	}
 	r->stream = g->stream;
 	r->ignore_eos = g->ignore_eos;
+	if (g->cache_salt) {
+		r->cache_salt_len = strnlen(g->cache_salt, sizeof(r->cache_salt) - 1);
+		memcpy(r->cache_salt, g->cache_salt, r->cache_salt_len);
+	}
 	for (size_t i = 0; i < g->n_stop; i++) {
 		r->stops[i] = strdup(g->stop[i]);
 		if (!r->stops[i])

@@ -635,6 +635,16 @@ static int parse_request(struct bd_http *h, json_t *root, bool chat, struct gen_
 	p->g.max_tokens = (uint32_t)max_tokens;
 	p->g.stream = g->stream;
 	p->g.ignore_eos = json_is_true(json_object_get(root, "ignore_eos"));
+	t = json_object_get(root, "cache_salt");
+	if (t && !json_is_null(t)) {
+		*ret_param = "cache_salt";
+		if (!json_is_string(t)) {
+			snprintf(err, cap, "cache_salt must be a string");
+			return -EINVAL;
+		}
+		p->g.cache_salt = (char *)json_string_value(t);
+		*ret_param = NULL;
+	}
 	return 0;
 #undef FIELD
 }

@@ -36,6 +36,7 @@
 #include "serve/bd_wire.h"
 #include "http.h"
 #include "metrics.h"
+#include "prefix.h"
 #include "router.h"
 
 #define SECTION "router"
@@ -78,6 +79,11 @@ static const struct bd_config_key keys[] = {
 	  "cannot take whole waits for the next step); with workerd's batch_invariant a greedy "
 	  "request yields the same tokens alone or in any batch", true,
 	  OPT(BOOL, batch_invariant, 0, 0) },
+	{ "prefix_cache", "1",
+	  "reuse the FP4 pages of a prompt's leading full pages that kvpoold holds from an earlier "
+	  "request with the same tokens (and cache salt); the cpu backend only (a cuda group's "
+	  "prefill at position > 0 recomputes the context)", true,
+	  OPT(BOOL, prefix_cache, 0, 0) },
 	{ "deadline_ms", "300000", "default per-request deadline",
 	  OPT(INT, deadline_ms, 1, INT_MAX) },
 	{ "heartbeat_ms", "250", "heartbeat period, both ways", OPT(INT, heartbeat_ms, 10, 600000) },
@@ -523,6 +529,10 @@ static void metrics_gauges(struct bd_router *rt)
 		.slots_free = rt->slots_free,
 		.pages_held = rt->sched.pages_held,
 		.preemptions = rt->sched.preemptions,
+		.prefix_queries = rt->sched.prefix_queries,
+		.prefix_hits = rt->sched.prefix_hits,
+		.pages_cached = rt->pages_cached,
+		.prefix_evictions = rt->prefix_evictions,
 		.healthy = rt->state == RS_SERVING && rt->pool_ok,
 	};
 
@@ -736,9 +746,19 @@ static int start_sched(struct bd_router *rt)
 		.tok = rt->tok,
 	};
 	int e = bd_sched_init(&rt->sched, &cfg, &bd_router_pool_ops, rt);
+	bool cpu = !strcmp(rt->backend, "cpu");
 
-	if (e < 0)
+	if (e < 0) {
 		bd_log_err("scheduler: %s", strerror(-e));
+		return e;
+	}
+	/* a cuda worker prefills a chunk at position > 0 by recomputing the context, which
+	 * would write the shared pages: the cache serves the cpu backend only */
+	bd_sched_set_prefix(&rt->sched, rt->o.prefix_cache && cpu,
+			    bd_router_prefix_seed(rt->model_name, rt->kv_config, rt->page_format, 0));
+	if (rt->o.prefix_cache && !cpu)
+		bd_log_info("prefix caching is off: the %s backend does not read shared pages in "
+			    "a prefill", rt->backend);
 	return e;
 }
 

@@ -323,6 +323,15 @@ char *bd_router_metrics_render(struct bd_router_metrics *m, size_t *ret_len)
 		"Generated tokens of finished requests.");
 	counter(f, c, "num_preemptions_total", g->preemptions,
 		"Preemptions (a running request's KV released, recomputed later).");
+	counter(f, c, "prefix_cache_queries_total", g->prefix_queries,
+		"Prompt tokens looked up in the prefix cache at admission (whole pages).");
+	counter(f, c, "prefix_cache_hits_total", g->prefix_hits,
+		"Prompt tokens found in the prefix cache (read from cached FP4 pages, not "
+		"prefilled).");
+	gauge(f, c, "pool_pages_cached", (double)g->pages_cached,
+	      "FP4 pages in kvpoold's prefix index (held or idle; idle ones count as free).");
+	counter(f, c, "prefix_cache_evictions_total", g->prefix_evictions,
+		"Idle cached pages kvpoold evicted for an allocation.");
 	head(f, "request_success_total", "counter", "Finished requests by finish reason.");
 	for (int i = 0; i < N_FIN; i++)
 		fprintf(f, "bdfp4:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} "

@@ -25,6 +25,9 @@ struct bd_metrics_gauges {
 	uint64_t pages_total, pages_free, slots_total, slots_free;
 	uint64_t pages_held;   /* pages of this router's live requests */
 	uint64_t preemptions;  /* since start (a counter the scheduler keeps) */
+	/* prefix caching: prompt tokens looked up and found (the scheduler's counters), the
+	 * pool's indexed pages and its evictions (kvpoold's stats, all owners) */
+	uint64_t prefix_queries, prefix_hits, pages_cached, prefix_evictions;
 	int healthy;           /* 1 serving, 0 not */
 };
 

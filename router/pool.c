@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "kvpool.pb-c.h"
+#include "quant/bd_layout.h"
 #include "router.h"
 
 #define MON_ENDPOINT "inproc://routerd-pool-monitor"
@@ -161,6 +162,8 @@ int bd_router_pool_refresh(struct bd_router *rt)
 		return e;
 	rt->pages_free = st->pages_free;
 	rt->slots_free = st->slots_free;
+	rt->pages_cached = st->pages_cached;
+	rt->prefix_evictions = st->prefix_evictions;
 	rt->pages_total = st->pages_total;
 	rt->slots_total = st->slots_total;
 	/* the first refresh (at start) learns the arena id; a later one holds the pool to it */
@@ -289,6 +292,8 @@ static void on_answer(struct bd_router *rt, const uint8_t *body, size_t len, boo
 		if (rep->stats) {
 			rt->pages_free = rep->stats->pages_free;
 			rt->slots_free = rep->stats->slots_free;
+			rt->pages_cached = rep->stats->pages_cached;
+			rt->prefix_evictions = rep->stats->prefix_evictions;
 			rt->pages_total = rep->stats->pages_total;
 			rt->slots_total = rep->stats->slots_total;
 		}
@@ -428,6 +433,24 @@ static int pool_release(void *ctx, uint64_t id)
 	return e;
 }
 
+static int pool_prefix_match(void *ctx, uint64_t id, const uint64_t *hashes, size_t n,
+			     int32_t *ret_pages, size_t *ret_n)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_prefix_match(rt->pool, id, rt->o.owner, hashes, n, ret_pages,
+						  ret_n));
+}
+
+static int pool_prefix_store(void *ctx, uint64_t id, const int32_t *pages, const uint64_t *hashes,
+			     size_t n, const int32_t *tokens, uint64_t parent)
+{
+	struct bd_router *rt = ctx;
+
+	return POOL_CALL(rt, bd_pool_prefix_store(rt->pool, id, pages, hashes, n, tokens,
+						  n * BD_PAGE_TOKENS, parent, NULL));
+}
+
 static bool pool_is_down(void *ctx, char *why, size_t cap)
 {
 	struct bd_router *rt = ctx;
@@ -443,5 +466,7 @@ const struct bd_sched_pool_ops bd_router_pool_ops = {
 	.page_reserve = pool_page_reserve,
 	.page_commit = pool_page_commit,
 	.release = pool_release,
+	.prefix_match = pool_prefix_match,
+	.prefix_store = pool_prefix_store,
 	.down = pool_is_down,
 };

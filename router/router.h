@@ -66,6 +66,7 @@ struct bd_router_opts {
 	int tp;
 	int max_batch, max_queue, max_frame, max_prefill_tokens, max_prefill_chunk;
 	bool batch_invariant; /* bd_sched_cfg.batch_invariant */
+	bool prefix_cache;    /* bd_sched_cfg.prefix_cache (the cpu backend only) */
 	int deadline_ms, heartbeat_ms, heartbeat_timeout_ms, step_timeout_ms, keepalive_ms;
 	int resume_timeout_ms;
 	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
@@ -94,6 +95,7 @@ struct bd_worker {
 	uint32_t max_prefill; /* RegisterRequest.max_prefill: longest prefill row (0: no bound) */
 	uint8_t nccl_id[128];
 	size_t nccl_len;
+	uint64_t calib_id;   /* the first 8 bytes of RegisterRequest.calib_sha256, 0: none */
 };
 
 /* The step in flight as the ranks see it: sent, its answers gathered (workers.c). */
@@ -121,6 +123,7 @@ struct bd_router {
 	struct bd_pool_conn *pool;
 	char kv_config[32], page_format[16], backend[8];
 	uint64_t pages_total, slots_total, pages_free, slots_free;
+	uint64_t pages_cached, prefix_evictions; /* kvpoold's prefix index (stats) */
 
 	/* pool health (pool.c): down after a call without an answer (timeout, connection gone);
 	 * back when a probe is answered */

@@ -9,6 +9,7 @@
 #include "base/bd_rand.h"
 #include "model/bd_sampler.h"
 #include "quant/bd_layout.h"
+#include "prefix.h"
 #include "sched.h"
 
 /* ---- requests and actions ------------------------------------------------------------------- */
@@ -19,6 +20,7 @@ void bd_req_free(struct bd_req *r)
 		return;
 	free(r->toks);
 	free(r->pages);
+	free(r->hashes);
 	for (int i = 0; i < r->n_stops; i++)
 		free(r->stops[i]);
 	free(r->forced);
@@ -167,6 +169,7 @@ static void release_all(struct bd_sched *s, struct bd_req *r)
 	r->pool_held = false;
 	r->slot = -1;
 	r->n_pages = 0;
+	r->n_cached = r->n_stored = 0;
 	r->reserved = -1;
 	if (r->on_workers)
 		push_release(s, r->id);
@@ -363,7 +366,67 @@ bool bd_sched_pool_busy(const struct bd_sched *s)
 
 /* ---- admission and preemption ---------------------------------------------------------------- */
 
-/* Slot and prefill pages for r. 0, -ENOSPC (the pool is short: nothing held), other -errno. */
+/* Lookups and stores need the pool's two calls, and workers that continue a prompt at a
+ * position > 0: a hit's suffix is prefilled after the cached pages (not with whole_prompts). */
+static bool prefix_on(const struct bd_sched *s)
+{
+	return s->cfg.prefix_cache && !s->whole_prompts && s->pool->prefix_match &&
+	       s->pool->prefix_store;
+}
+
+void bd_sched_set_prefix(struct bd_sched *s, bool on, uint64_t seed)
+{
+	s->cfg.prefix_cache = on;
+	s->cfg.prefix_seed = seed;
+}
+
+/* The leading pages of r's fill of n tokens that kvpoold has indexed become its first pages
+ * (r->n_cached; its prefill starts after them). At most (n − 1) / 128 pages: the last token is
+ * always prefilled, for its logits. None with batch_invariant: a hit's sink is rebuilt by a
+ * 16-token prefill, whose products may round otherwise than the longer first chunk that wrote
+ * the original sink (router/README.md "Prefix caching"), and batch_invariant promises the
+ * tokens of a run alone bit for bit. A lookup that fails costs the hit, not the request. */
+static void match_prefix(struct bd_sched *s, struct bd_req *r, int n)
+{
+	int np = n / BD_PAGE_TOKENS, look = s->cfg.batch_invariant ? 0 : (n - 1) / BD_PAGE_TOKENS;
+	uint64_t seed;
+	size_t k = 0;
+
+	if (!prefix_on(s) || np < 1)
+		return;
+	if (!r->hashes && !(r->hashes = calloc((size_t)r->max_pages, sizeof(*r->hashes))))
+		return;
+	/* the request's own KV configuration (one of the pool's page format) and its salt */
+	seed = bd_router_prefix_salted(s->cfg.prefix_seed, r->kv_config, strlen(r->kv_config));
+	seed = bd_router_prefix_salted(seed, r->cache_salt, r->cache_salt_len);
+	bd_router_prefix_hashes(seed, r->toks, np, r->hashes);
+	r->n_hashed = np;
+	s->prefix_queries += (uint64_t)look * BD_PAGE_TOKENS;
+	if (look < 1 || s->pool->prefix_match(s->pool_ctx, r->id, r->hashes, (size_t)look, r->pages,
+					     &k) < 0)
+		return;
+	s->prefix_hits += (uint64_t)k * BD_PAGE_TOKENS;
+	r->n_cached = r->n_stored = (int)k;
+}
+
+/* Indexes r's promoted pages past those indexed already, up to its hashed ones: the pages its
+ * prefill has filled. A refusal costs later hits only. */
+static void store_prefix(struct bd_sched *s, struct bd_req *r)
+{
+	int upto = r->n_pos / BD_PAGE_TOKENS, from = r->n_stored;
+
+	if (upto > r->n_hashed)
+		upto = r->n_hashed;
+	if (!prefix_on(s) || !r->hashes || upto <= from)
+		return;
+	if (s->pool->prefix_store(s->pool_ctx, r->id, r->pages + from, r->hashes + from,
+				  (size_t)(upto - from), r->toks + (size_t)from * BD_PAGE_TOKENS,
+				  from ? r->hashes[from - 1] : 0) == 0)
+		r->n_stored = upto;
+}
+
+/* Slot and prefill pages for r: the leading ones from the prefix index when it has them, the
+ * rest allocated. 0, -ENOSPC (the pool is short: nothing held), other -errno. */
 static int admit(struct bd_sched *s, struct bd_req *r, int64_t now)
 {
 	int n = r->n_prompt + r->n_gen, np = n / BD_PAGE_TOKENS, e;
@@ -372,17 +435,24 @@ static int admit(struct bd_sched *s, struct bd_req *r, int64_t now)
 	if (e < 0)
 		return e;
 	r->pool_held = true;
-	if (np) {
-		e = s->pool->page_alloc(s->pool_ctx, r->id, (uint32_t)np, r->pages);
+	r->n_cached = r->n_stored = 0;
+	match_prefix(s, r, n);
+	if (np > r->n_cached) {
+		e = s->pool->page_alloc(s->pool_ctx, r->id, (uint32_t)(np - r->n_cached),
+					r->pages + r->n_cached);
 		if (e < 0) {
 			s->pool->release(s->pool_ctx, r->id);
 			r->pool_held = false;
 			r->slot = -1;
+			r->n_cached = r->n_stored = 0;
 			return e;
 		}
 	}
 	r->n_pages = np;
 	held_add(s, np);
+	/* the cached pages are its KV: the prefill goes on after them, on a fresh slot */
+	r->n_pos = r->n_cached * BD_PAGE_TOKENS;
+	r->resume = r->n_cached > 0;
 	r->state = RQ_RUNNING;
 	s->n_queued--;
 	s->n_running++;
@@ -567,6 +637,8 @@ static int plan_rows(struct bd_sched *s, int64_t now)
 		    (prefill_tokens && prefill_tokens + feed > s->cfg.max_prefill_tokens))
 			break;
 		e = admit(s, r, now);
+		if (e == 0 && r->n_pos > 0) /* a prefix hit: less to prefill */
+			feed = chunk_len(s, r, s->cfg.max_prefill_tokens - prefill_tokens);
 		if (e == -ENOSPC || e == -EDQUOT) {
 			if (s->n_running == 0) {
 				/* nothing of ours runs, so nothing of ours will free room: this
@@ -659,6 +731,13 @@ static int build_plan(struct bd_sched *s, int n)
 			p->kv_config = (char *)r->kv_config;
 			p->sampling = &r->sampling;
 			p->draws = (uint64_t)r->n_gen;
+		}
+		if (p->resume && sr->prefill && r->n_cached && !r->on_workers &&
+		    r->n_pos == r->n_cached * BD_PAGE_TOKENS) {
+			/* a prefix hit's first chunk: the sink is rebuilt from its tokens */
+			p->prefix_pages = (uint32_t)r->n_cached;
+			p->n_context = (size_t)r->n_pos;
+			p->context = r->toks;
 		}
 		st->pprow[k] = p;
 	}
@@ -762,6 +841,8 @@ static void complete_row(struct bd_sched *s, const struct bd_sched_row *sr,
 
 	r->on_workers = true;
 	r->n_pos += sr->n_feed;
+	if (sr->prefill)
+		store_prefix(s, r);
 	if (sr->new_page >= 0) {
 		e = s->pool->page_commit(s->pool_ctx, r->id, sr->new_page);
 		r->reserved = -1;

@@ -74,6 +74,9 @@ struct bd_req {
 	int n_prompt, cap, max_tokens;
 	int32_t *pages;     /* [max_pages] room for its promoted pages */
 	int max_pages;
+	char cache_salt[64]; /* prefix caching: requests share pages only with the same salt
+			      * ("" : the unsalted cache); at most 63 bytes */
+	size_t cache_salt_len;
 	const char *kv_config; /* static name (bd_kvcfg) */
 	Bdfp4__SamplingParams sampling; /* seed 0: one is derived at submit */
 	char *stops[BD_ROUTER_MAX_STOPS];
@@ -105,6 +108,10 @@ struct bd_req {
 	bool on_workers;    /* workers hold a sequence for it */
 	bool in_step;
 	bool resume;        /* its next row rebuilds it on workers that lost it (a new group) */
+	uint64_t *hashes;   /* [max_pages] prefix caching: the hashes of its full pages */
+	int n_hashed;       /* pages of hashes[] computed (those of the admission's fill) */
+	int n_cached;       /* leading pages taken from the prefix index at admission */
+	int n_stored;       /* leading pages indexed (found there, or stored since) */
 	char *text;         /* the output text so far (stop strings are matched on it) */
 	size_t len, cap_text, shown; /* shown: the part of text that is final */
 	int64_t t_admit, t_first;    /* ms, monotonic; 0: not yet */
@@ -138,6 +145,14 @@ struct bd_sched_pool_ops {
 	int (*page_commit)(void *pool, uint64_t id, int32_t page);
 	/* Everything id holds (pages, reserved page, slot) goes back, with its record. */
 	int (*release)(void *pool, uint64_t id);
+	/* Prefix caching (NULL both: off). match: id (a record made by slot_assign) takes a
+	 * reference to the pages of the longest indexed leading run of hashes[n]:
+	 * ret_pages[0..*ret_n). store: indexes id's promoted pages[n] under hashes[n]; tokens
+	 * [n·128] and parent (the hash before hashes[0], 0: none) for the KV event stream. */
+	int (*prefix_match)(void *pool, uint64_t id, const uint64_t *hashes, size_t n,
+			    int32_t *ret_pages, size_t *ret_n);
+	int (*prefix_store)(void *pool, uint64_t id, const int32_t *pages, const uint64_t *hashes,
+			    size_t n, const int32_t *tokens, uint64_t parent);
 	/* True while the pool does not answer, with why ("kvpoold unreachable: ...") into why[cap]
 	 * (why may be NULL); false and "" while it does. */
 	bool (*down)(void *pool, char *why, size_t cap);
@@ -155,6 +170,9 @@ struct bd_sched_cfg {
 				 * reads from the FP4 pages, bd_model_prefill_chunk) */
 	int resume_timeout_ms;  /* how long running requests wait for a failed group to form
 				 * again, then fail WORKER_FAILED; 0: they fail at once */
+	bool prefix_cache;      /* admissions reuse the leading full pages kvpoold has indexed
+				 * (the pool's prefix_match/prefix_store); bd_sched_set_prefix */
+	uint64_t prefix_seed;   /* router/prefix.h: model, KV configuration, calibration */
 	int n_vocab;
 	const bool *eog;        /* [n_vocab] end-of-generation tokens (borrowed) */
 	const struct bd_tokenizer *tok; /* NULL: no text, chunks carry token ids only (borrowed) */
@@ -221,12 +239,17 @@ struct bd_sched {
 	/* counters */
 	uint64_t requests_total, requests_failed, tokens_generated, steps_done, preemptions;
 	uint64_t pages_held, pages_peak; /* pages (and reserved pages) of live requests */
+	uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up in the prefix index at
+					       * admission, and found there (vLLM's counters) */
 };
 
 /* Sets up s (zeroed by the caller or not) with cfg and the pool interface; no group yet.
  * Returns 0 or -ENOMEM. */
 int bd_sched_init(struct bd_sched *s, const struct bd_sched_cfg *cfg,
 		  const struct bd_sched_pool_ops *pool, void *pool_ctx);
+/* Turns prefix caching on (with this seed, router/prefix.h) or off for the admissions to
+ * come; it is on only when the pool interface has prefix_match and prefix_store. */
+void bd_sched_set_prefix(struct bd_sched *s, bool on, uint64_t seed);
 /* Frees every request and what s holds, without a pool call or an action. */
 void bd_sched_fini(struct bd_sched *s);
 

@@ -24,6 +24,7 @@
 #include <zmq.h>
 
 #include "metrics.h"
+#include "prefix.h"
 #include "router.h"
 
 /* Sends m to rank; -EHOSTUNREACH when that worker is gone. */
@@ -123,6 +124,10 @@ static void form_group(struct bd_router *rt)
 	}
 	rr.attach_token = (ProtobufCBinaryData){ 0, NULL };
 	rt->group_ready = true;
+	/* the group's calibration names the KV bytes of the pages it writes (router/prefix.h) */
+	bd_sched_set_prefix(&rt->sched, rt->sched.cfg.prefix_cache,
+			    bd_router_prefix_seed(rt->model_name, rt->kv_config, rt->page_format,
+						  rt->w[0].calib_id));
 	if (failed >= 0) {
 		char msg[96];
 
@@ -227,6 +232,9 @@ static void on_register(struct bd_router *rt, const uint8_t *ident, size_t len,
 	w->nccl_len = reg->nccl_unique_id.len;
 	w->whole_prompts = reg->whole_prompts;
 	w->max_prefill = reg->max_prefill;
+	w->calib_id = 0;
+	for (size_t i = 0; i < 8 && i < reg->calib_sha256.len; i++)
+		w->calib_id = w->calib_id << 8 | reg->calib_sha256.data[i];
 	bd_log_info("worker rank %d registered: pid %d, %s%s", reg->rank, reg->pid, w->backend,
 		    reg->whole_prompts ? " (whole prompts only)" : "");
 	for (int i = 0; i < rt->o.tp; i++)

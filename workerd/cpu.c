@@ -232,6 +232,36 @@ static void seq_free(struct wd_seq *s)
 	free(s);
 }
 
+/* A request whose leading row->prefix_pages pages come from the prefix index holds nothing in
+ * its slot: its BF16 sink (the first 16 tokens, NUMERICS.md §8) is written by a prefill of
+ * context[0..16) at position 0 into the slot (no page fills: 16 < 128; the recent rows it also
+ * writes are rewritten by the chunk that follows before anything reads them), then *ps is made
+ * anew over the same slot, as it is, for bd_seq_resume. The positions 0..15 see the same
+ * tokens as in the prefill that wrote the shared pages, so the sink holds what that request's
+ * sink held. Returns 0, or -1 with the row failed and *ps freed. */
+static int rebuild_sink(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o,
+			struct wd_seq **ps)
+{
+	int n = (int)row->n_context < BD_SINK_TOKENS ? (int)row->n_context : BD_SINK_TOKENS, r;
+
+	if (n < 1 || row->prefix_pages > row->n_block_table ||
+	    row->position != (int32_t)row->n_block_table * BD_PAGE_TOKENS) {
+		seq_free(*ps);
+		*ps = NULL;
+		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				   "a prefix hit of %u pages needs the context's first tokens and "
+				   "a block table of them at its position", row->prefix_pages);
+	}
+	r = bd_model_prefill(w->model, (*ps)->seq, (const int32_t *)row->context, n, NULL);
+	seq_free(*ps);
+	*ps = NULL;
+	if (r < 0)
+		return model_fail(o, r, "sink prefill");
+	if (!(*ps = seq_make(w, row, o)))
+		return -1;
+	return 0;
+}
+
 /* A row that resumes a request (a group formed after a failure): whatever this worker held
  * of it is dropped, and the sequence is rebuilt from the row over the KV the pool kept: its
  * slot as it is, its promoted pages (the block table), its position. Returns the sequence,
@@ -244,6 +274,8 @@ static struct wd_seq *resume(struct wd *w, const Bdfp4__PlanRow *row, struct wd_
 
 	drop(c, row->request_id);
 	if (!(s = seq_make(w, row, o)))
+		return NULL;
+	if (row->prefix_pages && rebuild_sink(w, row, o, &s) < 0)
 		return NULL;
 	r = bd_seq_resume(s->seq, row->block_table, (int)row->n_block_table, row->position);
 	if (r < 0) {

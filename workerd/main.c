@@ -207,6 +207,8 @@ static void send_register(struct wd *w)
 	rq.n_vocab = (uint32_t)w->hp.n_vocab;
 	rq.n_layers = (uint32_t)w->hp.n_layers;
 	rq.kv_config = (char *)w->geo->kv_config;
+	if (w->calib)
+		rq.calib_sha256 = (ProtobufCBinaryData){ sizeof(w->calib_sha), w->calib_sha };
 	/* the device; rank 0 of the cuda backend makes the NCCL id of the next epoch, which the
 	 * router relays to every rank */
 	if (w->be->register_fill(w, &rq, id) < 0) {
@@ -416,6 +418,10 @@ static int load_calib(struct wd *w)
 	}
 	if ((r = bd_calib_load(w->o.calib, &want, &w->calib, err)) < 0) {
 		bd_log_err("calibration %s: %s", w->o.calib, err);
+		return r;
+	}
+	if ((r = bd_sha256_file(w->o.calib, w->calib_sha)) < 0) {
+		bd_log_err("cannot checksum %s: %s", w->o.calib, strerror(-r));
 		return r;
 	}
 	w->dp.tau = w->calib->tau;

@@ -157,6 +157,7 @@ struct wd {
 	struct bd_model_hparams hp; /* the whole model's shape */
 	char model_name[256]; /* base name (or the preset's name), as registered */
 	struct bd_calib *calib;     /* or NULL */
+	uint8_t calib_sha[32];      /* SHA-256 of its file (RegisterRequest.calib_sha256) */
 	struct bd_decode_params dp; /* the defaults, τ from the calibration */
 	struct bd_pool_attach *pool; /* NULL until the first RegisterReply's token attached it */
 	struct bd_pool_geometry pool_geo; /* what bd_pool_query read before registering */

@@ -207,6 +207,21 @@ int bd_pool_page_free(struct bd_pool_conn *c, uint64_t request_id, const int32_t
 int bd_pool_page_ref(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
 		     const int32_t *pages, size_t n);
 
+/* Prefix caching (kvpool.proto PrefixStore/PrefixMatch/PrefixClear, kvpoold/kvpool.h).
+ * store: indexes pages[n] of the request (promoted) under hashes[n] (≠ 0); tokens[n_tokens]
+ * (128 per page) and parent (the hash before hashes[0], 0: none) go to the KV event stream
+ * only; *ret_stored (may be NULL): pages indexed (a page or hash indexed already is kept as
+ * it is). match: the request (created under owner) takes a reference to the page of each
+ * hash of the longest indexed leading run of hashes[n]: ret_pages[0..*ret_n), which may be
+ * none. clear: empties the index (the operator's: root or kvpoold's uid); *ret_dropped: the
+ * pages that left it. Errors as the other allocation calls. */
+int bd_pool_prefix_store(struct bd_pool_conn *c, uint64_t request_id, const int32_t *pages,
+			 const uint64_t *hashes, size_t n, const int32_t *tokens, size_t n_tokens,
+			 uint64_t parent, uint64_t *ret_stored);
+int bd_pool_prefix_match(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
+			 const uint64_t *hashes, size_t n, int32_t *ret_pages, size_t *ret_n);
+int bd_pool_prefix_clear(struct bd_pool_conn *c, uint64_t *ret_dropped);
+
 /* A BF16 slot for the request (one per request). */
 int bd_pool_slot_assign(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
 			int32_t *ret_slot);
@@ -249,6 +264,9 @@ struct bd_pool_attachment {
 struct bd_pool_stats {
 	char backend[8], kv_config[32], page_format[16];
 	uint64_t pages_total, pages_free, pages_used, pages_reserved, pages_shared;
+	/* prefix caching: pages_free counts the idle cached pages (an allocation evicts them) */
+	uint64_t pages_cached, pages_cached_idle, prefix_queries, prefix_hits, prefix_stored,
+		prefix_evictions;
 	uint64_t slots_total, slots_free;
 	uint64_t page_bytes, slot_bytes; /* one page (all layers) and one slot, on one rank */
 	uint64_t requests, requests_holding, served, errors;

@@ -29,6 +29,9 @@ enum bd_pool_op_kind {
 	BD_POOL_OP_REQUESTS = 11,
 	/* 12, 13: PoolRequest's client and call, not operations */
 	BD_POOL_OP_GROUP_REGISTER = 14,
+	BD_POOL_OP_PREFIX_STORE = 15,
+	BD_POOL_OP_PREFIX_MATCH = 16,
+	BD_POOL_OP_PREFIX_CLEAR = 17,
 	BD_POOL_OP_COUNT
 };
 
@@ -41,6 +44,8 @@ enum bd_pool_op_kind {
  *   OWNER_RECLAIM  owner                            STATS          n (largest holders, 0: the
  *   REQUESTS, NONE nothing                                         daemon's default)
  *   GROUP_REGISTER owner, epoch, bytes (the tokens: tp · BD_POOL_TOKEN_BYTES)
+ *   PREFIX_STORE   request_id, pages, hashes, tokens (token ids), parent
+ *   PREFIX_MATCH   request_id, owner, hashes        PREFIX_CLEAR   nothing
  * Any kind carries client and call, the caller's id and the call's number (kvpool.proto).
  * The allocation calls of bd_pool_client.h build one each; tests and tools that speak the
  * protocol themselves (a fuzzer, an asynchronous probe) pack them with bd_pool_op_pack(). */
@@ -54,13 +59,19 @@ struct bd_pool_op {
 	uint64_t epoch;
 	const uint8_t *bytes; /* n_bytes bytes, borrowed */
 	size_t n_bytes;
+	const uint64_t *hashes; /* n_hashes page hashes (prefix caching), borrowed */
+	size_t n_hashes;
+	const int32_t *tokens; /* n_tokens token ids, borrowed */
+	size_t n_tokens;
+	uint64_t parent;
 	uint64_t client, call; /* repeat protection (kvpool.proto); 0: none */
 };
 
 /* Packs op as one PoolRequest frame into buf (cap bytes; buf may be NULL when cap is 0) when
  * it fits, like snprintf: returns the frame's length in bytes, and a length above cap means
  * nothing was written (call again with a buffer that large). Returns -EINVAL for a NULL op,
- * an unknown kind, n_pages ids or n_bytes bytes without their list, -EMSGSIZE for a frame beyond SSIZE_MAX. */
+ * an unknown kind, n_pages ids (n_bytes, n_hashes, n_tokens) without their list, -EMSGSIZE for
+ * a frame beyond SSIZE_MAX. */
 ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap);
 
 #ifdef __cplusplus

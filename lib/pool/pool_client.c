@@ -790,6 +790,53 @@ int bd_pool_page_ref(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner
 	return call(c, &op, (struct take){ 0 });
 }
 
+int bd_pool_prefix_store(struct bd_pool_conn *c, uint64_t request_id, const int32_t *pages,
+			 const uint64_t *hashes, size_t n, const int32_t *tokens, size_t n_tokens,
+			 uint64_t parent, uint64_t *ret_stored)
+{
+	struct bd_pool_op op = { BD_POOL_OP_PREFIX_STORE, request_id, .pages = pages,
+				 .n_pages = n, .hashes = hashes, .n_hashes = n, .tokens = tokens,
+				 .n_tokens = n_tokens, .parent = parent };
+	Bdfp4__PoolReply *rep = NULL;
+	int e = call(c, &op, (struct take){ .reply = &rep });
+
+	if (e == 0 && ret_stored)
+		*ret_stored = rep->pages_stored;
+	if (rep)
+		bdfp4__pool_reply__free_unpacked(rep, NULL);
+	return e;
+}
+
+int bd_pool_prefix_match(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
+			 const uint64_t *hashes, size_t n, int32_t *ret_pages, size_t *ret_n)
+{
+	struct bd_pool_op op = { BD_POOL_OP_PREFIX_MATCH, request_id, owner, .hashes = hashes,
+				 .n_hashes = n };
+	Bdfp4__PoolReply *rep = NULL;
+	int e;
+
+	if (!ret_n || (n && !ret_pages))
+		return -EINVAL;
+	*ret_n = 0;
+	e = call(c, &op, (struct take){ .reply = &rep });
+	if (e == 0 && rep->n_pages > n)
+		e = -EBADMSG;
+	if (e == 0 && rep->n_pages) /* a miss carries no page array (NULL) */
+		memcpy(ret_pages, rep->pages, rep->n_pages * sizeof(int32_t));
+	if (e == 0)
+		*ret_n = rep->n_pages;
+	if (rep)
+		bdfp4__pool_reply__free_unpacked(rep, NULL);
+	return e;
+}
+
+int bd_pool_prefix_clear(struct bd_pool_conn *c, uint64_t *ret_dropped)
+{
+	struct bd_pool_op op = { BD_POOL_OP_PREFIX_CLEAR };
+
+	return call(c, &op, (struct take){ .freed = ret_dropped });
+}
+
 int bd_pool_slot_assign(struct bd_pool_conn *c, uint64_t request_id, uint64_t owner,
 			int32_t *ret_slot)
 {
@@ -884,6 +931,12 @@ int bd_pool_stats(struct bd_pool_conn *c, uint32_t top, struct bd_pool_stats **r
 	s->pages_used = p->pages_used;
 	s->pages_reserved = p->pages_reserved;
 	s->pages_shared = p->pages_shared;
+	s->pages_cached = p->pages_cached;
+	s->pages_cached_idle = p->pages_cached_idle;
+	s->prefix_queries = p->prefix_queries;
+	s->prefix_hits = p->prefix_hits;
+	s->prefix_stored = p->prefix_stored;
+	s->prefix_evictions = p->prefix_evictions;
 	s->slots_total = p->slots_total;
 	s->slots_free = p->slots_free;
 	s->page_bytes = p->page_bytes;

@@ -22,13 +22,17 @@ SAME(OWNER_RECLAIM);
 SAME(STATS);
 SAME(REQUESTS);
 SAME(GROUP_REGISTER);
+SAME(PREFIX_STORE);
+SAME(PREFIX_MATCH);
+SAME(PREFIX_CLEAR);
 #undef SAME
 _Static_assert(BD_POOL_OP_NONE == (int)BDFP4__POOL_REQUEST__OP__NOT_SET, "NONE");
 
 /* Copies op's values into message m by field name: kvpool.proto gives a value the same name
- * and type in every message that carries it (request_id, owner, epoch: uint64; n, top: uint32;
- * page, slot: int32; pages: repeated int32; tokens: bytes). Returns -EINVAL for any other
- * field. */
+ * and type in every message that carries it (request_id, owner, epoch, parent: uint64; n, top:
+ * uint32; page, slot: int32; pages: repeated int32; hashes: repeated uint64), except tokens, by
+ * type: the attach tokens of GroupRegister (bytes) and the token ids of PrefixStore (repeated
+ * int32). Returns -EINVAL for any other field. */
 static int put_fields(ProtobufCMessage *m, const struct bd_pool_op *op)
 {
 	const ProtobufCMessageDescriptor *d = m->descriptor;
@@ -53,9 +57,17 @@ static int put_fields(ProtobufCMessage *m, const struct bd_pool_op *op)
 		else if (f->type == PROTOBUF_C_TYPE_INT32 && one &&
 			 (!strcmp(f->name, "page") || !strcmp(f->name, "slot")))
 			*(int32_t *)p = op->index;
+		else if (f->type == PROTOBUF_C_TYPE_UINT64 && one && !strcmp(f->name, "parent"))
+			*(uint64_t *)p = op->parent;
 		else if (f->type == PROTOBUF_C_TYPE_INT32 && !one && !strcmp(f->name, "pages")) {
 			*(size_t *)((uint8_t *)m + f->quantifier_offset) = op->n_pages;
 			*(const int32_t **)p = op->pages;
+		} else if (f->type == PROTOBUF_C_TYPE_INT32 && !one && !strcmp(f->name, "tokens")) {
+			*(size_t *)((uint8_t *)m + f->quantifier_offset) = op->n_tokens;
+			*(const int32_t **)p = op->tokens;
+		} else if (f->type == PROTOBUF_C_TYPE_UINT64 && !one && !strcmp(f->name, "hashes")) {
+			*(size_t *)((uint8_t *)m + f->quantifier_offset) = op->n_hashes;
+			*(const uint64_t **)p = op->hashes;
 		} else {
 			return -EINVAL;
 		}
@@ -74,6 +86,7 @@ ssize_t bd_pool_op_pack(const struct bd_pool_op *op, void *buf, size_t cap)
 	int e;
 
 	if (!op || (!buf && cap) || (op->n_pages && !op->pages) || (op->n_bytes && !op->bytes) ||
+	    (op->n_hashes && !op->hashes) || (op->n_tokens && !op->tokens) ||
 	    (unsigned)op->kind >= BD_POOL_OP_COUNT)
 		return -EINVAL;
 	if (op->kind != BD_POOL_OP_NONE) {

@@ -70,11 +70,14 @@ static void init(void)
 {
 	bd_fp4_decode_tables(lut_e2m1, lut_e4m3, lut_ue8m0);
 	__builtin_cpu_init();
-	/* BD_ATTN_ISA (bd_attn_cpu.h): the reference unless a fast path is asked for */
+	/* BD_ATTN_ISA (bd_attn_cpu.h): the best path the CPU has unless one is named */
 	const char *want = getenv("BD_ATTN_ISA");
-	if (!want || strcmp(want, "ref") == 0)
-		return;
-	bool any = strcmp(want, "auto") == 0;
+	if (want && *want == 0)
+		want = NULL;
+	if (want && strcmp(want, "auto") != 0 && strcmp(want, "avx512") != 0 &&
+	    strcmp(want, "avx2") != 0)
+		return; /* "ref", or a name this build does not know: the reference */
+	bool any = !want || strcmp(want, "auto") == 0;
 	if ((any || strcmp(want, "avx512") == 0) && __builtin_cpu_supports("avx512f") &&
 	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
 	    __builtin_cpu_supports("avx512dq")) {

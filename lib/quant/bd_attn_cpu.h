@@ -11,12 +11,12 @@
  * order, and exp2 by a polynomial (relative error below 1e-7).
  *
  * Each page-head of a tile is expanded to s·x̂ once and used by all G query heads of its group.
- * The path is chosen once, at first use, from BD_ATTN_ISA in the environment: unset or "ref",
- * the reference decoder; "auto", the best the CPU has (AVX-512 with BW, AVX2 with FMA);
- * "avx512" or "avx2", that one where the CPU has it. The fast paths stay opt-in while the
- * TP = 2 serving check (daemons against the single process, a logit tolerance over 16
- * trajectories) is held to the reference's rounding. On a CPU without them, and for
- * configurations without a fast path (FP8 pages), the call is the reference decoder's.
+ * The path is chosen once, at first use, from BD_ATTN_ISA in the environment: unset, empty
+ * or "auto", the best the CPU has (AVX-512 with F/BW/VL/DQ, else AVX2 with FMA); "avx512" or
+ * "avx2", that one where the CPU has it (else the reference); "ref" or any other value, the
+ * reference decoder (the opt-out, for comparisons and bisecting). On a CPU without AVX2 and
+ * FMA, and for configurations without a fast path (FP8 pages), the call is the reference
+ * decoder's.
  * A call with several KV heads and enough keys shares its groups out over a pool of threads
  * started at first use (BD_ATTN_THREADS in all, else one per online CPU, at most 8); a group's
  * arithmetic does not depend on the thread that runs it.

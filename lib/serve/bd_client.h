@@ -135,6 +135,8 @@ struct bd_client_gen {
 	 * logprobs. Both backends serve them. */
 	bool logprobs;
 	uint32_t top_logprobs;             /* ≤ BD_CLIENT_MAX_TOP_LOGPROBS */
+	const char *cache_salt;            /* prefix caching: share cached pages only with
+					    * requests of this salt (NULL or "": unsalted) */
 };
 
 /* Sends a generation request. Returns 0 and its tag in *ret_tag, -EINVAL (no prompt, several

@@ -261,6 +261,8 @@ int bd_client_generate_start(struct bd_client *c, const struct bd_client_gen *g,
 	gen.kv_config = (char *)(g->kv_config ? g->kv_config : "");
 	gen.deadline_ms = g->deadline_ms;
 	gen.ignore_eos = g->ignore_eos;
+	if (g->cache_salt)
+		gen.cache_salt = (char *)g->cache_salt;
 	gen.n_forced_tokens = g->n_forced;
 	gen.forced_tokens = (int32_t *)g->forced_tokens;
 	gen.logits_top_k = g->logits_top_k;

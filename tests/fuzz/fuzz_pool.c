@@ -46,7 +46,8 @@ static void handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t len
 
 /* One operation from b[0..n): op, request, owner, count/page/slot, page list; packed by the
  * client's own bd_pool_op_pack (op 11 is BD_POOL_OP_NONE: no member, an unknown type; 12 a
- * GROUP_REGISTER). */
+ * GROUP_REGISTER; b[0] from 0xf0 on: PREFIX_STORE, PREFIX_MATCH or PREFIX_CLEAR, with hashes
+ * 0..7 (0 is refused) so that stores and matches meet). */
 static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 {
 	static const uint32_t count_mod[BD_POOL_OP_COUNT] = {
@@ -57,6 +58,7 @@ static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 	};
 	struct bd_pool_op op = { 0 };
 	int32_t pages[16];
+	uint64_t hashes[16];
 	uint8_t frame[512];
 	ssize_t len;
 
@@ -72,6 +74,18 @@ static void structured(struct bd_kvpool_handler *h, const uint8_t *b, size_t n)
 		op.n = b[3] % count_mod[op.kind];
 	if (index_mod[op.kind])
 		op.index = (int32_t)(b[3] % index_mod[op.kind]) - 1; /* -1 and one past the end */
+	if (b[0] >= 0xf0)
+		op.kind = (enum bd_pool_op_kind)(BD_POOL_OP_PREFIX_STORE + b[0] % 3);
+	if (op.kind == BD_POOL_OP_PREFIX_STORE || op.kind == BD_POOL_OP_PREFIX_MATCH) {
+		for (size_t i = 4; i < n && op.n_hashes < 16; i++) {
+			hashes[op.n_hashes++] = b[i] % 8;
+			pages[op.n_pages++] = (int32_t)(b[i] / 8 % (N_PAGES + 2)) - 1;
+		}
+		op.hashes = hashes;
+		op.pages = op.kind == BD_POOL_OP_PREFIX_STORE ? pages : NULL;
+		if (op.kind != BD_POOL_OP_PREFIX_STORE)
+			op.n_pages = 0;
+	}
 	if (op.kind == BD_POOL_OP_PAGE_FREE || op.kind == BD_POOL_OP_PAGE_REF) {
 		for (size_t i = 4; i < n && op.n_pages < 16; i++)
 			pages[op.n_pages++] = (int32_t)(b[i] % (N_PAGES + 2)) - 1; /* -1, N_PAGES */

@@ -1187,14 +1187,26 @@ static int nobody_allocates(struct bd_pool_conn *c)
 }
 
 /* A member of the pool's group of another uid may allocate for its own owner, not act on the
- * requests of an owner that another uid holds. */
+ * requests of an owner that another uid holds: the prefix index's calls as the others (a
+ * match names its owner as PageRef does, a store acts on a request, the clear is the
+ * operator's). */
 static int member_meddles(struct bd_pool_conn *c)
 {
-	int32_t p[1];
+	static const uint64_t hash[1] = { 0x42 };
+	int32_t p[1], got[1];
+	size_t k = 9;
 
 	if (!refused_as(c, bd_pool_request_release(c, 60, NULL), BD_POOL_ERR_OWNER,
 			"belongs to uid 0"))
 		return 2;
+	if (!refused_as(c, bd_pool_prefix_match(c, 63, 7, hash, 1, got, &k), BD_POOL_ERR_OWNER,
+			"owner 7 belongs to uid 0") || k != 0)
+		return 7;
+	if (!refused_as(c, bd_pool_prefix_store(c, 60, &(int32_t){ 1 }, hash, 1, NULL, 0, 0, NULL),
+			BD_POOL_ERR_OWNER, "belongs to uid 0"))
+		return 9;
+	if (!refused_as(c, bd_pool_prefix_clear(c, NULL), BD_POOL_ERR_DENIED, "operator"))
+		return 10;
 	if (bd_pool_page_alloc(c, 61, 7, 1, p) != -EACCES)
 		return 4;
 	if (bd_pool_owner_reclaim(c, 7, NULL, NULL) != -EACCES)
@@ -1226,6 +1238,13 @@ Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
 	cr_assert_eq(chmod(D.e.dir, 0711), 0);
 	c = conn();
 	cr_assert_eq(bd_pool_page_alloc(c, 60, 7, 2, p), 0);
+	{
+		static const uint64_t hash[1] = { 0x42 };
+		uint64_t stored = 0;
+
+		cr_assert_eq(bd_pool_prefix_store(c, 60, p, hash, 1, NULL, 0, 0, &stored), 0);
+		cr_assert_eq(stored, 1);
+	}
 	rc = as_nobody_conn(member_meddles);
 	cr_expect_eq(rc, 0, "a group member of uid 65534 (child code %d, log in %s)", rc, D.e.log);
 	/* owner 7's request is intact; the member's own one is there */
@@ -1235,6 +1254,15 @@ Test(pool_daemon, allocation_calls_are_checked_against_the_caller_uid)
 	cr_expect_eq(h[0].pages, 2);
 	cr_expect_eq(h[1].owner, 99);
 	free(h);
+	{
+		/* the index as owner 7's request left it: one page, held */
+		struct bd_pool_stats *s = stats(c);
+
+		cr_expect_eq(s->pages_cached, 1);
+		cr_expect_eq(s->pages_cached_idle, 0);
+		cr_expect_eq(s->prefix_hits, 0);
+		bd_pool_stats_free(s);
+	}
 	bd_pool_conn_free(c);
 	cr_expect_eq(stop(), 0);
 }

@@ -572,3 +572,43 @@ Test(pool_restart, a_foreign_arena_chunk_is_refused)
 {
 	refused_after(swap_chunk, NULL, "the arena of rank 1: chunk 0 is not a sealed memfd");
 }
+
+/* The prefix index is part of the stored state: pages indexed by a request that has ended
+ * (idle, counted free) and by one still running are found again after kill -9, in the same
+ * pages, and a hit there takes the idle one back. */
+Test(pool_restart, kill_9_keeps_the_prefix_index)
+{
+	struct bd_pool_conn *c;
+	struct bd_pool_stats *s;
+	int32_t p[3], q[3], got[3];
+	const uint64_t h[3] = { 0x1111, 0x2222, 0x3333 };
+	uint64_t stored = 0;
+	size_t n = 0;
+
+	start(NULL);
+	c = pt_conn(&E);
+	cr_assert_eq(bd_pool_page_alloc(c, 31, 1, 3, p), 0);
+	cr_assert_eq(bd_pool_prefix_store(c, 31, p, h, 3, NULL, 0, 0, &stored), 0, "%s",
+		     bd_pool_conn_error(c, NULL));
+	cr_assert_eq(stored, 3);
+	/* request 32 shares the first two, then 31 ends: page 2 is idle, 0 and 1 held by 32 */
+	cr_assert_eq(bd_pool_prefix_match(c, 32, 1, h, 2, q, &n), 0);
+	cr_assert_eq(n, 2);
+	cr_assert_eq(bd_pool_request_release(c, 31, NULL), 0);
+	restart();
+	s = pt_stats(c);
+	cr_expect_eq(s->pages_cached, 3);
+	cr_expect_eq(s->pages_cached_idle, 1);
+	cr_expect_eq(s->pages_used, 2);
+	cr_expect_eq(s->pages_free, s->pages_total - 2, "the idle page is free capacity");
+	bd_pool_stats_free(s);
+	cr_assert_eq(bd_pool_prefix_match(c, 33, 1, h, 3, got, &n), 0);
+	cr_assert_eq(n, 3, "all three hashes are found after the restart");
+	for (int i = 0; i < 3; i++)
+		cr_expect_eq(got[i], p[i], "hash %d: page %d, was %d", i, got[i], p[i]);
+	s = pt_stats(c);
+	cr_expect_eq(s->pages_cached_idle, 0);
+	cr_expect_eq(s->pages_shared, 2);
+	bd_pool_stats_free(s);
+	bd_pool_conn_free(c);
+}

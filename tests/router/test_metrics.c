@@ -81,7 +81,9 @@ Test(metrics, gauges_and_usage)
 	struct bd_router_metrics *m = bd_router_metrics_new("x", 1);
 	const struct bd_metrics_gauges g = { .running = 2, .waiting = 7, .pages_total = 40,
 					     .pages_free = 30, .slots_total = 8, .slots_free = 6,
-					     .preemptions = 4, .healthy = 1 };
+					     .preemptions = 4, .prefix_queries = 1280,
+					     .prefix_hits = 1024, .pages_cached = 9,
+					     .prefix_evictions = 3, .healthy = 1 };
 	char *t;
 	size_t len;
 
@@ -95,6 +97,10 @@ Test(metrics, gauges_and_usage)
 	cr_expect_eq(sample(t, "bdfp4:pool_pages_used{model_name=\"x\"}"), 10);
 	cr_expect_eq(sample(t, "bdfp4:pool_slots_used{model_name=\"x\"}"), 2);
 	cr_expect_eq(sample(t, "bdfp4:num_preemptions_total{model_name=\"x\"}"), 4);
+	cr_expect_eq(sample(t, "bdfp4:prefix_cache_queries_total{model_name=\"x\"}"), 1280);
+	cr_expect_eq(sample(t, "bdfp4:prefix_cache_hits_total{model_name=\"x\"}"), 1024);
+	cr_expect_eq(sample(t, "bdfp4:pool_pages_cached{model_name=\"x\"}"), 9);
+	cr_expect_eq(sample(t, "bdfp4:prefix_cache_evictions_total{model_name=\"x\"}"), 3);
 	free(t);
 	bd_router_metrics_free(m);
 	cr_expect_null(bd_router_metrics_new("x", 0), "tp 0 is refused");

@@ -1439,3 +1439,192 @@ Test(sched, stop_ends_everything_shutting_down)
 	cr_expect_not(S.step.active);
 	cr_expect_null(step());
 }
+
+/* ---- prefix caching ---------------------------------------------------------------------------
+ * The fake's index: hash → page, as PrefixStore leaves it; a match takes the pages of the
+ * leading indexed hashes into the request's record. What the scheduler is checked for: the
+ * hashes it sends (chained, salted), where a hit's prefill starts, the row that rebuilds the
+ * sink, and the pages it stores after a chunk. */
+
+#define MAX_IDX 64
+
+static struct {
+	uint64_t hash[MAX_IDX];
+	int32_t page[MAX_IDX];
+	int n, stores, matches;
+	uint64_t last_parent;
+	int32_t last_token0;
+} X;
+
+static int fp_prefix_match(void *ctx, uint64_t id, const uint64_t *hashes, size_t n,
+			   int32_t *ret_pages, size_t *ret_n)
+{
+	int e;
+	struct rec *r = fp_rec(id, &e);
+	size_t k = 0;
+
+	(void)ctx;
+	if (!r)
+		return e;
+	X.matches++;
+	for (; k < n; k++) {
+		int i = 0;
+
+		while (i < X.n && X.hash[i] != hashes[k])
+			i++;
+		if (i == X.n)
+			break;
+		ret_pages[k] = X.page[i];
+		r->pages[r->n_pages++] = X.page[i];
+	}
+	*ret_n = k;
+	return 0;
+}
+
+static int fp_prefix_store(void *ctx, uint64_t id, const int32_t *pages, const uint64_t *hashes,
+			   size_t n, const int32_t *tokens, uint64_t parent)
+{
+	(void)ctx;
+	cr_assert_not_null(rec_of(id));
+	X.stores++;
+	X.last_parent = parent;
+	X.last_token0 = tokens[0];
+	for (size_t i = 0; i < n && X.n < MAX_IDX; i++) {
+		X.hash[X.n] = hashes[i];
+		X.page[X.n++] = pages[i];
+	}
+	return 0;
+}
+
+/* fake_pool with the index (setup_prefix fills it) */
+static struct bd_sched_pool_ops fake_pool_prefix;
+
+static void setup_prefix(void)
+{
+	const struct bd_sched_cfg cfg = { .max_batch = 8, .max_queue = 8,
+					  .max_prefill_tokens = 1024, .max_prefill_chunk = 128,
+					  .n_vocab = N_VOCAB, .eog = eog };
+
+	setup(8, 8, 1024, MAX_PAGES, 8);
+	bd_sched_fini(&S);
+	memset(&X, 0, sizeof(X));
+	fake_pool_prefix = fake_pool;
+	fake_pool_prefix.prefix_match = fp_prefix_match;
+	fake_pool_prefix.prefix_store = fp_prefix_store;
+	cr_assert_eq(bd_sched_init(&S, &cfg, &fake_pool_prefix, NULL), 0);
+	bd_sched_set_prefix(&S, true, 42);
+	bd_sched_group_up(&S, 1);
+}
+
+Test(sched, a_cached_prefix_starts_the_prefill_after_it_and_rebuilds_the_sink)
+{
+	struct bd_req *a, *b, *c;
+	const Bdfp4__StepPlan *p;
+	const Bdfp4__PlanRow *row;
+	int32_t a_pages[2];
+
+	setup_prefix();
+	/* A: 300 tokens in chunks of 128: pages 0 and 1 are stored as each chunk fills them */
+	a = submit(1, 300, 1, false);
+	cr_assert_not_null(p = step());
+	cr_expect_eq(X.matches, 1, "A looked its pages up (and found none)");
+	cr_expect_eq(row_of(p, a->id)->position, 0);
+	cr_expect_eq(row_of(p, a->id)->prefix_pages, 0);
+	answer(p);
+	cr_expect_eq(X.stores, 1, "the first chunk's page is stored");
+	cr_expect_eq(X.n, 1);
+	cr_expect_eq(X.last_parent, 0, "page 0 has no parent");
+	memcpy(a_pages, a->pages, sizeof(a_pages));
+	run_to_idle(8);
+	cr_expect_eq(X.n, 2, "A's 2 full pages are indexed");
+	cr_expect_neq(X.hash[0], X.hash[1]);
+	cr_expect_eq(X.last_parent, X.hash[0], "page 1's parent is page 0's hash");
+	cr_expect_eq(X.last_token0, 100 + 128, "page 1's tokens start at position 128");
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+
+	/* B: the same 300 tokens: (300 − 1) / 128 = 2 pages hit, the prefill starts at 256 */
+	b = submit(2, 300, 1, false);
+	cr_assert_not_null(p = step());
+	row = row_of(p, b->id);
+	cr_assert_not_null(row);
+	cr_expect_eq(row->position, 256);
+	cr_expect_eq(row->n_tokens, 44);
+	cr_expect(row->resume, "the worker builds the sequence over the cached pages");
+	cr_expect_eq(row->prefix_pages, 2);
+	cr_expect_eq(row->n_block_table, 2);
+	cr_expect_eq(row->block_table[0], a_pages[0]);
+	cr_expect_eq(row->block_table[1], a_pages[1]);
+	cr_expect_eq(row->n_context, 256, "the sink is rebuilt from the cached tokens");
+	cr_expect_eq(row->context[0], 100);
+	cr_expect_eq(row->n_new_pages, 0);
+	cr_expect_eq(S.prefix_hits, 256);
+	cr_expect_eq(S.prefix_queries, 512);
+	answer(p);
+	cr_expect_eq(X.n, 2, "nothing new to store");
+	run_to_idle(8);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+
+	/* C: the same tokens with a cache salt: other hashes, no hit */
+	c = req(3, "client", 300, 1);
+	memcpy(c->cache_salt, "tenant", 6);
+	c->cache_salt_len = 6;
+	cr_assert_eq(bd_sched_submit(&S, c), 0);
+	cr_assert_not_null(p = step());
+	cr_expect_eq(row_of(p, c->id)->position, 0);
+	cr_expect_eq(S.prefix_hits, 256);
+	answer(p);
+	run_to_idle(8);
+	cr_expect_eq(X.n, 4, "the salted pages are indexed apart");
+	cr_expect_neq(X.hash[2], X.hash[0]);
+	cr_expect_eq(records(), 0, "every record released");
+}
+
+Test(sched, prefix_caching_off_looks_nothing_up)
+{
+	struct bd_req *a;
+	const Bdfp4__StepPlan *p;
+
+	setup_prefix();
+	bd_sched_set_prefix(&S, false, 42);
+	a = submit(1, 300, 1, false);
+	cr_assert_not_null(p = step());
+	cr_expect_eq(row_of(p, a->id)->position, 0);
+	run_to_idle(8);
+	cr_expect_eq(X.matches, 0);
+	cr_expect_eq(X.stores, 0);
+}
+
+/* Workers that take whole prompts only (bd_sched_set_workers) cannot prefill a hit's suffix at
+ * position 128·k: a prompt whose pages are indexed is prefilled whole, from 0, and the cache is
+ * neither asked nor fed. */
+Test(sched, whole_prompt_workers_get_no_prefix_hit)
+{
+	struct bd_req *b;
+	const Bdfp4__StepPlan *p;
+
+	setup_prefix();
+	/* A's 2 full pages indexed by a group that ran chunks */
+	submit(1, 300, 1, false);
+	run_to_idle(8);
+	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+	cr_assert_eq(X.n, 2);
+	X.matches = X.stores = 0;
+	S.prefix_queries = S.prefix_hits = 0;
+
+	/* B, the same tokens, on whole-prompt workers */
+	bd_sched_set_workers(&S, true, 0);
+	b = submit(2, 300, 1, false);
+	cr_assert_not_null(p = step());
+	cr_expect_eq(row_of(p, b->id)->position, 0);
+	cr_expect_eq(row_of(p, b->id)->n_tokens, 300, "the prompt in one row");
+	cr_expect_eq(row_of(p, b->id)->prefix_pages, 0);
+	cr_expect_not(row_of(p, b->id)->resume);
+	answer(p);
+	run_to_idle(8);
+	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+	cr_expect_eq(X.matches, 0, "no lookup");
+	cr_expect_eq(X.stores, 0, "no store");
+	cr_expect_eq(S.prefix_queries, 0);
+	cr_expect_eq(S.prefix_hits, 0);
+	cr_expect_eq(records(), 0, "every record released");
+}

@@ -384,8 +384,10 @@ static void up(const char *pages, const char *slots, const char *const *router_e
 
 	snprintf(seq, sizeof(seq), "%d", atoi(pages) * 128 < 1024 ? atoi(pages) * 128 : 1024);
 
-	/* the fake ranks rebuild nothing: a lost rank fails its requests at once (no resume) */
-	static const char *const args[] = { "--resume-timeout-ms", "0", NULL };
+	/* the fake ranks rebuild nothing: a lost rank fails its requests at once (no resume), and
+	 * no prompt starts from cached pages (a prefix hit's first row resumes at position > 0 and
+	 * rebuilds the sink; tests/system/test_prefix.c serves those with real workers) */
+	static const char *const args[] = { "--resume-timeout-ms", "0", "--prefix-cache=0", NULL };
 
 	sv_start_pool(&E, pool_extra);
 	sv_start_router2(&E, args, router_extra);

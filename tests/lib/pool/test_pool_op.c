@@ -10,17 +10,18 @@
 #include "pool/bd_pool_op.h"
 #include "kvpool.pb-c.h"
 
-/* Every kind from the same op (request 3, owner 9, n 5, index 13, pages 7 and 300, epoch 4,
- * bytes aa bb): the
+/* Every kind from the same op (request 3, owner 9, n 5, index 13, pages and tokens 7 and
+ * 300, hashes 21 and 300, parent 6, epoch 4, bytes aa bb): the
  * frame holds the kind's oneof member (field number = kind) with exactly the fields its
  * message has, varints as kvpool.proto's wire format fixes them (300 = 0xac 0x02, pages
  * packed). Written out by hand, so a field sent to the wrong member or number shows. */
 Test(pool_op, each_kind_is_its_member_with_its_fields)
 {
 	static const int32_t pages[2] = { 7, 300 };
+	static const uint64_t hashes[2] = { 21, 300 };
 	static const struct {
 		enum bd_pool_op_kind kind;
-		uint8_t len, frame[12];
+		uint8_t len, frame[24];
 	} want[] = {
 		{ BD_POOL_OP_NONE, 0, { 0 } },
 		{ BD_POOL_OP_PAGE_ALLOC, 8, { 0x0a, 6, 0x08, 3, 0x10, 9, 0x18, 5 } },
@@ -35,14 +36,28 @@ Test(pool_op, each_kind_is_its_member_with_its_fields)
 		{ BD_POOL_OP_STATS, 4, { 0x52, 2, 0x08, 5 } },
 		{ BD_POOL_OP_REQUESTS, 2, { 0x5a, 0 } },
 		{ BD_POOL_OP_GROUP_REGISTER, 10, { 0x72, 8, 0x08, 9, 0x10, 4, 0x1a, 2, 0xaa, 0xbb } },
+		/* GroupRegister's tokens are bytes, PrefixStore's repeated int32 (packed) */
+		{ BD_POOL_OP_PREFIX_STORE, 21, { 0x7a, 19, 0x08, 3, 0x12, 3, 7, 0xac, 0x02, 0x1a, 3,
+						 21, 0xac, 0x02, 0x22, 3, 7, 0xac, 0x02, 0x28, 6 } },
+		/* fields 16 and 17: two-byte tags (16 << 3 | 2 = 0x82 0x01) */
+		{ BD_POOL_OP_PREFIX_MATCH, 12, { 0x82, 0x01, 9, 0x08, 3, 0x10, 9, 0x1a, 3, 21, 0xac,
+						 0x02 } },
+		{ BD_POOL_OP_PREFIX_CLEAR, 3, { 0x8a, 0x01, 0 } },
 	};
 	static const uint8_t bytes[2] = { 0xaa, 0xbb };
 	struct bd_pool_op op = { .request_id = 3, .owner = 9, .n = 5, .index = 13,
-				 .pages = pages, .n_pages = 2, .epoch = 4, .bytes = bytes,
-				 .n_bytes = 2 };
+				 .pages = pages, .n_pages = 2, .hashes = hashes, .n_hashes = 2,
+				 .tokens = pages, .n_tokens = 2, .parent = 6, .epoch = 4,
+				 .bytes = bytes, .n_bytes = 2 };
 
 	/* 12 and 13 are PoolRequest's client and call, not kinds */
 	cr_assert_eq(sizeof(want) / sizeof(want[0]), BD_POOL_OP_COUNT - 2, "every kind listed");
+	for (int k = 12; k <= 13; k++) {
+		uint8_t b[8];
+
+		op.kind = (enum bd_pool_op_kind)k;
+		cr_expect_eq(bd_pool_op_pack(&op, b, sizeof(b)), -EINVAL, "kind %d is no member", k);
+	}
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		uint8_t buf[32];
 		ssize_t n;
@@ -91,6 +106,10 @@ Test(pool_op, bad_ops_are_refused)
 	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "the client field");
 	op = (struct bd_pool_op){ BD_POOL_OP_GROUP_REGISTER, .n_bytes = 32 };
 	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "32 bytes, no list");
+	op = (struct bd_pool_op){ BD_POOL_OP_PREFIX_MATCH, 1, .n_hashes = 2 };
+	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "two hashes, no list");
+	op = (struct bd_pool_op){ BD_POOL_OP_PREFIX_STORE, 1, .n_tokens = 128 };
+	cr_expect_eq(bd_pool_op_pack(&op, buf, sizeof(buf)), -EINVAL, "128 tokens, no list");
 	op.kind = BD_POOL_OP_REQUEST_RELEASE;
 	cr_expect_eq(bd_pool_op_pack(&op, NULL, 4), -EINVAL, "no buffer but a capacity");
 	cr_expect_eq(bd_pool_op_pack(NULL, buf, sizeof(buf)), -EINVAL);

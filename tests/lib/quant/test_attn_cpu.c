@@ -173,18 +173,32 @@ Test(attn_cpu, long_context_nvfp4_and_bf16)
 	}
 }
 
-/* The instruction set in use is one that this CPU has, and the FP4 and BF16 configurations
- * have a SIMD path whenever it is not the reference. */
+/* The instruction set in use is one that this CPU has — with BD_ATTN_ISA unset or "auto", the
+ * widest one (the default) — and the FP4 and BF16 configurations have a SIMD path whenever it
+ * is not the reference; "ref" opts out. */
 Test(attn_cpu, isa_and_support)
 {
-	const char *isa = bd_attn_cpu_isa();
+	const char *isa = bd_attn_cpu_isa(), *env = getenv("BD_ATTN_ISA");
 	bool simd = strcmp(isa, "ref") != 0;
 
+	__builtin_cpu_init();
+	const char *best = "ref";
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		best = "avx2";
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+		best = "avx512";
+	if (!env || !*env || strcmp(env, "auto") == 0)
+		cr_expect_str_eq(isa, best, "the default path");
 	cr_expect(strcmp(isa, "avx512") == 0 || strcmp(isa, "avx2") == 0 || !simd);
 	cr_expect_eq(bd_attn_cpu_supported(bd_kvcfg_find("bitdecoding-nvfp4")), simd);
 	cr_expect_eq(bd_attn_cpu_supported(bd_kvcfg_find("bf16")), simd);
 	cr_expect_not(bd_attn_cpu_supported(bd_kvcfg_find("fp8")));
 	cr_expect_eq(bd_attn_cpu_set_isa("sse9"), -EINVAL);
+	cr_expect_str_eq(bd_attn_cpu_isa(), isa, "a refused name leaves the path alone");
+	cr_assert_eq(bd_attn_cpu_set_isa("ref"), 0);
+	cr_expect_not(bd_attn_cpu_supported(bd_kvcfg_find("bitdecoding-nvfp4")));
+	cr_expect_str_eq(bd_attn_cpu_isa(), "ref");
 }
 
 /* FP8 pages have no SIMD path: the call is the reference decoder's, bit for bit. */
