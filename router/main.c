@@ -81,8 +81,8 @@ static const struct bd_config_key keys[] = {
 	  OPT(BOOL, batch_invariant, 0, 0) },
 	{ "prefix_cache", "1",
 	  "reuse the FP4 pages of a prompt's leading full pages that kvpoold holds from an earlier "
-	  "request with the same tokens (and cache salt); the cpu backend only (a cuda group's "
-	  "prefill at position > 0 recomputes the context)", true,
+	  "request with the same tokens (and cache salt); not with workers that take whole "
+	  "prompts only (--synthetic-prefill)", true,
 	  OPT(BOOL, prefix_cache, 0, 0) },
 	{ "deadline_ms", "300000", "default per-request deadline",
 	  OPT(INT, deadline_ms, 1, INT_MAX) },
@@ -746,19 +746,13 @@ static int start_sched(struct bd_router *rt)
 		.tok = rt->tok,
 	};
 	int e = bd_sched_init(&rt->sched, &cfg, &bd_router_pool_ops, rt);
-	bool cpu = !strcmp(rt->backend, "cpu");
 
 	if (e < 0) {
 		bd_log_err("scheduler: %s", strerror(-e));
 		return e;
 	}
-	/* a cuda worker prefills a chunk at position > 0 by recomputing the context, which
-	 * would write the shared pages: the cache serves the cpu backend only */
-	bd_sched_set_prefix(&rt->sched, rt->o.prefix_cache && cpu,
+	bd_sched_set_prefix(&rt->sched, rt->o.prefix_cache,
 			    bd_router_prefix_seed(rt->model_name, rt->kv_config, rt->page_format, 0));
-	if (rt->o.prefix_cache && !cpu)
-		bd_log_info("prefix caching is off: the %s backend does not read shared pages in "
-			    "a prefill", rt->backend);
 	return e;
 }
 

@@ -646,6 +646,17 @@ static int scrub_row(struct wd *w, const Bdfp4__PlanRow *row, const struct wd_gi
 	return 0;
 }
 
+/* A prefix hit's BF16 sink (NUMERICS.md §8), rebuilt before its first chunk: the hit's first
+ * it->n_sink tokens prefilled at position 0 into its new slot, with no page and no output,
+ * so positions 0..15 see the same tokens as in the prefill that wrote the shared pages (its
+ * recent rows are rewritten by the chunk before anything reads them). The same call on every
+ * rank (its all-reduces). Returns bd_gmodel_prefill's result. */
+static int rebuild_sink(struct wd_gpu *gp, const struct wd_gitem *it, char *err)
+{
+	struct bd_grow s = { .slot = it->g.slot, .position = 0, .sampling = it->g.sampling };
+	return bd_gmodel_prefill(gp->g, &s, it->sink_tokens, it->n_sink, NULL, err);
+}
+
 static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_row_out *out,
 			 Bdfp4__ServeError *ret_error, char *msg, size_t cap)
 {
@@ -696,8 +707,10 @@ static void gpu_run_rows(struct wd *w, const Bdfp4__StepPlan *plan, struct wd_ro
 		if (it->kind == WD_G_PREFILL) {
 			struct gask a = { 0, 0, false };
 			ask(gp, it, 0, &a);
-			r = bd_gmodel_prefill(gp->g, &it->g, it->tokens, it->n_tokens,
-					      gout(w, &go, &a), err);
+			r = it->n_sink ? rebuild_sink(gp, it, err) : 0;
+			if (r == 0)
+				r = bd_gmodel_prefill(gp->g, &it->g, it->tokens, it->n_tokens,
+						      gout(w, &go, &a), err);
 			if (r == 0) {
 				wd_gdone(&gp->gtab, it, put_result(w, it, 0, &a, &out[i]) == 0);
 				continue;

@@ -371,9 +371,23 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
 		int code = resume_record(t, row, lim, msg, cap);
 		if (code)
 			return code;
+		if (row->prefix_pages &&
+		    (!row->prefill || row->n_context < 1 ||
+		     row->prefix_pages > row->n_block_table)) {
+			wd_gtab_drop(t, row->request_id);
+			return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
+				       "a prefix hit of %u pages needs a chunk with the context's "
+				       "first tokens and a block table of them", row->prefix_pages);
+		}
 	}
-	return row->prefill ? map_chunk(t, row, lim, it, msg, cap)
-			    : map_decode(t, row, lim, it, msg, cap);
+	if (!row->prefill)
+		return map_decode(t, row, lim, it, msg, cap);
+	int code = map_chunk(t, row, lim, it, msg, cap);
+	if (code == 0 && row->resume && row->prefix_pages) {
+		it->sink_tokens = row->context;
+		it->n_sink = row->n_context < BD_SINK_TOKENS ? (int)row->n_context : BD_SINK_TOKENS;
+	}
+	return code;
 }
 
 void wd_gdone(struct wd_gtab *t, const struct wd_gitem *it, bool ok)
@@ -405,8 +419,8 @@ void wd_gscrub(const Bdfp4__PlanRow *row, const struct wd_gitem *it, const int32
 	*ret_pages = row->new_pages;
 	*ret_n = row->n_new_pages;
 	/* only a new sequence's slot: a later chunk's or a resumed request's slot holds its sink
-	 * and recent rows */
-	*ret_slot = it->kind == WD_G_FILL_DECODE ||
+	 * and recent rows; a prefix hit's is new */
+	*ret_slot = it->kind == WD_G_FILL_DECODE || it->n_sink > 0 ||
 				    (it->kind == WD_G_PREFILL && row->position == 0 && !row->resume)
 			    ? row->slot
 			    : -1;

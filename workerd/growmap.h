@@ -22,8 +22,11 @@
  * A row marked resume (a group formed after a failure) first rebuilds the request's record from
  * the row over the KV the pool kept — slot, position tokens, the position/128 pages of its
  * block table, draws (the sampler's counter, so the draws continue where they stopped) —, then
- * maps as a chunk or a decode continuing it. Pointers in a mapped item point into the plan row
- * (valid while the plan lives).
+ * maps as a chunk or a decode continuing it. A resume row with prefix_pages = k is a prefix
+ * hit's first chunk: a new slot, the k leading pages of its block table shared from kvpoold's
+ * prefix index, the chunk at 128·k; its BF16 sink is rebuilt first (n_sink tokens of the row's
+ * context prefilled at position 0 into the slot, no pages). Pointers in a mapped item point
+ * into the plan row (valid while the plan lives).
  */
 #ifndef BD_WORKERD_GROWMAP_H
 #define BD_WORKERD_GROWMAP_H
@@ -76,6 +79,9 @@ struct wd_gitem {
 	struct bd_grow fill;     /* fill-decode: the synthetic fill of n_fill tokens */
 	int n_fill;              /* 0: nothing to fill (a one-token prompt) */
 	bool sample;             /* rank 0 samples (row->sample) */
+	const int32_t *sink_tokens; /* a prefix hit's first chunk: [n_sink] its first tokens */
+	int n_sink;              /* 0, or min(16, the hit's context): prefilled at position 0 into
+				  * the slot before the chunk, to rebuild the BF16 sink */
 	uint32_t top_k;          /* logits_top_k, capped at WD_TOP_MAX */
 	bool logprobs;           /* rank 0 reports log-probabilities (row->logprobs, sampling) */
 	uint32_t top_logprobs;   /* with logprobs: row->top_logprobs capped at WD_LOGPROBS_MAX */
@@ -103,9 +109,10 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
  * (the cuda backend's scrub: kvpoold does not map device memory, so pages and slots are cleared
  * where they are next owned): the row's new pages in every form (a prefill's, a fill's, the
  * decode page reserved for it) into *ret_pages[*ret_n] (pointing into the row), and the slot of
- * a new sequence (a prompt's first chunk at position 0, a fill-decode) into *ret_slot; -1 for a
- * decode row, a later chunk and a resume row, whose slot holds the sequence's sink and recent
- * rows. Pages it shares (the block table) are never among them. */
+ * a new sequence (a prompt's first chunk at position 0, a fill-decode, a prefix hit's first
+ * chunk) into *ret_slot; -1 for a decode row, a later chunk and a resume row, whose slot holds
+ * the sequence's sink and recent rows. Pages it shares (the block table, a hit's cached pages)
+ * are never among them. */
 void wd_gscrub(const Bdfp4__PlanRow *row, const struct wd_gitem *it, const int32_t **ret_pages,
 	       size_t *ret_n, int32_t *ret_slot);
 

@@ -5,7 +5,10 @@
 #   whole    the router prefills the prompt in one step (max_prefill_chunk 0);
 #   chunks   in chunks of 128 tokens, two chunks of budget a step, so the later chunks run at
 #            positions 128, 256, ... over the pages and the BF16 sink the first one wrote;
-#   cpu      the cpu backend (TP = 2), whole prompt: the numeric reference.
+#   cpu      the cpu backend (TP = 2), whole prompt: the numeric reference;
+#   hit      the chunked run's system asked the same prompt again: a prefix hit on the pages
+#            the first answer's prefill stored (router/README.md "Prefix caching"), its sink
+#            rebuilt by the worker; the router's /metrics must count the hit's tokens.
 # With BF16 pages (bf16) the three answers must be the same text: the chunked prefill reads the
 # same K/V as the whole one in real arithmetic (a zeroed sink, a page read from the wrong place
 # or a chunk at the wrong position changes the greedy answer within a few tokens). With FP4
@@ -15,7 +18,8 @@
 # their greedy answers part after a few tokens (18 characters here). So with FP4 pages the
 # whole answers must agree on FP4_PREFIX characters, the chunked one must start with the same
 # FIRST characters, and the line says where each pair parts (the cpu's own chunked answer
-# beside it).
+# beside it). The hit reads the pages the chunked prefill wrote and prefills the rest in the
+# same chunks, so its answer must equal the chunked one for either pool.
 #
 #   tests/gpu/serve_check.sh BIN_DIR MODEL [OUT_DIR]
 #
@@ -38,11 +42,13 @@ mkdir -p "$OUT" || exit 2
 head -c 4000 "$TEXT" | tail -c 3000 >"$OUT/prompt.txt" || exit 2
 fails=0
 
-# answer NAME KV BACKEND TP ROUTER_ARGS: the greedy answer into $OUT/NAME.txt
+# answer NAME KV BACKEND TP ROUTER_ARGS [HIT]: the greedy answer into $OUT/NAME.txt; with HIT,
+# the same prompt again into $OUT/NAME-hit.txt and the router's metrics into $OUT/NAME.metrics
 answer() {
-	BD_KEEP_RUN=0 BD_BACKEND=$3 BD_TP=$4 BD_KV=$2 BD_ROUTER_ARGS=$5 \
-		BD_RUN_CMD="'$BIN/bdfp4' client --router \"\$BD_FRONT_EP\" --raw --max-tokens $TOKENS \
-			--wait-ready 120 @'$OUT/prompt.txt' >'$OUT/$1.txt'" \
+	cl="'$BIN/bdfp4' client --router \"\$BD_FRONT_EP\" --raw --max-tokens $TOKENS --wait-ready 120 @'$OUT/prompt.txt'"
+	cmd="$cl >'$OUT/$1.txt'"
+	[ -n "${6:-}" ] && cmd="$cmd && $cl >'$OUT/$1-hit.txt' && python3 -c \"import os, urllib.request; print(urllib.request.urlopen(os.environ['BD_HTTP_URL'] + '/metrics').read().decode())\" >'$OUT/$1.metrics'"
+	BD_KEEP_RUN=0 BD_BACKEND=$3 BD_TP=$4 BD_KV=$2 BD_ROUTER_ARGS=$5 BD_RUN_CMD="$cmd" \
 		sh "$ROOT/deploy/run-local.sh" "$BIN" "$MODEL" "" "$OUT" >"$OUT/$1.log" 2>&1
 }
 
@@ -61,7 +67,8 @@ EOF
 for kv in bf16 bitdecoding-nvfp4; do
 	ok=1
 	answer "$kv-whole" "$kv" cuda 1 "--max-prefill-chunk 0 --max-prefill-tokens 8192" || ok=0
-	answer "$kv-chunks" "$kv" cuda 1 "--max-prefill-chunk 128 --max-prefill-tokens 256" || ok=0
+	answer "$kv-chunks" "$kv" cuda 1 "--max-prefill-chunk 128 --max-prefill-tokens 256" hit ||
+		ok=0
 	answer "$kv-cpu" "$kv" cpu 2 "--max-prefill-chunk 0 --max-prefill-tokens 8192" || ok=0
 	[ "$kv" = bf16 ] ||
 		answer "$kv-cpu-chunks" "$kv" cpu 2 "--max-prefill-chunk 128 --max-prefill-tokens 256" ||
@@ -95,6 +102,13 @@ for kv in bf16 bitdecoding-nvfp4; do
 			echo "FAIL: $line; wanted $FP4_PREFIX and $FIRST"
 			fails=$((fails + 1))
 		fi
+	fi
+	hits=$(sed -n 's/^bdfp4:prefix_cache_hits_total{[^}]*} //p' "$OUT/$kv-chunks.metrics")
+	if [ "${hits:-0}" -gt 0 ] && cmp -s "$OUT/$kv-chunks.txt" "$OUT/$kv-chunks-hit.txt"; then
+		echo "PASS: $kv: the same prompt again is a prefix hit of ${hits} tokens and answers as the chunked run"
+	else
+		echo "FAIL: $kv: the second chunked answer (hit tokens: ${hits:-none}) differs for $(common "$OUT/$kv-chunks.txt" "$OUT/$kv-chunks-hit.txt") characters or was no hit"
+		fails=$((fails + 1))
 	fi
 done
 [ $fails -eq 0 ] || exit 1

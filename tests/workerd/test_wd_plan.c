@@ -616,6 +616,87 @@ Test(wd_plan, scrub_takes_new_pages_and_a_new_sequence_slot)
 	wd_gtab_clear(&t);
 }
 
+/* A prefix hit's first chunk: a resume row over 4 shared pages at 512, with the context's
+ * tokens; it maps to the chunk with its first 16 tokens to rebuild the sink, zeroes its new
+ * slot and its own new page, never the shared pages; a hit with more shared pages than its
+ * block table, or with no context, is refused and leaves no record. */
+Test(wd_plan, prefix_hit_rebuilds_the_sink_in_its_new_slot)
+{
+	struct wd_gtab t = { 0 };
+	struct wd_gitem it;
+	Bdfp4__PlanRow r;
+	int32_t shared[4] = { 7, 3, 9, 1 }, fresh = 12, slot;
+	int32_t ctx[600];
+	const int32_t *sp;
+	size_t n;
+	char msg[200];
+
+	for (int i = 0; i < 600; i++)
+		ctx[i] = (i * 7 + 1) % 1000;
+	chunk_row(&r, 9, 512, 128, 6, shared, 4, &fresh, 1, true);
+	r.resume = true;
+	r.capacity = 1000;
+	r.prefix_pages = 4;
+	r.n_context = 512;
+	r.context = ctx;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_assert_eq(it.kind, WD_G_PREFILL);
+	cr_expect_eq(it.g.position, 512);
+	cr_expect_eq(it.g.n_pages, 4);
+	cr_expect_eq(it.n_sink, 16);
+	cr_expect(it.sink_tokens == ctx, "the sink is rebuilt from the context's first tokens");
+	wd_gscrub(&r, &it, &sp, &n, &slot);
+	cr_expect_eq(slot, 6, "a hit's slot is new: zeroed");
+	cr_assert_eq(n, 1);
+	cr_expect_eq(sp[0], 12, "only the chunk's own page, not the shared 7 3 9 1");
+	wd_gdone(&t, &it, true);
+	struct wd_greq *q = wd_gtab_find(&t, 9);
+	cr_assert(q && q->n_tokens == 640 && q->n_pages == 5 && q->pages[0] == 7 &&
+		  q->pages[4] == 12);
+	wd_gtab_clear(&t);
+
+	/* a 10-token context rebuilds a 10-token sink */
+	chunk_row(&r, 9, 512, 128, 6, shared, 4, &fresh, 1, true);
+	r.resume = true;
+	r.capacity = 1000;
+	r.prefix_pages = 4;
+	r.n_context = 10;
+	r.context = ctx;
+	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
+	cr_expect_eq(it.n_sink, 10);
+	wd_gdone(&t, &it, true);
+	wd_gtab_clear(&t);
+
+	struct {
+		uint32_t prefix_pages;
+		size_t n_context;
+		const char *why;
+	} bad[] = { { 5, 512, "more shared pages than the block table" },
+		    { 4, 0, "no context to rebuild the sink from" } };
+	for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+		chunk_row(&r, 9, 512, 128, 6, shared, 4, &fresh, 1, true);
+		r.resume = true;
+		r.capacity = 1000;
+		r.prefix_pages = bad[b].prefix_pages;
+		r.n_context = bad[b].n_context;
+		r.context = bad[b].n_context ? ctx : NULL;
+		cr_expect_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)),
+			     BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT, "%s", bad[b].why);
+		cr_expect(strstr(msg, "prefix hit"), "%s: %s", bad[b].why, msg);
+		cr_expect_null(wd_gtab_find(&t, 9), "%s: no record left", bad[b].why);
+	}
+	/* a decode row never carries a hit */
+	decode_row(&r, 9, 512, ctx, 6, shared, 4, NULL, 0);
+	r.resume = true;
+	r.capacity = 1000;
+	r.prefix_pages = 4;
+	r.n_context = 512;
+	r.context = ctx;
+	cr_expect_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)),
+		     BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT);
+	wd_gtab_clear(&t);
+}
+
 /* A prompt's later chunk keeps its slot (the sink and recent rows of the first chunk) and
  * zeroes only the pages it fills; so does a resume row, whose slot is the interrupted
  * request's. */
