@@ -305,23 +305,23 @@ Test(tp, shard_of_cuts_rows_and_columns)
 		const struct bd_model_layer *a = &m->layers[l], *b = &s1->layers[l];
 		for (int i = 0; i < 2 * d; i++)
 			for (int e = 0; e < E; e++)
-				cr_assert_eq(b->wq[i * E + e], a->wq[(4 * d + i) * E + e]);
+				cr_assert_eq(b->wq.f32[i * E + e], a->wq.f32[(4 * d + i) * E + e]);
 		for (int i = 0; i < d; i++) {
 			cr_assert_eq(b->bk[i], a->bk[2 * d + i]);
 			for (int e = 0; e < E; e++)
-				cr_assert_eq(b->wv[i * E + e], a->wv[(2 * d + i) * E + e]);
+				cr_assert_eq(b->wv.f32[i * E + e], a->wv.f32[(2 * d + i) * E + e]);
 		}
 		for (int e = 0; e < E; e++) {
 			for (int i = 0; i < 2 * d; i++)
-				cr_assert_eq(b->wo[e * 2 * d + i], a->wo[e * 6 * d + 4 * d + i]);
+				cr_assert_eq(b->wo.f32[e * 2 * d + i], a->wo.f32[e * 6 * d + 4 * d + i]);
 			for (int c = 0; c < 20; c++)
-				cr_assert_eq(b->w_down[e * 20 + c], a->w_down[e * F + 21 + c]);
+				cr_assert_eq(b->w_down.f32[e * 20 + c], a->w_down.f32[e * F + 21 + c]);
 		}
 		for (int c = 0; c < 20; c++)
 			for (int e = 0; e < E; e++)
-				cr_assert_eq(b->w_up[c * E + e], a->w_up[(21 + c) * E + e]);
+				cr_assert_eq(b->w_up.f32[c * E + e], a->w_up.f32[(21 + c) * E + e]);
 	}
-	cr_assert_null(s1->output);
+	cr_assert(!s1->output.f32 && !s1->output.blocks && s1->output.rows == 0);
 	cr_assert_null(s1->output_norm);
 	cr_assert_eq(bd_model_shard_of(s1, 0, 2, &bad), -EINVAL); /* a shard of a shard */
 	cr_assert_eq(bd_model_shard_of(m, 0, 4, &bad), -EINVAL);
@@ -415,7 +415,9 @@ Test(tp, smollm2_tp2_matches_single_process_64_steps)
 	free(prompt);
 }
 
-/* A GGUF shard is the same as the whole model cut in memory (two ways to the same slices). */
+/* A GGUF shard is the same as the whole model cut in memory (two ways to the same slices): the
+ * same FP32 vectors and, for the file's Q4_1 matrices (cut on block boundaries: d = 64, F' =
+ * 768), pointers to the same blocks of the one mapping; no matrix is expanded to FP32. */
 Test(tp, gguf_shard_equals_shard_of_whole)
 {
 	char buf[TD_PATH_MAX], err[BD_MODEL_ERR_MAX];
@@ -425,9 +427,43 @@ Test(tp, gguf_shard_equals_shard_of_whole)
 	cr_assert_eq(bd_model_load_shard(path, 1, 2, &g1, err), 0, "%s", err);
 	cr_assert_eq(bd_model_shard_of(m, 1, 2, &c1), 0);
 	cr_assert_eq(g1->mem_bytes, c1->mem_bytes);
-	cr_assert_lt(g1->mem_bytes, m->mem_bytes * 3 / 4, "a shard holds a part of the weights");
 	cr_assert_eq(memcmp(g1->mem, c1->mem, g1->mem_bytes), 0);
-	cr_assert_null(g1->output);
+	/* the norms only: 30 layers of 2 × 576 floats and the final norm, aligned */
+	cr_assert_lt(m->mem_bytes, (size_t)1 << 20, "FP32 weights: %zu bytes", m->mem_bytes);
+	cr_assert_lt(g1->block_bytes, m->block_bytes * 3 / 4, "a shard holds a part of the weights");
+	cr_assert_eq(g1->block_bytes, c1->block_bytes);
+	/* both point into the file as one mapping of their own (the models hold references) */
+	bd_model_free(m);
+	m = NULL;
+	cr_assert_eq(bd_model_load_shard(path, 1, 2, &m, err), 0, "%s", err);
+	cr_assert_neq(m->layers[0].wq.blocks, g1->layers[0].wq.blocks, "two loads, two mappings");
+	bd_model_free(m);
+	cr_assert_eq(bd_model_load(path, &m, err), 0, "%s", err);
+	bd_model_free(c1);
+	cr_assert_eq(bd_model_shard_of(m, 1, 2, &c1), 0);
+	bd_model_free(m); /* c1 keeps the mapping alive */
+	m = NULL;
+	cr_assert(c1->tok_embd.blocks && c1->tok_embd.type == BD_GGML_Q8_0);
+	for (int l = 0; l < g1->hp.n_layers; l++) {
+		const struct bd_model_layer *a = &g1->layers[l], *b = &c1->layers[l];
+		const struct bd_wmat *wa[7] = { &a->wq, &a->wk, &a->wv, &a->wo, &a->w_gate, &a->w_up,
+						&a->w_down };
+		const struct bd_wmat *wb[7] = { &b->wq, &b->wk, &b->wv, &b->wo, &b->w_gate, &b->w_up,
+						&b->w_down };
+		for (int i = 0; i < 7; i++) {
+			cr_assert(wa[i]->blocks && wb[i]->blocks);
+			cr_assert(wa[i]->row_bytes == wb[i]->row_bytes && wa[i]->rows == wb[i]->rows &&
+				  wa[i]->cols == wb[i]->cols && wa[i]->type == BD_GGML_Q4_1);
+			/* the same blocks in each one's mapping */
+			size_t rb = (size_t)wa[i]->cols / 32 * 20, st = wa[i]->row_bytes;
+			const char *pa = wa[i]->blocks, *pb = wb[i]->blocks;
+			for (size_t r = 0; r < (size_t)wa[i]->rows; r++)
+				cr_assert_eq(memcmp(pa + r * st, pb + r * st, rb), 0);
+		}
+		cr_assert_eq(a->w_down.cols, 768);
+		cr_assert_eq(a->wo.cols, 3 * 64); /* KV head 2's query heads 6..8 */
+	}
+	cr_assert(!g1->output.f32 && !g1->output.blocks);
 	struct bd_model *keep = (void *)0x1;
 	cr_assert_eq(bd_model_load_shard(path, 0, 4, &keep, err), -EINVAL);
 	cr_assert_neq(err[0], 0);
