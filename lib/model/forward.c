@@ -685,9 +685,17 @@ int bd_generate(const struct bd_model *m, const int32_t *prompt, int n_prompt,
 		r = fail(ret_err, -ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((r = bd_model_prefill(m, s, prompt, n_prompt, logits)) < 0) {
-		fail(ret_err, r, "prefill failed (%s)", strerror(-r));
-		goto out;
+	/* a long prompt in chunks, so the prefill's scratch (every layer's K and V, the rows'
+	 * activations) is that of BD_GEN_PREFILL_CHUNK tokens, not of the whole prompt */
+	for (int p0 = 0; p0 < n_prompt; p0 += BD_GEN_PREFILL_CHUNK) {
+		int c = n_prompt - p0 < BD_GEN_PREFILL_CHUNK ? n_prompt - p0 : BD_GEN_PREFILL_CHUNK;
+		float *lg = p0 + c == n_prompt ? logits : NULL;
+		r = p0 ? bd_model_prefill_chunk(m, s, prompt + p0, c, lg)
+		       : bd_model_prefill(m, s, prompt, c, lg);
+		if (r < 0) {
+			fail(ret_err, r, "prefill failed at token %d (%s)", p0, strerror(-r));
+			goto out;
+		}
 	}
 	for (;;) {
 		int32_t t;
