@@ -371,6 +371,108 @@ Test(tp, tiny_models_match_single_process)
 	free(got);
 }
 
+/* Matrix w of m as Q8_0 blocks in buf (scales powers of two, so the F16 field is exact):
+ * w's FP32 values are replaced by the blocks' dequantized values, then w points at the
+ * blocks. Returns the bytes used. */
+static size_t to_q8_0(struct bd_wmat *w, uint8_t *buf)
+{
+	size_t nb = (size_t)w->cols / 32, rb = nb * 34;
+	for (int r = 0; r < w->rows; r++)
+		for (size_t b = 0; b < nb; b++) {
+			float *x = w->f32 + (size_t)r * (size_t)w->cols + b * 32, mx = 0.0f;
+			uint8_t *blk = buf + (size_t)r * rb + b * 34;
+			for (int j = 0; j < 32; j++)
+				mx = fmaxf(mx, fabsf(x[j]));
+			int e = mx > 0.0f ? (int)ceilf(log2f(mx / 127.0f)) : -14;
+			e = e < -14 ? -14 : e;
+			float d = ldexpf(1.0f, e);
+			uint16_t h = (uint16_t)((e + 15) << 10);
+			blk[0] = (uint8_t)h;
+			blk[1] = (uint8_t)(h >> 8);
+			for (int j = 0; j < 32; j++) {
+				int q = (int)lrintf(x[j] / d);
+				q = q > 127 ? 127 : q < -127 ? -127 : q;
+				blk[2 + j] = (uint8_t)(int8_t)q;
+				x[j] = (float)q * d;
+			}
+		}
+	*w = (struct bd_wmat){ .blocks = buf, .row_bytes = rb, .type = BD_GGML_Q8_0,
+			       .rows = w->rows, .cols = w->cols };
+	return rb * (size_t)w->rows;
+}
+
+/* A model of blocks sharded where a column cut falls inside a block: E = 64, F = 96 (the MLP
+ * columns split at 48, the middle of a block), 2 KV heads of d = 32. The cut w_down becomes
+ * FP32 on both ranks (the shard's columns of the dequantized rows), the other matrices, wo's
+ * columns cut at 64 included, stay blocks;
+ * TP = 2 matches the single process (blocks) as the FP32 tiny models do, and the blocks model
+ * matches the same weights in FP32. */
+Test(tp, block_shards_fall_back_to_fp32_inside_a_block)
+{
+	struct bd_model_hparams hp = {
+		.arch = BD_ARCH_LLAMA, .n_layers = 2, .n_embd = 64, .n_ff = 96, .n_heads = 4,
+		.n_kv_heads = 2, .head_dim = 32, .head_dim_v = 32, .n_rot = 32,
+		.rope_style = BD_ROPE_NORM, .rope_base = 10000.0f, .norm_eps = 1e-5f,
+		.n_ctx_train = 512, .n_vocab = 37, .tied_embeddings = true,
+	};
+	struct bd_model *m, *f, *s0, *s1;
+	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
+	rng_state = 0x7f4a7c159e3779b9ull;
+	mf_fill_model(m, fill);
+	uint8_t *buf = malloc((size_t)1 << 20), *p = buf;
+	p += to_q8_0(&m->tok_embd, p);
+	m->output = m->tok_embd;
+	for (int l = 0; l < 2; l++) {
+		struct bd_model_layer *ly = &m->layers[l];
+		struct bd_wmat *w[7] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up,
+					 &ly->w_down };
+		for (int i = 0; i < 7; i++)
+			p += to_q8_0(w[i], p);
+	}
+	/* the FP32 twin: m's allocation still holds the dequantized values */
+	cr_assert_eq(bd_model_alloc(&hp, &f), 0);
+	memcpy(f->mem, m->mem, m->mem_bytes);
+
+	cr_assert_eq(bd_model_shard_of(m, 0, 2, &s0), 0);
+	cr_assert_eq(bd_model_shard_of(m, 1, 2, &s1), 0);
+	for (int l = 0; l < 2; l++) {
+		const struct bd_model_layer *a = &s1->layers[l], *full = &f->layers[l];
+		cr_assert(a->wq.blocks && a->wo.blocks && a->w_gate.blocks && a->w_up.blocks);
+		cr_assert(!s0->layers[l].w_down.blocks && s0->layers[l].w_down.f32,
+			  "rank 0's columns 0..47 end inside a block: FP32");
+		cr_assert(!a->w_down.blocks && a->w_down.f32 && a->w_down.cols == 48,
+			  "rank 1's columns 48..95 start inside a block: FP32");
+		for (int e = 0; e < 64; e++)
+			for (int c = 0; c < 48; c++)
+				cr_assert_eq(a->w_down.f32[e * 48 + c], full->w_down.f32[e * 96 + 48 + c]);
+	}
+	cr_assert_lt(s1->mem_bytes, f->mem_bytes);
+
+	const int n = 150, steps = 12, V = 37;
+	int32_t prompt[150], tokens[12];
+	float *ref = malloc(sizeof(float) * (steps + 1) * V);
+	float *got = malloc(sizeof(float) * (steps + 1) * V);
+	for (int i = 0; i < n; i++)
+		prompt[i] = (i * 5 + 1) % V;
+	single_run(m, "bf16", prompt, n, steps, ref, tokens);
+	tp_run(s0, s1, NULL, "bf16", prompt, n, tokens, steps, got);
+	struct cmp c = compare(ref, got, steps, V);
+	fprintf(stderr, "[tp] Q8_0 blocks, TP=2 (w_down cut to FP32) vs single process: max |dlogit| "
+			"%.3g (scale %.3g), top-1 %d/%d\n", c.max_abs, c.scale, c.agree, c.steps);
+	cr_assert_leq(c.max_abs, 1e-3 * c.scale);
+	cr_assert_geq(c.agree, c.steps - 1);
+	single_run(f, "bf16", prompt, n, steps, got, tokens);
+	c = compare(ref, got, steps, V);
+	cr_assert_leq(c.max_abs, 1e-3 * c.scale, "blocks vs FP32: %g", c.max_abs);
+	free(ref);
+	free(got);
+	bd_model_free(s0);
+	bd_model_free(s1);
+	bd_model_free(f);
+	bd_model_free(m);
+	free(buf);
+}
+
 /* The check on the real model (see the header comment for the tolerance). */
 Test(tp, smollm2_tp2_matches_single_process_64_steps)
 {
