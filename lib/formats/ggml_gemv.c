@@ -42,6 +42,15 @@ static uint16_t rd16(const uint8_t *p)
 	return (uint16_t)(p[0] | (unsigned)p[1] << 8);
 }
 
+/* The n lanes l stored from a vector, added from the lowest up (the paths' final sum). */
+static float lanes_sum(const float *l, int n)
+{
+	float s = 0.0f;
+	for (int i = 0; i < n; i++)
+		s += l[i];
+	return s;
+}
+
 /* ---- portable C ----------------------------------------------------------------------------- */
 
 /* The 32 weights of one block, as bd_ggml_dequantize() gives them. */
@@ -134,14 +143,11 @@ static inline __attribute__((always_inline)) void block_avx512(int slot, const u
 	}
 }
 
-/* The lanes of v added from the lowest up. */
 static inline float hsum_avx512(__m512 v)
 {
-	float l[16], s = 0.0f;
+	float l[16];
 	_mm512_storeu_ps(l, v);
-	for (int i = 0; i < 16; i++)
-		s += l[i];
-	return s;
+	return lanes_sum(l, 16);
 }
 
 static inline __attribute__((always_inline)) void gemv_avx512(int slot, const uint8_t *W,
@@ -231,11 +237,9 @@ static inline __attribute__((always_inline)) void block_avx2(int slot, const uin
 
 static inline float hsum_avx2(__m256 v)
 {
-	float l[8], s = 0.0f;
+	float l[8];
 	_mm256_storeu_ps(l, v);
-	for (int i = 0; i < 8; i++)
-		s += l[i];
-	return s;
+	return lanes_sum(l, 8);
 }
 
 static inline __attribute__((always_inline)) void gemv_avx2(int slot, const uint8_t *W,

@@ -11,17 +11,16 @@
 
 #include <criterion/criterion.h>
 
+#include "testgen.h"
+
 #include "formats/bd_ggml_gemv.h"
 #include "formats/bd_ggml_quants.h"
 
-static uint64_t rng = 0x2545f4914f6cdd1dull;
+static struct tg_rng rng = { 0x2545f4914f6cdd1dull };
 
 static uint32_t next(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 16);
+	return (uint32_t)(tg_next(&rng) >> 32);
 }
 
 /* A random F16 of magnitude 2^-6 .. 2^1, either sign, stored little-endian at p. */

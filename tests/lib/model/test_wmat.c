@@ -10,20 +10,19 @@
 
 #include <criterion/criterion.h>
 
+#include "testgen.h"
+
 #include "model/bd_wmat.h"
 
 #define OUT 37
 #define IN 96
 #define ROWS 11 /* more than BD_WMAT_GEMV_ROWS: the panel path */
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static struct tg_rng rng = { 0x9e3779b97f4a7c15ull };
 
 static uint32_t next(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 16);
+	return (uint32_t)(tg_next(&rng) >> 32);
 }
 
 struct fixture {
