@@ -8,8 +8,9 @@
  * values bd_ggml_dequantize() gives (Q4_1: d·q + m by one FMA, which rounds once as the
  * dequantizer's d·q + m does because d·q is exact; Q4_0: d·(q − 8) and Q8_0: d·q, exact
  * products). So the result is the FP32 product of the dequantized matrix, up to the order of the
- * sums: per row and per activation row, lane-wise FMA accumulators over the blocks (even and odd
- * blocks apart), added lane by lane and then across the lanes in a fixed order.
+ * sums: per row and per activation row, each block's w · x (lane-wise FMA) added into one
+ * accumulator for even and one for odd blocks, the two added lane by lane and then across the
+ * lanes in a fixed order.
  *
  * Why FP32 activations and not activations quantized per 32 to int8 (ggml's Q8 dot products):
  * bench/bench_wmat.c measured both on SmolLM2-135M's decode step (bench/RESULTS.md): the int8
@@ -51,6 +52,13 @@ bool bd_ggml_gemv_supported(int t);
  * -ENOTSUP (a type bd_ggml_gemv_supported() refuses); on error y is not written. */
 int bd_ggml_gemv(int t, const void *W, size_t row_bytes, int out, int in, const float *x,
 		 size_t ldx, int n_x, float *y, size_t ldy);
+
+/* Dequantize n elements of blocks of type t (n / 32 blocks, packed, any alignment) into
+ * ret_x [n] FP32 by the path's vector decoders: bit for bit bd_ggml_dequantize()'s values,
+ * faster (the prefill's panels of weight rows, bd_wmat.h). Returns 0, -EINVAL (NULL, n not a
+ * multiple of 32), -ENOTSUP (a type bd_ggml_gemv_supported() refuses); on error nothing is
+ * written. */
+int bd_ggml_gemv_dequantize(int t, const void *src, size_t n, float *ret_x);
 
 /* The path bd_ggml_gemv() takes: "avx512", "avx2" or "c". */
 const char *bd_ggml_gemv_isa(void);

@@ -40,7 +40,7 @@ struct bd_wmat {
 size_t bd_wmat_scratch_floats(int cols);
 
 /* Dequantize rows r0 .. r0 + n − 1 of W into ret [n][cols] FP32 (the values of
- * bd_ggml_dequantize(); FP32 rows copied). Returns 0, -EINVAL (NULL, rows out of range, a
+ * bd_ggml_dequantize(), by bd_ggml_gemv_dequantize() for the types it has; FP32 rows copied). Returns 0, -EINVAL (NULL, rows out of range, a
  * matrix not held). */
 int bd_wmat_rows_f32(const struct bd_wmat *W, int r0, int n, float *ret);
 

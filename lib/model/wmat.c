@@ -25,7 +25,9 @@ int bd_wmat_rows_f32(const struct bd_wmat *W, int r0, int n, float *ret)
 	}
 	for (int i = 0; i < n; i++) {
 		const char *row = (const char *)W->blocks + (size_t)(r0 + i) * W->row_bytes;
-		int r = bd_ggml_dequantize(W->type, row, c, ret + (size_t)i * c);
+		int r = bd_ggml_gemv_supported(W->type)
+				? bd_ggml_gemv_dequantize(W->type, row, c, ret + (size_t)i * c)
+				: bd_ggml_dequantize(W->type, row, c, ret + (size_t)i * c);
 		if (r < 0)
 			return r;
 	}

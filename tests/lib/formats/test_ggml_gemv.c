@@ -152,6 +152,37 @@ Test(gemv, paths_agree_with_each_other)
 	bd_ggml_gemv_set_isa("avx512");
 }
 
+/* The vector decoders give the dequantizer's values bit for bit, on every path. */
+Test(gemv, dequantize_is_bd_ggml_dequantize_bitwise)
+{
+	const int n = 32 * 13;
+	float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+	uint8_t *buf = malloc(34 * 13 + 1);
+	for (int t = 0; t < 3; t++) {
+		size_t ts;
+		bd_ggml_type_info(types[t], NULL, &ts);
+		fill_blocks(types[t], buf + 1, 1, n, ts * 13);
+		cr_assert_eq(bd_ggml_dequantize(types[t], buf + 1, (size_t)n, a), 0);
+		for (int p = 0; p < 3; p++) {
+			if (bd_ggml_gemv_set_isa(isas[p]) < 0)
+				continue;
+			memset(b, 0xff, sizeof(float) * n);
+			cr_assert_eq(bd_ggml_gemv_dequantize(types[t], buf + 1, (size_t)n, b), 0);
+			cr_assert_eq(memcmp(a, b, sizeof(float) * n), 0, "%s on %s",
+				     bd_ggml_type_name(types[t]), isas[p]);
+		}
+	}
+	float keep = b[0];
+	cr_assert_eq(bd_ggml_gemv_dequantize(BD_GGML_Q4_1, buf, 48, b), -EINVAL);
+	cr_assert_eq(bd_ggml_gemv_dequantize(BD_GGML_Q4_1, NULL, 32, b), -EINVAL);
+	cr_assert_eq(bd_ggml_gemv_dequantize(BD_GGML_F16, buf, 32, b), -ENOTSUP);
+	cr_assert_eq(memcmp(&keep, b, sizeof(float)), 0);
+	bd_ggml_gemv_set_isa("avx512");
+	free(a);
+	free(b);
+	free(buf);
+}
+
 Test(gemv, refuses_bad_inputs_and_leaves_y)
 {
 	uint8_t W[20 * 2 * 2] = { 0 };
