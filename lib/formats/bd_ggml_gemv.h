@@ -14,7 +14,7 @@
  *
  * Why FP32 activations and not activations quantized per 32 to int8 (ggml's Q8 dot products):
  * bench/bench_wmat.c measured both on SmolLM2-135M's decode step (bench/RESULTS.md): the int8
- * variant (AVX2 byte dot products) takes about half the CPU time of this file's AVX-512 path,
+ * variant (AVX2 byte dot products) takes 0.5–0.6× the CPU time of this file's AVX-512 path,
  * but its rounding of x is a relative error of 5e-3 in every product, while the FP32-activation
  * products are the FP32 sgemv's to 2e-7 and the model's logits stay within 0.09 of the FP32
  * weights' (BF16 KV). llama.cpp's own Q8-activation run of the file is 1.6 away from its F32
