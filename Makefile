@@ -26,7 +26,7 @@ CC        ?= gcc
 NVCC      ?= nvcc
 BD_SHARED ?= $(abspath ../shared)
 
-.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-prefix bench-cpu bench-passkey bench-serve clean model calib
+.PHONY: all deps test unit-run check-layers check-calls run bench bench-batch bench-prefix bench-cpu bench-wmat bench-passkey bench-serve clean model calib
 .DELETE_ON_ERROR:
 
 all:
@@ -333,6 +333,7 @@ $(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljan
 TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
 $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(BUILD)/bench/bench_info.o $(TESTGEN_OBJ),quant base))
 $(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_info.o,model formats quant base))
+$(eval $(call program,bench_wmat,$(BUILD)/bench/bench_wmat.o $(BUILD)/bench/bench_info.o,model formats quant base))
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
@@ -347,7 +348,7 @@ $(BUILD)/deploy/fdstore_run.o: CFLAGS += -Itests/common
 all: $(BUILD)/bin/fdstore-run
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
-	$(BUILD)/bin/bench_batch
+	$(BUILD)/bin/bench_batch $(BUILD)/bin/bench_wmat
 
 bench: all
 	$(BUILD)/bin/bench_ref
@@ -373,6 +374,12 @@ bench-prefix: deps model
 
 bench-batch: model $(BUILD)/bin/bench_batch
 	$(BUILD)/bin/bench_batch --model $(MODEL_FILE) --out bench/RESULTS.md
+
+# The decode step's weight products, OpenBLAS sgemv on FP32 weights against bd_ggml_gemv on the
+# file's blocks, one thread (bench/bench_wmat.c), and the peak RSS of `bdfp4 generate` at 39 and
+# ~2K prompt tokens (bench/wmat.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE.
+bench-wmat: model $(BUILD)/bin/bench_wmat $(BUILD)/bin/bdfp4
+	sh bench/wmat.sh $(BUILD)/bin $(MODEL_FILE) $(BD_BENCH_RESULTS)
 
 # Passkey retrieval accuracy of fp8, trtllm-nvfp4 and the paper's recipes against bf16 at 2K, 4K
 # and 8K context (bench/passkey.sh, bdfp4 eval-passkey; hours on two cores: BD_CONTEXTS picks

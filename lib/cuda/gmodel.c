@@ -385,6 +385,27 @@ out:
 	return r;
 }
 
+/* Matrix W of the CPU model into dst at element off: FP32 rows as they are; a matrix held as
+ * the file's blocks is dequantized into a temporary buffer first (the CPU model keeps no FP32
+ * copy), which the staged copy has consumed when put_mat returns. */
+static int put_wmat(struct bd_gmodel *g, void *dst, size_t off, const struct bd_wmat *W,
+		    char *ret_err)
+{
+	size_t n = (size_t)W->rows * (size_t)W->cols;
+	if (W->f32)
+		return put_mat(g, dst, off, W->f32, n, ret_err);
+	float *tmp = malloc(sizeof(float) * n);
+	if (!tmp)
+		return fail(ret_err, -ENOMEM, "out of host memory for a weight's upload");
+	int r = bd_wmat_rows_f32(W, 0, W->rows, tmp);
+	if (r < 0)
+		r = fail(ret_err, r, "weight dequantization failed (%d)", r);
+	else
+		r = put_mat(g, dst, off, tmp, n, ret_err);
+	free(tmp);
+	return r;
+}
+
 static int put_vec(struct bd_gmodel *g, float *dst, const float *src, size_t n,
 		   char *ret_err)
 {
@@ -396,17 +417,17 @@ out:
 
 static int upload(struct bd_gmodel *g, const struct bd_model *m, char *ret_err)
 {
-	size_t E = (size_t)g->E, V = (size_t)g->V, d = (size_t)g->d, F = (size_t)g->F;
+	size_t E = (size_t)g->E, d = (size_t)g->d, F = (size_t)g->F;
 	size_t qd = (size_t)g->qd, kd = (size_t)g->kd;
 	int r;
 
-	if ((r = put_mat(g, g->embd, 0, m->tok_embd, V * E, ret_err)) < 0)
+	if ((r = put_wmat(g, g->embd, 0, &m->tok_embd, ret_err)) < 0)
 		return r;
 	if (g->sh.lm_head) {
 		if ((r = put_vec(g, g->out_norm, m->output_norm, E, ret_err)) < 0)
 			return r;
 		if (!g->hp.tied_embeddings &&
-		    (r = put_mat(g, g->out_w, 0, m->output, V * E, ret_err)) < 0)
+		    (r = put_wmat(g, g->out_w, 0, &m->output, ret_err)) < 0)
 			return r;
 	}
 	for (int l = 0; l < g->L; l++) {
@@ -422,13 +443,13 @@ static int upload(struct bd_gmodel *g, const struct bd_model *m, char *ret_err)
 					(r = put_vec(g, y->bqkv + qd, a->bk, kd, ret_err)) < 0 ||
 					(r = put_vec(g, y->bqkv + qd + kd, a->bv, kd, ret_err)) < 0))
 			return r;
-		if ((r = put_mat(g, y->wqkv, 0, a->wq, qd * E, ret_err)) < 0 ||
-		    (r = put_mat(g, y->wqkv, qd * E, a->wk, kd * E, ret_err)) < 0 ||
-		    (r = put_mat(g, y->wqkv, (qd + kd) * E, a->wv, kd * E, ret_err)) < 0 ||
-		    (r = put_mat(g, y->wo, 0, a->wo, E * qd, ret_err)) < 0 ||
-		    (r = put_mat(g, y->wgu, 0, a->w_gate, F * E, ret_err)) < 0 ||
-		    (r = put_mat(g, y->wgu, F * E, a->w_up, F * E, ret_err)) < 0 ||
-		    (r = put_mat(g, y->wdown, 0, a->w_down, E * F, ret_err)) < 0)
+		if ((r = put_wmat(g, y->wqkv, 0, &a->wq, ret_err)) < 0 ||
+		    (r = put_wmat(g, y->wqkv, qd * E, &a->wk, ret_err)) < 0 ||
+		    (r = put_wmat(g, y->wqkv, (qd + kd) * E, &a->wv, ret_err)) < 0 ||
+		    (r = put_wmat(g, y->wo, 0, &a->wo, ret_err)) < 0 ||
+		    (r = put_wmat(g, y->wgu, 0, &a->w_gate, ret_err)) < 0 ||
+		    (r = put_wmat(g, y->wgu, F * E, &a->w_up, ret_err)) < 0 ||
+		    (r = put_wmat(g, y->wdown, 0, &a->w_down, ret_err)) < 0)
 			return r;
 	}
 	return 0;
@@ -886,7 +907,7 @@ int bd_gmodel_new(const struct bd_model *m, const struct bd_gmodel_opts *opts,
 	clear_err(ret_err);
 	if (!m || !opts || !ret)
 		return fail(ret_err, -EINVAL, "missing model, options or result pointer");
-	if (m->shard.lm_head && !m->output)
+	if (m->shard.lm_head && !m->output.f32 && !m->output.blocks)
 		return fail(ret_err, -EINVAL, "the model has no LM head");
 	if ((r = gmodel_make(&m->hp, &m->shard, opts, &g, ret_err)) < 0)
 		return r;

@@ -106,8 +106,15 @@ int bd_gguf_open(const char *path, struct bd_gguf **ret, char *ret_err);
  * bd_gguf_open(). */
 int bd_gguf_open_mem(const void *buf, size_t size, struct bd_gguf **ret, char *ret_err);
 
-/* Release a handle (and its mapping). NULL is a no-op. */
+/* Drop a reference to a handle; the last one releases it and its mapping. NULL is a no-op. */
 void bd_gguf_free(struct bd_gguf *g);
+
+/* Take one more reference to g (a model that keeps pointing into the file's tensors takes one,
+ * so the opener may free its own): each bd_gguf_ref() is paired with a bd_gguf_free(). For an
+ * image of bd_gguf_open_mem(), the caller's buffer must then outlive every reference. Safe
+ * from several threads (the count is the handle's only mutable state, hence the const
+ * argument). Returns g (NULL for NULL). */
+struct bd_gguf *bd_gguf_ref(const struct bd_gguf *g);
 
 /* Header facts: format version (2 or 3), alignment of the data section (bytes, a power of
  * two), data section offset from the file start (bytes), file size (bytes). */

@@ -36,6 +36,7 @@ struct bd_gguf {
 	size_t n_tensors;
 	struct bd_gguf_tensor *tensors;
 	const struct bd_gguf_tensor **t_sorted; /* by name */
+	int refs; /* the opener's and bd_gguf_ref()'s, atomically */
 };
 
 /* A bounds-checked little-endian reader over the file's bytes. */
@@ -343,9 +344,17 @@ static int parse_tensor_info(struct cursor *c, struct bd_gguf_tensor *t)
 	return rd_u64(c, &t->offset, "tensor offset");
 }
 
+struct bd_gguf *bd_gguf_ref(const struct bd_gguf *g)
+{
+	struct bd_gguf *h = (struct bd_gguf *)g;
+	if (h)
+		__atomic_add_fetch(&h->refs, 1, __ATOMIC_RELAXED);
+	return h;
+}
+
 void bd_gguf_free(struct bd_gguf *g)
 {
-	if (!g)
+	if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0)
 		return;
 	if (g->kvs)
 		for (size_t i = 0; i < g->n_kv; i++) {
@@ -483,6 +492,7 @@ static int open_image(const void *base, size_t size, struct bd_mapfile *file,
 		bd_mapfile_close(file);
 		return fail(ret_err, -ENOMEM, "out of memory");
 	}
+	g->refs = 1;
 	g->base = base ? base : empty;
 	g->size = size;
 	if (file)

@@ -168,8 +168,13 @@ struct bd_gen_params {
 	const struct bd_decode_params *dp; /* as bd_seq_opts (a calibrated τ), or NULL */
 };
 
+/* Prompt tokens bd_generate() prefills at once: a longer prompt goes in chunks of this many
+ * (bd_model_prefill, then bd_model_prefill_chunk; a multiple of 128), which bounds the
+ * prefill's scratch, and reads the context of each later chunk from the cache as decode does. */
+#define BD_GEN_PREFILL_CHUNK 1024
+
 /* Generate from a prompt (a whole model: -EINVAL for a shard of tp > 1): a sequence of the
- * configuration sized prompt + max_tokens, prefill,
+ * configuration sized prompt + max_tokens, prefill (in chunks of BD_GEN_PREFILL_CHUNK tokens),
  * then sample and decode until max_tokens, a stop id or on_token's stop. ret_tokens:
  * [max_tokens] the generated ids (a final stop id included); *ret_n their count.
  * Returns 0, -EINVAL (unknown configuration, max_tokens < 1, empty prompt, a bad token id,

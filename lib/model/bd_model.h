@@ -1,8 +1,10 @@
 /* bd_model.h — a Llama, Qwen2 or Qwen3 decoder's weights on the CPU, whole or one
  * tensor-parallel rank's shard.
  *
- * Weights are dequantized to FP32 at load (bd_gguf.h reads GGUF files, bd_model_hf.h Hugging
- * Face checkpoints). The rest of the CPU model is beside this header: bd_kvmem.h the KV memory
+ * A GGUF model keeps the file mapped: its weight matrices stay the file's ggml blocks where
+ * bd_ggml_gemv() multiplies their type (bd_wmat.h), and only the others, and the vectors
+ * (norms, biases), are dequantized to FP32 at load (bd_gguf.h reads GGUF files). Hugging Face
+ * checkpoints (bd_model_hf.h) and models built in memory are FP32. The rest of the CPU model is beside this header: bd_kvmem.h the KV memory
  * a sequence draws from, bd_seq.h one request's state and bdfp4 KV cache, bd_forward.h the
  * forward pass (prefill, decode, generation) over a sequence.
  *
@@ -24,6 +26,7 @@
 #include <stdint.h>
 
 #include "formats/bd_gguf.h"
+#include "model/bd_wmat.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,20 +36,21 @@ extern "C" {
 
 /* ---- weights ------------------------------------------------------------------------------ */
 
-/* One decoder block. Every pointer is FP32; optional ones are NULL when the architecture has
- * none (biases: Qwen2 only; q/k norms: Qwen3 only). */
+/* One decoder block. The vectors are FP32; optional ones are NULL when the architecture has
+ * none (biases: Qwen2 only; q/k norms: Qwen3 only). The matrices are struct bd_wmat, FP32 or
+ * the file's blocks. */
 struct bd_model_layer {
 	float *attn_norm;       /* [E] RMSNorm weight before attention */
-	float *wq;              /* [Hq·d][E] */
-	float *wk;              /* [Hkv·d][E] */
-	float *wv;              /* [Hkv·d][E] */
-	float *wo;              /* [E][Hq·d] */
+	struct bd_wmat wq;      /* [Hq·d][E] */
+	struct bd_wmat wk;      /* [Hkv·d][E] */
+	struct bd_wmat wv;      /* [Hkv·d][E] */
+	struct bd_wmat wo;      /* [E][Hq·d] */
 	float *bq, *bk, *bv;    /* [Hq·d], [Hkv·d], [Hkv·d] or NULL */
 	float *q_norm, *k_norm; /* [d] per-head RMSNorm weights before RoPE, or NULL */
 	float *ffn_norm;        /* [E] RMSNorm weight before the MLP */
-	float *w_gate;          /* [F][E] */
-	float *w_up;            /* [F][E] */
-	float *w_down;          /* [E][F] */
+	struct bd_wmat w_gate;  /* [F][E] */
+	struct bd_wmat w_up;    /* [F][E] */
+	struct bd_wmat w_down;  /* [E][F] */
 };
 
 /* The part of a model one tensor-parallel rank holds (Megatron-style split). KV
@@ -72,13 +76,15 @@ struct bd_model_shard {
 struct bd_model {
 	struct bd_model_hparams hp;
 	struct bd_model_shard shard;
-	float *tok_embd;              /* [V][E] token embeddings */
+	struct bd_wmat tok_embd;      /* [V][E] token embeddings (a row dequantized per token) */
 	float *output_norm;           /* [E] final RMSNorm weight, NULL without the LM head */
-	float *output;                /* [V][E] LM head; == tok_embd when hp.tied_embeddings;
-				       * NULL without the LM head */
+	struct bd_wmat output;        /* [V][E] LM head; the same matrix as tok_embd when
+				       * hp.tied_embeddings; not held (rows 0) without the LM head */
 	struct bd_model_layer *layers; /* [L] */
-	void *mem;                    /* one allocation holding every tensor above */
+	void *mem;                    /* one allocation holding every FP32 tensor above */
 	size_t mem_bytes;
+	struct bd_gguf *gguf;         /* a reference to the file the blocks lie in, or NULL */
+	size_t block_bytes;           /* bytes of file blocks the matrices read (tied: once) */
 };
 
 /* Allocate a model of shape hp with every weight zero (norm weights included) and the
@@ -92,17 +98,20 @@ int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret);
 /* Build a model from a parsed GGUF file: hyperparameters by bd_gguf_model_hparams(), every
  * tensor (token_embd, output_norm, output unless tied, blk.N.{attn_norm, attn_q, attn_k,
  * attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}, blk.N.attn_{q,k,v}.bias for
- * Qwen2, blk.N.attn_{q,k}_norm for Qwen3) checked for its shape and dequantized to FP32.
- * The model does not keep g. Returns 0, the hparams errors, -EBADMSG (a tensor missing or of
+ * Qwen2, blk.N.attn_{q,k}_norm for Qwen3) checked for its shape; a matrix of a type
+ * bd_ggml_gemv() multiplies points into g's blocks, every other tensor is dequantized to FP32.
+ * The model takes a reference to g when it points into it (bd_gguf_ref), so the caller may
+ * free its handle at once (a bd_gguf_open_mem() buffer must outlive the model).
+ * Returns 0, the hparams errors, -EBADMSG (a tensor missing or of
  * the wrong shape), -ENOTSUP (a tensor type the dequantizer lacks, or a value head dim unlike
  * the key head dim), -ENOMEM; *ret only on success. */
 int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret_err);
 
-/* Open, parse and load a GGUF file (bd_gguf_open + bd_model_from_gguf; the file is unmapped
- * before returning). Returns 0 or the errors of both. */
+/* Open, parse and load a GGUF file (bd_gguf_open + bd_model_from_gguf; the file stays mapped
+ * while the model points into it). Returns 0 or the errors of both. */
 int bd_model_load(const char *path, struct bd_model **ret, char *ret_err);
 
-/* Release a model. NULL is a no-op. */
+/* Release a model (and its reference to the file). NULL is a no-op. */
 void bd_model_free(struct bd_model *m);
 
 /* ---- tensor parallelism ---------------------------------------------------------- */
@@ -116,15 +125,18 @@ int bd_model_shard_plan(const struct bd_model_hparams *hp, int rank, int tp,
 
 /* Rank `rank` of tp of a parsed GGUF file, or of a file (bd_model_from_gguf and
  * bd_model_load for the shard only: the rows and columns of its heads and MLP columns are
- * cut out of each dequantized tensor). Returns 0, the errors of those two and of
+ * cut out of each tensor). A matrix of blocks stays in the file when its cut columns start
+ * and end on block boundaries (a row cut always does: the shard's rows are a run of the
+ * file's); a column cut inside a block is dequantized to FP32 instead. Returns 0, the errors of those two and of
  * bd_model_shard_plan. */
 int bd_model_from_gguf_shard(const struct bd_gguf *g, int rank, int tp, struct bd_model **ret,
 			     char *ret_err);
 int bd_model_load_shard(const char *path, int rank, int tp, struct bd_model **ret,
 			char *ret_err);
 
-/* Copy rank `rank` of tp out of a whole model in memory (tests build random models this way).
- * Returns 0, -EINVAL (NULL, full is itself a shard, the plan's errors), -ENOMEM. */
+/* Cut rank `rank` of tp out of a whole model in memory (tests build random models this way):
+ * FP32 tensors are copied; matrices of file blocks are cut as bd_model_from_gguf_shard cuts
+ * them (the shard then takes its own reference to the file). Returns 0, -EINVAL (NULL, full is itself a shard, the plan's errors), -ENOMEM. */
 int bd_model_shard_of(const struct bd_model *full, int rank, int tp, struct bd_model **ret);
 
 /* The all-reduce a shard's forward pass calls after its attention-output and MLP-down

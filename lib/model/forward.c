@@ -54,25 +54,40 @@ int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
 	return 0;
 }
 
-/* y[rows][out] = x[rows][in] · W[out][in]ᵀ (+ bias). One row, or per_row: a matrix–vector
- * product per row, whose sums are in the order of the one-row product whatever rows is (the
- * batch-invariant decode, bd_model_decode_batch_mode); else one matrix–matrix product, whose
- * blocking (and so the order of each sum) OpenBLAS chooses from rows. */
-static void matmul_rows(const float *x, int rows, int in, const float *W, int out,
-			const float *bias, bool per_row, float *y)
+/* y[rows][W.rows] = x[rows][W.cols] · Wᵀ (+ bias) by bd_wmat_mul (per_row: each row's sums
+ * in the order of the one-row product whatever rows is, the batch-invariant decode); wscr:
+ * bd_wmat_scratch_floats of the widest matrix, or NULL when rows ≤ BD_WMAT_GEMV_ROWS. A product
+ * that fails (it cannot for a loaded model's matrices) gives NaN rows, which the finite checks
+ * refuse, so a rank still makes its all-reduce calls (bd_model_allreduce_fn). */
+static void matmul_rows(const float *x, int rows, const struct bd_wmat *W, const float *bias,
+			bool per_row, float *wscr, float *y)
 {
-	if (rows == 1 || per_row)
-		for (int r = 0; r < rows; r++)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in,
-				    x + (size_t)r * (size_t)in, 1, 0.0f, y + (size_t)r * (size_t)out,
-				    1);
-	else
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W,
-			    in, 0.0f, y, out);
+	size_t out = (size_t)W->rows;
+	if (bd_wmat_mul(W, x, rows, per_row, wscr, y) < 0) {
+		for (size_t i = 0; i < (size_t)rows * out; i++)
+			y[i] = NAN;
+		return;
+	}
 	if (bias)
-		for (int r = 0; r < rows; r++)
-			for (int o = 0; o < out; o++)
-				y[(size_t)r * (size_t)out + (size_t)o] += bias[o];
+		for (size_t r = 0; r < (size_t)rows; r++)
+			for (size_t o = 0; o < out; o++)
+				y[r * out + o] += bias[o];
+}
+
+/* The scratch matmul_rows needs for rows rows of m's products (NULL: none needed, or out of
+ * memory, which *ret_oom says). */
+static float *wscratch_new(const struct bd_model *m, int rows, bool per_row, bool *ret_oom)
+{
+	*ret_oom = false;
+	if (rows <= BD_WMAT_GEMV_ROWS || per_row)
+		return NULL;
+	int cols = m->hp.n_embd;
+	int qd = m->shard.n_heads * m->hp.head_dim;
+	cols = m->shard.n_ff > cols ? m->shard.n_ff : cols;
+	cols = qd > cols ? qd : cols;
+	float *w = malloc(sizeof(float) * bd_wmat_scratch_floats(cols));
+	*ret_oom = !w;
+	return w;
 }
 
 static float silu(float x)
@@ -123,14 +138,12 @@ static int qk_row(const struct bd_model *m, const struct bd_model_layer *ly,
 
 /* The Q, K and V products (biases added) of rows rows of xn [rows][E] for one layer:
  * q [rows][Hq'·d], k and v [rows][Hkv'·d]. */
-static void qkv(const struct bd_model *m, const struct bd_model_layer *ly, const float *xn,
-		int rows, bool per_row, float *q, float *k, float *v)
+static void qkv(const struct bd_model_layer *ly, const float *xn, int rows, bool per_row,
+		float *wscr, float *q, float *k, float *v)
 {
-	int E = m->hp.n_embd, d = m->hp.head_dim;
-	int qd = m->shard.n_heads * d, kd = m->shard.n_kv_heads * d;
-	matmul_rows(xn, rows, E, ly->wq, qd, ly->bq, per_row, q);
-	matmul_rows(xn, rows, E, ly->wk, kd, ly->bk, per_row, k);
-	matmul_rows(xn, rows, E, ly->wv, kd, ly->bv, per_row, v);
+	matmul_rows(xn, rows, &ly->wq, ly->bq, per_row, wscr, q);
+	matmul_rows(xn, rows, &ly->wk, ly->bk, per_row, wscr, k);
+	matmul_rows(xn, rows, &ly->wv, ly->bv, per_row, wscr, v);
 }
 
 /* x += the sum over the ranks of a shard's partial product part [n] (all-reduced in place).
@@ -148,44 +161,58 @@ static int add_reduced(const struct bd_seq *s, float *x, float *part, size_t n)
 /* x += W_down(silu(W_gate xn) · W_up xn) for rows rows; gate, up: [rows][F'] (a shard's
  * columns: the down product is partial until the all-reduce). Returns 0 or its error. */
 static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd_model_layer *ly,
-	       float *x, float *xn, int rows, bool per_row, float *gate, float *up, float *tmp)
+	       float *x, float *xn, int rows, bool per_row, float *wscr, float *gate, float *up,
+	       float *tmp)
 {
 	int E = m->hp.n_embd, F = m->shard.n_ff;
 	size_t n = (size_t)rows * (size_t)E;
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, ly->ffn_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul_rows(xn, rows, E, ly->w_gate, F, NULL, per_row, gate);
-	matmul_rows(xn, rows, E, ly->w_up, F, NULL, per_row, up);
+	matmul_rows(xn, rows, &ly->w_gate, NULL, per_row, wscr, gate);
+	matmul_rows(xn, rows, &ly->w_up, NULL, per_row, wscr, up);
 	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
 		gate[i] = silu(gate[i]) * up[i];
-	matmul_rows(gate, rows, F, ly->w_down, E, NULL, per_row, tmp);
+	matmul_rows(gate, rows, &ly->w_down, NULL, per_row, wscr, tmp);
 	return add_reduced(s, x, tmp, n);
 }
 
 /* The rest of a layer after attention: x += W_o o (all-reduced), then the MLP; o [rows][Hq'·d],
- * gate, up [rows][F'] and tmp [rows][E] scratch. Returns 0 or the all-reduce's error. */
+ * gate, up [rows][F'] and tmp [rows][E] scratch, wscr matmul_rows'. Returns 0 or the
+ * all-reduce's error. */
 static int attn_out_mlp(const struct bd_model *m, const struct bd_seq *s,
 			const struct bd_model_layer *ly, const float *o, int rows, bool per_row,
-			float *x, float *xn, float *gate, float *up, float *tmp)
+			float *wscr, float *x, float *xn, float *gate, float *up, float *tmp)
 {
-	int E = m->hp.n_embd, qd = m->shard.n_heads * m->hp.head_dim;
-	size_t n = (size_t)rows * (size_t)E;
-	matmul_rows(o, rows, qd, ly->wo, E, NULL, per_row, tmp);
+	size_t n = (size_t)rows * (size_t)m->hp.n_embd;
+	matmul_rows(o, rows, &ly->wo, NULL, per_row, wscr, tmp);
 	int r = add_reduced(s, x, tmp, n);
-	return r < 0 ? r : mlp(m, s, ly, x, xn, rows, per_row, gate, up, tmp);
+	return r < 0 ? r : mlp(m, s, ly, x, xn, rows, per_row, wscr, gate, up, tmp);
 }
 
 /* Final norm and LM head of rows hidden rows x [rows][E] (xn: scratch of the same size):
  * ret_logits [rows][V]. */
-static void lm_head(const struct bd_model *m, const float *x, int rows, bool per_row, float *xn,
-		    float *ret_logits)
+static void lm_head(const struct bd_model *m, const float *x, int rows, bool per_row,
+		    float *wscr, float *xn, float *ret_logits)
 {
 	int E = m->hp.n_embd;
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, m->output_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul_rows(xn, rows, E, m->output, m->hp.n_vocab, NULL, per_row, ret_logits);
+	matmul_rows(xn, rows, &m->output, NULL, per_row, wscr, ret_logits);
+}
+
+/* x [n][E] = the embeddings of tokens [n] (checked ids). Returns 0 or -EINVAL (a matrix not
+ * held, which a loaded model cannot have). */
+static int embed(const struct bd_model *m, const int32_t *tokens, int n, float *x)
+{
+	size_t E = (size_t)m->hp.n_embd;
+	for (int i = 0; i < n; i++) {
+		int r = bd_wmat_rows_f32(&m->tok_embd, tokens[i], 1, x + (size_t)i * E);
+		if (r < 0)
+			return r;
+	}
+	return 0;
 }
 
 static float bf16_round(float x)
@@ -258,7 +285,7 @@ static int prefill_refusal(const struct bd_model *m, struct bd_seq *const *seqs,
 	for (int i = 0; i < n_seqs; i++)
 		if (seqs[i]->n_tokens != 0)
 			return -EINVAL;
-	if (check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
+	if (check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output.rows))
 		return -EINVAL;
 	/* one forward pass makes one all-reduce call per product for all of them */
 	for (int i = 1; i < n_seqs; i++)
@@ -321,18 +348,20 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 	float *tk = p ? malloc(sizeof(float) * BD_PAGE_TOKENS * D) : NULL;
 	float *tv = p ? malloc(sizeof(float) * BD_PAGE_TOKENS * D) : NULL;
 	void *scratch = p ? calloc(1, s->lay->slot_head_bytes) : NULL;
+	bool oom;
+	float *wscr = wscratch_new(m, n, false, &oom);
 	if (!x || !xn || !q || !o || !kr || !vr || !gate || !up || !S || !tmp || !kall || !vall ||
-	    (p && (!tk || !tv || !scratch)))
+	    (p && (!tk || !tv || !scratch)) || oom)
 		goto out;
 
-	for (size_t i = 0; i < N; i++)
-		memcpy(x + i * E, m->tok_embd + (size_t)tokens[i] * E, sizeof(float) * E);
+	if ((r = embed(m, tokens, n, x)) < 0)
+		goto out;
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct bd_model_layer *ly = &m->layers[l];
 		float *kl = kall + (size_t)l * N * kd, *vl = vall + (size_t)l * N * kd;
 		for (size_t i = 0; i < N; i++)
 			bd_rmsnorm(x + i * E, ly->attn_norm, (int)E, hp->norm_eps, xn + i * E);
-		qkv(m, ly, xn, n, false, q, kl, vl);
+		qkv(ly, xn, n, false, wscr, q, kl, vl);
 		for (size_t i = 0; i < N; i++)
 			if ((r = qk_row(m, ly, seqs, n_seqs, p + (int)i, q + i * qd, kl + i * kd,
 					vl + i * kd)) < 0)
@@ -353,7 +382,7 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 		}
 		prefill_attention(m, q, kr, vr, n, p, S, o);
 		/* all-reduce failures leave the caches unwritten: the sequences stay as they were */
-		if ((r = attn_out_mlp(m, s, ly, o, n, false, x, xn, gate, up, tmp)) < 0)
+		if ((r = attn_out_mlp(m, s, ly, o, n, false, wscr, x, xn, gate, up, tmp)) < 0)
 			goto out;
 	}
 	for (size_t i = 0; i < N * E; i++) {
@@ -373,8 +402,9 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 			r = ri;
 	}
 	if (r == 0 && ret_logits)
-		lm_head(m, x + (N - 1) * E, 1, false, xn, ret_logits);
+		lm_head(m, x + (N - 1) * E, 1, false, NULL, xn, ret_logits);
 out:
+	free(wscr);
 	free(x);
 	free(xn);
 	free(q);
@@ -414,7 +444,7 @@ int bd_model_prefill_chunk(const struct bd_model *m, struct bd_seq *s, const int
 	if (p == 0)
 		return bd_model_prefill(m, s, tokens, n, ret_logits);
 	if (p % BD_PAGE_TOKENS || s->n_full != p / BD_PAGE_TOKENS ||
-	    check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output))
+	    check_tokens(m, tokens, n) < 0 || (ret_logits && !m->output.rows))
 		return -EINVAL;
 	if (n > s->max_tokens - p)
 		return -ENOSPC;
@@ -447,7 +477,7 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 			       enum bd_batch_mode mode)
 {
 	bool per_row = mode == BD_BATCH_INVARIANT;
-	if ((mode != BD_BATCH_FAST && mode != BD_BATCH_INVARIANT) || !m || !seqs || !tokens || !ret_status || n < 1 || (ret_logits && !m->output))
+	if ((mode != BD_BATCH_FAST && mode != BD_BATCH_INVARIANT) || !m || !seqs || !tokens || !ret_status || n < 1 || (ret_logits && !m->output.rows))
 		return -EINVAL;
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < i; j++)
@@ -485,8 +515,10 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 	float *att = malloc(sizeof(float) * NB * E);
 	float *gate = malloc(sizeof(float) * NB * F), *up = malloc(sizeof(float) * NB * F);
 	float *lg = ret_logits && nb > 1 ? malloc(sizeof(float) * NB * V) : NULL;
+	bool oom;
+	float *wscr = wscratch_new(m, nb, per_row, &oom);
 	if (!idx || !err || !x || !xn || !q || !o || !k || !v || !att || !gate || !up ||
-	    (ret_logits && nb > 1 && !lg)) {
+	    (ret_logits && nb > 1 && !lg) || oom) {
 		for (int i = 0; i < n; i++)
 			if (ret_status[i] == 0)
 				ret_status[i] = -ENOMEM;
@@ -500,12 +532,14 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 	/* A row's local error does not stop the layers: it goes on with NaN partial sums so that
 	 * the ranks make the same all-reduce calls (bd_model_allreduce_fn). */
 	for (size_t b = 0; b < NB; b++)
-		memcpy(x + b * E, m->tok_embd + (size_t)tokens[idx[b]] * E, sizeof(float) * E);
+		if (embed(m, &tokens[idx[b]], 1, x + b * E) < 0)
+			for (size_t i = 0; i < E; i++)
+				x[b * E + i] = NAN;
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct bd_model_layer *ly = &m->layers[l];
 		for (size_t b = 0; b < NB; b++)
 			bd_rmsnorm(x + b * E, ly->attn_norm, (int)E, hp->norm_eps, xn + b * E);
-		qkv(m, ly, xn, nb, per_row, q, k, v);
+		qkv(ly, xn, nb, per_row, wscr, q, k, v);
 		for (size_t b = 0; b < NB; b++) {
 			struct bd_seq *s = seqs[idx[b]];
 			int pos = s->n_tokens, rc;
@@ -534,7 +568,7 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 				for (size_t i = 0; i < qd; i++)
 					ob[i] = NAN;
 		}
-		if ((r = attn_out_mlp(m, s0, ly, o, nb, per_row, x, xn, gate, up, att)) < 0)
+		if ((r = attn_out_mlp(m, s0, ly, o, nb, per_row, wscr, x, xn, gate, up, att)) < 0)
 			goto fail_all;
 	}
 	/* a token that completes a page promotes it, row by row in order (the order in which a
@@ -554,9 +588,10 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 	if (ret_logits) {
 		if (nb == 1) {
 			if (ret_status[idx[0]] == 0)
-				lm_head(m, x, 1, per_row, xn, ret_logits + (size_t)idx[0] * V);
+				lm_head(m, x, 1, per_row, NULL, xn,
+					ret_logits + (size_t)idx[0] * V);
 		} else {
-			lm_head(m, x, nb, per_row, xn, lg);
+			lm_head(m, x, nb, per_row, wscr, xn, lg);
 			for (size_t b = 0; b < NB; b++)
 				if (ret_status[idx[b]] == 0)
 					memcpy(ret_logits + (size_t)idx[b] * V, lg + b * V,
@@ -583,6 +618,7 @@ out:
 	free(gate);
 	free(up);
 	free(lg);
+	free(wscr);
 	return r < 0 ? r : 0;
 }
 
@@ -649,9 +685,17 @@ int bd_generate(const struct bd_model *m, const int32_t *prompt, int n_prompt,
 		r = fail(ret_err, -ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((r = bd_model_prefill(m, s, prompt, n_prompt, logits)) < 0) {
-		fail(ret_err, r, "prefill failed (%s)", strerror(-r));
-		goto out;
+	/* a long prompt in chunks, so the prefill's scratch (every layer's K and V, the rows'
+	 * activations) is that of BD_GEN_PREFILL_CHUNK tokens, not of the whole prompt */
+	for (int p0 = 0; p0 < n_prompt; p0 += BD_GEN_PREFILL_CHUNK) {
+		int c = n_prompt - p0 < BD_GEN_PREFILL_CHUNK ? n_prompt - p0 : BD_GEN_PREFILL_CHUNK;
+		float *lg = p0 + c == n_prompt ? logits : NULL;
+		r = p0 ? bd_model_prefill_chunk(m, s, prompt + p0, c, lg)
+		       : bd_model_prefill(m, s, prompt, c, lg);
+		if (r < 0) {
+			fail(ret_err, r, "prefill failed at token %d (%s)", p0, strerror(-r));
+			goto out;
+		}
 	}
 	for (;;) {
 		int32_t t;

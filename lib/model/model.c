@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/bd_err.h"
+#include "formats/bd_ggml_gemv.h"
 #include "model/bd_model.h"
 
 #define FLOAT_ALIGN 16 /* tensors start on 64-byte boundaries inside the model's allocation */
@@ -114,6 +115,7 @@ struct tensor {
 	uint64_t cols, rows;   /* the whole model's shape; rows 0: a vector */
 	bool rows_at_least;    /* the file's tensor may have more rows (a padded vocabulary) */
 	uint64_t r0, nr, c0, nc; /* the shard's block: rows r0.., columns c0.. */
+	bool mat;                /* a matrix (struct bd_wmat at off), else a vector (float *) */
 };
 
 static void spans_of(const struct bd_model_hparams *hp, const struct bd_model_shard *sh,
@@ -143,11 +145,24 @@ static bool tensor_held(const struct bd_model_hparams *hp, const struct bd_model
 	}
 }
 
-/* The pointer of tensor t in m. */
+/* The pointer of vector t in m. */
 static float **tensor_ptr(struct bd_model *m, const struct tensor *t)
 {
 	char *base = t->layer < 0 ? (char *)m : (char *)&m->layers[t->layer];
 	return (float **)(void *)(base + t->off);
+}
+
+/* The matrix t of m. */
+static struct bd_wmat *tensor_mat(struct bd_model *m, const struct tensor *t)
+{
+	char *base = t->layer < 0 ? (char *)m : (char *)&m->layers[t->layer];
+	return (struct bd_wmat *)(void *)(base + t->off);
+}
+
+/* The FP32 rows of t's shard block as a float array: a vector's pointer or a matrix's f32. */
+static float *tensor_f32(struct bd_model *m, const struct tensor *t)
+{
+	return t->mat ? tensor_mat(m, t)->f32 : *tensor_ptr(m, t);
 }
 
 typedef int (*tensor_fn)(void *ctx, struct bd_model *m, const struct tensor *t);
@@ -177,6 +192,7 @@ static int for_each_tensor(struct bd_model *m, tensor_fn fn, void *ctx)
 				.cols = c->all, .rows = d->rows == DIM_NONE ? 0 : r->all,
 				.rows_at_least = d->rows == DIM_V,
 				.r0 = r->first, .nr = r->n, .c0 = c->first, .nc = c->n,
+				.mat = d->rows != DIM_NONE,
 			};
 			int rc = fn(ctx, m, &t);
 			if (rc < 0)
@@ -198,13 +214,45 @@ static int carve(void *ctx, struct bd_model *m, const struct tensor *t)
 {
 	struct carver *cv = ctx;
 	size_t n = (size_t)(t->nr * t->nc);
-	*tensor_ptr(m, t) = cv->base ? cv->base + cv->cursor : NULL;
+	float *p = cv->base ? cv->base + cv->cursor : NULL;
+	if (t->mat) {
+		struct bd_wmat *w = tensor_mat(m, t);
+		if (w->blocks)
+			return 0; /* placed in the file's blocks */
+		*w = (struct bd_wmat){ .f32 = p, .type = BD_GGML_F32, .rows = (int)t->nr,
+				       .cols = (int)t->nc };
+	} else {
+		*tensor_ptr(m, t) = p;
+	}
 	cv->cursor += (n + FLOAT_ALIGN - 1) / FLOAT_ALIGN * FLOAT_ALIGN;
 	return 0;
 }
 
+/* Point matrix t of m at its shard block inside rows of blocks (row r of the whole tensor at
+ * src + r·row_bytes) when the block's columns start and end on block boundaries; else leave
+ * it for FP32. Returns whether it did. */
+static bool place_blocks(struct bd_model *m, const struct tensor *t, int type, const void *src,
+			 size_t row_bytes)
+{
+	size_t blck, ts;
+	if (!t->mat || !bd_ggml_gemv_supported(type) || bd_ggml_type_info(type, &blck, &ts) < 0 ||
+	    t->c0 % blck != 0 || t->nc % blck != 0)
+		return false;
+	*tensor_mat(m, t) = (struct bd_wmat){
+		.blocks = (const char *)src + t->r0 * row_bytes + t->c0 / blck * ts,
+		.row_bytes = row_bytes,
+		.type = (enum bd_ggml_type)type,
+		.rows = (int)t->nr,
+		.cols = (int)t->nc,
+	};
+	m->block_bytes += (size_t)t->nr * (size_t)(t->nc / blck * ts);
+	return true;
+}
+
+/* Allocate shard sh of a model of shape hp: place (NULL: none) first points the matrices it
+ * can at file blocks (place_blocks), then every other tensor gets FP32 storage. */
 static int alloc_shard(const struct bd_model_hparams *hp, const struct bd_model_shard *sh,
-		       struct bd_model **ret)
+		       tensor_fn place, void *place_ctx, struct bd_model **ret)
 {
 	struct bd_model *m = calloc(1, sizeof(*m));
 	if (!m)
@@ -212,6 +260,8 @@ static int alloc_shard(const struct bd_model_hparams *hp, const struct bd_model_
 	m->hp = *hp;
 	m->shard = *sh;
 	m->layers = calloc((size_t)hp->n_layers, sizeof(*m->layers));
+	if (m->layers && place)
+		for_each_tensor(m, place, place_ctx);
 	struct carver count = { NULL, 0 };
 	if (m->layers)
 		for_each_tensor(m, carve, &count);
@@ -239,19 +289,30 @@ int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret)
 	struct bd_model_shard sh;
 	if (!hp || !ret || bd_model_shard_plan(hp, 0, 1, &sh) < 0)
 		return -EINVAL;
-	return alloc_shard(hp, &sh, ret);
+	return alloc_shard(hp, &sh, NULL, NULL, ret);
 }
 
 void bd_model_free(struct bd_model *m)
 {
 	if (!m)
 		return;
+	bd_gguf_free(m->gguf);
 	free(m->mem);
 	free(m->layers);
 	free(m);
 }
 
 /* ---- GGUF loading -------------------------------------------------------------------------- */
+
+/* Whether GGUF tensor t has shape {cols, rows} (rows = 0: a vector of cols; rows_at_least:
+ * it may have more rows). */
+static bool shape_ok(const struct bd_gguf_tensor *t, uint64_t cols, uint64_t rows,
+		     bool rows_at_least)
+{
+	uint64_t want1 = rows ? rows : 1;
+	return t->ne[0] == cols && t->ne[2] == 1 && t->ne[3] == 1 &&
+	       (rows_at_least ? t->ne[1] >= want1 : t->ne[1] == want1);
+}
 
 /* Dequantize rows r0 .. r0+nr−1, columns c0 .. c0+nc−1 of tensor `name`, of shape
  * {cols, rows} (rows = 0: a vector of cols; rows_at_least: the tensor may have more rows),
@@ -264,9 +325,7 @@ static int load_slice(const struct bd_gguf *g, const char *name, uint64_t cols, 
 	if (!t)
 		return fail(ret_err, -EBADMSG, "tensor %s is missing", name);
 	uint64_t want1 = rows ? rows : 1;
-	bool shape_ok = t->ne[0] == cols && t->ne[2] == 1 && t->ne[3] == 1 &&
-			(rows_at_least ? t->ne[1] >= want1 : t->ne[1] == want1);
-	if (!shape_ok)
+	if (!shape_ok(t, cols, rows, rows_at_least))
 		return fail(ret_err, -EBADMSG,
 			    "tensor %s has shape {%llu, %llu, %llu, %llu}, expected {%llu, %llu}",
 			    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
@@ -299,11 +358,26 @@ struct gguf_load {
 	char *err;
 };
 
+/* Points a matrix whose file tensor has the right shape and a type bd_ggml_gemv() multiplies
+ * at its blocks (a wrong shape is load_tensor's to report). */
+static int place_gguf(void *ctx, struct bd_model *m, const struct tensor *t)
+{
+	const struct gguf_load *ld = ctx;
+	const struct bd_gguf_tensor *gt = t->mat ? bd_gguf_find_tensor(ld->g, t->name) : NULL;
+	size_t blck, ts;
+	if (gt && shape_ok(gt, t->cols, t->rows, t->rows_at_least) &&
+	    bd_ggml_type_info(gt->type, &blck, &ts) == 0)
+		place_blocks(m, t, gt->type, gt->data, gt->ne[0] / blck * ts);
+	return 0;
+}
+
 static int load_tensor(void *ctx, struct bd_model *m, const struct tensor *t)
 {
 	const struct gguf_load *ld = ctx;
+	if (t->mat && tensor_mat(m, t)->blocks)
+		return 0;
 	return load_slice(ld->g, t->name, t->cols, t->rows, t->rows_at_least, t->r0, t->nr, t->c0,
-			  t->nc, *tensor_ptr(m, t), ld->err);
+			  t->nc, tensor_f32(m, t), ld->err);
 }
 
 int bd_model_from_gguf_shard(const struct bd_gguf *g, int rank, int tp, struct bd_model **ret,
@@ -330,9 +404,11 @@ int bd_model_from_gguf_shard(const struct bd_gguf *g, int rank, int tp, struct b
 			    "rank %d of %d: the model's %d KV heads and %d MLP columns cannot be "
 			    "split that way", rank, tp, hp.n_kv_heads, hp.n_ff);
 	}
-	if ((r = alloc_shard(&hp, &sh, &m)) < 0)
-		return fail(ret_err, r, "out of memory for the weights");
 	struct gguf_load ld = { g, ret_err };
+	if ((r = alloc_shard(&hp, &sh, place_gguf, &ld, &m)) < 0)
+		return fail(ret_err, r, "out of memory for the weights");
+	if (m->block_bytes)
+		m->gguf = bd_gguf_ref(g);
 	if ((r = for_each_tensor(m, load_tensor, &ld)) < 0) {
 		bd_model_free(m);
 		return r;
@@ -369,11 +445,37 @@ int bd_model_load(const char *path, struct bd_model **ret, char *ret_err)
 
 /* ---- shards of a model in memory ----------------------------------------------------------- */
 
-/* Copies the shard's block of each tensor out of the whole model. */
+/* Points a matrix the whole model holds as blocks at the shard's part of them, when its
+ * columns are cut on block boundaries. */
+static int place_from(void *ctx, struct bd_model *m, const struct tensor *t)
+{
+	const struct bd_wmat *src = t->mat ? tensor_mat(ctx, t) : NULL;
+	if (src && src->blocks)
+		place_blocks(m, t, src->type, src->blocks, src->row_bytes);
+	return 0;
+}
+
+/* Copies the shard's block of each FP32 tensor out of the whole model (a matrix of blocks cut
+ * inside a block: dequantized row by row). Returns 0, -ENOMEM. */
 static int copy_tensor(void *ctx, struct bd_model *m, const struct tensor *t)
 {
-	const float *src = *tensor_ptr((struct bd_model *)ctx, t);
-	float *dst = *tensor_ptr(m, t);
+	struct bd_model *full = ctx;
+	const struct bd_wmat *sw = t->mat ? tensor_mat(full, t) : NULL;
+	if (t->mat && tensor_mat(m, t)->blocks)
+		return 0;
+	float *dst = tensor_f32(m, t);
+	if (sw && !sw->f32) {
+		float *row = malloc(sizeof(float) * (size_t)t->cols);
+		int r = row ? 0 : -ENOMEM;
+		for (uint64_t i = 0; i < t->nr && r == 0; i++) {
+			r = bd_wmat_rows_f32(sw, (int)(t->r0 + i), 1, row);
+			if (r == 0)
+				memcpy(dst + i * t->nc, row + t->c0, sizeof(float) * (size_t)t->nc);
+		}
+		free(row);
+		return r;
+	}
+	const float *src = sw ? sw->f32 : *tensor_ptr(full, t);
 	for (uint64_t i = 0; i < t->nr; i++)
 		memcpy(dst + i * t->nc, src + (t->r0 + i) * t->cols + t->c0,
 		       sizeof(float) * (size_t)t->nc);
@@ -389,9 +491,14 @@ int bd_model_shard_of(const struct bd_model *full, int rank, int tp, struct bd_m
 	if (!full || !ret || full->shard.tp != 1 ||
 	    bd_model_shard_plan(&full->hp, rank, tp, &sh) < 0)
 		return -EINVAL;
-	if ((r = alloc_shard(&full->hp, &sh, &m)) < 0)
+	if ((r = alloc_shard(&full->hp, &sh, place_from, (void *)full, &m)) < 0)
 		return r;
-	for_each_tensor(m, copy_tensor, (void *)full);
+	if (m->block_bytes)
+		m->gguf = bd_gguf_ref(full->gguf);
+	if ((r = for_each_tensor(m, copy_tensor, (void *)full)) < 0) {
+		bd_model_free(m);
+		return r;
+	}
 	*ret = m;
 	return 0;
 }

@@ -569,17 +569,17 @@ static int fill(struct bd_model *m, const struct wfiles *w, char *err)
 		LOAD(name, rows, cols, dst);                                               \
 	} while (0)
 
-	LOAD("model.embed_tokens.weight", V, E, m->tok_embd);
+	LOAD("model.embed_tokens.weight", V, E, m->tok_embd.f32);
 	LOAD("model.norm.weight", 0, E, m->output_norm);
 	if (!hp->tied_embeddings)
-		LOAD("lm_head.weight", V, E, m->output);
+		LOAD("lm_head.weight", V, E, m->output.f32);
 	for (int l = 0; l < hp->n_layers; l++) {
 		struct bd_model_layer *ly = &m->layers[l];
 		LOADL("input_layernorm.weight", 0, E, ly->attn_norm);
-		LOADL("self_attn.q_proj.weight", qd, E, ly->wq);
-		LOADL("self_attn.k_proj.weight", kd, E, ly->wk);
-		LOADL("self_attn.v_proj.weight", kd, E, ly->wv);
-		LOADL("self_attn.o_proj.weight", E, qd, ly->wo);
+		LOADL("self_attn.q_proj.weight", qd, E, ly->wq.f32);
+		LOADL("self_attn.k_proj.weight", kd, E, ly->wk.f32);
+		LOADL("self_attn.v_proj.weight", kd, E, ly->wv.f32);
+		LOADL("self_attn.o_proj.weight", E, qd, ly->wo.f32);
 		if (hp->attn_bias) {
 			LOADL("self_attn.q_proj.bias", 0, qd, ly->bq);
 			LOADL("self_attn.k_proj.bias", 0, kd, ly->bk);
@@ -590,9 +590,9 @@ static int fill(struct bd_model *m, const struct wfiles *w, char *err)
 			LOADL("self_attn.k_norm.weight", 0, d, ly->k_norm);
 		}
 		LOADL("post_attention_layernorm.weight", 0, E, ly->ffn_norm);
-		LOADL("mlp.gate_proj.weight", F, E, ly->w_gate);
-		LOADL("mlp.up_proj.weight", F, E, ly->w_up);
-		LOADL("mlp.down_proj.weight", E, F, ly->w_down);
+		LOADL("mlp.gate_proj.weight", F, E, ly->w_gate.f32);
+		LOADL("mlp.up_proj.weight", F, E, ly->w_up.f32);
+		LOADL("mlp.down_proj.weight", E, F, ly->w_down.f32);
 	}
 #undef LOADL
 #undef LOAD

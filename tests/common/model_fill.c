@@ -24,18 +24,18 @@ void mf_fill_model(struct bd_model *m, mf_fill_fn fill)
 	size_t d = (size_t)hp->head_dim, qd = (size_t)hp->n_heads * d;
 	size_t kd = (size_t)hp->n_kv_heads * d;
 
-	fill(m->tok_embd, V * E, 0.0f, 1.0f);
+	fill(m->tok_embd.f32, V * E, 0.0f, 1.0f);
 	fill(m->output_norm, E, 1.0f, 0.2f);
 	if (!hp->tied_embeddings)
-		fill(m->output, V * E, 0.0f, 0.3f);
+		fill(m->output.f32, V * E, 0.0f, 0.3f);
 	for (int l = 0; l < hp->n_layers; l++) {
 		struct bd_model_layer *ly = &m->layers[l];
 
 		fill(ly->attn_norm, E, 1.0f, 0.2f);
-		fill(ly->wq, qd * E, 0.0f, 0.3f);
-		fill(ly->wk, kd * E, 0.0f, 0.3f);
-		fill(ly->wv, kd * E, 0.0f, 0.3f);
-		fill(ly->wo, E * qd, 0.0f, 0.15f);
+		fill(ly->wq.f32, qd * E, 0.0f, 0.3f);
+		fill(ly->wk.f32, kd * E, 0.0f, 0.3f);
+		fill(ly->wv.f32, kd * E, 0.0f, 0.3f);
+		fill(ly->wo.f32, E * qd, 0.0f, 0.15f);
 		if (hp->attn_bias) {
 			fill(ly->bq, qd, 0.0f, 0.5f);
 			fill(ly->bk, kd, 0.0f, 0.5f);
@@ -46,8 +46,8 @@ void mf_fill_model(struct bd_model *m, mf_fill_fn fill)
 			fill(ly->k_norm, d, 1.0f, 0.3f);
 		}
 		fill(ly->ffn_norm, E, 1.0f, 0.2f);
-		fill(ly->w_gate, F * E, 0.0f, 0.3f);
-		fill(ly->w_up, F * E, 0.0f, 0.3f);
-		fill(ly->w_down, E * F, 0.0f, 0.3f);
+		fill(ly->w_gate.f32, F * E, 0.0f, 0.3f);
+		fill(ly->w_up.f32, F * E, 0.0f, 0.3f);
+		fill(ly->w_down.f32, E * F, 0.0f, 0.3f);
 	}
 }

@@ -855,13 +855,13 @@ static struct tiny *tiny(enum bd_arch arch)
 	char nm[96];
 	rng_state = 0x5851f42d4c957f2dull + (uint64_t)arch;
 
-	fill_grid(m->tok_embd, V * E, 0.0f, 1.0f, S_BF16);
-	add(c, "model.embed_tokens.weight", S_BF16, V, E, m->tok_embd);
+	fill_grid(m->tok_embd.f32, V * E, 0.0f, 1.0f, S_BF16);
+	add(c, "model.embed_tokens.weight", S_BF16, V, E, m->tok_embd.f32);
 	fill_grid(m->output_norm, E, 1.0f, 0.2f, S_F32);
 	add(c, "model.norm.weight", S_F32, 0, E, m->output_norm);
 	if (!hp.tied_embeddings) {
-		fill_grid(m->output, V * E, 0.0f, 0.3f, S_F32);
-		add(c, "lm_head.weight", S_F32, V, E, m->output);
+		fill_grid(m->output.f32, V * E, 0.0f, 0.3f, S_F32);
+		add(c, "lm_head.weight", S_F32, V, E, m->output.f32);
 	}
 #define W(suffix, dt, rows, cols, ptr, center, a)                                           \
 	do {                                                                               \
@@ -872,10 +872,10 @@ static struct tiny *tiny(enum bd_arch arch)
 	for (int l = 0; l < 2; l++) {
 		struct bd_model_layer *ly = &m->layers[l];
 		W("input_layernorm.weight", S_F32, 0, E, ly->attn_norm, 1.0f, 0.2f);
-		W("self_attn.q_proj.weight", S_F16, qd, E, ly->wq, 0.0f, 0.3f);
-		W("self_attn.k_proj.weight", S_F16, kd, E, ly->wk, 0.0f, 0.3f);
-		W("self_attn.v_proj.weight", S_F16, kd, E, ly->wv, 0.0f, 0.3f);
-		W("self_attn.o_proj.weight", S_BF16, E, qd, ly->wo, 0.0f, 0.15f);
+		W("self_attn.q_proj.weight", S_F16, qd, E, ly->wq.f32, 0.0f, 0.3f);
+		W("self_attn.k_proj.weight", S_F16, kd, E, ly->wk.f32, 0.0f, 0.3f);
+		W("self_attn.v_proj.weight", S_F16, kd, E, ly->wv.f32, 0.0f, 0.3f);
+		W("self_attn.o_proj.weight", S_BF16, E, qd, ly->wo.f32, 0.0f, 0.15f);
 		if (hp.attn_bias) {
 			W("self_attn.q_proj.bias", S_F16, 0, qd, ly->bq, 0.0f, 0.5f);
 			W("self_attn.k_proj.bias", S_F32, 0, kd, ly->bk, 0.0f, 0.5f);
@@ -886,9 +886,9 @@ static struct tiny *tiny(enum bd_arch arch)
 			W("self_attn.k_norm.weight", S_F16, 0, d, ly->k_norm, 1.0f, 0.3f);
 		}
 		W("post_attention_layernorm.weight", S_F32, 0, E, ly->ffn_norm, 1.0f, 0.2f);
-		W("mlp.gate_proj.weight", S_BF16, F, E, ly->w_gate, 0.0f, 0.3f);
-		W("mlp.up_proj.weight", S_F16, F, E, ly->w_up, 0.0f, 0.3f);
-		W("mlp.down_proj.weight", S_BF16, E, F, ly->w_down, 0.0f, 0.3f);
+		W("mlp.gate_proj.weight", S_BF16, F, E, ly->w_gate.f32, 0.0f, 0.3f);
+		W("mlp.up_proj.weight", S_F16, F, E, ly->w_up.f32, 0.0f, 0.3f);
+		W("mlp.down_proj.weight", S_BF16, E, F, ly->w_down.f32, 0.0f, 0.3f);
 	}
 #undef W
 	for (int i = 0; i < 16; i++)
@@ -912,25 +912,25 @@ static void expect_same_weights(const struct bd_model *a, const struct bd_model 
 #define SAME(x, n)                                                                         \
 	cr_expect((a->x == NULL) == (b->x == NULL) &&                                      \
 		  (!a->x || memcmp(a->x, b->x, sizeof(float) * (n)) == 0), #x " differs")
-	SAME(tok_embd, V * E);
+	SAME(tok_embd.f32, V * E);
 	SAME(output_norm, E);
-	SAME(output, V * E);
-	cr_expect_eq(a->output == a->tok_embd, b->output == b->tok_embd);
+	SAME(output.f32, V * E);
+	cr_expect_eq(a->output.f32 == a->tok_embd.f32, b->output.f32 == b->tok_embd.f32);
 	for (int l = 0; l < h->n_layers; l++) {
 		SAME(layers[l].attn_norm, E);
-		SAME(layers[l].wq, qd * E);
-		SAME(layers[l].wk, kd * E);
-		SAME(layers[l].wv, kd * E);
-		SAME(layers[l].wo, E * qd);
+		SAME(layers[l].wq.f32, qd * E);
+		SAME(layers[l].wk.f32, kd * E);
+		SAME(layers[l].wv.f32, kd * E);
+		SAME(layers[l].wo.f32, E * qd);
 		SAME(layers[l].bq, qd);
 		SAME(layers[l].bk, kd);
 		SAME(layers[l].bv, kd);
 		SAME(layers[l].q_norm, d);
 		SAME(layers[l].k_norm, d);
 		SAME(layers[l].ffn_norm, E);
-		SAME(layers[l].w_gate, F * E);
-		SAME(layers[l].w_up, F * E);
-		SAME(layers[l].w_down, E * F);
+		SAME(layers[l].w_gate.f32, F * E);
+		SAME(layers[l].w_up.f32, F * E);
+		SAME(layers[l].w_down.f32, E * F);
 	}
 #undef SAME
 }
@@ -1103,8 +1103,8 @@ Test(safetensors, hf_llama_rope_is_neox_of_unpermuted_rows, .timeout = 60)
 	struct bd_model *gg = t->m;
 	gg->hp.rope_style = BD_ROPE_NORM;
 	for (int l = 0; l < 2; l++) {
-		permute_rows(gg->layers[l].wq, 4, 32, 48);
-		permute_rows(gg->layers[l].wk, 2, 32, 48);
+		permute_rows(gg->layers[l].wq.f32, 4, 32, 48);
+		permute_rows(gg->layers[l].wk.f32, 2, 32, 48);
 	}
 	float *a = run_logits(hf, "bf16"), *b = run_logits(gg, "bf16");
 	size_t n = 37 * (1 + N_DECODE);
@@ -1152,7 +1152,7 @@ Test(safetensors, hf_shard_matches_shard_of)
 	cr_expect_eq(sh->shard.ff0, 20);
 	cr_expect_eq(sh->shard.n_ff, 20);
 	cr_expect(!sh->shard.lm_head);
-	cr_expect_null(sh->output);
+	cr_expect_null(sh->output.f32);
 	cr_expect_eq(sh->mem_bytes, ref->mem_bytes);
 	cr_expect_eq(memcmp(sh->mem, ref->mem, ref->mem_bytes), 0, "shard weights differ");
 	bd_model_free(sh);

@@ -353,7 +353,7 @@ static struct bd_model *tiny_model(enum bd_arch arch)
 	struct bd_model *m = NULL;
 
 	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
-	cr_assert_eq(m->output == m->tok_embd, hp.tied_embeddings);
+	cr_assert_eq(m->output.f32 == m->tok_embd.f32, hp.tied_embeddings);
 	for (int l = 0; l < 2; l++) {
 		cr_assert_eq(m->layers[l].bq != NULL, hp.attn_bias);
 		cr_assert_eq(m->layers[l].q_norm != NULL, hp.qk_norm);
@@ -418,16 +418,16 @@ static void ref_forward(const struct bd_model *m, const int32_t *toks, int T, do
 
 	for (int t = 0; t < T; t++)
 		for (int i = 0; i < E; i++)
-			x[t * E + i] = m->tok_embd[(size_t)toks[t] * (size_t)E + (size_t)i];
+			x[t * E + i] = m->tok_embd.f32[(size_t)toks[t] * (size_t)E + (size_t)i];
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct bd_model_layer *ly = &m->layers[l];
 		for (int t = 0; t < T; t++) {
 			ref_rmsnorm(x + t * E, ly->attn_norm, E, hp->norm_eps, xn);
 			double *q = Q + (size_t)t * H * d, *k = K + (size_t)t * Hk * d;
 			double *v = Vv + (size_t)t * Hk * d;
-			ref_matvec(ly->wq, xn, H * d, E, ly->bq, q);
-			ref_matvec(ly->wk, xn, Hk * d, E, ly->bk, k);
-			ref_matvec(ly->wv, xn, Hk * d, E, ly->bv, v);
+			ref_matvec(ly->wq.f32, xn, H * d, E, ly->bq, q);
+			ref_matvec(ly->wk.f32, xn, Hk * d, E, ly->bk, k);
+			ref_matvec(ly->wv.f32, xn, Hk * d, E, ly->bv, v);
 			for (int h = 0; h < H; h++) {
 				if (ly->q_norm)
 					ref_rmsnorm(q + h * d, ly->q_norm, d, hp->norm_eps,
@@ -467,22 +467,22 @@ static void ref_forward(const struct bd_model *m, const int32_t *toks, int T, do
 					o[h * d + c] = acc / sum;
 				}
 			}
-			ref_matvec(ly->wo, o, E, H * d, NULL, a);
+			ref_matvec(ly->wo.f32, o, E, H * d, NULL, a);
 			for (int i = 0; i < E; i++)
 				x[t * E + i] += a[i];
 			ref_rmsnorm(x + t * E, ly->ffn_norm, E, hp->norm_eps, xn);
-			ref_matvec(ly->w_gate, xn, F, E, NULL, g);
-			ref_matvec(ly->w_up, xn, F, E, NULL, u);
+			ref_matvec(ly->w_gate.f32, xn, F, E, NULL, g);
+			ref_matvec(ly->w_up.f32, xn, F, E, NULL, u);
 			for (int i = 0; i < F; i++)
 				g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-			ref_matvec(ly->w_down, g, E, F, NULL, a);
+			ref_matvec(ly->w_down.f32, g, E, F, NULL, a);
 			for (int i = 0; i < E; i++)
 				x[t * E + i] += a[i];
 		}
 	}
 	for (int t = 0; t < T; t++) {
 		ref_rmsnorm(x + t * E, m->output_norm, E, hp->norm_eps, xn);
-		ref_matvec(m->output, xn, hp->n_vocab, E, NULL, ret + (size_t)t * hp->n_vocab);
+		ref_matvec(m->output.f32, xn, hp->n_vocab, E, NULL, ret + (size_t)t * hp->n_vocab);
 	}
 	free(x);
 	free(K);
@@ -578,10 +578,10 @@ Test(model, kv_hook_sees_every_position)
 	cr_assert_eq(bd_seq_new(m, bd_kvcfg_find("bitdecoding-nvfp4"), &o, &s, NULL), 0);
 	cr_assert_eq(bd_model_prefill(m, s, toks, 1, NULL), 0);
 	cr_assert_eq(h.calls, 2);
-	bd_rmsnorm(m->tok_embd + 5 * 48, m->layers[0].attn_norm, 48, 1e-5f, xn);
+	bd_rmsnorm(m->tok_embd.f32 + 5 * 48, m->layers[0].attn_norm, 48, 1e-5f, xn);
 	double k0 = 0.0;
 	for (int i = 0; i < 48; i++)
-		k0 += (double)m->layers[0].wk[i] * xn[i];
+		k0 += (double)m->layers[0].wk.f32[i] * xn[i];
 	cr_assert_float_eq(h.k0_sum, k0, 1e-4);
 	cr_assert_eq(bd_model_decode(m, s, 3, NULL), 0);
 	cr_assert_eq(bd_model_decode(m, s, 4, NULL), 0);

@@ -305,23 +305,23 @@ Test(tp, shard_of_cuts_rows_and_columns)
 		const struct bd_model_layer *a = &m->layers[l], *b = &s1->layers[l];
 		for (int i = 0; i < 2 * d; i++)
 			for (int e = 0; e < E; e++)
-				cr_assert_eq(b->wq[i * E + e], a->wq[(4 * d + i) * E + e]);
+				cr_assert_eq(b->wq.f32[i * E + e], a->wq.f32[(4 * d + i) * E + e]);
 		for (int i = 0; i < d; i++) {
 			cr_assert_eq(b->bk[i], a->bk[2 * d + i]);
 			for (int e = 0; e < E; e++)
-				cr_assert_eq(b->wv[i * E + e], a->wv[(2 * d + i) * E + e]);
+				cr_assert_eq(b->wv.f32[i * E + e], a->wv.f32[(2 * d + i) * E + e]);
 		}
 		for (int e = 0; e < E; e++) {
 			for (int i = 0; i < 2 * d; i++)
-				cr_assert_eq(b->wo[e * 2 * d + i], a->wo[e * 6 * d + 4 * d + i]);
+				cr_assert_eq(b->wo.f32[e * 2 * d + i], a->wo.f32[e * 6 * d + 4 * d + i]);
 			for (int c = 0; c < 20; c++)
-				cr_assert_eq(b->w_down[e * 20 + c], a->w_down[e * F + 21 + c]);
+				cr_assert_eq(b->w_down.f32[e * 20 + c], a->w_down.f32[e * F + 21 + c]);
 		}
 		for (int c = 0; c < 20; c++)
 			for (int e = 0; e < E; e++)
-				cr_assert_eq(b->w_up[c * E + e], a->w_up[(21 + c) * E + e]);
+				cr_assert_eq(b->w_up.f32[c * E + e], a->w_up.f32[(21 + c) * E + e]);
 	}
-	cr_assert_null(s1->output);
+	cr_assert(!s1->output.f32 && !s1->output.blocks && s1->output.rows == 0);
 	cr_assert_null(s1->output_norm);
 	cr_assert_eq(bd_model_shard_of(s1, 0, 2, &bad), -EINVAL); /* a shard of a shard */
 	cr_assert_eq(bd_model_shard_of(m, 0, 4, &bad), -EINVAL);
@@ -371,6 +371,108 @@ Test(tp, tiny_models_match_single_process)
 	free(got);
 }
 
+/* Matrix w of m as Q8_0 blocks in buf (scales powers of two, so the F16 field is exact):
+ * w's FP32 values are replaced by the blocks' dequantized values, then w points at the
+ * blocks. Returns the bytes used. */
+static size_t to_q8_0(struct bd_wmat *w, uint8_t *buf)
+{
+	size_t nb = (size_t)w->cols / 32, rb = nb * 34;
+	for (int r = 0; r < w->rows; r++)
+		for (size_t b = 0; b < nb; b++) {
+			float *x = w->f32 + (size_t)r * (size_t)w->cols + b * 32, mx = 0.0f;
+			uint8_t *blk = buf + (size_t)r * rb + b * 34;
+			for (int j = 0; j < 32; j++)
+				mx = fmaxf(mx, fabsf(x[j]));
+			int e = mx > 0.0f ? (int)ceilf(log2f(mx / 127.0f)) : -14;
+			e = e < -14 ? -14 : e;
+			float d = ldexpf(1.0f, e);
+			uint16_t h = (uint16_t)((e + 15) << 10);
+			blk[0] = (uint8_t)h;
+			blk[1] = (uint8_t)(h >> 8);
+			for (int j = 0; j < 32; j++) {
+				int q = (int)lrintf(x[j] / d);
+				q = q > 127 ? 127 : q < -127 ? -127 : q;
+				blk[2 + j] = (uint8_t)(int8_t)q;
+				x[j] = (float)q * d;
+			}
+		}
+	*w = (struct bd_wmat){ .blocks = buf, .row_bytes = rb, .type = BD_GGML_Q8_0,
+			       .rows = w->rows, .cols = w->cols };
+	return rb * (size_t)w->rows;
+}
+
+/* A model of blocks sharded where a column cut falls inside a block: E = 64, F = 96 (the MLP
+ * columns split at 48, the middle of a block), 2 KV heads of d = 32. The cut w_down becomes
+ * FP32 on both ranks (the shard's columns of the dequantized rows), the other matrices, wo's
+ * columns cut at 64 included, stay blocks;
+ * TP = 2 matches the single process (blocks) as the FP32 tiny models do, and the blocks model
+ * matches the same weights in FP32. */
+Test(tp, block_shards_fall_back_to_fp32_inside_a_block)
+{
+	struct bd_model_hparams hp = {
+		.arch = BD_ARCH_LLAMA, .n_layers = 2, .n_embd = 64, .n_ff = 96, .n_heads = 4,
+		.n_kv_heads = 2, .head_dim = 32, .head_dim_v = 32, .n_rot = 32,
+		.rope_style = BD_ROPE_NORM, .rope_base = 10000.0f, .norm_eps = 1e-5f,
+		.n_ctx_train = 512, .n_vocab = 37, .tied_embeddings = true,
+	};
+	struct bd_model *m, *f, *s0, *s1;
+	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
+	rng_state = 0x7f4a7c159e3779b9ull;
+	mf_fill_model(m, fill);
+	uint8_t *buf = malloc((size_t)1 << 20), *p = buf;
+	p += to_q8_0(&m->tok_embd, p);
+	m->output = m->tok_embd;
+	for (int l = 0; l < 2; l++) {
+		struct bd_model_layer *ly = &m->layers[l];
+		struct bd_wmat *w[7] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up,
+					 &ly->w_down };
+		for (int i = 0; i < 7; i++)
+			p += to_q8_0(w[i], p);
+	}
+	/* the FP32 twin: m's allocation still holds the dequantized values */
+	cr_assert_eq(bd_model_alloc(&hp, &f), 0);
+	memcpy(f->mem, m->mem, m->mem_bytes);
+
+	cr_assert_eq(bd_model_shard_of(m, 0, 2, &s0), 0);
+	cr_assert_eq(bd_model_shard_of(m, 1, 2, &s1), 0);
+	for (int l = 0; l < 2; l++) {
+		const struct bd_model_layer *a = &s1->layers[l], *full = &f->layers[l];
+		cr_assert(a->wq.blocks && a->wo.blocks && a->w_gate.blocks && a->w_up.blocks);
+		cr_assert(!s0->layers[l].w_down.blocks && s0->layers[l].w_down.f32,
+			  "rank 0's columns 0..47 end inside a block: FP32");
+		cr_assert(!a->w_down.blocks && a->w_down.f32 && a->w_down.cols == 48,
+			  "rank 1's columns 48..95 start inside a block: FP32");
+		for (int e = 0; e < 64; e++)
+			for (int c = 0; c < 48; c++)
+				cr_assert_eq(a->w_down.f32[e * 48 + c], full->w_down.f32[e * 96 + 48 + c]);
+	}
+	cr_assert_lt(s1->mem_bytes, f->mem_bytes);
+
+	const int n = 150, steps = 12, V = 37;
+	int32_t prompt[150], tokens[12];
+	float *ref = malloc(sizeof(float) * (steps + 1) * V);
+	float *got = malloc(sizeof(float) * (steps + 1) * V);
+	for (int i = 0; i < n; i++)
+		prompt[i] = (i * 5 + 1) % V;
+	single_run(m, "bf16", prompt, n, steps, ref, tokens);
+	tp_run(s0, s1, NULL, "bf16", prompt, n, tokens, steps, got);
+	struct cmp c = compare(ref, got, steps, V);
+	fprintf(stderr, "[tp] Q8_0 blocks, TP=2 (w_down cut to FP32) vs single process: max |dlogit| "
+			"%.3g (scale %.3g), top-1 %d/%d\n", c.max_abs, c.scale, c.agree, c.steps);
+	cr_assert_leq(c.max_abs, 1e-3 * c.scale);
+	cr_assert_geq(c.agree, c.steps - 1);
+	single_run(f, "bf16", prompt, n, steps, got, tokens);
+	c = compare(ref, got, steps, V);
+	cr_assert_leq(c.max_abs, 1e-3 * c.scale, "blocks vs FP32: %g", c.max_abs);
+	free(ref);
+	free(got);
+	bd_model_free(s0);
+	bd_model_free(s1);
+	bd_model_free(f);
+	bd_model_free(m);
+	free(buf);
+}
+
 /* The check on the real model (see the header comment for the tolerance). */
 Test(tp, smollm2_tp2_matches_single_process_64_steps)
 {
@@ -415,7 +517,9 @@ Test(tp, smollm2_tp2_matches_single_process_64_steps)
 	free(prompt);
 }
 
-/* A GGUF shard is the same as the whole model cut in memory (two ways to the same slices). */
+/* A GGUF shard is the same as the whole model cut in memory (two ways to the same slices): the
+ * same FP32 vectors and, for the file's Q4_1 matrices (cut on block boundaries: d = 64, F' =
+ * 768), pointers to the same blocks of the one mapping; no matrix is expanded to FP32. */
 Test(tp, gguf_shard_equals_shard_of_whole)
 {
 	char buf[TD_PATH_MAX], err[BD_MODEL_ERR_MAX];
@@ -425,9 +529,43 @@ Test(tp, gguf_shard_equals_shard_of_whole)
 	cr_assert_eq(bd_model_load_shard(path, 1, 2, &g1, err), 0, "%s", err);
 	cr_assert_eq(bd_model_shard_of(m, 1, 2, &c1), 0);
 	cr_assert_eq(g1->mem_bytes, c1->mem_bytes);
-	cr_assert_lt(g1->mem_bytes, m->mem_bytes * 3 / 4, "a shard holds a part of the weights");
 	cr_assert_eq(memcmp(g1->mem, c1->mem, g1->mem_bytes), 0);
-	cr_assert_null(g1->output);
+	/* the norms only: 30 layers of 2 × 576 floats and the final norm, aligned */
+	cr_assert_lt(m->mem_bytes, (size_t)1 << 20, "FP32 weights: %zu bytes", m->mem_bytes);
+	cr_assert_lt(g1->block_bytes, m->block_bytes * 3 / 4, "a shard holds a part of the weights");
+	cr_assert_eq(g1->block_bytes, c1->block_bytes);
+	/* both point into the file as one mapping of their own (the models hold references) */
+	bd_model_free(m);
+	m = NULL;
+	cr_assert_eq(bd_model_load_shard(path, 1, 2, &m, err), 0, "%s", err);
+	cr_assert_neq(m->layers[0].wq.blocks, g1->layers[0].wq.blocks, "two loads, two mappings");
+	bd_model_free(m);
+	cr_assert_eq(bd_model_load(path, &m, err), 0, "%s", err);
+	bd_model_free(c1);
+	cr_assert_eq(bd_model_shard_of(m, 1, 2, &c1), 0);
+	bd_model_free(m); /* c1 keeps the mapping alive */
+	m = NULL;
+	cr_assert(c1->tok_embd.blocks && c1->tok_embd.type == BD_GGML_Q8_0);
+	for (int l = 0; l < g1->hp.n_layers; l++) {
+		const struct bd_model_layer *a = &g1->layers[l], *b = &c1->layers[l];
+		const struct bd_wmat *wa[7] = { &a->wq, &a->wk, &a->wv, &a->wo, &a->w_gate, &a->w_up,
+						&a->w_down };
+		const struct bd_wmat *wb[7] = { &b->wq, &b->wk, &b->wv, &b->wo, &b->w_gate, &b->w_up,
+						&b->w_down };
+		for (int i = 0; i < 7; i++) {
+			cr_assert(wa[i]->blocks && wb[i]->blocks);
+			cr_assert(wa[i]->row_bytes == wb[i]->row_bytes && wa[i]->rows == wb[i]->rows &&
+				  wa[i]->cols == wb[i]->cols && wa[i]->type == BD_GGML_Q4_1);
+			/* the same blocks in each one's mapping */
+			size_t rb = (size_t)wa[i]->cols / 32 * 20, st = wa[i]->row_bytes;
+			const char *pa = wa[i]->blocks, *pb = wb[i]->blocks;
+			for (size_t r = 0; r < (size_t)wa[i]->rows; r++)
+				cr_assert_eq(memcmp(pa + r * st, pb + r * st, rb), 0);
+		}
+		cr_assert_eq(a->w_down.cols, 768);
+		cr_assert_eq(a->wo.cols, 3 * 64); /* KV head 2's query heads 6..8 */
+	}
+	cr_assert(!g1->output.f32 && !g1->output.blocks);
 	struct bd_model *keep = (void *)0x1;
 	cr_assert_eq(bd_model_load_shard(path, 0, 4, &keep, err), -EINVAL);
 	cr_assert_neq(err[0], 0);

@@ -1,0 +1,97 @@
+/* test_wmat.c — bd_wmat.h: a matrix of blocks against the same matrix dequantized to FP32,
+ * through the one-row and small-batch GEMV, the panel-and-sgemm path of larger batches and the
+ * per-row (batch-invariant) path; the refusals. Suite "wmat".
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "testgen.h"
+
+#include "model/bd_wmat.h"
+
+#define OUT 37
+#define IN 96
+#define ROWS 11 /* more than BD_WMAT_GEMV_ROWS: the panel path */
+
+static struct tg_rng rng = { 0x9e3779b97f4a7c15ull };
+
+static uint32_t next(void)
+{
+	return (uint32_t)(tg_next(&rng) >> 32);
+}
+
+struct fixture {
+	uint8_t blocks[OUT * (IN / 32) * 20];
+	float f32[OUT * IN], x[ROWS * IN];
+	struct bd_wmat q, f;
+};
+
+/* Q4_1 rows with scales 2^-4 .. 2^-1 and the same matrix in FP32 */
+static void make(struct fixture *fx)
+{
+	for (size_t i = 0; i < sizeof(fx->blocks); i++)
+		fx->blocks[i] = (uint8_t)next();
+	for (int b = 0; b < OUT * IN / 32; b++) {
+		uint16_t d = (uint16_t)((11 + next() % 4) << 10 | (next() & 0x3ff));
+		uint16_t m = (uint16_t)(1u << 15 | (11 + next() % 4) << 10);
+		uint8_t *p = fx->blocks + (size_t)b * 20;
+		p[0] = (uint8_t)d, p[1] = (uint8_t)(d >> 8), p[2] = (uint8_t)m, p[3] = (uint8_t)(m >> 8);
+	}
+	fx->q = (struct bd_wmat){ .blocks = fx->blocks, .row_bytes = IN / 32 * 20,
+				  .type = BD_GGML_Q4_1, .rows = OUT, .cols = IN };
+	cr_assert_eq(bd_wmat_rows_f32(&fx->q, 0, OUT, fx->f32), 0);
+	fx->f = (struct bd_wmat){ .f32 = fx->f32, .type = BD_GGML_F32, .rows = OUT, .cols = IN };
+	for (int i = 0; i < ROWS * IN; i++)
+		fx->x[i] = (float)((int)(next() % 401) - 200) / 100.0f;
+}
+
+Test(wmat, blocks_match_fp32_on_every_path)
+{
+	static struct fixture fx;
+	float yq[ROWS * OUT], yf[ROWS * OUT], y1[OUT];
+	float *scr = malloc(sizeof(float) * bd_wmat_scratch_floats(IN));
+	make(&fx);
+	const int ns[3] = { 1, 5, ROWS };
+	for (int k = 0; k < 3; k++) {
+		int n = ns[k];
+		cr_assert_eq(bd_wmat_mul(&fx.q, fx.x, n, false, scr, yq), 0);
+		cr_assert_eq(bd_wmat_mul(&fx.f, fx.x, n, false, NULL, yf), 0);
+		for (int i = 0; i < n * OUT; i++)
+			cr_assert_float_eq(yq[i], yf[i], 1e-4f * (1.0f + fabsf(yf[i])),
+					   "n = %d, element %d: %g vs %g", n, i, yq[i], yf[i]);
+	}
+	/* the batch-invariant path: each of ROWS rows bitwise its one-row product */
+	cr_assert_eq(bd_wmat_mul(&fx.q, fx.x, ROWS, true, NULL, yq), 0);
+	for (int r = 0; r < ROWS; r++) {
+		cr_assert_eq(bd_wmat_mul(&fx.q, fx.x + r * IN, 1, false, NULL, y1), 0);
+		cr_assert_eq(memcmp(y1, yq + r * OUT, sizeof(y1)), 0, "row %d", r);
+	}
+	free(scr);
+}
+
+Test(wmat, refusals)
+{
+	static struct fixture fx;
+	float y[ROWS * OUT], row[IN];
+	make(&fx);
+	/* a large batch needs the scratch */
+	cr_assert_eq(bd_wmat_mul(&fx.q, fx.x, ROWS, false, NULL, y), -EINVAL);
+	cr_assert_eq(bd_wmat_mul(&fx.q, fx.x, 0, false, NULL, y), -EINVAL);
+	cr_assert_eq(bd_wmat_mul(NULL, fx.x, 1, false, NULL, y), -EINVAL);
+	struct bd_wmat none = { 0 };
+	cr_assert_eq(bd_wmat_mul(&none, fx.x, 1, false, NULL, y), -EINVAL);
+	cr_assert_eq(bd_wmat_rows_f32(&none, 0, 1, row), -EINVAL);
+	cr_assert_eq(bd_wmat_rows_f32(&fx.q, OUT - 1, 2, row), -EINVAL);
+	cr_assert_eq(bd_wmat_rows_f32(&fx.q, -1, 1, row), -EINVAL);
+	/* a type the GEMV lacks: its error comes back */
+	struct bd_wmat k = fx.q;
+	k.type = BD_GGML_Q4_K;
+	cr_assert_eq(bd_wmat_mul(&k, fx.x, 1, false, NULL, y), -ENOTSUP);
+	cr_assert_eq(bd_wmat_scratch_floats(IN) / IN >= 1, 1);
+	cr_assert_geq(bd_wmat_scratch_floats(1 << 20), (size_t)1 << 20);
+}
