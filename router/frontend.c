@@ -288,8 +288,8 @@ static void on_info(struct bd_router *rt, const struct envelope *env)
 	si.kv_configs = names;
 	si.tp = (uint32_t)rt->o.tp;
 	si.backend = rt->backend;
-	si.max_batch = (uint32_t)rt->o.max_batch;
-	si.max_queue = (uint32_t)rt->o.max_queue;
+	si.max_batch = (uint32_t)rt->o.sched.max_batch;
+	si.max_queue = (uint32_t)rt->o.sched.max_queue;
 	si.max_frame_bytes = (uint32_t)rt->o.max_frame;
 	si.queued = (uint32_t)rt->sched.n_queued;
 	si.running = (uint32_t)rt->sched.n_running;
@@ -663,7 +663,7 @@ static void on_generate(struct bd_router *rt, const struct envelope *env,
 	e = code ? 0 : bd_sched_submit(&rt->sched, r);
 	if (e == -ENOSPC) {
 		snprintf(err, sizeof(err), "the queue is full (%d requests waiting)",
-			 rt->o.max_queue);
+			 rt->o.sched.max_queue);
 		code = BDFP4__SERVE_ERROR__SERVE_ERR_RESOURCE_EXHAUSTED;
 	} else if (e < 0) {
 		snprintf(err, sizeof(err), "out of memory");

@@ -62,28 +62,29 @@ static const struct bd_config_key keys[] = {
 	{ "kv_config", "", "KV configuration (empty: the pool's)", TEXT(kv_config) },
 	{ "tp", "2", "tensor-parallel ranks (workers) in the group",
 	  OPT(INT, tp, 1, BD_ROUTER_MAX_TP) },
-	{ "max_batch", "16", "rows (running requests) per step", OPT(INT, max_batch, 1, 4096) },
+	{ "max_batch", "16", "rows (running requests) per step",
+	  OPT(INT, sched.max_batch, 1, 4096) },
 	{ "max_queue", "64", "queued requests before resource-exhausted",
-	  OPT(INT, max_queue, 0, 1 << 20) },
+	  OPT(INT, sched.max_queue, 0, 1 << 20) },
 	{ "max_frame_bytes", "1048576", "largest client frame; larger ones get an error reply",
 	  OPT(BYTES, max_frame, 256, FRONT_HARD_MAX) },
 	{ "max_prefill_tokens", "1024",
 	  "prompt tokens prefilled in one step, over all its prefill rows (with max_prefill_chunk "
-	  "0: one whole prompt a step at least)", OPT(INT, max_prefill_tokens, 1, 1 << 24) },
+	  "0: one whole prompt a step at least)", OPT(INT, sched.max_prefill_tokens, 1, 1 << 24) },
 	{ "max_prefill_chunk", "512",
 	  "tokens of one prompt prefilled in one step, a multiple of 128 up to max_prefill_tokens; "
 	  "longer prompts go in chunks between decode steps (0: whole prompts)",
-	  OPT(INT, max_prefill_chunk, 0, 1 << 24) },
+	  OPT(INT, sched.max_prefill_chunk, 0, 1 << 24) },
 	{ "batch_invariant", "0",
 	  "a prompt's chunks do not depend on the other requests (a chunk that the step's budget "
 	  "cannot take whole waits for the next step); with workerd's batch_invariant a greedy "
 	  "request yields the same tokens alone or in any batch", true,
-	  OPT(BOOL, batch_invariant, 0, 0) },
+	  OPT(BOOL, sched.batch_invariant, 0, 0) },
 	{ "prefix_cache", "1",
 	  "reuse the FP4 pages of a prompt's leading full pages that kvpoold holds from an earlier "
 	  "request with the same tokens (and cache salt); not with workers that take whole "
 	  "prompts only (--synthetic-prefill)", true,
-	  OPT(BOOL, prefix_cache, 0, 0) },
+	  OPT(BOOL, sched.prefix_cache, 0, 0) },
 	{ "deadline_ms", "300000", "default per-request deadline",
 	  OPT(INT, deadline_ms, 1, INT_MAX) },
 	{ "heartbeat_ms", "250", "heartbeat period, both ways", OPT(INT, heartbeat_ms, 10, 600000) },
@@ -94,7 +95,7 @@ static const struct bd_config_key keys[] = {
 	{ "resume_timeout_ms", "30000",
 	  "when the worker group fails, running requests keep their KV in the pool and wait this "
 	  "long for it to form again, then continue from their last token (0: they fail at once)",
-	  OPT(INT, resume_timeout_ms, 0, 3600000) },
+	  OPT(INT, sched.resume_timeout_ms, 0, 3600000) },
 	{ "keepalive_ms", "1000", "keepalive period to quiet clients with live requests",
 	  OPT(INT, keepalive_ms, 10, 3600000) },
 	{ "pool_timeout_ms", "2000", "one pool round trip", OPT(INT, pool_timeout_ms, 10, 600000) },
@@ -126,8 +127,7 @@ static const struct bd_config_key keys[] = {
 	{ "socket_mode", "0660",
 	  "file mode of the ipc:// frontend and worker endpoints, set after bind whatever the "
 	  "umask", OPT(INT, socket_mode, 0, 0777) },
-	{ "status_interval_ms", "1000", "sd_notify STATUS period",
-	  OPT(INT, status_ms, 10, 3600000) },
+	BD_DAEMON_KEY_STATUS_INTERVAL(struct bd_router_opts, status_ms),
 	{ NULL, NULL, NULL },
 };
 #undef OPT
@@ -206,11 +206,11 @@ static int read_opts(struct bd_router *rt)
 		bd_log_err("heartbeat_timeout_ms must exceed heartbeat_ms");
 		return -EINVAL;
 	}
-	if (o->max_prefill_chunk % BD_PAGE_TOKENS ||
-	    o->max_prefill_chunk > o->max_prefill_tokens) {
+	if (o->sched.max_prefill_chunk % BD_PAGE_TOKENS ||
+	    o->sched.max_prefill_chunk > o->sched.max_prefill_tokens) {
 		bd_log_err("max_prefill_chunk (%d) must be a multiple of %d and at most "
-			   "max_prefill_tokens (%d)", o->max_prefill_chunk, BD_PAGE_TOKENS,
-			   o->max_prefill_tokens);
+			   "max_prefill_tokens (%d)", o->sched.max_prefill_chunk, BD_PAGE_TOKENS,
+			   o->sched.max_prefill_tokens);
 		return -EINVAL;
 	}
 	if (*o->kv_config && !bd_kvcfg_find(o->kv_config)) {
@@ -734,24 +734,19 @@ static void cleanup(struct bd_router *rt)
 
 static int start_sched(struct bd_router *rt)
 {
-	const struct bd_sched_cfg cfg = {
-		.max_batch = rt->o.max_batch,
-		.max_queue = rt->o.max_queue,
-		.max_prefill_tokens = rt->o.max_prefill_tokens,
-		.max_prefill_chunk = rt->o.max_prefill_chunk,
-		.batch_invariant = rt->o.batch_invariant,
-		.resume_timeout_ms = rt->o.resume_timeout_ms,
-		.n_vocab = rt->n_vocab,
-		.eog = rt->eog,
-		.tok = rt->tok,
-	};
-	int e = bd_sched_init(&rt->sched, &cfg, &bd_router_pool_ops, rt);
+	struct bd_sched_cfg cfg = rt->o.sched;
+	int e;
+
+	cfg.n_vocab = rt->n_vocab;
+	cfg.eog = rt->eog;
+	cfg.tok = rt->tok;
+	e = bd_sched_init(&rt->sched, &cfg, &bd_router_pool_ops, rt);
 
 	if (e < 0) {
 		bd_log_err("scheduler: %s", strerror(-e));
 		return e;
 	}
-	bd_sched_set_prefix(&rt->sched, rt->o.prefix_cache,
+	bd_sched_set_prefix(&rt->sched, rt->o.sched.prefix_cache,
 			    bd_router_prefix_seed(rt->model_name, rt->kv_config, rt->page_format, 0));
 	return e;
 }

@@ -64,11 +64,12 @@ struct bd_router_opts {
 	const char *http;     /* HTTP listen address (http.h), "" for none */
 	const char *random_weights; /* a bd_model_preset name, or "": model is a GGUF */
 	int tp;
-	int max_batch, max_queue, max_frame, max_prefill_tokens, max_prefill_chunk;
-	bool batch_invariant; /* bd_sched_cfg.batch_invariant */
-	bool prefix_cache;    /* bd_sched_cfg.prefix_cache (the cpu backend only) */
+	/* the scheduler's limits and policies as configured (max_batch, max_queue,
+	 * max_prefill_tokens, max_prefill_chunk, batch_invariant, resume_timeout_ms,
+	 * prefix_cache); the model's part (n_vocab, eog, tok) is set at start */
+	struct bd_sched_cfg sched;
+	int max_frame;
 	int deadline_ms, heartbeat_ms, heartbeat_timeout_ms, step_timeout_ms, keepalive_ms;
-	int resume_timeout_ms;
 	int pool_timeout_ms, pool_wait_ms, pool_probe_ms, status_ms;
 	int drain_timeout_ms; /* 0: stop at once */
 	int socket_mode;      /* file mode of the ipc:// endpoints, set after bind */

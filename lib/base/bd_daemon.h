@@ -32,6 +32,13 @@
 extern "C" {
 #endif
 
+/* The key of the sd_notify STATUS period every daemon with a periodic STATUS takes, the same
+ * name, default, help and range (10 ms to an hour) in each: an entry of a key table whose int
+ * field `field` of the options struct st holds the period in milliseconds. */
+#define BD_DAEMON_KEY_STATUS_INTERVAL(st, field)                                               \
+	{ "status_interval_ms", "1000", "sd_notify STATUS period",                              \
+	  BD_CONFIG_FIELD(INT, st, field, 10, 3600000) }
+
 struct bd_daemon {
 	/* the caller's, before bd_daemon_start */
 	const char *name;                 /* program name: log identity and usage */

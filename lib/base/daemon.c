@@ -202,25 +202,63 @@ static int refused(const struct bd_daemon *d, const char *key, int e, const char
 	return e;
 }
 
-int bd_daemon_get_i64(const struct bd_daemon *d, const char *key, int64_t min, int64_t max,
-		      int64_t *ret)
+/* A number of each type a key takes: INT in i, BYTES in u, DOUBLE in x (8 bytes each). */
+union num {
+	int64_t i;
+	uint64_t u;
+	double x;
+};
+_Static_assert(sizeof(union num) == sizeof(int64_t) && sizeof(double) == sizeof(int64_t),
+	       "get_num stores each number in 8 bytes");
+
+/* key's value of type t (INT, BYTES or DOUBLE) in [lo, hi] into *ret, an int64_t, uint64_t or
+ * double as t says: the file's or a flag's, else the default text of d's table. A refused
+ * value is logged once with what it should be and the allowed range (refused); *ret is then
+ * unchanged. */
+static int get_num(const struct bd_daemon *d, const char *key, enum bd_config_type t,
+		   union num lo, union num hi, void *ret)
 {
 	const char *def_text;
 	char range[64], not_a[96];
-	int64_t def = 0;
+	union num def = { 0 }, v;
 	int e = key_default(d, key, &def_text);
 
 	if (e < 0)
 		return e;
-	if (*def_text)
-		def = strtoll(def_text, NULL, 0);
-	e = bd_config_get_i64(d->cfg, d->section, key, def, min, max, ret);
-	if (e < 0) {
-		snprintf(range, sizeof(range), "%lld..%lld", (long long)min, (long long)max);
+	switch (t) {
+	case BD_CONFIG_INT:
+		if (*def_text)
+			def.i = strtoll(def_text, NULL, 0);
+		e = bd_config_get_i64(d->cfg, d->section, key, def.i, lo.i, hi.i, &v.i);
+		snprintf(range, sizeof(range), "%lld..%lld", (long long)lo.i, (long long)hi.i);
 		snprintf(not_a, sizeof(not_a), "not an integer (allowed %s)", range);
-		return refused(d, key, e, not_a, range);
+		break;
+	case BD_CONFIG_BYTES:
+		if (*def_text)
+			bd_config_parse_bytes(def_text, &def.u);
+		e = bd_config_get_bytes(d->cfg, d->section, key, def.u, lo.u, hi.u, &v.u);
+		snprintf(range, sizeof(range), "%llu..%llu bytes", (unsigned long long)lo.u,
+			 (unsigned long long)hi.u);
+		snprintf(not_a, sizeof(not_a), "not a byte size");
+		break;
+	default:
+		if (*def_text)
+			def.x = strtod(def_text, NULL);
+		e = bd_config_get_double(d->cfg, d->section, key, def.x, lo.x, hi.x, &v.x);
+		snprintf(range, sizeof(range), "%g..%g", lo.x, hi.x);
+		snprintf(not_a, sizeof(not_a), "not a number");
 	}
+	if (e < 0)
+		return refused(d, key, e, not_a, range);
+	memcpy(ret, &v, sizeof(v));
 	return 0;
+}
+
+int bd_daemon_get_i64(const struct bd_daemon *d, const char *key, int64_t min, int64_t max,
+		      int64_t *ret)
+{
+	return get_num(d, key, BD_CONFIG_INT, (union num){ .i = min }, (union num){ .i = max },
+		       ret);
 }
 
 int bd_daemon_get_int(const struct bd_daemon *d, const char *key, int min, int max, int *ret)
@@ -236,42 +274,15 @@ int bd_daemon_get_int(const struct bd_daemon *d, const char *key, int min, int m
 int bd_daemon_get_bytes(const struct bd_daemon *d, const char *key, uint64_t min, uint64_t max,
 			uint64_t *ret)
 {
-	const char *def_text;
-	char range[96];
-	uint64_t def = 0;
-	int e = key_default(d, key, &def_text);
-
-	if (e < 0)
-		return e;
-	if (*def_text)
-		bd_config_parse_bytes(def_text, &def);
-	e = bd_config_get_bytes(d->cfg, d->section, key, def, min, max, ret);
-	if (e < 0) {
-		snprintf(range, sizeof(range), "%llu..%llu bytes", (unsigned long long)min,
-			 (unsigned long long)max);
-		return refused(d, key, e, "not a byte size", range);
-	}
-	return 0;
+	return get_num(d, key, BD_CONFIG_BYTES, (union num){ .u = min }, (union num){ .u = max },
+		       ret);
 }
 
 int bd_daemon_get_double(const struct bd_daemon *d, const char *key, double min, double max,
 			 double *ret)
 {
-	const char *def_text;
-	char range[96];
-	double def = 0.0;
-	int e = key_default(d, key, &def_text);
-
-	if (e < 0)
-		return e;
-	if (*def_text)
-		def = strtod(def_text, NULL);
-	e = bd_config_get_double(d->cfg, d->section, key, def, min, max, ret);
-	if (e < 0) {
-		snprintf(range, sizeof(range), "%g..%g", min, max);
-		return refused(d, key, e, "not a number", range);
-	}
-	return 0;
+	return get_num(d, key, BD_CONFIG_DOUBLE, (union num){ .x = min }, (union num){ .x = max },
+		       ret);
 }
 
 int bd_daemon_get_bool(const struct bd_daemon *d, const char *key, bool *ret)

@@ -345,8 +345,7 @@ int sv_stop(struct sv_daemon *d, int sig, int timeout_ms)
 	return -1;
 }
 
-/* The pool's stats (bd_pool_stats_free them), or NULL when it does not answer. */
-static struct bd_pool_stats *pool_stats(struct sv_env *e)
+struct bd_pool_stats *sv_pool_stats(struct sv_env *e)
 {
 	struct bd_pool_conn *c;
 	struct bd_pool_stats *s = NULL;
@@ -359,52 +358,17 @@ static struct bd_pool_stats *pool_stats(struct sv_env *e)
 	return s;
 }
 
-bool sv_pool_group(struct sv_env *e, uint64_t *ret_epoch, uint64_t *ret_refused,
-		   size_t *ret_attached)
-{
-	struct bd_pool_stats *s = pool_stats(e);
-
-	if (!s)
-		return false;
-	if (ret_epoch)
-		*ret_epoch = s->group_epoch;
-	if (ret_refused)
-		*ret_refused = s->attach_refused;
-	if (ret_attached)
-		*ret_attached = s->n_attachments;
-	bd_pool_stats_free(s);
-	return true;
-}
-
-bool sv_pool_books(struct sv_env *e, uint64_t *ret_requests, uint64_t *ret_pages_free,
-		   uint64_t *ret_slots_free, uint64_t *ret_pages_total, uint64_t *ret_slots_total)
-{
-	struct bd_pool_stats *s = pool_stats(e);
-
-	if (!s)
-		return false;
-	if (ret_requests)
-		*ret_requests = s->requests;
-	if (ret_pages_free)
-		*ret_pages_free = s->pages_free;
-	if (ret_slots_free)
-		*ret_slots_free = s->slots_free;
-	if (ret_pages_total)
-		*ret_pages_total = s->pages_total;
-	if (ret_slots_total)
-		*ret_slots_total = s->slots_total;
-	bd_pool_stats_free(s);
-	return true;
-}
-
 bool sv_pool_idle(struct sv_env *e, int timeout_ms)
 {
 	int64_t end = sv_now_ms() + timeout_ms;
 
 	do {
-		uint64_t req, pf, sf, pt, st;
+		struct bd_pool_stats *s = sv_pool_stats(e);
+		bool idle = s && s->requests == 0 && s->pages_free == s->pages_total &&
+			    s->slots_free == s->slots_total;
 
-		if (sv_pool_books(e, &req, &pf, &sf, &pt, &st) && req == 0 && pf == pt && sf == st)
+		bd_pool_stats_free(s);
+		if (idle)
 			return true;
 		usleep(20000);
 	} while (sv_now_ms() < end);

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 struct bd_client;
+struct bd_pool_stats;
 
 #define SV_TIMEOUT_MS 60000
 #define SV_MAX_ARGS 64
@@ -84,16 +85,11 @@ int sv_stop(struct sv_daemon *d, int sig, int timeout_ms);
 /* The last bytes of a daemon's log (static buffer), for failure messages. */
 const char *sv_log_tail(const struct sv_daemon *d);
 
-/* Pool books: requests recorded, pages free, slots free; false if the pool does not answer. */
-bool sv_pool_books(struct sv_env *e, uint64_t *ret_requests, uint64_t *ret_pages_free,
-		   uint64_t *ret_slots_free, uint64_t *ret_pages_total, uint64_t *ret_slots_total);
+/* kvpoold's stats (its books, its worker group and attachments), freed with
+ * bd_pool_stats_free; NULL when the pool does not answer. */
+struct bd_pool_stats *sv_pool_stats(struct sv_env *e);
 /* Waits until the pool holds nothing for anyone (every page and slot free, no record). */
 bool sv_pool_idle(struct sv_env *e, int timeout_ms);
-/* kvpoold's worker group and attachments (stats): the epoch the router registered (0: none),
- * the attaches refused for their token, the live attachments. False when the pool does not
- * answer. Pointers may be NULL. */
-bool sv_pool_group(struct sv_env *e, uint64_t *ret_epoch, uint64_t *ret_refused,
-		   size_t *ret_attached);
 
 /* Waits until the router reports healthy (want true) or not (want false). */
 bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);

@@ -126,17 +126,11 @@ static void pool_reset(void)
 
 static void sched_start(void)
 {
-	const struct bd_sched_cfg cfg = {
-		.max_batch = rt.o.max_batch,
-		.max_queue = rt.o.max_queue,
-		.max_prefill_tokens = rt.o.max_prefill_tokens,
-		.max_prefill_chunk = rt.o.max_prefill_chunk,
-		.resume_timeout_ms = rt.o.resume_timeout_ms,
-		.n_vocab = rt.n_vocab,
-		.eog = rt.eog,
-		.tok = rt.tok,
-	};
+	struct bd_sched_cfg cfg = rt.o.sched;
 
+	cfg.n_vocab = rt.n_vocab;
+	cfg.eog = rt.eog;
+	cfg.tok = rt.tok;
 	if (bd_sched_init(&rt.sched, &cfg, &bd_router_pool_ops, &rt) < 0)
 		abort();
 }
@@ -152,10 +146,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		fz_tok_load();
 	pool_start();
 	rt.o = (struct bd_router_opts){
-		.tp = 2, .max_batch = 4, .max_queue = 8, .max_frame = 65536,
-		.max_prefill_tokens = 1024, .max_prefill_chunk = 512, .deadline_ms = 300000,
+		.tp = 2, .max_frame = 65536, .deadline_ms = 300000,
+		.sched = { .max_batch = 4, .max_queue = 8, .max_prefill_tokens = 1024,
+			   .max_prefill_chunk = 512, .resume_timeout_ms = 0 },
 		.heartbeat_ms = 250, .heartbeat_timeout_ms = 3000, .step_timeout_ms = 120000,
-		.keepalive_ms = 1000, .resume_timeout_ms = 0, .pool_timeout_ms = 2000,
+		.keepalive_ms = 1000, .pool_timeout_ms = 2000,
 		.pool_wait_ms = 0, .pool_probe_ms = 1000, .status_ms = 1000, .owner = 1,
 	};
 	rt.tok = fz_tok;

@@ -742,58 +742,90 @@ static void attn_row(const float *q, const float *kb, const float *vb, int Hq, i
 	err->rows++;
 }
 
+/* One prefill check's buffers: n query rows over nk_rows keys and values of shape s, Gaussian
+ * (two outlier key channels when outliers, as post-RoPE keys have), on the host and copied to
+ * the device; out and dout [n, Hq, d], dout filled with NaNs; pd and pf [nk_rows] for
+ * attn_row. */
+struct prefill_case {
+	size_t nq, nk;
+	float *q, *k, *v, *out, *pf;
+	double *pd;
+	float *dq, *dk, *dv, *dout;
+	struct attn_err err;
+};
+
+static void prefill_case_new(struct prefill_case *c, const struct shape *s, int n, int nk_rows,
+			     bool outliers)
+{
+	const int d = s->d;
+
+	c->nq = (size_t)n * s->Hq * d;
+	c->nk = (size_t)nk_rows * s->Hkv * d;
+	c->q = xmalloc(c->nq * 4);
+	c->k = xmalloc(c->nk * 4);
+	c->v = xmalloc(c->nk * 4);
+	c->out = xmalloc(c->nq * 4);
+	c->pd = xmalloc((size_t)nk_rows * sizeof(double));
+	c->pf = xmalloc((size_t)nk_rows * sizeof(float));
+	c->err = (struct attn_err){ 0, 0, 0 };
+	fill_gauss(c->q, c->nq, 2.0f, 3.0f);
+	fill_gauss(c->k, c->nk, 1.0f, 1.0f);
+	fill_gauss(c->v, c->nk, 1.0f, 8.0f);
+	for (size_t t = 0; outliers && t < (size_t)nk_rows * s->Hkv; t++) {
+		c->k[t * d + 3] *= 4.0f;
+		c->k[t * d + 17] *= 4.0f;
+	}
+	c->dq = dup_to_dev(c->q, c->nq * 4);
+	c->dk = dup_to_dev(c->k, c->nk * 4);
+	c->dv = dup_to_dev(c->v, c->nk * 4);
+	c->dout = dmalloc(c->nq * 4);
+	CK(cudaMemset(c->dout, 0xff, c->nq * 4));
+}
+
+static void prefill_case_free(struct prefill_case *c)
+{
+	FREE_HOST(c->q, c->k, c->v, c->out, c->pd, c->pf);
+	FREE_DEV(c->dq, c->dk, c->dv, c->dout);
+}
+
 static void check_prefill(const struct shape *s, int n)
 {
 	const int Hq = s->Hq, Hkv = s->Hkv, d = s->d;
 	const float scale = 1.0f / sqrtf((float)d);
-	const size_t nq = (size_t)n * Hq * d, nk = (size_t)n * Hkv * d;
-	float *q = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4);
-	float *out = xmalloc(nq * 4);
-	double *pd = xmalloc((size_t)n * sizeof(double));
-	float *pf = xmalloc((size_t)n * sizeof(float));
-	struct attn_err err = { 0, 0, 0 };
+	struct prefill_case c;
 
-	fill_gauss(q, nq, 2.0f, 3.0f);
-	fill_gauss(k, nk, 1.0f, 1.0f);
-	fill_gauss(v, nk, 1.0f, 8.0f);
-	/* two outlier key channels, as post-RoPE keys have */
-	for (size_t t = 0; t < (size_t)n * Hkv; t++) {
-		k[t * d + 3] *= 4.0f;
-		k[t * d + 17] *= 4.0f;
-	}
-	float *dq = dup_to_dev(q, nq * 4), *dk = dup_to_dev(k, nk * 4), *dv = dup_to_dev(v, nk * 4);
-	float *dout = dmalloc(nq * 4);
-	CK(cudaMemset(dout, 0xff, nq * 4));
-	CKR(bd_op_prefill_attn(dq, dk, dv, n, Hq, Hkv, d, scale, dout, NULL));
-	d2h(out, dout, nq * 4);
-	for (size_t t = 0; t < nk; t++) {
+	prefill_case_new(&c, s, n, n, true);
+	float *q = c.q, *k = c.k, *v = c.v, *out = c.out, *pf = c.pf;
+	double *pd = c.pd;
+	CKR(bd_op_prefill_attn(c.dq, c.dk, c.dv, n, Hq, Hkv, d, scale, c.dout, NULL));
+	d2h(out, c.dout, c.nq * 4);
+	for (size_t t = 0; t < c.nk; t++) {
 		k[t] = bf16r(k[t]);
 		v[t] = bf16r(v[t]);
 	}
 	if (n <= 300) {
 		for (int i = 0; i < n; i++)
 			for (int h = 0; h < Hq; h++)
-				attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, h, out, pd, pf, &err);
+				attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, h, out, pd, pf, &c.err);
 	} else {
 		/* every row of the first and last head, every head of 32 rows */
 		for (int i = 0; i < n; i++) {
-			attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, 0, out, pd, pf, &err);
-			attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, Hq - 1, out, pd, pf, &err);
+			attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, 0, out, pd, pf, &c.err);
+			attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, Hq - 1, out, pd, pf, &c.err);
 		}
 		for (int r = 0; r < 32; r++) {
 			int i = r < 4 ? n - 1 - r : (int)(bd_rng_u64(&rng) % (uint64_t)n);
 
 			for (int h = 1; h < Hq - 1; h++)
-				attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, h, out, pd, pf, &err);
+				attn_row(q, k, v, Hq, Hkv, d, scale, 0, i, h, out, pd, pf, &c.err);
 		}
 	}
-	const double tol = fmax(3e-5, 3.0 * err.cpu32);
-	report(err.gpu <= tol,
+	const double tol = fmax(3e-5, 3.0 * c.err.cpu32);
+	report(c.err.gpu <= tol,
 	       "prefill_attn %s n %d: max error %.3g (FP32 CPU order %.3g, bound %.3g) of Σp|v|/Σp "
 	       "over %zu (row, head)",
-	       s->name, n, err.gpu, err.cpu32, tol, err.rows);
-	FREE_HOST(q, k, v, out, pd, pf);
-	FREE_DEV(dq, dk, dv, dout);
+	       s->name, n, c.err.gpu, c.err.cpu32, tol, c.err.rows);
+	prefill_case_free(&c);
 }
 
 /* The chunk form (bd_op_prefill_attn_ctx): n query rows at positions p .. p+n−1 over p + n
@@ -801,33 +833,23 @@ static void check_prefill(const struct shape *s, int n)
  * against the double reference with the offset causal mask; bound as check_prefill's. */
 static void check_prefill_ctx(const struct shape *s, int p, int n)
 {
-	const int Hq = s->Hq, Hkv = s->Hkv, d = s->d, nk_rows = p + n;
+	const int Hq = s->Hq, Hkv = s->Hkv, d = s->d;
 	const float scale = 1.0f / sqrtf((float)d);
-	const size_t nq = (size_t)n * Hq * d, nk = (size_t)nk_rows * Hkv * d;
-	float *q = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4);
-	float *out = xmalloc(nq * 4);
-	double *pd = xmalloc((size_t)nk_rows * sizeof(double));
-	float *pf = xmalloc((size_t)nk_rows * sizeof(float));
-	struct attn_err err = { 0, 0, 0 };
+	struct prefill_case c;
 
-	fill_gauss(q, nq, 2.0f, 3.0f);
-	fill_gauss(k, nk, 1.0f, 1.0f);
-	fill_gauss(v, nk, 1.0f, 8.0f);
-	float *dq = dup_to_dev(q, nq * 4), *dk = dup_to_dev(k, nk * 4), *dv = dup_to_dev(v, nk * 4);
-	float *dout = dmalloc(nq * 4);
-	CK(cudaMemset(dout, 0xff, nq * 4));
-	CKR(bd_op_prefill_attn_ctx(dq, dk, dv, n, p, Hq, Hkv, d, scale, dout, NULL));
-	d2h(out, dout, nq * 4);
+	prefill_case_new(&c, s, n, p + n, false);
+	CKR(bd_op_prefill_attn_ctx(c.dq, c.dk, c.dv, n, p, Hq, Hkv, d, scale, c.dout, NULL));
+	d2h(c.out, c.dout, c.nq * 4);
 	for (int i = 0; i < n; i++)
 		for (int h = 0; h < Hq; h++)
-			attn_row(q, k, v, Hq, Hkv, d, scale, p, i, h, out, pd, pf, &err);
-	const double tol = fmax(3e-5, 3.0 * err.cpu32);
-	report(err.gpu <= tol,
+			attn_row(c.q, c.k, c.v, Hq, Hkv, d, scale, p, i, h, c.out, c.pd, c.pf,
+				 &c.err);
+	const double tol = fmax(3e-5, 3.0 * c.err.cpu32);
+	report(c.err.gpu <= tol,
 	       "prefill_attn_ctx %s p %d n %d: max error %.3g (FP32 CPU order %.3g, bound %.3g) of "
-	       "Σp|v|/Σp over %zu (row, head), FP32 K/V", s->name, p, n, err.gpu, err.cpu32, tol,
-	       err.rows);
-	FREE_HOST(q, k, v, out, pd, pf);
-	FREE_DEV(dq, dk, dv, dout);
+	       "Σp|v|/Σp over %zu (row, head), FP32 K/V", s->name, p, n, c.err.gpu, c.err.cpu32,
+	       tol, c.err.rows);
+	prefill_case_free(&c);
 }
 
 /* A chunk's context (bd_op_kv_context) against bd_seq_cache_context's arithmetic

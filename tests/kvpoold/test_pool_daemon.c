@@ -548,24 +548,27 @@ static int attach_as_nobody(void)
 	return sp_reap(child, TIMEOUT_MS);
 }
 
-static void open_socket_to_all(void)
+/* Starts the daemon with --group group and its attach socket open to everyone, for a test
+ * that acts as another user (skipped unless root): a non-member then reaches connect(), so
+ * SO_PEERCRED is what refuses it. */
+static void start_open_to_all(const char *group)
 {
-	/* let a non-member reach connect(), so SO_PEERCRED is what refuses it */
+	const char *const extra[] = { "--group", group, NULL };
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root to act as another user");
+	start(false, extra);
 	cr_assert_eq(chmod(D.e.dir, 0711), 0);
 	cr_assert_eq(chmod(D.e.sock, 0666), 0);
 }
 
 Test(pool_daemon, peers_outside_the_group_are_refused)
 {
-	static const char *const extra[] = { "--group", "1", NULL };
 	struct bd_pool_attach *a;
 	struct bd_pool_stats *s;
 	struct bd_pool_conn *c;
 
-	if (geteuid() != 0)
-		cr_skip_test("needs root to act as another user");
-	start(false, extra);
-	open_socket_to_all();
+	start_open_to_all("1");
 	{
 		int rc = attach_as_nobody();
 
@@ -584,12 +587,7 @@ Test(pool_daemon, peers_outside_the_group_are_refused)
 
 Test(pool_daemon, group_members_may_attach)
 {
-	static const char *const extra[] = { "--group", "65534", NULL };
-
-	if (geteuid() != 0)
-		cr_skip_test("needs root to act as another user");
-	start(false, extra);
-	open_socket_to_all();
+	start_open_to_all("65534");
 	cr_expect_eq(attach_as_nobody(), 0, "gid 65534 is the pool's group");
 	cr_expect_eq(stop(), 0);
 }
@@ -1356,13 +1354,9 @@ Test(pool_daemon, attach_tokens_are_checked)
  * and attach, may not hand out attach tokens. */
 Test(pool_daemon, group_members_may_not_register_groups)
 {
-	static const char *const extra[] = { "--group", "65534", NULL };
 	pid_t child;
 
-	if (geteuid() != 0)
-		cr_skip_test("needs root to act as another user");
-	start(false, extra);
-	open_socket_to_all();
+	start_open_to_all("65534");
 	cr_assert_eq(chmod(D.e.endpoint + strlen("ipc://"), 0666), 0);
 	child = fork();
 	cr_assert_geq(child, 0);

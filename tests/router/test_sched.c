@@ -272,6 +272,21 @@ static void drain(void)
 	}
 }
 
+/* The pool as the scheduler found it: no request record, all `pages` pages free. */
+static void expect_pool_clear(int pages)
+{
+	cr_expect_eq(records(), 0);
+	cr_expect_eq(pages_free(), pages);
+}
+
+/* The clock at t (bd_sched_tick), what it did carried out (drain): the chunks sent so far. */
+static int tick(int64_t t)
+{
+	bd_sched_tick(&S, t);
+	drain();
+	return n_chunks;
+}
+
 /* A request of n_prompt tokens (1000 + i) for up to max_tokens, tag, of the client ident. */
 static struct bd_req *req(uint64_t tag, const char *ident, int n_prompt, int max_tokens)
 {
@@ -619,8 +634,7 @@ Test(sched, a_long_prompt_is_prefilled_in_chunks_between_decode_steps)
 	run_to_idle(20);
 	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
-	cr_expect_eq(records(), 0);
-	cr_expect_eq(pages_free(), 16);
+	expect_pool_clear(16);
 }
 
 /* A request with logprobs: its sampling rows ask rank 0 for them (a chunk that samples nothing
@@ -733,8 +747,7 @@ Test(sched, chunks_share_the_budget_and_a_cancel_between_chunks_frees_the_prompt
 	answer(p);
 	run_to_idle(20);
 	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
-	cr_expect_eq(records(), 0);
-	cr_expect_eq(pages_free(), 16);
+	expect_pool_clear(16);
 }
 
 /* The same two prompts with batch_invariant: b's chunks are 384 tokens as when it runs alone,
@@ -1038,18 +1051,12 @@ Test(sched, deadlines_fail_queued_and_running_requests)
 	a->deadline = now + 100;
 	b->deadline = now + 50;
 	answer(step());
-	bd_sched_tick(&S, now + 49);
-	drain();
-	cr_expect_eq(n_chunks, 0);
-	bd_sched_tick(&S, now + 50);
-	drain();
-	cr_assert_eq(n_chunks, 1);
+	cr_expect_eq(tick(now + 49), 0);
+	cr_assert_eq(tick(now + 50), 1);
 	expect_failed(2, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED,
 		      "deadline of 50 ms passed");
 	p = step();
-	bd_sched_tick(&S, now + 100);
-	drain();
-	cr_expect_eq(n_chunks, 1, "a is in the step: it ends with it");
+	cr_expect_eq(tick(now + 100), 1, "a is in the step: it ends with it");
 	answer(p);
 	cr_assert_eq(n_chunks, 2);
 	expect_failed(1, BDFP4__SERVE_ERROR__SERVE_ERR_DEADLINE_EXCEEDED,
@@ -1194,9 +1201,7 @@ Test(sched, a_failed_group_holds_the_running_requests_and_the_next_group_resumes
 	cr_expect(bd_sched_resuming(&S));
 	cr_expect_null(step(), "no plan without a group");
 	now += 1000;
-	bd_sched_tick(&S, now);
-	drain();
-	cr_expect_eq(n_chunks, 1, "within resume_timeout_ms nothing fails");
+	cr_expect_eq(tick(now), 1, "within resume_timeout_ms nothing fails");
 
 	bd_sched_group_up(&S, 2);
 	cr_expect_not(bd_sched_resuming(&S));
@@ -1233,8 +1238,7 @@ Test(sched, a_failed_group_holds_the_running_requests_and_the_next_group_resumes
 	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(last_chunk(1)->n_gen, 20); /* a and b are freed once they ended */
 	cr_expect_eq(S.tokens_generated, 25, "no token twice");
-	cr_expect_eq(records(), 0);
-	cr_expect_eq(pages_free(), 16);
+	expect_pool_clear(16);
 }
 
 /* The group's workers decide how a prompt is cut (bd_sched_set_workers, from their
@@ -1283,8 +1287,7 @@ Test(sched, the_workers_capabilities_cut_the_chunks)
 	run_to_idle(20);
 	expect_end(2, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
 	cr_expect_eq(S.tokens_generated, 3, "no token twice");
-	cr_expect_eq(records(), 0);
-	cr_expect_eq(pages_free(), 16);
+	expect_pool_clear(16);
 }
 
 /* max_prefill_chunk 0 (whole prompts) on workers that take rows of at most 300 tokens: a
@@ -1335,16 +1338,11 @@ Test(sched, a_resume_that_times_out_fails_every_request_clearly_and_frees_the_po
 	drain();
 	cr_expect_eq(n_chunks, 0);
 	cr_expect_eq(records(), 2);
-	bd_sched_tick(&S, now + 4999);
-	drain();
-	cr_expect_eq(n_chunks, 0);
-	bd_sched_tick(&S, now + 5000);
-	drain();
-	cr_assert_eq(n_chunks, 3);
+	cr_expect_eq(tick(now + 4999), 0);
+	cr_assert_eq(tick(now + 5000), 3);
 	for (uint64_t tag = 1; tag <= 3; tag++)
 		expect_failed(tag, BDFP4__SERVE_ERROR__SERVE_ERR_WORKER_FAILED, want);
-	cr_expect_eq(records(), 0);
-	cr_expect_eq(pages_free(), 16);
+	expect_pool_clear(16);
 	cr_expect_eq(S.n_reqs, 0);
 	cr_expect_not(bd_sched_resuming(&S));
 	bd_sched_group_up(&S, 2);

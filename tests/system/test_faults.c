@@ -24,6 +24,7 @@
 
 #include "serve.pb-c.h"
 #include "serve/bd_client.h"
+#include "pool/bd_pool_client.h"
 #include "serve_common.h"
 
 #define WAIT_MS 120000
@@ -340,30 +341,35 @@ static void short_request(struct bd_client *c)
 Test(faults, a_restarted_worker_attaches_with_a_new_epoch_token_and_serves)
 {
 	struct bd_client *c;
-	uint64_t e1 = 0, e2 = 0, refused = 1;
-	size_t attached = 0;
+	struct bd_pool_stats *s1, *s2;
 	int64_t end;
 
 	up(NULL);
 	c = sv_client(&E);
 	short_request(c);
-	cr_assert(sv_pool_group(&E, &e1, &refused, &attached));
-	cr_expect_gt(e1, 0, "the router registered no group with kvpoold");
-	cr_expect_eq(refused, 0, "an attach of the group was refused");
-	cr_expect_eq(attached, 2);
+	s1 = sv_pool_stats(&E);
+	cr_assert_not_null(s1, "kvpoold does not answer");
+	cr_expect_gt(s1->group_epoch, 0, "the router registered no group with kvpoold");
+	cr_expect_eq(s1->attach_refused, 0, "an attach of the group was refused");
+	cr_expect_eq(s1->n_attachments, 2);
 
 	cr_assert_eq(sv_stop(&E.worker[1], SIGKILL, WAIT_MS), 128 + SIGKILL);
 	sv_start_worker(&E, 1);
 	sv_expect_healthy(&E, WAIT_MS, "the group did not form again");
 	/* the new rank 1 attached once the group formed: wait for its attachment */
 	end = sv_now_ms() + WAIT_MS;
-	while (sv_pool_group(&E, &e2, &refused, &attached) && attached != 2 &&
-	       sv_now_ms() < end)
+	while ((s2 = sv_pool_stats(&E)) && s2->n_attachments != 2 && sv_now_ms() < end) {
+		bd_pool_stats_free(s2);
 		usleep(20000);
-	cr_expect_gt(e2, e1, "the restart formed no new epoch in kvpoold");
-	cr_expect_eq(attached, 2, "rank 1 did not attach again");
-	cr_expect_eq(refused, 0, "the new worker's token was refused; kvpoold log:\n%s",
+	}
+	cr_assert_not_null(s2, "kvpoold does not answer");
+	cr_expect_gt(s2->group_epoch, s1->group_epoch,
+		     "the restart formed no new epoch in kvpoold");
+	cr_expect_eq(s2->n_attachments, 2, "rank 1 did not attach again");
+	cr_expect_eq(s2->attach_refused, 0, "the new worker's token was refused; kvpoold log:\n%s",
 		     sv_log_tail(&E.pool));
+	bd_pool_stats_free(s1);
+	bd_pool_stats_free(s2);
 	short_request(c);
 	bd_client_free(c);
 }

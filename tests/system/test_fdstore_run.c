@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pool/bd_pool_client.h"
 #include "serve_common.h"
 #include "spawn.h"
 
@@ -76,7 +77,7 @@ static int count_in(const char *path, const char *what)
 Test(fdstore_run, a_killed_kvpoold_starts_again_on_its_stored_fds)
 {
 	char run[PATH_MAX + 16], pool[PATH_MAX + 16], pidfile[128], notify[128], log[128];
-	uint64_t req, pages_free, slots_free, pages, slots;
+	struct bd_pool_stats *s;
 
 	snprintf(run, sizeof(run), "%s/fdstore-run", E.bin);
 	snprintf(pool, sizeof(pool), "%s/kvpoold", E.bin);
@@ -93,18 +94,20 @@ Test(fdstore_run, a_killed_kvpoold_starts_again_on_its_stored_fds)
 
 	pid_t first = wait_pid(pidfile, 0);
 	cr_assert_gt(first, 0, "no pid file; log:\n%s", sv_log_tail(&E.pool));
-	cr_assert(sv_pool_books(&E, &req, &pages_free, &slots_free, &pages, &slots),
-		  "kvpoold does not answer");
-	cr_expect_eq(pages, 16);
+	s = sv_pool_stats(&E);
+	cr_assert_not_null(s, "kvpoold does not answer");
+	cr_expect_eq(s->pages_total, 16);
+	bd_pool_stats_free(s);
 	cr_assert_eq(count_in(log, "adopted the stored arenas"), 0, "a first start adopted");
 
 	cr_assert_eq(kill(first, SIGKILL), 0);
 	pid_t second = wait_pid(pidfile, first);
 	cr_assert_gt(second, 0, "kvpoold was not started again");
-	cr_assert(sv_pool_books(&E, &req, &pages_free, &slots_free, &pages, &slots),
-		  "the restarted kvpoold does not answer");
-	cr_expect_eq(pages, 16);
-	cr_expect_eq(pages_free, 16);
+	s = sv_pool_stats(&E);
+	cr_assert_not_null(s, "the restarted kvpoold does not answer");
+	cr_expect_eq(s->pages_total, 16);
+	cr_expect_eq(s->pages_free, 16);
+	bd_pool_stats_free(s);
 	cr_expect_eq(count_in(log, "adopted the stored arenas"), 1,
 		     "the restart did not adopt what the first kvpoold stored");
 	cr_expect_eq(count_in(log, "ended with status 137"), 1);

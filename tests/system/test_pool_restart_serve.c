@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "serve/bd_client.h"
+#include "pool/bd_pool_client.h"
 #include "fdstore.h"
 #include "serve_common.h"
 #include "spawn.h"
@@ -191,8 +192,9 @@ Test(pool_restart_serve, kill_9_mid_generation_resumes_on_the_stored_arenas)
 	struct bd_client *c;
 	struct bd_client_event ev;
 	pid_t w0, w1;
-	size_t n = 0, attached = 0;
-	uint64_t tag, epoch = 0, epoch2 = 0;
+	size_t n = 0;
+	uint64_t tag;
+	struct bd_pool_stats *s, *s2;
 
 	c = up();
 	reference(c, want);
@@ -200,9 +202,10 @@ Test(pool_restart_serve, kill_9_mid_generation_resumes_on_the_stored_arenas)
 	w0 = E.worker[0].pid;
 	w1 = E.worker[1].pid;
 
-	cr_assert(sv_pool_group(&E, &epoch, NULL, &attached));
-	cr_assert_gt(epoch, 0, "the router registered no group");
-	cr_expect_eq(attached, 2);
+	s = sv_pool_stats(&E);
+	cr_assert_not_null(s, "kvpoold does not answer");
+	cr_assert_gt(s->group_epoch, 0, "the router registered no group");
+	cr_expect_eq(s->n_attachments, 2);
 	tag = start_part_way(c, got, &n, &ev);
 	cr_assert_lt(n, N_TOKENS, "the generation ended before the kill");
 	restart_pool_on_store();
@@ -228,9 +231,12 @@ Test(pool_restart_serve, kill_9_mid_generation_resumes_on_the_stored_arenas)
 	sv_expect_healthy(&E, WAIT_MS, "not healthy after the restart");
 	/* the restarted pool has no group of its own: the router registered its epoch again, and
 	 * each worker attached with the token it held */
-	cr_assert(sv_pool_group(&E, &epoch2, NULL, &attached));
-	cr_expect_eq(epoch2, epoch, "the router's epoch in the restarted pool");
-	cr_expect_eq(attached, 2);
+	s2 = sv_pool_stats(&E);
+	cr_assert_not_null(s2, "the restarted kvpoold does not answer");
+	cr_expect_eq(s2->group_epoch, s->group_epoch, "the router's epoch in the restarted pool");
+	cr_expect_eq(s2->n_attachments, 2);
+	bd_pool_stats_free(s);
+	bd_pool_stats_free(s2);
 	cr_expect(log_has(E.router.log, "registering again"), "router log:\n%s",
 		  sv_log_tail(&E.router));
 	cr_expect(log_has(pool_log, "with its token of epoch"), "log:\n%s",

@@ -88,6 +88,23 @@ static void refused(struct wd_gtab *t, const Bdfp4__PlanRow *r, const struct wd_
 	cr_assert_not_null(strstr(msg, why), "%s", msg);
 }
 
+/* it is a prefill of n_tokens of PROMPT into slot at position, over the block table bt[n_bt]
+ * (bt NULL: none), promoting into newp[n_new]. */
+static void expect_prefill(const struct wd_gitem *it, int n_tokens, int32_t slot, int32_t position,
+			   const int32_t *bt, int n_bt, const int32_t *newp, int n_new)
+{
+	cr_assert_eq(it->kind, WD_G_PREFILL);
+	cr_assert_eq(it->n_tokens, n_tokens);
+	cr_assert_eq(it->tokens, PROMPT);
+	cr_assert_eq(it->g.slot, slot);
+	cr_assert_eq(it->g.position, position);
+	cr_assert_eq(it->g.n_pages, n_bt);
+	if (bt)
+		cr_assert_eq(it->g.block_table, bt);
+	cr_assert_eq(it->g.n_new, n_new);
+	cr_assert_eq(it->g.new_pages, newp);
+}
+
 /* A real prefill of 300 tokens fills pages 0 and 1 (positions 0..255); the record then holds
  * 300 tokens, those two pages, one draw, and the sampling parameters of the row. */
 Test(wd_plan, prefill_maps_and_the_record_follows)
@@ -107,14 +124,7 @@ Test(wd_plan, prefill_maps_and_the_record_follows)
 	r.sampling = &sp;
 	r.logits_top_k = 200; /* capped at 64 */
 	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
-	cr_assert_eq(it.kind, WD_G_PREFILL);
-	cr_assert_eq(it.n_tokens, 300);
-	cr_assert_eq(it.tokens, PROMPT);
-	cr_assert_eq(it.g.slot, 3);
-	cr_assert_eq(it.g.position, 0);
-	cr_assert_eq(it.g.n_pages, 0);
-	cr_assert_eq(it.g.n_new, 2);
-	cr_assert_eq(it.g.new_pages, pages);
+	expect_prefill(&it, 300, 3, 0, NULL, 0, pages, 2);
 	cr_assert_eq(it.g.rng_step, 0);
 	cr_assert_float_eq(it.g.sampling.temperature, 0.7f, 0);
 	cr_assert_eq(it.g.sampling.top_k, 40);
@@ -355,15 +365,7 @@ Test(wd_plan, chunks_continue_the_record)
 
 	chunk_row(&r, 6, 256, 256, 2, pages, 2, pages + 2, 2, false);
 	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
-	cr_assert_eq(it.kind, WD_G_PREFILL);
-	cr_assert_eq(it.n_tokens, 256);
-	cr_assert_eq(it.tokens, PROMPT);
-	cr_assert_eq(it.g.slot, 2);
-	cr_assert_eq(it.g.position, 256);
-	cr_assert_eq(it.g.n_pages, 2);
-	cr_assert_eq(it.g.block_table, pages);
-	cr_assert_eq(it.g.n_new, 2);
-	cr_assert_eq(it.g.new_pages, pages + 2);
+	expect_prefill(&it, 256, 2, 256, pages, 2, pages + 2, 2);
 	cr_assert(wd_gtab_find(&t, 6)->busy);
 	wd_gdone(&t, &it, true);
 	struct wd_greq *q = wd_gtab_find(&t, 6);
@@ -616,6 +618,17 @@ Test(wd_plan, scrub_takes_new_pages_and_a_new_sequence_slot)
 	wd_gtab_clear(&t);
 }
 
+/* r as a prefix hit's resume row: prefix_pages shared pages lead its block table, the sink is
+ * rebuilt from the context ctx[n_context]; capacity 1000. */
+static void as_hit(Bdfp4__PlanRow *r, uint32_t prefix_pages, size_t n_context, int32_t *ctx)
+{
+	r->resume = true;
+	r->capacity = 1000;
+	r->prefix_pages = prefix_pages;
+	r->n_context = n_context;
+	r->context = ctx;
+}
+
 /* A prefix hit's first chunk: a resume row over 4 shared pages at 512, with the context's
  * tokens; it maps to the chunk with its first 16 tokens to rebuild the sink, zeroes its new
  * slot and its own new page, never the shared pages; a hit with more shared pages than its
@@ -634,11 +647,7 @@ Test(wd_plan, prefix_hit_rebuilds_the_sink_in_its_new_slot)
 	for (int i = 0; i < 600; i++)
 		ctx[i] = (i * 7 + 1) % 1000;
 	chunk_row(&r, 9, 512, 128, 6, shared, 4, &fresh, 1, true);
-	r.resume = true;
-	r.capacity = 1000;
-	r.prefix_pages = 4;
-	r.n_context = 512;
-	r.context = ctx;
+	as_hit(&r, 4, 512, ctx);
 	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
 	cr_assert_eq(it.kind, WD_G_PREFILL);
 	cr_expect_eq(it.g.position, 512);
@@ -657,11 +666,7 @@ Test(wd_plan, prefix_hit_rebuilds_the_sink_in_its_new_slot)
 
 	/* a 10-token context rebuilds a 10-token sink */
 	chunk_row(&r, 9, 512, 128, 6, shared, 4, &fresh, 1, true);
-	r.resume = true;
-	r.capacity = 1000;
-	r.prefix_pages = 4;
-	r.n_context = 10;
-	r.context = ctx;
+	as_hit(&r, 4, 10, ctx);
 	cr_assert_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)), 0, "%s", msg);
 	cr_expect_eq(it.n_sink, 10);
 	wd_gdone(&t, &it, true);
@@ -675,11 +680,7 @@ Test(wd_plan, prefix_hit_rebuilds_the_sink_in_its_new_slot)
 		    { 4, 0, "no context to rebuild the sink from" } };
 	for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
 		chunk_row(&r, 9, 512, 128, 6, shared, 4, &fresh, 1, true);
-		r.resume = true;
-		r.capacity = 1000;
-		r.prefix_pages = bad[b].prefix_pages;
-		r.n_context = bad[b].n_context;
-		r.context = bad[b].n_context ? ctx : NULL;
+		as_hit(&r, bad[b].prefix_pages, bad[b].n_context, bad[b].n_context ? ctx : NULL);
 		cr_expect_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)),
 			     BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT, "%s", bad[b].why);
 		cr_expect(strstr(msg, "prefix hit"), "%s: %s", bad[b].why, msg);
@@ -687,11 +688,7 @@ Test(wd_plan, prefix_hit_rebuilds_the_sink_in_its_new_slot)
 	}
 	/* a decode row never carries a hit */
 	decode_row(&r, 9, 512, ctx, 6, shared, 4, NULL, 0);
-	r.resume = true;
-	r.capacity = 1000;
-	r.prefix_pages = 4;
-	r.n_context = 512;
-	r.context = ctx;
+	as_hit(&r, 4, 512, ctx);
 	cr_expect_eq(wd_gmap(&t, &r, &LIM, &it, msg, sizeof(msg)),
 		     BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT);
 	wd_gtab_clear(&t);
