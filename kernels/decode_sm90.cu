@@ -1617,13 +1617,6 @@ __global__ void __launch_bounds__(THREADS, D == 128 ? 2 : 4) ch_decode_kernel(co
 
 typedef void (*kern_t)(DecodeParams);
 
-/* The FP4 kernel of head dim D and plan mode (0, 1, 2); MX: MXFP4 (kind 3). */
-template <int D, bool MX> static kern_t fp4_of_mode(int mode)
-{
-	return mode == 0 ? fp4_decode_kernel<D, 0, MX> :
-	       mode == 1 ? fp4_decode_kernel<D, 1, MX> : fp4_decode_kernel<D, 2, MX>;
-}
-
 /* small: the device's shared memory is sm_120's (BDK_SMALL_SMEM in its code) */
 static kern_t pick_kernel(int kind, int d, int mode, bool small, int *ret_smem)
 {
@@ -1638,25 +1631,39 @@ static kern_t pick_kernel(int kind, int d, int mode, bool small, int *ret_smem)
 		return d == 128 ? ch_decode_kernel<128> : ch_decode_kernel<64>;
 	}
 	*ret_smem = d == 128 ? Fp4Cfg<128>::SMEM : Fp4Cfg<64>::SMEM;
+	if (kind == 3) {
+		if (d == 128)
+			return mode == 0 ? fp4_decode_kernel<128, 0, true> :
+			       mode == 1 ? fp4_decode_kernel<128, 1, true> : fp4_decode_kernel<128, 2, true>;
+		return mode == 0 ? fp4_decode_kernel<64, 0, true> :
+		       mode == 1 ? fp4_decode_kernel<64, 1, true> : fp4_decode_kernel<64, 2, true>;
+	}
 	if (d == 128)
-		return kind == 3 ? fp4_of_mode<128, true>(mode) : fp4_of_mode<128, false>(mode);
-	return kind == 3 ? fp4_of_mode<64, true>(mode) : fp4_of_mode<64, false>(mode);
+		return mode == 0 ? fp4_decode_kernel<128, 0, false> :
+		       mode == 1 ? fp4_decode_kernel<128, 1, false> : fp4_decode_kernel<128, 2, false>;
+	return mode == 0 ? fp4_decode_kernel<64, 0, false> :
+	       mode == 1 ? fp4_decode_kernel<64, 1, false> : fp4_decode_kernel<64, 2, false>;
 }
 
 #if BD_PERSIST
-/* The persistent FP4 kernel of head dim D and plan mode (0, 1, 2); MX: MXFP4 (kind 3). */
-template <int D, bool MX> static kern_t persist_of_mode(int mode)
-{
-	return mode == 0 ? fp4_decode_kernel_persist<D, 0, MX> :
-	       mode == 1 ? fp4_decode_kernel_persist<D, 1, MX> :
-			   fp4_decode_kernel_persist<D, 2, MX>;
-}
-
 static kern_t pick_persist(int kind, int d, int mode)
 {
+	if (kind == 3) {
+		if (d == 128)
+			return mode == 0 ? fp4_decode_kernel_persist<128, 0, true> :
+			       mode == 1 ? fp4_decode_kernel_persist<128, 1, true> :
+					   fp4_decode_kernel_persist<128, 2, true>;
+		return mode == 0 ? fp4_decode_kernel_persist<64, 0, true> :
+		       mode == 1 ? fp4_decode_kernel_persist<64, 1, true> :
+				   fp4_decode_kernel_persist<64, 2, true>;
+	}
 	if (d == 128)
-		return kind == 3 ? persist_of_mode<128, true>(mode) : persist_of_mode<128, false>(mode);
-	return kind == 3 ? persist_of_mode<64, true>(mode) : persist_of_mode<64, false>(mode);
+		return mode == 0 ? fp4_decode_kernel_persist<128, 0, false> :
+		       mode == 1 ? fp4_decode_kernel_persist<128, 1, false> :
+				   fp4_decode_kernel_persist<128, 2, false>;
+	return mode == 0 ? fp4_decode_kernel_persist<64, 0, false> :
+	       mode == 1 ? fp4_decode_kernel_persist<64, 1, false> :
+			   fp4_decode_kernel_persist<64, 2, false>;
 }
 #endif
 
