@@ -8,9 +8,10 @@
  * values bd_ggml_dequantize() gives (Q4_1: d·q + m by one FMA, which rounds once as the
  * dequantizer's d·q + m does because d·q is exact; Q4_0: d·(q − 8) and Q8_0: d·q, exact
  * products). So the result is the FP32 product of the dequantized matrix, up to the order of the
- * sums: per row and per activation row, each block's w · x (lane-wise FMA) added into one
- * accumulator for even and one for odd blocks, the two added lane by lane and then across the
- * lanes in a fixed order.
+ * sums: per row and per activation row, each block's w · x by lane-wise FMA into accumulators
+ * kept apart for even and odd blocks (bd_ggml_gemv_simd.h), which are added lane by lane and
+ * then across the lanes in a fixed order. The weights' formats are ggml's public blocks; no
+ * rounding is added to them (NUMERICS.md covers the KV cache, not the weights).
  *
  * Why FP32 activations and not activations quantized per 32 to int8 (ggml's Q8 dot products):
  * bench/bench_wmat.c measured both on SmolLM2-135M's decode step (bench/RESULTS.md): the int8

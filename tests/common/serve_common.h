@@ -72,7 +72,9 @@ void sv_start_router2(struct sv_env *e, const char *const *extra, const char *co
 void sv_start_worker(struct sv_env *e, int rank);
 /* The same with extra flags (NULL: none). */
 void sv_start_worker_args(struct sv_env *e, int rank, const char *const *extra);
-/* Workers 0 and 1 (tp 2), then sv_expect_healthy(e, timeout_ms, what): the group formed. */
+/* Workers 0 and 1 (tp 2), then healthy within timeout_ms with these two in the router's
+ * health (their pids alive; not a previous group the router has not yet seen go), else the
+ * test fails with what. */
 void sv_start_workers(struct sv_env *e, int timeout_ms, const char *what);
 /* The whole system: kvpoold as sv_start_pool starts it, routerd with router_extra (NULL: none)
  * and sv_start_workers. */
