@@ -10,10 +10,14 @@
  * Algorithms: cuBLASLt's heuristic answer for (M, N, K, ldb), kept in a cache of 128 shapes
  * (the oldest is replaced). FP32 inputs use the pedantic FP32 compute type (no TF32) and, for a
  * shape with no pedantic algorithm, plain FP32 compute (still FP32 products and sums). In a
- * context made with skinny_tuning (BF16 inputs), skinny shapes (N ≤ 64 rows) get up to 8
+ * context made with skinny_tuning (BF16 inputs), skinny shapes (N ≤ 64 rows) get up to 16
  * heuristic candidates, and while bd_gemm_set_tuning is on, the first product of such a shape
  * times each candidate on the stream (outside a graph capture: it synchronizes) and keeps the
- * fastest. The 32 MiB workspace is allocated once, so products can be captured into a graph.
+ * fastest. Each timed run follows a write of twice the L2's size, so the weights come from HBM
+ * as in a decode step (the buffer lives until tuning is switched off); BD_GEMM_TUNE_WARM=1 in
+ * the environment times 8 candidates back to back with no flush instead, to measure what the
+ * flush changes. The 32 MiB workspace is allocated once, so products can be captured into a
+ * graph.
  *
  * Errors are -errno with a one-line message in ret_err (NULL or BD_MODEL_ERR_MAX bytes): -ENOMEM,
  * -EIO (cuBLASLt or CUDA failed, or has no algorithm for a shape). Not thread-safe: one thread

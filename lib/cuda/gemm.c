@@ -15,7 +15,8 @@
 #include "model/bd_model.h"
 
 #define GEMM_CACHE 128     /* GEMM shapes whose algorithm is kept */
-#define GEMM_CANDIDATES 8  /* heuristic results timed for a skinny GEMM */
+#define GEMM_CANDIDATES 16 /* heuristic results timed for a skinny GEMM */
+#define TUNE_REPS 3        /* timed runs of each candidate, after one untimed */
 #define TUNE_MAX_ROWS 64   /* skinny: at most this many rows (N) */
 #define LT_WS_BYTES ((size_t)32 << 20)
 
@@ -41,6 +42,9 @@ struct bd_gemm {
 	void *ws;                        /* LT_WS_BYTES of device workspace */
 	cudaEvent_t tev[2];              /* candidate timing */
 	bool tuning;                     /* new skinny shapes are timed */
+	bool tune_warm;                  /* BD_GEMM_TUNE_WARM=1: no L2 flush, 8 candidates */
+	void *flush;                     /* flush_bytes written between timed runs, or NULL */
+	size_t flush_bytes;
 	struct gemm_entry gc[GEMM_CACHE];
 	int gc_next;
 };
@@ -99,7 +103,9 @@ static int gemm_find(struct bd_gemm *gm, int M, int N, int K, int ldb, struct ge
 	cublasLtMatmulHeuristicResult_t h[GEMM_CANDIDATES];
 	int nres = 0;
 	/* skinny BF16 products may be timed (gemm_tune): ask for several candidates */
-	int want = gm->o.skinny_tuning && N <= TUNE_MAX_ROWS ? GEMM_CANDIDATES : 1;
+	int want = !gm->o.skinny_tuning || N > TUNE_MAX_ROWS ? 1
+		   : gm->tune_warm			   ? GEMM_CANDIDATES / 2
+							   : GEMM_CANDIDATES;
 	memset(h, 0, sizeof(h));
 	cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(gm->lt, gm->mm[0], e->a, e->b, e->c, e->c,
 							  gm->pref, want, h, &nres);
@@ -135,9 +141,32 @@ static int gemm_find(struct bd_gemm *gm, int M, int N, int K, int ldb, struct ge
 	return 0;
 }
 
+/* The buffer whose writes evict the weights from L2 between timed runs: twice the device's L2
+ * (at least 64 MiB), allocated at the first timing and released when tuning is switched off.
+ * Without it (BD_GEMM_TUNE_WARM, or no memory) the runs read the weights from L2 whenever
+ * they fit (a layer's 20-50 MB of Qwen3-4B do, in the H200's 50 MB), and the fastest
+ * algorithm there is not the fastest from HBM, where a decode step reads them. */
+static void *tune_flush(struct bd_gemm *gm)
+{
+	int dev = 0, l2 = 0;
+	if (gm->tune_warm || gm->flush)
+		return gm->flush;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess)
+		l2 = 0;
+	gm->flush_bytes = (size_t)l2 * 2 > ((size_t)64 << 20) ? (size_t)l2 * 2 : (size_t)64 << 20;
+	if (cudaMalloc(&gm->flush, gm->flush_bytes) != cudaSuccess) {
+		(void)cudaGetLastError();
+		gm->flush = NULL;
+	}
+	return gm->flush;
+}
+
 /* Pick the fastest of e's candidates by timing each on the stream (outside a capture: this
  * synchronizes), writing into y (beta 0) or the scratch (beta 1: y is the residual stream and
- * must be written once). A candidate that fails is skipped. */
+ * must be written once). Each candidate runs once untimed, then TUNE_REPS times, each run
+ * alone between two events after the L2 flush (tune_flush), as a decode step meets its
+ * weights: the sum of those runs is its time. A candidate that fails is skipped. */
 static void gemm_tune(struct bd_gemm *gm, struct gemm_entry *e, const void *w, const void *x,
 		      float *y, float beta)
 {
@@ -152,24 +181,29 @@ static void gemm_tune(struct bd_gemm *gm, struct gemm_entry *e, const void *w, c
 			return;
 		out = gm->o.scratch;
 	}
+	void *flush = tune_flush(gm);
 	const float alpha = 1.0f, zero = 0.0f;
 	float best = 0.0f;
 	int pick = -1;
 	for (int i = 0; i < e->n_cand; i++) {
 		bool ok = true;
-		for (int rep = 0; rep < 4 && ok; rep++) {
-			if (rep == 1)
-				ok = cudaEventRecord(gm->tev[0], st) == cudaSuccess;
-			ok = ok && cublasLtMatmul(gm->lt, gm->mm[0], &alpha, w, e->a, x, e->b,
-						  &zero, out, e->c, out, e->c, &e->cand[i], gm->ws,
-						  LT_WS_BYTES, st) == CUBLAS_STATUS_SUCCESS;
+		float sum = 0.0f;
+		for (int rep = 0; rep <= TUNE_REPS && ok; rep++) {
+			if (flush)
+				ok = cudaMemsetAsync(flush, rep, gm->flush_bytes, st) == cudaSuccess;
+			ok = ok && cudaEventRecord(gm->tev[0], st) == cudaSuccess &&
+			     cublasLtMatmul(gm->lt, gm->mm[0], &alpha, w, e->a, x, e->b, &zero, out,
+					    e->c, out, e->c, &e->cand[i], gm->ws, LT_WS_BYTES,
+					    st) == CUBLAS_STATUS_SUCCESS;
+			float ms = 0.0f;
+			ok = ok && cudaEventRecord(gm->tev[1], st) == cudaSuccess &&
+			     cudaEventSynchronize(gm->tev[1]) == cudaSuccess &&
+			     cudaEventElapsedTime(&ms, gm->tev[0], gm->tev[1]) == cudaSuccess;
+			if (rep > 0)
+				sum += ms;
 		}
-		float ms = 0.0f;
-		ok = ok && cudaEventRecord(gm->tev[1], st) == cudaSuccess &&
-		     cudaEventSynchronize(gm->tev[1]) == cudaSuccess &&
-		     cudaEventElapsedTime(&ms, gm->tev[0], gm->tev[1]) == cudaSuccess;
-		if (ok && (pick < 0 || ms < best)) {
-			best = ms;
+		if (ok && (pick < 0 || sum < best)) {
+			best = sum;
 			pick = i;
 		}
 	}
@@ -200,8 +234,14 @@ int bd_gemm_run(struct bd_gemm *gm, const void *w, int M, int K, const void *x, 
 
 void bd_gemm_set_tuning(struct bd_gemm *gm, bool on)
 {
-	if (gm)
-		gm->tuning = on;
+	if (!gm)
+		return;
+	gm->tuning = on;
+	if (!on && gm->flush) {
+		/* after the step whose products were timed (cudaFree waits for the device) */
+		cudaFree(gm->flush);
+		gm->flush = NULL;
+	}
 }
 
 /* A matmul descriptor of compute type ct: A transposed, B not, FP32 scale type. */
@@ -254,6 +294,8 @@ int bd_gemm_new(const struct bd_gemm_opts *opts, struct bd_gemm **ret, char *ret
 		return fail(ret_err, -ENOMEM, "out of memory");
 	gm->o = *opts;
 	gm->o.skinny_tuning = opts->skinny_tuning && opts->dt == BD_DT_BF16;
+	const char *warm = getenv("BD_GEMM_TUNE_WARM");
+	gm->tune_warm = warm && strcmp(warm, "1") == 0;
 	int r = gemm_init(gm, ret_err);
 	if (r < 0) {
 		bd_gemm_free(gm);
@@ -277,6 +319,8 @@ void bd_gemm_free(struct bd_gemm *gm)
 		if (gm->tev[i])
 			cudaEventDestroy(gm->tev[i]);
 	}
+	if (gm->flush)
+		cudaFree(gm->flush);
 	if (gm->lt_ok)
 		cublasLtDestroy(gm->lt);
 	if (gm->ws)

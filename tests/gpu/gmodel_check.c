@@ -5,10 +5,12 @@
  *       its calibration file when one sits next to it: a ~40-token and a > 300-token English
  *       prompt (pages promoted during prefill and during decode), 64 greedy decode steps,
  *       for the kv configurations bf16 and bitdecoding-nvfp4. The GPU is teacher-forced with
- *       the CPU's tokens, so every step compares like with like: FP32 weights must pick the
- *       CPU's token at all 65 positions (prefill + 64 steps; then the free-running sequences
- *       are equal too), max |Δlogit| is reported per step; BF16 weights report how many of
- *       the 65 agree. Slot and page bytes after prefill, GPU (FP32) vs CPU: bytes that
+ *       the CPU's tokens, so every step compares like with like: with FP32 weights and BF16
+ *       pages the GPU must pick the CPU's token at all 65 positions (prefill + 64 steps; then
+ *       the free-running sequences are equal too), with FP4 pages (where one FP32 rounding
+ *       difference can flip a code) the mean KL over the 65 positions must stay within
+ *       F_KL_FP4; max |Δlogit| is reported per step; BF16 weights report how many of the 65
+ *       agree. Slot and page bytes after prefill, GPU (FP32) vs CPU: bytes that
  *       differ are reported (K and V differ by FP32 GEMM rounding: not asserted).
  *       The CPU reference decodes with the kernels' tiling (B_k = 128) and the GPU plan's
  *       split count, so only FP32 summation order separates the two attention paths.
@@ -40,6 +42,8 @@
  *       step (that step run again) streams the undisturbed run's tokens, greedy and sampled.
  * Prints PASS/FAIL/SKIP lines with numbers; exits 1 on any FAIL, 2 on a setup error. Writes
  * nothing. Options: --no-4b skips (d). Without the model file only (d) runs (the rest SKIP).
+ * BD_GMC_PROFILE=B:CTX brackets the last timed step of (d)'s B rows at CTX tokens with
+ * cudaProfilerStart/Stop, for `ncu --profile-from-start off` (bench/kernels/step_kernels.py).
  */
 #include <errno.h>
 #include <math.h>
@@ -53,6 +57,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -304,9 +309,15 @@ static void cpu_ref(struct ctx *c, int ci, int pi)
 
 /* ---- one teacher-forced GPU run ----------------------------------------------------------- */
 
+/* The mean KL (bd_eval_kl_topk) within which FP4 pages of the GPU must follow the CPU, FP32
+ * weights on both sides: a quarter of what the paper's recipe itself costs against BF16 pages
+ * on this model at 2K (9.3e-3, bench/RESULTS.md); (f) explains it. */
+#define F_KL_FP4 2.5e-3
+
 struct grun {
 	int32_t toks[NPOS]; /* the GPU's argmax at each position */
 	double dl[NPOS];    /* max |Δlogit| vs the CPU */
+	double kl;          /* mean over the NPOS positions of bd_eval_kl_topk(CPU, GPU) */
 	long slot_diff, page_diff;
 	size_t slot_bytes, page_bytes_total;
 	int rc;             /* 0, or the first error */
@@ -339,6 +350,14 @@ static void compare_bytes(struct bd_gmodel *g, const struct bd_layout *lay, cons
 	free(buf);
 }
 
+/* bd_eval_kl_topk(ref, got) over the 128 most likely reference tokens of V logits (nats);
+ * NaN when the logits are not finite. */
+static double pos_kl(const float *ref, const float *got, int V)
+{
+	double kl;
+	return bd_eval_kl_topk(ref, got, V, 128, &kl) < 0 ? NAN : kl;
+}
+
 /* Prefill prompt into `slot` with pages page0.., then 64 steps fed the CPU's tokens.
  * rank0: the shard holds the LM head (its outputs are compared); cmp: the model's layout,
  * to compare the slot and pages right after prefill with the CPU's, or NULL. */
@@ -363,6 +382,7 @@ static void gpu_run(struct bd_gmodel *g, const struct ctx *c, const struct ref *
 	if (rank0) {
 		o->toks[0] = tok;
 		o->dl[0] = max_abs_diff(lg, R->logits, (size_t)V);
+		o->kl += pos_kl(R->logits, lg, V) / NPOS;
 	}
 	if (cmp)
 		compare_bytes(g, cmp, R, slot, page0, o);
@@ -387,6 +407,7 @@ static void gpu_run(struct bd_gmodel *g, const struct ctx *c, const struct ref *
 		if (rank0) {
 			o->toks[i] = tok;
 			o->dl[i] = max_abs_diff(lg, R->logits + (size_t)i * (size_t)V, (size_t)V);
+			o->kl += pos_kl(R->logits + (size_t)i * (size_t)V, lg, V) / NPOS;
 		}
 	}
 out:
@@ -462,10 +483,18 @@ static void real_model_checks(struct ctx *c, int ci)
 				worst = gr.dl[i] > worst ? gr.dl[i] : worst;
 			}
 			if (w == 0) {
-				report(agree == NPOS,
+				/* FP4 pages: one FP32 rounding difference can flip a code and
+				 * move a near-tie's argmax, so they are held to the eval's KL (as
+				 * (f) is, F_KL_FP4); BF16 pages to every argmax */
+				bool fp4 = bd_kvcfg_is_fp4(cfg);
+				char tol[48] = "";
+				if (fp4)
+					snprintf(tol, sizeof(tol), " (tolerance %.1e)", F_KL_FP4);
+				report(fp4 ? gr.kl <= F_KL_FP4 : agree == NPOS,
 				       "(a) %s f32 prompt %d tokens: GPU tokens equal the CPU's at "
-				       "%d/%d positions (first difference %d), max |dlogit| %.3e, "
-				       "%.2f s", cfg->name, R->n, agree, NPOS, first, worst, secs);
+				       "%d/%d positions (first difference %d), mean KL %.2e%s, max "
+				       "|dlogit| %.3e, %.2f s", cfg->name, R->n, agree, NPOS, first,
+				       gr.kl, tol, worst, secs);
 				memcpy(R->tp1, gr.toks, sizeof(R->tp1));
 				R->have_tp1 = true;
 				printf("INFO: (a) %s f32 prompt %d: after prefill %ld of %zu slot "
@@ -474,9 +503,9 @@ static void real_model_checks(struct ctx *c, int ci)
 				       gr.page_bytes_total);
 			} else {
 				printf("INFO: (a) %s bf16-weights prompt %d tokens: %d of %d positions "
-				       "agree with the CPU's argmax (first difference %d), max "
-				       "|dlogit| %.3e\n",
-				       cfg->name, R->n, agree, NPOS, first, worst);
+				       "agree with the CPU's argmax (first difference %d), mean KL "
+				       "%.2e, max |dlogit| %.3e\n",
+				       cfg->name, R->n, agree, NPOS, first, gr.kl, worst);
 			}
 			print_dl(wn, gr.dl);
 		}
@@ -827,6 +856,14 @@ done:
 
 /* ---- (d) random-weight Qwen3-4B ------------------------------------------------------------ */
 
+/* Whether BD_GMC_PROFILE names this (B, context) as "B:CTX". */
+static bool profiled(int B, int ctx)
+{
+	const char *e = getenv("BD_GMC_PROFILE");
+	int pb, pc;
+	return e && sscanf(e, "%d:%d", &pb, &pc) == 2 && pb == B && pc == ctx;
+}
+
 /* Decode steps of B rows (slots slot0.., block tables tabs[i % ntab] of npr pages) from
  * position *pos: median device time, upload and launch split, graph nodes. */
 static bool timed_steps(struct bd_gmodel *g, int B, int slot0, const int32_t *const *tabs,
@@ -852,7 +889,14 @@ static bool timed_steps(struct bd_gmodel *g, int B, int slot0, const int32_t *co
 			feed[i] = tok[i];
 		}
 		struct bd_gout out = { .tokens = tok };
+		bool prof = s == WARM + TIMED - 1 && profiled(B, ctx);
+		if (prof)
+			CK(cudaProfilerStart());
 		int r = bd_gmodel_decode(g, w, feed, B, &out, st, err);
+		if (prof) {
+			CK(cudaDeviceSynchronize());
+			CK(cudaProfilerStop());
+		}
 		if (r < 0) {
 			report(false, "(d) B = %d at %d: step %d: %d %s", B, ctx, s, r, err);
 			return false;
@@ -1113,7 +1157,6 @@ static void tp_checks(struct ctx *c)
  *   the context as decode does, losing what the pages lose: F_KL_FP4 on the last prompt token's
  *   logits, argmax equal, the CPU's own KL for the same comparison printed beside it. */
 #define F_TOL_BF16 0.5
-#define F_KL_FP4 2.5e-3
 
 /* The CPU's prompt of F_N tokens in chunks of `chunk` (0: at once), then F_STEPS greedy
  * decodes: logits [F_NPOS][V] and argmax tokens [F_NPOS]. */
