@@ -53,20 +53,6 @@ static uint8_t nib(const uint8_t *p, size_t i)
 	return (uint8_t)((p[i / 2] >> (4 * (i % 2))) & 0xf);
 }
 
-/* ||a − b|| / ||b|| */
-static double rel_frob(const float *a, const float *b, size_t n)
-{
-	double num = 0.0, den = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		double e = (double)a[i] - (double)b[i];
-
-		num += e * e;
-		den += (double)b[i] * (double)b[i];
-	}
-	return sqrt(num / den);
-}
-
 static float page_g(const struct bd_layout *lay, const uint8_t *page, int h, int which)
 {
 	float g[2];
@@ -493,8 +479,8 @@ Test(layout, nvfp4_page_bytes_and_round_trip)
 	expect_read(&V, r.rv, gv, "V");
 	/* NVFP4 on Gaussian data: relative error ≈ 0.095 with κ = 6 (V), ≈ 0.087 with the
 	 * search (K); a misplaced block or scale gives errors of order 1 */
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
-	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rv, r.vf, T * D), 0.11);
 
 	/* with ret_g: s·x̂ without g, and g returned */
 	float g[2] = { 0, 0 };
@@ -665,8 +651,8 @@ Test(layout, mxfp4_round_trip)
 	expect_read(&K, r.rk, 1.0f, "K");
 	expect_read(&V, r.rv, 1.0f, "V");
 	/* power-of-two scales cost accuracy vs NVFP4: about 0.11–0.12 on Gaussian data */
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.16);
-	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.16);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.16);
+	cr_assert_lt(tg_rel_l2(r.rv, r.vf, T * D), 0.16);
 	/* no page decode scale: ret_g = {1, 1} and the same values */
 	cr_assert_eq(bd_page_read_head(&l, r.page, 0, rk2, r.rv, g), 0);
 	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
@@ -699,8 +685,8 @@ Test(layout, nvfp4_ch_round_trip)
 	expect_read(&K, r.rk, gk, "K");
 	expect_read(&V, r.rv, gv, "V");
 	/* ≈ 0.095: NVFP4, κ = 6 on Gaussian data */
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
-	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rv, r.vf, T * D), 0.11);
 	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == gv);
 	trip_free(&r);
@@ -727,7 +713,7 @@ Test(layout, mla_round_trip)
 	cr_assert_eq(memcmp(r.page + l.v_codes_off, r.v, T * R * 2), 0);
 	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
 	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.11);
 	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == 1.0f);
 	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
