@@ -6,6 +6,7 @@
  * inside the file.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -20,6 +21,7 @@
 #include "quant/bd_fp4.h"
 #include "base/bd_err.h"
 #include "base/bd_mapfile.h"
+#include "base/bd_names.h"
 #include "formats/bd_ggml_quants.h"
 #include "formats/bd_safetensors.h"
 
@@ -39,7 +41,7 @@ struct bd_st {
 
 	size_t n_tensors;
 	struct bd_st_tensor *tensors;           /* by data offset */
-	const struct bd_st_tensor **t_sorted;   /* by name, for bsearch */
+	struct bd_names t_index;                /* by name */
 
 	size_t n_meta;
 	struct meta *meta;
@@ -205,12 +207,6 @@ static int by_offset(const void *a, const void *b)
 	return 0;
 }
 
-static int by_name(const void *a, const void *b)
-{
-	const struct bd_st_tensor *const *x = a, *const *y = b;
-	return strcmp((*x)->name, (*y)->name);
-}
-
 static int parse(struct bd_st *st, char *err)
 {
 	if (st->size < LEN_BYTES)
@@ -242,8 +238,7 @@ static int parse(struct bd_st *st, char *err)
 
 	size_t n = json_object_size(st->root);
 	st->tensors = calloc(n ? n : 1, sizeof(*st->tensors));
-	st->t_sorted = calloc(n ? n : 1, sizeof(*st->t_sorted));
-	if (!st->tensors || !st->t_sorted)
+	if (!st->tensors)
 		return fail(err, -ENOMEM, "out of memory");
 
 	const uint8_t *buf = st->base + st->data_offset;
@@ -282,9 +277,12 @@ static int parse(struct bd_st *st, char *err)
 		return fail(err, -EBADMSG, "bytes [%llu, %zu) of the data belong to no tensor "
 			    "(trailing bytes)", (unsigned long long)at, buf_size);
 
-	for (size_t i = 0; i < st->n_tensors; i++)
-		st->t_sorted[i] = &st->tensors[i];
-	qsort(st->t_sorted, st->n_tensors, sizeof(*st->t_sorted), by_name);
+	const char *dup = NULL; /* none: jansson refused duplicate keys */
+	r = bd_names_build(&st->t_index, st->tensors, st->n_tensors, sizeof(*st->tensors),
+			   offsetof(struct bd_st_tensor, name), &dup);
+	if (r < 0)
+		return r == -EEXIST ? fail(err, -EBADMSG, "duplicate tensor name " NAME_FMT, dup)
+				    : fail(err, -ENOMEM, "out of memory");
 	return 0;
 }
 
@@ -345,7 +343,7 @@ void bd_st_free(struct bd_st *st)
 	if (!st)
 		return;
 	free(st->tensors);
-	free(st->t_sorted);
+	bd_names_free(&st->t_index);
 	free(st->meta);
 	json_decref(st->root);
 	bd_mapfile_close(&st->file);
@@ -381,13 +379,7 @@ const struct bd_st_tensor *bd_st_tensor_at(const struct bd_st *st, size_t i)
 
 const struct bd_st_tensor *bd_st_find_tensor(const struct bd_st *st, const char *name)
 {
-	if (!st || !name || !st->n_tensors)
-		return NULL;
-	struct bd_st_tensor key = { .name = name };
-	const struct bd_st_tensor *kp = &key;
-	const struct bd_st_tensor **hit =
-		bsearch(&kp, st->t_sorted, st->n_tensors, sizeof(*st->t_sorted), by_name);
-	return hit ? *hit : NULL;
+	return st ? bd_names_find(&st->t_index, name) : NULL;
 }
 
 size_t bd_st_n_metadata(const struct bd_st *st)
