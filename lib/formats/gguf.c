@@ -467,55 +467,38 @@ static int parse(struct bd_gguf *g, char *err)
 	return 0;
 }
 
-/* Parse the image base[size]: a mapping the handle takes over (file), or memory the caller
- * keeps (file NULL). On success hand the handle out; on failure free it (and the mapping) and
- * name path, if any, in front of the parser's message. */
-static int open_image(const void *base, size_t size, struct bd_mapfile *file,
-		      const char *path, struct bd_gguf **ret, char *ret_err)
+/* The parser bd_mapfile_parse calls: a handle over img, which it takes over; on failure the
+ * handle and img are freed. */
+static int open_image(struct bd_mapfile *img, void *ret, char *ret_err)
 {
-	static const uint8_t empty[1];
 	struct bd_gguf *g = calloc(1, sizeof(*g));
 	if (!g) {
-		bd_mapfile_close(file);
+		bd_mapfile_close(img);
 		return fail(ret_err, -ENOMEM, "out of memory");
 	}
 	g->refs = 1;
-	g->base = base ? base : empty;
-	g->size = size;
-	if (file)
-		g->file = *file;
-	if (ret_err)
-		ret_err[0] = 0;
+	g->file = *img;
+	g->base = img->base;
+	g->size = img->size;
 	int r = parse(g, ret_err);
 	if (r < 0) {
 		bd_gguf_free(g);
-		if (path && ret_err) {
-			char msg[BD_GGUF_ERR_MAX];
-			snprintf(msg, sizeof(msg), "%s", ret_err);
-			fail(ret_err, r, "%s: %s", path, msg);
-		}
 		return r;
 	}
-	*ret = g;
+	*(struct bd_gguf **)ret = g;
 	return 0;
 }
 
 int bd_gguf_open_mem(const void *buf, size_t size, struct bd_gguf **ret, char *ret_err)
 {
-	if (!ret || (!buf && size))
-		return fail(ret_err, -EINVAL, "invalid argument");
-	return open_image(buf, size, NULL, NULL, ret, ret_err);
+	return bd_mapfile_parse(NULL, buf, size, open_image, ret, ret_err, BD_GGUF_ERR_MAX);
 }
 
 int bd_gguf_open(const char *path, struct bd_gguf **ret, char *ret_err)
 {
-	if (!path || !ret)
+	if (!path)
 		return fail(ret_err, -EINVAL, "invalid argument");
-	struct bd_mapfile file;
-	int e = bd_mapfile_open(path, &file, ret_err, BD_GGUF_ERR_MAX);
-	if (e < 0)
-		return e;
-	return open_image(file.base, file.size, &file, path, ret, ret_err);
+	return bd_mapfile_parse(path, NULL, 0, open_image, ret, ret_err, BD_GGUF_ERR_MAX);
 }
 
 uint32_t bd_gguf_version(const struct bd_gguf *g)

@@ -286,56 +286,37 @@ static int parse(struct bd_st *st, char *err)
 	return 0;
 }
 
-/* Parse the image base[size]: a mapping the handle takes over (file), or memory the caller
- * keeps (file NULL). On success hand the handle out; on failure free it (and the mapping) and
- * name path, if any, in front of the parser's message. */
-static int open_image(const void *base, size_t size, struct bd_mapfile *file,
-		      const char *path, struct bd_st **ret, char *ret_err)
+/* The parser bd_mapfile_parse calls: a handle over img, which it takes over; on failure the
+ * handle and img are freed. */
+static int open_image(struct bd_mapfile *img, void *ret, char *ret_err)
 {
-	static const uint8_t empty[1];
 	struct bd_st *st = calloc(1, sizeof(*st));
 	if (!st) {
-		bd_mapfile_close(file);
+		bd_mapfile_close(img);
 		return fail(ret_err, -ENOMEM, "out of memory");
 	}
-	st->base = base ? base : empty;
-	st->size = size;
-	if (file)
-		st->file = *file;
+	st->file = *img;
+	st->base = img->base;
+	st->size = img->size;
 	int r = parse(st, ret_err);
 	if (r < 0) {
 		bd_st_free(st);
-		if (path && ret_err) {
-			char msg[BD_ST_ERR_MAX];
-			snprintf(msg, sizeof(msg), "%s", ret_err);
-			fail(ret_err, r, "%s: %s", path, msg);
-		}
 		return r;
 	}
-	*ret = st;
+	*(struct bd_st **)ret = st;
 	return 0;
 }
 
 int bd_st_open_mem(const void *buf, size_t size, struct bd_st **ret, char *ret_err)
 {
-	if (ret_err)
-		ret_err[0] = 0;
-	if ((!buf && size) || !ret)
-		return fail(ret_err, -EINVAL, "invalid argument");
-	return open_image(buf, size, NULL, NULL, ret, ret_err);
+	return bd_mapfile_parse(NULL, buf, size, open_image, ret, ret_err, BD_ST_ERR_MAX);
 }
 
 int bd_st_open(const char *path, struct bd_st **ret, char *ret_err)
 {
-	if (ret_err)
-		ret_err[0] = 0;
-	if (!path || !ret)
+	if (!path)
 		return fail(ret_err, -EINVAL, "invalid argument");
-	struct bd_mapfile file;
-	int e = bd_mapfile_open(path, &file, ret_err, BD_ST_ERR_MAX);
-	if (e < 0)
-		return e;
-	return open_image(file.base, file.size, &file, path, ret, ret_err);
+	return bd_mapfile_parse(path, NULL, 0, open_image, ret, ret_err, BD_ST_ERR_MAX);
 }
 
 void bd_st_free(struct bd_st *st)
