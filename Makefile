@@ -328,12 +328,14 @@ all: $(WORKERD_BIN)
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard cli/*.c)))
 $(CLI_OBJ): | $(PROTO_H)
 $(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljansson))
-# TESTGEN_OBJ: the shared generator of random test inputs (tests/common/testgen.h), linked by
-# the programs that make their own test data (bench_ref, gpu_check, bench_kernels).
+# TESTGEN_OBJ: the shared generator of random test inputs and their relative error
+# (tests/common/testgen.h), linked by the programs that make their own test data or measure
+# against a reference (bench_ref, bench_wmat, gpu_check, bench_kernels).
 TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
 $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(BUILD)/bench/bench_info.o $(TESTGEN_OBJ),quant base))
 $(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_info.o,model formats quant base))
-$(eval $(call program,bench_wmat,$(BUILD)/bench/bench_wmat.o $(BUILD)/bench/bench_info.o,model formats quant base))
+$(eval $(call program,bench_wmat,$(BUILD)/bench/bench_wmat.o $(BUILD)/bench/bench_info.o $(TESTGEN_OBJ),model formats quant base))
+$(BUILD)/bench/bench_wmat.o: CFLAGS += -Itests/common
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common

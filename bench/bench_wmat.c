@@ -28,6 +28,7 @@
 #include "formats/bd_ggml_gemv.h"
 #include "model/bd_forward.h"
 #include "bench_info.h"
+#include "testgen.h"
 
 struct prod {
 	const struct bd_wmat *w;
@@ -142,16 +143,6 @@ static void step(enum path p, const struct prod *ps, int n, const float *x, int8
 		}
 		off += (size_t)w->rows;
 	}
-}
-
-static double rel_l2(const float *a, const float *ref, size_t n)
-{
-	double num = 0.0, den = 0.0;
-	for (size_t i = 0; i < n; i++) {
-		num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
-		den += (double)ref[i] * ref[i];
-	}
-	return sqrt(num / den);
 }
 
 /* The model with every matrix expanded to FP32 (the CPU model's path before). */
@@ -308,7 +299,7 @@ int main(int argc, char **argv)
 			snprintf(r->name, sizeof(r->name), "int8 x per 32 (AVX2 variant)");
 		r->mib = (pa == P_SGEMV ? (double)f32b : (double)blocks) / 1048576.0;
 		r->ms = t[steps / 2];
-		r->rel = rel_l2(y, yref, out_total);
+		r->rel = tg_rel_l2(y, yref, out_total);
 	}
 	bd_ggml_gemv_set_isa("avx512");
 	for (int i = 0; i < n; i++) {

@@ -232,27 +232,19 @@ static void seq_free(struct wd_seq *s)
 	free(s);
 }
 
-/* A request whose leading row->prefix_pages pages come from the prefix index holds nothing in
- * its slot: its BF16 sink (the first 16 tokens, NUMERICS.md §8) is written by a prefill of
- * context[0..16) at position 0 into the slot (no page fills: 16 < 128; the recent rows it also
- * writes are rewritten by the chunk that follows before anything reads them), then *ps is made
- * anew over the same slot, as it is, for bd_seq_resume. The positions 0..15 see the same
- * tokens as in the prefill that wrote the shared pages, so the sink holds what that request's
- * sink held. Returns 0, or -1 with the row failed and *ps freed. */
-static int rebuild_sink(struct wd *w, const Bdfp4__PlanRow *row, struct wd_row_out *o,
-			struct wd_seq **ps)
+/* A prefix hit's row (wd_row_prefix_sink) holds nothing in its slot: its BF16 sink (the first
+ * n_sink tokens of the context, NUMERICS.md §8) is written by a prefill of context[0..n_sink)
+ * at position 0 into the slot (no page fills: 16 < 128; the recent rows it also writes are
+ * rewritten by the chunk that follows before anything reads them), then *ps is made anew over
+ * the same slot, as it is, for bd_seq_resume. The positions 0..15 see the same tokens as in the
+ * prefill that wrote the shared pages, so the sink holds what that request's sink held.
+ * Returns 0, or -1 with the row failed and *ps freed. */
+static int rebuild_sink(struct wd *w, const Bdfp4__PlanRow *row, int n_sink,
+			struct wd_row_out *o, struct wd_seq **ps)
 {
-	int n = (int)row->n_context < BD_SINK_TOKENS ? (int)row->n_context : BD_SINK_TOKENS, r;
+	int r = bd_model_prefill(w->model, (*ps)->seq, (const int32_t *)row->context, n_sink,
+				 NULL);
 
-	if (n < 1 || row->prefix_pages > row->n_block_table ||
-	    row->position != (int32_t)row->n_block_table * BD_PAGE_TOKENS) {
-		seq_free(*ps);
-		*ps = NULL;
-		return wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-				   "a prefix hit of %u pages needs the context's first tokens and "
-				   "a block table of them at its position", row->prefix_pages);
-	}
-	r = bd_model_prefill(w->model, (*ps)->seq, (const int32_t *)row->context, n, NULL);
 	seq_free(*ps);
 	*ps = NULL;
 	if (r < 0)
@@ -270,12 +262,17 @@ static struct wd_seq *resume(struct wd *w, const Bdfp4__PlanRow *row, struct wd_
 {
 	struct wd_cpu *c = cpu(w);
 	struct wd_seq *s;
-	int r;
+	char why[WD_MSG_MAX];
+	int n_sink, r;
 
 	drop(c, row->request_id);
+	if ((n_sink = wd_row_prefix_sink(row, why, sizeof(why))) < 0) {
+		wd_row_fail(o, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT, "%s", why);
+		return NULL;
+	}
 	if (!(s = seq_make(w, row, o)))
 		return NULL;
-	if (row->prefix_pages && rebuild_sink(w, row, o, &s) < 0)
+	if (n_sink && rebuild_sink(w, row, n_sink, o, &s) < 0)
 		return NULL;
 	r = bd_seq_resume(s->seq, row->block_table, (int)row->n_block_table, row->position);
 	if (r < 0) {

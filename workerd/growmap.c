@@ -367,25 +367,22 @@ int wd_gmap(struct wd_gtab *t, const Bdfp4__PlanRow *row, const struct wd_glimit
 		msg[0] = 0;
 	if (row->prefill && row->position == 0)
 		return map_prefill(t, row, lim, it, msg, cap);
+	int n_sink = 0;
 	if (row->resume) {
 		int code = resume_record(t, row, lim, msg, cap);
 		if (code)
 			return code;
-		if (row->prefix_pages &&
-		    (!row->prefill || row->n_context < 1 ||
-		     row->prefix_pages > row->n_block_table)) {
+		if ((n_sink = wd_row_prefix_sink(row, msg, cap)) < 0) {
 			wd_gtab_drop(t, row->request_id);
-			return bd_errf(msg, cap, BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT,
-				       "a prefix hit of %u pages needs a chunk with the context's "
-				       "first tokens and a block table of them", row->prefix_pages);
+			return BDFP4__SERVE_ERROR__SERVE_ERR_INVALID_ARGUMENT;
 		}
 	}
 	if (!row->prefill)
 		return map_decode(t, row, lim, it, msg, cap);
 	int code = map_chunk(t, row, lim, it, msg, cap);
-	if (code == 0 && row->resume && row->prefix_pages) {
+	if (code == 0 && n_sink) {
 		it->sink_tokens = row->context;
-		it->n_sink = row->n_context < BD_SINK_TOKENS ? (int)row->n_context : BD_SINK_TOKENS;
+		it->n_sink = n_sink;
 	}
 	return code;
 }

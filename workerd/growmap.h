@@ -24,8 +24,9 @@
  * block table, draws (the sampler's counter, so the draws continue where they stopped) —, then
  * maps as a chunk or a decode continuing it. A resume row with prefix_pages = k is a prefix
  * hit's first chunk: a new slot, the k leading pages of its block table shared from kvpoold's
- * prefix index, the chunk at 128·k; its BF16 sink is rebuilt first (n_sink tokens of the row's
- * context prefilled at position 0 into the slot, no pages). Pointers in a mapped item point
+ * prefix index, the chunk at 128·k (the rule is wd_row_prefix_sink's, workerd.h, the cpu
+ * backend's too); its BF16 sink is rebuilt first (n_sink tokens of the row's context
+ * prefilled at position 0 into the slot, no pages). Pointers in a mapped item point
  * into the plan row (valid while the plan lives).
  */
 #ifndef BD_WORKERD_GROWMAP_H

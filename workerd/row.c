@@ -1,12 +1,14 @@
 /* row.c — a row's result as the backends build it: the ServeError of a -errno and the row
- * errors with their one-line messages, the log-probabilities (workerd.h). Calls no other file
- * of workerd/.
+ * errors with their one-line messages, the log-probabilities; and the rule of a prefix hit's
+ * row that both backends apply (workerd.h). Calls no other file of workerd/.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "base/bd_err.h"
+#include "quant/bd_layout.h"
 #include "workerd.h"
 
 Bdfp4__ServeError wd_serve_error(int e)
@@ -67,4 +69,18 @@ int wd_row_logprobs(struct wd_row_out *o, float logprob, const int32_t *ids, con
 	o->rr.n_top_logprobs = (size_t)n;
 	o->rr.top_logprobs = n ? o->lpp : NULL;
 	return 0;
+}
+
+int wd_row_prefix_sink(const Bdfp4__PlanRow *row, char *msg, size_t cap)
+{
+	if (!row->resume || !row->prefix_pages)
+		return 0;
+	if (!row->prefill || row->n_context < 1 || row->prefix_pages > row->n_block_table ||
+	    row->position != (int64_t)row->n_block_table * BD_PAGE_TOKENS) {
+		bd_errf(msg, cap, -EINVAL, "a prefix hit of %u pages needs a prefill chunk with the "
+			"context's first tokens, at the end of a block table of them",
+			row->prefix_pages);
+		return -1;
+	}
+	return row->n_context < BD_SINK_TOKENS ? (int)row->n_context : BD_SINK_TOKENS;
 }

@@ -214,5 +214,13 @@ void wd_rows_fail(const Bdfp4__StepPlan *plan, struct wd_row_out *out, Bdfp4__Se
  * ids and lp may be NULL when n ≤ 0. */
 int wd_row_logprobs(struct wd_row_out *o, float logprob, const int32_t *ids, const float *lp,
 		    int n);
+/* The rule of a prefix hit's row, one for both backends: a resume row with prefix_pages = k > 0
+ * continues a request whose first k pages come from the prefix index (shared, leading its block
+ * table) and whose slot is new, so it must be a prefill chunk at position 128·n_block_table
+ * (k ≤ n_block_table) carrying the context's first tokens, from which its BF16 sink is rebuilt
+ * (NUMERICS.md §8). Returns the sink's length, min(n_context, BD_SINK_TOKENS), for such a row;
+ * 0 for a row that is no prefix hit (not a resume, or k = 0); -1 for a hit that breaks the rule,
+ * with a one-line reason naming the prefix hit in msg[cap]. */
+int wd_row_prefix_sink(const Bdfp4__PlanRow *row, char *msg, size_t cap);
 
 #endif

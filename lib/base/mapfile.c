@@ -1,6 +1,7 @@
-/* mapfile.c — a whole file mapped read-only (bd_mapfile.h). */
+/* mapfile.c — a whole file mapped read-only, and a file or memory image parsed (bd_mapfile.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -54,4 +55,30 @@ void bd_mapfile_close(struct bd_mapfile *m)
 	if (m->mapped)
 		munmap((void *)m->base, m->size);
 	*m = (struct bd_mapfile){ 0 };
+}
+
+int bd_mapfile_parse(const char *path, const void *buf, size_t size, bd_mapfile_parse_fn parse,
+		     void *ret, char *err, size_t errlen)
+{
+	static const unsigned char empty[1];
+	struct bd_mapfile img;
+	int r;
+
+	if (err && errlen)
+		err[0] = 0;
+	if (!parse || !ret || (!path && !buf && size))
+		return bd_errf(err, errlen, -EINVAL, "invalid argument");
+	if (!path) {
+		img = (struct bd_mapfile){ .base = buf ? buf : empty, .size = size };
+		return parse(&img, ret, err);
+	}
+	if ((r = bd_mapfile_open(path, &img, err, errlen)) < 0)
+		return r;
+	if ((r = parse(&img, ret, err)) < 0 && err && errlen) {
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "%s", err);
+		bd_errf(err, errlen, r, "%s: %s", path, msg);
+	}
+	return r;
 }

@@ -15,6 +15,18 @@ extern "C" {
  * device or a driver too old for the runtime; -EIO any other error. */
 int bd_cuda_errno(cudaError_t e);
 
+/* Runs the CUDA runtime call `call` (an expression of type cudaError_t) and, when it fails, the
+ * statements that follow it, with the error in bd_cuda_e (cudaGetErrorString(bd_cuda_e) names
+ * it): the one skeleton of the error macros of the CUDA host code and of the GPU checks, which
+ * differ only in what a failure does (return a -errno, end the program). */
+#define BD_CUDA_TRY(call, ...)                                                             \
+	do {                                                                               \
+		cudaError_t bd_cuda_e = (call);                                            \
+		if (bd_cuda_e != cudaSuccess) {                                            \
+			__VA_ARGS__;                                                       \
+		}                                                                          \
+	} while (0)
+
 #ifdef __cplusplus
 }
 #endif

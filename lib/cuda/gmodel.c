@@ -197,14 +197,9 @@ static void clear_err(char *ret_err)
 
 /* A CUDA call inside a function with `int r`, `char *ret_err` and a label `out`. */
 #define CU(call)                                                                           \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess) {                                                   \
-			r = fail(ret_err, bd_cuda_errno(e_), "%s: %s", #call,                  \
-				 cudaGetErrorString(e_));                                  \
-			goto out;                                                          \
-		}                                                                          \
-	} while (0)
+	BD_CUDA_TRY(call, r = fail(ret_err, bd_cuda_errno(bd_cuda_e), "%s: %s", #call,         \
+				   cudaGetErrorString(bd_cuda_e));                         \
+		    goto out)
 
 /* An int-returning launcher (bd_ops.h, bd_kernels.h) inside the same kind of function. */
 #define OP(call)                                                                           \

@@ -5,6 +5,7 @@
  * header cannot make us allocate more than a small multiple of the file's size.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 
 #include "base/bd_err.h"
 #include "base/bd_mapfile.h"
+#include "base/bd_names.h"
 #include "formats/bd_gguf.h"
 
 #define GGUF_MAGIC "GGUF"
@@ -31,11 +33,11 @@ struct bd_gguf {
 
 	size_t n_kv;
 	struct bd_gguf_kv *kvs;
-	const struct bd_gguf_kv **kv_sorted; /* by key, for bsearch */
+	struct bd_names kv_index; /* by key */
 
 	size_t n_tensors;
 	struct bd_gguf_tensor *tensors;
-	const struct bd_gguf_tensor **t_sorted; /* by name */
+	struct bd_names t_index; /* by name */
 	int refs; /* the opener's and bd_gguf_ref()'s, atomically */
 };
 
@@ -281,20 +283,6 @@ static int parse_kv(struct cursor *c, struct bd_gguf_kv *kv)
 	return parse_values(c, t, 1, NULL, 0, kv->key);
 }
 
-static int cmp_kv(const void *a, const void *b)
-{
-	const struct bd_gguf_kv *x = *(const struct bd_gguf_kv *const *)a;
-	const struct bd_gguf_kv *y = *(const struct bd_gguf_kv *const *)b;
-	return strcmp(x->key, y->key);
-}
-
-static int cmp_tensor(const void *a, const void *b)
-{
-	const struct bd_gguf_tensor *x = *(const struct bd_gguf_tensor *const *)a;
-	const struct bd_gguf_tensor *y = *(const struct bd_gguf_tensor *const *)b;
-	return strcmp(x->name, y->name);
-}
-
 static int parse_tensor_info(struct cursor *c, struct bd_gguf_tensor *t)
 {
 	struct bd_gguf_str name;
@@ -365,9 +353,9 @@ void bd_gguf_free(struct bd_gguf *g)
 		for (size_t i = 0; i < g->n_tensors; i++)
 			free((char *)g->tensors[i].name);
 	free(g->kvs);
-	free(g->kv_sorted);
+	bd_names_free(&g->kv_index);
 	free(g->tensors);
-	free(g->t_sorted);
+	bd_names_free(&g->t_index);
 	bd_mapfile_close(&g->file);
 	free(g);
 }
@@ -394,6 +382,7 @@ static int parse(struct bd_gguf *g, char *err)
 {
 	struct cursor c = { .p = g->base, .size = g->size, .err = err };
 	uint64_t n_tensors, n_kv;
+	const char *dup = NULL;
 	int r;
 
 	if (g->size >= 4 && memcmp(g->base, GGUF_MAGIC, 4) != 0)
@@ -424,19 +413,18 @@ static int parse(struct bd_gguf *g, char *err)
 			    (unsigned long long)n_tensors, c.size - c.off);
 
 	g->kvs = calloc(n_kv ? (size_t)n_kv : 1, sizeof(*g->kvs));
-	g->kv_sorted = calloc(n_kv ? (size_t)n_kv : 1, sizeof(*g->kv_sorted));
-	if (!g->kvs || !g->kv_sorted)
+	if (!g->kvs)
 		return fail(err, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < n_kv; i++) {
 		g->n_kv = i + 1; /* so bd_gguf_free releases what entry i allocated */
 		if ((r = parse_kv(&c, &g->kvs[i])) < 0)
 			return r;
-		g->kv_sorted[i] = &g->kvs[i];
 	}
-	qsort(g->kv_sorted, g->n_kv, sizeof(*g->kv_sorted), cmp_kv);
-	for (size_t i = 1; i < g->n_kv; i++)
-		if (strcmp(g->kv_sorted[i - 1]->key, g->kv_sorted[i]->key) == 0)
-			return fail(err, -EBADMSG, "duplicate metadata key '%s'", g->kv_sorted[i]->key);
+	r = bd_names_build(&g->kv_index, g->kvs, g->n_kv, sizeof(*g->kvs),
+			   offsetof(struct bd_gguf_kv, key), &dup);
+	if (r < 0)
+		return r == -EEXIST ? fail(err, -EBADMSG, "duplicate metadata key '%s'", dup)
+				    : fail(err, -ENOMEM, "out of memory");
 	if ((r = read_alignment(g, err)) < 0)
 		return r;
 
@@ -444,19 +432,18 @@ static int parse(struct bd_gguf *g, char *err)
 		return fail(err, -EBADMSG, "truncated: %llu tensor infos cannot fit in %zu bytes",
 			    (unsigned long long)n_tensors, c.size - c.off);
 	g->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof(*g->tensors));
-	g->t_sorted = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof(*g->t_sorted));
-	if (!g->tensors || !g->t_sorted)
+	if (!g->tensors)
 		return fail(err, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < n_tensors; i++) {
 		g->n_tensors = i + 1;
 		if ((r = parse_tensor_info(&c, &g->tensors[i])) < 0)
 			return r;
-		g->t_sorted[i] = &g->tensors[i];
 	}
-	qsort(g->t_sorted, g->n_tensors, sizeof(*g->t_sorted), cmp_tensor);
-	for (size_t i = 1; i < g->n_tensors; i++)
-		if (strcmp(g->t_sorted[i - 1]->name, g->t_sorted[i]->name) == 0)
-			return fail(err, -EBADMSG, "duplicate tensor name '%s'", g->t_sorted[i]->name);
+	r = bd_names_build(&g->t_index, g->tensors, g->n_tensors, sizeof(*g->tensors),
+			   offsetof(struct bd_gguf_tensor, name), &dup);
+	if (r < 0)
+		return r == -EEXIST ? fail(err, -EBADMSG, "duplicate tensor name '%s'", dup)
+				    : fail(err, -ENOMEM, "out of memory");
 
 	/* the data section starts at the next multiple of the alignment */
 	size_t pad = (g->alignment - c.off % g->alignment) % g->alignment;
@@ -480,55 +467,38 @@ static int parse(struct bd_gguf *g, char *err)
 	return 0;
 }
 
-/* Parse the image base[size]: a mapping the handle takes over (file), or memory the caller
- * keeps (file NULL). On success hand the handle out; on failure free it (and the mapping) and
- * name path, if any, in front of the parser's message. */
-static int open_image(const void *base, size_t size, struct bd_mapfile *file,
-		      const char *path, struct bd_gguf **ret, char *ret_err)
+/* The parser bd_mapfile_parse calls: a handle over img, which it takes over; on failure the
+ * handle and img are freed. */
+static int open_image(struct bd_mapfile *img, void *ret, char *ret_err)
 {
-	static const uint8_t empty[1];
 	struct bd_gguf *g = calloc(1, sizeof(*g));
 	if (!g) {
-		bd_mapfile_close(file);
+		bd_mapfile_close(img);
 		return fail(ret_err, -ENOMEM, "out of memory");
 	}
 	g->refs = 1;
-	g->base = base ? base : empty;
-	g->size = size;
-	if (file)
-		g->file = *file;
-	if (ret_err)
-		ret_err[0] = 0;
+	g->file = *img;
+	g->base = img->base;
+	g->size = img->size;
 	int r = parse(g, ret_err);
 	if (r < 0) {
 		bd_gguf_free(g);
-		if (path && ret_err) {
-			char msg[BD_GGUF_ERR_MAX];
-			snprintf(msg, sizeof(msg), "%s", ret_err);
-			fail(ret_err, r, "%s: %s", path, msg);
-		}
 		return r;
 	}
-	*ret = g;
+	*(struct bd_gguf **)ret = g;
 	return 0;
 }
 
 int bd_gguf_open_mem(const void *buf, size_t size, struct bd_gguf **ret, char *ret_err)
 {
-	if (!ret || (!buf && size))
-		return fail(ret_err, -EINVAL, "invalid argument");
-	return open_image(buf, size, NULL, NULL, ret, ret_err);
+	return bd_mapfile_parse(NULL, buf, size, open_image, ret, ret_err, BD_GGUF_ERR_MAX);
 }
 
 int bd_gguf_open(const char *path, struct bd_gguf **ret, char *ret_err)
 {
-	if (!path || !ret)
+	if (!path)
 		return fail(ret_err, -EINVAL, "invalid argument");
-	struct bd_mapfile file;
-	int e = bd_mapfile_open(path, &file, ret_err, BD_GGUF_ERR_MAX);
-	if (e < 0)
-		return e;
-	return open_image(file.base, file.size, &file, path, ret, ret_err);
+	return bd_mapfile_parse(path, NULL, 0, open_image, ret, ret_err, BD_GGUF_ERR_MAX);
 }
 
 uint32_t bd_gguf_version(const struct bd_gguf *g)
@@ -565,13 +535,7 @@ const struct bd_gguf_kv *bd_gguf_kv_at(const struct bd_gguf *g, size_t i)
 
 const struct bd_gguf_kv *bd_gguf_find_kv(const struct bd_gguf *g, const char *key)
 {
-	if (!g || !key)
-		return NULL;
-	struct bd_gguf_kv probe = { .key = key };
-	const struct bd_gguf_kv *pp = &probe;
-	const struct bd_gguf_kv **hit =
-		bsearch(&pp, g->kv_sorted, g->n_kv, sizeof(*g->kv_sorted), cmp_kv);
-	return hit ? *hit : NULL;
+	return g ? bd_names_find(&g->kv_index, key) : NULL;
 }
 
 static bool is_int_type(enum bd_gguf_type t)
@@ -727,13 +691,7 @@ const struct bd_gguf_tensor *bd_gguf_tensor_at(const struct bd_gguf *g, size_t i
 
 const struct bd_gguf_tensor *bd_gguf_find_tensor(const struct bd_gguf *g, const char *name)
 {
-	if (!g || !name)
-		return NULL;
-	struct bd_gguf_tensor probe = { .name = name };
-	const struct bd_gguf_tensor *pp = &probe;
-	const struct bd_gguf_tensor **hit =
-		bsearch(&pp, g->t_sorted, g->n_tensors, sizeof(*g->t_sorted), cmp_tensor);
-	return hit ? *hit : NULL;
+	return g ? bd_names_find(&g->t_index, name) : NULL;
 }
 
 int bd_gguf_tensor_rows_f32(const struct bd_gguf_tensor *t, uint64_t row0, uint64_t n_rows,

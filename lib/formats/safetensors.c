@@ -6,6 +6,7 @@
  * inside the file.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -20,6 +21,7 @@
 #include "quant/bd_fp4.h"
 #include "base/bd_err.h"
 #include "base/bd_mapfile.h"
+#include "base/bd_names.h"
 #include "formats/bd_ggml_quants.h"
 #include "formats/bd_safetensors.h"
 
@@ -39,7 +41,7 @@ struct bd_st {
 
 	size_t n_tensors;
 	struct bd_st_tensor *tensors;           /* by data offset */
-	const struct bd_st_tensor **t_sorted;   /* by name, for bsearch */
+	struct bd_names t_index;                /* by name */
 
 	size_t n_meta;
 	struct meta *meta;
@@ -205,12 +207,6 @@ static int by_offset(const void *a, const void *b)
 	return 0;
 }
 
-static int by_name(const void *a, const void *b)
-{
-	const struct bd_st_tensor *const *x = a, *const *y = b;
-	return strcmp((*x)->name, (*y)->name);
-}
-
 static int parse(struct bd_st *st, char *err)
 {
 	if (st->size < LEN_BYTES)
@@ -242,8 +238,7 @@ static int parse(struct bd_st *st, char *err)
 
 	size_t n = json_object_size(st->root);
 	st->tensors = calloc(n ? n : 1, sizeof(*st->tensors));
-	st->t_sorted = calloc(n ? n : 1, sizeof(*st->t_sorted));
-	if (!st->tensors || !st->t_sorted)
+	if (!st->tensors)
 		return fail(err, -ENOMEM, "out of memory");
 
 	const uint8_t *buf = st->base + st->data_offset;
@@ -282,62 +277,46 @@ static int parse(struct bd_st *st, char *err)
 		return fail(err, -EBADMSG, "bytes [%llu, %zu) of the data belong to no tensor "
 			    "(trailing bytes)", (unsigned long long)at, buf_size);
 
-	for (size_t i = 0; i < st->n_tensors; i++)
-		st->t_sorted[i] = &st->tensors[i];
-	qsort(st->t_sorted, st->n_tensors, sizeof(*st->t_sorted), by_name);
+	const char *dup = NULL; /* none: jansson refused duplicate keys */
+	r = bd_names_build(&st->t_index, st->tensors, st->n_tensors, sizeof(*st->tensors),
+			   offsetof(struct bd_st_tensor, name), &dup);
+	if (r < 0)
+		return r == -EEXIST ? fail(err, -EBADMSG, "duplicate tensor name " NAME_FMT, dup)
+				    : fail(err, -ENOMEM, "out of memory");
 	return 0;
 }
 
-/* Parse the image base[size]: a mapping the handle takes over (file), or memory the caller
- * keeps (file NULL). On success hand the handle out; on failure free it (and the mapping) and
- * name path, if any, in front of the parser's message. */
-static int open_image(const void *base, size_t size, struct bd_mapfile *file,
-		      const char *path, struct bd_st **ret, char *ret_err)
+/* The parser bd_mapfile_parse calls: a handle over img, which it takes over; on failure the
+ * handle and img are freed. */
+static int open_image(struct bd_mapfile *img, void *ret, char *ret_err)
 {
-	static const uint8_t empty[1];
 	struct bd_st *st = calloc(1, sizeof(*st));
 	if (!st) {
-		bd_mapfile_close(file);
+		bd_mapfile_close(img);
 		return fail(ret_err, -ENOMEM, "out of memory");
 	}
-	st->base = base ? base : empty;
-	st->size = size;
-	if (file)
-		st->file = *file;
+	st->file = *img;
+	st->base = img->base;
+	st->size = img->size;
 	int r = parse(st, ret_err);
 	if (r < 0) {
 		bd_st_free(st);
-		if (path && ret_err) {
-			char msg[BD_ST_ERR_MAX];
-			snprintf(msg, sizeof(msg), "%s", ret_err);
-			fail(ret_err, r, "%s: %s", path, msg);
-		}
 		return r;
 	}
-	*ret = st;
+	*(struct bd_st **)ret = st;
 	return 0;
 }
 
 int bd_st_open_mem(const void *buf, size_t size, struct bd_st **ret, char *ret_err)
 {
-	if (ret_err)
-		ret_err[0] = 0;
-	if ((!buf && size) || !ret)
-		return fail(ret_err, -EINVAL, "invalid argument");
-	return open_image(buf, size, NULL, NULL, ret, ret_err);
+	return bd_mapfile_parse(NULL, buf, size, open_image, ret, ret_err, BD_ST_ERR_MAX);
 }
 
 int bd_st_open(const char *path, struct bd_st **ret, char *ret_err)
 {
-	if (ret_err)
-		ret_err[0] = 0;
-	if (!path || !ret)
+	if (!path)
 		return fail(ret_err, -EINVAL, "invalid argument");
-	struct bd_mapfile file;
-	int e = bd_mapfile_open(path, &file, ret_err, BD_ST_ERR_MAX);
-	if (e < 0)
-		return e;
-	return open_image(file.base, file.size, &file, path, ret, ret_err);
+	return bd_mapfile_parse(path, NULL, 0, open_image, ret, ret_err, BD_ST_ERR_MAX);
 }
 
 void bd_st_free(struct bd_st *st)
@@ -345,7 +324,7 @@ void bd_st_free(struct bd_st *st)
 	if (!st)
 		return;
 	free(st->tensors);
-	free(st->t_sorted);
+	bd_names_free(&st->t_index);
 	free(st->meta);
 	json_decref(st->root);
 	bd_mapfile_close(&st->file);
@@ -381,13 +360,7 @@ const struct bd_st_tensor *bd_st_tensor_at(const struct bd_st *st, size_t i)
 
 const struct bd_st_tensor *bd_st_find_tensor(const struct bd_st *st, const char *name)
 {
-	if (!st || !name || !st->n_tensors)
-		return NULL;
-	struct bd_st_tensor key = { .name = name };
-	const struct bd_st_tensor *kp = &key;
-	const struct bd_st_tensor **hit =
-		bsearch(&kp, st->t_sorted, st->n_tensors, sizeof(*st->t_sorted), by_name);
-	return hit ? *hit : NULL;
+	return st ? bd_names_find(&st->t_index, name) : NULL;
 }
 
 size_t bd_st_n_metadata(const struct bd_st *st)

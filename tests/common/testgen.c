@@ -71,6 +71,19 @@ void tg_fill_queries(struct tg_rng *r, float *q, size_t n_heads, int d)
 		q[h * (size_t)d + (size_t)(tg_next(r) % (uint64_t)d)] *= 6.0f;
 }
 
+double tg_rel_l2(const float *a, const float *ref, size_t n)
+{
+	double num = 0.0, den = 0.0;
+
+	for (size_t i = 0; i < n; i++) {
+		double e = (double)a[i] - (double)ref[i];
+
+		num += e * e;
+		den += (double)ref[i] * (double)ref[i];
+	}
+	return sqrt(num / den);
+}
+
 /* The tokens of a paged problem: keys, values and μ_k as tg_paged_build says. */
 static int paged_write(struct tg_paged *P, struct tg_rng *r, int L, bool unit_v)
 {

@@ -1,4 +1,5 @@
-/* testgen.h — seeded random inputs for the unit tests, the GPU checks and the benchmarks.
+/* testgen.h — seeded random inputs for the unit tests, the GPU checks and the benchmarks, and
+ * the relative error by which they measure an output against its reference.
  *
  * One generator, so that a seed means the same data in every program that makes test data
  * (tests/lib/quant, tests/gpu/gpu_check.c, bench/bench_ref.c, bench/kernels/bench_kernels.c):
@@ -55,6 +56,11 @@ void tg_fill_gauss(struct tg_rng *r, float *x, size_t n, float scale);
  * head one channel (tg_next mod d) scaled by 6, so attention is peaked and the FP4 query
  * terms see a large channel. */
 void tg_fill_queries(struct tg_rng *r, float *q, size_t n_heads, int d);
+
+/* ‖a − ref‖₂ / ‖ref‖₂ over a[n], ref[n], both sums in FP64 (the error of an output against its
+ * reference that tests/lib/quant and bench/bench_wmat.c bound and report); NaN for n = 0 or an
+ * all-zero ref with a = ref, +inf for an all-zero ref otherwise. */
+double tg_rel_l2(const float *a, const float *ref, size_t n);
 
 /* A paged decode problem of the CPU decode tests and bench_attn_cpu: n tokens of L layers of Hkv
  * KV heads of dimension d (GQA), written in configuration cfg through the slot

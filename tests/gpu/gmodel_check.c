@@ -64,6 +64,7 @@
 #include "base/bd_clock.h"
 #include "quant/bd_calib.h"
 #include "formats/bd_gguf.h"
+#include "cuda/bd_cuda_err.h"
 #include "cuda/bd_gmodel.h"
 #include "model/bd_model_preset.h"
 #include "bd_kernels.h"
@@ -123,12 +124,8 @@ static void die(const char *fmt, ...)
 }
 
 #define CK(call)                                                                           \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess)                                                     \
-			die("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
-			    cudaGetErrorString(e_));                                       \
-	} while (0)
+	BD_CUDA_TRY(call, die("%s:%d: %s: %s", __FILE__, __LINE__, #call,                     \
+			      cudaGetErrorString(bd_cuda_e)))
 
 static void *xmalloc(size_t n)
 {

@@ -12,15 +12,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/bd_cuda_err.h"
+
 #define CK(call)                                                                           \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess) {                                                   \
-			fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                                   \
-			exit(2);                                                           \
-		}                                                                          \
-	} while (0)
+	BD_CUDA_TRY(call, fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,  \
+				  cudaGetErrorString(bd_cuda_e));                          \
+		    exit(2))
 
 #define CKR(call)                                                                        \
 	do {                                                                             \

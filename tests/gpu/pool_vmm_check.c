@@ -50,6 +50,7 @@
 #include "quant/bd_kvcfg.h"
 #include "quant/bd_layout.h"
 #include "pool/bd_pool_client.h"
+#include "cuda/bd_cuda_err.h"
 #include "cuda/bd_pool_cuda.h"
 #include "spawn.h"
 #include "tmpdir.h"
@@ -169,13 +170,7 @@ static void wpass(struct worker *w, const char *fmt, ...)
 
 /* exits the child on a CUDA runtime error */
 #define WCK(w, call)                                                                       \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess) {                                                   \
-			wfail(w, "%s: %s", #call, cudaGetErrorString(e_));                 \
-			_exit(1);                                                          \
-		}                                                                          \
-	} while (0)
+	BD_CUDA_TRY(call, wfail(w, "%s: %s", #call, cudaGetErrorString(bd_cuda_e)); _exit(1))
 
 /* Attaches w's rank and maps its arena (kvpoold allows one live attachment per rank, so the
  * processes of one rank take turns: each detaches before it hands over). */

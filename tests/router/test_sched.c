@@ -247,6 +247,13 @@ static void teardown(void)
 	bd_sched_fini(&S);
 }
 
+/* setup with prompts prefilled in chunks of at most chunk tokens, max_prefill a step. */
+static void setup_chunked(int max_batch, int max_prefill, int chunk)
+{
+	setup(max_batch, 8, max_prefill, 16, 8);
+	S.cfg.max_prefill_chunk = chunk;
+}
+
 TestSuite(sched, .fini = teardown, .timeout = 30);
 
 /* Reads every queued action: chunks into C (what the frontend would send), the plan into plan. */
@@ -392,6 +399,22 @@ static const Bdfp4__PlanRow *row_of(const Bdfp4__StepPlan *p, uint64_t id)
 		if (p->rows[k]->request_id == id)
 			return p->rows[k];
 	return NULL;
+}
+
+/* Request id's row in p, asserted there, expected to be a prefill chunk of n_tokens tokens at
+ * position. */
+static const Bdfp4__PlanRow *expect_chunk(const Bdfp4__StepPlan *p, uint64_t id, int32_t position,
+					  size_t n_tokens)
+{
+	const Bdfp4__PlanRow *r = row_of(p, id);
+
+	cr_assert_not_null(r, "request %llu has no row", (unsigned long long)id);
+	cr_expect(r->prefill, "request %llu: a prefill row", (unsigned long long)id);
+	cr_expect_eq(r->position, position, "request %llu: position %d, want %d",
+		     (unsigned long long)id, r->position, position);
+	cr_expect_eq(r->n_tokens, n_tokens, "request %llu: %zu tokens, want %zu",
+		     (unsigned long long)id, r->n_tokens, n_tokens);
+	return r;
 }
 
 static bool released(const Bdfp4__StepPlan *p, uint64_t id)
@@ -567,18 +590,14 @@ Test(sched, a_long_prompt_is_prefilled_in_chunks_between_decode_steps)
 	const Bdfp4__PlanRow *rb;
 	struct bd_req *a, *b;
 
-	setup(8, 8, 256, 16, 8);
-	S.cfg.max_prefill_chunk = 256;
+	setup_chunked(8, 256, 256);
 	a = submit(1, 10, 6, true);
 	b = submit(2, 600, 2, true);
 	p = step();
 	cr_assert_eq(p->n_rows, 2);
 	cr_expect_eq(row_of(p, a->id)->n_tokens, 10);
-	rb = row_of(p, b->id);
-	cr_assert_not_null(rb);
-	cr_expect(rb->prefill);
-	cr_expect_eq(rb->position, 0);
-	cr_expect_eq(rb->n_tokens, 128, "246 tokens of the budget are left: one whole page");
+	/* 246 tokens of the budget are left: one whole page */
+	rb = expect_chunk(p, b->id, 0, 128);
 	cr_expect_not(rb->sample, "more of the prompt follows");
 	cr_expect_eq(rb->logits_top_k, 0);
 	cr_expect_eq(rb->n_block_table, 0);
@@ -611,11 +630,7 @@ Test(sched, a_long_prompt_is_prefilled_in_chunks_between_decode_steps)
 	cr_expect_eq(b->n_gen, 0);
 
 	p = step();
-	rb = row_of(p, b->id);
-	cr_assert_not_null(rb);
-	cr_expect(rb->prefill);
-	cr_expect_eq(rb->position, 384);
-	cr_expect_eq(rb->n_tokens, 216, "the rest of the prompt");
+	rb = expect_chunk(p, b->id, 384, 216); /* the rest of the prompt */
 	cr_expect(rb->sample, "the last chunk samples");
 	cr_expect_eq(rb->n_block_table, 3);
 	cr_assert_eq(rb->n_new_pages, 1, "600 tokens complete page 3 of 4");
@@ -647,8 +662,7 @@ Test(sched, logprobs_are_asked_on_sampling_rows_and_kept_per_token)
 	struct bd_req *a;
 	int32_t forced[1] = { 3 };
 
-	setup(8, 8, 256, 16, 8);
-	S.cfg.max_prefill_chunk = 128;
+	setup_chunked(8, 256, 128);
 	a = req(1, "client", 200, 4);
 	a->logprobs = true;
 	a->top_logprobs = 2;
@@ -714,21 +728,18 @@ Test(sched, chunks_share_the_budget_and_a_cancel_between_chunks_frees_the_prompt
 	struct bd_req *a, *b;
 	uint64_t a_id;
 
-	setup(8, 8, 512, 16, 8);
-	S.cfg.max_prefill_chunk = 384;
+	setup_chunked(8, 512, 384);
 	a = submit(1, 1000, 2, false);
 	b = submit(2, 700, 2, false);
 	p = step();
 	cr_assert_eq(p->n_rows, 2);
-	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
-	cr_expect_eq(row_of(p, b->id)->n_tokens, 128, "512 - 384 left in the budget");
+	expect_chunk(p, a->id, 0, 384);
+	expect_chunk(p, b->id, 0, 128); /* 512 - 384 left in the budget */
 	answer(p);
 	p = step();
 	cr_assert_eq(p->n_rows, 2);
-	cr_expect_eq(row_of(p, a->id)->position, 384);
-	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
-	cr_expect_eq(row_of(p, b->id)->position, 128);
-	cr_expect_eq(row_of(p, b->id)->n_tokens, 128);
+	expect_chunk(p, a->id, 384, 384);
+	expect_chunk(p, b->id, 128, 128);
 	answer(p);
 	cr_expect_eq(pages_free(), 16 - 7 - 5);
 	a_id = a->id; /* a is freed once it ended */
@@ -758,8 +769,7 @@ Test(sched, batch_invariant_chunks_do_not_depend_on_the_other_prompts)
 	const Bdfp4__StepPlan *p;
 	struct bd_req *a, *b;
 
-	setup(8, 8, 512, 16, 8);
-	S.cfg.max_prefill_chunk = 384;
+	setup_chunked(8, 512, 384);
 	S.cfg.batch_invariant = true;
 	a = submit(1, 1000, 2, false);
 	b = submit(2, 700, 2, false);
@@ -769,8 +779,7 @@ Test(sched, batch_invariant_chunks_do_not_depend_on_the_other_prompts)
 	answer(p);
 	p = step();
 	cr_assert_eq(p->n_rows, 1);
-	cr_expect_eq(row_of(p, a->id)->position, 384);
-	cr_expect_eq(row_of(p, a->id)->n_tokens, 384);
+	expect_chunk(p, a->id, 384, 384);
 	answer(p);
 	p = step();
 	cr_assert_eq(p->n_rows, 1, "a's last 232 tokens leave 280: still not b's 384");
@@ -779,12 +788,10 @@ Test(sched, batch_invariant_chunks_do_not_depend_on_the_other_prompts)
 	p = step();
 	cr_assert_eq(p->n_rows, 2, "a decodes, b's first chunk");
 	cr_expect_eq(row_of(p, a->id)->n_tokens, 1);
-	cr_expect_eq(row_of(p, b->id)->position, 0);
-	cr_expect_eq(row_of(p, b->id)->n_tokens, 384);
+	expect_chunk(p, b->id, 0, 384);
 	answer(p);
 	p = step();
-	cr_expect_eq(row_of(p, b->id)->position, 384);
-	cr_expect_eq(row_of(p, b->id)->n_tokens, 316);
+	expect_chunk(p, b->id, 384, 316);
 	answer(p);
 	run_to_idle(40);
 	expect_end(1, BDFP4__FINISH_REASON__FINISH_LENGTH, 0, "");
@@ -1181,8 +1188,7 @@ Test(sched, a_failed_group_holds_the_running_requests_and_the_next_group_resumes
 	struct bd_req *a, *b;
 	int32_t tok_a;
 
-	setup(4, 8, 256, 16, 8);
-	S.cfg.max_prefill_chunk = 128;
+	setup_chunked(4, 256, 128);
 	S.cfg.resume_timeout_ms = 5000;
 	a = submit(1, 10, 20, true);
 	b = submit(2, 300, 5, true);
@@ -1251,8 +1257,7 @@ Test(sched, the_workers_capabilities_cut_the_chunks)
 	const Bdfp4__PlanRow *rb;
 	struct bd_req *b;
 
-	setup(4, 8, 512, 16, 8);
-	S.cfg.max_prefill_chunk = 256;
+	setup_chunked(4, 512, 256);
 	S.cfg.resume_timeout_ms = 5000;
 	bd_sched_set_workers(&S, false, 200);
 	b = submit(2, 600, 3, true);

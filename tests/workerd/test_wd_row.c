@@ -1,5 +1,6 @@
 /* test_wd_row.c — workerd's row results (workerd/row.c): the log-probabilities both backends
- * put into a RowResult (wd_row_logprobs). Suite "wd_row".
+ * put into a RowResult (wd_row_logprobs), and the rule of a prefix hit's row that both apply
+ * (wd_row_prefix_sink). Suite "wd_row".
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -102,4 +103,55 @@ Test(wd_row, nan_logprob_fails_the_row)
 	cr_assert_eq(o.rr.logprob, 0.0f);
 	cr_assert_eq(o.rr.request_id, 41);
 	cr_assert_eq(o.rr.token, 1234);
+}
+
+/* A prefix hit's first chunk over 4 shared pages at 512: its sink is the context's first 16
+ * tokens, or all of a shorter context; a row that is no hit has none; a hit that is not a
+ * prefill chunk at the end of its block table, or has no context, is refused and says why. */
+Test(wd_row, prefix_hit_rule)
+{
+	int32_t bt[5] = { 7, 3, 9, 1, 4 }, ctx[600] = { 0 };
+	Bdfp4__PlanRow r;
+	char msg[WD_MSG_MAX];
+
+	bdfp4__plan_row__init(&r);
+	r.resume = true;
+	r.prefill = true;
+	r.position = 512;
+	r.prefix_pages = 4;
+	r.block_table = bt;
+	r.n_block_table = 4;
+	r.context = ctx;
+	r.n_context = 512;
+	cr_expect_eq(wd_row_prefix_sink(&r, msg, sizeof(msg)), 16);
+	r.n_context = 10;
+	cr_expect_eq(wd_row_prefix_sink(&r, msg, sizeof(msg)), 10);
+	r.prefix_pages = 0;
+	cr_expect_eq(wd_row_prefix_sink(&r, msg, sizeof(msg)), 0, "no shared pages: no hit");
+	r.prefix_pages = 4;
+	r.resume = false;
+	cr_expect_eq(wd_row_prefix_sink(&r, msg, sizeof(msg)), 0, "not a resume: no hit");
+	r.resume = true;
+
+	struct {
+		bool prefill;
+		int32_t position;
+		uint32_t prefix_pages;
+		size_t n_block_table, n_context;
+		const char *why;
+	} bad[] = { { false, 512, 4, 4, 512, "a decode row" },
+		    { true, 512, 5, 4, 512, "more shared pages than the block table" },
+		    { true, 512, 4, 4, 0, "no context to rebuild the sink from" },
+		    { true, 640, 4, 4, 512, "a position past the block table's end" },
+		    { true, 512, 4, 5, 512, "a position before the block table's end" } };
+	for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+		r.prefill = bad[b].prefill;
+		r.position = bad[b].position;
+		r.prefix_pages = bad[b].prefix_pages;
+		r.n_block_table = bad[b].n_block_table;
+		r.n_context = bad[b].n_context;
+		msg[0] = 0;
+		cr_expect_eq(wd_row_prefix_sink(&r, msg, sizeof(msg)), -1, "%s", bad[b].why);
+		cr_expect(strstr(msg, "prefix hit of"), "%s: %s", bad[b].why, msg);
+	}
 }

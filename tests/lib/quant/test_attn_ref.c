@@ -194,16 +194,6 @@ static double rel_err(const float *o, const double *e, int d)
 	return sqrt(num / den);
 }
 
-static double rel_err_f(const float *o, const float *e, int d)
-{
-	double num = 0.0, den = 0.0;
-	for (int c = 0; c < d; c++) {
-		num += ((double)o[c] - e[c]) * ((double)o[c] - e[c]);
-		den += (double)e[c] * e[c];
-	}
-	return sqrt(num / den);
-}
-
 /* GQA decode of G heads (q unit Gaussian × qscale) against exact FP64 attention on the original
  * data; returns the largest relative error over heads, and their mean in *ret_mean if given. */
 static double gqa_err(const struct kvset *s, const struct bd_decode_params *dp, int layer,
@@ -474,7 +464,7 @@ Test(attn_ref, bf16_tiling_split_invariance)
 			dp.n_splits = splits[j];
 			cr_assert_eq(bd_ref_decode_gqa(s.cfg, &dp, &kv, q, G, o, l, NULL), 0);
 			for (int g = 0; g < G; g++) {
-				double e = rel_err_f(o + g * 64, ref + g * 64, 64);
+				double e = tg_rel_l2(o + g * 64, ref + g * 64, 64);
 				cr_assert_lt(e, 1e-5, "B_k %d splits %d: %g", bks[i], splits[j], e);
 				cr_assert_float_eq(l[g], lref[g], 1e-4f * fabsf(lref[g]) + 1e-5f);
 			}
@@ -568,7 +558,7 @@ static void hand_case(const char *cfg_name, float tau, double f)
 		mean /= 128.0;
 		expect[c] = (float)((128.0 * f * mean + bd_bf16_to_f32(rv[c])) / 129.0);
 	}
-	double e = rel_err_f(o, expect, D);
+	double e = tg_rel_l2(o, expect, D);
 	cr_assert_lt(e, 1e-6, "%s τ %g: rel err %g", cfg_name, tau, e);
 	/* lse = log2(2^7 + 2^0) */
 	cr_assert_float_eq(lse, (float)log2(129.0), 1e-6f);
@@ -687,7 +677,7 @@ Test(attn_ref, lse_combine)
 	partial_f64(S, v, 0, 20, D, o_s, &lse_s[0]);
 	partial_f64(S, v, 20, N, D, o_s + D, &lse_s[1]);
 	bd_lse_combine(o_s, lse_s, 2, D, o, &lse);
-	cr_assert_lt(rel_err_f(o, whole, D), 1e-6);
+	cr_assert_lt(tg_rel_l2(o, whole, D), 1e-6);
 	cr_assert_float_eq(lse, wlse, 1e-6f * fabsf(wlse));
 
 	/* an empty partial (−inf), whatever its output holds, changes nothing */
@@ -1021,7 +1011,7 @@ Test(attn_ref, mxfp4_p_quantization)
 	cr_assert_eq(st.p_blocks, G * 8);
 	cr_assert_eq(stf.p_blocks, 0);
 	for (int g = 0; g < G; g++) {
-		double e = rel_err_f(o + g * D, of + g * D, D);
+		double e = tg_rel_l2(o + g * D, of + g * D, D);
 		cr_assert(e > 1e-5 && e < 0.1, "head %d: %g", g, e);
 	}
 	kv_free(&s);

@@ -53,20 +53,6 @@ static uint8_t nib(const uint8_t *p, size_t i)
 	return (uint8_t)((p[i / 2] >> (4 * (i % 2))) & 0xf);
 }
 
-/* ||a − b|| / ||b|| */
-static double rel_frob(const float *a, const float *b, size_t n)
-{
-	double num = 0.0, den = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		double e = (double)a[i] - (double)b[i];
-
-		num += e * e;
-		den += (double)b[i] * (double)b[i];
-	}
-	return sqrt(num / den);
-}
-
 static float page_g(const struct bd_layout *lay, const uint8_t *page, int h, int which)
 {
 	float g[2];
@@ -100,25 +86,29 @@ struct fill {
 	float gain;
 };
 
-/* A page round trip's buffers: one page-head's K [T][dk] and V [T][dv] as BF16 (filled as fk
- * and fv say) and as FP32, room for them read back (rk, rv), and a zeroed page of l. */
+/* A page round trip: the layout l of its page (layout_ok of fmt, L layers, H KV heads, head dim
+ * d, d_rope), one page-head's K [T][d] and V [T][dv] (dv = d_rope, or d without it) as BF16
+ * (filled as fk and fv say) and as FP32, room for them read back (rk, rv), and a zeroed page
+ * of l. */
 struct trip {
+	struct bd_layout l;
 	bd_bf16 *k, *v;
 	float *kf, *vf, *rk, *rv;
 	uint8_t *page;
 };
 
-static struct trip trip_new(const struct bd_layout *l, size_t dk, size_t dv, struct fill fk,
-			    struct fill fv)
+static struct trip trip_new(enum bd_page_format fmt, int L, int H, int d, int d_rope,
+			    int n_pages, struct fill fk, struct fill fv)
 {
-	const size_t T = BD_PAGE_TOKENS;
+	const size_t T = BD_PAGE_TOKENS, dk = (size_t)d, dv = (size_t)(d_rope ? d_rope : d);
 	struct trip r = {
+		.l = layout_ok(fmt, L, H, d, d_rope, n_pages),
 		.k = malloc(T * dk * sizeof(bd_bf16)), .v = malloc(T * dv * sizeof(bd_bf16)),
 		.kf = malloc(T * dk * sizeof(float)), .vf = malloc(T * dv * sizeof(float)),
 		.rk = malloc(T * dk * sizeof(float)), .rv = malloc(T * dv * sizeof(float)),
-		.page = calloc(1, l->page_bytes),
 	};
 
+	r.page = calloc(1, r.l.page_bytes);
 	cr_assert(r.k && r.v && r.kf && r.vf && r.rk && r.rv && r.page);
 	fill_bf16(r.k, T, dk, fk.seed, fk.outlier_every, fk.gain);
 	fill_bf16(r.v, T, dv, fv.seed, fv.outlier_every, fv.gain);
@@ -142,6 +132,20 @@ struct fp4_region {
 	size_t T, D;
 	bool channel_major;
 };
+
+/* The K (the latent C of MLA) and V regions of l's page-head at hd: 128 tokens of l->d and
+ * l->dv channels, token-major unless channel_major. */
+static struct fp4_region k_region(const struct bd_layout *l, const uint8_t *hd, bool channel_major)
+{
+	return (struct fp4_region){ l, hd + l->k_codes_off, hd + l->k_scales_off, BD_PAGE_TOKENS,
+				    (size_t)l->d, channel_major };
+}
+
+static struct fp4_region v_region(const struct bd_layout *l, const uint8_t *hd, bool channel_major)
+{
+	return (struct fp4_region){ l, hd + l->v_codes_off, hd + l->v_scales_off, BD_PAGE_TOKENS,
+				    (size_t)l->dv, channel_major };
+}
 
 /* Every block of the region equals the block quantizer's output for the same values of x
  * (NVFP4 with decode scale g, or MXFP4) under rule. */
@@ -195,14 +199,18 @@ static void expect_read(const struct fp4_region *q, const float *y, float g, con
 static void expect_head(const struct bd_layout *l, size_t k_codes, size_t k_scales,
 			size_t v_codes, size_t v_scales, size_t head_bytes)
 {
-	cr_assert_eq(l->k_codes_off, 0);
-	cr_assert_eq(l->k_codes_bytes, k_codes);
-	cr_assert_eq(l->k_scales_off, k_codes);
-	cr_assert_eq(l->k_scales_bytes, k_scales);
-	cr_assert_eq(l->v_codes_off, k_codes + k_scales);
-	cr_assert_eq(l->v_codes_bytes, v_codes);
-	cr_assert_eq(l->v_scales_off, k_codes + k_scales + v_codes);
-	cr_assert_eq(l->v_scales_bytes, v_scales);
+	static const char *const name[4] = { "K codes", "K scales", "V codes", "V scales" };
+	const size_t off[4] = { l->k_codes_off, l->k_scales_off, l->v_codes_off, l->v_scales_off };
+	const size_t got[4] = { l->k_codes_bytes, l->k_scales_bytes, l->v_codes_bytes,
+				l->v_scales_bytes };
+	const size_t want[4] = { k_codes, k_scales, v_codes, v_scales };
+	size_t at = 0;
+
+	for (int i = 0; i < 4; i++) {
+		cr_assert_eq(off[i], at, "%s at %zu, want %zu", name[i], off[i], at);
+		cr_assert_eq(got[i], want[i], "%s: %zu bytes, want %zu", name[i], got[i], want[i]);
+		at += want[i];
+	}
 	cr_assert_eq(l->head_bytes, head_bytes);
 }
 
@@ -238,10 +246,7 @@ Test(layout, geometry_qwen3_4b)
 	expect_slot(&nv, 4096, 8192, 40960, 73728, (size_t)36 * 8 * 73728);
 
 	struct bd_layout bf = layout_ok(BD_PAGE_BF16, 36, 8, 128, 0, 1000);
-	cr_assert_eq(bf.head_bytes, 65536); /* 2 · 128 · 128 · 2 */
-	cr_assert_eq(bf.k_scales_bytes, 0);
-	cr_assert_eq(bf.v_scales_bytes, 0);
-	cr_assert_eq(bf.v_codes_off, 32768);
+	expect_head(&bf, 32768, 0, 32768, 0, 65536); /* 2 · 128 · 128 · 2, no scales */
 	cr_assert_eq(bf.block, 0);
 	cr_assert_eq(bf.page_bytes, 524544); /* 524288 + 64 → 256-aligned */
 	/* the FP4 page-head is 3.56× smaller (DESIGN.md) */
@@ -256,18 +261,14 @@ Test(layout, geometry_qwen3_4b)
 	cr_assert_eq(mx.page_bytes, 139520); /* 139264 + 64 → 256-aligned */
 
 	struct bd_layout f8 = layout_ok(BD_PAGE_FP8, 36, 8, 128, 0, 1000);
-	cr_assert_eq(f8.k_codes_bytes, 16384);
-	cr_assert_eq(f8.v_codes_off, 16384);
-	cr_assert_eq(f8.head_bytes, 32768);
+	expect_head(&f8, 16384, 0, 16384, 0, 32768); /* 128 · 128 one-byte codes, no scales */
 	cr_assert_eq(f8.block, 0);
 	cr_assert_eq(f8.page_bytes, 262400); /* 262144 + 64 → 256-aligned */
 
 	struct bd_layout ch = layout_ok(BD_PAGE_NVFP4_CH, 36, 8, 128, 0, 1000);
 	/* V token-major: 128·128/2 codes and 128·128/16 scales, the same sizes as K */
 	cr_assert_eq(ch.block, 16);
-	cr_assert_eq(ch.v_codes_bytes, 8192);
-	cr_assert_eq(ch.v_scales_bytes, 1024);
-	cr_assert_eq(ch.head_bytes, 18432);
+	expect_head(&ch, 8192, 1024, 8192, 1024, 18432);
 }
 
 Test(layout, geometry_smollm2)
@@ -453,22 +454,21 @@ Test(layout, slot_pointers)
 Test(layout, nvfp4_page_bytes_and_round_trip)
 {
 	enum { D = 128, T = BD_PAGE_TOKENS };
-	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 1, 2, D, 0, 1);
 	const struct bd_kvcfg *cfg = cfg_named("bitdecoding-nvfp4"); /* key search on */
 	/* outlier channels 3, 35, 67, 99 at 4× */
-	struct trip r = trip_new(&l, D, D, (struct fill){ 11, 32, 4.0f },
+	struct trip r = trip_new(BD_PAGE_NVFP4, 1, 2, D, 0, 1, (struct fill){ 11, 32, 4.0f },
 				 (struct fill){ 12, 32, 4.0f });
-	uint8_t *page = r.page, *page2 = malloc(l.page_bytes);
+	uint8_t *page = r.page, *page2 = malloc(r.l.page_bytes);
 	const int h = 1;
 
-	memset(page, 0x5a, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page, h), 0);
-	const uint8_t *hd = page + (size_t)h * l.head_bytes;
+	memset(page, 0x5a, r.l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&r.l, cfg, r.k, r.v, NULL, page, h), 0);
+	const uint8_t *hd = page + (size_t)h * r.l.head_bytes;
 
 	/* head 0 and the padding after the g table are not this head's */
-	for (size_t i = 0; i < l.head_bytes; i++)
+	for (size_t i = 0; i < r.l.head_bytes; i++)
 		cr_assert_eq(page[i], 0x5a);
-	for (size_t i = l.gscale_off + 16; i < l.page_bytes; i++)
+	for (size_t i = r.l.gscale_off + 16; i < r.l.page_bytes; i++)
 		cr_assert_eq(page[i], 0x5a);
 
 	/* decode scales: amax / (6·256) over the whole page-head */
@@ -477,42 +477,42 @@ Test(layout, nvfp4_page_bytes_and_round_trip)
 	cr_assert_eq(bd_nvfp4_decode_scale(r.vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
 	cr_assert(gk == bd_abs_max(r.kf, T * D) / 1536.0f);
 	cr_assert(gv == bd_abs_max(r.vf, T * D) / 1536.0f);
-	cr_assert(page_g(&l, page, h, 0) == gk);
-	cr_assert(page_g(&l, page, h, 1) == gv);
+	cr_assert(page_g(&r.l, page, h, 0) == gk);
+	cr_assert(page_g(&r.l, page, h, 1) == gv);
 
 	/* (a) K: token t, block b → codes row t bytes 8b..8b+7, scale [t][b]; search rule.
 	 * (b) V: channel c, tokens 16b..16b+15 → codes row c bytes 8b.., scale [c][b]; standard */
-	const struct fp4_region K = { &l, hd + l.k_codes_off, hd + l.k_scales_off, T, D, false };
-	const struct fp4_region V = { &l, hd + l.v_codes_off, hd + l.v_scales_off, T, D, true };
+	const struct fp4_region K = k_region(&r.l, hd, false);
+	const struct fp4_region V = v_region(&r.l, hd, true);
 	expect_blocks(&K, r.kf, gk, BD_SCALE_SEARCH, "K");
 	expect_blocks(&V, r.vf, gv, BD_SCALE_STANDARD, "V");
 
 	/* (c) full dequantization equals (g·s)·x̂ read with the test's own indexing */
-	cr_assert_eq(bd_page_read_head(&l, page, h, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, page, h, r.rk, r.rv, NULL), 0);
 	expect_read(&K, r.rk, gk, "K");
 	expect_read(&V, r.rv, gv, "V");
 	/* NVFP4 on Gaussian data: relative error ≈ 0.095 with κ = 6 (V), ≈ 0.087 with the
 	 * search (K); a misplaced block or scale gives errors of order 1 */
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
-	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rv, r.vf, T * D), 0.11);
 
 	/* with ret_g: s·x̂ without g, and g returned */
 	float g[2] = { 0, 0 };
-	cr_assert_eq(bd_page_read_head(&l, page, h, r.rk, r.rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, page, h, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == gv);
 	expect_read(&K, r.rk, 1.0f, "K without g");
 	expect_read(&V, r.rv, 1.0f, "V without g");
 
 	/* (d) the same input twice gives the same bytes, whatever the page held before */
-	memset(page2, 0x00, l.page_bytes);
-	memset(page, 0x00, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page, h), 0);
-	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page2, h), 0);
-	cr_assert_eq(memcmp(page, page2, l.page_bytes), 0);
-	memset(page2, 0xff, l.page_bytes);
-	cr_assert_eq(bd_page_write_head(&l, cfg, r.k, r.v, NULL, page2, h), 0);
-	cr_assert_eq(memcmp(page + l.head_bytes, page2 + l.head_bytes, l.head_bytes), 0);
-	cr_assert_eq(memcmp(page + l.gscale_off + 8, page2 + l.gscale_off + 8, 8), 0);
+	memset(page2, 0x00, r.l.page_bytes);
+	memset(page, 0x00, r.l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&r.l, cfg, r.k, r.v, NULL, page, h), 0);
+	cr_assert_eq(bd_page_write_head(&r.l, cfg, r.k, r.v, NULL, page2, h), 0);
+	cr_assert_eq(memcmp(page, page2, r.l.page_bytes), 0);
+	memset(page2, 0xff, r.l.page_bytes);
+	cr_assert_eq(bd_page_write_head(&r.l, cfg, r.k, r.v, NULL, page2, h), 0);
+	cr_assert_eq(memcmp(page + r.l.head_bytes, page2 + r.l.head_bytes, r.l.head_bytes), 0);
+	cr_assert_eq(memcmp(page + r.l.gscale_off + 8, page2 + r.l.gscale_off + 8, 8), 0);
 
 	trip_free(&r);
 	free(page2);
@@ -592,19 +592,18 @@ Test(layout, mxfp4_nibble_placement)
 Test(layout, bf16_round_trip_exact)
 {
 	enum { D = 64, T = BD_PAGE_TOKENS };
-	struct bd_layout l = layout_ok(BD_PAGE_BF16, 2, 3, D, 0, 2);
-	struct trip r = trip_new(&l, D, D, (struct fill){ 21, 16, 30.0f },
+	struct trip r = trip_new(BD_PAGE_BF16, 2, 3, D, 0, 2, (struct fill){ 21, 16, 30.0f },
 				 (struct fill){ 22, 0, 1.0f });
 	float g[2];
 
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bf16"), r.k, r.v, NULL, r.page, 2), 0);
-	const uint8_t *hd = r.page + 2 * l.head_bytes;
-	cr_assert_eq(memcmp(hd + l.k_codes_off, r.k, T * D * 2), 0);
-	cr_assert_eq(memcmp(hd + l.v_codes_off, r.v, T * D * 2), 0);
-	cr_assert_eq(bd_page_read_head(&l, r.page, 2, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(bd_page_write_head(&r.l, cfg_named("bf16"), r.k, r.v, NULL, r.page, 2), 0);
+	const uint8_t *hd = r.page + 2 * r.l.head_bytes;
+	cr_assert_eq(memcmp(hd + r.l.k_codes_off, r.k, T * D * 2), 0);
+	cr_assert_eq(memcmp(hd + r.l.v_codes_off, r.v, T * D * 2), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 2, r.rk, r.rv, NULL), 0);
 	cr_assert_eq(memcmp(r.rk, r.kf, T * D * sizeof(float)), 0);
 	cr_assert_eq(memcmp(r.rv, r.vf, T * D * sizeof(float)), 0);
-	cr_assert_eq(bd_page_read_head(&l, r.page, 2, r.rk, r.rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 2, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
 	cr_assert_eq(memcmp(r.rk, r.kf, T * D * sizeof(float)), 0);
 	trip_free(&r);
@@ -613,32 +612,31 @@ Test(layout, bf16_round_trip_exact)
 Test(layout, fp8_round_trip)
 {
 	enum { D = 128, T = BD_PAGE_TOKENS };
-	struct bd_layout l = layout_ok(BD_PAGE_FP8, 1, 2, D, 0, 1);
-	struct trip r = trip_new(&l, D, D, (struct fill){ 31, 32, 8.0f },
+	struct trip r = trip_new(BD_PAGE_FP8, 1, 2, D, 0, 1, (struct fill){ 31, 32, 8.0f },
 				 (struct fill){ 32, 0, 1.0f });
 	const float *kf = r.kf, *vf = r.vf, *rk = r.rk, *rv = r.rv;
 	float g[2];
 
 	const float s[2] = { bd_abs_max(kf, T * D) / 448.0f, bd_abs_max(vf, T * D) / 448.0f };
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("fp8"), r.k, r.v, s, r.page, 1), 0);
-	const uint8_t *hd = r.page + l.head_bytes;
+	cr_assert_eq(bd_page_write_head(&r.l, cfg_named("fp8"), r.k, r.v, s, r.page, 1), 0);
+	const uint8_t *hd = r.page + r.l.head_bytes;
 	for (size_t i = 0; i < T * D; i++) {
-		cr_assert_eq(hd[l.k_codes_off + i], bd_e4m3_encode(kf[i] / s[0]), "K %zu", i);
-		cr_assert_eq(hd[l.v_codes_off + i], bd_e4m3_encode(vf[i] / s[1]), "V %zu", i);
+		cr_assert_eq(hd[r.l.k_codes_off + i], bd_e4m3_encode(kf[i] / s[0]), "K %zu", i);
+		cr_assert_eq(hd[r.l.v_codes_off + i], bd_e4m3_encode(vf[i] / s[1]), "V %zu", i);
 	}
-	cr_assert(page_g(&l, r.page, 1, 0) == s[0] && page_g(&l, r.page, 1, 1) == s[1]);
-	cr_assert_eq(bd_page_read_head(&l, r.page, 1, r.rk, r.rv, NULL), 0);
+	cr_assert(page_g(&r.l, r.page, 1, 0) == s[0] && page_g(&r.l, r.page, 1, 1) == s[1]);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 1, r.rk, r.rv, NULL), 0);
 	for (size_t i = 0; i < T * D; i++) {
-		cr_assert(rk[i] == bd_e4m3_decode(hd[l.k_codes_off + i]) * s[0]);
+		cr_assert(rk[i] == bd_e4m3_decode(hd[r.l.k_codes_off + i]) * s[0]);
 		/* E4M3: 3 mantissa bits → half-ulp ≤ |x|/16, subnormal step 2^-9 → ≤ s·2^-10 */
 		cr_assert_leq(fabsf(rk[i] - kf[i]), fabsf(kf[i]) / 16.0f * 1.0001f + s[0] * 0x1p-10f);
 		cr_assert_leq(fabsf(rv[i] - vf[i]), fabsf(vf[i]) / 16.0f * 1.0001f + s[1] * 0x1p-10f);
 	}
-	cr_assert_eq(bd_page_read_head(&l, r.page, 1, r.rk, r.rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 1, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == s[0] && g[1] == s[1]);
 	for (size_t i = 0; i < T * D; i++) {
-		cr_assert(rk[i] == bd_e4m3_decode(hd[l.k_codes_off + i]));
-		cr_assert(rv[i] == bd_e4m3_decode(hd[l.v_codes_off + i]));
+		cr_assert(rk[i] == bd_e4m3_decode(hd[r.l.k_codes_off + i]));
+		cr_assert(rv[i] == bd_e4m3_decode(hd[r.l.v_codes_off + i]));
 	}
 	trip_free(&r);
 }
@@ -646,29 +644,26 @@ Test(layout, fp8_round_trip)
 Test(layout, mxfp4_round_trip)
 {
 	enum { D = 128, T = BD_PAGE_TOKENS };
-	struct bd_layout l = layout_ok(BD_PAGE_MXFP4, 1, 1, D, 0, 1);
-	struct trip r = trip_new(&l, D, D, (struct fill){ 41, 0, 1.0f },
+	struct trip r = trip_new(BD_PAGE_MXFP4, 1, 1, D, 0, 1, (struct fill){ 41, 0, 1.0f },
 				 (struct fill){ 42, 0, 1.0f });
 	float *rk2 = malloc(T * D * sizeof(float));
 	float g[2];
 
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-mxfp4"), r.k, r.v, NULL,
+	cr_assert_eq(bd_page_write_head(&r.l, cfg_named("bitdecoding-mxfp4"), r.k, r.v, NULL,
 					r.page, 0), 0);
 	/* K token-major with the search, V channel-major standard, UE8M0 scales of 32 */
-	const struct fp4_region K = { &l, r.page + l.k_codes_off, r.page + l.k_scales_off, T, D,
-				      false };
-	const struct fp4_region V = { &l, r.page + l.v_codes_off, r.page + l.v_scales_off, T, D,
-				      true };
+	const struct fp4_region K = k_region(&r.l, r.page, false);
+	const struct fp4_region V = v_region(&r.l, r.page, true);
 	expect_blocks(&K, r.kf, 1.0f, BD_SCALE_SEARCH, "K");
 	expect_blocks(&V, r.vf, 1.0f, BD_SCALE_STANDARD, "V");
-	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 0, r.rk, r.rv, NULL), 0);
 	expect_read(&K, r.rk, 1.0f, "K");
 	expect_read(&V, r.rv, 1.0f, "V");
 	/* power-of-two scales cost accuracy vs NVFP4: about 0.11–0.12 on Gaussian data */
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.16);
-	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.16);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.16);
+	cr_assert_lt(tg_rel_l2(r.rv, r.vf, T * D), 0.16);
 	/* no page decode scale: ret_g = {1, 1} and the same values */
-	cr_assert_eq(bd_page_read_head(&l, r.page, 0, rk2, r.rv, g), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 0, rk2, r.rv, g), 0);
 	cr_assert(g[0] == 1.0f && g[1] == 1.0f);
 	cr_assert_eq(memcmp(r.rk, rk2, T * D * sizeof(float)), 0);
 	trip_free(&r);
@@ -678,30 +673,27 @@ Test(layout, mxfp4_round_trip)
 Test(layout, nvfp4_ch_round_trip)
 {
 	enum { D = 64, T = BD_PAGE_TOKENS };
-	struct bd_layout l = layout_ok(BD_PAGE_NVFP4_CH, 1, 1, D, 0, 1);
-	struct trip r = trip_new(&l, D, D, (struct fill){ 51, 16, 4.0f },
+	struct trip r = trip_new(BD_PAGE_NVFP4_CH, 1, 1, D, 0, 1, (struct fill){ 51, 16, 4.0f },
 				 (struct fill){ 52, 0, 1.0f });
 	float gk, gv, g[2];
 
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("trtllm-nvfp4"), r.k, r.v, NULL, r.page, 0),
+	cr_assert_eq(bd_page_write_head(&r.l, cfg_named("trtllm-nvfp4"), r.k, r.v, NULL, r.page, 0),
 		     0);
 	cr_assert_eq(bd_nvfp4_decode_scale(r.kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
 	cr_assert_eq(bd_nvfp4_decode_scale(r.vf, T * D, BD_NVFP4_KV_SMAX, &gv), 0);
-	cr_assert(page_g(&l, r.page, 0, 0) == gk && page_g(&l, r.page, 0, 1) == gv);
+	cr_assert(page_g(&r.l, r.page, 0, 0) == gk && page_g(&r.l, r.page, 0, 1) == gv);
 	/* both K and V token-major, blocks along channels, standard rule */
-	const struct fp4_region K = { &l, r.page + l.k_codes_off, r.page + l.k_scales_off, T, D,
-				      false };
-	const struct fp4_region V = { &l, r.page + l.v_codes_off, r.page + l.v_scales_off, T, D,
-				      false };
+	const struct fp4_region K = k_region(&r.l, r.page, false);
+	const struct fp4_region V = v_region(&r.l, r.page, false);
 	expect_blocks(&K, r.kf, gk, BD_SCALE_STANDARD, "K");
 	expect_blocks(&V, r.vf, gv, BD_SCALE_STANDARD, "V");
-	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 0, r.rk, r.rv, NULL), 0);
 	expect_read(&K, r.rk, gk, "K");
 	expect_read(&V, r.rv, gv, "V");
 	/* ≈ 0.095: NVFP4, κ = 6 on Gaussian data */
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
-	cr_assert_lt(rel_frob(r.rv, r.vf, T * D), 0.11);
-	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, g), 0);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.11);
+	cr_assert_lt(tg_rel_l2(r.rv, r.vf, T * D), 0.11);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 0, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == gv);
 	trip_free(&r);
 }
@@ -709,26 +701,24 @@ Test(layout, nvfp4_ch_round_trip)
 Test(layout, mla_round_trip)
 {
 	enum { D = 512, R = 64, T = BD_PAGE_TOKENS };
-	struct bd_layout l = layout_ok(BD_PAGE_NVFP4, 2, 1, D, R, 2);
 	/* the latent C as K [T][D], the positional part as V [T][R] */
-	struct trip r = trip_new(&l, D, R, (struct fill){ 61, 64, 4.0f },
+	struct trip r = trip_new(BD_PAGE_NVFP4, 2, 1, D, R, 2, (struct fill){ 61, 64, 4.0f },
 				 (struct fill){ 62, 0, 3.0f });
 	float gk, g[2];
 
-	cr_assert_eq(bd_page_write_head(&l, cfg_named("bitdecoding-nvfp4"), r.k, r.v, NULL,
+	cr_assert_eq(bd_page_write_head(&r.l, cfg_named("bitdecoding-nvfp4"), r.k, r.v, NULL,
 					r.page, 0), 0);
 	/* latent C token-major NVFP4 with the search rule, positional part BF16 in V codes */
 	cr_assert_eq(bd_nvfp4_decode_scale(r.kf, T * D, BD_NVFP4_KV_SMAX, &gk), 0);
-	cr_assert(page_g(&l, r.page, 0, 0) == gk);
-	cr_assert(page_g(&l, r.page, 0, 1) == 1.0f);
-	const struct fp4_region C = { &l, r.page + l.k_codes_off, r.page + l.k_scales_off, T, D,
-				      false };
+	cr_assert(page_g(&r.l, r.page, 0, 0) == gk);
+	cr_assert(page_g(&r.l, r.page, 0, 1) == 1.0f);
+	const struct fp4_region C = k_region(&r.l, r.page, false);
 	expect_blocks(&C, r.kf, gk, BD_SCALE_SEARCH, "C");
-	cr_assert_eq(memcmp(r.page + l.v_codes_off, r.v, T * R * 2), 0);
-	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, NULL), 0);
+	cr_assert_eq(memcmp(r.page + r.l.v_codes_off, r.v, T * R * 2), 0);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 0, r.rk, r.rv, NULL), 0);
 	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
-	cr_assert_lt(rel_frob(r.rk, r.kf, T * D), 0.11);
-	cr_assert_eq(bd_page_read_head(&l, r.page, 0, r.rk, r.rv, g), 0);
+	cr_assert_lt(tg_rel_l2(r.rk, r.kf, T * D), 0.11);
+	cr_assert_eq(bd_page_read_head(&r.l, r.page, 0, r.rk, r.rv, g), 0);
 	cr_assert(g[0] == gk && g[1] == 1.0f);
 	cr_assert_eq(memcmp(r.rv, r.vf, T * R * sizeof(float)), 0);
 

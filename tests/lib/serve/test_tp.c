@@ -52,18 +52,17 @@ static void fill(float *p, size_t n, float mean, float sd)
 		p[i] = mean + sd * mf_normal(&rng_state);
 }
 
-/* 6 query / 3 KV heads (G = 2) and 41 MLP columns: TP = 2 splits them 4+2 / 21+20. */
+/* 6 query / 3 KV heads (G = 2) and 41 MLP columns: TP = 2 splits them 4+2 / 21+20; the rest
+ * is the tiny decoder's (td_tiny_hparams), Qwen2 rotating 16 of its 32 dims, Llama NORM. */
 static struct bd_model *tiny_model(enum bd_arch arch)
 {
-	struct bd_model_hparams hp = {
-		.arch = arch, .n_layers = 2, .n_embd = 48, .n_ff = 41, .n_heads = 6,
-		.n_kv_heads = 3, .head_dim = 32, .head_dim_v = 32,
-		.n_rot = arch == BD_ARCH_QWEN2 ? 16 : 32,
-		.rope_style = arch == BD_ARCH_LLAMA ? BD_ROPE_NORM : BD_ROPE_NEOX,
-		.rope_base = 10000.0f, .norm_eps = 1e-5f, .n_ctx_train = 512, .n_vocab = 37,
-		.qk_norm = arch == BD_ARCH_QWEN3, .attn_bias = arch == BD_ARCH_QWEN2,
-		.tied_embeddings = arch == BD_ARCH_LLAMA,
-	};
+	struct bd_model_hparams hp = td_tiny_hparams(arch);
+
+	hp.n_ff = 41;
+	hp.n_heads = 6;
+	hp.n_kv_heads = 3;
+	hp.n_rot = arch == BD_ARCH_QWEN2 ? 16 : 32;
+	hp.rope_style = arch == BD_ARCH_LLAMA ? BD_ROPE_NORM : BD_ROPE_NEOX;
 	struct bd_model *m = NULL;
 
 	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
@@ -223,6 +222,22 @@ static void tp_run(const struct bd_model *s0, const struct bd_model *s1, const c
 		cr_assert_eq(jobs[r].rc, 0, "rank %d: %s (%d)", r, jobs[r].what, jobs[r].rc);
 }
 
+/* Room for the logits of steps + 1 positions of a V-token vocabulary, [steps + 1][V]. */
+static float *logits_buf(int steps, int V)
+{
+	float *p = malloc(sizeof(float) * (size_t)(steps + 1) * (size_t)V);
+
+	cr_assert_not_null(p);
+	return p;
+}
+
+/* A synthetic prompt of n tokens of a V-token vocabulary: token i is (i·mul + add) mod V. */
+static void ramp_prompt(int32_t *prompt, int n, int mul, int add, int V)
+{
+	for (int i = 0; i < n; i++)
+		prompt[i] = (i * mul + add) % V;
+}
+
 struct cmp {
 	double max_abs, scale;
 	int agree, steps;
@@ -342,10 +357,9 @@ Test(tp, tiny_models_match_single_process)
 	const char *kvs[2] = { "bf16", "bitdecoding-nvfp4" };
 	const int n = 150, steps = 20, V = 37;
 	int32_t prompt[150], tokens[20];
-	float *ref = malloc(sizeof(float) * (steps + 1) * V);
-	float *got = malloc(sizeof(float) * (steps + 1) * V);
-	for (int i = 0; i < n; i++)
-		prompt[i] = (i * 7 + 3) % V;
+	float *ref = logits_buf(steps, V), *got = logits_buf(steps, V);
+
+	ramp_prompt(prompt, n, 7, 3, V);
 
 	for (int a = 0; a < 3; a++) {
 		struct bd_model *m = tiny_model(archs[a]), *s0, *s1;
@@ -410,13 +424,12 @@ static size_t to_q8_0(struct bd_wmat *w, uint8_t *buf)
  * matches the same weights in FP32. */
 Test(tp, block_shards_fall_back_to_fp32_inside_a_block)
 {
-	struct bd_model_hparams hp = {
-		.arch = BD_ARCH_LLAMA, .n_layers = 2, .n_embd = 64, .n_ff = 96, .n_heads = 4,
-		.n_kv_heads = 2, .head_dim = 32, .head_dim_v = 32, .n_rot = 32,
-		.rope_style = BD_ROPE_NORM, .rope_base = 10000.0f, .norm_eps = 1e-5f,
-		.n_ctx_train = 512, .n_vocab = 37, .tied_embeddings = true,
-	};
+	struct bd_model_hparams hp = td_tiny_hparams(BD_ARCH_LLAMA);
 	struct bd_model *m, *f, *s0, *s1;
+
+	hp.n_embd = 64;
+	hp.n_ff = 96;
+	hp.rope_style = BD_ROPE_NORM;
 	cr_assert_eq(bd_model_alloc(&hp, &m), 0);
 	rng_state = 0x7f4a7c159e3779b9ull;
 	mf_fill_model(m, fill);
@@ -451,10 +464,9 @@ Test(tp, block_shards_fall_back_to_fp32_inside_a_block)
 
 	const int n = 150, steps = 12, V = 37;
 	int32_t prompt[150], tokens[12];
-	float *ref = malloc(sizeof(float) * (steps + 1) * V);
-	float *got = malloc(sizeof(float) * (steps + 1) * V);
-	for (int i = 0; i < n; i++)
-		prompt[i] = (i * 5 + 1) % V;
+	float *ref = logits_buf(steps, V), *got = logits_buf(steps, V);
+
+	ramp_prompt(prompt, n, 5, 1, V);
 	single_run(m, "bf16", prompt, n, steps, ref, tokens);
 	tp_run(s0, s1, NULL, "bf16", prompt, n, tokens, steps, got);
 	struct cmp c = compare(ref, got, steps, V);
@@ -500,8 +512,7 @@ Test(tp, smollm2_tp2_matches_single_process_128_steps)
 	struct bd_model *m;
 	cr_assert_eq(bd_model_load(path, &m, err), 0, "%s", err);
 	int V = m->hp.n_vocab;
-	float *ref = malloc(sizeof(float) * (size_t)(steps + 1) * (size_t)V);
-	float *got = malloc(sizeof(float) * (size_t)(steps + 1) * (size_t)V);
+	float *ref = logits_buf(steps, V), *got = logits_buf(steps, V);
 	int32_t tokens[128];
 	single_run(m, "bitdecoding-nvfp4", prompt, n, steps, ref, tokens);
 	bd_model_free(m);
@@ -689,8 +700,7 @@ static void batch_seqs(struct bd_model *m, const struct bd_kvcfg *cfg, int V, in
 {
 	int32_t prompt[126];
 
-	for (int i = 0; i < 126; i++)
-		prompt[i] = (i * 11 + 4) % V;
+	ramp_prompt(prompt, 126, 11, 4, V);
 	for (int i = 0; i < 3; i++) {
 		struct bd_seq_opts o = { .max_tokens = batch_lens[i] + steps };
 		for (int k = 0; k < n_sets; k++) {
