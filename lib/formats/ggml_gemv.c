@@ -129,8 +129,14 @@ static const struct path path_c = { "c", { gemv_c_0, gemv_c_1, gemv_c_2 },
 
 /* ---- AVX-512 and AVX2 ----------------------------------------------------------------------- */
 
+/* GCC takes a region's target by pragma; clang (the fuzz builds) as an attribute of every
+ * function in it */
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 #define KW 16
 #define KN(x) x##_avx512
 #define KNAME "avx512"
@@ -138,10 +144,18 @@ static const struct path path_c = { "c", { gemv_c_0, gemv_c_1, gemv_c_2 },
 #undef KNAME
 #undef KN
 #undef KW
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #define KW 8
 #define KN(x) x##_avx2
 #define KNAME "avx2"
@@ -149,7 +163,11 @@ static const struct path path_c = { "c", { gemv_c_0, gemv_c_1, gemv_c_2 },
 #undef KNAME
 #undef KN
 #undef KW
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 /* ---- the choice ----------------------------------------------------------------------------- */
 
