@@ -131,12 +131,17 @@ static const struct path path_c = { "c", { gemv_c_0, gemv_c_1, gemv_c_2 },
 
 /* GCC takes a region's target by pragma; clang (the fuzz builds) as an attribute of every
  * function in it */
+#define SIMD_PRAGMA(x) _Pragma(#x)
 #ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#define SIMD_BEGIN(t)                                                                              \
+	SIMD_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define SIMD_END SIMD_PRAGMA(clang attribute pop)
 #else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define SIMD_BEGIN(t) SIMD_PRAGMA(GCC push_options) SIMD_PRAGMA(GCC target(t))
+#define SIMD_END SIMD_PRAGMA(GCC pop_options)
 #endif
+
+SIMD_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define KW 16
 #define KN(x) x##_avx512
 #define KNAME "avx512"
@@ -144,18 +149,9 @@ static const struct path path_c = { "c", { gemv_c_0, gemv_c_1, gemv_c_2 },
 #undef KNAME
 #undef KN
 #undef KW
-#ifdef __clang__
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+SIMD_END
 
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+SIMD_BEGIN("avx2,fma,f16c")
 #define KW 8
 #define KN(x) x##_avx2
 #define KNAME "avx2"
@@ -163,11 +159,7 @@ static const struct path path_c = { "c", { gemv_c_0, gemv_c_1, gemv_c_2 },
 #undef KNAME
 #undef KN
 #undef KW
-#ifdef __clang__
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+SIMD_END
 
 /* ---- the choice ----------------------------------------------------------------------------- */
 
