@@ -174,7 +174,7 @@ LIBS_base    := -linih -lsystemd -lzmq
 LIBS_quant   :=
 LIBS_formats := -ljansson
 LIBS_model   := -lopenblas -lpcre2-8
-LIBS_pool    := -lzmq -lprotobuf-c -ldl
+LIBS_pool    := -lzmq -lprotobuf-c -ldl -lsodium
 LIBS_serve   := -lzmq -lprotobuf-c
 
 # --version: the git describe of the tree, compiled into base/version.o; the flag file changes
@@ -293,7 +293,7 @@ ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_LIB := $(BUILD)/router/librouter.a
 ROUTER_BIN := $(BUILD)/bin/routerd
 # the HTTP front door (router/http.c): libmicrohttpd, through pkg-config
-ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd) -lsodium
+ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd)
 $(BUILD)/router/http.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 $(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
 $(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
@@ -327,7 +327,7 @@ all: $(WORKERD_BIN)
 # ---- the bdfp4 tool and the benchmarks ------------------------------------------------------------
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard cli/*.c)))
 $(CLI_OBJ): | $(PROTO_H)
-$(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljansson))
+$(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljansson -lmsgpackc))
 # TESTGEN_OBJ: the shared generator of random test inputs (tests/common/testgen.h), linked by
 # the programs that make their own test data (bench_ref, gpu_check, bench_kernels).
 TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
@@ -400,7 +400,7 @@ $(TEST_OBJ): CFLAGS += -Itests/common
 $(TEST_OBJ): | $(PROTO_H)
 $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
-$(BUILD)/tests/router/%.o $(BUILD)/tests/system/test_prefix.o: CFLAGS += -iquote router
+$(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
 $(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o \
 		$(BUILD)/workerd/row.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))
