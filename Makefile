@@ -36,13 +36,15 @@ all:
 # python3-zmq, python3-protobuf and protoc run the Python client (clients/python/) and its tests;
 # python3-matplotlib draws the benchmarks' plots (bench/plot.py); systemd brings systemd-analyze
 # for the units' verify and exposure checks (tests/system); libmsgpack-dev packs kvpoold's KV
-# events, python3-msgpack decodes them (clients/python/kv_events.py), libsodium-dev hashes the
-# router's prefix-cache pages (BLAKE2b).
+# events and `bdfp4 kv-where` reads them, python3-msgpack decodes them too
+# (clients/python/kv_events.py), libsodium-dev hashes the prefix-cache pages (BLAKE2b); nginx is
+# the load balancer of the two-stack scale-out test (tests/system/test_scaleout.c runs it as
+# its own unprivileged process; a machine with systemd also starts Debian's nginx.service).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
 	prometheus python3-venv python3-pip python3-matplotlib systemd libmsgpack-dev python3-msgpack \
-	libsodium-dev
+	libsodium-dev nginx
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers

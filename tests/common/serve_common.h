@@ -108,6 +108,9 @@ void sv_http_url(struct sv_env *e, char *url, size_t cap, int timeout_ms);
  * (a metric's name and labels), -1 when there is none. */
 double sv_metric(const char *text, const char *prefix);
 
+/* A loopback TCP port nothing listens on now (bound to port 0 and released). */
+int sv_free_port(void);
+
 /* Runs the shell command cmd, its stdout into out[cap] (NUL-terminated, cut to fit); returns
  * its exit status as pclose(3) gives it. */
 int sv_run_output(const char *cmd, char *out, size_t cap);

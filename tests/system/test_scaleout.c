@@ -1,8 +1,9 @@
 /* test_scaleout.c — scale-out on one machine (deploy/README.md "Scale-out"): two complete
  * stacks (kvpoold, routerd with its HTTP front door, two workerd on the CPU backend each), each
  * in its own directory with its own sockets and port and its own KV event stream, behind one
- * nginx (Debian's, a non-root process with its own configuration and prefix under /tmp,
- * `least_conn` upstream over the two front doors). Suite "scaleout".
+ * nginx (Debian's, a non-root process with its own prefix under /tmp, running deploy's
+ * scale-out/nginx-bdfp4.conf: a `least_conn` upstream, here over the two front doors). Suite
+ * "scaleout".
  *
  * 16 concurrent chat completions through nginx all succeed, and each router's /metrics counts
  * some of them: least_conn spread the load. A long prompt (~5 pages of GPL-3 through the chat
@@ -21,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
@@ -29,7 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,21 +77,6 @@ static void write_file(const char *path, const char *data, size_t len)
 	fclose(f);
 }
 
-/* A loopback TCP port nobody listens on now (the kernel's pick, released for nginx). */
-static int free_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t n = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
 /* Stack s: kvpoold publishing its KV events (and a replay endpoint) in its directory,
  * routerd's HTTP on a port of its own, the two workers; its base URL into url. */
 static void start_stack(struct sv_env *e, char *url, size_t cap)
@@ -109,17 +93,43 @@ static void start_stack(struct sv_env *e, char *url, size_t cap)
 	sv_start_workers(e, WAIT_MS, "the group did not form");
 }
 
-/* nginx on port lb_port in front of the two front doors: the configuration, prefix, logs and
- * pid file in ngdir; as nobody when the test runs as root (nginx then stays an unprivileged
- * process: no `user` directive, no privileged port). */
+/* s with its one occurrence of from replaced by to (malloc'ed); asserted to be there once. */
+static char *replace_once(char *s, const char *from, const char *to)
+{
+	char *at = strstr(s, from), *r;
+
+	cr_assert(at && !strstr(at + 1, from), "deploy's nginx file has no single \"%s\"", from);
+	cr_assert_geq(asprintf(&r, "%.*s%s%s", (int)(at - s), s, to, at + strlen(from)), 0);
+	free(s);
+	return r;
+}
+
+/* nginx on port lb_port in front of the two front doors: deploy/scale-out/nginx-bdfp4.conf
+ * (the conf.d file of a multi-node install) with its two server lines pointed at the stacks
+ * and its listen line at lb_port, included by a main configuration of this test's own; the
+ * prefix, logs and pid file in ngdir; as nobody when the test runs as root (nginx then stays
+ * an unprivileged process: no `user` directive, no privileged port). */
 static void start_nginx(const char *url0, const char *url1, int lb_port)
 {
-	char conf[4096], path[160], err[160], cmd[256];
+	char conf[4096], path[PATH_MAX + 64], site[160], err[160], cmd[256], line[200];
 	struct passwd *nobody = geteuid() == 0 ? getpwnam("nobody") : NULL;
+	char *deploy;
 	int64_t end;
 	int n;
 
 	cr_assert_eq(td_make(ngdir, sizeof(ngdir), "bdfp4-nginx"), 0);
+	snprintf(path, sizeof(path), "%s/deploy/scale-out/nginx-bdfp4.conf", S[0].root);
+	deploy = td_read_file(path, NULL);
+	cr_assert(deploy, "no %s", path);
+	snprintf(line, sizeof(line), "server %.160s ", url0 + strlen("http://"));
+	deploy = replace_once(deploy, "server 10.0.0.11:8000 ", line);
+	snprintf(line, sizeof(line), "server %.160s ", url1 + strlen("http://"));
+	deploy = replace_once(deploy, "server 10.0.0.12:8000 ", line);
+	snprintf(line, sizeof(line), "listen 127.0.0.1:%d;", lb_port);
+	deploy = replace_once(deploy, "listen 80;", line);
+	snprintf(site, sizeof(site), "%s/bdfp4.conf", ngdir);
+	write_file(site, deploy, strlen(deploy));
+	free(deploy);
 	n = snprintf(conf, sizeof(conf),
 		     "daemon off;\n"
 		     "worker_processes 1;\n"
@@ -133,25 +143,9 @@ static void start_nginx(const char *url0, const char *url1, int lb_port)
 		     "  fastcgi_temp_path %s/fastcgi;\n"
 		     "  uwsgi_temp_path %s/uwsgi;\n"
 		     "  scgi_temp_path %s/scgi;\n"
-		     "  upstream bdfp4 {\n"
-		     "    least_conn;\n"
-		     "    server %s max_fails=0;\n"
-		     "    server %s max_fails=0;\n"
-		     "    keepalive 16;\n"
-		     "  }\n"
-		     "  server {\n"
-		     "    listen 127.0.0.1:%d;\n"
-		     "    location / {\n"
-		     "      proxy_pass http://bdfp4;\n"
-		     "      proxy_http_version 1.1;\n"
-		     "      proxy_set_header Connection \"\";\n"
-		     "      proxy_buffering off;\n"
-		     "      proxy_read_timeout 300s;\n"
-		     "    }\n"
-		     "  }\n"
+		     "  include %s;\n"
 		     "}\n",
-		     ngdir, ngdir, ngdir, ngdir, ngdir, ngdir, ngdir, ngdir,
-		     url0 + strlen("http://"), url1 + strlen("http://"), lb_port);
+		     ngdir, ngdir, ngdir, ngdir, ngdir, ngdir, ngdir, ngdir, site);
 	cr_assert_lt(n, (int)sizeof(conf));
 	snprintf(path, sizeof(path), "%s/nginx.conf", ngdir);
 	write_file(path, conf, (size_t)n);
@@ -159,6 +153,7 @@ static void start_nginx(const char *url0, const char *url1, int lb_port)
 	if (nobody) {
 		cr_assert_eq(chown(ngdir, nobody->pw_uid, nobody->pw_gid), 0, "%s", strerror(errno));
 		cr_assert_eq(chown(path, nobody->pw_uid, nobody->pw_gid), 0);
+		cr_assert_eq(chown(site, nobody->pw_uid, nobody->pw_gid), 0);
 	}
 	fflush(NULL);
 	nginx_pid = fork();
@@ -298,7 +293,7 @@ Test(scaleout, two_stacks_behind_nginx_serve_one_load_and_kv_where_finds_the_pre
 			     "load-balancer test is skipped");
 	for (int i = 0; i < 2; i++)
 		start_stack(&S[i], url[i], sizeof(url[i]));
-	port = free_port();
+	port = sv_free_port();
 	snprintf(lb, sizeof(lb), "127.0.0.1:%d", port);
 	start_nginx(url[0], url[1], port);
 
