@@ -59,7 +59,6 @@ struct stream {
 	bool *held;        /* [n_pages] page j of the prompt held */
 	long blocks;       /* stored minus removed since the last clear */
 	long batches;      /* replayed */
-	long long first;   /* sequence number of the first kept batch, -1: none */
 	bool cleared;      /* an AllBlocksCleared was replayed (the view starts from empty) */
 	char err[256];     /* non-empty: the stream could not be read */
 };
@@ -154,7 +153,6 @@ static void replay(void *ctx, struct stream *st, const uint64_t *h, int n, int t
 	uint8_t start[8] = { 0 };
 	int zero = 0;
 
-	st->first = -1;
 	if (!s || zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
 	    zmq_connect(s, st->endpoint) < 0) {
 		snprintf(st->err, sizeof(st->err), "%s", zmq_strerror(zmq_errno()));
@@ -208,8 +206,6 @@ static void replay(void *ctx, struct stream *st, const uint64_t *h, int n, int t
 				zmq_msg_close(&m[i]);
 			break;
 		}
-		if (st->first < 0)
-			st->first = (long long)seq;
 		st->batches++;
 		if (apply_batch(st, zmq_msg_data(&m[2]), zmq_msg_size(&m[2]), h, n) < 0)
 			snprintf(st->err, sizeof(st->err),
