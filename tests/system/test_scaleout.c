@@ -104,12 +104,12 @@ static char *replace_once(char *s, const char *from, const char *to)
 	return r;
 }
 
-/* nginx on port lb_port in front of the two front doors: deploy/scale-out/nginx-bdfp4.conf
- * (the conf.d file of a multi-node install) with its two server lines pointed at the stacks
- * and its listen line at lb_port, included by a main configuration of this test's own; the
- * prefix, logs and pid file in ngdir; as nobody when the test runs as root (nginx then stays
+/* nginx (the program: a path, or a name on PATH) on port lb_port in front of the two front
+ * doors: deploy/scale-out/nginx-bdfp4.conf (the conf.d file of a multi-node install) with its
+ * two server lines pointed at the stacks and its listen line at lb_port, included by a main
+ * configuration of this test's own; the prefix, logs and pid file in ngdir; as nobody when the test runs as root (nginx then stays
  * an unprivileged process: no `user` directive, no privileged port). */
-static void start_nginx(const char *url0, const char *url1, int lb_port)
+static void start_nginx(const char *nginx, const char *url0, const char *url1, int lb_port)
 {
 	char conf[4096], path[PATH_MAX + 64], site[160], err[160], cmd[256], line[200];
 	struct passwd *nobody = geteuid() == 0 ? getpwnam("nobody") : NULL;
@@ -172,7 +172,7 @@ static void start_nginx(const char *url0, const char *url1, int lb_port)
 		if (nobody && (setgroups(0, NULL) < 0 || setgid(nobody->pw_gid) < 0 ||
 			       setuid(nobody->pw_uid) < 0))
 			_exit(126);
-		execlp("nginx", "nginx", "-p", ngdir, "-c", path, "-e", err, (char *)NULL);
+		execlp(nginx, "nginx", "-p", ngdir, "-c", path, "-e", err, (char *)NULL);
 		_exit(127);
 	}
 	/* up when it answers /health (from one of the routers) */
@@ -282,20 +282,22 @@ Test(scaleout, two_stacks_behind_nginx_serve_one_load_and_kv_where_finds_the_pre
 {
 	char url[2][160], body[4096], cmd[1024], out[4096], target[160], pfile[160];
 	char *text, *first;
+	const char *nginx;
 	double served[2], before[2], hits[2];
 	json_t *j, *kw, *msg;
 	size_t len;
 	int s, o, pages, prompt_tokens, port;
 
-	if (system("command -v nginx >/dev/null 2>&1") != 0 &&
-	    access("/usr/sbin/nginx", X_OK) != 0)
+	/* Debian's is /usr/sbin/nginx, which a non-root PATH may leave out */
+	nginx = access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "nginx";
+	if (strcmp(nginx, "nginx") == 0 && system("command -v nginx >/dev/null 2>&1") != 0)
 		cr_skip_test("no nginx (Debian nginx; make deps installs it): the two-stack "
 			     "load-balancer test is skipped");
 	for (int i = 0; i < 2; i++)
 		start_stack(&S[i], url[i], sizeof(url[i]));
 	port = sv_free_port();
 	snprintf(lb, sizeof(lb), "127.0.0.1:%d", port);
-	start_nginx(url[0], url[1], port);
+	start_nginx(nginx, url[0], url[1], port);
 
 	/* the load: 16 concurrent chat completions through nginx */
 	for (int i = 0; i < N_LOAD; i++) {
