@@ -36,13 +36,15 @@ all:
 # python3-zmq, python3-protobuf and protoc run the Python client (clients/python/) and its tests;
 # python3-matplotlib draws the benchmarks' plots (bench/plot.py); systemd brings systemd-analyze
 # for the units' verify and exposure checks (tests/system); libmsgpack-dev packs kvpoold's KV
-# events, python3-msgpack decodes them (clients/python/kv_events.py), libsodium-dev hashes the
-# router's prefix-cache pages (BLAKE2b).
+# events and `bdfp4 kv-where` reads them, python3-msgpack decodes them too
+# (clients/python/kv_events.py), libsodium-dev hashes the prefix-cache pages (BLAKE2b); nginx is
+# the load balancer of the two-stack scale-out test (tests/system/test_scaleout.c runs it as
+# its own unprivileged process; a machine with systemd also starts Debian's nginx.service).
 DEB_PKGS := build-essential pkg-config libcriterion-dev libjansson-dev libzmq3-dev \
 	libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libpcre2-dev libopenblas-dev \
 	libinih-dev libmicrohttpd-dev python3-zmq python3-protobuf protobuf-compiler curl \
 	prometheus python3-venv python3-pip python3-matplotlib systemd libmsgpack-dev python3-msgpack \
-	libsodium-dev
+	libsodium-dev nginx
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-missing-field-initializers
@@ -174,7 +176,7 @@ LIBS_base    := -linih -lsystemd -lzmq
 LIBS_quant   :=
 LIBS_formats := -ljansson
 LIBS_model   := -lopenblas -lpcre2-8
-LIBS_pool    := -lzmq -lprotobuf-c -ldl
+LIBS_pool    := -lzmq -lprotobuf-c -ldl -lsodium
 LIBS_serve   := -lzmq -lprotobuf-c
 
 # --version: the git describe of the tree, compiled into base/version.o; the flag file changes
@@ -293,7 +295,7 @@ ROUTER_OBJ := $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_LIB := $(BUILD)/router/librouter.a
 ROUTER_BIN := $(BUILD)/bin/routerd
 # the HTTP front door (router/http.c): libmicrohttpd, through pkg-config
-ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd) -lsodium
+ROUTER_LIBS := $(or $(shell pkg-config --libs libmicrohttpd 2>/dev/null),-lmicrohttpd)
 $(BUILD)/router/http.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 $(ROUTER_LIB): $(ROUTER_OBJ) ; $(archive)
 $(ROUTER_OBJ) $(BUILD)/router/main.o: | $(PROTO_H)
@@ -327,7 +329,7 @@ all: $(WORKERD_BIN)
 # ---- the bdfp4 tool and the benchmarks ------------------------------------------------------------
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard cli/*.c)))
 $(CLI_OBJ): | $(PROTO_H)
-$(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljansson))
+$(eval $(call program,bdfp4,$(CLI_OBJ),serve pool model formats quant base,-ljansson -lmsgpackc))
 # TESTGEN_OBJ: the shared generator of random test inputs and their relative error
 # (tests/common/testgen.h), linked by the programs that make their own test data or measure
 # against a reference (bench_ref, bench_wmat, gpu_check, bench_kernels).
@@ -402,7 +404,7 @@ $(TEST_OBJ): CFLAGS += -Itests/common
 $(TEST_OBJ): | $(PROTO_H)
 $(BUILD)/tests/kvpoold/%.o $(BUILD)/tests/lib/pool/%.o: CFLAGS += -Ikvpoold
 $(BUILD)/tests/workerd/%.o: CFLAGS += -Iworkerd
-$(BUILD)/tests/router/%.o $(BUILD)/tests/system/test_prefix.o: CFLAGS += -iquote router
+$(BUILD)/tests/router/%.o: CFLAGS += -iquote router
 
 $(TEST_BIN): $(TEST_OBJ) $(KVPD_LIB) $(ROUTER_LIB) $(BUILD)/workerd/growmap.o \
 		$(BUILD)/workerd/row.o $(foreach l,$(TEST_LAYERS),$(AR_$(l)))

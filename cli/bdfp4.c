@@ -25,6 +25,7 @@ static const struct subcommand commands[] = {
 	{ "serve", cmd_serve,
 	  "run kvpoold, the router (ZeroMQ and HTTP) and the workers in the foreground" },
 	{ "keygen", cmd_keygen, "make a CURVE key pair for an encrypted TCP endpoint" },
+	{ "kv-where", cmd_kv_where, "which stack's KV event stream holds a prompt's leading pages" },
 };
 
 static void usage(FILE *f)

@@ -17,6 +17,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_client(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_kv_where(int argc, char **argv);
 
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval_kl(int argc, char **argv);

@@ -64,6 +64,15 @@ int cli_read_texts(const char *tool, char *const *paths, int n, char **ret, size
 			return -1;
 		}
 	}
+	/* the NUL the contract promises (an empty last file leaves no byte for it) */
+	{
+		char *t = realloc(buf, len + 1);
+
+		if (!t)
+			goto oom;
+		buf = t;
+		buf[len] = 0;
+	}
 	*ret = buf;
 	*ret_len = len;
 	return 0;

@@ -18,18 +18,6 @@
 
 #define MAX_TOP 64 /* largest holders a stats reply lists */
 
-const char *bd_kvpool_format_name(enum bd_page_format fmt)
-{
-	switch (fmt) {
-	case BD_PAGE_BF16: return "bf16";
-	case BD_PAGE_FP8: return "fp8";
-	case BD_PAGE_NVFP4_CH: return "nvfp4-ch";
-	case BD_PAGE_NVFP4: return "nvfp4";
-	case BD_PAGE_MXFP4: return "mxfp4";
-	default: return "?";
-	}
-}
-
 static int pack(const Bdfp4__PoolReply *rep, uint8_t **ret, size_t *ret_len)
 {
 	size_t n = bdfp4__pool_reply__get_packed_size(rep);

@@ -122,7 +122,7 @@ int bd_kvpool_owner_reclaim(struct bd_kvpool_alloc *a, uint64_t owner, uint64_t 
  *
  * A promoted page (USED, held by the request that filled it) may be indexed under a hash the
  * router computed (non-zero; chained over the page's tokens, the previous page's hash and the
- * KV identity, router/prefix.c). A later request takes references to the leading indexed pages
+ * KV identity, lib/pool/prefix.c). A later request takes references to the leading indexed pages
  * of its prompt (prefix_match); an indexed page whose last reference goes is IDLE: kept, and
  * counted as free capacity (bd_kvpool_counts.pages_free); an allocation that finds the free
  * stack short evicts the least recently released idle pages (scrubbed, as any freed page).
@@ -349,9 +349,6 @@ int bd_kvpool_handle(struct bd_kvpool_handler *h, const uint8_t *frame, size_t l
 int bd_kvpool_error_reply(struct bd_kvpool_handler *h, int code, const char *text,
 			  uint8_t **ret_reply, size_t *ret_len);
 
-/* The short name of a page format ("nvfp4", "mxfp4", "nvfp4-ch", "fp8", "bf16"). */
-const char *bd_kvpool_format_name(enum bd_page_format fmt);
-
 /* ---- sizing -------------------------------------------------------------------------------- */
 
 struct bd_kvpool_params {
@@ -464,7 +461,7 @@ const struct bd_kvpool_mem_ops *bd_kvpool_mem_find(const char *name);
  * msgpack payload], the payload as events.c's comment spells out; a ROUTER socket
  * (kv_events_replay) answers a request [""][start (8 bytes, big-endian)] with every kept batch
  * from start on, each as [""][seq][payload], then [""][-1 as 8 bytes][""]. A bdfp4 page is one
- * vLLM block of 128 tokens; the block hash is the router's page hash (router/prefix.h). */
+ * vLLM block of 128 tokens; the block hash is the router's page hash (lib/pool/bd_prefix.h). */
 
 struct bd_kvpool_events;
 

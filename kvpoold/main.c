@@ -636,7 +636,7 @@ static int setup_memory(struct ctx *c)
 	bd_log_info("backend %s, %d rank(s): %zu pages of %zu bytes (x%d layers, %s), %zu slots of "
 		 "%zu bytes, %zu bytes per rank in %zu chunk(s)",
 		 c->mem->name, c->o.tp, c->plan.n_pages, c->plan.layout.page_bytes, c->o.layers,
-		 bd_kvpool_format_name(p.fmt), c->plan.n_slots, c->plan.layout.slot_bytes,
+		 bd_page_format_name(p.fmt), c->plan.n_slots, c->plan.layout.slot_bytes,
 		 c->plan.arena_bytes, c->plan.n_chunks);
 	return 0;
 }
@@ -1435,7 +1435,7 @@ int main(int argc, char **argv)
 	c.info = (struct bd_kvpool_info){
 		.backend = c.mem->name,
 		.kv_config = c.kvcfg->name,
-		.page_format = bd_kvpool_format_name(c.plan.layout.fmt),
+		.page_format = bd_page_format_name(c.plan.layout.fmt),
 		.tp = (uint32_t)c.o.tp,
 		.max_seq_len = c.o.max_seq_len,
 		.page_bytes = c.plan.layout.page_bytes * (size_t)c.o.layers,

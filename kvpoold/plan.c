@@ -66,7 +66,7 @@ int bd_kvpool_plan(const struct bd_kvpool_params *p, struct bd_kvpool_plan *ret,
 		snprintf(err, errlen,
 			 "the page layout refuses %d layers, %d KV heads, head_dim %d, d_rope %d "
 			 "in format %s", p->n_layers, p->n_kv_heads, p->d, p->d_rope,
-			 bd_kvpool_format_name(p->fmt));
+			 bd_page_format_name(p->fmt));
 		return e;
 	}
 	page_all = one.layer_stride * (size_t)p->n_layers; /* one page, every layer */

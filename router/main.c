@@ -36,7 +36,7 @@
 #include "serve/bd_wire.h"
 #include "http.h"
 #include "metrics.h"
-#include "prefix.h"
+#include "pool/bd_prefix.h"
 #include "router.h"
 
 #define SECTION "router"
@@ -747,7 +747,7 @@ static int start_sched(struct bd_router *rt)
 		return e;
 	}
 	bd_sched_set_prefix(&rt->sched, rt->o.sched.prefix_cache,
-			    bd_router_prefix_seed(rt->model_name, rt->kv_config, rt->page_format, 0));
+			    bd_prefix_seed(rt->model_name, rt->kv_config, rt->page_format, 0));
 	return e;
 }
 

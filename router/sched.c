@@ -9,7 +9,7 @@
 #include "base/bd_rand.h"
 #include "model/bd_sampler.h"
 #include "quant/bd_layout.h"
-#include "prefix.h"
+#include "pool/bd_prefix.h"
 #include "sched.h"
 
 /* ---- requests and actions ------------------------------------------------------------------- */
@@ -397,9 +397,9 @@ static void match_prefix(struct bd_sched *s, struct bd_req *r, int n)
 	if (!r->hashes && !(r->hashes = calloc((size_t)r->max_pages, sizeof(*r->hashes))))
 		return;
 	/* the request's own KV configuration (one of the pool's page format) and its salt */
-	seed = bd_router_prefix_salted(s->cfg.prefix_seed, r->kv_config, strlen(r->kv_config));
-	seed = bd_router_prefix_salted(seed, r->cache_salt, r->cache_salt_len);
-	bd_router_prefix_hashes(seed, r->toks, np, r->hashes);
+	seed = bd_prefix_request_seed(s->cfg.prefix_seed, r->kv_config, r->cache_salt,
+				      r->cache_salt_len);
+	bd_prefix_hashes(seed, r->toks, np, r->hashes);
 	r->n_hashed = np;
 	s->prefix_queries += (uint64_t)look * BD_PAGE_TOKENS;
 	if (look < 1 || s->pool->prefix_match(s->pool_ctx, r->id, r->hashes, (size_t)look, r->pages,

@@ -24,7 +24,7 @@
 #include <zmq.h>
 
 #include "metrics.h"
-#include "prefix.h"
+#include "pool/bd_prefix.h"
 #include "router.h"
 
 /* Sends m to rank; -EHOSTUNREACH when that worker is gone. */
@@ -124,9 +124,9 @@ static void form_group(struct bd_router *rt)
 	}
 	rr.attach_token = (ProtobufCBinaryData){ 0, NULL };
 	rt->group_ready = true;
-	/* the group's calibration names the KV bytes of the pages it writes (router/prefix.h) */
+	/* the group's calibration names the KV bytes of the pages it writes (pool/bd_prefix.h) */
 	bd_sched_set_prefix(&rt->sched, rt->sched.cfg.prefix_cache,
-			    bd_router_prefix_seed(rt->model_name, rt->kv_config, rt->page_format,
+			    bd_prefix_seed(rt->model_name, rt->kv_config, rt->page_format,
 						  rt->w[0].calib_id));
 	if (failed >= 0) {
 		char msg[96];

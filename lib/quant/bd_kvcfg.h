@@ -22,6 +22,11 @@ enum bd_page_format {
 	BD_PAGE_FORMAT_COUNT
 };
 
+/* The short name of a page format ("nvfp4", "mxfp4", "nvfp4-ch", "fp8", "bf16"; "?" for a
+ * value outside the enum): what kvpoold's stats report and what the prefix-cache hashes of
+ * pool/bd_prefix.h name the page bytes by. */
+const char *bd_page_format_name(enum bd_page_format fmt);
+
 /* How decode quantizes the probabilities P before P·V (NUMERICS.md §6). */
 enum bd_pquant {
 	BD_P_FP32 = 0,          /* unquantized */

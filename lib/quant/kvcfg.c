@@ -41,6 +41,18 @@ static const struct bd_kvcfg configs[BD_KVCFG_COUNT] = {
 				   .p_norm = BD_NORM_QMASS },
 };
 
+const char *bd_page_format_name(enum bd_page_format fmt)
+{
+	switch (fmt) {
+	case BD_PAGE_BF16: return "bf16";
+	case BD_PAGE_FP8: return "fp8";
+	case BD_PAGE_NVFP4_CH: return "nvfp4-ch";
+	case BD_PAGE_NVFP4: return "nvfp4";
+	case BD_PAGE_MXFP4: return "mxfp4";
+	default: return "?";
+	}
+}
+
 const struct bd_kvcfg *bd_kvcfg_get(int i)
 {
 	if (i < 0 || i >= BD_KVCFG_COUNT)

@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "serve/bd_client.h"
 #include "pool/bd_pool_client.h"
 #include "serve_common.h"
+#include "tmpdir.h"
 
 #define MODEL_REL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -451,4 +453,51 @@ int sv_run_output(const char *cmd, char *out, size_t cap)
 	n = fread(out, 1, cap - 1, p);
 	out[n] = 0;
 	return pclose(p);
+}
+
+void sv_http_url(struct sv_env *e, char *url, size_t cap, int timeout_ms)
+{
+	static const char mark[] = "http: listening on ";
+	int64_t end = sv_now_ms() + timeout_ms;
+
+	while (sv_now_ms() < end) {
+		char *log = td_read_file(e->router.log, NULL), *p;
+
+		p = log ? strstr(log, mark) : NULL;
+		if (p) {
+			p += strlen(mark);
+			snprintf(url, cap, "%.*s", (int)strcspn(p, " \n"), p);
+			free(log);
+			return;
+		}
+		free(log);
+		usleep(50000);
+	}
+	cr_assert_fail("routerd logged no HTTP address:\n%s", sv_log_tail(&e->router));
+}
+
+double sv_metric(const char *text, const char *prefix)
+{
+	for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+		if (!strncmp(p, prefix, strlen(prefix))) {
+			const char *sp = strchr(p, ' ');
+
+			return sp ? strtod(sp + 1, NULL) : -1;
+		}
+	}
+	return -1;
+}
+
+int sv_free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd);
+	return port;
 }

@@ -99,6 +99,18 @@ bool sv_wait_health(struct sv_env *e, bool want, int timeout_ms);
  * failure says what ("no recovery") and shows the router's log. */
 void sv_expect_healthy(struct sv_env *e, int timeout_ms, const char *what);
 
+/* The base URL (http://HOST:PORT) that e's router logged it serves HTTP on (a router started
+ * with --http HOST:0 listens on a port the kernel picked) into url[cap], waiting up to
+ * timeout_ms for the line; the test fails, with the router's log, when it does not come. */
+void sv_http_url(struct sv_env *e, char *url, size_t cap, int timeout_ms);
+
+/* The value of the first sample of Prometheus exposition text whose line starts with prefix
+ * (a metric's name and labels), -1 when there is none. */
+double sv_metric(const char *text, const char *prefix);
+
+/* A loopback TCP port nothing listens on now (bound to port 0 and released). */
+int sv_free_port(void);
+
 /* Runs the shell command cmd, its stdout into out[cap] (NUL-terminated, cut to fit); returns
  * its exit status as pclose(3) gives it. */
 int sv_run_output(const char *cmd, char *out, size_t cap);

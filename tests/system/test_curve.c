@@ -29,21 +29,6 @@
 
 SV_TEST_SUITE(curve, 240);
 
-/* A TCP port nothing listens on now (bound to port 0 and released). */
-static int free_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
 /* DIR/name.key and DIR/name.pub; the public key into pub (may be NULL). */
 static void keygen(const char *name, char *pub)
 {
@@ -164,8 +149,8 @@ Test(curve, allowed_key_is_served_others_fail_fast)
 
 	unsetenv("BDFP4_SERVER_KEY");
 	unsetenv("BDFP4_SECRET_KEY");
-	snprintf(front, sizeof(front), "tcp://127.0.0.1:%d", free_port());
-	snprintf(workers, sizeof(workers), "tcp://127.0.0.1:%d", free_port());
+	snprintf(front, sizeof(front), "tcp://127.0.0.1:%d", sv_free_port());
+	snprintf(workers, sizeof(workers), "tcp://127.0.0.1:%d", sv_free_port());
 	keygen("router", NULL);
 	keygen("alice", pub_a);
 	keygen("mallory", NULL);
@@ -275,7 +260,7 @@ Test(curve, plain_tcp_off_loopback_is_refused_unless_insecure_tcp)
 	char any[64], ep[64];
 	struct bd_client *c;
 	struct bd_client_health h;
-	int port = free_port();
+	int port = sv_free_port();
 
 	snprintf(any, sizeof(any), "tcp://0.0.0.0:%d", port);
 	/* no pool is needed: the rule is checked with the configuration, before anything */
@@ -333,7 +318,7 @@ Test(curve, pool_endpoint_speaks_curve)
 	size_t n;
 	int rc;
 
-	snprintf(pool, sizeof(pool), "tcp://127.0.0.1:%d", free_port());
+	snprintf(pool, sizeof(pool), "tcp://127.0.0.1:%d", sv_free_port());
 	keygen("pool", NULL);
 	keygen("router", pub_r);
 	keygen("ctl", pub_c);

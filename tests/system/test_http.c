@@ -50,34 +50,13 @@ static void write_file(const char *path, const char *data)
 	fclose(f);
 }
 
-/* The URL routerd logged (it listens on a port the kernel picked). */
-static void find_url(void)
-{
-	int64_t end = sv_now_ms() + WAIT_MS;
-
-	while (sv_now_ms() < end) {
-		char *log = td_read_file(E.router.log, NULL), *p;
-
-		p = log ? strstr(log, "http: listening on ") : NULL;
-		if (p) {
-			p += strlen("http: listening on ");
-			snprintf(url, sizeof(url), "%.*s", (int)strcspn(p, " \n"), p);
-			free(log);
-			return;
-		}
-		free(log);
-		usleep(50000);
-	}
-	cr_assert_fail("routerd logged no HTTP address:\n%s", sv_log_tail(&E.router));
-}
-
 static void up_with(const char *const *router_extra, bool workers)
 {
 	static const char *const args[] = { "--http", "127.0.0.1:0", NULL };
 
 	sv_start_pool(&E, NULL);
 	sv_start_router2(&E, args, router_extra);
-	find_url();
+	sv_http_url(&E, url, sizeof(url), WAIT_MS);
 	if (workers) {
 		sv_start_workers(&E, WAIT_MS, "the group did not form");
 	}
@@ -341,19 +320,7 @@ static void parse_sse(const char *body, bool chat, struct stream *s)
 
 /* ---- metrics -------------------------------------------------------------------------------- */
 
-/* The value of the sample whose line starts with prefix (name{labels...), -1 when none. */
-static double metric(const char *text, const char *prefix)
-{
-	for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
-		if (!strncmp(p, prefix, strlen(prefix))) {
-			const char *sp = strchr(p, ' ');
-
-			return sp ? strtod(sp + 1, NULL) : -1;
-		}
-	}
-	return -1;
-}
-
+/* The text of the router's /metrics. */
 static char *scrape(void)
 {
 	char *out;
@@ -655,7 +622,7 @@ Test(http, disconnect_cancels)
 	end = sv_now_ms() + WAIT_MS;
 	do {
 		m = scrape();
-		if (metric(m, "bdfp4:request_success_total{model_name=\"SmolLM2-135M-Instruct"
+		if (sv_metric(m, "bdfp4:request_success_total{model_name=\"SmolLM2-135M-Instruct"
 			      ".Q4_1.gguf\",finished_reason=\"abort\"}") == 1)
 			break;
 		free(m);
@@ -685,9 +652,9 @@ Test(http, concurrent_streams_and_metrics)
 	up_batch_invariant();
 	m = scrape();
 	promtool_check(m);
-	p0 = metric(m, "bdfp4:prompt_tokens_total{");
-	g0 = metric(m, "bdfp4:generation_tokens_total{");
-	l0 = metric(m, "bdfp4:request_success_total{model_name=\"SmolLM2-135M-Instruct.Q4_1."
+	p0 = sv_metric(m, "bdfp4:prompt_tokens_total{");
+	g0 = sv_metric(m, "bdfp4:generation_tokens_total{");
+	l0 = sv_metric(m, "bdfp4:request_success_total{model_name=\"SmolLM2-135M-Instruct.Q4_1."
 		       "gguf\",finished_reason=\"length\"}");
 	cr_expect_eq(p0, 0);
 	cr_expect_eq(g0, 0);
@@ -743,18 +710,18 @@ Test(http, concurrent_streams_and_metrics)
 	}
 	m = scrape();
 	promtool_check(m);
-	cr_expect_eq(metric(m, "bdfp4:prompt_tokens_total{"), (double)want_prompt);
-	cr_expect_eq(metric(m, "bdfp4:generation_tokens_total{"), (double)want_gen);
-	cr_expect_eq(metric(m, "bdfp4:request_success_total{model_name=\"SmolLM2-135M-Instruct."
+	cr_expect_eq(sv_metric(m, "bdfp4:prompt_tokens_total{"), (double)want_prompt);
+	cr_expect_eq(sv_metric(m, "bdfp4:generation_tokens_total{"), (double)want_gen);
+	cr_expect_eq(sv_metric(m, "bdfp4:request_success_total{model_name=\"SmolLM2-135M-Instruct."
 			       "Q4_1.gguf\",finished_reason=\"length\"}") - l0,
 		     N_CLIENTS + N_DISTINCT);
-	cr_expect_eq(metric(m, "bdfp4:time_to_first_token_seconds_count{"),
+	cr_expect_eq(sv_metric(m, "bdfp4:time_to_first_token_seconds_count{"),
 		     N_CLIENTS + N_DISTINCT);
-	cr_expect_eq(metric(m, "bdfp4:http_requests_total{model_name=\"SmolLM2-135M-Instruct."
+	cr_expect_eq(sv_metric(m, "bdfp4:http_requests_total{model_name=\"SmolLM2-135M-Instruct."
 			       "Q4_1.gguf\",endpoint=\"/v1/completions\",status=\"200\"}"),
 		     N_CLIENTS + N_DISTINCT);
 	/* 9 intervals per streamed request of 10 tokens */
-	cr_expect_eq(metric(m, "bdfp4:inter_token_latency_seconds_count{"), N_CLIENTS * 9);
+	cr_expect_eq(sv_metric(m, "bdfp4:inter_token_latency_seconds_count{"), N_CLIENTS * 9);
 	free(m);
 	cr_expect(sv_pool_idle(&E, WAIT_MS));
 }

@@ -27,7 +27,7 @@
 
 #include "pool/bd_pool_client.h"
 #include "serve/bd_client.h"
-#include "prefix.h"
+#include "pool/bd_prefix.h"
 #include "serve_common.h"
 
 #define WAIT_MS 240000
@@ -170,16 +170,16 @@ Test(prefix, a_shared_prefix_is_read_from_cached_pages_and_changes_no_token)
 	bd_client_free(c);
 }
 
-/* The hashes the router gives the first n pages of toks (router/prefix.h), unsalted, for the
+/* The hashes the router gives the first n pages of toks (pool/bd_prefix.h), unsalted, for the
  * embedded model and the pool's bitdecoding-nvfp4. */
 static void expected_hashes(const int32_t *toks, int n, uint64_t *ret)
 {
 	const char *slash = strrchr(E.model, '/');
-	uint64_t seed = bd_router_prefix_seed(slash ? slash + 1 : E.model, "bitdecoding-nvfp4",
+	uint64_t seed = bd_prefix_seed(slash ? slash + 1 : E.model, "bitdecoding-nvfp4",
 					      "nvfp4", 0);
 
-	seed = bd_router_prefix_salted(seed, "bitdecoding-nvfp4", strlen("bitdecoding-nvfp4"));
-	bd_router_prefix_hashes(seed, toks, n, ret);
+	seed = bd_prefix_salted(seed, "bitdecoding-nvfp4", strlen("bitdecoding-nvfp4"));
+	bd_prefix_hashes(seed, toks, n, ret);
 }
 
 /* Runs the consumer with args, its stdout into out. */

@@ -1,6 +1,7 @@
 /* test_units.c — deploy/'s systemd units, each on its own: `systemd-analyze verify` is clean
  * (ExecStart= pointed at this build's binaries, which verify wants to exist) and
- * `systemd-analyze security` rates its exposure at most 2.0; the file every unit names in
+ * `systemd-analyze security` rates its exposure at most 2.0; the multi-node drop-ins of
+ * deploy/scale-out/ verify clean over their units; the file every unit names in
  * Documentation= is one `make install` installs. Skipped, with the reason, where
  * systemd-analyze is missing (make deps installs it: Debian's systemd).
  */
@@ -84,6 +85,28 @@ Test(units, each_verifies_clean)
 		run(cmd, out, sizeof(out));
 		cr_expect_str_eq(out, "rc=0\n", "%s: systemd-analyze verify is not clean:\n%s",
 				 units[i], out);
+	}
+}
+
+/* The multi-node drop-ins of deploy/scale-out/ (router on TCP with CURVE and HTTP on the
+ * node's address, kvpoold's KV events on TCP), each over its unit: verify reads the drop-in
+ * beside the unit and is clean (an unknown key or a bad value would be printed). */
+Test(units, scale_out_drop_ins_verify_clean)
+{
+	static const char *const with[] = { "router.service", "kvpoold.service" };
+	char cmd[6 * PATH_MAX], out[8192];
+
+	need_analyze();
+	for (size_t i = 0; i < sizeof(with) / sizeof(with[0]); i++) {
+		snprintf(cmd, sizeof(cmd),
+			 "mkdir -p '%s/%s.d' && sed 's#/usr/local/bin/#%s/#' '%s/deploy/%s' > "
+			 "'%s/%s' && sed 's#/usr/local/bin/#%s/#' "
+			 "'%s/deploy/scale-out/%s.d/scale-out.conf' > '%s/%s.d/scale-out.conf' && "
+			 "cd '%s' && systemd-analyze verify --man=no '%s' 2>&1; echo rc=$?",
+			 dir, with[i], bin, root, with[i], dir, with[i], bin, root, with[i], dir,
+			 with[i], dir, with[i]);
+		run(cmd, out, sizeof(out));
+		cr_expect_str_eq(out, "rc=0\n", "%s with its scale-out drop-in:\n%s", with[i], out);
 	}
 }
 

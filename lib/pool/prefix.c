@@ -1,9 +1,9 @@
-/* prefix.c — the chained page hashes of prefix caching (prefix.h), BLAKE2b from libsodium. */
+/* prefix.c — the chained page hashes of prefix caching (bd_prefix.h), BLAKE2b from libsodium. */
 #include <sodium.h>
 #include <string.h>
 
 #include "quant/bd_layout.h"
-#include "prefix.h"
+#include "pool/bd_prefix.h"
 
 /* BLAKE2b's shortest output (crypto_generichash_BYTES_MIN); its first 8 bytes are the hash */
 #define OUT 16
@@ -34,8 +34,8 @@ static uint64_t finish(crypto_generichash_state *st)
 	return h ? h : 1;
 }
 
-uint64_t bd_router_prefix_seed(const char *model, const char *kv_config, const char *page_format,
-			       uint64_t calib_id)
+uint64_t bd_prefix_seed(const char *model, const char *kv_config, const char *page_format,
+			uint64_t calib_id)
 {
 	crypto_generichash_state st;
 	const char *s[3] = { model ? model : "", kv_config ? kv_config : "",
@@ -50,7 +50,7 @@ uint64_t bd_router_prefix_seed(const char *model, const char *kv_config, const c
 	return finish(&st);
 }
 
-uint64_t bd_router_prefix_salted(uint64_t seed, const char *salt, size_t len)
+uint64_t bd_prefix_salted(uint64_t seed, const char *salt, size_t len)
 {
 	crypto_generichash_state st;
 	uint8_t b[8];
@@ -65,7 +65,14 @@ uint64_t bd_router_prefix_salted(uint64_t seed, const char *salt, size_t len)
 	return finish(&st);
 }
 
-void bd_router_prefix_hashes(uint64_t seed, const int32_t *toks, int n_pages, uint64_t *ret)
+uint64_t bd_prefix_request_seed(uint64_t seed, const char *kv_config, const char *salt,
+				size_t salt_len)
+{
+	return bd_prefix_salted(bd_prefix_salted(seed, kv_config, strlen(kv_config)), salt,
+				salt_len);
+}
+
+void bd_prefix_hashes(uint64_t seed, const int32_t *toks, int n_pages, uint64_t *ret)
 {
 	uint64_t prev = seed;
 
