@@ -334,6 +334,7 @@ TESTGEN_OBJ := $(BUILD)/tests/common/testgen.o
 $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(BUILD)/bench/bench_info.o $(TESTGEN_OBJ),quant base))
 $(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_info.o,model formats quant base))
 $(eval $(call program,bench_wmat,$(BUILD)/bench/bench_wmat.o $(BUILD)/bench/bench_info.o,model formats quant base))
+$(eval $(call program,bench_threads,$(BUILD)/bench/bench_threads.o,model formats quant base))
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
@@ -348,7 +349,7 @@ $(BUILD)/deploy/fdstore_run.o: CFLAGS += -Itests/common
 all: $(BUILD)/bin/fdstore-run
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
-	$(BUILD)/bin/bench_batch $(BUILD)/bin/bench_wmat
+	$(BUILD)/bin/bench_batch $(BUILD)/bin/bench_wmat $(BUILD)/bin/bench_threads
 
 bench: all
 	$(BUILD)/bin/bench_ref

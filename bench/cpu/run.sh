@@ -14,7 +14,7 @@
 #      peak RSS (/usr/bin/time's maximum resident set) of each.
 # The markdown tables go to stdout and, with RESULTS_FILE, are appended to it under a heading
 # with the date, machine, commit, command and load average.
-# Environment: BD_THREADS (2) OpenBLAS, attention and llama.cpp threads; BD_ROUNDS (1);
+# Environment: BD_THREADS (2) bdfp4's (generate --threads) and llama.cpp's threads; BD_ROUNDS (1);
 # BD_CONTEXTS ("39 1943 6606": which of the three prompts); BD_TOKENS (64) generated tokens per
 # run; BD_MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf); BD_LLAMA: empty, no llama.cpp
 # columns; "build", build llama-bench with bench/cpu/llama_build.sh (PyPI's llama-cpp-python
@@ -32,8 +32,8 @@ GPL=/usr/share/common-licenses/GPL-3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # the SIMD decode attention is the default (lib/quant/bd_attn_cpu.h); BD_ATTN_ISA=ref measures
-# the reference decoder
-export OPENBLAS_NUM_THREADS="$THREADS" BD_ATTN_THREADS="$THREADS"
+# the reference decoder. bdfp4 generate --threads sets OpenBLAS's threads and the model's pool.
+export OPENBLAS_NUM_THREADS="$THREADS"
 
 if [ "$LLAMA" = build ]; then
 	LLAMA=$(sh bench/cpu/llama_build.sh)/bin/llama-bench
@@ -65,11 +65,11 @@ run_one() { # system context → "tok/s peak_MiB"
 	else
 		if [ "$2" = 39 ]; then
 			/usr/bin/time -f 'RSS %M' "$BIN/bdfp4" generate --model "$MODEL" --stats \
-				--kv "$1" --max-tokens "$TOKENS" --chat \
+				--threads "$THREADS" --kv "$1" --max-tokens "$TOKENS" --chat \
 				"Describe how to make a cup of tea." 2>"$TMP/err" >/dev/null
 		else
 			/usr/bin/time -f 'RSS %M' "$BIN/bdfp4" generate --model "$MODEL" --stats \
-				--kv "$1" --max-tokens "$TOKENS" "$(prompt_text "$2")" \
+				--threads "$THREADS" --kv "$1" --max-tokens "$TOKENS" "$(prompt_text "$2")" \
 				2>"$TMP/err" >/dev/null
 		fi
 		tps=$(sed -n 's/.*decode \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/err" | tail -n 1)

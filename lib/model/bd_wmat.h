@@ -59,6 +59,14 @@ int bd_wmat_rows_f32(const struct bd_wmat *W, int r0, int n, float *ret);
 int bd_wmat_mul(const struct bd_wmat *W, const float *x, int n, bool per_row, float *scratch,
 		struct bd_tpool *pool, float *y);
 
+/* The products y[i] = x · W[i]ᵀ of k ≤ 4 matrices of one input (Q, K and V; gate and up):
+ * bd_wmat_mul() of each, with the same bits, in one hand-off to the pool (the block products'
+ * rows of all k shared out together). All W[i].cols equal. Returns 0, -EINVAL (k outside
+ * 1..4, NULL, unequal cols, and bd_wmat_mul()'s), bd_ggml_gemv()'s errors; on error every y[i]
+ * is unspecified. */
+int bd_wmat_mul_many(int k, const struct bd_wmat *const *W, const float *x, int n,
+		     bool per_row, float *scratch, struct bd_tpool *pool, float *const *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,25 +54,37 @@ int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
 	return 0;
 }
 
-/* y[rows][W.rows] = x[rows][W.cols] · Wᵀ (+ bias) by bd_wmat_mul (per_row: each row's sums
- * in the order of the one-row product whatever rows is, the batch-invariant decode); wscr:
- * bd_wmat_scratch_floats of the widest matrix, or NULL when rows ≤ BD_WMAT_GEMV_ROWS. A product
- * that fails (it cannot for a loaded model's matrices) gives NaN rows, which the finite checks
- * refuse, so a rank still makes its all-reduce calls (bd_model_allreduce_fn). */
+/* y[i] [rows][W[i].rows] = x[rows][W[i].cols] · W[i]ᵀ (+ bias[i], NULL: none) for i < k, by
+ * bd_wmat_mul_many on m's pool (per_row: each row's sums in the order of the one-row product
+ * whatever rows is, the batch-invariant decode); wscr: bd_wmat_scratch_floats of the widest
+ * matrix, or NULL when rows ≤ BD_WMAT_GEMV_ROWS. A product that fails (it cannot for a loaded
+ * model's matrices) gives NaN rows, which the finite checks refuse, so a rank still makes its
+ * all-reduce calls (bd_model_allreduce_fn). */
+static void matmul_many(const struct bd_model *m, int k, const float *x, int rows,
+			const struct bd_wmat *const *W, const float *const *bias, bool per_row,
+			float *wscr, float *const *y)
+{
+	bool failed = bd_wmat_mul_many(k, W, x, rows, per_row, wscr, m->pool, y) < 0;
+	for (int i = 0; i < k; i++) {
+		size_t out = (size_t)W[i]->rows;
+		if (failed) {
+			for (size_t e = 0; e < (size_t)rows * out; e++)
+				y[i][e] = NAN;
+			continue;
+		}
+		if (bias[i])
+			for (size_t r = 0; r < (size_t)rows; r++)
+				for (size_t o = 0; o < out; o++)
+					y[i][r * out + o] += bias[i][o];
+	}
+}
+
+/* matmul_many of one matrix. */
 static void matmul_rows(const struct bd_model *m, const float *x, int rows,
 			const struct bd_wmat *W, const float *bias, bool per_row, float *wscr,
 			float *y)
 {
-	size_t out = (size_t)W->rows;
-	if (bd_wmat_mul(W, x, rows, per_row, wscr, m->pool, y) < 0) {
-		for (size_t i = 0; i < (size_t)rows * out; i++)
-			y[i] = NAN;
-		return;
-	}
-	if (bias)
-		for (size_t r = 0; r < (size_t)rows; r++)
-			for (size_t o = 0; o < out; o++)
-				y[r * out + o] += bias[o];
+	matmul_many(m, 1, x, rows, &W, &bias, per_row, wscr, &y);
 }
 
 /* The scratch matmul_rows needs for rows rows of m's products (NULL: none needed, or out of
@@ -142,9 +154,10 @@ static int qk_row(const struct bd_model *m, const struct bd_model_layer *ly,
 static void qkv(const struct bd_model *m, const struct bd_model_layer *ly, const float *xn,
 		int rows, bool per_row, float *wscr, float *q, float *k, float *v)
 {
-	matmul_rows(m, xn, rows, &ly->wq, ly->bq, per_row, wscr, q);
-	matmul_rows(m, xn, rows, &ly->wk, ly->bk, per_row, wscr, k);
-	matmul_rows(m, xn, rows, &ly->wv, ly->bv, per_row, wscr, v);
+	const struct bd_wmat *W[3] = { &ly->wq, &ly->wk, &ly->wv };
+	const float *b[3] = { ly->bq, ly->bk, ly->bv };
+	float *y[3] = { q, k, v };
+	matmul_many(m, 3, xn, rows, W, b, per_row, wscr, y);
 }
 
 /* x += the sum over the ranks of a shard's partial product part [n] (all-reduced in place).
@@ -170,8 +183,10 @@ static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, ly->ffn_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul_rows(m, xn, rows, &ly->w_gate, NULL, per_row, wscr, gate);
-	matmul_rows(m, xn, rows, &ly->w_up, NULL, per_row, wscr, up);
+	const struct bd_wmat *W[2] = { &ly->w_gate, &ly->w_up };
+	const float *b[2] = { NULL, NULL };
+	float *y[2] = { gate, up };
+	matmul_many(m, 2, xn, rows, W, b, per_row, wscr, y);
 	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
 		gate[i] = silu(gate[i]) * up[i];
 	matmul_rows(m, gate, rows, &ly->w_down, NULL, per_row, wscr, tmp);

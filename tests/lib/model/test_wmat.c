@@ -81,8 +81,9 @@ Test(wmat, blocks_match_fp32_on_every_path)
 /* The embedded model's Q4_1 and Q8_0 matrices (a layer's q, k, gate and down and the LM head)
  * multiplied on pools of 2 and 3 threads give the bits of the caller's thread alone, on every
  * path: 1, 3 and 8 rows (the GEMV, its weight rows split into chunks), 11 rows per row (the
- * batch-invariant GEMV), 11 rows by panels and sgemm (the panels dequantized by chunks). The
- * outputs start as NaN, so a chunk no thread took shows. */
+ * batch-invariant GEMV), 11 rows by panels and sgemm (the panels dequantized by chunks); and
+ * the layer's q, k and v in one bd_wmat_mul_many call, the bits of three bd_wmat_mul calls.
+ * The outputs start as NaN, so a chunk no thread took shows. */
 Test(wmat, threads_give_the_same_bits, .timeout = 120)
 {
 	char path[TD_PATH_MAX], err[BD_MODEL_ERR_MAX];
@@ -128,6 +129,28 @@ Test(wmat, threads_give_the_same_bits, .timeout = 120)
 					     cases[c].per_row ? " per row" : "", t + 1);
 		}
 	}
+	const struct bd_wmat *qkv[3] = { &ly->wq, &ly->wk, &ly->wv };
+	for (int n = 1; n <= 11; n += 5) {
+		size_t off[3] = { 0, (size_t)n * (size_t)ly->wq.rows, 0 };
+		off[2] = off[1] + (size_t)n * (size_t)ly->wk.rows;
+		float *yo[3] = { y[1] + off[0], y[1] + off[1], y[1] + off[2] };
+		for (size_t i = 0; i < ny; i++)
+			y[1][i] = NAN;
+		cr_assert_eq(bd_wmat_mul_many(3, qkv, x, n, false, scr, pool[2], yo), 0);
+		for (int i = 0; i < 3; i++) {
+			cr_assert_eq(bd_wmat_mul(qkv[i], x, n, false, scr, NULL, y[0]), 0);
+			cr_assert_eq(memcmp(y[0], yo[i], sizeof(float) * (size_t)n *
+							     (size_t)qkv[i]->rows),
+				     0, "q, k, v together, %d rows: matrix %d differs", n, i);
+		}
+	}
+	/* refusals: no matrix, more than 4, inputs of different lengths */
+	const struct bd_wmat *mixed[2] = { &ly->wq, &ly->w_down };
+	float *yo[5] = { y[0], y[1], y[2], y[0], y[1] };
+	const struct bd_wmat *five[5] = { &ly->wq, &ly->wq, &ly->wq, &ly->wq, &ly->wq };
+	cr_expect_eq(bd_wmat_mul_many(0, qkv, x, 1, false, scr, pool[1], yo), -EINVAL);
+	cr_expect_eq(bd_wmat_mul_many(5, five, x, 1, false, scr, pool[1], yo), -EINVAL);
+	cr_expect_eq(bd_wmat_mul_many(2, mixed, x, 1, false, scr, pool[1], yo), -EINVAL);
 	for (int t = 0; t < 3; t++) {
 		free(y[t]);
 		bd_tpool_free(pool[t]);
