@@ -355,9 +355,10 @@ bench: all
 	$(BUILD)/bin/bench_ref
 
 # The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu/run.sh): decode
-# attention per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_LLAMA=build
-# adds llama.cpp's llama-bench on the same GGUF, built from PyPI's llama-cpp-python source in
-# .deps/ (bench/cpu/llama_build.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE
+# attention per token, the decode step on 1 and BD_THREADS threads (bench_threads), then `bdfp4
+# generate` at 39, 1943 and 6606 prompt tokens; BD_LLAMA=build adds llama.cpp's llama-bench
+# on the same GGUF, built from PyPI's llama-cpp-python source in .deps/
+# (bench/cpu/llama_build.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE
 # (bench/RESULTS.md).
 bench-cpu: all
 	sh bench/cpu/run.sh $(BUILD)/bin $(BD_BENCH_RESULTS)

@@ -4,7 +4,8 @@
 #
 # usage: sh bench/cpu/run.sh BIN_DIR [RESULTS_FILE]
 #   1. bench_attn_cpu: decode attention per token in the model's shape, reference vs SIMD, one
-#      thread (CPU time) and BD_THREADS threads (wall time); with oneDNN's header present,
+#      thread (CPU time) and BD_THREADS threads (wall time); bench_threads: the model's decode
+#      step at each context on 1 thread against BD_THREADS; with oneDNN's header present,
 #      gemv_eval: one decode step's weight products by OpenBLAS FP32 and oneDNN BF16/INT8;
 #   2. at three contexts — the chat prompt "Describe how to make a cup of tea." (39 tokens) and
 #      the first 9000 / 31000 bytes of the GPL-3 text (1943 / 6606 tokens) — `bdfp4 generate
@@ -97,6 +98,16 @@ median() {
 } >"$TMP/attn.md"
 cat "$TMP/attn.md"
 
+# the decode step on 1 thread against BD_THREADS (bench/bench_threads.c): the model's pool
+{
+	echo "### Decode step, 1 thread against $THREADS (bench_threads)"
+	echo
+	"$BIN/bench_threads" --model "$MODEL" --threads "$THREADS" --contexts "$(echo $CONTEXTS |
+		tr ' ' ',')" --steps 32
+	echo
+} >"$TMP/thr.md"
+cat "$TMP/thr.md"
+
 # the decode step's weight products by the libraries Debian ships (bench/cpu/gemv_eval.c), when
 # oneDNN's header is there (libdnnl-dev)
 : >"$TMP/gemv.md"
@@ -176,6 +187,6 @@ if [ -n "$OUTF" ]; then
 			"-n $TOKENS -d CONTEXT -r 1 -o csv\` built by bench/cpu/llama_build.sh" \
 			"(llama-cpp-python ${LLAMA_PY_VERSION:-0.3.36}'s vendored llama.cpp)."
 		echo
-		cat "$TMP/attn.md" "$TMP/gemv.md" "$TMP/gen.md"
+		cat "$TMP/attn.md" "$TMP/thr.md" "$TMP/gemv.md" "$TMP/gen.md"
 	} >>"$OUTF"
 fi
