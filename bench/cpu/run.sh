@@ -16,7 +16,8 @@
 # The markdown tables go to stdout and, with RESULTS_FILE, are appended to it under a heading
 # with the date, machine, commit, command and load average.
 # Environment: BD_THREADS (2) bdfp4's (generate --threads) and llama.cpp's threads; BD_ROUNDS (1);
-# BD_CONTEXTS ("39 1943 6606": which of the three prompts); BD_TOKENS (64) generated tokens per
+# BD_CONTEXTS ("39 1943 6606": which of the three prompts); BD_STEP_CONTEXTS (BD_CONTEXTS) those
+# of bench_threads; BD_TOKENS (64) generated tokens per
 # run; BD_MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf); BD_LLAMA: empty, no llama.cpp
 # columns; "build", build llama-bench with bench/cpu/llama_build.sh (PyPI's llama-cpp-python
 # source, in .deps/); else the path of a llama-bench binary.
@@ -26,6 +27,7 @@ OUTF=${2:-}
 THREADS=${BD_THREADS:-2}
 ROUNDS=${BD_ROUNDS:-1}
 CONTEXTS=${BD_CONTEXTS:-39 1943 6606}
+STEP_CONTEXTS=${BD_STEP_CONTEXTS:-$CONTEXTS}
 TOKENS=${BD_TOKENS:-64}
 MODEL=${BD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 LLAMA=${BD_LLAMA:-}
@@ -102,7 +104,7 @@ cat "$TMP/attn.md"
 {
 	echo "### Decode step, 1 thread against $THREADS (bench_threads)"
 	echo
-	"$BIN/bench_threads" --model "$MODEL" --threads "$THREADS" --contexts "$(echo $CONTEXTS |
+	"$BIN/bench_threads" --model "$MODEL" --threads "$THREADS" --contexts "$(echo $STEP_CONTEXTS |
 		tr ' ' ',')" --steps 32
 	echo
 } >"$TMP/thr.md"
@@ -181,7 +183,7 @@ if [ -n "$OUTF" ]; then
 		echo
 		echo "Machine: $cpu, $(nproc) cores; commit $commit; model $MODEL; command:" \
 			"\`BD_THREADS=$THREADS BD_ROUNDS=$ROUNDS BD_TOKENS=$TOKENS" \
-			"BD_CONTEXTS=\"$CONTEXTS\"${LLAMA:+ BD_LLAMA=$LLAMA} sh bench/cpu/run.sh $BIN\`;" \
+			"BD_CONTEXTS=\"$CONTEXTS\" BD_STEP_CONTEXTS=\"$STEP_CONTEXTS\"${LLAMA:+ BD_LLAMA=$LLAMA} sh bench/cpu/run.sh $BIN\`;" \
 			"load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 		[ -z "$LLAMA" ] || echo "llama.cpp: \`llama-bench -m MODEL -t $THREADS -p 0" \
 			"-n $TOKENS -d CONTEXT -r 1 -o csv\` built by bench/cpu/llama_build.sh" \

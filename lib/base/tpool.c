@@ -67,31 +67,23 @@ static int64_t now_us(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* Spin until the generation of p's claim word differs from gen, or BD_TPOOL_SPIN_US have
- * passed; returns whether it did. */
-static bool spin_gen(const struct bd_tpool *p, uint64_t gen)
+static bool gen_moved(const struct bd_tpool *p, uint64_t gen)
 {
-	int64_t t0 = 0;
-	for (unsigned i = 1;; i++) {
-		if (GEN(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) != gen)
-			return true;
-		cpu_relax();
-		if ((i & 255) == 0) {
-			int64_t t = now_us();
-			if (!t0)
-				t0 = t;
-			else if (t - t0 > BD_TPOOL_SPIN_US)
-				return false;
-		}
-	}
+	return GEN(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) != gen;
 }
 
-/* Spin until n_done reaches n, or BD_TPOOL_SPIN_US have passed; returns whether it did. */
-static bool spin_done(const struct bd_tpool *p, int n)
+static bool all_done(const struct bd_tpool *p, uint64_t n)
+{
+	return (uint64_t)__atomic_load_n(&p->n_done, __ATOMIC_ACQUIRE) == n;
+}
+
+/* Spin until ready(p, v) or BD_TPOOL_SPIN_US have passed; returns whether it got ready. */
+static inline bool spin(bool (*ready)(const struct bd_tpool *, uint64_t), const struct bd_tpool *p,
+			uint64_t v)
 {
 	int64_t t0 = 0;
 	for (unsigned i = 1;; i++) {
-		if (__atomic_load_n(&p->n_done, __ATOMIC_ACQUIRE) == n)
+		if (ready(p, v))
 			return true;
 		cpu_relax();
 		if ((i & 255) == 0) {
@@ -140,7 +132,7 @@ static void *worker(void *a)
 	uint64_t seen = 0;
 
 	for (;;) {
-		if (!spin_gen(p, seen)) {
+		if (!spin(gen_moved, p, seen)) {
 			pthread_mutex_lock(&p->mu);
 			while (GEN(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) == seen &&
 			       !p->stop) {
@@ -220,7 +212,7 @@ void bd_tpool_run(struct bd_tpool *p, bd_tpool_fn fn, void *arg, int n_tasks)
 	pthread_mutex_unlock(&p->mu);
 
 	take_tasks(p, c);
-	if (!spin_done(p, n_tasks)) {
+	if (!spin(all_done, p, (uint64_t)n_tasks)) {
 		pthread_mutex_lock(&p->mu);
 		p->waiting = true;
 		while (__atomic_load_n(&p->n_done, __ATOMIC_ACQUIRE) < n_tasks)
