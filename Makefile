@@ -338,6 +338,7 @@ $(eval $(call program,bench_ref,$(BUILD)/bench/bench_ref.o $(BUILD)/bench/bench_
 $(eval $(call program,bench_batch,$(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_info.o,model formats quant base))
 $(eval $(call program,bench_wmat,$(BUILD)/bench/bench_wmat.o $(BUILD)/bench/bench_info.o $(TESTGEN_OBJ),model formats quant base))
 $(BUILD)/bench/bench_wmat.o: CFLAGS += -Itests/common
+$(eval $(call program,bench_threads,$(BUILD)/bench/bench_threads.o,model formats quant base))
 $(BUILD)/bench/bench_ref.o: CFLAGS += -Itests/common
 $(eval $(call program,bench_attn_cpu,$(BUILD)/bench/bench_attn_cpu.o $(TESTGEN_OBJ),quant base))
 $(BUILD)/bench/bench_attn_cpu.o: CFLAGS += -Itests/common
@@ -352,15 +353,16 @@ $(BUILD)/deploy/fdstore_run.o: CFLAGS += -Itests/common
 all: $(BUILD)/bin/fdstore-run
 $(BUILD)/bench/loadgen.o: | $(PROTO_H)
 all: $(BUILD)/bin/bdfp4 $(BUILD)/bin/bench_ref $(BUILD)/bin/bench_attn_cpu $(BUILD)/bin/loadgen \
-	$(BUILD)/bin/bench_batch $(BUILD)/bin/bench_wmat
+	$(BUILD)/bin/bench_batch $(BUILD)/bin/bench_wmat $(BUILD)/bin/bench_threads
 
 bench: all
 	$(BUILD)/bin/bench_ref
 
 # The CPU backend's decode, bf16 against bitdecoding-nvfp4 KV (bench/cpu/run.sh): decode
-# attention per token, then `bdfp4 generate` at 39, 1943 and 6606 prompt tokens; BD_LLAMA=build
-# adds llama.cpp's llama-bench on the same GGUF, built from PyPI's llama-cpp-python source in
-# .deps/ (bench/cpu/llama_build.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE
+# attention per token, the decode step on 1 and BD_THREADS threads (bench_threads), then `bdfp4
+# generate` at 39, 1943 and 6606 prompt tokens; BD_LLAMA=build adds llama.cpp's llama-bench
+# on the same GGUF, built from PyPI's llama-cpp-python source in .deps/
+# (bench/cpu/llama_build.sh); BD_BENCH_RESULTS=FILE appends the tables to FILE
 # (bench/RESULTS.md).
 bench-cpu: all
 	sh bench/cpu/run.sh $(BUILD)/bin $(BD_BENCH_RESULTS)

@@ -8,9 +8,9 @@
  * model keeps it (so a step reads every layer's pages, not one layer's from cache). Every case
  * is validated before it is timed: the SIMD output within relative L2 error 1e-3 of the
  * reference's. Times are medians of N steps after one warm-up step: with one thread (the
- * default, BD_ATTN_THREADS=1) in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID: the machine it
+ * default, no pool) in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID: the machine it
  * was written on is shared, so wall time would count other jobs), with --threads N > 1 in wall
- * time (CLOCK_MONOTONIC) with the SIMD path's pool of N threads; a markdown table goes to
+ * time (CLOCK_MONOTONIC) with a pool of N threads (bd_tpool.h); a markdown table goes to
  * stdout.
  *
  * Data: tests/common/testgen.h's generator: keys N(0, 1) plus a per-channel bias N(0, 2²) and
@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/bd_tpool.h"
 #include "quant/bd_attn_cpu.h"
 #include "quant/bd_attn_ref.h"
 #include "testgen.h"
@@ -44,6 +45,8 @@ static int kv_build(struct tg_paged *x, const struct bd_kvcfg *cfg, int n, uint6
 }
 
 /* One decode step: every layer, all KV heads; ref = true runs bd_ref_decode_gqa head by head. */
+static struct bd_tpool *pool; /* --threads N: N − 1 threads, else NULL */
+
 static int step(const struct tg_paged *x, bool ref, float *o)
 {
 	struct bd_decode_params dp = bd_decode_params_default();
@@ -54,7 +57,8 @@ static int step(const struct tg_paged *x, bool ref, float *o)
 		float *ol = o + (size_t)l * HKV * G * D;
 		int rc;
 		if (!ref) {
-			rc = bd_attn_cpu_decode_gqa(x->cfg, &dp, &kv, HKV, q, G, ol, NULL, NULL);
+			rc = bd_attn_cpu_decode_gqa(x->cfg, &dp, &kv, HKV, q, G, ol, NULL, NULL,
+						    pool);
 			if (rc < 0)
 				return rc;
 			continue;
@@ -148,9 +152,8 @@ int main(int argc, char **argv)
 		repeats = 7;
 	if (threads < 1 || threads > 8)
 		threads = 1;
-	char tn[8];
-	snprintf(tn, sizeof(tn), "%d", threads);
-	setenv("BD_ATTN_THREADS", tn, 1);
+	if (threads > 1 && bd_tpool_new(threads, &pool) < 0)
+		return 1;
 	wall = threads > 1;
 	for (int i = 0; i < nctx; i++)
 		if (contexts[i] < 1)

@@ -11,6 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
+#include "base/bd_tpool.h"
+
 #include "quant/bd_calib.h"
 #include "quant/bd_kvcfg.h"
 #include "model/bd_forward.h"
@@ -42,8 +46,10 @@ static void usage(FILE *f)
 		"                     made for this model)\n"
 		"  --no-calib         μ_k = 0 and τ = 21/1024\n"
 		"  --stats            print prefill time, decode speed and peak memory to stderr\n"
+		"  --threads N        CPU threads of the products and attention, 1..%d\n"
+		"                     (default: the CPUs online)\n"
 		"  -h, --help         this text\n",
-		CLI_DEFAULT_CTX);
+		CLI_DEFAULT_CTX, BD_TPOOL_MAX_THREADS);
 }
 
 static long peak_rss_kib(void)
@@ -121,6 +127,7 @@ int cmd_generate(int argc, char **argv)
 		CLI_OPTS_GENERATION,
 		{ "chat", no_argument, NULL, O_CHAT },
 		{ "stats", no_argument, NULL, O_STATS },
+		{ "threads", required_argument, NULL, CLI_O_THREADS },
 		CLI_OPTS_CALIB,
 		CLI_OPTS_END,
 	};
@@ -129,7 +136,9 @@ int cmd_generate(int argc, char **argv)
 	struct cli_gen_opts gen;
 	bool chat = false, stats = false, no_calib = false;
 	struct stream s = { 0 };
-	int c, k;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int c, k, threads = ncpu < 1 ? 1 : ncpu > BD_TPOOL_MAX_THREADS ? BD_TPOOL_MAX_THREADS
+									  : (int)ncpu;
 
 	cli_gen_init(&gen, &sp, CLI_GEN_MAX_STOPS);
 	optind = 0; /* glibc: full reinitialization, argv[0] is the subcommand */
@@ -154,6 +163,12 @@ int cmd_generate(int argc, char **argv)
 			break;
 		case O_STATS:
 			stats = true;
+			break;
+		case CLI_O_THREADS:
+			if (!cli_parse_int(optarg, 1, BD_TPOOL_MAX_THREADS, &threads))
+				return cli_bad_usage("generate", usage,
+						     "--threads wants an integer in 1..64, not '%s'",
+						     optarg);
 			break;
 		case CLI_O_CALIB:
 			calib_path = optarg;
@@ -197,6 +212,12 @@ int cmd_generate(int argc, char **argv)
 
 	if (cli_load_model("generate", model_path, &m, &tok) < 0)
 		goto out;
+	openblas_set_num_threads(threads);
+	if ((r = bd_model_set_threads(m, threads)) < 0) {
+		fprintf(stderr, "bdfp4 generate: cannot start %d threads: %s\n", threads,
+			strerror(-r));
+		goto out;
+	}
 	double t_load = bd_now_s() - t0;
 	if (!no_calib && cli_calib_setup("generate", calib_path, model_path, &m->hp, 0,
 					 CLI_DEFAULT_CTX, !stats, &cal) < 0)

@@ -23,6 +23,7 @@
 #include <zmq.h>
 
 #include "base/bd_config.h"
+#include "base/bd_tpool.h"
 #include "base/bd_zsec.h"
 #include "model/bd_model_preset.h"
 #include "serve/bd_allreduce.h"
@@ -64,7 +65,9 @@ static const struct bd_config_key keys[] = {
 	  "private directory of the shared-memory all-reduce files (not world-writable; made 0700 "
 	  "when missing); empty: $RUNTIME_DIRECTORY (the unit's RuntimeDirectory=), else "
 	  "$XDG_RUNTIME_DIR/bdfp4, else /run/bdfp4 for root or /tmp/bdfp4-<uid>", TEXT(ar_dir) },
-	{ "threads", "1", "OpenBLAS threads", OPT(INT, threads, 1, 256) },
+	{ "threads", "1",
+	  "CPU threads of the model: OpenBLAS's and those of the block products and attention",
+	  OPT(INT, threads, 1, BD_TPOOL_MAX_THREADS) },
 	{ "allreduce_timeout_ms", "30000", "longest wait for the other rank in a step",
 	  OPT(INT, ar_timeout_ms, 100, 3600000) },
 	{ "verbose", "0", "log every step", OPT(INT, verbose, 0, 1) },
@@ -449,6 +452,10 @@ static int setup(struct wd *w)
 			return r;
 		}
 		w->hp = w->model->hp;
+		if ((r = bd_model_set_threads(w->model, w->o.threads)) < 0) {
+			bd_log_err("model: cannot start %d threads: %s", w->o.threads, strerror(-r));
+			return r;
+		}
 		char tmp[sizeof(w->model_name)];
 		snprintf(tmp, sizeof(tmp), "%s", w->o.model);
 		snprintf(w->model_name, sizeof(w->model_name), "%s", basename(tmp));

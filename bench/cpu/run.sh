@@ -4,7 +4,8 @@
 #
 # usage: sh bench/cpu/run.sh BIN_DIR [RESULTS_FILE]
 #   1. bench_attn_cpu: decode attention per token in the model's shape, reference vs SIMD, one
-#      thread (CPU time) and BD_THREADS threads (wall time); with oneDNN's header present,
+#      thread (CPU time) and BD_THREADS threads (wall time); bench_threads: the model's decode
+#      step at each context on 1 thread against BD_THREADS; with oneDNN's header present,
 #      gemv_eval: one decode step's weight products by OpenBLAS FP32 and oneDNN BF16/INT8;
 #   2. at three contexts — the chat prompt "Describe how to make a cup of tea." (39 tokens) and
 #      the first 9000 / 31000 bytes of the GPL-3 text (1943 / 6606 tokens) — `bdfp4 generate
@@ -14,8 +15,9 @@
 #      peak RSS (/usr/bin/time's maximum resident set) of each.
 # The markdown tables go to stdout and, with RESULTS_FILE, are appended to it under a heading
 # with the date, machine, commit, command and load average.
-# Environment: BD_THREADS (2) OpenBLAS, attention and llama.cpp threads; BD_ROUNDS (1);
-# BD_CONTEXTS ("39 1943 6606": which of the three prompts); BD_TOKENS (64) generated tokens per
+# Environment: BD_THREADS (2) bdfp4's (generate --threads) and llama.cpp's threads; BD_ROUNDS (1);
+# BD_CONTEXTS ("39 1943 6606": which of the three prompts); BD_STEP_CONTEXTS (BD_CONTEXTS) those
+# of bench_threads; BD_TOKENS (64) generated tokens per
 # run; BD_MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf); BD_LLAMA: empty, no llama.cpp
 # columns; "build", build llama-bench with bench/cpu/llama_build.sh (PyPI's llama-cpp-python
 # source, in .deps/); else the path of a llama-bench binary.
@@ -25,6 +27,7 @@ OUTF=${2:-}
 THREADS=${BD_THREADS:-2}
 ROUNDS=${BD_ROUNDS:-1}
 CONTEXTS=${BD_CONTEXTS:-39 1943 6606}
+STEP_CONTEXTS=${BD_STEP_CONTEXTS:-$CONTEXTS}
 TOKENS=${BD_TOKENS:-64}
 MODEL=${BD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 LLAMA=${BD_LLAMA:-}
@@ -32,8 +35,8 @@ GPL=/usr/share/common-licenses/GPL-3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # the SIMD decode attention is the default (lib/quant/bd_attn_cpu.h); BD_ATTN_ISA=ref measures
-# the reference decoder
-export OPENBLAS_NUM_THREADS="$THREADS" BD_ATTN_THREADS="$THREADS"
+# the reference decoder. bdfp4 generate --threads sets OpenBLAS's threads and the model's pool.
+export OPENBLAS_NUM_THREADS="$THREADS"
 
 if [ "$LLAMA" = build ]; then
 	LLAMA=$(sh bench/cpu/llama_build.sh)/bin/llama-bench
@@ -65,11 +68,11 @@ run_one() { # system context → "tok/s peak_MiB"
 	else
 		if [ "$2" = 39 ]; then
 			/usr/bin/time -f 'RSS %M' "$BIN/bdfp4" generate --model "$MODEL" --stats \
-				--kv "$1" --max-tokens "$TOKENS" --chat \
+				--threads "$THREADS" --kv "$1" --max-tokens "$TOKENS" --chat \
 				"Describe how to make a cup of tea." 2>"$TMP/err" >/dev/null
 		else
 			/usr/bin/time -f 'RSS %M' "$BIN/bdfp4" generate --model "$MODEL" --stats \
-				--kv "$1" --max-tokens "$TOKENS" "$(prompt_text "$2")" \
+				--threads "$THREADS" --kv "$1" --max-tokens "$TOKENS" "$(prompt_text "$2")" \
 				2>"$TMP/err" >/dev/null
 		fi
 		tps=$(sed -n 's/.*decode \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/err" | tail -n 1)
@@ -96,6 +99,16 @@ median() {
 	echo
 } >"$TMP/attn.md"
 cat "$TMP/attn.md"
+
+# the decode step on 1 thread against BD_THREADS (bench/bench_threads.c): the model's pool
+{
+	echo "### Decode step, 1 thread against $THREADS (bench_threads)"
+	echo
+	"$BIN/bench_threads" --model "$MODEL" --threads "$THREADS" --contexts "$(echo $STEP_CONTEXTS |
+		tr ' ' ',')" --steps 32
+	echo
+} >"$TMP/thr.md"
+cat "$TMP/thr.md"
 
 # the decode step's weight products by the libraries Debian ships (bench/cpu/gemv_eval.c), when
 # oneDNN's header is there (libdnnl-dev)
@@ -170,12 +183,12 @@ if [ -n "$OUTF" ]; then
 		echo
 		echo "Machine: $cpu, $(nproc) cores; commit $commit; model $MODEL; command:" \
 			"\`BD_THREADS=$THREADS BD_ROUNDS=$ROUNDS BD_TOKENS=$TOKENS" \
-			"BD_CONTEXTS=\"$CONTEXTS\"${LLAMA:+ BD_LLAMA=$LLAMA} sh bench/cpu/run.sh $BIN\`;" \
+			"BD_CONTEXTS=\"$CONTEXTS\" BD_STEP_CONTEXTS=\"$STEP_CONTEXTS\"${LLAMA:+ BD_LLAMA=$LLAMA} sh bench/cpu/run.sh $BIN\`;" \
 			"load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 		[ -z "$LLAMA" ] || echo "llama.cpp: \`llama-bench -m MODEL -t $THREADS -p 0" \
 			"-n $TOKENS -d CONTEXT -r 1 -o csv\` built by bench/cpu/llama_build.sh" \
 			"(llama-cpp-python ${LLAMA_PY_VERSION:-0.3.36}'s vendored llama.cpp)."
 		echo
-		cat "$TMP/attn.md" "$TMP/gemv.md" "$TMP/gen.md"
+		cat "$TMP/attn.md" "$TMP/thr.md" "$TMP/gemv.md" "$TMP/gen.md"
 	} >>"$OUTF"
 fi

@@ -72,7 +72,9 @@ struct bd_model_shard {
  * shard's tensors have its local sizes Hq' = shard.n_heads, Hkv' = shard.n_kv_heads and
  * F' = shard.n_ff in place of Hq, Hkv and F in the shapes of struct bd_model_layer (wq holds
  * the rows of its query heads, wo the columns, w_gate and w_up the rows of its MLP columns,
- * w_down the columns). */
+ * w_down the columns). The pool is the one mutable part: bd_model_set_threads() replaces it
+ * while no forward pass runs; forward passes on several threads share it (a call that finds it
+ * busy runs on its own thread, bd_tpool.h). */
 struct bd_model {
 	struct bd_model_hparams hp;
 	struct bd_model_shard shard;
@@ -85,6 +87,8 @@ struct bd_model {
 	size_t mem_bytes;
 	struct bd_gguf *gguf;         /* a reference to the file the blocks lie in, or NULL */
 	size_t block_bytes;           /* bytes of file blocks the matrices read (tied: once) */
+	struct bd_tpool *pool;        /* the threads of the block products and the decode
+				       * attention (bd_model_set_threads), NULL: the caller's */
 };
 
 /* Allocate a model of shape hp with every weight zero (norm weights included) and the
@@ -110,6 +114,15 @@ int bd_model_from_gguf(const struct bd_gguf *g, struct bd_model **ret, char *ret
 /* Open, parse and load a GGUF file (bd_gguf_open + bd_model_from_gguf; the file stays mapped
  * while the model points into it). Returns 0 or the errors of both. */
 int bd_model_load(const char *path, struct bd_model **ret, char *ret_err);
+
+/* Run m's forward passes on n_threads threads in all, the caller's included: the block
+ * products split their weight rows and the decode attention its KV heads over a pool of
+ * n_threads − 1 threads the model owns (bd_tpool.h; 1: no pool). The results are the same
+ * bits for every n_threads. A model starts with 1; FP32 matrices and the prefill's sgemm are
+ * OpenBLAS's, whose threads openblas_set_num_threads() sets. Not while a forward pass of m
+ * runs. Returns 0, -EINVAL (m NULL, n_threads outside 1..BD_TPOOL_MAX_THREADS), the pool's
+ * -ENOMEM / -EAGAIN (m keeps its previous threads). */
+int bd_model_set_threads(struct bd_model *m, int n_threads);
 
 /* Release a model (and its reference to the file). NULL is a no-op. */
 void bd_model_free(struct bd_model *m);

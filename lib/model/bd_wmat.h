@@ -14,6 +14,8 @@
 
 #include "formats/bd_ggml_quants.h"
 
+struct bd_tpool; /* base/bd_tpool.h */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,11 +51,21 @@ int bd_wmat_rows_f32(const struct bd_wmat *W, int r0, int n, float *ret);
  * panels of bd_wmat_scratch_floats(W.cols) rows dequantized into scratch (that many floats)
  * and sgemm. per_row makes each row's sums independent of n (the batch-invariant decode,
  * bd_model_decode_batch_mode); otherwise a batch's rows may differ from one-row products in
- * FP32 rounding. scratch may be NULL when it is not needed. Returns 0, -EINVAL (NULL, n < 1,
- * a matrix not held, scratch missing when needed), bd_ggml_gemv()'s errors; on error y is
- * unspecified. */
+ * FP32 rounding. scratch may be NULL when it is not needed. pool (NULL: this thread only)
+ * shares a block product's weight rows, and a panel's dequantization, out over its threads;
+ * each output keeps its one-thread arithmetic, so y is the same bits for any pool (the FP32
+ * path is OpenBLAS's, threaded by OpenBLAS). Returns 0, -EINVAL (NULL, n < 1, a matrix not
+ * held, scratch missing when needed), bd_ggml_gemv()'s errors; on error y is unspecified. */
 int bd_wmat_mul(const struct bd_wmat *W, const float *x, int n, bool per_row, float *scratch,
-		float *y);
+		struct bd_tpool *pool, float *y);
+
+/* The products y[i] = x · W[i]ᵀ of k ≤ 4 matrices of one input (Q, K and V; gate and up):
+ * bd_wmat_mul() of each, with the same bits, in one hand-off to the pool (the block products'
+ * rows of all k shared out together). All W[i].cols equal. Returns 0, -EINVAL (k outside
+ * 1..4, NULL, unequal cols, and bd_wmat_mul()'s), bd_ggml_gemv()'s errors; on error every y[i]
+ * is unspecified. */
+int bd_wmat_mul_many(int k, const struct bd_wmat *const *W, const float *x, int n,
+		     bool per_row, float *scratch, struct bd_tpool *pool, float *const *y);
 
 #ifdef __cplusplus
 }

@@ -54,24 +54,37 @@ int bd_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
 	return 0;
 }
 
-/* y[rows][W.rows] = x[rows][W.cols] · Wᵀ (+ bias) by bd_wmat_mul (per_row: each row's sums
- * in the order of the one-row product whatever rows is, the batch-invariant decode); wscr:
- * bd_wmat_scratch_floats of the widest matrix, or NULL when rows ≤ BD_WMAT_GEMV_ROWS. A product
- * that fails (it cannot for a loaded model's matrices) gives NaN rows, which the finite checks
- * refuse, so a rank still makes its all-reduce calls (bd_model_allreduce_fn). */
-static void matmul_rows(const float *x, int rows, const struct bd_wmat *W, const float *bias,
-			bool per_row, float *wscr, float *y)
+/* y[i] [rows][W[i].rows] = x[rows][W[i].cols] · W[i]ᵀ (+ bias[i], NULL: none) for i < k, by
+ * bd_wmat_mul_many on m's pool (per_row: each row's sums in the order of the one-row product
+ * whatever rows is, the batch-invariant decode); wscr: bd_wmat_scratch_floats of the widest
+ * matrix, or NULL when rows ≤ BD_WMAT_GEMV_ROWS. A product that fails (it cannot for a loaded
+ * model's matrices) gives NaN rows, which the finite checks refuse, so a rank still makes its
+ * all-reduce calls (bd_model_allreduce_fn). */
+static void matmul_many(const struct bd_model *m, int k, const float *x, int rows,
+			const struct bd_wmat *const *W, const float *const *bias, bool per_row,
+			float *wscr, float *const *y)
 {
-	size_t out = (size_t)W->rows;
-	if (bd_wmat_mul(W, x, rows, per_row, wscr, y) < 0) {
-		for (size_t i = 0; i < (size_t)rows * out; i++)
-			y[i] = NAN;
-		return;
+	bool failed = bd_wmat_mul_many(k, W, x, rows, per_row, wscr, m->pool, y) < 0;
+	for (int i = 0; i < k; i++) {
+		size_t out = (size_t)W[i]->rows;
+		if (failed) {
+			for (size_t e = 0; e < (size_t)rows * out; e++)
+				y[i][e] = NAN;
+			continue;
+		}
+		if (bias[i])
+			for (size_t r = 0; r < (size_t)rows; r++)
+				for (size_t o = 0; o < out; o++)
+					y[i][r * out + o] += bias[i][o];
 	}
-	if (bias)
-		for (size_t r = 0; r < (size_t)rows; r++)
-			for (size_t o = 0; o < out; o++)
-				y[r * out + o] += bias[o];
+}
+
+/* matmul_many of one matrix. */
+static void matmul_rows(const struct bd_model *m, const float *x, int rows,
+			const struct bd_wmat *W, const float *bias, bool per_row, float *wscr,
+			float *y)
+{
+	matmul_many(m, 1, x, rows, &W, &bias, per_row, wscr, &y);
 }
 
 /* The scratch matmul_rows needs for rows rows of m's products (NULL: none needed, or out of
@@ -138,12 +151,13 @@ static int qk_row(const struct bd_model *m, const struct bd_model_layer *ly,
 
 /* The Q, K and V products (biases added) of rows rows of xn [rows][E] for one layer:
  * q [rows][Hq'·d], k and v [rows][Hkv'·d]. */
-static void qkv(const struct bd_model_layer *ly, const float *xn, int rows, bool per_row,
-		float *wscr, float *q, float *k, float *v)
+static void qkv(const struct bd_model *m, const struct bd_model_layer *ly, const float *xn,
+		int rows, bool per_row, float *wscr, float *q, float *k, float *v)
 {
-	matmul_rows(xn, rows, &ly->wq, ly->bq, per_row, wscr, q);
-	matmul_rows(xn, rows, &ly->wk, ly->bk, per_row, wscr, k);
-	matmul_rows(xn, rows, &ly->wv, ly->bv, per_row, wscr, v);
+	const struct bd_wmat *W[3] = { &ly->wq, &ly->wk, &ly->wv };
+	const float *b[3] = { ly->bq, ly->bk, ly->bv };
+	float *y[3] = { q, k, v };
+	matmul_many(m, 3, xn, rows, W, b, per_row, wscr, y);
 }
 
 /* x += the sum over the ranks of a shard's partial product part [n] (all-reduced in place).
@@ -169,11 +183,13 @@ static int mlp(const struct bd_model *m, const struct bd_seq *s, const struct bd
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, ly->ffn_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul_rows(xn, rows, &ly->w_gate, NULL, per_row, wscr, gate);
-	matmul_rows(xn, rows, &ly->w_up, NULL, per_row, wscr, up);
+	const struct bd_wmat *W[2] = { &ly->w_gate, &ly->w_up };
+	const float *b[2] = { NULL, NULL };
+	float *y[2] = { gate, up };
+	matmul_many(m, 2, xn, rows, W, b, per_row, wscr, y);
 	for (size_t i = 0; i < (size_t)rows * (size_t)F; i++)
 		gate[i] = silu(gate[i]) * up[i];
-	matmul_rows(gate, rows, &ly->w_down, NULL, per_row, wscr, tmp);
+	matmul_rows(m, gate, rows, &ly->w_down, NULL, per_row, wscr, tmp);
 	return add_reduced(s, x, tmp, n);
 }
 
@@ -185,7 +201,7 @@ static int attn_out_mlp(const struct bd_model *m, const struct bd_seq *s,
 			float *wscr, float *x, float *xn, float *gate, float *up, float *tmp)
 {
 	size_t n = (size_t)rows * (size_t)m->hp.n_embd;
-	matmul_rows(o, rows, &ly->wo, NULL, per_row, wscr, tmp);
+	matmul_rows(m, o, rows, &ly->wo, NULL, per_row, wscr, tmp);
 	int r = add_reduced(s, x, tmp, n);
 	return r < 0 ? r : mlp(m, s, ly, x, xn, rows, per_row, wscr, gate, up, tmp);
 }
@@ -199,7 +215,7 @@ static void lm_head(const struct bd_model *m, const float *x, int rows, bool per
 	for (int r = 0; r < rows; r++)
 		bd_rmsnorm(x + (size_t)r * (size_t)E, m->output_norm, E, m->hp.norm_eps,
 			   xn + (size_t)r * (size_t)E);
-	matmul_rows(xn, rows, &m->output, NULL, per_row, wscr, ret_logits);
+	matmul_rows(m, xn, rows, &m->output, NULL, per_row, wscr, ret_logits);
 }
 
 /* x [n][E] = the embeddings of tokens [n] (checked ids). Returns 0 or -EINVAL (a matrix not
@@ -361,7 +377,7 @@ static int prefill_run(const struct bd_model *m, struct bd_seq *const *seqs, int
 		float *kl = kall + (size_t)l * N * kd, *vl = vall + (size_t)l * N * kd;
 		for (size_t i = 0; i < N; i++)
 			bd_rmsnorm(x + i * E, ly->attn_norm, (int)E, hp->norm_eps, xn + i * E);
-		qkv(ly, xn, n, false, wscr, q, kl, vl);
+		qkv(m, ly, xn, n, false, wscr, q, kl, vl);
 		for (size_t i = 0; i < N; i++)
 			if ((r = qk_row(m, ly, seqs, n_seqs, p + (int)i, q + i * qd, kl + i * kd,
 					vl + i * kd)) < 0)
@@ -539,7 +555,7 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 		const struct bd_model_layer *ly = &m->layers[l];
 		for (size_t b = 0; b < NB; b++)
 			bd_rmsnorm(x + b * E, ly->attn_norm, (int)E, hp->norm_eps, xn + b * E);
-		qkv(ly, xn, nb, per_row, wscr, q, k, v);
+		qkv(m, ly, xn, nb, per_row, wscr, q, k, v);
 		for (size_t b = 0; b < NB; b++) {
 			struct bd_seq *s = seqs[idx[b]];
 			int pos = s->n_tokens, rc;
@@ -560,7 +576,7 @@ int bd_model_decode_batch_mode(const struct bd_model *m, struct bd_seq *const *s
 					.n_tokens = pos + 1,
 				};
 				rc = bd_attn_cpu_decode_gqa(s->cfg, &s->dp, &kv, Hkv, qb, G, ob,
-							    NULL, &s->stats);
+							    NULL, &s->stats, m->pool);
 				if (rc < 0)
 					err[b] = rc;
 			}

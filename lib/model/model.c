@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/bd_err.h"
+#include "base/bd_tpool.h"
 #include "formats/bd_ggml_gemv.h"
 #include "model/bd_model.h"
 
@@ -292,10 +293,26 @@ int bd_model_alloc(const struct bd_model_hparams *hp, struct bd_model **ret)
 	return alloc_shard(hp, &sh, NULL, NULL, ret);
 }
 
+int bd_model_set_threads(struct bd_model *m, int n_threads)
+{
+	struct bd_tpool *p = NULL;
+	if (!m || n_threads < 1 || n_threads > BD_TPOOL_MAX_THREADS)
+		return -EINVAL;
+	if (n_threads > 1) {
+		int r = bd_tpool_new(n_threads, &p);
+		if (r < 0)
+			return r;
+	}
+	bd_tpool_free(m->pool);
+	m->pool = p;
+	return 0;
+}
+
 void bd_model_free(struct bd_model *m)
 {
 	if (!m)
 		return;
+	bd_tpool_free(m->pool);
 	bd_gguf_free(m->gguf);
 	free(m->mem);
 	free(m->layers);

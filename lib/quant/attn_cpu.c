@@ -16,8 +16,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "base/bd_tpool.h"
 #include "quant/bd_attn_cpu.h"
 
 #define LOG2E 1.4426950408889634f
@@ -516,12 +516,11 @@ static int job_init(struct job *j, const struct bd_kvcfg *cfg, const struct bd_d
 }
 
 /* ---- threads over the KV heads of a call ---------------------------------------------------
- * A call's groups are independent (each has its own query heads, pages and outputs), so they
- * are shared out to a pool of threads started at the first call that is long enough to pay
- * for the hand-off; the caller's thread takes groups too. Each group's arithmetic is the
+ * A call's groups are independent (each has its own query heads, pages and outputs), so a
+ * call long enough to pay for the hand-off shares them out over the caller's pool: one task
+ * per thread, each taking groups until none is left. Each group's arithmetic is the
  * single-threaded one, so the result does not depend on the thread count. */
 
-#define MAX_THREADS 8
 /* a call is shared out when it has at least this many keys over its groups */
 #define POOL_MIN_KEYS 3072
 
@@ -532,16 +531,6 @@ struct batch {
 	int n_heads, next, rc, pending;
 	uint64_t st[2];
 };
-
-static struct {
-	pthread_mutex_t mu, busy;
-	pthread_cond_t work, done;
-	int n_threads; /* including the caller's */
-	int started;   /* workers running (0 after fork: the child has none) */
-	uint64_t gen;
-	struct batch *b;
-} pool = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-	   PTHREAD_COND_INITIALIZER, 0, 0, 0, NULL };
 
 /* Take groups of b until none is left: each with its own scratch, errors and counters into b. */
 static void batch_run(struct batch *b)
@@ -569,102 +558,27 @@ static void batch_run(struct batch *b)
 	__atomic_fetch_add(&b->st[1], st[1], __ATOMIC_RELAXED);
 }
 
-/* A worker: arg is pool.gen when it was started, so a batch posted before it first takes the
- * lock is not missed. */
-static void *pool_main(void *arg)
+static void batch_task(void *arg, int t)
 {
-	uint64_t seen = (uint64_t)(uintptr_t)arg;
-
-	pthread_mutex_lock(&pool.mu);
-	for (;;) {
-		while (pool.gen == seen)
-			pthread_cond_wait(&pool.work, &pool.mu);
-		seen = pool.gen;
-		struct batch *b = pool.b;
-		pthread_mutex_unlock(&pool.mu);
-		batch_run(b);
-		pthread_mutex_lock(&pool.mu);
-		if (--b->pending == 0)
-			pthread_cond_signal(&pool.done);
-	}
-	return NULL;
+	(void)t;
+	batch_run(arg);
 }
 
-static void pool_atfork_child(void)
+/* Decode the batch's groups, on the pool when it pays, else on this thread. */
+static void batch_decode(struct batch *b, int n_tokens, struct bd_tpool *pool)
 {
-	pthread_mutex_init(&pool.mu, NULL);
-	pthread_mutex_init(&pool.busy, NULL);
-	pthread_cond_init(&pool.work, NULL);
-	pthread_cond_init(&pool.done, NULL);
-	pool.started = 0;
-	pool.b = NULL;
-}
-
-/* Start the workers once (under pool.mu): BD_ATTN_THREADS threads in all, else one per online
- * CPU, at most MAX_THREADS. Returns the number of threads that can take groups (1: none
- * started). */
-static int pool_start(void)
-{
-	static bool once;
-
-	if (pool.started)
-		return pool.n_threads;
-	if (!once) {
-		once = true;
-		pthread_atfork(NULL, NULL, pool_atfork_child);
-	}
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	const char *e = getenv("BD_ATTN_THREADS");
-	if (e && *e)
-		n = strtol(e, NULL, 10);
-	n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
-	pool.n_threads = 1;
-	for (long i = 1; i < n; i++) {
-		pthread_t t;
-		pthread_attr_t a;
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		int r = pthread_create(&t, &a, pool_main, (void *)(uintptr_t)pool.gen);
-		pthread_attr_destroy(&a);
-		if (r != 0)
-			break;
-		pool.n_threads++;
-	}
-	pool.started = 1;
-	return pool.n_threads;
-}
-
-/* Decode the batch's groups, on the pool when it pays and is free, else on this thread. */
-static void batch_decode(struct batch *b, int n_tokens)
-{
-	if (b->n_heads < 2 || (long long)n_tokens * b->n_heads < POOL_MIN_KEYS ||
-	    pthread_mutex_trylock(&pool.busy) != 0) {
+	int nt = bd_tpool_threads(pool);
+	if (b->n_heads < 2 || nt < 2 || (long long)n_tokens * b->n_heads < POOL_MIN_KEYS) {
 		batch_run(b);
 		return;
 	}
-	pthread_mutex_lock(&pool.mu);
-	int nt = pool_start();
-	if (nt > 1) {
-		b->pending = nt - 1;
-		pool.b = b;
-		pool.gen++;
-		pthread_cond_broadcast(&pool.work);
-	}
-	pthread_mutex_unlock(&pool.mu);
-	batch_run(b);
-	if (nt > 1) {
-		pthread_mutex_lock(&pool.mu);
-		while (b->pending > 0)
-			pthread_cond_wait(&pool.done, &pool.mu);
-		pool.b = NULL;
-		pthread_mutex_unlock(&pool.mu);
-	}
-	pthread_mutex_unlock(&pool.busy);
+	bd_tpool_run(pool, batch_task, b, nt < b->n_heads ? nt : b->n_heads);
 }
 
 int bd_attn_cpu_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 			   const struct bd_kv_view *kv, int n_kv_heads, const float *q, int G,
-			   float *ret_o, float *ret_lse, struct bd_decode_stats *stats)
+			   float *ret_o, float *ret_lse, struct bd_decode_stats *stats,
+			   struct bd_tpool *pool)
 {
 	struct job j;
 	uint64_t st[2] = { 0, 0 };
@@ -712,7 +626,7 @@ int bd_attn_cpu_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_pa
 		return -ENOMEM;
 	}
 	struct batch b = { .j0 = &j, .q = q, .o = o, .lse = lse, .n_heads = n_kv_heads };
-	batch_decode(&b, kv->n_tokens);
+	batch_decode(&b, kv->n_tokens, pool);
 	r = b.rc;
 	st[0] = b.st[0];
 	st[1] = b.st[1];

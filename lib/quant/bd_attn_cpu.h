@@ -17,9 +17,8 @@
  * reference decoder (the opt-out, for comparisons and bisecting). On a CPU without AVX2 and
  * FMA, and for configurations without a fast path (FP8 pages), the call is the reference
  * decoder's.
- * A call with several KV heads and enough keys shares its groups out over a pool of threads
- * started at first use (BD_ATTN_THREADS in all, else one per online CPU, at most 8); a group's
- * arithmetic does not depend on the thread that runs it.
+ * A call with several KV heads and enough keys shares its groups out over the caller's pool
+ * of threads (bd_tpool.h); a group's arithmetic does not depend on the thread that runs it.
  */
 #ifndef BD_ATTN_CPU_H
 #define BD_ATTN_CPU_H
@@ -33,18 +32,22 @@
 extern "C" {
 #endif
 
+struct bd_tpool; /* base/bd_tpool.h */
+
 /* Decode attention of n_kv_heads consecutive GQA groups of one request and layer: KV heads
  * kv->kv_head .. kv->kv_head + n_kv_heads − 1 of the view (the other fields shared), G query
  * heads each. q: [n_kv_heads][G][d] post-RoPE FP32 queries (unrotated), group h's heads at
  * q + h·G·d; ret_o: [n_kv_heads][G][d] in the value space; ret_lse: [n_kv_heads][G] log2-domain
- * LSE of γ·logits, or NULL; stats: added to (probability blocks, underflowed blocks), or NULL.
+ * LSE of γ·logits, or NULL; stats: added to (probability blocks, underflowed blocks), or NULL;
+ * pool: the threads that share the groups out, or NULL (this thread only).
  * The result for each group is bd_ref_decode_gqa's within the tolerance above.
  * Returns 0, -EINVAL (bad params, view or shapes, n_kv_heads < 1 or past the layout's heads),
  * -EDOM (non-finite q or a logit that overflows FP32), -ENOMEM; on error ret_o, ret_lse and
  * stats are untouched. */
 int bd_attn_cpu_decode_gqa(const struct bd_kvcfg *cfg, const struct bd_decode_params *dp,
 			   const struct bd_kv_view *kv, int n_kv_heads, const float *q, int G,
-			   float *ret_o, float *ret_lse, struct bd_decode_stats *stats);
+			   float *ret_o, float *ret_lse, struct bd_decode_stats *stats,
+			   struct bd_tpool *pool);
 
 /* Which code path bd_attn_cpu_decode_gqa() takes on this CPU: "avx512", "avx2", or "ref" (the
  * reference decoder). */

@@ -869,7 +869,7 @@ Test(workerd, starts_stops_and_reports_like_a_daemon)
 	refused_at_start(help, 0, "--allreduce-timeout-ms   longest wait for the other rank");
 	refused_at_start(bad_flag, 2, "no-such-flag");
 	refused_at_start(no_file, 2, "/nonexistent/bdfp4.conf");
-	refused_at_start(bad_threads, 2, "threads = '0': out of range (allowed 1..256)");
+	refused_at_start(bad_threads, 2, "threads = '0': out of range (allowed 1..64)");
 	refused_at_start(bad_key, 2, "unknown key 'no_such_key' in [worker]");
 
 	static const char *const verbose[] = { "--verbose", "1", NULL };

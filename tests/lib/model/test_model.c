@@ -308,6 +308,72 @@ Test(model, fp4_bitdecoding_nvfp4_end_to_end, .timeout = 600)
 	bd_model_free(m);
 }
 
+/* Decoding on 2 and 3 threads (bd_model_set_threads: the block products split by weight
+ * rows, the decode attention by KV head) gives the logits of 1 thread bit for bit, after a
+ * 1100-token prompt (long enough for the attention to share its 3 KV heads out) with
+ * bitdecoding-nvfp4 pages: the prefill's and 4 greedy decode steps', one sequence alone and
+ * then two as a batch-invariant batch (each row again bitwise the one-sequence run). */
+Test(model, threads_give_the_same_logits, .timeout = 900)
+{
+	enum { N = 1100, STEPS = 4 };
+	static const char *const cfgs[] = { "bitdecoding-nvfp4" };
+	struct bd_model *m = load_model();
+	int V = m->hp.n_vocab;
+	int32_t *ids = malloc(sizeof(int32_t) * N);
+	float *ref = malloc(sizeof(float) * (size_t)V * (STEPS + 1));
+	float *lg = malloc(sizeof(float) * (size_t)V * 2);
+	char err[BD_MODEL_ERR_MAX];
+	cr_assert(ids && ref && lg);
+	for (int i = 0; i < N; i++)
+		ids[i] = (int32_t)(300 + (i * 7919) % 40000);
+
+	for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+		const struct bd_kvcfg *cfg = bd_kvcfg_find(cfgs[c]);
+		struct bd_seq_opts o = { .max_tokens = N + STEPS };
+		for (int th = 1; th <= 3; th++) {
+			cr_assert_eq(bd_model_set_threads(m, th), 0);
+			struct bd_seq *s[2] = { NULL, NULL };
+			int ns = th == 1 ? 1 : 2;
+			for (int k = 0; k < ns; k++) {
+				cr_assert_eq(bd_seq_new(m, cfg, &o, &s[k], err), 0, "%s", err);
+				cr_assert_eq(bd_model_prefill(m, s[k], ids, N, lg), 0);
+			}
+			if (th == 1)
+				memcpy(ref, lg, sizeof(float) * (size_t)V);
+			else
+				cr_assert_eq(memcmp(ref, lg, sizeof(float) * (size_t)V), 0,
+					     "%s: prefill logits on %d threads differ", cfgs[c], th);
+			for (int t = 1; t <= STEPS; t++) {
+				int32_t tok[2], st[2];
+				tok[0] = tok[1] = (int32_t)bd_argmax(ref + (size_t)(t - 1) * V, V);
+				cr_assert_eq(bd_model_decode_batch_mode(m, s, tok, ns, lg, st,
+									BD_BATCH_INVARIANT),
+					     0);
+				for (int k = 0; k < ns; k++) {
+					cr_assert_eq(st[k], 0);
+					float *r = ref + (size_t)t * V;
+					if (th == 1) {
+						memcpy(r, lg, sizeof(float) * (size_t)V);
+						continue;
+					}
+					cr_assert_eq(memcmp(r, lg + (size_t)k * V,
+							    sizeof(float) * (size_t)V),
+						     0, "%s: step %d row %d on %d threads differs",
+						     cfgs[c], t, k, th);
+				}
+			}
+			for (int k = 0; k < ns; k++)
+				bd_seq_free(s[k]);
+		}
+	}
+	cr_assert_eq(bd_model_set_threads(m, 0), -EINVAL);
+	cr_assert_eq(bd_model_set_threads(NULL, 2), -EINVAL);
+	free(ids);
+	free(ref);
+	free(lg);
+	bd_model_free(m);
+}
+
 /* Every configuration of NUMERICS.md §9 runs prefill and decode through its real cache and
  * stays close to bf16 on the first 8 steps after the GPL-3 prompt (two FP4 pages): at least 6
  * of 8 top-1 tokens agree (measured: 8/8 for every configuration). */

@@ -17,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
+#include "base/bd_tpool.h"
 #include "quant/bd_attn_cpu.h"
 #include "quant/bd_attn_ref.h"
 #include "testgen.h"
@@ -51,7 +52,8 @@ static double compare(const struct tg_paged *P, const struct bd_decode_params *d
 	double worst = 0.0, wl = 0.0;
 
 	cr_assert(o && lse && ro && rl);
-	cr_assert_eq(bd_attn_cpu_decode_gqa(P->cfg, dp, &kv, P->Hkv, P->q, P->G, o, lse, &sf), 0);
+	cr_assert_eq(bd_attn_cpu_decode_gqa(P->cfg, dp, &kv, P->Hkv, P->q, P->G, o, lse, &sf, NULL),
+		     0);
 	for (int h = 0; h < P->Hkv; h++) {
 		struct bd_kv_view kh = tg_paged_view(P, layer, h);
 		cr_assert_eq(bd_ref_decode_gqa(P->cfg, dp, &kh, P->q + (size_t)h * gd, P->G, ro, rl,
@@ -210,7 +212,7 @@ Test(attn_cpu, fp8_is_the_reference)
 	float o[2 * 4 * 64], ro[4 * 64];
 	struct bd_kv_view kv = tg_paged_view(&P, 0, 0);
 
-	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 4, o, NULL, NULL), 0);
+	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 4, o, NULL, NULL, NULL), 0);
 	for (int h = 0; h < 2; h++) {
 		struct bd_kv_view kh = tg_paged_view(&P, 0, h);
 		cr_assert_eq(bd_ref_decode_gqa(P.cfg, &dp, &kh, P.q + h * 256, 4, ro, NULL, NULL), 0);
@@ -231,17 +233,22 @@ Test(attn_cpu, bad_inputs)
 	for (size_t i = 0; i < 256; i++)
 		o[i] = 7.0f;
 	/* heads 1 and 2 of a layout with 2 */
-	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL), -EINVAL);
+	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL, NULL),
+		     -EINVAL);
 	kv.kv_head = 0;
-	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 0, P.q, 2, o, lse, NULL), -EINVAL);
+	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 0, P.q, 2, o, lse, NULL, NULL),
+		     -EINVAL);
 	dp.tile_keys = 24;
-	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL), -EINVAL);
+	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL, NULL),
+		     -EINVAL);
 	dp = bd_decode_params_default();
 	P.q[70] = NAN;
-	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL), -EDOM);
+	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL, NULL),
+		     -EDOM);
 	P.q[70] = 0.0f;
 	P.bt[0] = (int32_t)P.lay.n_pages;
-	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL), -EINVAL);
+	cr_expect_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 2, P.q, 2, o, lse, NULL, NULL),
+		     -EINVAL);
 	for (size_t i = 0; i < 256; i++)
 		cr_expect_eq(o[i], 7.0f);
 	tg_paged_free(&P);
@@ -257,11 +264,14 @@ Test(attn_cpu, threads_match_one_group_calls)
 	float o[4 * 3 * 64], lse[12], o1[3 * 64], l1[3];
 	struct bd_kv_view kv = tg_paged_view(&P, 1, 0);
 
-	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 4, P.q, 3, o, lse, NULL), 0);
+	struct bd_tpool *pool;
+	cr_assert_eq(bd_tpool_new(3, &pool), 0);
+	cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kv, 4, P.q, 3, o, lse, NULL, pool), 0);
+	bd_tpool_free(pool);
 	for (int h = 0; h < 4; h++) {
 		struct bd_kv_view kh = tg_paged_view(&P, 1, h);
 		cr_assert_eq(bd_attn_cpu_decode_gqa(P.cfg, &dp, &kh, 1, P.q + h * 192, 3, o1, l1,
-						    NULL),
+						    NULL, NULL),
 			     0);
 		cr_expect_arr_eq(o + h * 192, o1, sizeof(o1), "group %d", h);
 		cr_expect_arr_eq(lse + h * 3, l1, sizeof(l1), "group %d", h);
@@ -316,7 +326,7 @@ Test(attn_cpu, p_tie_of_a_model_call)
 	for (int ii = 0; ii < 2; ii++) {
 		if (bd_attn_cpu_set_isa(isas[ii]) < 0)
 			continue;
-		cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 1, q, G, o, lse, NULL), 0);
+		cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 1, q, G, o, lse, NULL, NULL), 0);
 		double n2 = 0.0, d2 = 0.0, el = 0.0;
 		for (int i = 0; i < G * D; i++) {
 			n2 += ((double)o[i] - ro[i]) * ((double)o[i] - ro[i]);
@@ -369,7 +379,9 @@ static void unit_case(const struct bd_kvcfg *cfg, int n, int splits, int tile, f
 			if (!bd_attn_cpu_supported(cfg) || bd_attn_cpu_set_isa(isas[path - 1]) < 0)
 				continue;
 			struct bd_kv_view kv = tg_paged_view(&P, 1, 0);
-			cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 2, P.q, G, o, lse, NULL), 0);
+			cr_assert_eq(bd_attn_cpu_decode_gqa(cfg, &dp, &kv, 2, P.q, G, o, lse, NULL,
+							    NULL),
+				     0);
 		}
 		for (size_t i = 0; i < gd * 2; i++) {
 			*ret_lo = fminf(*ret_lo, o[i]);
