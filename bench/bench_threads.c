@@ -16,7 +16,6 @@
  * A markdown table goes to stdout.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,45 +109,52 @@ out:
 	return rc;
 }
 
+/* One --flag VALUE option: the value into a string pointer, a buffer, or an int. */
+struct barg {
+	const char *flag;
+	const char **str;
+	char *buf;
+	size_t len;
+	int *num;
+};
+
 int main(int argc, char **argv)
 {
-	static const struct option lo[] = { { "model", required_argument, NULL, 'm' },
-					    { "threads", required_argument, NULL, 't' },
-					    { "contexts", required_argument, NULL, 'c' },
-					    { "steps", required_argument, NULL, 's' },
-					    { "kv", required_argument, NULL, 'k' },
-					    { "help", no_argument, NULL, 'h' },
-					    { NULL, 0, NULL, 0 } };
 	const char *model = getenv("BD_MODEL");
 	char ctxs[256] = "39,1943", kvs[256] = "bf16,bitdecoding-nvfp4";
-	int threads = 2, steps = 48, c;
+	int threads = 2, steps = 48;
+	const struct barg args[] = {
+		{ "--model", &model, NULL, 0, NULL },
+		{ "--threads", NULL, NULL, 0, &threads },
+		{ "--contexts", NULL, ctxs, sizeof(ctxs), NULL },
+		{ "--steps", NULL, NULL, 0, &steps },
+		{ "--kv", NULL, kvs, sizeof(kvs), NULL },
+	};
 
 	if (!model || !*model)
 		model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-		switch (c) {
-		case 'm':
-			model = optarg;
-			break;
-		case 't':
-			threads = atoi(optarg);
-			break;
-		case 'c':
-			snprintf(ctxs, sizeof(ctxs), "%s", optarg);
-			break;
-		case 's':
-			steps = atoi(optarg);
-			break;
-		case 'k':
-			snprintf(kvs, sizeof(kvs), "%s", optarg);
-			break;
-		case 'h':
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0) {
 			printf("usage: bench_threads [--model PATH] [--threads N] [--contexts 39,1943] "
 			       "[--steps 48] [--kv bf16,bitdecoding-nvfp4]\n");
 			return 0;
-		default:
+		}
+		const struct barg *o = NULL;
+		for (size_t k = 0; k < sizeof(args) / sizeof(args[0]); k++)
+			if (strcmp(argv[i], args[k].flag) == 0)
+				o = &args[k];
+		if (!o || i + 1 >= argc) {
+			fprintf(stderr, "bench_threads: unknown option or missing value: %s\n",
+				argv[i]);
 			return 2;
 		}
+		const char *v = argv[++i];
+		if (o->str)
+			*o->str = v;
+		else if (o->buf)
+			snprintf(o->buf, o->len, "%s", v);
+		else
+			*o->num = atoi(v);
 	}
 	char *cl[MAX_LIST], *kl[MAX_LIST];
 	int nc = split_list(ctxs, cl), nk = split_list(kvs, kl);

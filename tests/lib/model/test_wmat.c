@@ -97,10 +97,10 @@ Test(wmat, threads_give_the_same_bits, .timeout = 120)
 	int cols = m->hp.n_ff > m->hp.n_embd ? m->hp.n_ff : m->hp.n_embd;
 	size_t ny = (size_t)11 * (size_t)m->output.rows;
 	float *x = malloc(sizeof(float) * 11 * (size_t)cols);
-	float *y[3] = { malloc(sizeof(float) * ny), malloc(sizeof(float) * ny),
-			malloc(sizeof(float) * ny) };
+	float *ys = malloc(sizeof(float) * 3 * ny); /* y[t]: thread count t's outputs */
+	float *y[3] = { ys, ys + ny, ys + 2 * ny };
 	float *scr = malloc(sizeof(float) * bd_wmat_scratch_floats(cols));
-	cr_assert(x && y[0] && y[1] && y[2] && scr);
+	cr_assert(x && ys && scr);
 	for (int i = 0; i < 11 * cols; i++)
 		x[i] = (float)((int)(next() % 2001) - 1000) / 1000.0f;
 	static const struct {
@@ -151,10 +151,9 @@ Test(wmat, threads_give_the_same_bits, .timeout = 120)
 	cr_expect_eq(bd_wmat_mul_many(0, qkv, x, 1, false, scr, pool[1], yo), -EINVAL);
 	cr_expect_eq(bd_wmat_mul_many(5, five, x, 1, false, scr, pool[1], yo), -EINVAL);
 	cr_expect_eq(bd_wmat_mul_many(2, mixed, x, 1, false, scr, pool[1], yo), -EINVAL);
-	for (int t = 0; t < 3; t++) {
-		free(y[t]);
+	for (int t = 0; t < 3; t++)
 		bd_tpool_free(pool[t]);
-	}
+	free(ys);
 	free(x);
 	free(scr);
 	bd_model_free(m);
